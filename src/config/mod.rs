@@ -1,0 +1,407 @@
+//! The configuration: one TOML file with an `[lb]` and an `[agent]` table,
+//! command-line overrides, and [`Config::validate`].
+//!
+//! Every field has a default equal to the original agent's `lbagent.ini`
+//! (see `lbagent.toml` beside this file, which `lbagent agent
+//! --print-config` prints and a test keeps equal to [`Config::default`]).
+//! This module reads and checks; it must not start anything.
+
+use std::net::{Ipv4Addr, SocketAddr, ToSocketAddrs};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::lb::LbParams;
+
+/// The documented default configuration file.
+pub const DEFAULT_TOML: &str = include_str!("lbagent.toml");
+
+/// The whole configuration.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// The overload algorithm and the module lifecycle (`[lb]`).
+    pub lb: LbConfig,
+    /// The agent process (`[agent]`).
+    pub agent: AgentConfig,
+}
+
+/// The `[lb]` table: the overload algorithm's knobs and the module
+/// lifecycle timers, named as in the original `lbagent.ini`. Times are
+/// whole seconds.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LbConfig {
+    /// Virtual successes a node starts with when it (re)enters idle.
+    pub init_succ_cnt: u32,
+    /// Virtual errors a node starts with when it enters overload.
+    pub ovld_err_cnt: u32,
+    /// Consecutive successes that return an overloaded node to idle.
+    pub contin_succ_lim: u32,
+    /// Consecutive failures that make an idle node overloaded.
+    pub contin_err_lim: u32,
+    /// While some node is overloaded, every `probe_num`-th getHost probes.
+    pub probe_num: u32,
+    /// Virtual success rate above which an overloaded node is idle again.
+    pub succ_rate: f64,
+    /// Virtual error rate above which an idle node is overloaded.
+    pub err_rate: f64,
+    /// Real error rate at or above which an idle window is bad.
+    pub wind_err_rate: f64,
+    /// Consecutive bad windows that make an idle node overloaded.
+    pub wind_err_limit: u32,
+    /// Seconds between route pulls of a module in use.
+    pub update_timeout: u64,
+    /// Seconds in an idle node's window.
+    pub clear_timeout: u64,
+    /// Seconds between a module's statistics sent to the reporter.
+    pub report_timeout: u64,
+    /// Seconds after which an overloaded node is forced back to idle.
+    pub overload_wait_lim: u64,
+}
+
+impl Default for LbConfig {
+    fn default() -> Self {
+        let p = LbParams::default();
+        LbConfig {
+            init_succ_cnt: p.init_succ_cnt,
+            ovld_err_cnt: p.ovld_err_cnt,
+            contin_succ_lim: p.contin_succ_lim,
+            contin_err_lim: p.contin_err_lim,
+            probe_num: p.probe_num,
+            succ_rate: p.succ_rate,
+            err_rate: p.err_rate,
+            wind_err_rate: p.wind_err_rate,
+            wind_err_limit: p.wind_err_limit,
+            update_timeout: 15,
+            clear_timeout: p.clear_timeout_ms / 1000,
+            report_timeout: 15,
+            overload_wait_lim: p.overload_wait_ms / 1000,
+        }
+    }
+}
+
+impl LbConfig {
+    /// The parameters the LB core takes.
+    pub fn params(&self) -> LbParams {
+        LbParams {
+            init_succ_cnt: self.init_succ_cnt,
+            ovld_err_cnt: self.ovld_err_cnt,
+            contin_succ_lim: self.contin_succ_lim,
+            contin_err_lim: self.contin_err_lim,
+            probe_num: self.probe_num,
+            succ_rate: self.succ_rate,
+            err_rate: self.err_rate,
+            wind_err_rate: self.wind_err_rate,
+            wind_err_limit: self.wind_err_limit,
+            clear_timeout_ms: self.clear_timeout * 1000,
+            overload_wait_ms: self.overload_wait_lim * 1000,
+        }
+    }
+}
+
+/// The `[agent]` table: where the agent listens and whom it talks to.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AgentConfig {
+    /// Address the shards' UDP sockets bind.
+    pub bind: Ipv4Addr,
+    /// Shard i serves UDP port `base_port + i`.
+    pub base_port: u16,
+    /// Number of shards; 0 = one per core but the last, at least one.
+    pub shards: u32,
+    /// Route servers, `HOST:PORT`, tried in order.
+    pub route_servers: Vec<String>,
+    /// Reporters, `HOST:PORT`, tried in order.
+    pub reporters: Vec<String>,
+    /// The shared-memory heartbeat file.
+    pub heartbeat_path: PathBuf,
+    /// The static route file.
+    pub snapshot_path: PathBuf,
+    /// Seconds between route snapshots.
+    pub snapshot_interval: u64,
+    /// Loopback address of the metrics endpoint.
+    pub metrics_addr: SocketAddr,
+    /// glommio registered I/O memory per executor, KiB.
+    pub io_memory_kib: u32,
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        AgentConfig {
+            bind: Ipv4Addr::LOCALHOST,
+            base_port: 8888,
+            shards: 0,
+            route_servers: vec!["127.0.0.1:7777".into()],
+            reporters: vec!["127.0.0.1:7778".into()],
+            heartbeat_path: "/dev/shm/lbagent.heartbeat".into(),
+            snapshot_path: "/var/tmp/lbagent/routes.snapshot".into(),
+            snapshot_interval: 60,
+            metrics_addr: SocketAddr::from((Ipv4Addr::LOCALHOST, 9888)),
+            io_memory_kib: 512,
+        }
+    }
+}
+
+/// Why a configuration cannot be used. Every message is one line naming the
+/// file, field or argument at fault and what would be accepted.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// What the system said.
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML, has an unknown key or a value of the
+    /// wrong type.
+    #[error("{origin}{location}: {message}")]
+    Parse {
+        /// The file, or `command line`.
+        origin: String,
+        /// `:LINE:COLUMN` when known.
+        location: String,
+        /// The parser's message, on one line.
+        message: String,
+    },
+    /// A `--set` argument is not `SECTION.FIELD=VALUE`.
+    #[error("bad --set `{arg}`: {why}")]
+    Override {
+        /// The argument as given.
+        arg: String,
+        /// What is wrong with it.
+        why: String,
+    },
+    /// A value is outside its allowed range.
+    #[error("{field} = {value} is out of range: allowed {allowed}")]
+    Invalid {
+        /// `section.field`.
+        field: &'static str,
+        /// The value given.
+        value: String,
+        /// The allowed range or form.
+        allowed: String,
+    },
+}
+
+impl Config {
+    /// Reads `path` (or starts from the defaults when `None`), applies the
+    /// `SECTION.FIELD=VALUE` overrides in order, and validates the result.
+    ///
+    /// # Errors
+    /// [`ConfigError::Read`] for a missing or unreadable file,
+    /// [`ConfigError::Parse`] for bad TOML or an unknown key,
+    /// [`ConfigError::Override`] for a malformed override,
+    /// [`ConfigError::Invalid`] for a value out of range.
+    pub fn load(path: Option<&Path>, overrides: &[String]) -> Result<Config, ConfigError> {
+        let (origin, text) = match path {
+            Some(p) => {
+                let text = std::fs::read_to_string(p).map_err(|source| ConfigError::Read {
+                    path: p.to_path_buf(),
+                    source,
+                })?;
+                (p.display().to_string(), text)
+            }
+            None => ("defaults".to_string(), String::new()),
+        };
+        // The file alone first, so that its errors carry a line and column.
+        let mut config: Config =
+            toml::from_str(&text).map_err(|e| parse_error(&origin, &text, &e))?;
+        if !overrides.is_empty() {
+            let mut table: toml::Table =
+                toml::from_str(&text).map_err(|e| parse_error(&origin, &text, &e))?;
+            for arg in overrides {
+                apply_override(&mut table, arg)?;
+            }
+            config = Config::deserialize(toml::Value::Table(table))
+                .map_err(|e| parse_error("command line (--set)", "", &e))?;
+        }
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Parses a configuration from TOML text and validates it.
+    ///
+    /// # Errors
+    /// [`ConfigError::Parse`] or [`ConfigError::Invalid`].
+    pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
+        let config: Config = toml::from_str(text).map_err(|e| parse_error("config", text, &e))?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks every field against its allowed range.
+    ///
+    /// # Errors
+    /// [`ConfigError::Invalid`] naming the first field out of range.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let lb = &self.lb;
+        in_range("lb.init_succ_cnt", lb.init_succ_cnt, 0, 1_000_000)?;
+        in_range("lb.ovld_err_cnt", lb.ovld_err_cnt, 0, 1_000_000)?;
+        in_range("lb.contin_succ_lim", lb.contin_succ_lim, 1, 1_000_000)?;
+        in_range("lb.contin_err_lim", lb.contin_err_lim, 1, 1_000_000)?;
+        in_range("lb.probe_num", lb.probe_num, 2, 1_000_000)?;
+        rate("lb.succ_rate", lb.succ_rate)?;
+        rate("lb.err_rate", lb.err_rate)?;
+        rate("lb.wind_err_rate", lb.wind_err_rate)?;
+        in_range("lb.wind_err_limit", lb.wind_err_limit, 1, 1_000)?;
+        in_range("lb.update_timeout", lb.update_timeout, 1, 3_600)?;
+        in_range("lb.clear_timeout", lb.clear_timeout, 1, 86_400)?;
+        in_range("lb.report_timeout", lb.report_timeout, 1, 3_600)?;
+        in_range("lb.overload_wait_lim", lb.overload_wait_lim, 1, 86_400)?;
+
+        let a = &self.agent;
+        in_range("agent.base_port", a.base_port, 1, u16::MAX)?;
+        in_range("agent.shards", a.shards, 0, 1_024)?;
+        let last = u32::from(a.base_port) + a.shards.max(1) - 1;
+        if last > u32::from(u16::MAX) {
+            return Err(ConfigError::Invalid {
+                field: "agent.base_port",
+                value: a.base_port.to_string(),
+                allowed: format!("base_port + shards - 1 <= 65535 (shards = {})", a.shards),
+            });
+        }
+        endpoints("agent.route_servers", &a.route_servers)?;
+        endpoints("agent.reporters", &a.reporters)?;
+        absolute("agent.heartbeat_path", &a.heartbeat_path)?;
+        absolute("agent.snapshot_path", &a.snapshot_path)?;
+        in_range("agent.snapshot_interval", a.snapshot_interval, 1, 3_600)?;
+        if !a.metrics_addr.ip().is_loopback() {
+            return Err(ConfigError::Invalid {
+                field: "agent.metrics_addr",
+                value: a.metrics_addr.to_string(),
+                allowed: "a loopback address, e.g. 127.0.0.1:9888".into(),
+            });
+        }
+        in_range("agent.io_memory_kib", a.io_memory_kib, 64, 1_048_576)?;
+        Ok(())
+    }
+}
+
+fn in_range<T: PartialOrd + std::fmt::Display>(
+    field: &'static str,
+    v: T,
+    lo: T,
+    hi: T,
+) -> Result<(), ConfigError> {
+    if v < lo || v > hi {
+        return Err(ConfigError::Invalid {
+            field,
+            value: v.to_string(),
+            allowed: format!("{lo}..={hi}"),
+        });
+    }
+    Ok(())
+}
+
+fn rate(field: &'static str, v: f64) -> Result<(), ConfigError> {
+    if !(0.0..=1.0).contains(&v) {
+        return Err(ConfigError::Invalid {
+            field,
+            value: v.to_string(),
+            allowed: "0.0..=1.0".into(),
+        });
+    }
+    Ok(())
+}
+
+fn endpoints(field: &'static str, list: &[String]) -> Result<(), ConfigError> {
+    let invalid = |value: String, allowed: &str| ConfigError::Invalid {
+        field,
+        value,
+        allowed: allowed.into(),
+    };
+    if list.is_empty() {
+        return Err(invalid("[]".into(), "at least one HOST:PORT"));
+    }
+    for e in list {
+        let (host, port) = e
+            .rsplit_once(':')
+            .ok_or_else(|| invalid(format!("\"{e}\""), "HOST:PORT, e.g. 10.0.0.5:7777"))?;
+        let port: u16 = port
+            .parse()
+            .map_err(|_| invalid(format!("\"{e}\""), "HOST:PORT with a port in 1..=65535"))?;
+        if host.is_empty() || port == 0 {
+            return Err(invalid(
+                format!("\"{e}\""),
+                "HOST:PORT with a host and a port in 1..=65535",
+            ));
+        }
+        // A literal address must parse; a name is resolved at connect time.
+        if host.chars().all(|c| c.is_ascii_digit() || c == '.')
+            && (host, port).to_socket_addrs().is_err()
+        {
+            return Err(invalid(
+                format!("\"{e}\""),
+                "a valid IPv4 address or host name before the port",
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn absolute(field: &'static str, p: &Path) -> Result<(), ConfigError> {
+    if !p.is_absolute() {
+        return Err(ConfigError::Invalid {
+            field,
+            value: format!("\"{}\"", p.display()),
+            allowed: "an absolute path".into(),
+        });
+    }
+    Ok(())
+}
+
+/// Sets `SECTION.FIELD=VALUE` in the table; VALUE is read as TOML (a number,
+/// a boolean, an array, a quoted string), or else taken as a bare string.
+fn apply_override(table: &mut toml::Table, arg: &str) -> Result<(), ConfigError> {
+    let bad = |why: &str| ConfigError::Override {
+        arg: arg.to_string(),
+        why: why.to_string(),
+    };
+    let (key, raw) = arg
+        .split_once('=')
+        .ok_or_else(|| bad("expected SECTION.FIELD=VALUE"))?;
+    let (section, field) = key
+        .trim()
+        .split_once('.')
+        .ok_or_else(|| bad("the key must be SECTION.FIELD, e.g. lb.probe_num"))?;
+    if section.is_empty() || field.is_empty() || field.contains('.') {
+        return Err(bad("the key must be SECTION.FIELD, e.g. lb.probe_num"));
+    }
+    let raw = raw.trim();
+    let value = toml::from_str::<toml::Table>(&format!("v = {raw}"))
+        .ok()
+        .and_then(|mut t| t.remove("v"))
+        .unwrap_or_else(|| toml::Value::String(raw.to_string()));
+    let entry = table
+        .entry(section.to_string())
+        .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+    let section_table = entry
+        .as_table_mut()
+        .ok_or_else(|| bad("that section is not a table in the config file"))?;
+    section_table.insert(field.to_string(), value);
+    Ok(())
+}
+
+fn parse_error(origin: &str, text: &str, e: &toml::de::Error) -> ConfigError {
+    let location = e
+        .span()
+        .filter(|_| !text.is_empty())
+        .map(|span| {
+            let before = &text[..span.start.min(text.len())];
+            let line = before.matches('\n').count() + 1;
+            let col = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
+            format!(":{line}:{col}")
+        })
+        .unwrap_or_default();
+    ConfigError::Parse {
+        origin: origin.to_string(),
+        location,
+        message: e.message().split_whitespace().collect::<Vec<_>>().join(" "),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,194 @@
+use super::*;
+use std::io::Write;
+
+fn file(text: &str) -> tempfile::NamedTempFile {
+    let mut f = tempfile::NamedTempFile::new().unwrap();
+    f.write_all(text.as_bytes()).unwrap();
+    f
+}
+
+#[test]
+fn the_documented_file_is_exactly_the_defaults() {
+    assert_eq!(Config::from_toml(DEFAULT_TOML).unwrap(), Config::default());
+}
+
+#[test]
+fn defaults_are_the_original_lbagent_ini() {
+    let lb = Config::default().lb;
+    assert_eq!(
+        (
+            lb.init_succ_cnt,
+            lb.ovld_err_cnt,
+            lb.contin_succ_lim,
+            lb.contin_err_lim,
+            lb.probe_num
+        ),
+        (180, 5, 15, 15, 10)
+    );
+    assert_eq!(
+        (
+            lb.update_timeout,
+            lb.clear_timeout,
+            lb.report_timeout,
+            lb.overload_wait_lim
+        ),
+        (15, 15, 15, 180)
+    );
+    assert_eq!(
+        (
+            lb.succ_rate,
+            lb.err_rate,
+            lb.wind_err_rate,
+            lb.wind_err_limit
+        ),
+        (0.95, 0.1, 0.7, 2)
+    );
+    assert_eq!(lb.params(), crate::lb::LbParams::default());
+    Config::default().validate().unwrap();
+}
+
+#[test]
+fn an_empty_file_is_the_defaults() {
+    let f = file("");
+    assert_eq!(
+        Config::load(Some(f.path()), &[]).unwrap(),
+        Config::default()
+    );
+}
+
+#[test]
+fn a_missing_file_names_the_path() {
+    let e = Config::load(Some(Path::new("/nonexistent/lbagent.toml")), &[]).unwrap_err();
+    assert!(matches!(e, ConfigError::Read { .. }));
+    assert!(e.to_string().contains("/nonexistent/lbagent.toml"), "{e}");
+}
+
+#[test]
+fn an_unknown_key_names_the_key_and_line() {
+    let f = file("[lb]\nprobe_num = 3\nprobe_numb = 4\n");
+    let e = Config::load(Some(f.path()), &[]).unwrap_err().to_string();
+    assert!(e.contains("probe_numb") && e.contains(":3:"), "{e}");
+    assert!(!e.contains('\n'), "one line: {e}");
+}
+
+#[test]
+fn an_unknown_section_is_refused() {
+    let e = Config::from_toml("[lbb]\nx = 1\n").unwrap_err().to_string();
+    assert!(e.contains("lbb"), "{e}");
+}
+
+#[test]
+fn a_wrong_type_is_refused() {
+    let e = Config::from_toml("[lb]\nprobe_num = \"ten\"\n").unwrap_err();
+    assert!(matches!(e, ConfigError::Parse { .. }), "{e}");
+}
+
+#[test]
+fn an_out_of_range_value_names_the_field_and_the_range() {
+    for (toml, field, allowed) in [
+        ("[lb]\nprobe_num = 1\n", "lb.probe_num", "2..=1000000"),
+        ("[lb]\nerr_rate = 1.5\n", "lb.err_rate", "0.0..=1.0"),
+        ("[lb]\nclear_timeout = 0\n", "lb.clear_timeout", "1..=86400"),
+        (
+            "[lb]\ncontin_err_lim = 0\n",
+            "lb.contin_err_lim",
+            "1..=1000000",
+        ),
+        ("[agent]\nbase_port = 0\n", "agent.base_port", "1..=65535"),
+        (
+            "[agent]\nbase_port = 65535\nshards = 2\n",
+            "agent.base_port",
+            "65535",
+        ),
+        (
+            "[agent]\nroute_servers = []\n",
+            "agent.route_servers",
+            "at least one",
+        ),
+        (
+            "[agent]\nreporters = [\"1.2.3.4\"]\n",
+            "agent.reporters",
+            "HOST:PORT",
+        ),
+        (
+            "[agent]\nreporters = [\"1.2.3.4:0\"]\n",
+            "agent.reporters",
+            "1..=65535",
+        ),
+        (
+            "[agent]\nreporters = [\"1.2.3.456:80\"]\n",
+            "agent.reporters",
+            "IPv4",
+        ),
+        (
+            "[agent]\nsnapshot_path = \"routes\"\n",
+            "agent.snapshot_path",
+            "absolute",
+        ),
+        (
+            "[agent]\nmetrics_addr = \"0.0.0.0:9888\"\n",
+            "agent.metrics_addr",
+            "loopback",
+        ),
+        (
+            "[agent]\nio_memory_kib = 1\n",
+            "agent.io_memory_kib",
+            "64..=1048576",
+        ),
+    ] {
+        let e = Config::from_toml(toml).unwrap_err();
+        let msg = e.to_string();
+        assert!(matches!(e, ConfigError::Invalid { .. }), "{toml}: {msg}");
+        assert!(
+            msg.starts_with(field) && msg.contains(allowed),
+            "{toml}: {msg}"
+        );
+    }
+}
+
+#[test]
+fn nan_rates_are_refused() {
+    let mut c = Config::default();
+    c.lb.succ_rate = f64::NAN;
+    assert!(c.validate().is_err());
+}
+
+#[test]
+fn overrides_replace_file_values_in_order() {
+    let f = file("[lb]\nprobe_num = 3\n");
+    let set = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let c = Config::load(
+        Some(f.path()),
+        &set(&["lb.probe_num=20", "agent.base_port=9000"]),
+    )
+    .unwrap();
+    assert_eq!((c.lb.probe_num, c.agent.base_port), (20, 9000));
+    let c = Config::load(
+        None,
+        &set(&[
+            "agent.route_servers=[\"10.0.0.1:1\", \"10.0.0.2:1\"]",
+            "agent.snapshot_path=/tmp/x",
+        ]),
+    )
+    .unwrap();
+    assert_eq!(c.agent.route_servers.len(), 2);
+    assert_eq!(c.agent.snapshot_path, PathBuf::from("/tmp/x"));
+}
+
+#[test]
+fn bad_overrides_are_refused_with_the_argument() {
+    let set = |s: &str| vec![s.to_string()];
+    for arg in ["probe_num", "probe_num=3", "lb.=3", "lb.a.b=3"] {
+        let e = Config::load(None, &set(arg)).unwrap_err();
+        assert!(matches!(e, ConfigError::Override { .. }), "{arg}: {e}");
+        assert!(e.to_string().contains(arg), "{e}");
+    }
+    let e = Config::load(None, &set("lb.nope=3"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("nope"), "{e}");
+    let e = Config::load(None, &set("lb.probe_num=0"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("lb.probe_num"), "{e}");
+}

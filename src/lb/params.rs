@@ -1,0 +1,49 @@
+//! The overload algorithm's knobs, as the LB core sees them.
+
+/// The parameters of the L5 overload algorithm. Defaults are the original
+/// agent's `lbagent.ini`; [`crate::config`] reads them from the `[lb]` table
+/// and validates their ranges before they reach the core.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LbParams {
+    /// Virtual successes a node starts with when it (re)enters idle.
+    pub init_succ_cnt: u32,
+    /// Virtual errors a node starts with when it enters overload.
+    pub ovld_err_cnt: u32,
+    /// Consecutive successes that return an overloaded node to idle.
+    pub contin_succ_lim: u32,
+    /// Consecutive failures that make an idle node overloaded.
+    pub contin_err_lim: u32,
+    /// While some node is overloaded, every `probe_num`-th getHost probes
+    /// the head of the overload list.
+    pub probe_num: u32,
+    /// An overloaded node whose virtual success rate exceeds this is idle again.
+    pub succ_rate: f64,
+    /// An idle node whose virtual error rate exceeds this is overloaded.
+    pub err_rate: f64,
+    /// An idle window whose real error rate is at or above this is "bad".
+    pub wind_err_rate: f64,
+    /// This many consecutive bad windows make an idle node overloaded.
+    pub wind_err_limit: u32,
+    /// Length of an idle node's statistics window, milliseconds.
+    pub clear_timeout_ms: u64,
+    /// An overloaded node is forced back to idle after this long, milliseconds.
+    pub overload_wait_ms: u64,
+}
+
+impl Default for LbParams {
+    fn default() -> Self {
+        Self {
+            init_succ_cnt: 180,
+            ovld_err_cnt: 5,
+            contin_succ_lim: 15,
+            contin_err_lim: 15,
+            probe_num: 10,
+            succ_rate: 0.95,
+            err_rate: 0.1,
+            wind_err_rate: 0.7,
+            wind_err_limit: 2,
+            clear_timeout_ms: 15_000,
+            overload_wait_ms: 180_000,
+        }
+    }
+}

@@ -1,0 +1,22 @@
+//! lbagent: a load-balancing agent for every host of a large fleet.
+//!
+//! Applications ask the agent, over local UDP, for a node of a remote service
+//! named by `(modid, cmdid)` and report how each call went; the agent decides
+//! which nodes are overloaded or dead and steers traffic away from them.
+//!
+//! # Layout
+//!
+//! - [`wire`]: the FlatBuffers messages of `schema/lbagent.fbs`, verified
+//!   decoding into typed errors, and encoding.
+//! - [`lb`]: the L5 overload algorithm, pure: idle and overload lists, the
+//!   virtual counts, windows, probing. Time is an argument.
+//! - [`config`]: the TOML configuration, its defaults (the original
+//!   `lbagent.ini`) and `validate()`.
+//! - [`model`]: plain shared values: [`model::ModuleId`], [`model::NodeAddr`],
+//!   [`model::RouteNode`].
+#![warn(missing_docs)]
+
+pub mod config;
+pub mod lb;
+pub mod model;
+pub mod wire;

@@ -1,0 +1,765 @@
+//! Encoding: plain values in, one finished buffer out, built in a
+//! FlatBufferBuilder that is reset and reused, so that after warm-up
+//! encoding allocates nothing.
+
+use flatbuffers::{FlatBufferBuilder, Push, UOffsetT, Vector, WIPOffset};
+
+use super::fb;
+use super::values::{CacheRoute, ModuleStats, NodeStats, NodeStatus, Report};
+use super::{AdmissionLevel, RetCode};
+use crate::model::{ModuleId, NodeAddr, RouteNode};
+
+/// Encodes messages into one reusable buffer.
+///
+/// Each method resets the builder, encodes one message in an `Envelope`
+/// finished with the file identifier, and returns the bytes, valid until the
+/// next call. The buffer grows to the largest message encoded and stays
+/// there. Nothing here checks a transport's limit: a datagram longer than
+/// [`super::Limits::UDP`] allows (a GetRouteResp of a huge module) is the
+/// caller's to refuse.
+#[derive(Debug)]
+pub struct Encoder {
+    fbb: FlatBufferBuilder<'static>,
+    /// Offsets of the tables of a vector under construction (scratch).
+    offsets: Vec<UOffsetT>,
+}
+
+impl Default for Encoder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Encoder {
+    /// An encoder whose buffer starts at 1 KiB (a getHost exchange needs
+    /// under 100 bytes).
+    pub fn new() -> Self {
+        Self::with_capacity(1024)
+    }
+
+    /// An encoder whose buffer starts at `bytes`.
+    pub fn with_capacity(bytes: usize) -> Self {
+        Encoder {
+            fbb: FlatBufferBuilder::with_capacity(bytes),
+            offsets: Vec::new(),
+        }
+    }
+
+    /// Wraps `body` in an Envelope and finishes the buffer.
+    fn finish<T>(&mut self, body_type: fb::Body, body: WIPOffset<T>) -> &[u8] {
+        let envelope = fb::Envelope::create(
+            &mut self.fbb,
+            &fb::EnvelopeArgs {
+                body_type,
+                body: Some(body.as_union_value()),
+            },
+        );
+        fb::finish_envelope_buffer(&mut self.fbb, envelope);
+        self.fbb.finished_data()
+    }
+
+    /// A vector of structs converted from `items`; `None` when empty (an
+    /// absent vector reads as empty and costs nothing).
+    fn structs<S: Copy, T: Push>(
+        &mut self,
+        items: &[S],
+        to_wire: impl Fn(S) -> T,
+    ) -> Option<WIPOffset<Vector<'static, T::Output>>> {
+        (!items.is_empty()).then(|| {
+            self.fbb
+                .create_vector_from_iter(items.iter().map(|&i| to_wire(i)))
+        })
+    }
+
+    /// The vector of the tables whose offsets are in `self.offsets`.
+    fn tables<T>(&mut self) -> Option<WIPOffset<Vector<'static, flatbuffers::ForwardsUOffset<T>>>> {
+        let offsets = self.offsets.iter().map(|&o| WIPOffset::<T>::new(o));
+        (!self.offsets.is_empty()).then(|| self.fbb.create_vector_from_iter(offsets))
+    }
+
+    /// GetHostReq: ask for one node of `module`, with DAGOR priorities
+    /// (0 = unset, else 1..=128).
+    pub fn get_host_req(
+        &mut self,
+        seq: u32,
+        module: ModuleId,
+        business_priority: u8,
+        user_priority: u8,
+    ) -> &[u8] {
+        self.fbb.reset();
+        let args = fb::GetHostReqArgs {
+            seq,
+            modid: module.modid,
+            cmdid: module.cmdid,
+            business_priority,
+            user_priority,
+        };
+        let body = fb::GetHostReq::create(&mut self.fbb, &args);
+        self.finish(fb::Body::GetHostReq, body)
+    }
+
+    /// GetHostResp: `host` is set only when `retcode` is Ok; `admission_level`
+    /// when admission control is on.
+    pub fn get_host_resp(
+        &mut self,
+        seq: u32,
+        module: ModuleId,
+        retcode: RetCode,
+        host: Option<NodeAddr>,
+        admission_level: Option<AdmissionLevel>,
+    ) -> &[u8] {
+        self.fbb.reset();
+        let host = host.map(fb::Host::from);
+        let level = admission_level.map(fb::AdmissionLevel::from);
+        let args = fb::GetHostRespArgs {
+            seq,
+            modid: module.modid,
+            cmdid: module.cmdid,
+            retcode,
+            host: host.as_ref(),
+            admission_level: level.as_ref(),
+        };
+        let body = fb::GetHostResp::create(&mut self.fbb, &args);
+        self.finish(fb::Body::GetHostResp, body)
+    }
+
+    /// ReportReq: the result of one call.
+    pub fn report_req(&mut self, report: &Report) -> &[u8] {
+        self.fbb.reset();
+        let host = fb::Host::from(report.host);
+        let level = report.downstream_level.map(fb::AdmissionLevel::from);
+        let args = fb::ReportReqArgs {
+            seq: report.seq,
+            modid: report.module.modid,
+            cmdid: report.module.cmdid,
+            host: Some(&host),
+            retcode: report.retcode,
+            tcost_ms: report.tcost_ms,
+            downstream_level: level.as_ref(),
+        };
+        let body = fb::ReportReq::create(&mut self.fbb, &args);
+        self.finish(fb::Body::ReportReq, body)
+    }
+
+    /// BatchReportReq: `(node, successful calls)` pairs held by a route cache.
+    pub fn batch_report_req(
+        &mut self,
+        seq: u32,
+        module: ModuleId,
+        successes: &[(NodeAddr, u32)],
+    ) -> &[u8] {
+        self.fbb.reset();
+        let successes = self.structs(successes, |(addr, count)| {
+            fb::HostCount::new(&addr.into(), count)
+        });
+        let args = fb::BatchReportReqArgs {
+            seq,
+            modid: module.modid,
+            cmdid: module.cmdid,
+            successes,
+        };
+        let body = fb::BatchReportReq::create(&mut self.fbb, &args);
+        self.finish(fb::Body::BatchReportReq, body)
+    }
+
+    /// RegisterReq: pull `module` and wait at most `timeout_ms` for it.
+    pub fn register_req(&mut self, seq: u32, module: ModuleId, timeout_ms: u32) -> &[u8] {
+        self.fbb.reset();
+        let args = fb::RegisterReqArgs {
+            seq,
+            modid: module.modid,
+            cmdid: module.cmdid,
+            timeout_ms,
+        };
+        let body = fb::RegisterReq::create(&mut self.fbb, &args);
+        self.finish(fb::Body::RegisterReq, body)
+    }
+
+    /// RegisterResp: Ok (route present, at `version`), NoSuchModule or Timeout.
+    pub fn register_resp(
+        &mut self,
+        seq: u32,
+        module: ModuleId,
+        retcode: RetCode,
+        version: u64,
+    ) -> &[u8] {
+        self.fbb.reset();
+        let args = fb::RegisterRespArgs {
+            seq,
+            modid: module.modid,
+            cmdid: module.cmdid,
+            retcode,
+            version,
+        };
+        let body = fb::RegisterResp::create(&mut self.fbb, &args);
+        self.finish(fb::Body::RegisterResp, body)
+    }
+
+    /// GetRouteReq: ask for the agent's view of `module`.
+    pub fn get_route_req(&mut self, seq: u32, module: ModuleId) -> &[u8] {
+        self.fbb.reset();
+        let args = fb::GetRouteReqArgs {
+            seq,
+            modid: module.modid,
+            cmdid: module.cmdid,
+        };
+        let body = fb::GetRouteReq::create(&mut self.fbb, &args);
+        self.finish(fb::Body::GetRouteReq, body)
+    }
+
+    /// GetRouteResp: every node of `module` with its state and counters.
+    pub fn get_route_resp(
+        &mut self,
+        seq: u32,
+        module: ModuleId,
+        retcode: RetCode,
+        version: u64,
+        nodes: &[NodeStatus],
+    ) -> &[u8] {
+        self.fbb.reset();
+        self.offsets.clear();
+        for n in nodes {
+            let host = fb::Host::from(n.addr);
+            let args = fb::NodeStatusArgs {
+                host: Some(&host),
+                weight: n.weight,
+                overloaded: n.overloaded,
+                vsucc: n.vsucc,
+                verr: n.verr,
+                rsucc: n.rsucc,
+                rerr: n.rerr,
+                contin_succ: n.contin_succ,
+                contin_err: n.contin_err,
+                bad_windows: n.bad_windows,
+                window_age_ms: n.window_age_ms,
+                overload_age_ms: n.overload_age_ms,
+            };
+            let node = fb::NodeStatus::create(&mut self.fbb, &args);
+            self.offsets.push(node.value());
+        }
+        let nodes = self.tables::<fb::NodeStatus>();
+        let args = fb::GetRouteRespArgs {
+            seq,
+            modid: module.modid,
+            cmdid: module.cmdid,
+            retcode,
+            version,
+            nodes,
+        };
+        let body = fb::GetRouteResp::create(&mut self.fbb, &args);
+        self.finish(fb::Body::GetRouteResp, body)
+    }
+
+    /// CacheGetRouteReq: ask for `module`'s route, holding `known_version`
+    /// (0 = none).
+    pub fn cache_get_route_req(&mut self, seq: u32, module: ModuleId, known_version: u64) -> &[u8] {
+        self.fbb.reset();
+        let args = fb::CacheGetRouteReqArgs {
+            seq,
+            modid: module.modid,
+            cmdid: module.cmdid,
+            known_version,
+        };
+        let body = fb::CacheGetRouteReq::create(&mut self.fbb, &args);
+        self.finish(fb::Body::CacheGetRouteReq, body)
+    }
+
+    /// CacheGetRouteResp: the route for a route cache.
+    pub fn cache_get_route_resp(&mut self, resp: &CacheRoute<'_>) -> &[u8] {
+        self.fbb.reset();
+        let nodes = self.structs(resp.nodes, fb::RouteNode::from);
+        let args = fb::CacheGetRouteRespArgs {
+            seq: resp.seq,
+            modid: resp.module.modid,
+            cmdid: resp.module.cmdid,
+            retcode: resp.retcode,
+            version: resp.version,
+            unchanged: resp.unchanged,
+            any_overloaded: resp.any_overloaded,
+            nodes,
+        };
+        let body = fb::CacheGetRouteResp::create(&mut self.fbb, &args);
+        self.finish(fb::Body::CacheGetRouteResp, body)
+    }
+
+    /// ErrorResp: a refused request, `message` naming what was wrong.
+    pub fn error_resp(
+        &mut self,
+        seq: u64,
+        module: ModuleId,
+        retcode: RetCode,
+        message: &str,
+    ) -> &[u8] {
+        self.fbb.reset();
+        let message = self.fbb.create_string(message);
+        let args = fb::ErrorRespArgs {
+            seq,
+            modid: module.modid,
+            cmdid: module.cmdid,
+            retcode,
+            message: Some(message),
+        };
+        let body = fb::ErrorResp::create(&mut self.fbb, &args);
+        self.finish(fb::Body::ErrorResp, body)
+    }
+
+    /// PullReq: ask the route server for `modules` and subscribe to them.
+    pub fn pull_req(&mut self, seq: u64, modules: &[ModuleId]) -> &[u8] {
+        self.fbb.reset();
+        let modules = self.structs(modules, fb::ModuleId::from);
+        let body = fb::PullReq::create(&mut self.fbb, &fb::PullReqArgs { seq, modules });
+        self.finish(fb::Body::PullReq, body)
+    }
+
+    /// RouteAnswer: `module`'s route for PullReq `seq` (`exists` false and no
+    /// nodes when the route server has no such module).
+    pub fn route_answer(
+        &mut self,
+        seq: u64,
+        module: ModuleId,
+        exists: bool,
+        version: u64,
+        nodes: &[RouteNode],
+    ) -> &[u8] {
+        self.fbb.reset();
+        let nodes = self.structs(nodes, fb::RouteNode::from);
+        let args = fb::RouteAnswerArgs {
+            seq,
+            modid: module.modid,
+            cmdid: module.cmdid,
+            exists,
+            version,
+            nodes,
+        };
+        let body = fb::RouteAnswer::create(&mut self.fbb, &args);
+        self.finish(fb::Body::RouteAnswer, body)
+    }
+
+    /// RoutePush: `module` changed (`exists` false: it was deleted).
+    pub fn route_push(
+        &mut self,
+        module: ModuleId,
+        exists: bool,
+        version: u64,
+        nodes: &[RouteNode],
+    ) -> &[u8] {
+        self.fbb.reset();
+        let nodes = self.structs(nodes, fb::RouteNode::from);
+        let args = fb::RoutePushArgs {
+            modid: module.modid,
+            cmdid: module.cmdid,
+            exists,
+            version,
+            nodes,
+        };
+        let body = fb::RoutePush::create(&mut self.fbb, &args);
+        self.finish(fb::Body::RoutePush, body)
+    }
+
+    /// KeepAlive: keep this connection's subscriptions.
+    pub fn keep_alive(&mut self, seq: u64) -> &[u8] {
+        self.fbb.reset();
+        let body = fb::KeepAlive::create(&mut self.fbb, &fb::KeepAliveArgs { seq });
+        self.finish(fb::Body::KeepAlive, body)
+    }
+
+    /// KeepAliveAck: the answer to KeepAlive `seq`.
+    pub fn keep_alive_ack(&mut self, seq: u64) -> &[u8] {
+        self.fbb.reset();
+        let body = fb::KeepAliveAck::create(&mut self.fbb, &fb::KeepAliveAckArgs { seq });
+        self.finish(fb::Body::KeepAliveAck, body)
+    }
+
+    /// StatsReport: the per-node statistics of `modules`, taken at `time_s`
+    /// (Unix seconds) by the agent at `caller` (IPv4, host byte order).
+    pub fn stats_report(
+        &mut self,
+        seq: u64,
+        caller: u32,
+        time_s: u64,
+        modules: &[ModuleStats<'_>],
+    ) -> &[u8] {
+        self.fbb.reset();
+        self.offsets.clear();
+        for m in modules {
+            let nodes = self.structs(m.nodes, |n: NodeStats| fb::NodeStats::from(n));
+            let args = fb::ModuleStatsArgs {
+                modid: m.module.modid,
+                cmdid: m.module.cmdid,
+                nodes,
+            };
+            let module = fb::ModuleStats::create(&mut self.fbb, &args);
+            self.offsets.push(module.value());
+        }
+        let modules = self.tables::<fb::ModuleStats>();
+        let args = fb::StatsReportArgs {
+            seq,
+            caller,
+            time_s,
+            modules,
+        };
+        let body = fb::StatsReport::create(&mut self.fbb, &args);
+        self.finish(fb::Body::StatsReport, body)
+    }
+
+    /// StatsAck: StatsReport `seq` was accepted.
+    pub fn stats_ack(&mut self, seq: u64) -> &[u8] {
+        self.fbb.reset();
+        let body = fb::StatsAck::create(&mut self.fbb, &fb::StatsAckArgs { seq });
+        self.finish(fb::Body::StatsAck, body)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::{decode, Limits, Message};
+    use std::net::Ipv4Addr;
+
+    const M: ModuleId = ModuleId::new(10_001, 7);
+
+    fn addr(last: u8, port: u16) -> NodeAddr {
+        NodeAddr::new(Ipv4Addr::new(10, 0, 0, last), port)
+    }
+
+    fn route() -> [RouteNode; 2] {
+        [
+            RouteNode {
+                addr: addr(1, 9000),
+                weight: 3,
+            },
+            RouteNode {
+                addr: addr(2, 9001),
+                weight: 0,
+            },
+        ]
+    }
+
+    fn plain(nodes: Option<Vector<'_, fb::RouteNode>>) -> Vec<RouteNode> {
+        nodes
+            .unwrap_or_default()
+            .iter()
+            .map(RouteNode::from)
+            .collect()
+    }
+
+    /// Decodes `buf` as a TCP frame would be (the larger limits).
+    fn decoded(buf: &[u8]) -> Message<'_> {
+        decode(buf, &Limits::TCP_FRAME).expect("an encoded message decodes")
+    }
+
+    #[test]
+    fn get_host_req_round_trips() {
+        let mut enc = Encoder::new();
+        let buf = enc.get_host_req(42, M, 3, 128);
+        let Message::GetHostReq(m) = decoded(buf) else {
+            panic!("wrong type")
+        };
+        let v = m.validate().unwrap();
+        assert_eq!((v.seq, v.module), (42, M));
+        assert_eq!((v.business_priority, v.user_priority), (3, 128));
+    }
+
+    #[test]
+    fn get_host_resp_round_trips_with_and_without_optionals() {
+        let mut enc = Encoder::new();
+        let level = AdmissionLevel::new(5, 9);
+        let buf = enc.get_host_resp(1, M, RetCode::Ok, Some(addr(1, 80)), Some(level));
+        let Message::GetHostResp(m) = decoded(buf) else {
+            panic!("wrong type")
+        };
+        assert_eq!(
+            (m.seq(), m.modid(), m.cmdid(), m.retcode()),
+            (1, M.modid, M.cmdid, RetCode::Ok)
+        );
+        assert_eq!(m.host().map(NodeAddr::from), Some(addr(1, 80)));
+        assert_eq!(AdmissionLevel::from_wire(m.admission_level()), Some(level));
+
+        let buf = enc.get_host_resp(2, M, RetCode::Overloaded, None, None);
+        let Message::GetHostResp(m) = decoded(buf) else {
+            panic!("wrong type")
+        };
+        assert_eq!(m.retcode(), RetCode::Overloaded);
+        assert!(m.host().is_none() && m.admission_level().is_none());
+    }
+
+    #[test]
+    fn report_req_round_trips() {
+        let report = Report {
+            seq: 9,
+            module: M,
+            host: addr(3, 7000),
+            retcode: -1,
+            tcost_ms: 250,
+            downstream_level: Some(AdmissionLevel::new(1, 2)),
+        };
+        let mut enc = Encoder::new();
+        let Message::ReportReq(m) = decoded(enc.report_req(&report)) else {
+            panic!("wrong type")
+        };
+        assert_eq!(m.validate(), Ok(report));
+    }
+
+    #[test]
+    fn batch_report_req_round_trips() {
+        let successes = [(addr(1, 1), 10), (addr(2, 2), 0), (addr(3, 3), u32::MAX)];
+        let mut enc = Encoder::new();
+        let Message::BatchReportReq(m) = decoded(enc.batch_report_req(5, M, &successes)) else {
+            panic!("wrong type")
+        };
+        let v = m.validate().unwrap();
+        assert_eq!((v.seq, v.module), (5, M));
+        assert_eq!(v.successes().collect::<Vec<_>>(), successes);
+    }
+
+    #[test]
+    fn register_req_and_resp_round_trip() {
+        let mut enc = Encoder::new();
+        let Message::RegisterReq(m) = decoded(enc.register_req(6, M, 1500)) else {
+            panic!("wrong type")
+        };
+        let v = m.validate().unwrap();
+        assert_eq!((v.seq, v.module, v.timeout_ms), (6, M, 1500));
+
+        let Message::RegisterResp(m) = decoded(enc.register_resp(6, M, RetCode::Timeout, 77))
+        else {
+            panic!("wrong type")
+        };
+        assert_eq!((m.seq(), m.modid(), m.cmdid()), (6, M.modid, M.cmdid));
+        assert_eq!((m.retcode(), m.version()), (RetCode::Timeout, 77));
+    }
+
+    #[test]
+    fn get_route_req_and_resp_round_trip() {
+        let mut enc = Encoder::new();
+        let Message::GetRouteReq(m) = decoded(enc.get_route_req(8, M)) else {
+            panic!("wrong type")
+        };
+        assert_eq!((m.seq(), m.modid(), m.cmdid()), (8, M.modid, M.cmdid));
+
+        let nodes = [
+            NodeStatus {
+                addr: addr(1, 9000),
+                weight: 2,
+                overloaded: true,
+                vsucc: 1,
+                verr: 2,
+                rsucc: 3,
+                rerr: 4,
+                contin_succ: 5,
+                contin_err: 6,
+                bad_windows: 7,
+                window_age_ms: 8,
+                overload_age_ms: u64::MAX,
+            },
+            NodeStatus {
+                addr: addr(2, 9001),
+                weight: 0,
+                overloaded: false,
+                vsucc: 180,
+                verr: 0,
+                rsucc: 0,
+                rerr: 0,
+                contin_succ: 0,
+                contin_err: 0,
+                bad_windows: 0,
+                window_age_ms: 0,
+                overload_age_ms: 0,
+            },
+        ];
+        let buf = enc.get_route_resp(8, M, RetCode::Ok, 3, &nodes);
+        let Message::GetRouteResp(m) = decoded(buf) else {
+            panic!("wrong type")
+        };
+        assert_eq!((m.seq(), m.retcode(), m.version()), (8, RetCode::Ok, 3));
+        let got: Vec<NodeStatus> = m.nodes().unwrap().iter().map(NodeStatus::from).collect();
+        assert_eq!(got, nodes);
+    }
+
+    #[test]
+    fn cache_get_route_req_and_resp_round_trip() {
+        let mut enc = Encoder::new();
+        let Message::CacheGetRouteReq(m) = decoded(enc.cache_get_route_req(4, M, 12)) else {
+            panic!("wrong type")
+        };
+        assert_eq!(
+            (m.seq(), m.modid(), m.cmdid(), m.known_version()),
+            (4, M.modid, M.cmdid, 12)
+        );
+
+        let nodes = route();
+        let resp = CacheRoute {
+            seq: 4,
+            module: M,
+            retcode: RetCode::Ok,
+            version: 13,
+            unchanged: false,
+            any_overloaded: true,
+            nodes: &nodes,
+        };
+        let Message::CacheGetRouteResp(m) = decoded(enc.cache_get_route_resp(&resp)) else {
+            panic!("wrong type")
+        };
+        assert_eq!(
+            (m.seq(), m.modid(), m.cmdid(), m.retcode()),
+            (4, M.modid, M.cmdid, RetCode::Ok)
+        );
+        assert_eq!(
+            (m.version(), m.unchanged(), m.any_overloaded()),
+            (13, false, true)
+        );
+        assert_eq!(plain(m.nodes()), nodes);
+    }
+
+    #[test]
+    fn error_resp_round_trips() {
+        let mut enc = Encoder::new();
+        let buf = enc.error_resp(u64::MAX, M, RetCode::WrongShard, "owner is shard 1");
+        let Message::ErrorResp(m) = decoded(buf) else {
+            panic!("wrong type")
+        };
+        assert_eq!(
+            (m.seq(), m.modid(), m.cmdid()),
+            (u64::MAX, M.modid, M.cmdid)
+        );
+        assert_eq!(
+            (m.retcode(), m.message()),
+            (RetCode::WrongShard, Some("owner is shard 1"))
+        );
+    }
+
+    #[test]
+    fn pull_req_round_trips() {
+        let modules = [M, ModuleId::new(1, 2), ModuleId::new(u32::MAX, 0)];
+        let mut enc = Encoder::new();
+        let Message::PullReq(m) = decoded(enc.pull_req(11, &modules)) else {
+            panic!("wrong type")
+        };
+        let v = m.validate().unwrap();
+        assert_eq!(v.seq, 11);
+        assert_eq!(v.modules().collect::<Vec<_>>(), modules);
+    }
+
+    #[test]
+    fn route_answer_and_push_round_trip() {
+        let nodes = route();
+        let mut enc = Encoder::new();
+        let Message::RouteAnswer(m) = decoded(enc.route_answer(11, M, true, 99, &nodes)) else {
+            panic!("wrong type")
+        };
+        assert_eq!((m.seq(), m.modid(), m.cmdid()), (11, M.modid, M.cmdid));
+        assert_eq!(
+            (m.exists(), m.version(), plain(m.nodes())),
+            (true, 99, nodes.to_vec())
+        );
+
+        let Message::RouteAnswer(m) = decoded(enc.route_answer(12, M, false, 0, &[])) else {
+            panic!("wrong type")
+        };
+        assert!(!m.exists() && plain(m.nodes()).is_empty());
+
+        let Message::RoutePush(m) = decoded(enc.route_push(M, true, 100, &nodes)) else {
+            panic!("wrong type")
+        };
+        assert_eq!((m.modid(), m.cmdid()), (M.modid, M.cmdid));
+        assert_eq!(
+            (m.exists(), m.version(), plain(m.nodes())),
+            (true, 100, nodes.to_vec())
+        );
+    }
+
+    #[test]
+    fn keep_alive_and_ack_round_trip() {
+        let mut enc = Encoder::new();
+        let Message::KeepAlive(m) = decoded(enc.keep_alive(21)) else {
+            panic!("wrong type")
+        };
+        assert_eq!(m.seq(), 21);
+        let Message::KeepAliveAck(m) = decoded(enc.keep_alive_ack(21)) else {
+            panic!("wrong type")
+        };
+        assert_eq!(m.seq(), 21);
+    }
+
+    #[test]
+    fn stats_report_and_ack_round_trip() {
+        let a = [
+            NodeStats {
+                addr: addr(1, 1),
+                succ: 100,
+                err: 3,
+                overloaded: false,
+            },
+            NodeStats {
+                addr: addr(2, 2),
+                succ: 0,
+                err: 50,
+                overloaded: true,
+            },
+        ];
+        let modules = [
+            ModuleStats {
+                module: M,
+                nodes: &a,
+            },
+            ModuleStats {
+                module: ModuleId::new(1, 1),
+                nodes: &[],
+            },
+        ];
+        let mut enc = Encoder::new();
+        let buf = enc.stats_report(31, 0x7f00_0001, 1_700_000_000, &modules);
+        let Message::StatsReport(m) = decoded(buf) else {
+            panic!("wrong type")
+        };
+        assert_eq!(
+            (m.seq(), m.caller(), m.time_s()),
+            (31, 0x7f00_0001, 1_700_000_000)
+        );
+        let got: Vec<(ModuleId, Vec<NodeStats>)> = m
+            .modules()
+            .unwrap()
+            .iter()
+            .map(|ms| {
+                let nodes = ms.nodes().unwrap_or_default().iter().map(NodeStats::from);
+                (ModuleId::new(ms.modid(), ms.cmdid()), nodes.collect())
+            })
+            .collect();
+        assert_eq!(got, vec![(M, a.to_vec()), (ModuleId::new(1, 1), vec![])]);
+
+        let Message::StatsAck(m) = decoded(enc.stats_ack(31)) else {
+            panic!("wrong type")
+        };
+        assert_eq!(m.seq(), 31);
+    }
+
+    #[test]
+    fn the_buffer_is_reused_not_reallocated_after_warm_up() {
+        let mut enc = Encoder::new();
+        let report = Report {
+            seq: 1,
+            module: M,
+            host: addr(1, 1),
+            retcode: 0,
+            tcost_ms: 1,
+            downstream_level: None,
+        };
+        let first = enc.report_req(&report).as_ptr_range().end;
+        for seq in 0..1000 {
+            enc.get_host_req(seq, M, 0, 0);
+            let end = enc.report_req(&report).as_ptr_range().end;
+            assert_eq!(end, first, "the builder's buffer moved");
+        }
+    }
+
+    #[test]
+    fn a_get_host_exchange_fits_well_within_a_datagram() {
+        let mut enc = Encoder::new();
+        assert!(enc.get_host_req(1, M, 1, 1).len() <= 64);
+        assert!(
+            enc.get_host_resp(1, M, RetCode::Ok, Some(addr(1, 1)), None)
+                .len()
+                <= 80
+        );
+    }
+}
