@@ -33,7 +33,16 @@ fn check_accepts_the_printed_default_config() {
 
 #[test]
 fn check_without_a_file_validates_the_defaults_and_flags() {
-    let o = lbagent(&["agent", "--check", "--base-port", "9000", "--shards", "4", "--set", "lb.probe_num=20"]);
+    let o = lbagent(&[
+        "agent",
+        "--check",
+        "--base-port",
+        "9000",
+        "--shards",
+        "4",
+        "--set",
+        "lb.probe_num=20",
+    ]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert!(String::from_utf8_lossy(&o.stdout).contains("base_port 9000, shards 4"));
 }
@@ -45,11 +54,23 @@ fn check_refuses_bad_configs_with_one_line_naming_the_fault() {
     let range = config_file("[lb]\nerr_rate = 2.0\n");
     let syntax = config_file("[lb\n");
     let cases: Vec<(Vec<&str>, &str)> = vec![
-        (vec!["--config", "/nonexistent/lbagent.toml"], "/nonexistent/lbagent.toml"),
-        (vec!["--config", unknown.path().to_str().unwrap()], "probe_nun"),
-        (vec!["--config", range.path().to_str().unwrap()], "lb.err_rate = 2 is out of range: allowed 0.0..=1.0"),
+        (
+            vec!["--config", "/nonexistent/lbagent.toml"],
+            "/nonexistent/lbagent.toml",
+        ),
+        (
+            vec!["--config", unknown.path().to_str().unwrap()],
+            "probe_nun",
+        ),
+        (
+            vec!["--config", range.path().to_str().unwrap()],
+            "lb.err_rate = 2 is out of range: allowed 0.0..=1.0",
+        ),
         (vec!["--config", syntax.path().to_str().unwrap()], ":1:"),
-        (vec!["--set", "lb.probe_num=1"], "lb.probe_num = 1 is out of range"),
+        (
+            vec!["--set", "lb.probe_num=1"],
+            "lb.probe_num = 1 is out of range",
+        ),
         (vec!["--set", "probe_num=1"], "bad --set"),
         (vec!["--shards", "5000"], "agent.shards"),
     ];
@@ -88,7 +109,11 @@ fn subcommands_not_built_yet_say_so_and_fail() {
     ] {
         let o = lbagent(&args);
         assert_eq!(o.status.code(), Some(69), "{args:?}");
-        assert!(stderr(&o).contains("not built yet"), "{args:?}: {}", stderr(&o));
+        assert!(
+            stderr(&o).contains("not built yet"),
+            "{args:?}: {}",
+            stderr(&o)
+        );
         assert!(o.stdout.is_empty(), "{args:?} printed output");
     }
 }
