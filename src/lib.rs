@@ -16,6 +16,7 @@
 //!   [`model::RouteNode`].
 #![warn(missing_docs)]
 
+pub mod agent;
 pub mod config;
 pub mod lb;
 pub mod model;

@@ -19,8 +19,9 @@ const EXIT_CONFIG: u8 = 78;
 /// named by (modid, cmdid) and report how each call went; the agent steers
 /// traffic away from overloaded or dead nodes.
 ///
-/// Exit status: 0 success; 2 bad command line; 69 the subcommand is not
-/// built yet (its issue says when); 78 configuration invalid.
+/// Exit status: 0 success; 1 runtime failure (one line says why); 2 bad
+/// command line; 69 the subcommand is not built yet (its issue says when);
+/// 78 configuration invalid.
 #[derive(Parser, Debug)]
 #[command(name = "lbagent", version, about, long_about)]
 struct Cli {
@@ -30,8 +31,8 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// The agent: UDP shards and the control core. Today: `--check` and
-    /// `--print-config`; serving arrives with issue #3.
+    /// The agent: UDP shards and the control core. Runs until SIGTERM or
+    /// SIGINT (then flushes statistics, writes the snapshot, exits 0).
     Agent(AgentArgs),
     /// The route server ("dnsserver"). Not built yet: arrives with issue #4.
     Dnsserver(ServerArgs),
@@ -244,7 +245,13 @@ fn agent(args: AgentArgs) -> ExitCode {
         );
         return ExitCode::SUCCESS;
     }
-    not_built("agent (serving; `--check` works now)", 3)
+    match lbagent::agent::runtime::run(&config) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("lbagent agent: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 fn not_built(what: &str, issue: u32) -> ExitCode {

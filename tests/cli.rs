@@ -97,7 +97,6 @@ fn a_bad_argument_is_a_usage_error() {
 #[test]
 fn subcommands_not_built_yet_say_so_and_fail() {
     for args in [
-        vec!["agent"],
         vec!["dnsserver"],
         vec!["reporter"],
         vec!["standalone"],

@@ -253,7 +253,7 @@ impl Config {
         in_range("lb.overload_wait_lim", lb.overload_wait_lim, 1, 86_400)?;
 
         let a = &self.agent;
-        in_range("agent.base_port", a.base_port, 1, u16::MAX)?;
+        in_range("agent.base_port", a.base_port, 0, u16::MAX)?;
         in_range("agent.shards", a.shards, 0, 1_024)?;
         let last = u32::from(a.base_port) + a.shards.max(1) - 1;
         if last > u32::from(u16::MAX) {

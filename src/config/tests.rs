@@ -94,7 +94,6 @@ fn an_out_of_range_value_names_the_field_and_the_range() {
             "lb.contin_err_lim",
             "1..=1000000",
         ),
-        ("[agent]\nbase_port = 0\n", "agent.base_port", "1..=65535"),
         (
             "[agent]\nbase_port = 65535\nshards = 2\n",
             "agent.base_port",

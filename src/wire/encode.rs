@@ -45,6 +45,13 @@ impl Encoder {
         }
     }
 
+    /// The buffer the last encoding method finished, again. Call it only
+    /// after an encoding method (it panics otherwise, as
+    /// `FlatBufferBuilder::finished_data` does).
+    pub fn finished(&self) -> &[u8] {
+        self.fbb.finished_data()
+    }
+
     /// Wraps `body` in an Envelope and finishes the buffer.
     fn finish<T>(&mut self, body_type: fb::Body, body: WIPOffset<T>) -> &[u8] {
         let envelope = fb::Envelope::create(

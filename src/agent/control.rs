@@ -1,0 +1,372 @@
+//! The control core: everything that is not a getHost or a report. It owns
+//! the route client, the statistics path to the reporter, the heartbeat, the
+//! route snapshot and the metrics endpoint, and keeps its own copy of every
+//! route it received (so a snapshot never asks the shards).
+//!
+//! It talks to the shards only through the SPSC rings; it must not touch a
+//! shard's state.
+
+use std::cell::RefCell;
+use std::collections::{HashMap, VecDeque};
+use std::net::TcpListener as StdTcpListener;
+use std::os::fd::{FromRawFd, IntoRawFd};
+use std::path::PathBuf;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_lite::{AsyncReadExt, AsyncWriteExt};
+use glommio::channels::local_channel;
+use glommio::channels::shared_channel::{ConnectedSender, SharedReceiver, SharedSender};
+use glommio::net::{TcpListener, TcpStream};
+
+use super::clock;
+use super::heartbeat::HeartbeatWriter;
+use super::messages::{ToControl, ToShard};
+use super::metrics::{render, ControlMetrics, ShardMetrics};
+use super::routeclient::{self, RouteClientConfig, RouteClientEvent, RouteClientStatus};
+use super::snapshot::{self, SnapshotRoute};
+use super::statsclient::{self, StatsClientConfig, StatsClientEvent, StatsClientStatus};
+use crate::lb::NodeCallStats;
+use crate::model::{ModuleId, RouteNode};
+
+/// Everything the control executor needs, built on the main thread.
+pub struct ControlParts {
+    /// Number of shards.
+    pub shards: u32,
+    /// The route client's settings.
+    pub route_client: RouteClientConfig,
+    /// The statistics client's settings.
+    pub stats_client: StatsClientConfig,
+    /// Shard → control rings, one per shard.
+    pub from_shards: Vec<SharedReceiver<ToControl>>,
+    /// Control → shard rings, one per shard.
+    pub to_shards: Vec<SharedSender<ToShard>>,
+    /// Shard metrics rings, one per shard.
+    pub metrics_in: Vec<SharedReceiver<Box<ShardMetrics>>>,
+    /// The routes known at start (from the snapshot).
+    pub routes: Vec<SnapshotRoute>,
+    /// The heartbeat file, created by the caller.
+    pub heartbeat: HeartbeatWriter,
+    /// The static route file.
+    pub snapshot_path: PathBuf,
+    /// Seconds between snapshots.
+    pub snapshot_interval: Duration,
+    /// The metrics listener, bound by the caller.
+    pub metrics_listener: StdTcpListener,
+    /// Set when the agent shuts down.
+    pub stop: Arc<AtomicBool>,
+}
+
+/// The routes the control core holds: module → (version, nodes).
+type RouteTable = HashMap<ModuleId, (u64, Vec<RouteNode>)>;
+
+struct State {
+    routes: RouteTable,
+    shard_metrics: Vec<ShardMetrics>,
+    control: ControlMetrics,
+    /// Route messages waiting for room in a shard's ring.
+    backlog: Vec<VecDeque<ToShard>>,
+    last_beat: Instant,
+}
+
+/// Runs the control core until `stop` is set, then writes the final
+/// snapshot and flushes the statistics. Call inside its glommio executor.
+pub async fn run(parts: ControlParts) {
+    let ControlParts {
+        shards,
+        route_client,
+        stats_client,
+        from_shards,
+        to_shards,
+        metrics_in,
+        routes,
+        heartbeat,
+        snapshot_path,
+        snapshot_interval,
+        metrics_listener,
+        stop,
+    } = parts;
+    let state = Rc::new(RefCell::new(State {
+        routes: routes
+            .iter()
+            .map(|r| (r.module, (r.version, r.nodes.clone())))
+            .collect(),
+        shard_metrics: (0..shards).map(ShardMetrics::new).collect(),
+        control: ControlMetrics::default(),
+        backlog: (0..shards).map(|_| VecDeque::new()).collect(),
+        last_beat: Instant::now(),
+    }));
+    heartbeat.beat(clock::unix_ms());
+
+    let stopped = {
+        let stop = stop.clone();
+        move || {
+            let stop = stop.clone();
+            async move {
+                while !stop.load(Ordering::Relaxed) {
+                    glommio::timer::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        }
+    };
+
+    // The route client, fed by the shards' pulls.
+    let (wants_tx, wants_rx) = local_channel::new_unbounded::<ModuleId>();
+    let (events_tx, events_rx) = local_channel::new_bounded::<RouteClientEvent>(1024);
+    let route_status = RouteClientStatus::default();
+    let route_task = glommio::spawn_local(routeclient::run(
+        route_client,
+        wants_rx,
+        events_tx,
+        stopped(),
+        route_status.clone(),
+    ));
+    // Subscribe to every module the snapshot knows.
+    for r in &routes {
+        let _ = wants_tx.try_send(r.module);
+    }
+
+    // The statistics client, fed by the shards' statistics.
+    let (stats_tx, stats_rx) = local_channel::new_unbounded::<(ModuleId, Vec<NodeCallStats>)>();
+    let (stats_events_tx, stats_events_rx) = local_channel::new_bounded::<StatsClientEvent>(1024);
+    let stats_status = StatsClientStatus::default();
+    let stats_task = glommio::spawn_local(statsclient::run(
+        stats_client,
+        stats_rx,
+        stats_events_tx,
+        stopped(),
+        stats_status.clone(),
+    ));
+
+    let wants_tx = Rc::new(wants_tx);
+    let stats_tx = Rc::new(stats_tx);
+    let mut tasks = Vec::new();
+    for rx in from_shards {
+        let wants_tx = wants_tx.clone();
+        let stats_tx = stats_tx.clone();
+        tasks.push(glommio::spawn_local(async move {
+            let rx = rx.connect().await;
+            while let Some(msg) = rx.recv().await {
+                match msg {
+                    ToControl::Pull(m) => {
+                        let _ = wants_tx.try_send(m);
+                    }
+                    ToControl::Stats { module, nodes } => {
+                        let _ = stats_tx.try_send((module, nodes));
+                    }
+                }
+            }
+        }));
+    }
+    for rx in metrics_in {
+        let state = state.clone();
+        tasks.push(glommio::spawn_local(async move {
+            let rx = rx.connect().await;
+            while let Some(m) = rx.recv().await {
+                let mut st = state.borrow_mut();
+                let i = m.shard as usize;
+                if i < st.shard_metrics.len() {
+                    st.shard_metrics[i] = *m;
+                }
+            }
+        }));
+    }
+
+    // Connect the rings to the shards only now: a shard connects its
+    // sending side first, which waits for the receivers spawned above.
+    let mut senders = Vec::new();
+    for s in to_shards {
+        senders.push(Rc::new(s.connect().await));
+    }
+    let senders = Rc::new(senders);
+
+    // Routes from the route server go to their shards (and our table).
+    tasks.push({
+        let state = state.clone();
+        let senders = senders.clone();
+        glommio::spawn_local(async move {
+            while let Some(ev) = events_rx.recv().await {
+                match ev {
+                    RouteClientEvent::Route(r) => {
+                        let mut st = state.borrow_mut();
+                        st.control.routes_received += 1;
+                        if r.exists && !r.nodes.is_empty() {
+                            st.routes.insert(r.module, (r.version, r.nodes.clone()));
+                        } else {
+                            st.routes.remove(&r.module);
+                        }
+                        let shard = r.module.shard(shards) as usize;
+                        let msg = ToShard::Route { module: r.module, exists: r.exists, version: r.version, nodes: r.nodes };
+                        deliver(&mut st, &senders, shard, msg);
+                    }
+                    RouteClientEvent::ServerError(e) => {
+                        eprintln!("lbagent: route server refused a request: {} ({:?}) for {}", e.message, e.retcode, e.module);
+                    }
+                    RouteClientEvent::Connected(addr) => eprintln!("lbagent: connected to route server {addr}"),
+                    RouteClientEvent::ConnectFailed { addr, error } => {
+                        eprintln!("lbagent: cannot connect to route server {addr}: {error}; retrying with back-off")
+                    }
+                    RouteClientEvent::Disconnected { addr, error } => {
+                        eprintln!("lbagent: lost route server {addr}: {error}; pulls in flight will be re-issued")
+                    }
+                }
+            }
+        })
+    });
+    tasks.push(glommio::spawn_local(async move {
+        while let Some(ev) = stats_events_rx.recv().await {
+            eprintln!("lbagent: reporter: {ev}");
+        }
+    }));
+
+    // Ring back-pressure: retry what did not fit.
+    tasks.push({
+        let state = state.clone();
+        let senders = senders.clone();
+        glommio::spawn_local(async move {
+            loop {
+                glommio::timer::sleep(Duration::from_millis(10)).await;
+                let mut st = state.borrow_mut();
+                for shard in 0..st.backlog.len() {
+                    while let Some(msg) = st.backlog[shard].pop_front() {
+                        if let Err(e) = senders[shard].try_send(msg) {
+                            match into_inner(e) {
+                                Some(msg) => st.backlog[shard].push_front(msg),
+                                None => st.backlog[shard].clear(),
+                            }
+                            break;
+                        }
+                    }
+                }
+            }
+        })
+    });
+
+    // Metrics endpoint.
+    let listener_fd = metrics_listener.into_raw_fd();
+    // SAFETY: a bound, listening TCP socket that we own.
+    let listener = unsafe { TcpListener::from_raw_fd(listener_fd) };
+    tasks.push({
+        let state = state.clone();
+        let route_status = route_status.clone();
+        let stats_status = stats_status.clone();
+        glommio::spawn_local(async move {
+            while let Ok(stream) = listener.accept().await {
+                let body = {
+                    let mut st = state.borrow_mut();
+                    refresh_control(&mut st, &route_status, &stats_status);
+                    render(&st.shard_metrics, &st.control)
+                };
+                glommio::spawn_local(serve_metrics(stream, body)).detach();
+            }
+        })
+    });
+
+    // Heartbeat every second, snapshot every interval, until stop.
+    let mut last_snapshot = Instant::now();
+    while !stop.load(Ordering::Relaxed) {
+        glommio::timer::sleep(Duration::from_millis(50)).await;
+        let mut st = state.borrow_mut();
+        if st.last_beat.elapsed() >= Duration::from_secs(1) {
+            heartbeat.beat(clock::unix_ms());
+            st.last_beat = Instant::now();
+        }
+        if last_snapshot.elapsed() >= snapshot_interval {
+            last_snapshot = Instant::now();
+            write_snapshot(&mut st, &snapshot_path);
+        }
+    }
+
+    // Shutdown: the clients see `stop` and finish (the stats client makes
+    // one bounded attempt to flush), then the final snapshot.
+    drop(wants_tx);
+    drop(stats_tx);
+    let _ = route_task.await;
+    let _ = stats_task.await;
+    let mut st = state.borrow_mut();
+    write_snapshot(&mut st, &snapshot_path);
+    drop(st);
+    for t in tasks {
+        drop(t);
+    }
+}
+
+/// Sends a route to its shard, or queues it when the ring is full.
+fn deliver(st: &mut State, senders: &[Rc<ConnectedSender<ToShard>>], shard: usize, msg: ToShard) {
+    if !st.backlog[shard].is_empty() {
+        st.backlog[shard].push_back(msg);
+        return;
+    }
+    if let Err(e) = senders[shard].try_send(msg) {
+        st.control.ring_drops += 1;
+        if let Some(msg) = into_inner(e) {
+            st.backlog[shard].push_back(msg);
+        }
+    }
+}
+
+fn into_inner<T>(e: glommio::GlommioError<T>) -> Option<T> {
+    match e {
+        glommio::GlommioError::WouldBlock(glommio::ResourceType::Channel(t)) => Some(t),
+        _ => None,
+    }
+}
+
+fn refresh_control(st: &mut State, route: &RouteClientStatus, stats: &StatsClientStatus) {
+    st.control.route_server = route.connected().map(|a| a.to_string());
+    st.control.pulls_sent = route.stats().modules_pulled;
+    st.control.reporter = stats.connected().map(|a| a.to_string());
+    let s = stats.stats();
+    st.control.stats_sent = s.acked;
+    st.control.stats_dropped = s.dropped;
+    st.control.heartbeat_age_s = st.last_beat.elapsed().as_secs_f64();
+}
+
+fn write_snapshot(st: &mut State, path: &std::path::Path) {
+    let mut routes: Vec<SnapshotRoute> = st
+        .routes
+        .iter()
+        .map(|(m, (v, nodes))| SnapshotRoute {
+            module: *m,
+            version: *v,
+            nodes: nodes.clone(),
+        })
+        .collect();
+    routes.sort_by_key(|r| r.module);
+    match snapshot::write(path, clock::unix_ms() / 1000, &routes) {
+        Ok(()) => st.control.snapshots_written += 1,
+        Err(e) => {
+            st.control.snapshot_errors += 1;
+            eprintln!("lbagent: cannot write the route snapshot: {e}");
+        }
+    }
+}
+
+/// Answers one HTTP request: `GET /metrics` gets the text, anything else 404.
+async fn serve_metrics(mut stream: TcpStream, body: String) {
+    let mut req = Vec::with_capacity(512);
+    let mut buf = [0u8; 512];
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while !req.windows(4).any(|w| w == b"\r\n\r\n") && req.len() < 8192 && Instant::now() < deadline
+    {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let read = glommio::timer::timeout(left, async { Ok(stream.read(&mut buf).await?) }).await;
+        match read {
+            Ok(0) | Err(_) => return,
+            Ok(n) => req.extend_from_slice(&buf[..n]),
+        }
+    }
+    let resp = if req.starts_with(b"GET /metrics ") || req.starts_with(b"GET /metrics?") {
+        format!(
+            "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+    } else {
+        let msg = "not found: the metrics are at GET /metrics\n";
+        format!("HTTP/1.1 404 Not Found\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{msg}", msg.len())
+    };
+    let _ = stream.write_all(resp.as_bytes()).await;
+    let _ = stream.close().await;
+}

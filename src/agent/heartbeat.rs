@@ -1,0 +1,899 @@
+//! The heartbeat: a small shared-memory file (under `/dev/shm` in
+//! production) through which the agent tells applications on the host that
+//! it is alive, and where to find the static route file when it is not.
+//!
+//! The control core owns the only [`HeartbeatWriter`]: it publishes an
+//! [`AgentInfo`] header once at start and calls [`HeartbeatWriter::beat`]
+//! every second. The client library opens a [`HeartbeatReader`] and, before
+//! every getHost, compares [`HeartbeatReader::beat_unix_ms`] with its clock
+//! through [`is_alive`]; when the beat is more than 2 s old
+//! ([`DEFAULT_MAX_AGE_MS`]) it answers from the snapshot file named in the
+//! header (see [`super::snapshot`]) instead of asking the agent.
+//!
+//! This module owns the file's layout and its consistency protocol. It must
+//! not touch the snapshot file, sockets or clocks: time is an argument.
+//!
+//! # Layout (version 1)
+//!
+//! One file of [`FILE_LEN`] bytes, of which the first [`HEADER_LEN`] are
+//! used. Every field is a native-endian word (the file never leaves the host)
+//! read and written only through atomics; offsets are in bytes.
+//!
+//! | offset | size | field |
+//! |---:|---:|---|
+//! | 0 | 8 | `seq`: the seqlock sequence, odd while a write is in progress |
+//! | 8 | 4 | magic, [`MAGIC`] (`"LBHB"` on a little-endian host) |
+//! | 12 | 4 | layout version, [`LAYOUT_VERSION`] |
+//! | 16 | 4 | shard count |
+//! | 20 | 4 | bind IPv4 address, as `u32::from(Ipv4Addr)` |
+//! | 24 | 4 | agent pid |
+//! | 28 | 4 | base UDP port (low 16 bits; the high 16 are 0) |
+//! | 32 | 8 | last beat, unix milliseconds (0: not beaten yet) |
+//! | 40 | 4 | snapshot path length in bytes |
+//! | 44 | 4 | reserved, 0 |
+//! | 48 | 512 | snapshot path bytes ([`SNAPSHOT_PATH_MAX`]), zero padded |
+//!
+//! `seq`, magic and version keep their offsets in every future version, so a
+//! reader can always tell which layout it is looking at.
+//!
+//! # Consistency
+//!
+//! A seqlock: the writer makes `seq` odd, writes, then makes it even again
+//! (release). A reader loads `seq`, copies the fields, and loads `seq` again
+//! (acquire fences between); it keeps the copy only if both loads saw the same
+//! even value, and gives up with [`HeartbeatError::Unstable`] after a bounded
+//! number of attempts, which in practice means the writer died mid-write:
+//! treat it like a stale beat.
+//!
+//! # Restarts
+//!
+//! [`HeartbeatWriter::create`] reuses an existing file in place (it never
+//! unlinks or replaces it, and never shrinks it), so a reader that mapped the
+//! file before an agent restart sees the new agent's header and beats. A
+//! writer that crashed mid-write leaves `seq` odd; the next `create` makes it
+//! even again.
+
+use std::cell::Cell;
+use std::ffi::OsStr;
+use std::fs::OpenOptions;
+use std::io;
+use std::marker::PhantomData;
+use std::net::Ipv4Addr;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+
+use memmap2::{MmapOptions, MmapRaw};
+
+/// The magic word at offset 8: the bytes `"LBHB"` read as a little-endian `u32`.
+pub const MAGIC: u32 = u32::from_le_bytes(*b"LBHB");
+
+/// The layout version this code writes and reads.
+pub const LAYOUT_VERSION: u32 = 1;
+
+/// The longest snapshot path the header holds, in bytes.
+pub const SNAPSHOT_PATH_MAX: usize = 512;
+
+/// The bytes of the file the header uses; a shorter file is truncated.
+pub const HEADER_LEN: usize = OFF_PATH + SNAPSHOT_PATH_MAX;
+
+/// The size the writer gives a new (or shorter) file: one page.
+pub const FILE_LEN: u64 = 4096;
+
+/// The seed's rule: a beat more than 2 s old means the agent is down.
+pub const DEFAULT_MAX_AGE_MS: u64 = 2_000;
+
+const OFF_SEQ: usize = 0;
+const OFF_MAGIC: usize = 8;
+const OFF_VERSION: usize = 12;
+const OFF_SHARDS: usize = 16;
+const OFF_BIND: usize = 20;
+const OFF_PID: usize = 24;
+const OFF_BASE_PORT: usize = 28;
+const OFF_BEAT: usize = 32;
+const OFF_PATH_LEN: usize = 40;
+const OFF_RESERVED: usize = 44;
+const OFF_PATH: usize = 48;
+const PATH_WORDS: usize = SNAPSHOT_PATH_MAX / 8;
+
+/// Read attempts before a reader reports [`HeartbeatError::Unstable`].
+const MAX_ATTEMPTS: u32 = 1_024;
+/// Attempts that only spin; later ones also yield, so that a writer
+/// descheduled mid-write on the reader's core can finish.
+const SPIN_ATTEMPTS: u32 = 128;
+
+/// What the agent publishes about itself: how to reach it and where its
+/// static route file is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AgentInfo {
+    /// Number of UDP shards; shard `i` listens on `base_port + i`.
+    pub shards: u32,
+    /// The UDP port of shard 0.
+    pub base_port: u16,
+    /// The address the shards are bound to.
+    pub bind: Ipv4Addr,
+    /// The agent's process id.
+    pub pid: u32,
+    /// Where the agent writes the static route file (at most
+    /// [`SNAPSHOT_PATH_MAX`] bytes).
+    pub snapshot_path: PathBuf,
+}
+
+/// One consistent reading of the heartbeat file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Heartbeat {
+    /// The header the running (or last) agent published.
+    pub info: AgentInfo,
+    /// The last beat, unix milliseconds; 0 if the agent has not beaten yet.
+    pub beat_unix_ms: u64,
+}
+
+/// Why the heartbeat file cannot be written or read. For a reader, every
+/// variant means: treat the agent as down and use the static route file.
+#[derive(Debug, thiserror::Error)]
+pub enum HeartbeatError {
+    /// The file does not exist: the agent has never run on this host (or the
+    /// path is wrong).
+    #[error("heartbeat file {path} does not exist: is the agent running?")]
+    Missing {
+        /// The heartbeat file.
+        path: PathBuf,
+    },
+    /// The file is shorter than the header.
+    #[error("heartbeat file {path} is truncated: {len} bytes, the header needs {min}")]
+    Truncated {
+        /// The heartbeat file.
+        path: PathBuf,
+        /// Its length.
+        len: u64,
+        /// The header's length, [`HEADER_LEN`].
+        min: usize,
+    },
+    /// The magic word is wrong: not a heartbeat file, or not initialised yet.
+    #[error("heartbeat file {path} has bad magic {found:#010x}, expected {MAGIC:#010x}")]
+    BadMagic {
+        /// The heartbeat file.
+        path: PathBuf,
+        /// The word found at offset 8.
+        found: u32,
+    },
+    /// Written by an agent with a layout this code does not read.
+    #[error("heartbeat file {path} has layout version {found}, this build reads {LAYOUT_VERSION}")]
+    UnsupportedVersion {
+        /// The heartbeat file.
+        path: PathBuf,
+        /// The version found.
+        found: u32,
+    },
+    /// The snapshot path does not fit the header's field: too long at
+    /// create, or a corrupt length when read.
+    #[error(
+        "heartbeat file {path}: snapshot path of {len} bytes is longer than the {SNAPSHOT_PATH_MAX}-byte field"
+    )]
+    PathTooLong {
+        /// The heartbeat file.
+        path: PathBuf,
+        /// The path's length in bytes.
+        len: usize,
+    },
+    /// The writer kept changing the header for every attempt: it is most
+    /// likely dead mid-write.
+    #[error("heartbeat file {path} is unstable: no consistent read in {attempts} attempts")]
+    Unstable {
+        /// The heartbeat file.
+        path: PathBuf,
+        /// The attempts made.
+        attempts: u32,
+    },
+    /// A system call failed.
+    #[error("cannot {op} heartbeat file {path}: {source}")]
+    Io {
+        /// What was being done: "open", "size", "map", ...
+        op: &'static str,
+        /// The heartbeat file.
+        path: PathBuf,
+        /// The system's error.
+        source: io::Error,
+    },
+}
+
+/// `true` when a beat at `beat_unix_ms` shows the agent alive at
+/// `now_unix_ms`: it has beaten (non-zero) and the beat is at most
+/// `max_age_ms` away from now, in either direction (a beat far in the future
+/// means the clock was stepped back; the live agent's next beat fixes it).
+pub fn is_alive(beat_unix_ms: u64, now_unix_ms: u64, max_age_ms: u64) -> bool {
+    beat_unix_ms != 0 && beat_unix_ms.abs_diff(now_unix_ms) <= max_age_ms
+}
+
+// === impl Shm ===
+
+/// The header's words in a mapping, as atomics.
+struct Shm {
+    map: MmapRaw,
+}
+
+impl Shm {
+    fn map(file: &std::fs::File, writable: bool) -> io::Result<Self> {
+        let mut options = MmapOptions::new();
+        options.len(HEADER_LEN);
+        let map = if writable {
+            options.map_raw(file)?
+        } else {
+            options.map_raw_read_only(file)?
+        };
+        Ok(Shm { map })
+    }
+
+    fn u32(&self, off: usize) -> &AtomicU32 {
+        debug_assert!(off % 4 == 0 && off + 4 <= HEADER_LEN);
+        // SAFETY: the mapping is page aligned and at least HEADER_LEN long,
+        // `off` is 4-aligned and in bounds, and it lives as long as `self`.
+        // The memory is only ever accessed through atomics (by any process),
+        // and a read-only mapping is only loaded from, with Relaxed loads of
+        // at most pointer size, which std allows on read-only memory.
+        unsafe { &*self.map.as_ptr().add(off).cast::<AtomicU32>() }
+    }
+
+    fn u64(&self, off: usize) -> &AtomicU64 {
+        debug_assert!(off % 8 == 0 && off + 8 <= HEADER_LEN);
+        // SAFETY: as in `u32`, with an 8-aligned offset.
+        unsafe { &*self.map.as_ptr().add(off).cast::<AtomicU64>() }
+    }
+
+    fn load32(&self, off: usize) -> u32 {
+        self.u32(off).load(Ordering::Relaxed)
+    }
+
+    fn load64(&self, off: usize) -> u64 {
+        self.u64(off).load(Ordering::Relaxed)
+    }
+
+    /// Runs `read` until it saw a stable, even sequence.
+    fn stable<T>(&self, path: &Path, read: impl Fn(&Self) -> T) -> Result<T, HeartbeatError> {
+        let seq = self.u64(OFF_SEQ);
+        for attempt in 0..MAX_ATTEMPTS {
+            let before = seq.load(Ordering::Relaxed);
+            fence(Ordering::Acquire);
+            if before & 1 == 0 {
+                let value = read(self);
+                fence(Ordering::Acquire);
+                if seq.load(Ordering::Relaxed) == before {
+                    return Ok(value);
+                }
+            }
+            if attempt < SPIN_ATTEMPTS {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+        Err(HeartbeatError::Unstable {
+            path: path.to_path_buf(),
+            attempts: MAX_ATTEMPTS,
+        })
+    }
+
+    /// Runs `write` between making the sequence odd and even again. Only one
+    /// writer may call this at a time.
+    fn write(&self, write: impl FnOnce(&Self)) {
+        let seq = self.u64(OFF_SEQ);
+        // `| 1` rather than `+ 1`: a writer that died mid-write left it odd.
+        let odd = seq.load(Ordering::Relaxed) | 1;
+        seq.store(odd, Ordering::Relaxed);
+        fence(Ordering::Release);
+        write(self);
+        seq.store(odd.wrapping_add(1), Ordering::Release);
+    }
+}
+
+/// The header's fields as plain values, path in its fixed-size field.
+#[derive(Clone, Copy)]
+struct RawHeader {
+    magic: u32,
+    version: u32,
+    shards: u32,
+    bind: u32,
+    pid: u32,
+    base_port: u32,
+    beat: u64,
+    path_len: u32,
+    path: [u64; PATH_WORDS],
+}
+
+impl RawHeader {
+    fn from_info(file: &Path, info: &AgentInfo) -> Result<Self, HeartbeatError> {
+        let bytes = info.snapshot_path.as_os_str().as_bytes();
+        if bytes.len() > SNAPSHOT_PATH_MAX {
+            return Err(HeartbeatError::PathTooLong {
+                path: file.to_path_buf(),
+                len: bytes.len(),
+            });
+        }
+        let mut padded = [0u8; SNAPSHOT_PATH_MAX];
+        padded[..bytes.len()].copy_from_slice(bytes);
+        let mut path = [0u64; PATH_WORDS];
+        for (word, chunk) in path.iter_mut().zip(padded.chunks_exact(8)) {
+            *word = u64::from_ne_bytes(chunk.try_into().expect("8-byte chunk"));
+        }
+        Ok(RawHeader {
+            magic: MAGIC,
+            version: LAYOUT_VERSION,
+            shards: info.shards,
+            bind: u32::from(info.bind),
+            pid: info.pid,
+            base_port: u32::from(info.base_port),
+            beat: 0,
+            path_len: bytes.len() as u32,
+            path,
+        })
+    }
+
+    fn load(shm: &Shm) -> Self {
+        let mut path = [0u64; PATH_WORDS];
+        for (i, word) in path.iter_mut().enumerate() {
+            *word = shm.load64(OFF_PATH + 8 * i);
+        }
+        RawHeader {
+            magic: shm.load32(OFF_MAGIC),
+            version: shm.load32(OFF_VERSION),
+            shards: shm.load32(OFF_SHARDS),
+            bind: shm.load32(OFF_BIND),
+            pid: shm.load32(OFF_PID),
+            base_port: shm.load32(OFF_BASE_PORT),
+            beat: shm.load64(OFF_BEAT),
+            path_len: shm.load32(OFF_PATH_LEN),
+            path,
+        }
+    }
+
+    fn store(&self, shm: &Shm) {
+        let relaxed = Ordering::Relaxed;
+        shm.u32(OFF_MAGIC).store(self.magic, relaxed);
+        shm.u32(OFF_VERSION).store(self.version, relaxed);
+        shm.u32(OFF_SHARDS).store(self.shards, relaxed);
+        shm.u32(OFF_BIND).store(self.bind, relaxed);
+        shm.u32(OFF_PID).store(self.pid, relaxed);
+        shm.u32(OFF_BASE_PORT).store(self.base_port, relaxed);
+        shm.u64(OFF_BEAT).store(self.beat, relaxed);
+        shm.u32(OFF_PATH_LEN).store(self.path_len, relaxed);
+        shm.u32(OFF_RESERVED).store(0, relaxed);
+        for (i, word) in self.path.iter().enumerate() {
+            shm.u64(OFF_PATH + 8 * i).store(*word, relaxed);
+        }
+    }
+
+    fn into_heartbeat(self, file: &Path) -> Result<Heartbeat, HeartbeatError> {
+        check_format(file, self.magic, self.version)?;
+        let len = self.path_len as usize;
+        if len > SNAPSHOT_PATH_MAX {
+            return Err(HeartbeatError::PathTooLong {
+                path: file.to_path_buf(),
+                len,
+            });
+        }
+        let bytes: Vec<u8> = self.path.iter().flat_map(|w| w.to_ne_bytes()).collect();
+        Ok(Heartbeat {
+            info: AgentInfo {
+                shards: self.shards,
+                // The writer stores a u16; a corrupt high half is dropped.
+                base_port: self.base_port as u16,
+                bind: Ipv4Addr::from(self.bind),
+                pid: self.pid,
+                snapshot_path: PathBuf::from(OsStr::from_bytes(&bytes[..len])),
+            },
+            beat_unix_ms: self.beat,
+        })
+    }
+}
+
+fn check_format(file: &Path, magic: u32, version: u32) -> Result<(), HeartbeatError> {
+    if magic != MAGIC {
+        return Err(HeartbeatError::BadMagic {
+            path: file.to_path_buf(),
+            found: magic,
+        });
+    }
+    if version != LAYOUT_VERSION {
+        return Err(HeartbeatError::UnsupportedVersion {
+            path: file.to_path_buf(),
+            found: version,
+        });
+    }
+    Ok(())
+}
+
+fn io_error<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> HeartbeatError + 'a {
+    move |source| HeartbeatError::Io {
+        op,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+// === impl HeartbeatWriter ===
+
+/// The agent's side: publishes the header and beats. One per file; `Send`
+/// but not `Sync`, because the seqlock allows one writer at a time.
+pub struct HeartbeatWriter {
+    shm: Shm,
+    path: PathBuf,
+    _not_sync: PhantomData<Cell<()>>,
+}
+
+impl HeartbeatWriter {
+    /// Creates the file at `path`, or reuses it in place if it exists, sizes
+    /// it to at least [`FILE_LEN`], maps it and publishes `info` with a beat
+    /// of 0. Call [`beat`](Self::beat) right after: until then readers see
+    /// the agent as down. The parent directory must exist.
+    ///
+    /// # Errors
+    /// [`HeartbeatError::PathTooLong`] when `info.snapshot_path` is longer
+    /// than [`SNAPSHOT_PATH_MAX`] bytes (the file is then not touched);
+    /// [`HeartbeatError::Io`] when the file cannot be opened, sized or mapped.
+    pub fn create(path: &Path, info: &AgentInfo) -> Result<Self, HeartbeatError> {
+        let header = RawHeader::from_info(path, info)?;
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o644)
+            .open(path)
+            .map_err(io_error("open", path))?;
+        let len = file.metadata().map_err(io_error("stat", path))?.len();
+        if len < FILE_LEN {
+            file.set_len(FILE_LEN).map_err(io_error("size", path))?;
+        }
+        let shm = Shm::map(&file, true).map_err(io_error("map", path))?;
+        shm.write(|shm| header.store(shm));
+        Ok(HeartbeatWriter {
+            shm,
+            path: path.to_path_buf(),
+            _not_sync: PhantomData,
+        })
+    }
+
+    /// Publishes a beat at `unix_ms` (unix milliseconds). No system call.
+    pub fn beat(&self, unix_ms: u64) {
+        self.shm
+            .write(|shm| shm.u64(OFF_BEAT).store(unix_ms, Ordering::Relaxed));
+    }
+
+    /// The heartbeat file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Rewrites the whole header and the beat in one write, as `create` does.
+    #[cfg(test)]
+    fn publish(&self, info: &AgentInfo, beat_unix_ms: u64) -> Result<(), HeartbeatError> {
+        let mut header = RawHeader::from_info(&self.path, info)?;
+        header.beat = beat_unix_ms;
+        self.shm.write(|shm| header.store(shm));
+        Ok(())
+    }
+}
+
+// SAFETY: the mapping is plain shared memory usable from any thread; `Sync`
+// stays off (PhantomData<Cell>) so that only one thread writes.
+unsafe impl Send for HeartbeatWriter {}
+
+impl std::fmt::Debug for HeartbeatWriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HeartbeatWriter")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
+    }
+}
+
+// === impl HeartbeatReader ===
+
+/// The client's side: a read-only mapping of the heartbeat file, kept open
+/// across agent restarts.
+pub struct HeartbeatReader {
+    shm: Shm,
+    path: PathBuf,
+}
+
+impl HeartbeatReader {
+    /// Opens and maps the file at `path` read-only and checks that it holds a
+    /// readable header.
+    ///
+    /// # Errors
+    /// [`HeartbeatError::Missing`] when there is no file,
+    /// [`HeartbeatError::Truncated`] when it is shorter than [`HEADER_LEN`],
+    /// [`HeartbeatError::BadMagic`], [`HeartbeatError::UnsupportedVersion`],
+    /// [`HeartbeatError::Unstable`] (as for [`beat_unix_ms`](Self::beat_unix_ms)),
+    /// [`HeartbeatError::Io`] when it cannot be opened or mapped.
+    pub fn open(path: &Path) -> Result<Self, HeartbeatError> {
+        let file = std::fs::File::open(path).map_err(|source| match source.kind() {
+            io::ErrorKind::NotFound => HeartbeatError::Missing {
+                path: path.to_path_buf(),
+            },
+            _ => io_error("open", path)(source),
+        })?;
+        let len = file.metadata().map_err(io_error("stat", path))?.len();
+        if len < HEADER_LEN as u64 {
+            return Err(HeartbeatError::Truncated {
+                path: path.to_path_buf(),
+                len,
+                min: HEADER_LEN,
+            });
+        }
+        let shm = Shm::map(&file, false).map_err(io_error("map", path))?;
+        let reader = HeartbeatReader {
+            shm,
+            path: path.to_path_buf(),
+        };
+        reader.beat_unix_ms()?;
+        Ok(reader)
+    }
+
+    /// The whole header and the beat, read consistently.
+    ///
+    /// # Errors
+    /// [`HeartbeatError::BadMagic`], [`HeartbeatError::UnsupportedVersion`],
+    /// [`HeartbeatError::PathTooLong`] (a corrupt path length),
+    /// [`HeartbeatError::Unstable`] when no consistent read succeeded.
+    pub fn read(&self) -> Result<Heartbeat, HeartbeatError> {
+        self.shm
+            .stable(&self.path, RawHeader::load)?
+            .into_heartbeat(&self.path)
+    }
+
+    /// The last beat, unix milliseconds (0: not beaten yet). Called before
+    /// every getHost: a few loads, no allocation and no system call unless
+    /// the writer is stuck mid-write.
+    ///
+    /// # Errors
+    /// [`HeartbeatError::BadMagic`], [`HeartbeatError::UnsupportedVersion`],
+    /// [`HeartbeatError::Unstable`] when no consistent read succeeded.
+    pub fn beat_unix_ms(&self) -> Result<u64, HeartbeatError> {
+        let (magic, version, beat) = self.shm.stable(&self.path, |shm| {
+            (
+                shm.load32(OFF_MAGIC),
+                shm.load32(OFF_VERSION),
+                shm.load64(OFF_BEAT),
+            )
+        })?;
+        check_format(&self.path, magic, version)?;
+        Ok(beat)
+    }
+
+    /// The heartbeat file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl std::fmt::Debug for HeartbeatReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HeartbeatReader")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::FileExt;
+    use std::sync::atomic::AtomicBool;
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    fn info(shards: u32, snapshot: &str) -> AgentInfo {
+        AgentInfo {
+            shards,
+            base_port: 8888,
+            bind: Ipv4Addr::new(127, 0, 0, 1),
+            pid: 4242,
+            snapshot_path: PathBuf::from(snapshot),
+        }
+    }
+
+    fn poke_u32(path: &Path, off: u64, value: u32) {
+        let file = OpenOptions::new().write(true).open(path).unwrap();
+        file.write_all_at(&value.to_ne_bytes(), off).unwrap();
+    }
+
+    #[test]
+    fn round_trips_header_and_beat() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("hb");
+        let info = info(3, "/var/lib/lbagent/routes.snap");
+        let writer = HeartbeatWriter::create(&path, &info).unwrap();
+        let reader = HeartbeatReader::open(&path).unwrap();
+        assert_eq!(reader.beat_unix_ms().unwrap(), 0);
+        writer.beat(1_700_000_000_123);
+        assert_eq!(reader.beat_unix_ms().unwrap(), 1_700_000_000_123);
+        assert_eq!(
+            reader.read().unwrap(),
+            Heartbeat {
+                info,
+                beat_unix_ms: 1_700_000_000_123
+            }
+        );
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), FILE_LEN);
+    }
+
+    #[test]
+    fn holds_a_path_of_exactly_the_field_size() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("hb");
+        let long = format!("/{}", "a".repeat(SNAPSHOT_PATH_MAX - 1));
+        let writer = HeartbeatWriter::create(&path, &info(1, &long)).unwrap();
+        writer.beat(5);
+        let got = HeartbeatReader::open(&path).unwrap().read().unwrap();
+        assert_eq!(got.info.snapshot_path, PathBuf::from(long));
+    }
+
+    #[test]
+    fn rejects_a_snapshot_path_too_long_without_touching_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("hb");
+        let long = format!("/{}", "a".repeat(SNAPSHOT_PATH_MAX));
+        let err = HeartbeatWriter::create(&path, &info(1, &long)).unwrap_err();
+        assert!(
+            matches!(err, HeartbeatError::PathTooLong { len, .. } if len == SNAPSHOT_PATH_MAX + 1)
+        );
+        assert!(!path.exists());
+    }
+
+    #[test]
+    fn reader_opened_before_a_restart_sees_the_new_agent() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("hb");
+        let first = HeartbeatWriter::create(&path, &info(2, "/old.snap")).unwrap();
+        first.beat(1_000);
+        let reader = HeartbeatReader::open(&path).unwrap();
+        assert_eq!(reader.read().unwrap().info.shards, 2);
+        drop(first);
+
+        let new_info = AgentInfo {
+            pid: 777,
+            base_port: 9999,
+            ..info(8, "/new/routes.snap")
+        };
+        let second = HeartbeatWriter::create(&path, &new_info).unwrap();
+        assert_eq!(
+            reader.read().unwrap(),
+            Heartbeat {
+                info: new_info.clone(),
+                beat_unix_ms: 0
+            }
+        );
+        second.beat(2_000);
+        assert_eq!(reader.beat_unix_ms().unwrap(), 2_000);
+        assert_eq!(reader.read().unwrap().info, new_info);
+    }
+
+    #[test]
+    fn restart_grows_a_short_file_and_keeps_a_long_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let short = dir.path().join("short");
+        std::fs::write(&short, [0u8; 16]).unwrap();
+        HeartbeatWriter::create(&short, &info(1, "/s")).unwrap();
+        assert_eq!(std::fs::metadata(&short).unwrap().len(), FILE_LEN);
+
+        let long = dir.path().join("long");
+        std::fs::write(&long, vec![0u8; 3 * FILE_LEN as usize]).unwrap();
+        HeartbeatWriter::create(&long, &info(1, "/s")).unwrap();
+        assert_eq!(std::fs::metadata(&long).unwrap().len(), 3 * FILE_LEN);
+        HeartbeatReader::open(&long).unwrap();
+    }
+
+    #[test]
+    fn missing_file_is_missing() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = HeartbeatReader::open(&dir.path().join("nope")).unwrap_err();
+        assert!(matches!(err, HeartbeatError::Missing { .. }), "{err}");
+        assert!(err.to_string().contains("nope"));
+    }
+
+    #[test]
+    fn short_file_is_truncated() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("hb");
+        for len in [0, 8, HEADER_LEN - 1] {
+            std::fs::write(&path, vec![0u8; len]).unwrap();
+            let err = HeartbeatReader::open(&path).unwrap_err();
+            assert!(
+                matches!(err, HeartbeatError::Truncated { len: l, min: HEADER_LEN, .. } if l == len as u64),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
+    fn bad_magic_is_reported_at_open_and_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("hb");
+        let writer = HeartbeatWriter::create(&path, &info(1, "/s")).unwrap();
+        writer.beat(10);
+        let reader = HeartbeatReader::open(&path).unwrap();
+        poke_u32(&path, OFF_MAGIC as u64, 0xdead_beef);
+        for err in [
+            reader.read().unwrap_err(),
+            reader.beat_unix_ms().unwrap_err(),
+            HeartbeatReader::open(&path).unwrap_err(),
+        ] {
+            assert!(
+                matches!(
+                    err,
+                    HeartbeatError::BadMagic {
+                        found: 0xdead_beef,
+                        ..
+                    }
+                ),
+                "{err}"
+            );
+        }
+        // A zero-filled file (created, not yet initialised) is bad magic too.
+        std::fs::write(&path, vec![0u8; FILE_LEN as usize]).unwrap();
+        let err = HeartbeatReader::open(&path).unwrap_err();
+        assert!(
+            matches!(err, HeartbeatError::BadMagic { found: 0, .. }),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn unknown_layout_version_is_unsupported() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("hb");
+        HeartbeatWriter::create(&path, &info(1, "/s")).unwrap();
+        poke_u32(&path, OFF_VERSION as u64, 99);
+        let err = HeartbeatReader::open(&path).unwrap_err();
+        assert!(
+            matches!(err, HeartbeatError::UnsupportedVersion { found: 99, .. }),
+            "{err}"
+        );
+        assert!(err.to_string().contains("version 99"), "{err}");
+    }
+
+    #[test]
+    fn corrupt_path_length_is_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("hb");
+        HeartbeatWriter::create(&path, &info(1, "/s")).unwrap();
+        let reader = HeartbeatReader::open(&path).unwrap();
+        poke_u32(&path, OFF_PATH_LEN as u64, 10_000);
+        let err = reader.read().unwrap_err();
+        assert!(
+            matches!(err, HeartbeatError::PathTooLong { len: 10_000, .. }),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn writer_dead_mid_write_is_unstable_until_the_next_agent() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("hb");
+        let writer = HeartbeatWriter::create(&path, &info(1, "/s")).unwrap();
+        writer.beat(10);
+        let reader = HeartbeatReader::open(&path).unwrap();
+        drop(writer);
+        // seq left odd, as by a crash between the two stores.
+        poke_u32(&path, OFF_SEQ as u64, 7);
+        let err = reader.beat_unix_ms().unwrap_err();
+        assert!(
+            matches!(
+                err,
+                HeartbeatError::Unstable {
+                    attempts: MAX_ATTEMPTS,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert!(matches!(
+            reader.read(),
+            Err(HeartbeatError::Unstable { .. })
+        ));
+
+        let writer = HeartbeatWriter::create(&path, &info(1, "/s")).unwrap();
+        writer.beat(20);
+        assert_eq!(reader.beat_unix_ms().unwrap(), 20);
+    }
+
+    #[test]
+    fn alive_means_a_recent_beat() {
+        assert!(is_alive(10_000, 10_000, 2_000));
+        assert!(is_alive(10_000, 12_000, 2_000));
+        assert!(!is_alive(10_000, 12_001, 2_000));
+        // Not beaten yet.
+        assert!(!is_alive(0, 1_000, 2_000));
+        // Clock stepped back: slightly ahead is fine, far ahead is not.
+        assert!(is_alive(10_500, 10_000, 2_000));
+        assert!(!is_alive(100_000, 10_000, 2_000));
+        assert!(is_alive(u64::MAX, u64::MAX, 0));
+    }
+
+    /// The header a torn-write test writes for counter `k`: every field
+    /// derived from `k`, so a mixed read shows.
+    fn derived(k: u32) -> AgentInfo {
+        AgentInfo {
+            shards: k,
+            base_port: k as u16,
+            bind: Ipv4Addr::from(k),
+            pid: k,
+            // Varying length, so a torn path shows as well.
+            snapshot_path: PathBuf::from(format!("/{}", k.to_string().repeat(1 + k as usize % 60))),
+        }
+    }
+
+    fn assert_consistent(hb: &Heartbeat) {
+        let k = hb.info.shards;
+        assert_eq!(hb.info, derived(k), "torn header");
+        assert_eq!(hb.beat_unix_ms, u64::from(k) * 1_000, "torn beat");
+    }
+
+    #[test]
+    fn readers_never_see_a_torn_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("hb");
+        let writer = HeartbeatWriter::create(&path, &derived(1)).unwrap();
+        writer.publish(&derived(1), 1_000).unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+
+        let writer_thread = {
+            let stop = Arc::clone(&stop);
+            std::thread::spawn(move || {
+                let infos: Vec<AgentInfo> = (1..=997).map(derived).collect();
+                let mut k = 1u32;
+                while !stop.load(Ordering::Relaxed) {
+                    k = k % 997 + 1;
+                    writer
+                        .publish(&infos[k as usize - 1], u64::from(k) * 1_000)
+                        .unwrap();
+                }
+                k
+            })
+        };
+        let readers: Vec<_> = (0..2)
+            .map(|_| {
+                let path = path.clone();
+                let stop = Arc::clone(&stop);
+                std::thread::spawn(move || {
+                    let reader = HeartbeatReader::open(&path).unwrap();
+                    let (mut ok, mut unstable, mut seen) =
+                        (0u64, 0u64, std::collections::HashSet::new());
+                    while !stop.load(Ordering::Relaxed) {
+                        match reader.read() {
+                            Ok(hb) => {
+                                assert_consistent(&hb);
+                                seen.insert(hb.info.shards);
+                                ok += 1;
+                            }
+                            Err(HeartbeatError::Unstable { .. }) => unstable += 1,
+                            Err(e) => panic!("unexpected error: {e}"),
+                        }
+                        if let Ok(beat) = reader.beat_unix_ms() {
+                            assert_eq!(beat % 1_000, 0, "torn beat");
+                        }
+                    }
+                    (ok, unstable, seen.len())
+                })
+            })
+            .collect();
+
+        let start = Instant::now();
+        std::thread::sleep(Duration::from_millis(800));
+        stop.store(true, Ordering::Relaxed);
+        writer_thread.join().unwrap();
+        for reader in readers {
+            let (ok, unstable, distinct) = reader.join().unwrap();
+            assert!(
+                ok > 0,
+                "no consistent read in {:?} ({unstable} unstable)",
+                start.elapsed()
+            );
+            assert!(
+                distinct > 1 || ok < 10,
+                "reader saw only one state in {ok} reads"
+            );
+        }
+    }
+}

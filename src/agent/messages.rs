@@ -1,0 +1,38 @@
+//! What crosses the SPSC rings between a shard and the control core. These
+//! are messages, not shared state: each side owns what it receives.
+
+use crate::lb::NodeCallStats;
+use crate::model::{ModuleId, RouteNode};
+
+/// Shard → control core.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ToControl {
+    /// Pull this module from the route server (the shard has at most one
+    /// such request outstanding per module).
+    Pull(ModuleId),
+    /// A module's real call counts since its last statistics, for the reporter.
+    Stats {
+        /// The module.
+        module: ModuleId,
+        /// Per-node counts and overload flags.
+        nodes: Vec<NodeCallStats>,
+    },
+}
+
+/// Control core → shard.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ToShard {
+    /// Here is this module's route (from a pull answer, a push, or the
+    /// snapshot at start). `exists` false: the route server has no such
+    /// module, or it was deleted.
+    Route {
+        /// The module.
+        module: ModuleId,
+        /// False when the module does not exist at the route server.
+        exists: bool,
+        /// The route's version.
+        version: u64,
+        /// The nodes (empty when `exists` is false).
+        nodes: Vec<RouteNode>,
+    },
+}

@@ -1,0 +1,534 @@
+//! Counters and the getHost service-time histogram of one shard, and the
+//! Prometheus text rendering of every shard's and the control core's
+//! figures. Counting is plain field increments on the shard's own struct;
+//! the shell ships a copy to the control core once a second.
+
+use std::fmt::Write;
+
+use hdrhistogram::Histogram;
+
+use crate::lb::NodeState;
+use crate::wire::DecodeError;
+
+/// A request kind, for per-kind counters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// getHost.
+    GetHost = 0,
+    /// report.
+    Report = 1,
+    /// batch report.
+    BatchReport = 2,
+    /// register.
+    Register = 3,
+    /// getRoute.
+    GetRoute = 4,
+    /// cache getRoute.
+    CacheGetRoute = 5,
+}
+
+impl Kind {
+    /// Every kind, in label order.
+    pub const ALL: [Kind; 6] = [
+        Kind::GetHost,
+        Kind::Report,
+        Kind::BatchReport,
+        Kind::Register,
+        Kind::GetRoute,
+        Kind::CacheGetRoute,
+    ];
+
+    /// The metric label.
+    pub fn label(self) -> &'static str {
+        [
+            "gethost",
+            "report",
+            "batch_report",
+            "register",
+            "getroute",
+            "cache_getroute",
+        ][self as usize]
+    }
+}
+
+/// One shard's counters and gauges.
+#[derive(Clone, Debug)]
+pub struct ShardMetrics {
+    /// The shard's index.
+    pub shard: u32,
+    /// Requests by kind.
+    pub requests: [u64; 6],
+    /// Requests answered with an error (or dropped), by kind.
+    pub errors: [u64; 6],
+    /// Datagrams that did not decode, by reason: truncated, oversized, bad
+    /// identifier, malformed, no body, unknown type.
+    pub malformed: [u64; 6],
+    /// Well-formed messages that have no business on a shard (answers, TCP messages).
+    pub unexpected: u64,
+    /// Requests whose fields failed validation.
+    pub invalid: u64,
+    /// Requests for modules another shard owns.
+    pub wrong_shard: u64,
+    /// Reports for modules without a route.
+    pub unknown_module_reports: u64,
+    /// Reports for nodes not in the module's route.
+    pub unknown_node_reports: u64,
+    /// getHosts answered by a probe of an overloaded node.
+    pub probes: u64,
+    /// Nodes that became overloaded.
+    pub to_overloaded: u64,
+    /// Nodes that became idle.
+    pub to_idle: u64,
+    /// Route updates applied.
+    pub route_updates: u64,
+    /// Route updates for modules this shard does not own (a control core bug).
+    pub misrouted_updates: u64,
+    /// Messages to the control core dropped because the ring was full.
+    pub ring_drops: u64,
+    /// Unknown modules refused because the shard holds MAX_MODULES.
+    pub module_limit_hits: u64,
+    /// Answers that could not be sent.
+    pub send_errors: u64,
+    /// Modules with a route (gauge).
+    pub modules: u64,
+    /// Idle nodes (gauge).
+    pub nodes_idle: u64,
+    /// Overloaded nodes (gauge).
+    pub nodes_overloaded: u64,
+    /// getHost service time in nanoseconds, decode to encoded answer.
+    pub gethost_ns: Histogram<u64>,
+}
+
+impl ShardMetrics {
+    /// Zeroed metrics for shard `shard`.
+    pub fn new(shard: u32) -> Self {
+        ShardMetrics {
+            shard,
+            requests: [0; 6],
+            errors: [0; 6],
+            malformed: [0; 6],
+            unexpected: 0,
+            invalid: 0,
+            wrong_shard: 0,
+            unknown_module_reports: 0,
+            unknown_node_reports: 0,
+            probes: 0,
+            to_overloaded: 0,
+            to_idle: 0,
+            route_updates: 0,
+            misrouted_updates: 0,
+            ring_drops: 0,
+            module_limit_hits: 0,
+            send_errors: 0,
+            modules: 0,
+            nodes_idle: 0,
+            nodes_overloaded: 0,
+            gethost_ns: Histogram::new_with_bounds(1, 10_000_000_000, 2)
+                .expect("valid histogram bounds"),
+        }
+    }
+
+    /// Counts a request of `kind`.
+    pub fn count_request(&mut self, kind: Kind) {
+        self.requests[kind as usize] += 1;
+    }
+
+    /// Counts an error answer of `kind`.
+    pub fn count_error(&mut self, kind: Kind) {
+        self.errors[kind as usize] += 1;
+    }
+
+    /// Counts a datagram that did not decode.
+    pub fn count_malformed(&mut self, e: &DecodeError) {
+        let i = match e {
+            DecodeError::Truncated { .. } => 0,
+            DecodeError::Oversized { .. } => 1,
+            DecodeError::BadIdentifier { .. } => 2,
+            DecodeError::Malformed(_) => 3,
+            DecodeError::NoBody => 4,
+            DecodeError::UnknownType(_) => 5,
+        };
+        self.malformed[i] += 1;
+    }
+
+    /// Counts a node's state change.
+    pub fn count_transition(&mut self, to: NodeState) {
+        match to {
+            NodeState::Overloaded => self.to_overloaded += 1,
+            NodeState::Idle => self.to_idle += 1,
+        }
+    }
+
+    /// Records one getHost service time.
+    pub fn record_gethost_ns(&mut self, ns: u64) {
+        self.gethost_ns.saturating_record(ns.max(1));
+    }
+
+    /// All datagrams that did not decode.
+    pub fn malformed_total(&self) -> u64 {
+        self.malformed.iter().sum()
+    }
+}
+
+const MALFORMED_REASONS: [&str; 6] = [
+    "truncated",
+    "oversized",
+    "bad_identifier",
+    "malformed",
+    "no_body",
+    "unknown_type",
+];
+
+/// The control core's own figures.
+#[derive(Clone, Debug, Default)]
+pub struct ControlMetrics {
+    /// The connected route server, if any.
+    pub route_server: Option<String>,
+    /// The connected reporter, if any.
+    pub reporter: Option<String>,
+    /// Pulls sent to the route server.
+    pub pulls_sent: u64,
+    /// Routes received (answers and pushes).
+    pub routes_received: u64,
+    /// Statistics batches accepted by the reporter.
+    pub stats_sent: u64,
+    /// Statistics dropped (reporter unreachable past the buffer bound).
+    pub stats_dropped: u64,
+    /// Messages to shards dropped because a ring was full.
+    pub ring_drops: u64,
+    /// Seconds since the last heartbeat write.
+    pub heartbeat_age_s: f64,
+    /// Snapshots written.
+    pub snapshots_written: u64,
+    /// Snapshot writes that failed.
+    pub snapshot_errors: u64,
+}
+
+/// A per-shard figure: name, type, help, and how to read it.
+type Figure = (
+    &'static str,
+    &'static str,
+    &'static str,
+    fn(&ShardMetrics) -> u64,
+);
+
+/// Renders every figure in the Prometheus text format (version 0.0.4).
+pub fn render(shards: &[ShardMetrics], control: &ControlMetrics) -> String {
+    let mut out = String::with_capacity(8192);
+    let o = &mut out;
+    family(
+        o,
+        "lbagent_requests_total",
+        "counter",
+        "Requests received, by kind and shard.",
+    );
+    for m in shards {
+        for k in Kind::ALL {
+            sample(
+                o,
+                "lbagent_requests_total",
+                &[("shard", &m.shard.to_string()), ("kind", k.label())],
+                m.requests[k as usize] as f64,
+            );
+        }
+    }
+    family(
+        o,
+        "lbagent_errors_total",
+        "counter",
+        "Requests answered with an error or dropped, by kind and shard.",
+    );
+    for m in shards {
+        for k in Kind::ALL {
+            sample(
+                o,
+                "lbagent_errors_total",
+                &[("shard", &m.shard.to_string()), ("kind", k.label())],
+                m.errors[k as usize] as f64,
+            );
+        }
+    }
+    family(
+        o,
+        "lbagent_malformed_datagrams_total",
+        "counter",
+        "Datagrams dropped because they did not decode, by reason.",
+    );
+    for m in shards {
+        for (i, r) in MALFORMED_REASONS.iter().enumerate() {
+            sample(
+                o,
+                "lbagent_malformed_datagrams_total",
+                &[("shard", &m.shard.to_string()), ("reason", r)],
+                m.malformed[i] as f64,
+            );
+        }
+    }
+    let per_shard: [Figure; 15] = [
+        (
+            "lbagent_unexpected_messages_total",
+            "counter",
+            "Well-formed messages that have no business on a shard.",
+            |m| m.unexpected,
+        ),
+        (
+            "lbagent_invalid_requests_total",
+            "counter",
+            "Requests whose fields failed validation.",
+            |m| m.invalid,
+        ),
+        (
+            "lbagent_wrong_shard_total",
+            "counter",
+            "Requests for modules another shard owns.",
+            |m| m.wrong_shard,
+        ),
+        (
+            "lbagent_unknown_module_reports_total",
+            "counter",
+            "Reports for modules without a route.",
+            |m| m.unknown_module_reports,
+        ),
+        (
+            "lbagent_unknown_node_reports_total",
+            "counter",
+            "Reports for nodes not in the route.",
+            |m| m.unknown_node_reports,
+        ),
+        (
+            "lbagent_probes_total",
+            "counter",
+            "getHosts answered by probing an overloaded node.",
+            |m| m.probes,
+        ),
+        (
+            "lbagent_route_updates_total",
+            "counter",
+            "Route updates applied by the shard.",
+            |m| m.route_updates,
+        ),
+        (
+            "lbagent_ring_drops_total",
+            "counter",
+            "Messages to the control core dropped on a full ring.",
+            |m| m.ring_drops,
+        ),
+        (
+            "lbagent_module_limit_hits_total",
+            "counter",
+            "Unknown modules refused at the per-shard module limit.",
+            |m| m.module_limit_hits,
+        ),
+        (
+            "lbagent_send_errors_total",
+            "counter",
+            "Answers that could not be sent.",
+            |m| m.send_errors,
+        ),
+        (
+            "lbagent_transitions_to_overloaded_total",
+            "counter",
+            "Nodes that became overloaded.",
+            |m| m.to_overloaded,
+        ),
+        (
+            "lbagent_transitions_to_idle_total",
+            "counter",
+            "Nodes that became idle.",
+            |m| m.to_idle,
+        ),
+        ("lbagent_modules", "gauge", "Modules with a route.", |m| {
+            m.modules
+        }),
+        ("lbagent_nodes_idle", "gauge", "Idle nodes.", |m| {
+            m.nodes_idle
+        }),
+        (
+            "lbagent_nodes_overloaded",
+            "gauge",
+            "Overloaded nodes.",
+            |m| m.nodes_overloaded,
+        ),
+    ];
+    for (name, kind, help, get) in per_shard {
+        family(o, name, kind, help);
+        for m in shards {
+            sample(o, name, &[("shard", &m.shard.to_string())], get(m) as f64);
+        }
+    }
+    family(
+        o,
+        "lbagent_gethost_service_seconds",
+        "summary",
+        "getHost service time in the shard, decode to encoded answer.",
+    );
+    for m in shards {
+        let s = m.shard.to_string();
+        for q in [0.5, 0.9, 0.99, 0.999] {
+            let v = m.gethost_ns.value_at_quantile(q) as f64 / 1e9;
+            sample(
+                o,
+                "lbagent_gethost_service_seconds",
+                &[("shard", &s), ("quantile", &q.to_string())],
+                v,
+            );
+        }
+        let sum = m.gethost_ns.mean() * m.gethost_ns.len() as f64 / 1e9;
+        sample(
+            o,
+            "lbagent_gethost_service_seconds_sum",
+            &[("shard", &s)],
+            sum,
+        );
+        sample(
+            o,
+            "lbagent_gethost_service_seconds_count",
+            &[("shard", &s)],
+            m.gethost_ns.len() as f64,
+        );
+    }
+    let c = control;
+    family(
+        o,
+        "lbagent_route_server_connected",
+        "gauge",
+        "1 when connected to a route server (label: its address).",
+    );
+    sample(
+        o,
+        "lbagent_route_server_connected",
+        &[("addr", c.route_server.as_deref().unwrap_or(""))],
+        c.route_server.is_some() as u8 as f64,
+    );
+    family(
+        o,
+        "lbagent_reporter_connected",
+        "gauge",
+        "1 when connected to a reporter (label: its address).",
+    );
+    sample(
+        o,
+        "lbagent_reporter_connected",
+        &[("addr", c.reporter.as_deref().unwrap_or(""))],
+        c.reporter.is_some() as u8 as f64,
+    );
+    let control_figs: [(&str, &str, &str, f64); 8] = [
+        (
+            "lbagent_pulls_sent_total",
+            "counter",
+            "Route pulls sent to the route server.",
+            c.pulls_sent as f64,
+        ),
+        (
+            "lbagent_routes_received_total",
+            "counter",
+            "Routes received (answers and pushes).",
+            c.routes_received as f64,
+        ),
+        (
+            "lbagent_stats_sent_total",
+            "counter",
+            "Statistics batches accepted by the reporter.",
+            c.stats_sent as f64,
+        ),
+        (
+            "lbagent_stats_dropped_total",
+            "counter",
+            "Statistics dropped past the buffer bound.",
+            c.stats_dropped as f64,
+        ),
+        (
+            "lbagent_control_ring_drops_total",
+            "counter",
+            "Messages to shards dropped on a full ring.",
+            c.ring_drops as f64,
+        ),
+        (
+            "lbagent_heartbeat_age_seconds",
+            "gauge",
+            "Seconds since the heartbeat was last written.",
+            c.heartbeat_age_s,
+        ),
+        (
+            "lbagent_snapshots_written_total",
+            "counter",
+            "Route snapshots written.",
+            c.snapshots_written as f64,
+        ),
+        (
+            "lbagent_snapshot_errors_total",
+            "counter",
+            "Route snapshot writes that failed.",
+            c.snapshot_errors as f64,
+        ),
+    ];
+    for (name, kind, help, v) in control_figs {
+        family(o, name, kind, help);
+        sample(o, name, &[], v);
+    }
+    out
+}
+
+fn family(o: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}");
+}
+
+fn sample(o: &mut String, name: &str, labels: &[(&str, &str)], v: f64) {
+    o.push_str(name);
+    if !labels.is_empty() {
+        o.push('{');
+        for (i, (k, val)) in labels.iter().enumerate() {
+            if i > 0 {
+                o.push(',');
+            }
+            let _ = write!(
+                o,
+                "{k}=\"{}\"",
+                val.replace('\\', "\\\\")
+                    .replace('"', "\\\"")
+                    .replace('\n', "\\n")
+            );
+        }
+        o.push('}');
+    }
+    let _ = writeln!(o, " {v}");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_every_family_with_help_and_type() {
+        let mut m = ShardMetrics::new(1);
+        m.count_request(Kind::GetHost);
+        m.record_gethost_ns(1500);
+        let control = ControlMetrics {
+            route_server: Some("127.0.0.1:7777".into()),
+            ..Default::default()
+        };
+        let text = render(&[ShardMetrics::new(0), m], &control);
+        assert!(text.contains("lbagent_requests_total{shard=\"1\",kind=\"gethost\"} 1\n"));
+        assert!(text.contains("lbagent_route_server_connected{addr=\"127.0.0.1:7777\"} 1\n"));
+        assert!(text.contains("lbagent_gethost_service_seconds_count{shard=\"1\"} 1\n"));
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            let name = line.split(['{', ' ']).next().unwrap();
+            let base = name.trim_end_matches("_sum").trim_end_matches("_count");
+            assert!(
+                text.contains(&format!("# TYPE {base} ")),
+                "{name} has no TYPE line"
+            );
+            let value = line.rsplit(' ').next().unwrap();
+            assert!(value.parse::<f64>().is_ok(), "{line}");
+        }
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
+        let control = ControlMetrics {
+            reporter: Some("a\"b\\c".into()),
+            ..Default::default()
+        };
+        assert!(render(&[], &control).contains("addr=\"a\\\"b\\\\c\""));
+    }
+}

@@ -1,0 +1,29 @@
+//! The agent: UDP shards that own their modules outright, and one control
+//! core for everything else (route server, reporter, heartbeat, snapshot,
+//! metrics), linked by SPSC rings.
+//!
+//! # Layout
+//!
+//! - [`heartbeat`]: the shared-memory heartbeat file (writer and reader).
+//! - [`snapshot`]: the static route file, written atomically, read back.
+//! - [`routeclient`]: the connection to the route servers: pulls, answers,
+//!   pushes, reconnect with back-off and fail-over.
+//! - [`shard`]: one shard's request handling, sans-IO.
+//! - [`messages`]: what crosses the rings between shards and the control core.
+//! - [`metrics`]: counters, the service-time histogram, Prometheus text.
+//! - [`udp`]: batched datagram I/O (recvmmsg / sendmmsg).
+//! - [`statsclient`]: the connection to the reporters: statistics out,
+//!   acks in, a bounded buffer, reconnect with back-off and fail-over.
+
+pub mod clock;
+pub mod control;
+pub mod heartbeat;
+pub mod messages;
+pub mod metrics;
+pub mod routeclient;
+pub mod runtime;
+pub mod shard;
+pub mod shard_rt;
+pub mod snapshot;
+pub mod statsclient;
+pub mod udp;

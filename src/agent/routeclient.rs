@@ -1,0 +1,1592 @@
+//! The route client: the control core's TCP connection to the route servers
+//! ("dnsserver"): pulls, answers, pushes, keep-alives, reconnection with
+//! back-off and fail-over across the configured addresses.
+//!
+//! Two layers, as quinn-proto / quinn:
+//!
+//! - [`RouteClientCore`]: the protocol, pure. Time is an argument (`now`, in
+//!   milliseconds from any fixed origin), bytes go in and out as slices; no
+//!   sockets, no clocks, no randomness but a seeded generator. Everything
+//!   subtle (deduplication, re-issue, back-off, liveness) is decided and
+//!   tested here.
+//! - [`run`]: the glommio shell. It connects, moves bytes between the socket
+//!   and the core, sleeps until the core's next deadline, and hands
+//!   [`RouteClientEvent`]s to the caller. It decides nothing.
+//!
+//! Owns the wire conversation with the route server and nothing else: it
+//! keeps no routes (the caller does, from the events), touches no shard and
+//! no LB state, and must not grow policy about which modules to pull or when
+//! to refresh them (the caller says so with [`RouteClientCore::want`]).
+//!
+//! # Embedding
+//!
+//! The control core runs [`run`] as one task of its glommio executor:
+//!
+//! ```no_run
+//! use glommio::channels::local_channel;
+//! use lbagent::agent::routeclient::{run, RouteClientConfig, RouteClientEvent, RouteClientStatus};
+//! use lbagent::model::ModuleId;
+//!
+//! glommio::LocalExecutorBuilder::default()
+//!     .io_memory(512 << 10)
+//!     .make()
+//!     .unwrap()
+//!     .run(async {
+//!         let config = RouteClientConfig::new(vec!["127.0.0.1:7777".parse().unwrap()]);
+//!         let (want_tx, want_rx) = local_channel::new_unbounded();
+//!         let (event_tx, event_rx) = local_channel::new_unbounded();
+//!         let status = RouteClientStatus::default();
+//!         let (stop_tx, stop_rx) = local_channel::new_bounded::<()>(1);
+//!         let shutdown = async move {
+//!             let _ = stop_rx.recv().await;
+//!         };
+//!         let client = glommio::spawn_local(run(config, want_rx, event_tx, shutdown, status.clone()));
+//!         want_tx.try_send(ModuleId::new(10001, 1)).unwrap();
+//!         while let Some(event) = event_rx.recv().await {
+//!             if let RouteClientEvent::Route(route) = event {
+//!                 // install route.nodes for route.module, if route.version is newer
+//!                 # let _ = route;
+//!                 break;
+//!             }
+//!         }
+//!         stop_tx.try_send(()).unwrap();
+//!         client.await.unwrap();
+//!     });
+//! ```
+
+use std::cell::Cell;
+use std::collections::hash_map::Entry;
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::future::{poll_fn, Future};
+use std::io;
+use std::net::SocketAddr;
+use std::pin::{pin, Pin};
+use std::rc::Rc;
+use std::task::Poll;
+use std::time::{Duration, Instant};
+
+use futures_lite::{AsyncReadExt, AsyncWriteExt};
+use glommio::channels::local_channel::{LocalReceiver, LocalSender};
+use glommio::net::TcpStream;
+
+use crate::model::{ModuleId, RouteNode};
+use crate::wire::{
+    decode, write_frame, DecodeError, Encoder, FrameDecoder, FrameError, Limits, Message, RetCode,
+    MAX_PULL_MODULES,
+};
+
+// === config ===
+
+/// The route client's settings. Times are milliseconds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RouteClientConfig {
+    /// The route servers, in order of preference. The client starts with the
+    /// first and moves to the next (wrapping around) after every failed
+    /// attempt or lost connection. Shuffle it per host to spread a fleet.
+    pub addrs: Vec<SocketAddr>,
+    /// How long one connection attempt may take (default 1000).
+    pub connect_timeout_ms: u64,
+    /// Interval between KeepAlives while connected (default 5000); it must
+    /// be well under the route server's subscription timeout.
+    pub keepalive_ms: u64,
+    /// A connection that receives nothing for this long while answers are
+    /// due (pulls in flight, a KeepAlive unanswered) is dead (default 15000).
+    pub idle_timeout_ms: u64,
+    /// The first reconnection delay (default 100); it doubles per failed
+    /// attempt up to [`Self::backoff_max_ms`].
+    pub backoff_initial_ms: u64,
+    /// The longest reconnection delay (default 5000).
+    pub backoff_max_ms: u64,
+    /// The most modules one PullReq names (default 1024; at most
+    /// [`MAX_PULL_MODULES`]).
+    pub max_modules_per_pull: usize,
+    /// Seed of the back-off jitter. [`RouteClientConfig::new`] draws it at
+    /// random so that a fleet's agents do not reconnect in step; tests fix it.
+    pub jitter_seed: u64,
+}
+
+impl RouteClientConfig {
+    /// The defaults for `addrs`, with a random jitter seed.
+    pub fn new(addrs: Vec<SocketAddr>) -> Self {
+        RouteClientConfig {
+            addrs,
+            connect_timeout_ms: 1000,
+            keepalive_ms: 5000,
+            idle_timeout_ms: 15_000,
+            backoff_initial_ms: 100,
+            backoff_max_ms: 5000,
+            max_modules_per_pull: 1024,
+            jitter_seed: fastrand::u64(..),
+        }
+    }
+
+    /// Checks every field against its allowed range.
+    ///
+    /// # Errors
+    /// [`RouteConfigError::NoAddrs`] for an empty address list,
+    /// [`RouteConfigError::OutOfRange`] naming the first field out of range.
+    pub fn validate(&self) -> Result<(), RouteConfigError> {
+        if self.addrs.is_empty() {
+            return Err(RouteConfigError::NoAddrs);
+        }
+        let checks: [(&'static str, u64, bool, &'static str); 6] = [
+            (
+                "connect_timeout_ms",
+                self.connect_timeout_ms,
+                self.connect_timeout_ms > 0,
+                "at least 1",
+            ),
+            (
+                "keepalive_ms",
+                self.keepalive_ms,
+                self.keepalive_ms > 0,
+                "at least 1",
+            ),
+            (
+                "idle_timeout_ms",
+                self.idle_timeout_ms,
+                self.idle_timeout_ms > self.keepalive_ms,
+                "more than keepalive_ms",
+            ),
+            (
+                "backoff_initial_ms",
+                self.backoff_initial_ms,
+                self.backoff_initial_ms > 0,
+                "at least 1",
+            ),
+            (
+                "backoff_max_ms",
+                self.backoff_max_ms,
+                self.backoff_max_ms >= self.backoff_initial_ms,
+                "at least backoff_initial_ms",
+            ),
+            (
+                "max_modules_per_pull",
+                self.max_modules_per_pull as u64,
+                (1..=MAX_PULL_MODULES).contains(&self.max_modules_per_pull),
+                "1..=65536",
+            ),
+        ];
+        match checks.into_iter().find(|c| !c.2) {
+            Some((field, value, _, allowed)) => Err(RouteConfigError::OutOfRange {
+                field,
+                value,
+                allowed,
+            }),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Why a [`RouteClientConfig`] is refused.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RouteConfigError {
+    /// `addrs` is empty.
+    #[error("route client addrs is empty: configure at least one route server address")]
+    NoAddrs,
+    /// A field is outside its allowed range.
+    #[error("route client {field} is {value}: must be {allowed}")]
+    OutOfRange {
+        /// The field's name.
+        field: &'static str,
+        /// Its value.
+        value: u64,
+        /// What it must be.
+        allowed: &'static str,
+    },
+}
+
+// === events and errors ===
+
+/// One module's route as the route server sent it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RouteEvent {
+    /// The module.
+    pub module: ModuleId,
+    /// False: the route server has no such module (or deleted it).
+    pub exists: bool,
+    /// The route's version; it changes whenever the nodes do. An event may
+    /// repeat a version already seen (a push and an answer crossing, a
+    /// re-pull after reconnecting): keep the newer.
+    pub version: u64,
+    /// The nodes, as sent (empty when `exists` is false).
+    pub nodes: Vec<RouteNode>,
+    /// True for a RoutePush (sent unasked), false for a RouteAnswer.
+    pub pushed: bool,
+}
+
+/// An ErrorResp: the route server refused a request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServerError {
+    /// The refused request's sequence number (0: it could not be read).
+    pub seq: u64,
+    /// The module the error names ((0, 0) when none).
+    pub module: ModuleId,
+    /// Why, as a code.
+    pub retcode: RetCode,
+    /// Why, in words.
+    pub message: String,
+    /// The modules of the refused PullReq: no longer in flight, and not
+    /// pulled again unless wanted again.
+    pub dropped: Vec<ModuleId>,
+}
+
+/// What the route client tells its caller.
+#[derive(Debug)]
+pub enum RouteClientEvent {
+    /// A module's route arrived (answer or push).
+    Route(RouteEvent),
+    /// The route server refused a request; log it.
+    ServerError(ServerError),
+    /// Connected to this route server (shell only).
+    Connected(SocketAddr),
+    /// A connection attempt failed; the next one follows the back-off
+    /// (shell only).
+    ConnectFailed {
+        /// The address tried.
+        addr: SocketAddr,
+        /// Why it failed.
+        error: RouteClientError,
+    },
+    /// An established connection ended; pulls in flight will be re-issued
+    /// (shell only).
+    Disconnected {
+        /// The route server's address.
+        addr: SocketAddr,
+        /// Why the connection ended.
+        error: RouteClientError,
+    },
+}
+
+/// Why a connection to a route server ends. Every variant means: close the
+/// connection; the client reconnects per its back-off.
+#[derive(Debug, thiserror::Error)]
+pub enum RouteClientError {
+    /// The byte stream is not a sequence of frames.
+    #[error("bad frame from the route server: {0}")]
+    Frame(#[from] FrameError),
+    /// A frame is not a valid message.
+    #[error("undecodable message from the route server: {0}")]
+    Decode(#[from] DecodeError),
+    /// A valid message that a route server never sends to an agent.
+    #[error("unexpected {0} from the route server: only RouteAnswer, RoutePush, KeepAliveAck and ErrorResp belong on this connection")]
+    Unexpected(&'static str),
+    /// Nothing arrived for `idle_timeout_ms` while answers were due.
+    #[error("route server silent for {0} ms while answers were due")]
+    Idle(u64),
+    /// The route server closed the connection.
+    #[error("route server closed the connection")]
+    Closed,
+    /// A socket call failed (connect, read, write, or a write that could
+    /// not proceed for `idle_timeout_ms`).
+    #[error("route server connection i/o failed: {0}")]
+    Io(#[from] io::Error),
+}
+
+/// Counters for metrics, kept by [`RouteClientCore`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RouteClientStats {
+    /// Connections established.
+    pub connects: u64,
+    /// Connection attempts failed or connections lost.
+    pub disconnects: u64,
+    /// PullReq frames sent.
+    pub pull_reqs: u64,
+    /// Modules named in PullReqs sent (re-issues included).
+    pub modules_pulled: u64,
+    /// RouteAnswers accepted.
+    pub answers: u64,
+    /// RouteAnswers dropped: no pull of that module and sequence in flight.
+    pub stale_answers: u64,
+    /// RoutePushes received.
+    pub pushes: u64,
+    /// ErrorResps received.
+    pub server_errors: u64,
+    /// KeepAlives sent.
+    pub keepalives: u64,
+    /// KeepAliveAcks received.
+    pub keepalive_acks: u64,
+}
+
+/// When the shell must call the core again, from [`RouteClientCore::poll_timeout`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Wake {
+    /// At this instant (ms) at the latest.
+    At(u64),
+    /// The connection is dead ([`RouteClientError::Idle`]): close it and
+    /// call [`RouteClientCore::on_disconnected`].
+    Drop,
+    /// No deadline: only a frame, a want or the end of a connect attempt
+    /// moves things on.
+    Never,
+}
+
+// === the core ===
+
+/// Where one wanted module stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Pull {
+    /// Queued, not sent on the current connection.
+    Wanted,
+    /// Sent in PullReq `seq`, not answered yet.
+    InFlight { seq: u64 },
+}
+
+/// The connection's state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Link {
+    /// Not connected; the next attempt is due at this instant.
+    Idle { next_attempt_at: u64 },
+    /// The shell is connecting to `addrs[index]`.
+    Connecting,
+    /// Connected to `addrs[index]`.
+    Connected,
+}
+
+/// The route client's protocol state, without I/O: see the module docs.
+#[derive(Debug)]
+pub struct RouteClientCore {
+    config: RouteClientConfig,
+    link: Link,
+    /// Index in `config.addrs` of the current (or next) server.
+    index: usize,
+    /// Consecutive failures since the last connection that delivered a frame.
+    failures: u32,
+    rng: fastrand::Rng,
+    /// Every module wanted and not answered.
+    pulls: HashMap<ModuleId, Pull>,
+    /// The `Wanted` modules, in the order to send them. May hold modules
+    /// whose state has since changed; they are skipped.
+    queue: VecDeque<ModuleId>,
+    /// PullReqs in flight: seq -> the modules it named.
+    batches: BTreeMap<u64, Vec<ModuleId>>,
+    /// Modules answered: the server subscribed us to them, and a new
+    /// connection must subscribe again.
+    subscribed: BTreeSet<ModuleId>,
+    next_seq: u64,
+    next_keepalive_at: u64,
+    /// The KeepAlive sent last, while unanswered.
+    keepalive_due: Option<u64>,
+    /// Since when answers are due with nothing received (None: none due).
+    waiting_since: Option<u64>,
+    encoder: Encoder,
+    scratch: Vec<ModuleId>,
+    stats: RouteClientStats,
+}
+
+impl RouteClientCore {
+    /// A core for `config`, disconnected, its first attempt due at once.
+    ///
+    /// # Errors
+    /// What [`RouteClientConfig::validate`] returns.
+    pub fn new(config: &RouteClientConfig) -> Result<Self, RouteConfigError> {
+        config.validate()?;
+        Ok(RouteClientCore {
+            config: config.clone(),
+            link: Link::Idle { next_attempt_at: 0 },
+            index: 0,
+            failures: 0,
+            rng: fastrand::Rng::with_seed(config.jitter_seed),
+            pulls: HashMap::new(),
+            queue: VecDeque::new(),
+            batches: BTreeMap::new(),
+            subscribed: BTreeSet::new(),
+            next_seq: 1,
+            next_keepalive_at: 0,
+            keepalive_due: None,
+            waiting_since: None,
+            encoder: Encoder::new(),
+            scratch: Vec::new(),
+            stats: RouteClientStats::default(),
+        })
+    }
+
+    /// Asks for `module`'s route: it is sent with the next
+    /// [`Self::poll_transmit`] while connected, else after connecting.
+    /// Returns false, and does nothing, when a pull of `module` is already
+    /// queued or in flight.
+    pub fn want(&mut self, module: ModuleId) -> bool {
+        match self.pulls.entry(module) {
+            Entry::Occupied(_) => false,
+            Entry::Vacant(slot) => {
+                slot.insert(Pull::Wanted);
+                self.queue.push_back(module);
+                true
+            }
+        }
+    }
+
+    /// Stops following `module`: no re-subscription after reconnecting,
+    /// and a pull queued or in flight is dropped (its answer, if it still
+    /// comes, is stale). Pushes the server sends on this connection are
+    /// still delivered. Returns whether the module was known.
+    pub fn forget(&mut self, module: ModuleId) -> bool {
+        let subscribed = self.subscribed.remove(&module);
+        let pull = self.pulls.remove(&module);
+        if let Some(Pull::InFlight { seq }) = pull {
+            self.close_batch_if_done(seq);
+        }
+        subscribed || pull.is_some()
+    }
+
+    /// Whether a pull of `module` is queued or in flight.
+    pub fn is_pending(&self, module: ModuleId) -> bool {
+        self.pulls.contains_key(&module)
+    }
+
+    /// Whether a pull of `module` was sent on this connection and not answered.
+    pub fn is_in_flight(&self, module: ModuleId) -> bool {
+        matches!(self.pulls.get(&module), Some(Pull::InFlight { .. }))
+    }
+
+    /// The server connected to, or being connected to, or next to try.
+    pub fn current_addr(&self) -> SocketAddr {
+        self.config.addrs[self.index]
+    }
+
+    /// The connected server, if any.
+    pub fn connected(&self) -> Option<SocketAddr> {
+        (self.link == Link::Connected).then(|| self.current_addr())
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> RouteClientStats {
+        self.stats
+    }
+
+    /// The address to connect to now, when disconnected and the back-off
+    /// has elapsed; the core then waits for [`Self::on_connected`] or
+    /// [`Self::on_disconnected`].
+    pub fn poll_connect(&mut self, now: u64) -> Option<SocketAddr> {
+        match self.link {
+            Link::Idle { next_attempt_at } if now >= next_attempt_at => {
+                self.link = Link::Connecting;
+                Some(self.current_addr())
+            }
+            _ => None,
+        }
+    }
+
+    /// The connection to [`Self::current_addr`] is up: every module queued
+    /// or in flight on the lost connection, and every module subscribed
+    /// before, is pulled on it.
+    pub fn on_connected(&mut self, now: u64) {
+        self.requeue_in_flight();
+        let subscribed = std::mem::take(&mut self.subscribed);
+        for &module in &subscribed {
+            self.want(module);
+        }
+        self.subscribed = subscribed;
+        self.link = Link::Connected;
+        self.stats.connects += 1;
+        self.next_keepalive_at = now.saturating_add(self.config.keepalive_ms);
+        self.keepalive_due = None;
+        self.waiting_since = None;
+    }
+
+    /// The connection (or the attempt) ended: pulls in flight go back to
+    /// the queue, the next attempt goes to the next address after a
+    /// back-off of `min(max, initial * 2^failures)`, jittered down by up to
+    /// half.
+    pub fn on_disconnected(&mut self, now: u64) {
+        self.requeue_in_flight();
+        let delay = self.backoff();
+        self.failures = self.failures.saturating_add(1);
+        self.index = (self.index + 1) % self.config.addrs.len();
+        self.link = Link::Idle {
+            next_attempt_at: now.saturating_add(delay),
+        };
+        self.keepalive_due = None;
+        self.waiting_since = None;
+        self.stats.disconnects += 1;
+    }
+
+    /// The delay before the next attempt, for `self.failures` so far.
+    fn backoff(&mut self) -> u64 {
+        let (initial, max) = (self.config.backoff_initial_ms, self.config.backoff_max_ms);
+        backoff_delay(initial, max, self.failures, &mut self.rng)
+    }
+
+    /// Moves every in-flight pull back to the front of the queue, in the
+    /// order it was sent.
+    fn requeue_in_flight(&mut self) {
+        let mut requeued = Vec::new();
+        for (_, modules) in std::mem::take(&mut self.batches) {
+            for module in modules {
+                if let Some(pull @ Pull::InFlight { .. }) = self.pulls.get_mut(&module) {
+                    *pull = Pull::Wanted;
+                    requeued.push(module);
+                }
+            }
+        }
+        for module in requeued.into_iter().rev() {
+            self.queue.push_front(module);
+        }
+    }
+
+    /// Appends to `out` every frame due now: PullReqs for the queued
+    /// modules ([`RouteClientConfig::max_modules_per_pull`] each) and a
+    /// KeepAlive when one is due. Returns the number of frames appended;
+    /// none while not connected.
+    pub fn poll_transmit(&mut self, now: u64, out: &mut Vec<u8>) -> usize {
+        if self.link != Link::Connected {
+            return 0;
+        }
+        let mut frames = 0;
+        while self.fill_batch() {
+            let seq = self.take_seq();
+            for &module in &self.scratch {
+                self.pulls.insert(module, Pull::InFlight { seq });
+            }
+            let frame = self.encoder.pull_req(seq, &self.scratch);
+            write_frame(out, frame).expect("a PullReq of at most MAX_PULL_MODULES modules fits");
+            self.stats.pull_reqs += 1;
+            self.stats.modules_pulled += self.scratch.len() as u64;
+            self.batches.insert(seq, std::mem::take(&mut self.scratch));
+            self.waiting_since.get_or_insert(now);
+            frames += 1;
+        }
+        if now >= self.next_keepalive_at {
+            let seq = self.take_seq();
+            write_frame(out, self.encoder.keep_alive(seq)).expect("a KeepAlive fits a frame");
+            self.keepalive_due = Some(seq);
+            self.next_keepalive_at = now.saturating_add(self.config.keepalive_ms);
+            self.waiting_since.get_or_insert(now);
+            self.stats.keepalives += 1;
+            frames += 1;
+        }
+        frames
+    }
+
+    /// Moves up to one PullReq's worth of queued modules into `scratch`;
+    /// false when none is queued.
+    fn fill_batch(&mut self) -> bool {
+        self.scratch.clear();
+        while self.scratch.len() < self.config.max_modules_per_pull {
+            let Some(module) = self.queue.pop_front() else {
+                break;
+            };
+            // Skip entries forgotten or already re-queued (sent) since.
+            if self.pulls.get(&module) == Some(&Pull::Wanted) && !self.scratch.contains(&module) {
+                self.scratch.push(module);
+            }
+        }
+        !self.scratch.is_empty()
+    }
+
+    fn take_seq(&mut self) -> u64 {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        seq
+    }
+
+    /// Handles one frame's payload received at `now`.
+    ///
+    /// Returns a [`RouteClientEvent::Route`] for a RouteAnswer (of a pull in
+    /// flight) or a RoutePush, a [`RouteClientEvent::ServerError`] for an
+    /// ErrorResp, and nothing for a KeepAliveAck or a stale answer.
+    ///
+    /// # Errors
+    /// [`RouteClientError::Decode`] when the verifier refuses the frame,
+    /// [`RouteClientError::Unexpected`] for a message that is not the route
+    /// server's to send. Either means: close the connection.
+    pub fn on_frame(
+        &mut self,
+        frame: &[u8],
+        now: u64,
+    ) -> Result<Option<RouteClientEvent>, RouteClientError> {
+        let message = decode(frame, &Limits::TCP_FRAME)?;
+        let event = match message {
+            Message::RouteAnswer(m) => {
+                let module = ModuleId::new(m.modid(), m.cmdid());
+                if self.pulls.get(&module) != Some(&Pull::InFlight { seq: m.seq() }) {
+                    self.stats.stale_answers += 1;
+                    None
+                } else {
+                    self.answered(module, m.seq());
+                    self.stats.answers += 1;
+                    let nodes = m.nodes().unwrap_or_default().iter().map(RouteNode::from);
+                    Some(RouteClientEvent::Route(RouteEvent {
+                        module,
+                        exists: m.exists(),
+                        version: m.version(),
+                        nodes: nodes.collect(),
+                        pushed: false,
+                    }))
+                }
+            }
+            Message::RoutePush(m) => {
+                let module = ModuleId::new(m.modid(), m.cmdid());
+                if let Some(&Pull::InFlight { seq }) = self.pulls.get(&module) {
+                    // The push carries a route at least as new as the answer.
+                    self.answered(module, seq);
+                }
+                self.stats.pushes += 1;
+                let nodes = m.nodes().unwrap_or_default().iter().map(RouteNode::from);
+                Some(RouteClientEvent::Route(RouteEvent {
+                    module,
+                    exists: m.exists(),
+                    version: m.version(),
+                    nodes: nodes.collect(),
+                    pushed: true,
+                }))
+            }
+            Message::KeepAliveAck(m) => {
+                if self.keepalive_due == Some(m.seq()) {
+                    self.keepalive_due = None;
+                }
+                self.stats.keepalive_acks += 1;
+                None
+            }
+            Message::ErrorResp(m) => {
+                let seq = m.seq();
+                if self.keepalive_due == Some(seq) {
+                    self.keepalive_due = None;
+                }
+                let dropped = self.batches.remove(&seq).unwrap_or_default();
+                let dropped: Vec<ModuleId> = dropped
+                    .into_iter()
+                    .filter(|m| self.pulls.get(m) == Some(&Pull::InFlight { seq }))
+                    .collect();
+                for module in &dropped {
+                    self.pulls.remove(module);
+                }
+                self.stats.server_errors += 1;
+                Some(RouteClientEvent::ServerError(ServerError {
+                    seq,
+                    module: ModuleId::new(m.modid(), m.cmdid()),
+                    retcode: m.retcode(),
+                    message: m.message().unwrap_or_default().to_string(),
+                    dropped,
+                }))
+            }
+            other => return Err(RouteClientError::Unexpected(other.name())),
+        };
+        // The server is alive and the connection healthy: reset the back-off.
+        self.failures = 0;
+        self.waiting_since = self.awaiting_answers().then_some(now);
+        Ok(event)
+    }
+
+    /// Clears `module`'s pull, sent in `seq`, and records the subscription.
+    fn answered(&mut self, module: ModuleId, seq: u64) {
+        self.pulls.remove(&module);
+        self.subscribed.insert(module);
+        self.close_batch_if_done(seq);
+    }
+
+    /// Forgets PullReq `seq` once none of its modules waits for it.
+    fn close_batch_if_done(&mut self, seq: u64) {
+        if let Some(batch) = self.batches.get(&seq) {
+            let in_flight = Some(&Pull::InFlight { seq });
+            if !batch.iter().any(|m| self.pulls.get(m) == in_flight) {
+                self.batches.remove(&seq);
+            }
+        }
+    }
+
+    /// Whether anything sent on this connection still waits for an answer.
+    fn awaiting_answers(&self) -> bool {
+        self.keepalive_due.is_some() || !self.batches.is_empty()
+    }
+
+    /// When the shell must call in again: the next connection attempt, the
+    /// next KeepAlive, or the idle deadline, whichever is first; or
+    /// [`Wake::Drop`] when the connection is dead.
+    pub fn poll_timeout(&self, now: u64) -> Wake {
+        match self.link {
+            Link::Idle { next_attempt_at } => Wake::At(next_attempt_at),
+            Link::Connecting => Wake::Never,
+            Link::Connected => match self.waiting_since {
+                Some(since) if now >= since.saturating_add(self.config.idle_timeout_ms) => {
+                    Wake::Drop
+                }
+                Some(since) => Wake::At(
+                    self.next_keepalive_at
+                        .min(since.saturating_add(self.config.idle_timeout_ms)),
+                ),
+                None => Wake::At(self.next_keepalive_at),
+            },
+        }
+    }
+}
+
+/// The reconnection delay after `failures` consecutive failures:
+/// `min(max, initial * 2^failures)` (no overflow), jittered down by up to
+/// half with `rng`. Shared with the stats client.
+pub(crate) fn backoff_delay(initial: u64, max: u64, failures: u32, rng: &mut fastrand::Rng) -> u64 {
+    let base = 1u64
+        .checked_shl(failures)
+        .and_then(|factor| initial.checked_mul(factor))
+        .map_or(max, |d| d.min(max));
+    base - rng.u64(0..=base / 2)
+}
+
+// === the glommio shell ===
+
+/// The connection state for metrics, shared between [`run`] and its
+/// caller on the same executor (an `Rc`, not `Send`).
+#[derive(Clone, Debug, Default)]
+pub struct RouteClientStatus {
+    inner: Rc<StatusInner>,
+}
+
+#[derive(Debug, Default)]
+struct StatusInner {
+    connected: Cell<Option<SocketAddr>>,
+    stats: Cell<RouteClientStats>,
+}
+
+impl RouteClientStatus {
+    /// The route server connected to, if any.
+    pub fn connected(&self) -> Option<SocketAddr> {
+        self.inner.connected.get()
+    }
+
+    /// The counters, as of the last I/O.
+    pub fn stats(&self) -> RouteClientStats {
+        self.inner.stats.get()
+    }
+
+    fn publish(&self, core: &RouteClientCore) {
+        self.inner.connected.set(core.connected());
+        self.inner.stats.set(core.stats());
+    }
+}
+
+/// Runs the route client until `shutdown` completes or `events` is closed.
+///
+/// Must run inside a glommio `LocalExecutor`. The caller sends the modules
+/// it needs on `wants` (deduplicated here; a closed `wants` only stops new
+/// pulls) and receives every [`RouteClientEvent`] on `events`; `status`
+/// shows the connection for metrics. Both channels are glommio
+/// `local_channel`s: the client and the rest of the control core share one
+/// executor, so a same-thread channel costs no atomics, and a bounded
+/// `events` channel gives back-pressure (the client stops reading from the
+/// socket while it is full). Routes are only delivered, never kept.
+///
+/// # Errors
+/// [`RouteConfigError`] when `config` is invalid; nothing else: connection
+/// failures are reported as events and retried.
+pub async fn run(
+    config: RouteClientConfig,
+    wants: LocalReceiver<ModuleId>,
+    events: LocalSender<RouteClientEvent>,
+    shutdown: impl Future<Output = ()>,
+    status: RouteClientStatus,
+) -> Result<(), RouteConfigError> {
+    let core = RouteClientCore::new(&config)?;
+    let mut shell = Shell {
+        core,
+        clock: Instant::now(),
+        connect_timeout: Duration::from_millis(config.connect_timeout_ms),
+        write_timeout: Duration::from_millis(config.idle_timeout_ms),
+        wants,
+        wants_open: true,
+        events,
+        status,
+    };
+    let shutdown = pin!(shutdown);
+    shell.run(shutdown).await;
+    shell.status.inner.connected.set(None);
+    Ok(())
+}
+
+/// Why [`Shell::serve`] or a wait returned.
+enum Stop {
+    /// Shutdown requested, or nobody listens to the events any more.
+    Shutdown,
+    /// The connection failed.
+    Failed(RouteClientError),
+}
+
+/// What woke a wait.
+enum Woken {
+    Shutdown,
+    Want(Option<ModuleId>),
+    Read(io::Result<usize>),
+    Timer,
+}
+
+struct Shell {
+    core: RouteClientCore,
+    clock: Instant,
+    connect_timeout: Duration,
+    write_timeout: Duration,
+    wants: LocalReceiver<ModuleId>,
+    wants_open: bool,
+    events: LocalSender<RouteClientEvent>,
+    status: RouteClientStatus,
+}
+
+impl Shell {
+    fn now(&self) -> u64 {
+        self.clock.elapsed().as_millis() as u64
+    }
+
+    async fn run(&mut self, mut shutdown: Pin<&mut impl Future<Output = ()>>) {
+        loop {
+            let Some(addr) = self.core.poll_connect(self.now()) else {
+                let stream = None;
+                match self.wait(shutdown.as_mut(), stream).await {
+                    Woken::Shutdown => return,
+                    woken => self.on_woken(woken),
+                }
+                continue;
+            };
+            let connect = TcpStream::connect_timeout(addr, self.connect_timeout);
+            let mut stream = match race(shutdown.as_mut(), connect).await {
+                Either::Left(()) => return,
+                Either::Right(Ok(stream)) => stream,
+                Either::Right(Err(e)) => {
+                    self.core.on_disconnected(self.now());
+                    self.status.publish(&self.core);
+                    let error = RouteClientError::Io(e.into());
+                    if !self
+                        .emit(RouteClientEvent::ConnectFailed { addr, error })
+                        .await
+                    {
+                        return;
+                    }
+                    continue;
+                }
+            };
+            // Small frames must not wait for Nagle; a write blocked this
+            // long means the server stopped reading.
+            let _ = stream.set_nodelay(true);
+            let _ = stream.set_write_timeout(Some(self.write_timeout));
+            self.core.on_connected(self.now());
+            self.status.publish(&self.core);
+            let stop = if self.emit(RouteClientEvent::Connected(addr)).await {
+                self.serve(&mut stream, shutdown.as_mut()).await
+            } else {
+                Stop::Shutdown
+            };
+            self.core.on_disconnected(self.now());
+            self.status.publish(&self.core);
+            match stop {
+                Stop::Shutdown => return,
+                Stop::Failed(error) => {
+                    if !self
+                        .emit(RouteClientEvent::Disconnected { addr, error })
+                        .await
+                    {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Moves frames between `stream` and the core until the connection
+    /// fails or shutdown.
+    async fn serve(
+        &mut self,
+        stream: &mut TcpStream,
+        mut shutdown: Pin<&mut impl Future<Output = ()>>,
+    ) -> Stop {
+        let mut frames = FrameDecoder::default();
+        let mut out = Vec::new();
+        let mut buf = vec![0; 16 << 10];
+        loop {
+            self.drain_wants().await;
+            out.clear();
+            if self.core.poll_transmit(self.now(), &mut out) > 0 {
+                if let Err(e) = stream.write_all(&out).await {
+                    return Stop::Failed(e.into());
+                }
+                self.status.publish(&self.core);
+            }
+            if self.core.poll_timeout(self.now()) == Wake::Drop {
+                return Stop::Failed(RouteClientError::Idle(self.core.config.idle_timeout_ms));
+            }
+            let woken = self
+                .wait(shutdown.as_mut(), Some((&mut *stream, &mut buf)))
+                .await;
+            match woken {
+                Woken::Shutdown => return Stop::Shutdown,
+                Woken::Read(Ok(0)) => return Stop::Failed(RouteClientError::Closed),
+                Woken::Read(Ok(n)) => frames.feed(&buf[..n]),
+                Woken::Read(Err(e)) => return Stop::Failed(e.into()),
+                woken => {
+                    self.on_woken(woken);
+                    continue;
+                }
+            }
+            let result = self.deliver(&mut frames).await;
+            self.status.publish(&self.core);
+            match result {
+                Ok(true) => {}
+                Ok(false) => return Stop::Shutdown,
+                Err(e) => return Stop::Failed(e),
+            }
+        }
+    }
+
+    /// Feeds every complete frame to the core and emits its events; false
+    /// when the events channel is closed.
+    async fn deliver(&mut self, frames: &mut FrameDecoder) -> Result<bool, RouteClientError> {
+        let now = self.now();
+        while let Some(frame) = frames.next_frame()? {
+            if let Some(event) = self.core.on_frame(frame, now)? {
+                if !self.emit(event).await {
+                    return Ok(false);
+                }
+            }
+        }
+        Ok(true)
+    }
+
+    /// Waits for shutdown, a want, bytes read from `stream` into its
+    /// buffer, or the core's deadline. Every branch is cancel-safe: glommio
+    /// reads only when the socket is ready, into the buffer, on completion.
+    async fn wait(
+        &mut self,
+        shutdown: Pin<&mut impl Future<Output = ()>>,
+        stream: Option<(&mut TcpStream, &mut [u8])>,
+    ) -> Woken {
+        let now = self.now();
+        let wake = self.core.poll_timeout(now);
+        let timer = async move {
+            match wake {
+                Wake::At(at) => {
+                    glommio::timer::sleep(Duration::from_millis(at.saturating_sub(now))).await
+                }
+                Wake::Drop => {}
+                Wake::Never => std::future::pending().await,
+            }
+        };
+        let (wants, wants_open) = (&self.wants, self.wants_open);
+        let want = async move {
+            if wants_open {
+                wants.recv().await
+            } else {
+                std::future::pending().await
+            }
+        };
+        let readable = async move {
+            match stream {
+                Some((stream, buf)) => stream.read(buf).await,
+                None => std::future::pending().await,
+            }
+        };
+        let (mut shutdown, mut want, mut readable, mut timer) =
+            (shutdown, pin!(want), pin!(readable), pin!(timer));
+        poll_fn(|cx| {
+            if shutdown.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(Woken::Shutdown);
+            }
+            if let Poll::Ready(r) = readable.as_mut().poll(cx) {
+                return Poll::Ready(Woken::Read(r));
+            }
+            if let Poll::Ready(w) = want.as_mut().poll(cx) {
+                return Poll::Ready(Woken::Want(w));
+            }
+            timer.as_mut().poll(cx).map(|()| Woken::Timer)
+        })
+        .await
+    }
+
+    fn on_woken(&mut self, woken: Woken) {
+        match woken {
+            Woken::Want(Some(module)) => {
+                self.core.want(module);
+            }
+            Woken::Want(None) => self.wants_open = false,
+            Woken::Shutdown | Woken::Read(_) | Woken::Timer => {}
+        }
+    }
+
+    /// Takes every want already queued, so that they share one PullReq.
+    async fn drain_wants(&mut self) {
+        while self.wants_open {
+            let next = poll_fn(|cx| {
+                let recv = pin!(self.wants.recv());
+                Poll::Ready(match recv.poll(cx) {
+                    Poll::Ready(w) => Some(w),
+                    Poll::Pending => None,
+                })
+            })
+            .await;
+            match next {
+                Some(w) => self.on_woken(Woken::Want(w)),
+                None => return,
+            }
+        }
+    }
+
+    /// Sends `event`; false when the receiver is gone.
+    async fn emit(&self, event: RouteClientEvent) -> bool {
+        self.events.send(event).await.is_ok()
+    }
+}
+
+pub(crate) enum Either<A, B> {
+    Left(A),
+    Right(B),
+}
+
+/// The first of `a` and `b` to complete (`a` when both are ready).
+pub(crate) async fn race<A: Future, B: Future>(a: A, b: B) -> Either<A::Output, B::Output> {
+    let (mut a, mut b) = (pin!(a), pin!(b));
+    poll_fn(|cx| {
+        if let Poll::Ready(x) = a.as_mut().poll(cx) {
+            return Poll::Ready(Either::Left(x));
+        }
+        b.as_mut().poll(cx).map(Either::Right)
+    })
+    .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::NodeAddr;
+    use std::net::Ipv4Addr;
+
+    const A: ModuleId = ModuleId::new(1, 1);
+    const B: ModuleId = ModuleId::new(2, 1);
+    const C: ModuleId = ModuleId::new(3, 1);
+
+    fn addr(port: u16) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], port))
+    }
+
+    fn config() -> RouteClientConfig {
+        RouteClientConfig {
+            addrs: vec![addr(1), addr(2), addr(3)],
+            connect_timeout_ms: 100,
+            keepalive_ms: 1000,
+            idle_timeout_ms: 3000,
+            backoff_initial_ms: 100,
+            backoff_max_ms: 5000,
+            max_modules_per_pull: 2,
+            jitter_seed: 7,
+        }
+    }
+
+    fn node(last: u8) -> RouteNode {
+        RouteNode {
+            addr: NodeAddr::new(Ipv4Addr::new(10, 0, 0, last), 9000),
+            weight: u32::from(last),
+        }
+    }
+
+    /// A core connected at `now`.
+    fn connected(config: &RouteClientConfig, now: u64) -> RouteClientCore {
+        let mut core = RouteClientCore::new(config).unwrap();
+        assert!(core.poll_connect(now).is_some());
+        core.on_connected(now);
+        core
+    }
+
+    /// What the core sent: (seq, modules) per PullReq, seq per KeepAlive.
+    #[derive(Debug, Default, PartialEq)]
+    struct Sent {
+        pulls: Vec<(u64, Vec<ModuleId>)>,
+        keepalives: Vec<u64>,
+    }
+
+    fn transmit(core: &mut RouteClientCore, now: u64) -> Sent {
+        let mut out = Vec::new();
+        let count = core.poll_transmit(now, &mut out);
+        let mut frames = FrameDecoder::default();
+        frames.feed(&out);
+        let mut sent = Sent::default();
+        while let Some(frame) = frames.next_frame().unwrap() {
+            match decode(frame, &Limits::TCP_FRAME).unwrap() {
+                Message::PullReq(m) => {
+                    let p = m.validate().unwrap();
+                    sent.pulls.push((p.seq, p.modules().collect()));
+                }
+                Message::KeepAlive(m) => sent.keepalives.push(m.seq()),
+                other => panic!("the client sent {}", other.name()),
+            }
+        }
+        assert_eq!(count, sent.pulls.len() + sent.keepalives.len());
+        sent
+    }
+
+    fn answer(seq: u64, module: ModuleId, version: u64, nodes: &[RouteNode]) -> Vec<u8> {
+        Encoder::new()
+            .route_answer(seq, module, !nodes.is_empty(), version, nodes)
+            .to_vec()
+    }
+
+    fn route(event: Option<RouteClientEvent>) -> RouteEvent {
+        match event {
+            Some(RouteClientEvent::Route(r)) => r,
+            other => panic!("expected a route, got {other:?}"),
+        }
+    }
+
+    // --- config ---
+
+    #[test]
+    fn the_defaults_are_valid() {
+        RouteClientConfig::new(vec![addr(1)]).validate().unwrap();
+    }
+
+    #[test]
+    fn a_config_without_addresses_or_with_a_bad_range_is_refused() {
+        let mut c = config();
+        c.addrs.clear();
+        assert_eq!(c.validate(), Err(RouteConfigError::NoAddrs));
+        let mut c = config();
+        c.idle_timeout_ms = c.keepalive_ms;
+        assert!(matches!(
+            c.validate(),
+            Err(RouteConfigError::OutOfRange {
+                field: "idle_timeout_ms",
+                ..
+            })
+        ));
+        let mut c = config();
+        c.backoff_max_ms = c.backoff_initial_ms - 1;
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("backoff_max_ms"));
+        let mut c = config();
+        c.max_modules_per_pull = MAX_PULL_MODULES + 1;
+        assert!(RouteClientCore::new(&c).is_err());
+    }
+
+    // --- pulls ---
+
+    #[test]
+    fn a_module_wanted_twice_is_pulled_once() {
+        let mut core = connected(&config(), 0);
+        assert!(core.want(A));
+        assert!(!core.want(A), "queued: not wanted again");
+        let sent = transmit(&mut core, 0);
+        assert_eq!(sent.pulls, vec![(1, vec![A])]);
+        assert!(core.is_in_flight(A));
+        assert!(!core.want(A), "in flight: not re-sent");
+        assert_eq!(transmit(&mut core, 1), Sent::default());
+    }
+
+    #[test]
+    fn an_answered_module_can_be_pulled_again() {
+        let mut core = connected(&config(), 0);
+        core.want(A);
+        transmit(&mut core, 0);
+        route(core.on_frame(&answer(1, A, 3, &[node(1)]), 5).unwrap());
+        assert!(!core.is_pending(A));
+        assert!(core.want(A));
+        assert_eq!(transmit(&mut core, 6).pulls, vec![(2, vec![A])]);
+    }
+
+    #[test]
+    fn wanted_modules_are_batched_up_to_the_limit() {
+        let mut core = connected(&config(), 0);
+        for m in [A, B, C] {
+            core.want(m);
+        }
+        let sent = transmit(&mut core, 0);
+        assert_eq!(sent.pulls, vec![(1, vec![A, B]), (2, vec![C])]);
+        assert_eq!(core.stats().pull_reqs, 2);
+        assert_eq!(core.stats().modules_pulled, 3);
+    }
+
+    #[test]
+    fn nothing_is_sent_until_connected_and_then_every_want_is() {
+        let mut core = RouteClientCore::new(&config()).unwrap();
+        core.want(A);
+        core.want(B);
+        assert_eq!(transmit(&mut core, 0), Sent::default());
+        assert_eq!(core.poll_connect(0), Some(addr(1)));
+        assert_eq!(transmit(&mut core, 0), Sent::default(), "connecting");
+        core.on_connected(10);
+        assert_eq!(transmit(&mut core, 10).pulls, vec![(1, vec![A, B])]);
+    }
+
+    #[test]
+    fn pulls_in_flight_are_reissued_on_the_next_connection() {
+        let mut core = connected(&config(), 0);
+        core.want(A);
+        core.want(B);
+        transmit(&mut core, 0);
+        core.want(C);
+        core.on_disconnected(100);
+        assert!(core.is_pending(A) && !core.is_in_flight(A));
+        let at = match core.poll_timeout(100) {
+            Wake::At(at) => at,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(core.poll_connect(at - 1), None);
+        assert_eq!(core.poll_connect(at), Some(addr(2)));
+        core.on_connected(at);
+        let sent = transmit(&mut core, at);
+        assert_eq!(sent.pulls, vec![(2, vec![A, B]), (3, vec![C])]);
+        // The old connection's answer can no longer arrive; one that did
+        // would be stale.
+        assert_eq!(
+            core.on_frame(&answer(1, A, 1, &[node(1)]), at)
+                .unwrap()
+                .map(|_| ()),
+            None
+        );
+        assert_eq!(core.stats().stale_answers, 1);
+        assert!(route(core.on_frame(&answer(2, A, 1, &[node(1)]), at).unwrap()).module == A);
+    }
+
+    #[test]
+    fn subscribed_modules_are_pulled_again_after_reconnecting() {
+        let mut core = connected(&config(), 0);
+        core.want(A);
+        core.want(B);
+        transmit(&mut core, 0);
+        core.on_frame(&answer(1, A, 1, &[node(1)]), 1).unwrap();
+        core.on_frame(&answer(1, B, 1, &[node(2)]), 1).unwrap();
+        core.forget(B);
+        core.on_disconnected(2);
+        core.poll_connect(1_000).unwrap();
+        core.on_connected(1_000);
+        assert_eq!(transmit(&mut core, 1_000).pulls, vec![(2, vec![A])]);
+    }
+
+    #[test]
+    fn forgetting_a_pull_in_flight_leaves_nothing_waiting() {
+        let mut core = connected(&config(), 0);
+        core.want(A);
+        transmit(&mut core, 0);
+        assert!(core.forget(A));
+        assert!(!core.is_pending(A));
+        assert_eq!(core.poll_timeout(10), Wake::At(1000), "no idle deadline");
+        assert!(core.on_frame(&answer(1, A, 1, &[]), 11).unwrap().is_none());
+    }
+
+    // --- frames in ---
+
+    #[test]
+    fn an_answer_becomes_a_route_event() {
+        let mut core = connected(&config(), 0);
+        core.want(A);
+        core.want(B);
+        transmit(&mut core, 0);
+        let r = route(
+            core.on_frame(&answer(1, A, 9, &[node(1), node(2)]), 5)
+                .unwrap(),
+        );
+        assert_eq!(
+            r,
+            RouteEvent {
+                module: A,
+                exists: true,
+                version: 9,
+                nodes: vec![node(1), node(2)],
+                pushed: false
+            }
+        );
+        let r = route(core.on_frame(&answer(1, B, 0, &[]), 5).unwrap());
+        assert!(!r.exists && r.nodes.is_empty());
+        assert_eq!(core.stats().answers, 2);
+    }
+
+    #[test]
+    fn a_push_arrives_unasked_and_settles_a_pull_in_flight() {
+        let mut core = connected(&config(), 0);
+        let push = Encoder::new().route_push(A, true, 4, &[node(3)]).to_vec();
+        let r = route(core.on_frame(&push, 1).unwrap());
+        assert!(r.pushed && r.version == 4 && r.nodes == vec![node(3)]);
+
+        core.want(B);
+        transmit(&mut core, 2);
+        let push = Encoder::new().route_push(B, false, 5, &[]).to_vec();
+        let r = route(core.on_frame(&push, 3).unwrap());
+        assert!(r.pushed && !r.exists);
+        assert!(!core.is_pending(B));
+        assert!(
+            core.on_frame(&answer(1, B, 5, &[]), 4).unwrap().is_none(),
+            "stale"
+        );
+        assert_eq!(core.poll_timeout(4), Wake::At(1000), "nothing awaited");
+    }
+
+    #[test]
+    fn an_error_resp_drops_the_refused_pull_and_is_reported() {
+        let mut core = connected(&config(), 0);
+        core.want(A);
+        core.want(B);
+        transmit(&mut core, 0);
+        let err = Encoder::new()
+            .error_resp(
+                1,
+                ModuleId::new(0, 0),
+                RetCode::BadRequest,
+                "too many modules",
+            )
+            .to_vec();
+        let Some(RouteClientEvent::ServerError(e)) = core.on_frame(&err, 1).unwrap() else {
+            panic!("expected a server error")
+        };
+        assert_eq!((e.seq, e.retcode), (1, RetCode::BadRequest));
+        assert_eq!(e.message, "too many modules");
+        assert_eq!(e.dropped, vec![A, B]);
+        assert!(!core.is_pending(A) && core.want(A));
+    }
+
+    #[test]
+    fn many_frames_in_one_read_all_come_out() {
+        let mut core = connected(&config(), 0);
+        for m in [A, B, C] {
+            core.want(m);
+        }
+        transmit(&mut core, 0);
+        let mut stream = Vec::new();
+        write_frame(&mut stream, &answer(1, A, 1, &[node(1)])).unwrap();
+        write_frame(&mut stream, &answer(1, B, 2, &[node(2)])).unwrap();
+        write_frame(&mut stream, Encoder::new().keep_alive_ack(99)).unwrap();
+        write_frame(&mut stream, &answer(2, C, 3, &[node(3)])).unwrap();
+        let mut frames = FrameDecoder::default();
+        frames.feed(&stream);
+        let mut got = Vec::new();
+        while let Some(frame) = frames.next_frame().unwrap() {
+            if let Some(ev) = core.on_frame(frame, 1).unwrap() {
+                got.push(route(Some(ev)).module);
+            }
+        }
+        assert_eq!(got, vec![A, B, C]);
+        assert_eq!(frames.buffered(), 0);
+    }
+
+    #[test]
+    fn a_frame_split_anywhere_across_reads_comes_out_once() {
+        let mut stream = Vec::new();
+        write_frame(&mut stream, &answer(1, A, 1, &[node(1)])).unwrap();
+        write_frame(&mut stream, &answer(1, B, 2, &[node(2), node(4)])).unwrap();
+        for cut in 0..=stream.len() {
+            let mut core = connected(&config(), 0);
+            core.want(A);
+            core.want(B);
+            transmit(&mut core, 0);
+            let mut frames = FrameDecoder::default();
+            let mut got = Vec::new();
+            for part in [&stream[..cut], &stream[cut..]] {
+                frames.feed(part);
+                while let Some(frame) = frames.next_frame().unwrap() {
+                    got.push(route(core.on_frame(frame, 1).unwrap()).version);
+                }
+            }
+            assert_eq!(got, vec![1, 2], "cut at {cut}");
+        }
+    }
+
+    #[test]
+    fn garbage_is_an_error_that_closes_the_connection() {
+        let mut core = connected(&config(), 0);
+        assert!(matches!(
+            core.on_frame(b"definitely not a flatbuffer", 0),
+            Err(RouteClientError::Decode(_))
+        ));
+        assert!(matches!(
+            core.on_frame(&[], 0),
+            Err(RouteClientError::Decode(_))
+        ));
+        let mut frames = FrameDecoder::default();
+        frames.feed(&[0, 0, 0, 0]);
+        let err = RouteClientError::from(frames.next_frame().unwrap_err());
+        assert!(err
+            .to_string()
+            .starts_with("bad frame from the route server"));
+    }
+
+    #[test]
+    fn a_message_the_server_never_sends_is_an_error() {
+        let mut core = connected(&config(), 0);
+        let pull = Encoder::new().pull_req(1, &[A]).to_vec();
+        let err = core.on_frame(&pull, 0).unwrap_err();
+        assert!(matches!(err, RouteClientError::Unexpected("PullReq")));
+        assert!(err.to_string().contains("unexpected PullReq"));
+    }
+
+    // --- liveness ---
+
+    #[test]
+    fn keepalives_are_sent_every_interval_while_connected() {
+        let mut core = connected(&config(), 0);
+        assert!(transmit(&mut core, 999).keepalives.is_empty());
+        assert_eq!(transmit(&mut core, 1000).keepalives, vec![1]);
+        assert!(transmit(&mut core, 1500).keepalives.is_empty());
+        let ack = Encoder::new().keep_alive_ack(1).to_vec();
+        assert!(core.on_frame(&ack, 1500).unwrap().is_none());
+        assert_eq!(transmit(&mut core, 2000).keepalives, vec![2]);
+        assert_eq!(core.stats().keepalive_acks, 1);
+        core.on_disconnected(2100);
+        assert_eq!(core.poll_transmit(5000, &mut Vec::new()), 0);
+    }
+
+    #[test]
+    fn an_unanswered_keepalive_makes_the_connection_dead_after_the_idle_timeout() {
+        let mut core = connected(&config(), 0);
+        transmit(&mut core, 1000);
+        assert_eq!(core.poll_timeout(1000), Wake::At(2000));
+        transmit(&mut core, 2000);
+        transmit(&mut core, 3000);
+        assert_eq!(core.poll_timeout(3999), Wake::At(4000));
+        assert_eq!(core.poll_timeout(4000), Wake::Drop);
+    }
+
+    #[test]
+    fn an_answered_connection_stays_alive() {
+        let mut core = connected(&config(), 0);
+        for t in (1000..20_000).step_by(1000) {
+            let sent = transmit(&mut core, t);
+            let ack = Encoder::new().keep_alive_ack(sent.keepalives[0]).to_vec();
+            core.on_frame(&ack, t + 10).unwrap();
+            assert_ne!(core.poll_timeout(t + 999), Wake::Drop);
+        }
+    }
+
+    #[test]
+    fn idleness_counts_from_the_request_not_from_the_last_frame() {
+        let mut config = config();
+        config.keepalive_ms = 60_000;
+        config.idle_timeout_ms = 90_000;
+        let mut core = connected(&config, 0);
+        core.want(A);
+        transmit(&mut core, 50_000);
+        assert_eq!(core.poll_timeout(50_000), Wake::At(60_000));
+        assert_ne!(core.poll_timeout(139_999), Wake::Drop);
+        assert_eq!(core.poll_timeout(140_000), Wake::Drop);
+    }
+
+    #[test]
+    fn a_pull_in_flight_makes_a_silent_connection_dead() {
+        let mut config = config();
+        config.keepalive_ms = 60_000;
+        config.idle_timeout_ms = 90_000;
+        let mut core = connected(&config, 0);
+        core.want(A);
+        core.want(B);
+        transmit(&mut core, 10);
+        assert_eq!(
+            core.poll_timeout(10),
+            Wake::At(60_000),
+            "the keepalive first"
+        );
+        core.on_frame(&answer(1, A, 1, &[]), 2000).unwrap();
+        assert_ne!(
+            core.poll_timeout(91_999),
+            Wake::Drop,
+            "progress restarts the wait"
+        );
+        assert_eq!(core.poll_timeout(92_000), Wake::Drop);
+        core.on_frame(&answer(1, B, 1, &[]), 91_000).unwrap();
+        assert_eq!(
+            core.poll_timeout(200_000),
+            Wake::At(60_000),
+            "nothing awaited"
+        );
+    }
+
+    // --- reconnecting ---
+
+    /// The delays of `failures` consecutive failed attempts.
+    fn delays(config: &RouteClientConfig, failures: usize) -> Vec<u64> {
+        let mut core = RouteClientCore::new(config).unwrap();
+        let mut now = 0;
+        (0..failures)
+            .map(|_| {
+                core.poll_connect(now).unwrap();
+                core.on_disconnected(now);
+                let Wake::At(at) = core.poll_timeout(now) else {
+                    panic!("no attempt scheduled")
+                };
+                let delay = at - now;
+                now = at;
+                delay
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_backoff_doubles_up_to_the_cap_within_its_jitter() {
+        for seed in 0..200 {
+            let mut c = config();
+            c.jitter_seed = seed;
+            for (n, delay) in delays(&c, 12).into_iter().enumerate() {
+                let base = (100u64 << n).min(5000);
+                assert!(
+                    (base / 2..=base).contains(&delay),
+                    "seed {seed} attempt {n}: {delay} ms outside [{}, {base}]",
+                    base / 2
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn the_jitter_is_seeded() {
+        let c = config();
+        assert_eq!(delays(&c, 8), delays(&c, 8));
+        let mut other = config();
+        other.jitter_seed = 8;
+        assert_ne!(delays(&c, 8), delays(&other, 8));
+    }
+
+    #[test]
+    fn the_backoff_never_overflows() {
+        let mut c = config();
+        c.backoff_initial_ms = u64::MAX / 2;
+        c.backoff_max_ms = u64::MAX;
+        let mut core = RouteClientCore::new(&c).unwrap();
+        for failures in [0, 1, 2, 63, 64, 65, 1000, u32::MAX] {
+            core.failures = failures;
+            assert!(core.backoff() >= u64::MAX / 4, "{failures} failures");
+        }
+        let mut core = RouteClientCore::new(&config()).unwrap();
+        core.failures = u32::MAX;
+        assert!((2500..=5000).contains(&core.backoff()));
+        core.poll_connect(u64::MAX).unwrap();
+        core.on_disconnected(u64::MAX);
+        assert_eq!(core.poll_timeout(u64::MAX), Wake::At(u64::MAX));
+    }
+
+    #[test]
+    fn a_healthy_connection_resets_the_backoff() {
+        let mut core = RouteClientCore::new(&config()).unwrap();
+        let mut now = 0;
+        for _ in 0..6 {
+            core.poll_connect(now).unwrap();
+            core.on_disconnected(now);
+            now += 10_000;
+        }
+        core.poll_connect(now).unwrap();
+        core.on_connected(now);
+        let ack = Encoder::new().keep_alive_ack(1).to_vec();
+        core.on_frame(&ack, now).unwrap();
+        core.on_disconnected(now);
+        let Wake::At(at) = core.poll_timeout(now) else {
+            panic!()
+        };
+        assert!(at - now <= 100, "back to the initial delay: {}", at - now);
+    }
+
+    #[test]
+    fn attempts_fail_over_through_the_addresses_and_wrap() {
+        let mut core = RouteClientCore::new(&config()).unwrap();
+        let mut tried = Vec::new();
+        let mut now = 0;
+        for _ in 0..7 {
+            tried.push(core.poll_connect(now).unwrap());
+            core.on_disconnected(now);
+            now += 10_000;
+        }
+        let (a, b, c) = (addr(1), addr(2), addr(3));
+        assert_eq!(tried, vec![a, b, c, a, b, c, a]);
+    }
+
+    #[test]
+    fn a_lost_connection_moves_to_the_next_address() {
+        let mut core = connected(&config(), 0);
+        assert_eq!(core.connected(), Some(addr(1)));
+        core.on_disconnected(5);
+        assert_eq!(core.connected(), None);
+        assert_eq!(core.current_addr(), addr(2));
+        assert_eq!(core.stats().connects, 1);
+        assert_eq!(core.stats().disconnects, 1);
+    }
+}

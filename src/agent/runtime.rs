@@ -1,0 +1,341 @@
+//! Starting and stopping the agent: binds the sockets (so that errors
+//! surface before any thread starts), loads the snapshot, creates the
+//! heartbeat, builds the rings, and spawns one pinned glommio executor per
+//! shard plus the control core's. [`run`] adds the signal handling of the
+//! `lbagent agent` command.
+
+use std::net::{SocketAddr, TcpListener, ToSocketAddrs, UdpSocket};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use glommio::channels::shared_channel;
+use glommio::{ExecutorJoinHandle, LocalExecutorBuilder, Placement};
+
+use super::control::{self, ControlParts};
+use super::heartbeat::{AgentInfo, HeartbeatWriter};
+use super::messages::ToShard;
+use super::routeclient::RouteClientConfig;
+use super::shard::ShardSetup;
+use super::shard_rt::{self, ShardParts};
+use super::snapshot::{self, SnapshotError, SnapshotRoute};
+use super::statsclient::StatsClientConfig;
+use crate::config::Config;
+
+/// Slots of each ring between a shard and the control core.
+pub const RING_CAPACITY: usize = 4096;
+
+/// A running agent.
+pub struct Agent {
+    stop: Arc<AtomicBool>,
+    shards: Vec<ExecutorJoinHandle<()>>,
+    control: Option<ExecutorJoinHandle<()>>,
+    ports: Vec<u16>,
+    metrics_addr: SocketAddr,
+    routes_loaded: usize,
+}
+
+impl Agent {
+    /// Starts the agent described by `config`.
+    ///
+    /// `agent.base_port = 0` picks a free range of consecutive ports (tests);
+    /// `agent.metrics_addr` with port 0 picks a free port.
+    ///
+    /// # Errors
+    /// A port cannot be bound, an address does not resolve, the heartbeat
+    /// file cannot be created, or an executor cannot start (often: `ulimit
+    /// -l` too small for `agent.io_memory_kib`).
+    pub fn start(config: &Config) -> anyhow::Result<Agent> {
+        let a = &config.agent;
+        let ncpu = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let shards = if a.shards == 0 {
+            (ncpu.saturating_sub(1)).max(1) as u32
+        } else {
+            a.shards
+        };
+        let sockets = retry_in_use(|| bind_shards(a.bind, a.base_port, shards))?;
+        let ports: Vec<u16> = sockets
+            .iter()
+            .map(|s| s.local_addr().map(|a| a.port()).unwrap_or(0))
+            .collect();
+        let metrics =
+            retry_in_use(|| Ok(TcpListener::bind(a.metrics_addr)?)).with_context(|| {
+                format!(
+                    "cannot bind the metrics endpoint agent.metrics_addr = {}",
+                    a.metrics_addr
+                )
+            })?;
+        metrics.set_nonblocking(true)?;
+        let metrics_addr = metrics.local_addr()?;
+
+        let routes = load_snapshot(&a.snapshot_path);
+        let heartbeat = HeartbeatWriter::create(
+            &a.heartbeat_path,
+            &AgentInfo {
+                shards,
+                base_port: ports[0],
+                bind: a.bind,
+                pid: std::process::id(),
+                snapshot_path: a.snapshot_path.clone(),
+            },
+        )
+        .with_context(|| {
+            format!(
+                "cannot create the heartbeat file agent.heartbeat_path = {}",
+                a.heartbeat_path.display()
+            )
+        })?;
+
+        let route_addrs = resolve("agent.route_servers", &a.route_servers)?;
+        let stats_addrs = resolve("agent.reporters", &a.reporters)?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let io_memory = a.io_memory_kib as usize * 1024;
+        let control_core = ncpu - 1;
+
+        let mut from_shards = Vec::new();
+        let mut to_shards = Vec::new();
+        let mut metrics_in = Vec::new();
+        let mut shard_handles = Vec::new();
+        for (i, socket) in sockets.into_iter().enumerate() {
+            let (to_control, from_shard) = shared_channel::new_bounded(RING_CAPACITY);
+            let (to_shard, from_control) = shared_channel::new_bounded(RING_CAPACITY);
+            let (metrics_out, metrics_rx) = shared_channel::new_bounded(4);
+            from_shards.push(from_shard);
+            to_shards.push(to_shard);
+            metrics_in.push(metrics_rx);
+            let initial: Vec<ToShard> = routes
+                .iter()
+                .filter(|r| r.module.shard(shards) == i as u32)
+                .map(|r| ToShard::Route {
+                    module: r.module,
+                    exists: true,
+                    version: r.version,
+                    nodes: r.nodes.clone(),
+                })
+                .collect();
+            let parts = ShardParts {
+                setup: ShardSetup {
+                    id: i as u32,
+                    shards,
+                    base_port: ports[0],
+                    params: config.lb.params(),
+                    update_timeout_ms: config.lb.update_timeout * 1000,
+                    report_timeout_ms: config.lb.report_timeout * 1000,
+                },
+                socket,
+                initial,
+                to_control,
+                from_control,
+                metrics_out,
+                stop: stop.clone(),
+            };
+            let core = i % ncpu.max(1);
+            let h = LocalExecutorBuilder::new(Placement::Fixed(core))
+                .name(&format!("lbagent-shard-{i}"))
+                .io_memory(io_memory)
+                .spawn(move || shard_rt::run(parts))
+                .map_err(|e| {
+                    anyhow::anyhow!(
+                        "cannot start shard {i}'s executor: {e} (agent.io_memory_kib = {}; check `ulimit -l`)",
+                        a.io_memory_kib
+                    )
+                })?;
+            shard_handles.push(h);
+        }
+
+        let routes_loaded = routes.len();
+        let parts = ControlParts {
+            shards,
+            route_client: RouteClientConfig::new(route_addrs),
+            stats_client: StatsClientConfig::new(stats_addrs),
+            from_shards,
+            to_shards,
+            metrics_in,
+            routes,
+            heartbeat,
+            snapshot_path: a.snapshot_path.clone(),
+            snapshot_interval: Duration::from_secs(a.snapshot_interval),
+            metrics_listener: metrics,
+            stop: stop.clone(),
+        };
+        let control = LocalExecutorBuilder::new(Placement::Fixed(control_core))
+            .name("lbagent-control")
+            .io_memory(io_memory)
+            .spawn(move || control::run(parts))
+            .map_err(|e| {
+                anyhow::anyhow!("cannot start the control core's executor: {e} (check `ulimit -l` against agent.io_memory_kib)")
+            })?;
+        Ok(Agent {
+            stop,
+            shards: shard_handles,
+            control: Some(control),
+            ports,
+            metrics_addr,
+            routes_loaded,
+        })
+    }
+
+    /// The UDP port of each shard.
+    pub fn ports(&self) -> &[u16] {
+        &self.ports
+    }
+
+    /// Where `GET /metrics` is served.
+    pub fn metrics_addr(&self) -> SocketAddr {
+        self.metrics_addr
+    }
+
+    /// How many routes the snapshot gave at start.
+    pub fn routes_loaded(&self) -> usize {
+        self.routes_loaded
+    }
+
+    /// The flag that stops the agent when set.
+    pub fn stop_flag(&self) -> Arc<AtomicBool> {
+        self.stop.clone()
+    }
+
+    /// Stops accepting, flushes statistics, writes the snapshot and joins
+    /// every executor.
+    ///
+    /// # Errors
+    /// An executor panicked.
+    pub fn stop(mut self) -> anyhow::Result<()> {
+        self.stop.store(true, Ordering::SeqCst);
+        self.join()
+    }
+
+    fn join(&mut self) -> anyhow::Result<()> {
+        for h in self.shards.drain(..) {
+            h.join()
+                .map_err(|e| anyhow::anyhow!("a shard failed: {e}"))?;
+        }
+        if let Some(c) = self.control.take() {
+            c.join()
+                .map_err(|e| anyhow::anyhow!("the control core failed: {e}"))?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let _ = self.join();
+    }
+}
+
+static SIGNALLED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    SIGNALLED.store(true, Ordering::SeqCst);
+}
+
+/// Runs the agent until SIGTERM or SIGINT, then shuts down cleanly (stop
+/// accepting, flush statistics, write the snapshot) and returns.
+///
+/// # Errors
+/// The agent could not start, or an executor failed.
+pub fn run(config: &Config) -> anyhow::Result<()> {
+    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+    unsafe {
+        libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
+        libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
+    }
+    let agent = Agent::start(config)?;
+    eprintln!(
+        "lbagent: serving on {}:{:?} ({} shards), metrics on http://{}/metrics, {} routes from the snapshot",
+        config.agent.bind,
+        agent.ports(),
+        agent.ports().len(),
+        agent.metrics_addr(),
+        agent.routes_loaded()
+    );
+    while !SIGNALLED.load(Ordering::SeqCst) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let t0 = Instant::now();
+    agent.stop()?;
+    eprintln!("lbagent: stopped in {} ms", t0.elapsed().as_millis());
+    Ok(())
+}
+
+/// How long a start waits for its ports to be released by a predecessor.
+const PORT_WAIT: Duration = Duration::from_secs(3);
+
+/// Retries `bind` while the address is in use, up to [`PORT_WAIT`]: after a
+/// crash (`kill -9`) the kernel releases sockets that io_uring still
+/// referenced a little after the process is gone, and a supervisor restarts
+/// the agent at once.
+fn retry_in_use<T>(mut bind: impl FnMut() -> anyhow::Result<T>) -> anyhow::Result<T> {
+    let t0 = Instant::now();
+    loop {
+        match bind() {
+            Err(e) if t0.elapsed() < PORT_WAIT && in_use(&e) => {
+                std::thread::sleep(Duration::from_millis(50))
+            }
+            other => return other,
+        }
+    }
+}
+
+fn in_use(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::AddrInUse)
+    })
+}
+
+/// Binds shard i on `base + i`. With `base == 0`, finds a free range.
+fn bind_shards(ip: std::net::Ipv4Addr, base: u16, shards: u32) -> anyhow::Result<Vec<UdpSocket>> {
+    let bind_range = |base: u16| -> std::io::Result<Vec<UdpSocket>> {
+        (0..shards)
+            .map(|i| UdpSocket::bind((ip, base + i as u16)))
+            .collect()
+    };
+    if base != 0 {
+        return bind_range(base).with_context(|| {
+            format!(
+                "cannot bind UDP {ip}:{base}..{} (agent.base_port, agent.shards)",
+                u32::from(base) + shards - 1
+            )
+        });
+    }
+    for _ in 0..64 {
+        let first = UdpSocket::bind((ip, 0))?;
+        let port = first.local_addr()?.port();
+        if u32::from(port) + shards > 65_536 {
+            continue;
+        }
+        drop(first);
+        if let Ok(v) = bind_range(port) {
+            return Ok(v);
+        }
+    }
+    bail!("cannot find {shards} consecutive free UDP ports on {ip}")
+}
+
+fn resolve(field: &str, list: &[String]) -> anyhow::Result<Vec<SocketAddr>> {
+    let mut out = Vec::new();
+    for e in list {
+        let addrs = e
+            .to_socket_addrs()
+            .with_context(|| format!("{field}: cannot resolve {e}"))?;
+        out.extend(addrs.filter(|a| a.is_ipv4()).take(1));
+    }
+    Ok(out)
+}
+
+/// Loads the static route file, if any. A missing file is a first start; a
+/// corrupt one is reported and ignored (the route server will refill it).
+fn load_snapshot(path: &std::path::Path) -> Vec<SnapshotRoute> {
+    match snapshot::read(path) {
+        Ok(s) => s.routes,
+        Err(SnapshotError::Missing { .. }) => Vec::new(),
+        Err(e) => {
+            eprintln!("lbagent: ignoring the route snapshot: {e}");
+            Vec::new()
+        }
+    }
+}

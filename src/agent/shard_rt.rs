@@ -1,0 +1,184 @@
+//! The shard's runtime shell: one glommio executor pinned to a core, one UDP
+//! socket, the request loop, and the rings to the control core. It moves
+//! bytes and messages; every decision is [`super::shard::ShardCore`]'s.
+//!
+//! The request loop receives and answers in batches with `recvmmsg` /
+//! `sendmmsg` on the socket's descriptor; only when nothing is queued does it
+//! park on one io_uring peek until a datagram arrives (or a tick passes, to
+//! notice shutdown). Under load every system call moves a batch.
+
+use std::cell::RefCell;
+use std::net::UdpSocket as StdUdpSocket;
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd};
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use glommio::channels::shared_channel::{SharedReceiver, SharedSender};
+use glommio::net::UdpSocket;
+
+use super::clock;
+use super::messages::{ToControl, ToShard};
+use super::metrics::{Kind, ShardMetrics};
+use super::shard::{ShardCore, ShardSetup};
+use super::udp::{RecvBatch, SendBatch};
+use crate::wire::DecodeError;
+
+/// Datagrams moved per system call.
+pub const BATCH: usize = 32;
+
+/// How often an idle shard wakes to check for shutdown, and how often it
+/// ships its metrics to the control core.
+const TICK: Duration = Duration::from_millis(50);
+const METRICS_EVERY: Duration = Duration::from_secs(1);
+
+/// Everything a shard executor needs, built on the main thread.
+pub struct ShardParts {
+    /// The shard's setup.
+    pub setup: ShardSetup,
+    /// The bound UDP socket (bound by the caller so that errors surface
+    /// before any thread starts).
+    pub socket: StdUdpSocket,
+    /// Routes to install before the first datagram (from the snapshot).
+    pub initial: Vec<ToShard>,
+    /// Shard → control ring.
+    pub to_control: SharedSender<ToControl>,
+    /// Control → shard ring.
+    pub from_control: SharedReceiver<ToShard>,
+    /// Shard → control metrics ring.
+    pub metrics_out: SharedSender<Box<ShardMetrics>>,
+    /// Set when the agent shuts down.
+    pub stop: Arc<AtomicBool>,
+}
+
+/// Runs a shard until `stop` is set. Call inside its glommio executor.
+pub async fn run(parts: ShardParts) {
+    let ShardParts {
+        setup,
+        socket,
+        initial,
+        to_control,
+        from_control,
+        metrics_out,
+        stop,
+    } = parts;
+    let fd = socket.into_raw_fd();
+    // SAFETY: fd is a bound UDP socket we own; glommio takes it over.
+    let socket = Rc::new(unsafe { UdpSocket::from_raw_fd(fd) });
+    let core = Rc::new(RefCell::new(ShardCore::new(setup)));
+    {
+        let mut c = core.borrow_mut();
+        for msg in initial {
+            c.apply(msg, clock::now_ms());
+        }
+        c.outbox.clear();
+    }
+    let to_control = to_control.connect().await;
+    let from_control = from_control.connect().await;
+    let metrics_out = metrics_out.connect().await;
+
+    // Routes from the control core; register answers they release.
+    let ring_task = {
+        let core = core.clone();
+        let socket = socket.clone();
+        glommio::spawn_local(async move {
+            let mut out = SendBatch::new();
+            while let Some(msg) = from_control.recv().await {
+                for (peer, bytes) in core.borrow_mut().apply(msg, clock::now_ms()) {
+                    out.push(peer, &bytes);
+                }
+                let failed = out.flush(socket.as_raw_fd());
+                core.borrow_mut().metrics.send_errors += failed as u64;
+            }
+        })
+        .detach()
+    };
+
+    // Register deadlines and the metrics heartbeat.
+    let tick_task = {
+        let core = core.clone();
+        let socket = socket.clone();
+        let stop = stop.clone();
+        glommio::spawn_local(async move {
+            let mut out = SendBatch::new();
+            let mut last_metrics = Instant::now();
+            while !stop.load(Ordering::Relaxed) {
+                glommio::timer::sleep(Duration::from_millis(5)).await;
+                let now = clock::now_ms();
+                let mut c = core.borrow_mut();
+                if c.next_deadline().is_some_and(|d| d <= now) {
+                    for (peer, bytes) in c.expire(now) {
+                        out.push(peer, &bytes);
+                    }
+                    let failed = out.flush(socket.as_raw_fd());
+                    c.metrics.send_errors += failed as u64;
+                }
+                if last_metrics.elapsed() >= METRICS_EVERY {
+                    last_metrics = Instant::now();
+                    c.refresh_gauges();
+                    // A full ring drops this second's copy; the next one follows.
+                    let _ = metrics_out.try_send(Box::new(c.metrics.clone()));
+                }
+            }
+        })
+        .detach()
+    };
+
+    let mut rx = RecvBatch::new(BATCH);
+    let mut tx = SendBatch::new();
+    let mut peek = [0u8; 1];
+    while !stop.load(Ordering::Relaxed) {
+        // A receive error (e.g. an ICMP error queued on the socket) is
+        // consumed by the call; treat it as an empty batch.
+        let n = rx.recv(socket.as_raw_fd()).unwrap_or_default();
+        if n == 0 {
+            // Nothing queued: park until a datagram arrives or a tick passes.
+            let _ =
+                glommio::timer::timeout(TICK, async { socket.peek_from(&mut peek).await }).await;
+            continue;
+        }
+        {
+            let mut c = core.borrow_mut();
+            let now = clock::now_ms();
+            for i in 0..n {
+                let (bytes, peer, truncated) = rx.get(i);
+                if truncated {
+                    c.metrics.count_malformed(&DecodeError::Oversized {
+                        len: bytes.len() + 1,
+                        max: bytes.len(),
+                    });
+                    continue;
+                }
+                let t0 = Instant::now();
+                let answer = c.handle(bytes, peer, now);
+                if let Some(a) = answer {
+                    tx.push(peer, a);
+                }
+                if c.last_kind() == Some(Kind::GetHost) {
+                    let ns = t0.elapsed().as_nanos() as u64;
+                    c.metrics.record_gethost_ns(ns);
+                }
+            }
+            let failed = tx.flush(socket.as_raw_fd());
+            c.metrics.send_errors += failed as u64;
+            // Ring messages: never block the request loop on a full ring.
+            let outbox = std::mem::take(&mut c.outbox);
+            for msg in outbox {
+                let pull = match &msg {
+                    ToControl::Pull(m) => Some(*m),
+                    ToControl::Stats { .. } => None,
+                };
+                if to_control.try_send(msg).is_err() {
+                    match pull {
+                        Some(m) => c.pull_dropped(m),
+                        None => c.metrics.ring_drops += 1,
+                    }
+                }
+            }
+        }
+        glommio::yield_if_needed().await;
+    }
+    drop(ring_task);
+    drop(tick_task);
+}

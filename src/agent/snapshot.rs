@@ -1,0 +1,939 @@
+//! The static route file: the agent's last known routes on disk, for the
+//! client library to answer from while the agent is down (seed 000: a random
+//! node of the module when the heartbeat is more than 2 s old).
+//!
+//! The control core writes it every 60 s from its own copy of the routes with
+//! [`write()`], atomically (temp file, fsync, rename, fsync of the directory),
+//! so a reader sees the old file or the new one, never a mix. The client
+//! library reads it with [`read`], which validates everything and never
+//! panics, whatever the bytes. This module owns the file format; it must not
+//! touch the heartbeat, the shards or the network, and takes the time as an
+//! argument.
+//!
+//! # Format (version 1)
+//!
+//! All integers little-endian. A 32-byte header:
+//!
+//! | offset | size | field |
+//! |---:|---:|---|
+//! | 0 | 8 | magic, [`MAGIC`] = `"LBAGSNAP"` |
+//! | 8 | 4 | format version, [`FORMAT_VERSION`] |
+//! | 12 | 4 | route count |
+//! | 16 | 8 | time written, unix seconds |
+//! | 24 | 4 | payload length in bytes |
+//! | 28 | 4 | CRC-32 (IEEE) of header bytes 0..28 followed by the payload |
+//!
+//! then the payload, the routes in strictly increasing module order
+//! (`modid`, then `cmdid`), each a 20-byte route header followed by its nodes:
+//!
+//! | size | route field | | size | node field |
+//! |---:|---|---|---:|---|
+//! | 4 | modid | | 4 | IPv4 address (`NodeAddr::ip`) |
+//! | 4 | cmdid | | 2 | port, 1..=65535 |
+//! | 8 | route version | | 4 | weight |
+//! | 4 | node count | | | |
+//!
+//! The file is exactly header plus payload: nothing may follow it. The
+//! checksum covers the header too, so a flipped bit anywhere is caught.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::model::{ModuleId, NodeAddr, RouteNode};
+
+/// The first 8 bytes of every snapshot file.
+pub const MAGIC: [u8; 8] = *b"LBAGSNAP";
+
+/// The format version this code writes and reads.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// The header's length in bytes.
+pub const HEADER_LEN: usize = 32;
+
+const ROUTE_LEN: usize = 20;
+const NODE_LEN: usize = 10;
+/// Bytes of the header the checksum covers (all but the checksum itself).
+const CHECKED_HEADER_LEN: usize = 28;
+
+/// One module's route as the agent last knew it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SnapshotRoute {
+    /// The module.
+    pub module: ModuleId,
+    /// The route's version, as the route server numbered it.
+    pub version: u64,
+    /// The module's nodes; may be empty.
+    pub nodes: Vec<RouteNode>,
+}
+
+/// A whole snapshot file: when it was written and every module's route.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Snapshot {
+    /// When the agent wrote it, unix seconds.
+    pub written_unix_s: u64,
+    /// The routes, sorted by module with no module twice ([`read`] guarantees
+    /// it; [`route`](Self::route) relies on it).
+    pub routes: Vec<SnapshotRoute>,
+}
+
+impl Snapshot {
+    /// The route of `module`, by binary search.
+    pub fn route(&self, module: ModuleId) -> Option<&SnapshotRoute> {
+        self.routes
+            .binary_search_by_key(&module, |r| r.module)
+            .ok()
+            .map(|i| &self.routes[i])
+    }
+
+    /// Node `r % n` of `module`'s `n` nodes: a uniformly random node when the
+    /// caller passes a random `r`. `None` for an unknown module or one with
+    /// no nodes.
+    pub fn random_node(&self, module: ModuleId, r: u64) -> Option<NodeAddr> {
+        let nodes = &self.route(module)?.nodes;
+        if nodes.is_empty() {
+            return None;
+        }
+        Some(nodes[(r % nodes.len() as u64) as usize].addr)
+    }
+}
+
+/// Why a snapshot cannot be written or read. For a reader every variant
+/// means: no static routes; the call fails as "agent down".
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotError {
+    /// The file does not exist (the agent has not written one yet).
+    #[error("snapshot file {path} does not exist")]
+    Missing {
+        /// The snapshot file.
+        path: PathBuf,
+    },
+    /// A system call failed.
+    #[error("cannot {op} {path}: {source}")]
+    Io {
+        /// What was being done: "open", "read", "write", "fsync", "rename", ...
+        op: &'static str,
+        /// The file or directory it was done to.
+        path: PathBuf,
+        /// The system's error.
+        source: io::Error,
+    },
+    /// Shorter than its header, or than the payload length it declares.
+    #[error("snapshot file {path} is truncated: {len} bytes, expected {expected}")]
+    Truncated {
+        /// The snapshot file.
+        path: PathBuf,
+        /// Its length.
+        len: u64,
+        /// The length its header needs.
+        expected: u64,
+    },
+    /// Does not start with [`MAGIC`]: not a snapshot file.
+    #[error("snapshot file {path} has bad magic {found:02x?}, expected \"LBAGSNAP\"")]
+    BadMagic {
+        /// The snapshot file.
+        path: PathBuf,
+        /// Its first 8 bytes.
+        found: [u8; 8],
+    },
+    /// Written in a format version this code does not read.
+    #[error("snapshot file {path} has format version {found}, this build reads {FORMAT_VERSION}")]
+    UnsupportedVersion {
+        /// The snapshot file.
+        path: PathBuf,
+        /// The version found.
+        found: u32,
+    },
+    /// The checksum does not match: the file is corrupt.
+    #[error("snapshot file {path} is corrupt: checksum {stored:#010x} stored, {computed:#010x} computed")]
+    ChecksumMismatch {
+        /// The snapshot file.
+        path: PathBuf,
+        /// The checksum in the header.
+        stored: u32,
+        /// The checksum of the bytes.
+        computed: u32,
+    },
+    /// The checksum matches but the content breaks a rule of the format.
+    #[error("snapshot file {path} is malformed: {what}")]
+    Malformed {
+        /// The snapshot file.
+        path: PathBuf,
+        /// The rule broken and where.
+        what: String,
+    },
+    /// [`write()`] was given routes the format cannot hold or [`read`] would
+    /// reject: a module twice, a node with port 0, a count over `u32::MAX`.
+    /// Nothing was written.
+    #[error("cannot write snapshot file {path}: {what}")]
+    Invalid {
+        /// The snapshot file.
+        path: PathBuf,
+        /// What is wrong with the routes.
+        what: String,
+    },
+}
+
+fn io_error<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> SnapshotError + 'a {
+    move |source| SnapshotError::Io {
+        op,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+// === write ===
+
+/// Writes `routes` (in any order) to `path` atomically: to a uniquely named
+/// temp file in the same directory, fsynced, renamed over `path`, then the
+/// directory fsynced. Creates the parent directory if missing. On any error
+/// the temp file is removed and the old file, if any, is left as it was.
+///
+/// # Errors
+/// [`SnapshotError::Invalid`] when the routes cannot be written (a module
+/// twice, a node with port 0, a count that does not fit; nothing is written),
+/// [`SnapshotError::Io`] when a directory, the temp file, the rename or an
+/// fsync fails.
+pub fn write(
+    path: &Path,
+    written_unix_s: u64,
+    routes: &[SnapshotRoute],
+) -> Result<(), SnapshotError> {
+    let bytes = encode(written_unix_s, routes).map_err(|what| SnapshotError::Invalid {
+        path: path.to_path_buf(),
+        what,
+    })?;
+    write_bytes(path, &bytes, |_| Ok(()))
+}
+
+/// The file's bytes for `routes`, sorted by module; the reason when the
+/// format cannot hold them.
+fn encode(written_unix_s: u64, routes: &[SnapshotRoute]) -> Result<Vec<u8>, String> {
+    let mut sorted: Vec<&SnapshotRoute> = routes.iter().collect();
+    sorted.sort_by_key(|r| r.module);
+    if let Some(pair) = sorted.windows(2).find(|p| p[0].module == p[1].module) {
+        return Err(format!("module {} appears twice", pair[0].module));
+    }
+    let count = u32::try_from(sorted.len())
+        .map_err(|_| format!("{} routes, at most {}", sorted.len(), u32::MAX))?;
+    let payload_len: usize = sorted
+        .iter()
+        .map(|r| ROUTE_LEN + NODE_LEN * r.nodes.len())
+        .sum();
+    let payload_len32 = u32::try_from(payload_len)
+        .map_err(|_| format!("payload of {payload_len} bytes, at most {}", u32::MAX))?;
+
+    let mut out = Vec::with_capacity(HEADER_LEN + payload_len);
+    out.extend_from_slice(&MAGIC);
+    out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+    out.extend_from_slice(&count.to_le_bytes());
+    out.extend_from_slice(&written_unix_s.to_le_bytes());
+    out.extend_from_slice(&payload_len32.to_le_bytes());
+    out.extend_from_slice(&[0; 4]);
+    for route in sorted {
+        let module = route.module;
+        let nodes = u32::try_from(route.nodes.len())
+            .map_err(|_| format!("module {module} has more than {} nodes", u32::MAX))?;
+        out.extend_from_slice(&module.modid.to_le_bytes());
+        out.extend_from_slice(&module.cmdid.to_le_bytes());
+        out.extend_from_slice(&route.version.to_le_bytes());
+        out.extend_from_slice(&nodes.to_le_bytes());
+        for node in &route.nodes {
+            if node.addr.port == 0 {
+                return Err(format!(
+                    "module {module} has node {} with port 0",
+                    node.addr
+                ));
+            }
+            out.extend_from_slice(&node.addr.ip.to_le_bytes());
+            out.extend_from_slice(&node.addr.port.to_le_bytes());
+            out.extend_from_slice(&node.weight.to_le_bytes());
+        }
+    }
+    let crc = checksum(&out[..CHECKED_HEADER_LEN], &out[HEADER_LEN..]);
+    out[CHECKED_HEADER_LEN..HEADER_LEN].copy_from_slice(&crc.to_le_bytes());
+    Ok(out)
+}
+
+fn checksum(header: &[u8], payload: &[u8]) -> u32 {
+    let mut hasher = crc32fast::Hasher::new();
+    hasher.update(header);
+    hasher.update(payload);
+    hasher.finalize()
+}
+
+/// The atomic write. `before_rename` runs on the synced, closed temp file
+/// just before the rename (tests inject failures there).
+fn write_bytes(
+    path: &Path,
+    bytes: &[u8],
+    before_rename: impl FnOnce(&Path) -> io::Result<()>,
+) -> Result<(), SnapshotError> {
+    let name = path.file_name().ok_or_else(|| SnapshotError::Invalid {
+        path: path.to_path_buf(),
+        what: "the path names no file".to_string(),
+    })?;
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    fs::create_dir_all(dir).map_err(io_error("create directory", dir))?;
+    let (tmp, mut file) = create_temp(dir, name)?;
+
+    let staged = (|| {
+        file.write_all(bytes).map_err(io_error("write", &tmp))?;
+        file.sync_all().map_err(io_error("fsync", &tmp))?;
+        drop(file);
+        before_rename(&tmp).map_err(io_error("prepare", &tmp))?;
+        fs::rename(&tmp, path).map_err(io_error("rename temp file over", path))
+    })();
+    if let Err(e) = staged {
+        // Best effort: the error that matters is the one above.
+        let _ = fs::remove_file(&tmp);
+        return Err(e);
+    }
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io_error("fsync directory", dir))
+}
+
+/// Creates `dir/.NAME.PID.N.tmp` exclusively, trying a few N.
+fn create_temp(dir: &Path, name: &std::ffi::OsStr) -> Result<(PathBuf, File), SnapshotError> {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let pid = std::process::id();
+    let mut last = None;
+    for _ in 0..16 {
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let mut tmp_name = std::ffi::OsString::from(".");
+        tmp_name.push(name);
+        tmp_name.push(format!(".{pid}.{n}.tmp"));
+        let tmp = dir.join(tmp_name);
+        match OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o644)
+            .open(&tmp)
+        {
+            Ok(file) => return Ok((tmp, file)),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => last = Some((tmp, e)),
+            Err(e) => return Err(io_error("create temp file", &tmp)(e)),
+        }
+    }
+    let (tmp, e) = last.expect("at least one attempt");
+    Err(io_error("create temp file", &tmp)(e))
+}
+
+// === read ===
+
+/// Reads and validates the snapshot at `path`. Memory use is bounded by the
+/// file's length (at most the header plus the declared payload plus one byte).
+///
+/// # Errors
+/// [`SnapshotError::Missing`] when there is no file, [`SnapshotError::Io`]
+/// when it cannot be read, and every error of [`decode`].
+pub fn read(path: &Path) -> Result<Snapshot, SnapshotError> {
+    let file = File::open(path).map_err(|e| match e.kind() {
+        io::ErrorKind::NotFound => SnapshotError::Missing {
+            path: path.to_path_buf(),
+        },
+        _ => io_error("open", path)(e),
+    })?;
+    let mut bytes = Vec::with_capacity(HEADER_LEN);
+    let reader = &file;
+    reader
+        .take(HEADER_LEN as u64)
+        .read_to_end(&mut bytes)
+        .map_err(io_error("read", path))?;
+    if bytes.len() == HEADER_LEN {
+        // One byte past the declared payload, to notice trailing bytes; the
+        // vector grows only as data actually arrives.
+        let payload_len = u64::from(le_u32(&bytes, 24));
+        reader
+            .take(payload_len + 1)
+            .read_to_end(&mut bytes)
+            .map_err(io_error("read", path))?;
+    }
+    decode(path, &bytes)
+}
+
+/// Validates a snapshot file's bytes and decodes them; `path` only names the
+/// file in errors. Never panics; allocates at most in proportion to
+/// `bytes.len()`.
+///
+/// # Errors
+/// [`SnapshotError::Truncated`] (shorter than the header or the declared
+/// payload), [`SnapshotError::BadMagic`], [`SnapshotError::UnsupportedVersion`],
+/// [`SnapshotError::ChecksumMismatch`], [`SnapshotError::Malformed`] (bytes
+/// after the payload, a count that does not fit the payload, modules out of
+/// order or twice, a node with port 0).
+pub fn decode(path: &Path, bytes: &[u8]) -> Result<Snapshot, SnapshotError> {
+    let len = bytes.len() as u64;
+    let truncated = |expected: u64| SnapshotError::Truncated {
+        path: path.to_path_buf(),
+        len,
+        expected,
+    };
+    let malformed = |what: String| SnapshotError::Malformed {
+        path: path.to_path_buf(),
+        what,
+    };
+    if bytes.len() < HEADER_LEN {
+        return Err(truncated(HEADER_LEN as u64));
+    }
+    let magic: [u8; 8] = bytes[..8].try_into().expect("8 bytes");
+    if magic != MAGIC {
+        return Err(SnapshotError::BadMagic {
+            path: path.to_path_buf(),
+            found: magic,
+        });
+    }
+    let version = le_u32(bytes, 8);
+    if version != FORMAT_VERSION {
+        return Err(SnapshotError::UnsupportedVersion {
+            path: path.to_path_buf(),
+            found: version,
+        });
+    }
+    let route_count = le_u32(bytes, 12);
+    let written_unix_s = le_u64(bytes, 16);
+    let payload_len = le_u32(bytes, 24) as usize;
+    let stored = le_u32(bytes, 28);
+    let expected = (HEADER_LEN + payload_len) as u64;
+    if len < expected {
+        return Err(truncated(expected));
+    }
+    if len > expected {
+        return Err(malformed(format!(
+            "{} bytes after the declared {payload_len}-byte payload",
+            len - expected
+        )));
+    }
+    let payload = &bytes[HEADER_LEN..];
+    let computed = checksum(&bytes[..CHECKED_HEADER_LEN], payload);
+    if computed != stored {
+        return Err(SnapshotError::ChecksumMismatch {
+            path: path.to_path_buf(),
+            stored,
+            computed,
+        });
+    }
+    let routes = decode_routes(route_count, payload).map_err(malformed)?;
+    Ok(Snapshot {
+        written_unix_s,
+        routes,
+    })
+}
+
+/// The payload's routes; the rule broken otherwise.
+fn decode_routes(route_count: u32, payload: &[u8]) -> Result<Vec<SnapshotRoute>, String> {
+    let count = route_count as usize;
+    if count > payload.len() / ROUTE_LEN {
+        return Err(format!(
+            "route count {count} needs at least {} bytes, the payload has {}",
+            count as u64 * ROUTE_LEN as u64,
+            payload.len()
+        ));
+    }
+    let mut routes: Vec<SnapshotRoute> = Vec::with_capacity(count);
+    let mut at = 0;
+    for i in 0..count {
+        if payload.len() - at < ROUTE_LEN {
+            return Err(format!("route {i} is cut off at payload byte {at}"));
+        }
+        let module = ModuleId::new(le_u32(payload, at), le_u32(payload, at + 4));
+        let version = le_u64(payload, at + 8);
+        let node_count = le_u32(payload, at + 16) as usize;
+        at += ROUTE_LEN;
+        if let Some(prev) = routes.last() {
+            if prev.module >= module {
+                return Err(format!(
+                    "route {i}: module {module} after {}, not in strictly increasing order",
+                    prev.module
+                ));
+            }
+        }
+        if node_count > (payload.len() - at) / NODE_LEN {
+            return Err(format!(
+                "module {module} claims {node_count} nodes, only {} bytes remain",
+                payload.len() - at
+            ));
+        }
+        let mut nodes = Vec::with_capacity(node_count);
+        for j in 0..node_count {
+            let ip = le_u32(payload, at);
+            let port = u16::from_le_bytes([payload[at + 4], payload[at + 5]]);
+            let weight = le_u32(payload, at + 6);
+            at += NODE_LEN;
+            if port == 0 {
+                return Err(format!("module {module} node {j} has port 0"));
+            }
+            nodes.push(RouteNode {
+                addr: NodeAddr { ip, port },
+                weight,
+            });
+        }
+        routes.push(SnapshotRoute {
+            module,
+            version,
+            nodes,
+        });
+    }
+    if at != payload.len() {
+        return Err(format!(
+            "{} payload bytes after the last of {count} routes",
+            payload.len() - at
+        ));
+    }
+    Ok(routes)
+}
+
+/// The little-endian u32 at `at`; callers have checked the bounds.
+fn le_u32(bytes: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(bytes[at..at + 4].try_into().expect("4 bytes"))
+}
+
+/// The little-endian u64 at `at`; callers have checked the bounds.
+fn le_u64(bytes: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::net::Ipv4Addr;
+
+    fn node(last: u8, port: u16, weight: u32) -> RouteNode {
+        RouteNode {
+            addr: NodeAddr::new(Ipv4Addr::new(10, 0, 0, last), port),
+            weight,
+        }
+    }
+
+    fn route(modid: u32, cmdid: u32, nodes: Vec<RouteNode>) -> SnapshotRoute {
+        SnapshotRoute {
+            module: ModuleId::new(modid, cmdid),
+            version: u64::from(modid) * 100 + u64::from(cmdid),
+            nodes,
+        }
+    }
+
+    fn sample() -> Vec<SnapshotRoute> {
+        vec![
+            route(7, 1, vec![node(1, 9000, 1), node(2, 9001, 0)]),
+            route(3, 9, vec![node(3, 80, 10)]),
+            route(7, 0, vec![]),
+        ]
+    }
+
+    fn names_in(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// A file with a valid checksum around any header fields and payload.
+    fn sealed(route_count: u32, payload: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        out.extend_from_slice(&MAGIC);
+        out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+        out.extend_from_slice(&route_count.to_le_bytes());
+        out.extend_from_slice(&5u64.to_le_bytes());
+        out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+        out.extend_from_slice(&[0; 4]);
+        out.extend_from_slice(payload);
+        let crc = checksum(&out[..CHECKED_HEADER_LEN], &out[HEADER_LEN..]);
+        out[CHECKED_HEADER_LEN..HEADER_LEN].copy_from_slice(&crc.to_le_bytes());
+        out
+    }
+
+    fn route_bytes(modid: u32, cmdid: u32, node_count: u32, nodes: &[(u32, u16, u32)]) -> Vec<u8> {
+        let mut out = Vec::new();
+        out.extend_from_slice(&modid.to_le_bytes());
+        out.extend_from_slice(&cmdid.to_le_bytes());
+        out.extend_from_slice(&1u64.to_le_bytes());
+        out.extend_from_slice(&node_count.to_le_bytes());
+        for (ip, port, weight) in nodes {
+            out.extend_from_slice(&ip.to_le_bytes());
+            out.extend_from_slice(&port.to_le_bytes());
+            out.extend_from_slice(&weight.to_le_bytes());
+        }
+        out
+    }
+
+    fn malformed_what(bytes: &[u8]) -> String {
+        match decode(Path::new("/x/snap"), bytes) {
+            Err(SnapshotError::Malformed { what, .. }) => what,
+            other => panic!("expected malformed, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn round_trips_sorted_routes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("routes.snap");
+        write(&path, 1_700_000_000, &sample()).unwrap();
+        let snap = read(&path).unwrap();
+        let mut expected = sample();
+        expected.sort_by_key(|r| r.module);
+        assert_eq!(
+            snap,
+            Snapshot {
+                written_unix_s: 1_700_000_000,
+                routes: expected
+            }
+        );
+        assert_eq!(names_in(dir.path()), ["routes.snap"]);
+    }
+
+    #[test]
+    fn round_trips_no_routes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("routes.snap");
+        write(&path, 0, &[]).unwrap();
+        assert_eq!(fs::metadata(&path).unwrap().len(), HEADER_LEN as u64);
+        let snap = read(&path).unwrap();
+        assert!(snap.routes.is_empty());
+        assert_eq!(snap.random_node(ModuleId::new(1, 1), 3), None);
+    }
+
+    #[test]
+    fn round_trips_a_route_with_many_nodes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("routes.snap");
+        let nodes: Vec<RouteNode> = (0..20_000u32)
+            .map(|i| RouteNode {
+                addr: NodeAddr {
+                    ip: 0x0a00_0000 + i,
+                    port: 1 + (i % 65_535) as u16,
+                },
+                weight: i,
+            })
+            .collect();
+        let routes = vec![route(1, 2, nodes), route(0, 0, vec![node(9, 1, 1)])];
+        write(&path, 42, &routes).unwrap();
+        let snap = read(&path).unwrap();
+        assert_eq!(
+            snap.route(ModuleId::new(1, 2)).unwrap().nodes,
+            routes[0].nodes
+        );
+        assert_eq!(snap.routes.len(), 2);
+    }
+
+    #[test]
+    fn looks_up_routes_and_picks_nodes() {
+        let mut routes = sample();
+        routes.sort_by_key(|r| r.module);
+        let snap = Snapshot {
+            written_unix_s: 1,
+            routes,
+        };
+        assert_eq!(
+            snap.route(ModuleId::new(3, 9)).unwrap().nodes,
+            [node(3, 80, 10)]
+        );
+        assert!(snap.route(ModuleId::new(3, 8)).is_none());
+        let m = ModuleId::new(7, 1);
+        assert_eq!(snap.random_node(m, 0), Some(node(1, 9000, 1).addr));
+        assert_eq!(snap.random_node(m, 1), Some(node(2, 9001, 0).addr));
+        assert_eq!(snap.random_node(m, u64::MAX), Some(node(2, 9001, 0).addr));
+        // A module with no nodes, and an unknown one.
+        assert_eq!(snap.random_node(ModuleId::new(7, 0), 5), None);
+        assert_eq!(snap.random_node(ModuleId::new(8, 0), 5), None);
+    }
+
+    #[test]
+    fn overwrites_and_creates_missing_directories() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a/b/routes.snap");
+        write(&path, 1, &sample()).unwrap();
+        write(&path, 2, &[route(1, 1, vec![node(1, 1, 1)])]).unwrap();
+        let snap = read(&path).unwrap();
+        assert_eq!(snap.written_unix_s, 2);
+        assert_eq!(snap.routes.len(), 1);
+        assert_eq!(names_in(&dir.path().join("a/b")), ["routes.snap"]);
+    }
+
+    #[test]
+    fn write_rejects_what_read_would_reject() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("routes.snap");
+        let twice = [route(1, 1, vec![]), route(1, 1, vec![])];
+        let port0 = [route(1, 1, vec![node(1, 0, 1)])];
+        for routes in [&twice[..], &port0[..]] {
+            let err = write(&path, 1, routes).unwrap_err();
+            assert!(matches!(err, SnapshotError::Invalid { .. }), "{err}");
+            assert!(err.to_string().contains("routes.snap"), "{err}");
+        }
+        assert!(names_in(dir.path()).is_empty());
+    }
+
+    #[test]
+    fn failed_write_keeps_the_old_file_and_leaves_no_temp() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("routes.snap");
+        write(&path, 1, &sample()).unwrap();
+        let old = fs::read(&path).unwrap();
+
+        let bytes = encode(2, &[]).unwrap();
+        let mut seen_tmp = None;
+        let err = write_bytes(&path, &bytes, |tmp| {
+            assert_eq!(
+                fs::read(tmp).unwrap(),
+                bytes,
+                "temp file holds the new content"
+            );
+            seen_tmp = Some(tmp.to_path_buf());
+            Err(io::Error::other("injected"))
+        })
+        .unwrap_err();
+        assert!(
+            matches!(err, SnapshotError::Io { op: "prepare", .. }),
+            "{err}"
+        );
+        assert!(seen_tmp.unwrap().starts_with(dir.path()));
+        assert_eq!(fs::read(&path).unwrap(), old);
+        assert_eq!(names_in(dir.path()), ["routes.snap"]);
+    }
+
+    #[test]
+    fn failed_rename_leaves_no_temp() {
+        let dir = tempfile::tempdir().unwrap();
+        // A non-empty directory where the file should be: rename fails.
+        let path = dir.path().join("routes.snap");
+        fs::create_dir(&path).unwrap();
+        fs::write(path.join("keep"), b"x").unwrap();
+        let err = write(&path, 1, &sample()).unwrap_err();
+        assert!(matches!(err, SnapshotError::Io { .. }), "{err}");
+        assert_eq!(names_in(dir.path()), ["routes.snap"]);
+        assert_eq!(names_in(&path), ["keep"]);
+    }
+
+    #[test]
+    fn unwritable_directory_keeps_the_old_file() {
+        let dir = tempfile::tempdir().unwrap();
+        // A regular file as the parent: no temp file can be created there.
+        let blocker = dir.path().join("blocker");
+        fs::write(&blocker, b"not a directory").unwrap();
+        let err = write(&blocker.join("routes.snap"), 1, &sample()).unwrap_err();
+        assert!(matches!(err, SnapshotError::Io { .. }), "{err}");
+        assert_eq!(fs::read(&blocker).unwrap(), b"not a directory");
+        assert_eq!(names_in(dir.path()), ["blocker"]);
+
+        // A read-only directory stops everyone but root.
+        use std::os::unix::fs::PermissionsExt;
+        let ro = dir.path().join("ro");
+        fs::create_dir(&ro).unwrap();
+        let path = ro.join("routes.snap");
+        write(&path, 1, &sample()).unwrap();
+        let old = fs::read(&path).unwrap();
+        fs::set_permissions(&ro, fs::Permissions::from_mode(0o555)).unwrap();
+        // SAFETY: geteuid has no preconditions.
+        let root = unsafe { libc::geteuid() } == 0;
+        let result = write(&path, 2, &[]);
+        fs::set_permissions(&ro, fs::Permissions::from_mode(0o755)).unwrap();
+        if !root {
+            assert!(
+                matches!(result, Err(SnapshotError::Io { .. })),
+                "{result:?}"
+            );
+            assert_eq!(fs::read(&path).unwrap(), old);
+        }
+        assert_eq!(names_in(&ro), ["routes.snap"]);
+    }
+
+    #[test]
+    fn missing_file_is_missing() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = read(&dir.path().join("none.snap")).unwrap_err();
+        assert!(matches!(err, SnapshotError::Missing { .. }), "{err}");
+        assert!(err.to_string().contains("none.snap"));
+    }
+
+    #[test]
+    fn a_directory_is_an_io_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = read(dir.path()).unwrap_err();
+        assert!(matches!(err, SnapshotError::Io { op: "read", .. }), "{err}");
+    }
+
+    #[test]
+    fn cut_files_are_truncated() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("routes.snap");
+        let good = encode(1, &sample()).unwrap();
+        for cut in [0, 10, HEADER_LEN - 1, HEADER_LEN, good.len() - 1] {
+            fs::write(&path, &good[..cut]).unwrap();
+            let err = read(&path).unwrap_err();
+            let expected = if cut < HEADER_LEN {
+                HEADER_LEN
+            } else {
+                good.len()
+            } as u64;
+            assert!(
+                matches!(err, SnapshotError::Truncated { len, expected: e, .. } if len == cut as u64 && e == expected),
+                "cut {cut}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn foreign_files_have_bad_magic() {
+        let mut bytes = encode(1, &sample()).unwrap();
+        bytes[0] = b'X';
+        let err = decode(Path::new("/x/snap"), &bytes).unwrap_err();
+        assert!(
+            matches!(err, SnapshotError::BadMagic { found, .. } if found[0] == b'X'),
+            "{err}"
+        );
+        assert!(err.to_string().contains("/x/snap"), "{err}");
+    }
+
+    #[test]
+    fn newer_formats_are_unsupported() {
+        let mut bytes = encode(1, &sample()).unwrap();
+        bytes[8..12].copy_from_slice(&2u32.to_le_bytes());
+        let err = decode(Path::new("/x/snap"), &bytes).unwrap_err();
+        assert!(
+            matches!(err, SnapshotError::UnsupportedVersion { found: 2, .. }),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn flipped_bits_fail_the_checksum() {
+        let good = encode(1, &sample()).unwrap();
+        // In the payload, in the time written, in the route count.
+        for at in [HEADER_LEN + 3, 16, 12] {
+            let mut bytes = good.clone();
+            bytes[at] ^= 0x10;
+            let err = decode(Path::new("/x/snap"), &bytes).unwrap_err();
+            assert!(
+                matches!(err, SnapshotError::ChecksumMismatch { .. }),
+                "byte {at}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn checksummed_nonsense_is_malformed() {
+        let r = |modid, cmdid| route_bytes(modid, cmdid, 1, &[(1, 80, 1)]);
+        // More routes than the payload can hold.
+        assert!(malformed_what(&sealed(u32::MAX, &r(1, 1))).contains("route count"));
+        // More nodes than the rest of the payload can hold.
+        let greedy = route_bytes(1, 1, u32::MAX, &[(1, 80, 1)]);
+        assert!(malformed_what(&sealed(1, &greedy)).contains("claims"));
+        // A node with port 0.
+        let port0 = route_bytes(1, 1, 1, &[(1, 0, 1)]);
+        assert!(malformed_what(&sealed(1, &port0)).contains("port 0"));
+        // Modules out of order, and twice.
+        let unsorted = [r(2, 0), r(1, 9)].concat();
+        assert!(malformed_what(&sealed(2, &unsorted)).contains("increasing"));
+        let twice = [r(1, 1), r(1, 1)].concat();
+        assert!(malformed_what(&sealed(2, &twice)).contains("increasing"));
+        // Fewer routes declared than the payload holds.
+        assert!(malformed_what(&sealed(1, &[r(1, 1), r(1, 2)].concat())).contains("after the last"));
+        // A cut-off route header that the count check lets through.
+        let mut cut = r(1, 1);
+        cut.extend_from_slice(&[0; 19]);
+        assert!(malformed_what(&sealed(2, &cut)).contains("cut off"));
+        // Bytes after the declared payload.
+        let mut long = sealed(1, &r(1, 1));
+        long.push(0);
+        assert!(malformed_what(&long).contains("after the declared"));
+    }
+
+    #[test]
+    fn trailing_bytes_on_disk_are_malformed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("routes.snap");
+        let mut bytes = encode(1, &sample()).unwrap();
+        bytes.extend_from_slice(&[0; 1000]);
+        fs::write(&path, &bytes).unwrap();
+        let err = read(&path).unwrap_err();
+        assert!(matches!(err, SnapshotError::Malformed { .. }), "{err}");
+    }
+
+    fn arb_routes() -> impl Strategy<Value = Vec<SnapshotRoute>> {
+        let node = (any::<u32>(), 1u16.., any::<u32>()).prop_map(|(ip, port, weight)| RouteNode {
+            addr: NodeAddr { ip, port },
+            weight,
+        });
+        let route = (
+            0u32..8,
+            0u32..8,
+            any::<u64>(),
+            prop::collection::vec(node, 0..6),
+        )
+            .prop_map(|(modid, cmdid, version, nodes)| SnapshotRoute {
+                module: ModuleId::new(modid, cmdid),
+                version,
+                nodes,
+            });
+        prop::collection::vec(route, 0..10).prop_map(|mut routes| {
+            routes.sort_by_key(|r| r.module);
+            routes.dedup_by_key(|r| r.module);
+            routes
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn encoded_routes_decode_to_themselves(routes in arb_routes(), t in any::<u64>()) {
+            let bytes = encode(t, &routes).unwrap();
+            let snap = decode(Path::new("p"), &bytes).unwrap();
+            prop_assert_eq!(snap, Snapshot { written_unix_s: t, routes });
+        }
+
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..512)) {
+            let _ = decode(Path::new("p"), &bytes);
+        }
+
+        #[test]
+        fn arbitrary_payloads_behind_a_valid_header_never_panic(
+            count in any::<u32>(),
+            payload in prop::collection::vec(any::<u8>(), 0..512),
+        ) {
+            let _ = decode(Path::new("p"), &sealed(count % 64, &payload));
+            let _ = decode(Path::new("p"), &sealed(count, &payload));
+        }
+
+        #[test]
+        fn every_cut_is_truncated(routes in arb_routes(), cut in any::<prop::sample::Index>()) {
+            let bytes = encode(1, &routes).unwrap();
+            let cut = cut.index(bytes.len());
+            let is_truncated = matches!(
+                decode(Path::new("p"), &bytes[..cut]),
+                Err(SnapshotError::Truncated { .. })
+            );
+            prop_assert!(is_truncated);
+        }
+
+        #[test]
+        fn every_single_bit_flip_is_caught(routes in arb_routes(), at in any::<prop::sample::Index>(), bit in 0u8..8) {
+            let mut bytes = encode(1, &routes).unwrap();
+            let at = at.index(bytes.len());
+            bytes[at] ^= 1 << bit;
+            prop_assert!(decode(Path::new("p"), &bytes).is_err());
+        }
+
+        #[test]
+        fn random_damage_never_panics(
+            routes in arb_routes(),
+            edits in prop::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..8),
+        ) {
+            let mut bytes = encode(1, &routes).unwrap();
+            for (at, value) in edits {
+                let at = at.index(bytes.len());
+                bytes[at] = value;
+            }
+            let _ = decode(Path::new("p"), &bytes);
+        }
+    }
+}
