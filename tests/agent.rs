@@ -2,6 +2,8 @@
 //! test route source speaking the real TCP protocol, a UDP client speaking
 //! the real wire format. Every wait is bounded.
 
+#[path = "support/reportsink.rs"]
+mod reportsink;
 #[path = "support/routesrc.rs"]
 mod routesrc;
 
@@ -63,11 +65,12 @@ impl AgentProc {
     fn config_text(
         dir: &Path,
         route_server: SocketAddr,
+        reporter: &str,
         shards: u32,
         metrics: SocketAddr,
     ) -> String {
         format!(
-            "[agent]\nbase_port = 0\nshards = {shards}\nroute_servers = [\"{route_server}\"]\nreporters = [\"127.0.0.1:1\"]\n\
+            "[lb]\nreport_timeout = 1\n[agent]\nbase_port = 0\nshards = {shards}\nroute_servers = [\"{route_server}\"]\nreporters = [\"{reporter}\"]\n\
              heartbeat_path = \"{}\"\nsnapshot_path = \"{}\"\nsnapshot_interval = 1\nmetrics_addr = \"{metrics}\"\n",
             dir.join("heartbeat").display(),
             dir.join("routes.snapshot").display()
@@ -75,11 +78,20 @@ impl AgentProc {
     }
 
     fn start(dir: &Path, route_server: SocketAddr, shards: u32) -> AgentProc {
+        Self::start_with_reporter(dir, route_server, "127.0.0.1:1", shards)
+    }
+
+    fn start_with_reporter(
+        dir: &Path,
+        route_server: SocketAddr,
+        reporter: &str,
+        shards: u32,
+    ) -> AgentProc {
         let metrics: SocketAddr = format!("127.0.0.1:{}", free_tcp_port()).parse().unwrap();
         let config = dir.join("lbagent.toml");
         std::fs::write(
             &config,
-            Self::config_text(dir, route_server, shards, metrics),
+            Self::config_text(dir, route_server, reporter, shards, metrics),
         )
         .unwrap();
         let mut a = AgentProc {
@@ -525,4 +537,39 @@ fn http_get(addr: SocketAddr, path: &str) -> Option<String> {
     s.read_to_string(&mut out).ok()?;
     let (head, body) = out.split_once("\r\n\r\n")?;
     head.starts_with("HTTP/1.1 200").then(|| body.to_string())
+}
+
+#[test]
+fn call_statistics_reach_the_reporter_after_report_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = RouteSource::start();
+    source.set_route(M, &nodes(2));
+    let sink = reportsink::ReportSink::start();
+    let agent =
+        AgentProc::start_with_reporter(dir.path(), source.addr(), &sink.addr().to_string(), 1);
+    let mut c = Client::new(agent.port);
+    c.get_host(M);
+    c.wait_route(M);
+    for _ in 0..3 {
+        c.report(M, node(1), 0);
+    }
+    c.report(M, node(2), 1);
+    // report_timeout is 1 s: a report after it sends the module's statistics.
+    std::thread::sleep(Duration::from_millis(1100));
+    c.report(M, node(2), 0);
+    let stats = wait_for(Duration::from_secs(3), || {
+        let all: Vec<_> = sink
+            .reports()
+            .into_iter()
+            .flat_map(|r| r.modules)
+            .filter(|(m, _)| *m == M)
+            .collect();
+        (!all.is_empty()).then_some(all)
+    })
+    .expect("statistics reach the reporter within 3 s");
+    let nodes = &stats[0].1;
+    let n1 = nodes.iter().find(|n| n.addr == node(1)).unwrap();
+    let n2 = nodes.iter().find(|n| n.addr == node(2)).unwrap();
+    assert_eq!((n1.succ, n1.err), (3, 0));
+    assert_eq!((n2.succ, n2.err), (1, 1));
 }
