@@ -148,7 +148,10 @@ impl Agent {
         let parts = ControlParts {
             shards,
             route_client: RouteClientConfig::new(route_addrs),
-            stats_client: StatsClientConfig::new(stats_addrs),
+            stats_client: StatsClientConfig {
+                caller: local_ip_towards(stats_addrs.first().copied()).unwrap_or(a.bind),
+                ..StatsClientConfig::new(stats_addrs)
+            },
             from_shards,
             to_shards,
             metrics_in,
@@ -314,6 +317,18 @@ fn bind_shards(ip: std::net::Ipv4Addr, base: u16, shards: u32) -> anyhow::Result
         }
     }
     bail!("cannot find {shards} consecutive free UDP ports on {ip}")
+}
+
+/// This host's address on the route towards `peer` (the reporter): the
+/// caller the statistics name, as the original took it from the host name.
+/// Connecting a UDP socket sends nothing.
+fn local_ip_towards(peer: Option<SocketAddr>) -> Option<std::net::Ipv4Addr> {
+    let s = UdpSocket::bind("0.0.0.0:0").ok()?;
+    s.connect(peer?).ok()?;
+    match s.local_addr().ok()? {
+        SocketAddr::V4(a) => Some(*a.ip()),
+        SocketAddr::V6(_) => None,
+    }
 }
 
 fn resolve(field: &str, list: &[String]) -> anyhow::Result<Vec<SocketAddr>> {
