@@ -12,10 +12,12 @@
 //! - [`messages`]: what crosses the rings between shards and the control core.
 //! - [`metrics`]: counters, the service-time histogram, Prometheus text.
 //! - [`udp`]: batched datagram I/O (recvmmsg / sendmmsg).
+//! - `conn`: what the two TCP clients' shells share (back-off, waiting).
 //! - [`statsclient`]: the connection to the reporters: statistics out,
 //!   acks in, a bounded buffer, reconnect with back-off and fail-over.
 
 pub mod clock;
+mod conn;
 pub mod control;
 pub mod heartbeat;
 pub mod messages;

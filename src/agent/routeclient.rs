@@ -57,18 +57,18 @@
 use std::cell::Cell;
 use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
-use std::future::{poll_fn, Future};
+use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::{pin, Pin};
 use std::rc::Rc;
-use std::task::Poll;
 use std::time::{Duration, Instant};
 
-use futures_lite::{AsyncReadExt, AsyncWriteExt};
+use futures_lite::AsyncWriteExt;
 use glommio::channels::local_channel::{LocalReceiver, LocalSender};
 use glommio::net::TcpStream;
 
+use super::conn::{self, backoff_delay, race, Either, Woken};
 use crate::model::{ModuleId, RouteNode};
 use crate::wire::{
     decode, write_frame, DecodeError, Encoder, FrameDecoder, FrameError, Limits, Message, RetCode,
@@ -711,17 +711,6 @@ impl RouteClientCore {
     }
 }
 
-/// The reconnection delay after `failures` consecutive failures:
-/// `min(max, initial * 2^failures)` (no overflow), jittered down by up to
-/// half with `rng`. Shared with the stats client.
-pub(crate) fn backoff_delay(initial: u64, max: u64, failures: u32, rng: &mut fastrand::Rng) -> u64 {
-    let base = 1u64
-        .checked_shl(failures)
-        .and_then(|factor| initial.checked_mul(factor))
-        .map_or(max, |d| d.min(max));
-    base - rng.u64(0..=base / 2)
-}
-
 // === the glommio shell ===
 
 /// The connection state for metrics, shared between [`run`] and its
@@ -798,14 +787,6 @@ enum Stop {
     Shutdown,
     /// The connection failed.
     Failed(RouteClientError),
-}
-
-/// What woke a wait.
-enum Woken {
-    Shutdown,
-    Want(Option<ModuleId>),
-    Read(io::Result<usize>),
-    Timer,
 }
 
 struct Shell {
@@ -938,61 +919,28 @@ impl Shell {
     }
 
     /// Waits for shutdown, a want, bytes read from `stream` into its
-    /// buffer, or the core's deadline. Every branch is cancel-safe: glommio
-    /// reads only when the socket is ready, into the buffer, on completion.
+    /// buffer, or the core's deadline.
     async fn wait(
         &mut self,
         shutdown: Pin<&mut impl Future<Output = ()>>,
         stream: Option<(&mut TcpStream, &mut [u8])>,
-    ) -> Woken {
+    ) -> Woken<ModuleId> {
         let now = self.now();
-        let wake = self.core.poll_timeout(now);
-        let timer = async move {
-            match wake {
-                Wake::At(at) => {
-                    glommio::timer::sleep(Duration::from_millis(at.saturating_sub(now))).await
-                }
-                Wake::Drop => {}
-                Wake::Never => std::future::pending().await,
-            }
+        let deadline = match self.core.poll_timeout(now) {
+            Wake::At(at) => Some(Duration::from_millis(at.saturating_sub(now))),
+            Wake::Drop => Some(Duration::ZERO),
+            Wake::Never => None,
         };
-        let (wants, wants_open) = (&self.wants, self.wants_open);
-        let want = async move {
-            if wants_open {
-                wants.recv().await
-            } else {
-                std::future::pending().await
-            }
-        };
-        let readable = async move {
-            match stream {
-                Some((stream, buf)) => stream.read(buf).await,
-                None => std::future::pending().await,
-            }
-        };
-        let (mut shutdown, mut want, mut readable, mut timer) =
-            (shutdown, pin!(want), pin!(readable), pin!(timer));
-        poll_fn(|cx| {
-            if shutdown.as_mut().poll(cx).is_ready() {
-                return Poll::Ready(Woken::Shutdown);
-            }
-            if let Poll::Ready(r) = readable.as_mut().poll(cx) {
-                return Poll::Ready(Woken::Read(r));
-            }
-            if let Poll::Ready(w) = want.as_mut().poll(cx) {
-                return Poll::Ready(Woken::Want(w));
-            }
-            timer.as_mut().poll(cx).map(|()| Woken::Timer)
-        })
-        .await
+        let wants = self.wants_open.then_some(&self.wants);
+        conn::wait(shutdown, wants, stream, deadline).await
     }
 
-    fn on_woken(&mut self, woken: Woken) {
+    fn on_woken(&mut self, woken: Woken<ModuleId>) {
         match woken {
-            Woken::Want(Some(module)) => {
+            Woken::Input(Some(module)) => {
                 self.core.want(module);
             }
-            Woken::Want(None) => self.wants_open = false,
+            Woken::Input(None) => self.wants_open = false,
             Woken::Shutdown | Woken::Read(_) | Woken::Timer => {}
         }
     }
@@ -1000,16 +948,8 @@ impl Shell {
     /// Takes every want already queued, so that they share one PullReq.
     async fn drain_wants(&mut self) {
         while self.wants_open {
-            let next = poll_fn(|cx| {
-                let recv = pin!(self.wants.recv());
-                Poll::Ready(match recv.poll(cx) {
-                    Poll::Ready(w) => Some(w),
-                    Poll::Pending => None,
-                })
-            })
-            .await;
-            match next {
-                Some(w) => self.on_woken(Woken::Want(w)),
+            match conn::try_recv(&self.wants).await {
+                Some(w) => self.on_woken(Woken::Input(w)),
                 None => return,
             }
         }
@@ -1019,23 +959,6 @@ impl Shell {
     async fn emit(&self, event: RouteClientEvent) -> bool {
         self.events.send(event).await.is_ok()
     }
-}
-
-pub(crate) enum Either<A, B> {
-    Left(A),
-    Right(B),
-}
-
-/// The first of `a` and `b` to complete (`a` when both are ready).
-pub(crate) async fn race<A: Future, B: Future>(a: A, b: B) -> Either<A::Output, B::Output> {
-    let (mut a, mut b) = (pin!(a), pin!(b));
-    poll_fn(|cx| {
-        if let Poll::Ready(x) = a.as_mut().poll(cx) {
-            return Poll::Ready(Either::Left(x));
-        }
-        b.as_mut().poll(cx).map(Either::Right)
-    })
-    .await
 }
 
 #[cfg(test)]

@@ -97,12 +97,11 @@
 use std::cell::Cell;
 use std::collections::VecDeque;
 use std::fmt;
-use std::future::{poll_fn, Future};
+use std::future::Future;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::pin::{pin, Pin};
 use std::rc::Rc;
-use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use futures_lite::{AsyncReadExt, AsyncWriteExt};
@@ -110,7 +109,7 @@ use glommio::channels::local_channel::{LocalReceiver, LocalSender};
 use glommio::net::TcpStream;
 
 use super::clock;
-use super::routeclient::{backoff_delay, race, Either};
+use super::conn::{self, backoff_delay, race, Either, Woken};
 use crate::lb::NodeCallStats;
 use crate::model::ModuleId;
 use crate::wire::{
@@ -902,14 +901,6 @@ enum Stop {
     Failed(StatsClientError),
 }
 
-/// What woke a wait.
-enum Woken {
-    Shutdown,
-    Input(Option<StatsItem>),
-    Read(io::Result<usize>),
-    Timer,
-}
-
 struct Shell {
     core: StatsClientCore,
     /// Unix milliseconds at `clock`.
@@ -1139,58 +1130,25 @@ impl Shell {
     }
 
     /// Waits for shutdown, an input item, bytes read from `stream` into its
-    /// buffer, or the core's deadline. Every branch is cancel-safe, as in
-    /// the route client.
+    /// buffer, or the core's deadline.
     async fn wait(
         &mut self,
         shutdown: Pin<&mut impl Future<Output = ()>>,
         stream: Option<(&mut TcpStream, &mut [u8])>,
-    ) -> Woken {
+    ) -> Woken<StatsItem> {
         let now = self.now();
-        let wake = self.core.poll_timeout(now);
-        let timer = async move {
-            match wake {
-                Wake::At(at) => {
-                    glommio::timer::sleep(Duration::from_millis(at.saturating_sub(now))).await
-                }
-                Wake::Drop => {}
-                Wake::Never => std::future::pending().await,
-            }
+        let deadline = match self.core.poll_timeout(now) {
+            Wake::At(at) => Some(Duration::from_millis(at.saturating_sub(now))),
+            Wake::Drop => Some(Duration::ZERO),
+            Wake::Never => None,
         };
-        let (input, input_open) = (&self.input, self.input_open);
-        let item = async move {
-            if input_open {
-                input.recv().await
-            } else {
-                std::future::pending().await
-            }
-        };
-        let readable = async move {
-            match stream {
-                Some((stream, buf)) => stream.read(buf).await,
-                None => std::future::pending().await,
-            }
-        };
-        let (mut shutdown, mut item, mut readable, mut timer) =
-            (shutdown, pin!(item), pin!(readable), pin!(timer));
-        poll_fn(|cx| {
-            if shutdown.as_mut().poll(cx).is_ready() {
-                return Poll::Ready(Woken::Shutdown);
-            }
-            if let Poll::Ready(r) = readable.as_mut().poll(cx) {
-                return Poll::Ready(Woken::Read(r));
-            }
-            if let Poll::Ready(i) = item.as_mut().poll(cx) {
-                return Poll::Ready(Woken::Input(i));
-            }
-            timer.as_mut().poll(cx).map(|()| Woken::Timer)
-        })
-        .await
+        let input = self.input_open.then_some(&self.input);
+        conn::wait(shutdown, input, stream, deadline).await
     }
 
     /// Takes an input item (and every other one already queued, so that
     /// they share reports); false when the events channel is closed.
-    async fn on_woken(&mut self, woken: Woken) -> bool {
+    async fn on_woken(&mut self, woken: Woken<StatsItem>) -> bool {
         if let Woken::Input(item) = woken {
             self.on_input(item);
             self.drain_input().await;
@@ -1212,15 +1170,7 @@ impl Shell {
     /// Takes every item already queued on `input`, without waiting.
     async fn drain_input(&mut self) {
         while self.input_open {
-            let next = poll_fn(|cx| {
-                let recv = pin!(self.input.recv());
-                Poll::Ready(match recv.poll(cx) {
-                    Poll::Ready(item) => Some(item),
-                    Poll::Pending => None,
-                })
-            })
-            .await;
-            match next {
+            match conn::try_recv(&self.input).await {
                 Some(item) => self.on_input(item),
                 None => return,
             }

@@ -1,0 +1,115 @@
+//! What the route client's and the statistics client's glommio shells
+//! share: the reconnection back-off, racing two futures, waiting for
+//! whichever of shutdown / an input item / readable bytes / a deadline
+//! comes first, and taking what a local channel already holds.
+//!
+//! Owns no protocol: each client's sans-IO core decides what to send and
+//! when; this file only waits.
+
+use std::future::{poll_fn, Future};
+use std::io;
+use std::pin::{pin, Pin};
+use std::task::Poll;
+use std::time::Duration;
+
+use futures_lite::AsyncReadExt;
+use glommio::channels::local_channel::LocalReceiver;
+use glommio::net::TcpStream;
+
+/// The reconnection delay after `failures` consecutive failures:
+/// `min(max, initial * 2^failures)` (no overflow), jittered down by up to
+/// half with `rng`.
+pub(crate) fn backoff_delay(initial: u64, max: u64, failures: u32, rng: &mut fastrand::Rng) -> u64 {
+    let base = 1u64
+        .checked_shl(failures)
+        .and_then(|factor| initial.checked_mul(factor))
+        .map_or(max, |d| d.min(max));
+    base - rng.u64(0..=base / 2)
+}
+
+/// Which of two raced futures completed.
+pub(crate) enum Either<A, B> {
+    Left(A),
+    Right(B),
+}
+
+/// The first of `a` and `b` to complete (`a` when both are ready).
+pub(crate) async fn race<A: Future, B: Future>(a: A, b: B) -> Either<A::Output, B::Output> {
+    let (mut a, mut b) = (pin!(a), pin!(b));
+    poll_fn(|cx| {
+        if let Poll::Ready(x) = a.as_mut().poll(cx) {
+            return Poll::Ready(Either::Left(x));
+        }
+        b.as_mut().poll(cx).map(Either::Right)
+    })
+    .await
+}
+
+/// What woke a [`wait`].
+pub(crate) enum Woken<T> {
+    Shutdown,
+    /// An input item, or `None`: the input channel is closed.
+    Input(Option<T>),
+    Read(io::Result<usize>),
+    Timer,
+}
+
+/// Waits for shutdown, an item on `input` (when given), bytes read from
+/// `stream` into its buffer (when given), or `deadline` (None: no deadline),
+/// checked in that order when several are ready. Every branch is
+/// cancel-safe: glommio reads only when the socket is ready, into the
+/// buffer, on completion; a channel item is taken only when it is returned.
+pub(crate) async fn wait<T>(
+    shutdown: Pin<&mut impl Future<Output = ()>>,
+    input: Option<&LocalReceiver<T>>,
+    stream: Option<(&mut TcpStream, &mut [u8])>,
+    deadline: Option<Duration>,
+) -> Woken<T> {
+    let timer = async move {
+        match deadline {
+            Some(d) if d.is_zero() => {}
+            Some(d) => glommio::timer::sleep(d).await,
+            None => std::future::pending().await,
+        }
+    };
+    let item = async move {
+        match input {
+            Some(input) => input.recv().await,
+            None => std::future::pending().await,
+        }
+    };
+    let readable = async move {
+        match stream {
+            Some((stream, buf)) => stream.read(buf).await,
+            None => std::future::pending().await,
+        }
+    };
+    let (mut shutdown, mut item, mut readable, mut timer) =
+        (shutdown, pin!(item), pin!(readable), pin!(timer));
+    poll_fn(|cx| {
+        if shutdown.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Woken::Shutdown);
+        }
+        if let Poll::Ready(r) = readable.as_mut().poll(cx) {
+            return Poll::Ready(Woken::Read(r));
+        }
+        if let Poll::Ready(i) = item.as_mut().poll(cx) {
+            return Poll::Ready(Woken::Input(i));
+        }
+        timer.as_mut().poll(cx).map(|()| Woken::Timer)
+    })
+    .await
+}
+
+/// Takes one item `rx` already holds, without waiting: `Some(Some(item))`,
+/// `Some(None)` when the channel is closed, `None` when it is empty.
+pub(crate) async fn try_recv<T>(rx: &LocalReceiver<T>) -> Option<Option<T>> {
+    poll_fn(|cx| {
+        let recv = pin!(rx.recv());
+        Poll::Ready(match recv.poll(cx) {
+            Poll::Ready(item) => Some(item),
+            Poll::Pending => None,
+        })
+    })
+    .await
+}
