@@ -269,11 +269,6 @@ impl ShardCore {
             .min()
     }
 
-    fn begin(&mut self, kind: Kind) {
-        self.last_kind = Some(kind);
-        self.metrics.count_request(kind);
-    }
-
     /// Refreshes the module and node gauges of [`ShardCore::metrics`].
     pub fn refresh_gauges(&mut self) {
         let (mut idle, mut overloaded) = (0u64, 0u64);
@@ -296,10 +291,15 @@ impl ShardCore {
 
     // === requests ===
 
-    fn owns(&mut self, kind: Kind, seq: u64, module: ModuleId) -> Result<(), ()> {
+    /// Counts a request of `kind` and checks that this shard owns
+    /// `module`. When it does not, the wrong-shard answer is encoded (read it
+    /// with `self.enc.finished()`) and the result is false.
+    fn admit(&mut self, kind: Kind, seq: u64, module: ModuleId) -> bool {
+        self.last_kind = Some(kind);
+        self.metrics.count_request(kind);
         let owner = module.shard(self.setup.shards);
         if owner == self.setup.id {
-            return Ok(());
+            return true;
         }
         self.metrics.count_error(kind);
         self.metrics.wrong_shard += 1;
@@ -309,7 +309,7 @@ impl ShardCore {
             self.setup.id, self.setup.shards
         );
         self.enc.error_resp(seq, module, RetCode::WrongShard, &msg);
-        Err(())
+        false
     }
 
     fn bad_request(
@@ -319,6 +319,8 @@ impl ShardCore {
         module: ModuleId,
         e: &wire::ValidationError,
     ) -> Option<&[u8]> {
+        self.last_kind = Some(kind);
+        self.metrics.count_request(kind);
         self.metrics.count_error(kind);
         self.metrics.invalid += 1;
         Some(
@@ -328,8 +330,7 @@ impl ShardCore {
     }
 
     fn get_host(&mut self, seq: u32, module: ModuleId, now: Millis) -> Option<&[u8]> {
-        self.begin(Kind::GetHost);
-        if self.owns(Kind::GetHost, u64::from(seq), module).is_err() {
+        if !self.admit(Kind::GetHost, u64::from(seq), module) {
             return Some(self.enc.finished());
         }
         let Self {
@@ -366,8 +367,7 @@ impl ShardCore {
         outcome: Outcome,
         now: Millis,
     ) -> Option<&[u8]> {
-        self.begin(Kind::Report);
-        if self.owns(Kind::Report, u64::from(seq), module).is_err() {
+        if !self.admit(Kind::Report, u64::from(seq), module) {
             return Some(self.enc.finished());
         }
         let p = &self.setup.params;
@@ -393,11 +393,7 @@ impl ShardCore {
     }
 
     fn batch_report(&mut self, b: wire::BatchReport<'_>, now: Millis) -> Option<&[u8]> {
-        self.begin(Kind::BatchReport);
-        if self
-            .owns(Kind::BatchReport, u64::from(b.seq), b.module)
-            .is_err()
-        {
+        if !self.admit(Kind::BatchReport, u64::from(b.seq), b.module) {
             return Some(self.enc.finished());
         }
         let p = &self.setup.params;
@@ -432,8 +428,7 @@ impl ShardCore {
         peer: SocketAddr,
         now: Millis,
     ) -> Option<&[u8]> {
-        self.begin(Kind::Register);
-        if self.owns(Kind::Register, u64::from(seq), module).is_err() {
+        if !self.admit(Kind::Register, u64::from(seq), module) {
             return Some(self.enc.finished());
         }
         let Self {
@@ -474,8 +469,7 @@ impl ShardCore {
     }
 
     fn get_route(&mut self, seq: u32, module: ModuleId, now: Millis) -> Option<&[u8]> {
-        self.begin(Kind::GetRoute);
-        if self.owns(Kind::GetRoute, u64::from(seq), module).is_err() {
+        if !self.admit(Kind::GetRoute, u64::from(seq), module) {
             return Some(self.enc.finished());
         }
         self.statuses.clear();
@@ -511,11 +505,7 @@ impl ShardCore {
         known: u64,
         now: Millis,
     ) -> Option<&[u8]> {
-        self.begin(Kind::CacheGetRoute);
-        if self
-            .owns(Kind::CacheGetRoute, u64::from(seq), module)
-            .is_err()
-        {
+        if !self.admit(Kind::CacheGetRoute, u64::from(seq), module) {
             return Some(self.enc.finished());
         }
         let mut nodes: Vec<RouteNode> = Vec::new();

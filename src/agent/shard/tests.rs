@@ -324,4 +324,14 @@ fn garbage_is_counted_and_dropped() {
         panic!()
     };
     assert_eq!(e.retcode(), RetCode::BadRequest);
+    // A refused request is still a request: errors never exceed requests.
+    let report = crate::agent::metrics::Kind::Report as usize;
+    assert_eq!(
+        (
+            s.metrics.requests[report],
+            s.metrics.errors[report],
+            s.metrics.invalid
+        ),
+        (1, 1, 1)
+    );
 }
