@@ -76,7 +76,6 @@ pub struct ShardCore {
     modules: HashMap<ModuleId, ModuleEntry>,
     enc: Encoder,
     statuses: Vec<NodeStatus>,
-    stats: Vec<crate::lb::NodeCallStats>,
     /// Messages for the control core, drained by the shell.
     pub outbox: Vec<ToControl>,
     last_kind: Option<Kind>,
@@ -93,7 +92,6 @@ impl ShardCore {
             modules: HashMap::new(),
             enc: Encoder::with_capacity(1024),
             statuses: Vec::new(),
-            stats: Vec::new(),
             outbox: Vec::new(),
             last_kind: None,
         }
@@ -555,12 +553,9 @@ impl ShardCore {
             return;
         }
         entry.last_stats = now;
-        self.stats.clear();
-        entry.lb.take_stats(&mut self.stats);
-        self.outbox.push(ToControl::Stats {
-            module,
-            nodes: self.stats.clone(),
-        });
+        let mut nodes = Vec::with_capacity(entry.lb.nodes().len());
+        entry.lb.take_stats(&mut nodes);
+        self.outbox.push(ToControl::Stats { module, nodes });
     }
 
     /// Marks a pull as not sent (the ring was full): the next getHost asks again.
