@@ -14,10 +14,15 @@
 //!   `lbagent.ini`) and `validate()`.
 //! - [`model`]: plain shared values: [`model::ModuleId`], [`model::NodeAddr`],
 //!   [`model::RouteNode`].
+//! - [`signal`]: SIGTERM / SIGINT for the long-running subcommands.
+//! - [`store`]: routes, the change log and call status in SQLite or
+//!   PostgreSQL.
 #![warn(missing_docs)]
 
 pub mod agent;
 pub mod config;
 pub mod lb;
 pub mod model;
+pub mod signal;
+pub mod store;
 pub mod wire;

@@ -229,23 +229,13 @@ impl Drop for Agent {
     }
 }
 
-static SIGNALLED: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_signal(_: libc::c_int) {
-    SIGNALLED.store(true, Ordering::SeqCst);
-}
-
 /// Runs the agent until SIGTERM or SIGINT, then shuts down cleanly (stop
 /// accepting, flush statistics, write the snapshot) and returns.
 ///
 /// # Errors
 /// The agent could not start, or an executor failed.
 pub fn run(config: &Config) -> anyhow::Result<()> {
-    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
-    unsafe {
-        libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
-        libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
-    }
+    crate::signal::install();
     let agent = Agent::start(config)?;
     eprintln!(
         "lbagent: serving on {}:{:?} ({} shards), metrics on http://{}/metrics, {} routes from the snapshot",
@@ -255,9 +245,7 @@ pub fn run(config: &Config) -> anyhow::Result<()> {
         agent.metrics_addr(),
         agent.routes_loaded()
     );
-    while !SIGNALLED.load(Ordering::SeqCst) {
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    crate::signal::wait();
     let t0 = Instant::now();
     agent.stop()?;
     eprintln!("lbagent: stopped in {} ms", t0.elapsed().as_millis());

@@ -1,5 +1,6 @@
-//! The configuration: one TOML file with an `[lb]` and an `[agent]` table,
-//! command-line overrides, and [`Config::validate`].
+//! The configuration: one TOML file with `[lb]`, `[agent]`, `[store]`,
+//! `[dnsserver]` and `[reporter]` tables, command-line overrides, and
+//! [`Config::validate`].
 //!
 //! Every field has a default equal to the original agent's `lbagent.ini`
 //! (see `lbagent.toml` beside this file, which `lbagent agent
@@ -24,6 +25,12 @@ pub struct Config {
     pub lb: LbConfig,
     /// The agent process (`[agent]`).
     pub agent: AgentConfig,
+    /// The store the route server, the reporter and `route` use (`[store]`).
+    pub store: StoreConfig,
+    /// The route server (`[dnsserver]`).
+    pub dnsserver: DnsServerConfig,
+    /// The reporter (`[reporter]`).
+    pub reporter: ReporterConfig,
 }
 
 /// The `[lb]` table: the overload algorithm's knobs and the module
@@ -139,6 +146,89 @@ impl Default for AgentConfig {
             snapshot_interval: 60,
             metrics_addr: SocketAddr::from((Ipv4Addr::LOCALHOST, 9888)),
             io_memory_kib: 512,
+        }
+    }
+}
+
+/// The `[store]` table.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StoreConfig {
+    /// `sqlite:PATH` or a `postgres://` URL.
+    pub url: String,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig {
+            url: "sqlite:./lbagent-data/lbagent.db".into(),
+        }
+    }
+}
+
+/// The `[dnsserver]` table: the route server.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DnsServerConfig {
+    /// TCP address agents connect to.
+    pub listen: SocketAddr,
+    /// Executors serving connections, each pinned to a core; 0 = one per core.
+    pub threads: u32,
+    /// Milliseconds between checks of the store's route version.
+    pub poll_interval_ms: u64,
+    /// Seconds between full reloads of every route.
+    pub full_reload_interval: u64,
+    /// Seconds a connection may stay silent before it is closed and loses
+    /// its subscriptions.
+    pub idle_timeout: u64,
+    /// Loopback address of the metrics endpoint; port 0 picks a free port.
+    pub metrics_addr: SocketAddr,
+    /// glommio registered I/O memory per executor, KiB.
+    pub io_memory_kib: u32,
+}
+
+impl Default for DnsServerConfig {
+    fn default() -> Self {
+        DnsServerConfig {
+            listen: SocketAddr::from((Ipv4Addr::UNSPECIFIED, 7777)),
+            threads: 1,
+            poll_interval_ms: 1000,
+            full_reload_interval: 10,
+            idle_timeout: 30,
+            metrics_addr: SocketAddr::from((Ipv4Addr::LOCALHOST, 9777)),
+            io_memory_kib: 512,
+        }
+    }
+}
+
+/// The `[reporter]` table: the statistics reporter.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ReporterConfig {
+    /// TCP address agents connect to.
+    pub listen: SocketAddr,
+    /// Writer threads; rows go to writer hash(modid, cmdid) % writers.
+    pub writers: u32,
+    /// Most rows one transaction writes.
+    pub batch_rows: u32,
+    /// Most rows held in memory across all writers while the database is
+    /// slow or down; past it the oldest are dropped, counted and logged.
+    pub buffer_rows: u32,
+    /// Longest wait, milliseconds, between retries of a failed write.
+    pub retry_max_ms: u64,
+    /// Loopback address of the metrics endpoint; port 0 picks a free port.
+    pub metrics_addr: SocketAddr,
+}
+
+impl Default for ReporterConfig {
+    fn default() -> Self {
+        ReporterConfig {
+            listen: SocketAddr::from((Ipv4Addr::UNSPECIFIED, 7778)),
+            writers: 3,
+            batch_rows: 1000,
+            buffer_rows: 1_000_000,
+            retry_max_ms: 5000,
+            metrics_addr: SocketAddr::from((Ipv4Addr::LOCALHOST, 9778)),
         }
     }
 }
@@ -268,14 +358,43 @@ impl Config {
         absolute("agent.heartbeat_path", &a.heartbeat_path)?;
         absolute("agent.snapshot_path", &a.snapshot_path)?;
         in_range("agent.snapshot_interval", a.snapshot_interval, 1, 3_600)?;
-        if !a.metrics_addr.ip().is_loopback() {
+        loopback("agent.metrics_addr", a.metrics_addr)?;
+        in_range("agent.io_memory_kib", a.io_memory_kib, 64, 1_048_576)?;
+
+        if let Err(e) = self.store.url.parse::<crate::store::StoreUrl>() {
             return Err(ConfigError::Invalid {
-                field: "agent.metrics_addr",
-                value: a.metrics_addr.to_string(),
-                allowed: "a loopback address, e.g. 127.0.0.1:9888".into(),
+                field: "store.url",
+                value: format!("\"{}\"", crate::store::redact(&self.store.url)),
+                allowed: format!("sqlite:PATH or a postgres:// URL ({e})"),
             });
         }
-        in_range("agent.io_memory_kib", a.io_memory_kib, 64, 1_048_576)?;
+
+        let d = &self.dnsserver;
+        in_range("dnsserver.threads", d.threads, 0, 1_024)?;
+        in_range("dnsserver.poll_interval_ms", d.poll_interval_ms, 10, 60_000)?;
+        in_range(
+            "dnsserver.full_reload_interval",
+            d.full_reload_interval,
+            1,
+            86_400,
+        )?;
+        in_range("dnsserver.idle_timeout", d.idle_timeout, 1, 86_400)?;
+        loopback("dnsserver.metrics_addr", d.metrics_addr)?;
+        in_range("dnsserver.io_memory_kib", d.io_memory_kib, 64, 1_048_576)?;
+
+        let r = &self.reporter;
+        in_range("reporter.writers", r.writers, 1, 256)?;
+        in_range("reporter.batch_rows", r.batch_rows, 1, 1_000_000)?;
+        in_range("reporter.buffer_rows", r.buffer_rows, 1, 100_000_000)?;
+        if r.buffer_rows < r.batch_rows {
+            return Err(ConfigError::Invalid {
+                field: "reporter.buffer_rows",
+                value: r.buffer_rows.to_string(),
+                allowed: format!("at least reporter.batch_rows ({})", r.batch_rows),
+            });
+        }
+        in_range("reporter.retry_max_ms", r.retry_max_ms, 10, 600_000)?;
+        loopback("reporter.metrics_addr", r.metrics_addr)?;
         Ok(())
     }
 }
@@ -338,6 +457,17 @@ fn endpoints(field: &'static str, list: &[String]) -> Result<(), ConfigError> {
                 "a valid IPv4 address or host name before the port",
             ));
         }
+    }
+    Ok(())
+}
+
+fn loopback(field: &'static str, addr: SocketAddr) -> Result<(), ConfigError> {
+    if !addr.ip().is_loopback() {
+        return Err(ConfigError::Invalid {
+            field,
+            value: addr.to_string(),
+            allowed: "a loopback address, e.g. 127.0.0.1:9888".into(),
+        });
     }
     Ok(())
 }
