@@ -1,10 +1,11 @@
 //! getHost throughput of one agent shard against the floor, same load
 //! generator, same run.
 //!
-//! The floor is a bare recvmmsg/sendmmsg loop on one thread pinned to core 0
-//! that answers every getHost with a fixed host: it verifies and decodes the
-//! request (to echo its sequence number) and encodes the answer, as any
-//! server of this wire format must, but does no LB work and holds no maps.
+//! The floor ([`lbagent::floor`]) is a bare recvmmsg/sendmmsg loop on one
+//! thread pinned to core 0 that answers every getHost with a fixed host: it
+//! verifies and decodes the request (to echo its sequence number) and
+//! encodes the answer, as any server of this wire format must, but does no
+//! LB work and holds no maps.
 //! The agent runs in-process with one shard (pinned to core 0) and the
 //! control core, serving a 10-node module loaded from a snapshot.
 //!
@@ -18,16 +19,16 @@
 //! (defaults 30, 3, 3).
 
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
-use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lbagent::agent::runtime::Agent;
 use lbagent::agent::snapshot::{self, SnapshotRoute};
-use lbagent::agent::udp::{RecvBatch, SendBatch};
 use lbagent::config::Config;
+use lbagent::floor::{Floor, FloorOptions};
 use lbagent::model::{ModuleId, NodeAddr, RouteNode};
+use lbagent::qpstest::cpu::named_threads_cpu_seconds;
 use lbagent::wire::{decode, Encoder, Limits, Message, RetCode};
 
 const M: ModuleId = ModuleId::new(7, 1);
@@ -107,49 +108,13 @@ impl std::fmt::Display for Run {
 }
 
 fn run_floor(threads: usize, dur: Duration) -> Run {
-    let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
-    let port = sock.local_addr().unwrap().port();
-    let stop = Arc::new(AtomicBool::new(false));
-    let s2 = stop.clone();
-    let server = std::thread::Builder::new()
-        .name("floor".into())
-        .spawn(move || {
-            core_affinity::set_for_current(core_affinity::CoreId { id: 0 });
-            let fd = sock.as_raw_fd();
-            let host = NodeAddr::new(Ipv4Addr::new(10, 0, 0, 1), 80);
-            let mut rx = RecvBatch::new(32);
-            let mut tx = SendBatch::new();
-            let mut enc = Encoder::new();
-            while !s2.load(Ordering::Relaxed) {
-                let n = rx.recv(fd).unwrap_or(0);
-                if n == 0 {
-                    let mut pfd = libc::pollfd {
-                        fd,
-                        events: libc::POLLIN,
-                        revents: 0,
-                    };
-                    // SAFETY: one valid pollfd.
-                    unsafe { libc::poll(&mut pfd, 1, 50) };
-                    continue;
-                }
-                for i in 0..n {
-                    let (bytes, peer, _) = rx.get(i);
-                    if let Ok(Message::GetHostReq(r)) = decode(bytes, &Limits::UDP) {
-                        let m = ModuleId::new(r.modid(), r.cmdid());
-                        tx.push(
-                            peer,
-                            enc.get_host_resp(r.seq(), m, RetCode::Ok, Some(host), None),
-                        );
-                    }
-                }
-                tx.flush(fd);
-            }
-        })
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(100));
-    let run = load(port, threads, dur, || thread_cpu_s("floor"));
-    stop.store(true, Ordering::Relaxed);
-    server.join().unwrap();
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let floor =
+        Floor::start(FloorOptions::new(dir.path().join("heartbeat"))).expect("floor starts");
+    let run = load(floor.port(), threads, dur, || {
+        floor.server_cpu_seconds().expect("the floor's CPU time")
+    });
+    floor.stop().expect("floor stops");
     run
 }
 
@@ -246,16 +211,8 @@ fn load(port: u16, threads: usize, dur: Duration, cpu: impl Fn() -> f64) -> Run 
 
 /// CPU seconds (user + system) of this process's thread named `name`.
 fn thread_cpu_s(name: &str) -> f64 {
-    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    for t in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
-        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
-        if comm.trim() == name {
-            let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
-            let after = &stat[stat.rfind(')').unwrap() + 2..];
-            let f: Vec<&str> = after.split_whitespace().collect();
-            let (u, s): (f64, f64) = (f[11].parse().unwrap(), f[12].parse().unwrap());
-            return (u + s) / ticks;
-        }
-    }
-    panic!("no thread named {name}");
+    let (secs, n) = named_threads_cpu_seconds(std::process::id(), |c| c == name)
+        .expect("/proc/self/task is readable");
+    assert_eq!(n, 1, "one thread named {name}");
+    secs
 }

@@ -20,9 +20,15 @@
 #![warn(missing_docs)]
 
 pub mod agent;
+pub mod client;
 pub mod config;
+pub mod dnsserver;
+pub mod floor;
 pub mod lb;
 pub mod model;
+pub mod qpstest;
+pub mod reporter;
 pub mod signal;
+pub mod standalone;
 pub mod store;
 pub mod wire;

@@ -5,13 +5,15 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 use lbagent::config::{Config, DEFAULT_TOML};
-use lbagent::model::NodeAddr;
+use lbagent::model::{ModuleId, NodeAddr, RouteNode};
+use lbagent::store::{self, ModuleRoute, StoreError, StoreUrl};
 
-/// Exit status of a subcommand whose implementation has not landed yet
-/// (sysexits EX_UNAVAILABLE).
-const EXIT_NOT_BUILT: u8 = 69;
 /// Exit status of a configuration that cannot be used (sysexits EX_CONFIG).
 const EXIT_CONFIG: u8 = 78;
+/// Exit status of a bad command line (as clap's).
+const EXIT_USAGE: u8 = 2;
+/// Exit status of a refused route change (sysexits EX_DATAERR).
+const EXIT_REFUSED: u8 = 65;
 
 /// lbagent: a load-balancing agent for every host of a large fleet.
 ///
@@ -20,8 +22,8 @@ const EXIT_CONFIG: u8 = 78;
 /// traffic away from overloaded or dead nodes.
 ///
 /// Exit status: 0 success; 1 runtime failure (one line says why); 2 bad
-/// command line; 69 the subcommand is not built yet (its issue says when);
-/// 78 configuration invalid.
+/// command line; 78 configuration invalid; the tool commands (gethost,
+/// report, getroute) and `route` have their own, in their --help.
 #[derive(Parser, Debug)]
 #[command(name = "lbagent", version, about, long_about)]
 struct Cli {
@@ -34,60 +36,43 @@ enum Command {
     /// The agent: UDP shards and the control core. Runs until SIGTERM or
     /// SIGINT (then flushes statistics, writes the snapshot, exits 0).
     Agent(AgentArgs),
-    /// The route server ("dnsserver"). Not built yet: arrives with issue #4.
+    /// The route server ("dnsserver"): serves route pulls over TCP from
+    /// memory, pushes changes to the agents that asked. Runs until SIGTERM
+    /// or SIGINT.
     Dnsserver(ServerArgs),
-    /// The reporter. Not built yet: arrives with issue #4.
+    /// The reporter: writes the agents' call statistics into the store.
+    /// Runs until SIGTERM or SIGINT.
     Reporter(ServerArgs),
-    /// Route server, reporter and agent in one process on the embedded store.
-    /// Not built yet: arrives with issue #4.
-    Standalone {
-        /// Directory of the embedded SQLite store, created on first run.
-        #[arg(long, default_value = "./lbagent-data")]
-        data: PathBuf,
-    },
-    /// Edit the routes in the store. Not built yet: arrives with issue #4.
+    /// Route server, reporter and agent in one process on the embedded
+    /// SQLite store in DIR (created on first run). Runs until SIGTERM or
+    /// SIGINT. Listens on loopback: route server 7777, reporter 7778, agent
+    /// 8888.. (change with --set, e.g. --set agent.base_port=9000).
+    Standalone(StandaloneArgs),
+    /// Edit or list the routes in the store. Each change is one
+    /// transaction (routes, version, change log): route servers push it to
+    /// the agents within a second. Exit status: 0 done; 1 store unavailable;
+    /// 2 bad command line (an unparseable address, port 0 or above 65535);
+    /// 65 refused (a duplicate node, deleting what is not there), nothing
+    /// changed.
     #[command(subcommand)]
     Route(RouteCommand),
-    /// Ask the local agent for a node of a module. Not built yet: arrives
-    /// with issue #5.
-    Gethost {
-        /// Module id.
-        modid: u32,
-        /// Command id.
-        cmdid: u32,
-        /// Print one JSON object.
-        #[arg(long)]
-        json: bool,
-    },
-    /// Report a call's result to the local agent. Not built yet: arrives
-    /// with issue #5.
-    Report {
-        /// Module id.
-        modid: u32,
-        /// Command id.
-        cmdid: u32,
-        /// The node called, A.B.C.D:PORT.
-        node: NodeAddr,
-        /// The call's result: 0 success, anything else a failure.
-        #[arg(allow_hyphen_values = true)]
-        retcode: i32,
-        /// The call's time cost in milliseconds.
-        #[arg(long, default_value_t = 0)]
-        tcost: u32,
-    },
-    /// The agent's view of a module: every node, its state and counters.
-    /// Not built yet: arrives with issue #5.
-    Getroute {
-        /// Module id.
-        modid: u32,
-        /// Command id.
-        cmdid: u32,
-        /// Print one JSON object.
-        #[arg(long)]
-        json: bool,
-    },
-    /// The load generator. Not built yet: arrives with issue #5.
-    Qpstest(QpstestArgs),
+    /// Ask the local agent for a node of a module, through the client
+    /// library (found through its heartbeat; from its static route file
+    /// when it is down). Exit status: 0 a node; 3 no such module; 4 every
+    /// node overloaded; 5 rejected by admission control; 6 agent down;
+    /// 7 agent down and no usable static route; 8 timeout; 9 bad response;
+    /// 10 bad argument.
+    Gethost(lbagent::client::tools::GethostArgs),
+    /// Report a call's result to the local agent (exit status as gethost).
+    Report(lbagent::client::tools::ReportArgs),
+    /// The agent's view of a module: every node, its state and counters
+    /// (exit status as gethost).
+    Getroute(lbagent::client::tools::GetrouteArgs),
+    /// The load generator: T synchronous client threads looping getHost
+    /// (+ report) against the local agent, the floor or an embedded
+    /// standalone system; live line every second, summary with latency
+    /// percentiles. Only getHosts that returned a host count as QPS.
+    Qpstest(lbagent::qpstest::QpstestArgs),
 }
 
 #[derive(Args, Debug)]
@@ -116,12 +101,36 @@ struct AgentArgs {
 
 #[derive(Args, Debug)]
 struct ServerArgs {
-    /// The TOML configuration file.
+    /// The TOML configuration file (without it: the built-in defaults).
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// The store: `sqlite:PATH` (embedded default) or a `postgres://` URL.
+    /// Overrides store.url.
     #[arg(long, value_name = "URL")]
     store: Option<String>,
+    /// Override one field: SECTION.FIELD=VALUE (repeatable), e.g.
+    /// `--set dnsserver.listen=127.0.0.1:7777`.
+    #[arg(long = "set", value_name = "SECTION.FIELD=VALUE")]
+    set: Vec<String>,
+    /// Validate the configuration, print the verdict and exit: 0 valid,
+    /// 78 invalid.
+    #[arg(long)]
+    check: bool,
+}
+
+#[derive(Args, Debug)]
+struct StandaloneArgs {
+    /// Data directory: the SQLite store (lbagent.db) and the static route
+    /// file (routes.snapshot) live here; created on first run.
+    #[arg(long, value_name = "DIR", default_value = "./lbagent-data")]
+    data: PathBuf,
+    /// A TOML configuration file for the three parts (store.url and
+    /// agent.snapshot_path are replaced by files in DIR).
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Override one field: SECTION.FIELD=VALUE (repeatable).
+    #[arg(long = "set", value_name = "SECTION.FIELD=VALUE")]
+    set: Vec<String>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -134,12 +143,17 @@ enum RouteCommand {
         cmdid: u32,
         /// The node, A.B.C.D:PORT.
         node: NodeAddr,
-        /// The node's weight / capacity.
+        /// The node's weight / capacity (balance policy).
         #[arg(long, default_value_t = 1)]
         weight: u32,
-        /// The store: `sqlite:PATH` or a `postgres://` URL.
+        /// The store: `sqlite:PATH` or a `postgres://` URL (default: store.url
+        /// of --config, else sqlite:./lbagent-data/lbagent.db, the
+        /// standalone default).
         #[arg(long, value_name = "URL")]
         store: Option<String>,
+        /// A configuration file whose store.url to use.
+        #[arg(long, value_name = "FILE")]
+        config: Option<PathBuf>,
     },
     /// Remove a node from a module's route.
     Del {
@@ -149,9 +163,12 @@ enum RouteCommand {
         cmdid: u32,
         /// The node, A.B.C.D:PORT.
         node: NodeAddr,
-        /// The store: `sqlite:PATH` or a `postgres://` URL.
+        /// The store: `sqlite:PATH` or a `postgres://` URL (default as for add).
         #[arg(long, value_name = "URL")]
         store: Option<String>,
+        /// A configuration file whose store.url to use.
+        #[arg(long, value_name = "FILE")]
+        config: Option<PathBuf>,
     },
     /// List routes: all modules, or one.
     List {
@@ -159,52 +176,30 @@ enum RouteCommand {
         modid: Option<u32>,
         /// Command id.
         cmdid: Option<u32>,
-        /// The store: `sqlite:PATH` or a `postgres://` URL.
+        /// The store: `sqlite:PATH` or a `postgres://` URL (default as for add).
         #[arg(long, value_name = "URL")]
         store: Option<String>,
+        /// A configuration file whose store.url to use.
+        #[arg(long, value_name = "FILE")]
+        config: Option<PathBuf>,
         /// Print one JSON object.
         #[arg(long)]
         json: bool,
     },
 }
 
-#[derive(Args, Debug)]
-struct QpstestArgs {
-    /// Synchronous client threads.
-    #[arg(long, default_value_t = 30)]
-    threads: u32,
-    /// Seconds to run.
-    #[arg(long, default_value_t = 10)]
-    duration: u64,
-    /// Spread the threads over this many modules.
-    #[arg(long, default_value_t = 1)]
-    modules: u32,
-    /// getHost only, no report after each.
-    #[arg(long)]
-    no_report: bool,
-    /// Go through the client's route cache.
-    #[arg(long)]
-    cache: bool,
-    /// Print the summary as one JSON object.
-    #[arg(long)]
-    json: bool,
-    /// Start an embedded route server, reporter and agent first.
-    #[arg(long)]
-    standalone: bool,
-}
-
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Agent(args) => agent(args),
-        Command::Dnsserver(_) => not_built("dnsserver", 4),
-        Command::Reporter(_) => not_built("reporter", 4),
-        Command::Standalone { .. } => not_built("standalone", 4),
-        Command::Route(_) => not_built("route", 4),
-        Command::Gethost { .. } => not_built("gethost", 5),
-        Command::Report { .. } => not_built("report", 5),
-        Command::Getroute { .. } => not_built("getroute", 5),
-        Command::Qpstest(_) => not_built("qpstest", 5),
+        Command::Dnsserver(args) => server("dnsserver", args),
+        Command::Reporter(args) => server("reporter", args),
+        Command::Standalone(args) => standalone(args),
+        Command::Route(cmd) => route(cmd),
+        Command::Gethost(args) => lbagent::client::tools::gethost(&args).emit(),
+        Command::Report(args) => lbagent::client::tools::report(&args).emit(),
+        Command::Getroute(args) => lbagent::client::tools::getroute(&args).emit(),
+        Command::Qpstest(args) => lbagent::qpstest::command(&args),
     }
 }
 
@@ -254,7 +249,202 @@ fn agent(args: AgentArgs) -> ExitCode {
     }
 }
 
-fn not_built(what: &str, issue: u32) -> ExitCode {
-    eprintln!("lbagent {what}: not built yet; it arrives with issue #{issue}");
-    ExitCode::from(EXIT_NOT_BUILT)
+/// Loads the configuration for a server subcommand: the file, then
+/// `--store`, then the `--set` overrides.
+fn server_config(
+    what: &str,
+    config: Option<&std::path::Path>,
+    store: Option<&str>,
+    set: &[String],
+) -> Result<(Config, StoreUrl), ExitCode> {
+    let mut overrides = Vec::new();
+    if let Some(url) = store {
+        overrides.push(format!("store.url={}", toml_string(url)));
+    }
+    overrides.extend_from_slice(set);
+    let config = Config::load(config, &overrides).map_err(|e| {
+        eprintln!("lbagent {what}: {e}");
+        ExitCode::from(EXIT_CONFIG)
+    })?;
+    let url = config.store.url.parse::<StoreUrl>().map_err(|e| {
+        eprintln!("lbagent {what}: {e}");
+        ExitCode::from(EXIT_CONFIG)
+    })?;
+    Ok((config, url))
+}
+
+/// A TOML basic string holding `s`.
+fn toml_string(s: &str) -> String {
+    toml::Value::String(s.to_string()).to_string()
+}
+
+fn server(what: &str, args: ServerArgs) -> ExitCode {
+    let (config, url) = match server_config(
+        what,
+        args.config.as_deref(),
+        args.store.as_deref(),
+        &args.set,
+    ) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    if args.check {
+        let listen = if what == "dnsserver" {
+            config.dnsserver.listen
+        } else {
+            config.reporter.listen
+        };
+        println!("config ok: {what} on {listen}, store {url}");
+        return ExitCode::SUCCESS;
+    }
+    let result = if what == "dnsserver" {
+        lbagent::dnsserver::run(&config.dnsserver, url)
+    } else {
+        lbagent::reporter::run(&config.reporter, url)
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("lbagent {what}: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn standalone(args: StandaloneArgs) -> ExitCode {
+    let mut opts = lbagent::standalone::StandaloneOptions::new(&args.data);
+    // The standalone defaults (loopback listeners) under the file and the
+    // overrides.
+    opts.config = match Config::load_onto(&opts.config, args.config.as_deref(), &args.set) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("lbagent standalone: {e}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    match lbagent::standalone::run(opts) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("lbagent standalone: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn route(cmd: RouteCommand) -> ExitCode {
+    let (store_arg, config) = match &cmd {
+        RouteCommand::Add { store, config, .. }
+        | RouteCommand::Del { store, config, .. }
+        | RouteCommand::List { store, config, .. } => (store.clone(), config.clone()),
+    };
+    let (_, url) = match server_config("route", config.as_deref(), store_arg.as_deref(), &[]) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    let mut db = match store::open(&url) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("lbagent route: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let refused = |e: StoreError| {
+        eprintln!("lbagent route: {e}");
+        match e {
+            StoreError::Unavailable { .. } | StoreError::SchemaTooNew { .. } => ExitCode::FAILURE,
+            StoreError::BadUrl(_) => ExitCode::from(EXIT_CONFIG),
+            _ => ExitCode::from(EXIT_REFUSED),
+        }
+    };
+    match cmd {
+        RouteCommand::Add {
+            modid,
+            cmdid,
+            node,
+            weight,
+            ..
+        } => {
+            let module = ModuleId::new(modid, cmdid);
+            match db.add_node(module, RouteNode { addr: node, weight }) {
+                Ok(v) => {
+                    println!(
+                        "added {node} (weight {weight}) to module {module}; route version {v}"
+                    );
+                    ExitCode::SUCCESS
+                }
+                Err(e) => refused(e),
+            }
+        }
+        RouteCommand::Del {
+            modid, cmdid, node, ..
+        } => {
+            let module = ModuleId::new(modid, cmdid);
+            match db.del_node(module, node) {
+                Ok(v) => {
+                    println!("deleted {node} from module {module}; route version {v}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => refused(e),
+            }
+        }
+        RouteCommand::List {
+            modid, cmdid, json, ..
+        } => {
+            let module = match (modid, cmdid) {
+                (Some(m), Some(c)) => Some(ModuleId::new(m, c)),
+                (None, None) => None,
+                _ => {
+                    eprintln!("lbagent route list: give both MODID and CMDID, or neither");
+                    return ExitCode::from(EXIT_USAGE);
+                }
+            };
+            let routes = match db.list(module) {
+                Ok(r) => r,
+                Err(e) => return refused(e),
+            };
+            let version = match db.route_version() {
+                Ok(v) => v,
+                Err(e) => return refused(e),
+            };
+            if json {
+                println!("{}", routes_json(version, &routes));
+            } else {
+                print!("{}", routes_text(version, &routes));
+            }
+            ExitCode::SUCCESS
+        }
+    }
+}
+
+/// `route list --json`: one object.
+fn routes_json(version: u64, routes: &[ModuleRoute]) -> serde_json::Value {
+    let modules: Vec<serde_json::Value> = routes
+        .iter()
+        .map(|r| {
+            serde_json::json!({
+                "modid": r.module.modid,
+                "cmdid": r.module.cmdid,
+                "version": r.version,
+                "nodes": r.nodes.iter().map(|n| serde_json::json!({
+                    "node": n.addr.to_string(),
+                    "weight": n.weight,
+                })).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    serde_json::json!({ "route_version": version, "modules": modules })
+}
+
+/// `route list`: one line per node.
+fn routes_text(version: u64, routes: &[ModuleRoute]) -> String {
+    let mut out = format!("# route version {version}\n# modid cmdid node weight module_version\n");
+    for r in routes {
+        for n in &r.nodes {
+            out.push_str(&format!(
+                "{} {} {} {} {}\n",
+                r.module.modid, r.module.cmdid, n.addr, n.weight, r.version
+            ));
+        }
+    }
+    out
 }

@@ -79,6 +79,9 @@ pub enum ParseNodeAddrError {
     /// Port 0 names no service.
     #[error("`{0}`: port 0 is not a service port: use 1..=65535")]
     PortZero(String),
+    /// A port above 65535.
+    #[error("`{0}`: the port is out of range: use 1..=65535")]
+    PortRange(String),
 }
 
 impl FromStr for NodeAddr {
@@ -87,12 +90,21 @@ impl FromStr for NodeAddr {
     /// Parses `A.B.C.D:PORT` with a port in 1..=65535.
     ///
     /// # Errors
-    /// [`ParseNodeAddrError::Syntax`] when it is not an IPv4 socket address
-    /// (including ports above 65535), [`ParseNodeAddrError::PortZero`] for port 0.
+    /// [`ParseNodeAddrError::Syntax`] when it is not an IPv4 socket address,
+    /// [`ParseNodeAddrError::PortRange`] for a port above 65535,
+    /// [`ParseNodeAddrError::PortZero`] for port 0.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let sa: SocketAddrV4 = s
-            .parse()
-            .map_err(|_| ParseNodeAddrError::Syntax(s.to_string()))?;
+        let sa: SocketAddrV4 = s.parse().map_err(|_| {
+            let big_port = s.rsplit_once(':').is_some_and(|(ip, port)| {
+                ip.parse::<std::net::Ipv4Addr>().is_ok()
+                    && port.parse::<u64>().is_ok_and(|p| p > 65535)
+            });
+            if big_port {
+                ParseNodeAddrError::PortRange(s.to_string())
+            } else {
+                ParseNodeAddrError::Syntax(s.to_string())
+            }
+        })?;
         if sa.port() == 0 {
             return Err(ParseNodeAddrError::PortZero(s.to_string()));
         }
@@ -137,6 +149,10 @@ mod tests {
         ));
         assert!(matches!(
             "10.0.0.1:65536".parse::<NodeAddr>(),
+            Err(ParseNodeAddrError::PortRange(_))
+        ));
+        assert!(matches!(
+            "10.0.0.300:80".parse::<NodeAddr>(),
             Err(ParseNodeAddrError::Syntax(_))
         ));
         assert!(matches!(

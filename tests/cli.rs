@@ -1,5 +1,5 @@
 //! The `lbagent` binary's command line: `agent --check` verdicts, exit
-//! codes, and the subcommands that say they are not built yet.
+//! codes, and the server subcommands' configuration checks.
 
 use std::io::Write;
 use std::process::{Command, Output};
@@ -95,24 +95,30 @@ fn a_bad_argument_is_a_usage_error() {
 }
 
 #[test]
-fn subcommands_not_built_yet_say_so_and_fail() {
+fn server_subcommands_check_their_configuration_and_store_url() {
+    let o = lbagent(&["dnsserver", "--check", "--store", "sqlite:/tmp/x.db"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("sqlite:/tmp/x.db"));
+    let o = lbagent(&["reporter", "--check", "--set", "reporter.writers=4"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     for args in [
-        vec!["dnsserver"],
-        vec!["reporter"],
-        vec!["standalone"],
-        vec!["route", "list"],
-        vec!["gethost", "1", "2"],
-        vec!["getroute", "1", "2"],
-        vec!["report", "1", "2", "10.0.0.1:80", "-1"],
-        vec!["qpstest"],
+        vec!["dnsserver", "--check", "--store", "mysql://x"],
+        vec!["reporter", "--check", "--store", "sqlite:"],
+        vec![
+            "dnsserver",
+            "--check",
+            "--set",
+            "dnsserver.poll_interval_ms=0",
+        ],
+        vec!["reporter", "--check", "--set", "reporter.writers=0"],
+        vec!["standalone", "--set", "dnsserver.idle_timeout=0"],
     ] {
         let o = lbagent(&args);
-        assert_eq!(o.status.code(), Some(69), "{args:?}");
-        assert!(
-            stderr(&o).contains("not built yet"),
-            "{args:?}: {}",
-            stderr(&o)
-        );
+        assert_eq!(o.status.code(), Some(78), "{args:?}: {}", stderr(&o));
+        assert_eq!(stderr(&o).trim().lines().count(), 1, "{args:?}: one line");
         assert!(o.stdout.is_empty(), "{args:?} printed output");
     }
+    let o = lbagent(&["route", "list", "--store", "mysql://x"]);
+    assert_eq!(o.status.code(), Some(78), "{}", stderr(&o));
+    assert!(stderr(&o).contains("store.url"), "{}", stderr(&o));
 }

@@ -312,6 +312,53 @@ impl Config {
         Ok(config)
     }
 
+    /// Like [`Config::load`], but fields the file does not set come from
+    /// `base` instead of the defaults (a subcommand with defaults of its
+    /// own, such as `standalone`'s loopback listeners).
+    ///
+    /// # Errors
+    /// As [`Config::load`].
+    pub fn load_onto(
+        base: &Config,
+        path: Option<&Path>,
+        overrides: &[String],
+    ) -> Result<Config, ConfigError> {
+        let (origin, text) = match path {
+            Some(p) => {
+                let text = std::fs::read_to_string(p).map_err(|source| ConfigError::Read {
+                    path: p.to_path_buf(),
+                    source,
+                })?;
+                (p.display().to_string(), text)
+            }
+            None => ("defaults".to_string(), String::new()),
+        };
+        // The file alone first, so that its errors carry a line and column.
+        let _: Config = toml::from_str(&text).map_err(|e| parse_error(&origin, &text, &e))?;
+        let file: toml::Table =
+            toml::from_str(&text).map_err(|e| parse_error(&origin, &text, &e))?;
+        let mut table = toml::Table::try_from(base).map_err(|e| ConfigError::Parse {
+            origin: "base configuration".into(),
+            location: String::new(),
+            message: e.to_string(),
+        })?;
+        for (section, fields) in file {
+            match (table.get_mut(&section), fields) {
+                (Some(toml::Value::Table(into)), toml::Value::Table(from)) => into.extend(from),
+                (_, fields) => {
+                    table.insert(section, fields);
+                }
+            }
+        }
+        for arg in overrides {
+            apply_override(&mut table, arg)?;
+        }
+        let config = Config::deserialize(toml::Value::Table(table))
+            .map_err(|e| parse_error("command line (--set)", "", &e))?;
+        config.validate()?;
+        Ok(config)
+    }
+
     /// Parses a configuration from TOML text and validates it.
     ///
     /// # Errors

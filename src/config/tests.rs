@@ -191,3 +191,24 @@ fn bad_overrides_are_refused_with_the_argument() {
         .to_string();
     assert!(e.contains("lb.probe_num"), "{e}");
 }
+
+#[test]
+fn load_onto_keeps_base_fields_the_file_does_not_set() {
+    let mut base = Config::default();
+    base.dnsserver.listen = "127.0.0.1:7777".parse().unwrap();
+    base.reporter.writers = 5;
+    let f = file("[dnsserver]\nthreads = 2\n[lb]\nprobe_num = 20\n");
+    let c = Config::load_onto(&base, Some(f.path()), &["reporter.writers=7".into()]).unwrap();
+    assert_eq!(c.dnsserver.listen, base.dnsserver.listen);
+    assert_eq!(c.dnsserver.threads, 2);
+    assert_eq!(c.lb.probe_num, 20);
+    assert_eq!(c.reporter.writers, 7);
+    assert_eq!(
+        Config::load_onto(&base, None, &[]).unwrap(),
+        base,
+        "no file, no overrides: the base itself"
+    );
+    let bad = file("[dnsserver]\nthreads = \"x\"\n");
+    let e = Config::load_onto(&base, Some(bad.path()), &[]).unwrap_err();
+    assert!(e.to_string().contains(":2:"), "{e}");
+}

@@ -17,13 +17,51 @@
 //! memory and the reporter writes from background threads. A [`Store`] is
 //! one connection; every thread that needs the store opens its own.
 //! Every method is synchronous and either completes in one transaction or
-//! changes nothing.
+//! changes nothing. After [`StoreError::Unavailable`] the same `Store` may
+//! simply be called again: a PostgreSQL store whose connection was lost
+//! connects again on the next call.
+//!
+//! # Values
+//!
+//! Every `u32` (modid, cmdid, an IPv4 address in host byte order, caller,
+//! counts) is an integer column checked to `0..=4294967295` (`BIGINT` on
+//! PostgreSQL, which has no unsigned types); ports are `1..=65535`;
+//! weights `1..=`[`MAX_WEIGHT`], and a node added with weight 0 (the
+//! wire's "unset") is stored with [`DEFAULT_WEIGHT`]; `ts` is seconds
+//! since the epoch, at most `i64::MAX`. Writes outside these ranges fail
+//! with [`StoreError::BadInput`] and change nothing (a call status batch
+//! with one bad row is refused whole: [`CallStatus::check`] filters rows
+//! first).
+//!
+//! # Versions
+//!
+//! Each `add_node` / `del_node` bumps the route version by one, under a
+//! lock (SQLite's write lock; PostgreSQL's row lock on `route_version`), so
+//! no two changes share a version, and logs its module with that version.
+//! A module's version is its latest change's ([`ModuleRoute::version`]).
+//!
+//! # Bad rows
+//!
+//! The tables check their columns, but a row written around those checks
+//! (a port 0, an address above 2^32, a negative count) must not stop a
+//! route server. Reads skip such a row, print one line on stderr naming
+//! the store, the table, the row and what is wrong (once per row per
+//! connection), and count it in [`Store::bad_rows`]. A bad
+//! `route_version` cannot be skipped: reads fail with
+//! [`StoreError::BadInput`].
 
+use std::collections::{BTreeMap, HashSet};
 use std::fmt;
 use std::path::PathBuf;
 use std::str::FromStr;
 
 use crate::model::{ModuleId, NodeAddr, RouteNode};
+
+mod migrations;
+mod postgres;
+mod sqlite;
+
+pub use migrations::LATEST as SCHEMA_VERSION;
 
 /// Where the store is: parsed from `sqlite:PATH` or a `postgres://` URL.
 #[derive(Clone, PartialEq, Eq)]
@@ -70,8 +108,29 @@ impl fmt::Debug for StoreUrl {
     }
 }
 
-/// A URL with its password replaced by `***`, for logs and errors.
+/// A URL with its password replaced by `***`, for logs and errors: the
+/// one in `user:password@` and a `password=` query parameter.
 pub fn redact(url: &str) -> String {
+    let (url, query) = match url.split_once('?') {
+        Some((u, q)) => (u, Some(q)),
+        None => (url, None),
+    };
+    let mut out = redact_userinfo(url);
+    if let Some(q) = query {
+        out.push('?');
+        let params: Vec<String> = q
+            .split('&')
+            .map(|p| match p.split_once('=') {
+                Some((k, _)) if k.eq_ignore_ascii_case("password") => format!("{k}=***"),
+                _ => p.to_string(),
+            })
+            .collect();
+        out.push_str(&params.join("&"));
+    }
+    out
+}
+
+fn redact_userinfo(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_string();
     };
@@ -206,20 +265,397 @@ pub trait Store: Send {
     /// Adds `node` to `module`: one transaction that inserts the node,
     /// bumps the route version and appends the module to the change log.
     /// Returns the new route version.
+    ///
+    /// # Errors
+    /// [`StoreError::Duplicate`] when the module has the node already;
+    /// [`StoreError::BadInput`] for port 0 or a weight above
+    /// [`MAX_WEIGHT`] (weight 0 is stored as [`DEFAULT_WEIGHT`]); both
+    /// change nothing.
     fn add_node(&mut self, module: ModuleId, node: RouteNode) -> Result<u64, StoreError>;
 
     /// Deletes `node` from `module`, in one transaction like
     /// [`Store::add_node`]. Returns the new route version.
+    ///
+    /// # Errors
+    /// [`StoreError::NotFound`] when the module has no such node; it
+    /// changes nothing.
     fn del_node(&mut self, module: ModuleId, node: NodeAddr) -> Result<u64, StoreError>;
 
     /// Every route, or one module's, sorted by module and node.
     fn list(&mut self, module: Option<ModuleId>) -> Result<Vec<ModuleRoute>, StoreError>;
 
     /// Writes a batch of call status rows in one transaction (insert, or
-    /// replace the row of the same module, node and caller).
+    /// replace the row of the same module, node and caller; the same key
+    /// twice in one batch: the last wins). Thousands of rows per call is
+    /// the intended use.
+    ///
+    /// # Errors
+    /// [`StoreError::BadInput`] when a row fails [`CallStatus::check`]:
+    /// the whole batch is refused.
     fn upsert_status(&mut self, rows: &[CallStatus]) -> Result<(), StoreError>;
 
     /// The call status rows, or one module's, sorted by module, node and
     /// caller.
     fn call_status(&mut self, module: Option<ModuleId>) -> Result<Vec<CallStatus>, StoreError>;
+
+    /// How many bad rows (see the module's "Bad rows") the last read
+    /// skipped: a figure for metrics. 0 before any read.
+    fn bad_rows(&self) -> u64 {
+        0
+    }
+}
+
+// === open ===
+
+/// The largest weight the store keeps. Weights are `1..=MAX_WEIGHT`; a
+/// node added with weight 0 (the wire's "unset") is stored with
+/// [`DEFAULT_WEIGHT`].
+pub const MAX_WEIGHT: u32 = 1_000_000;
+
+/// The weight a node added with weight 0 ("unset") is stored with.
+pub const DEFAULT_WEIGHT: u32 = 1;
+
+/// How long a PostgreSQL connection attempt may take when the URL sets no
+/// `connect_timeout`.
+pub const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// How long a SQLite connection waits for another process's write lock
+/// before it gives up with [`StoreError::Unavailable`].
+pub const SQLITE_BUSY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Opens one connection to the store at `url` and brings its schema up to
+/// [`SCHEMA_VERSION`].
+///
+/// SQLite: creates the file's directory and the file when missing, and
+/// puts the database in WAL mode (readers never wait for the writer);
+/// writers wait up to [`SQLITE_BUSY_TIMEOUT`] for each other. PostgreSQL:
+/// connects within the URL's `connect_timeout` (default
+/// [`CONNECT_TIMEOUT`]); TLS is not supported (`sslmode=prefer`, the
+/// default, falls back to plain TCP).
+///
+/// Migrations are idempotent and safe when several processes open the
+/// same store at once: they run in one transaction under SQLite's write
+/// lock or a PostgreSQL advisory lock (per schema), and each re-reads
+/// `schema_version` once it holds the lock. A store already current is
+/// opened without taking any lock.
+///
+/// # Errors
+/// [`StoreError::Unavailable`] when the database cannot be reached,
+/// created or migrated (the message names the store, password redacted,
+/// and says why); [`StoreError::BadUrl`] for a PostgreSQL URL that does not
+/// parse; [`StoreError::SchemaTooNew`] when the store was migrated by a
+/// newer lbagent.
+pub fn open(url: &StoreUrl) -> Result<Box<dyn Store>, StoreError> {
+    match url {
+        StoreUrl::Sqlite(path) => Ok(Box::new(sqlite::SqliteStore::open(path)?)),
+        StoreUrl::Postgres(url) => self::postgres::PostgresStore::open(url),
+    }
+}
+
+// === checks on what is written ===
+
+/// `node` as the store keeps it: weight 0 becomes [`DEFAULT_WEIGHT`].
+///
+/// # Errors
+/// [`StoreError::BadInput`] for port 0 or a weight above [`MAX_WEIGHT`].
+pub fn check_node(module: ModuleId, node: RouteNode) -> Result<RouteNode, StoreError> {
+    check_addr(module, node.addr)?;
+    if node.weight > MAX_WEIGHT {
+        return Err(StoreError::BadInput(format!(
+            "module {module} node {}: weight {} is out of range: use 1..={MAX_WEIGHT}",
+            node.addr, node.weight
+        )));
+    }
+    let weight = if node.weight == 0 {
+        DEFAULT_WEIGHT
+    } else {
+        node.weight
+    };
+    Ok(RouteNode { weight, ..node })
+}
+
+fn check_addr(module: ModuleId, addr: NodeAddr) -> Result<(), StoreError> {
+    if addr.port == 0 {
+        return Err(StoreError::BadInput(format!(
+            "module {module} node {addr}: port 0 is not a service port: use 1..=65535"
+        )));
+    }
+    Ok(())
+}
+
+impl CallStatus {
+    /// Whether the store can keep this row.
+    ///
+    /// # Errors
+    /// [`StoreError::BadInput`] for port 0 or a `ts` above `i64::MAX`.
+    pub fn check(&self) -> Result<(), StoreError> {
+        check_addr(self.module, self.node)?;
+        if i64::try_from(self.ts).is_err() {
+            return Err(StoreError::BadInput(format!(
+                "call status of module {} node {} from {}: ts {} is out of range",
+                self.module,
+                self.node,
+                std::net::Ipv4Addr::from(self.caller),
+                self.ts
+            )));
+        }
+        Ok(())
+    }
+
+    /// The row's key: module, node, caller.
+    pub fn key(&self) -> (ModuleId, NodeAddr, u32) {
+        (self.module, self.node, self.caller)
+    }
+}
+
+/// `rows` checked, with the last row of each key kept, sorted by key: one
+/// statement may then write them all, and concurrent writers lock rows in
+/// the same order.
+pub(crate) fn prepare_status(rows: &[CallStatus]) -> Result<Vec<CallStatus>, StoreError> {
+    let mut last = BTreeMap::new();
+    for row in rows {
+        row.check()?;
+        last.insert(row.key(), *row);
+    }
+    Ok(last.into_values().collect())
+}
+
+// === reading rows that may be wrong (the module's "Bad rows") ===
+
+/// A `route_data` row as read.
+pub(crate) struct RouteRow {
+    pub modid: i64,
+    pub cmdid: i64,
+    pub ip: i64,
+    pub port: i64,
+    pub weight: i64,
+}
+
+/// A `route_change` row, or one module's latest change, as read.
+pub(crate) struct ChangeRow {
+    pub modid: i64,
+    pub cmdid: i64,
+    pub version: i64,
+}
+
+/// A `server_call_status` row as read.
+pub(crate) struct StatusRow {
+    pub modid: i64,
+    pub cmdid: i64,
+    pub ip: i64,
+    pub port: i64,
+    pub caller: i64,
+    pub succ: i64,
+    pub err: i64,
+    pub ts: i64,
+    pub overload: i64,
+}
+
+fn u32_col(name: &str, v: i64) -> Result<u32, String> {
+    u32::try_from(v).map_err(|_| format!("{name} {v} is not in 0..=4294967295"))
+}
+
+fn port_col(v: i64) -> Result<u16, String> {
+    match u16::try_from(v) {
+        Ok(p) if p != 0 => Ok(p),
+        _ => Err(format!("port {v} is not in 1..=65535")),
+    }
+}
+
+fn module_of(modid: i64, cmdid: i64) -> Result<ModuleId, String> {
+    Ok(ModuleId::new(
+        u32_col("modid", modid)?,
+        u32_col("cmdid", cmdid)?,
+    ))
+}
+
+impl RouteRow {
+    fn parse(&self) -> Result<(ModuleId, RouteNode), String> {
+        let module = module_of(self.modid, self.cmdid)?;
+        let ip = u32_col("ip", self.ip)?;
+        let port = port_col(self.port)?;
+        let weight = match u32::try_from(self.weight) {
+            Ok(w) if w <= MAX_WEIGHT => w,
+            _ => return Err(format!("weight {} is not in 1..={MAX_WEIGHT}", self.weight)),
+        };
+        let addr = NodeAddr { ip, port };
+        Ok((module, RouteNode { addr, weight }))
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "route_data row (modid={}, cmdid={}, ip={}, port={}, weight={})",
+            self.modid, self.cmdid, self.ip, self.port, self.weight
+        )
+    }
+}
+
+impl ChangeRow {
+    fn parse(&self) -> Result<(ModuleId, u64), String> {
+        let module = module_of(self.modid, self.cmdid)?;
+        let version = u64::try_from(self.version)
+            .map_err(|_| format!("version {} is negative", self.version))?;
+        Ok((module, version))
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "route_change row (version={}, modid={}, cmdid={})",
+            self.version, self.modid, self.cmdid
+        )
+    }
+}
+
+impl StatusRow {
+    fn parse(&self) -> Result<CallStatus, String> {
+        let module = module_of(self.modid, self.cmdid)?;
+        let node = NodeAddr {
+            ip: u32_col("ip", self.ip)?,
+            port: port_col(self.port)?,
+        };
+        let ts = u64::try_from(self.ts).map_err(|_| format!("ts {} is negative", self.ts))?;
+        let overload = match self.overload {
+            0 => false,
+            1 => true,
+            v => return Err(format!("overload {v} is neither 0 nor 1")),
+        };
+        Ok(CallStatus {
+            module,
+            node,
+            caller: u32_col("caller", self.caller)?,
+            succ: u32_col("succ_cnt", self.succ)?,
+            err: u32_col("err_cnt", self.err)?,
+            ts,
+            overload,
+        })
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "server_call_status row (modid={}, cmdid={}, ip={}, port={}, caller={}, succ_cnt={}, err_cnt={}, ts={}, overload={})",
+            self.modid, self.cmdid, self.ip, self.port, self.caller, self.succ, self.err, self.ts, self.overload
+        )
+    }
+}
+
+/// The route version as read, checked.
+pub(crate) fn version_of(url: &str, v: Option<i64>) -> Result<u64, StoreError> {
+    match v {
+        None => Ok(0),
+        Some(v) => u64::try_from(v).map_err(|_| {
+            StoreError::BadInput(format!(
+                "store {url}: route_version.version is {v}: it must be 0 or more; fix the row by hand"
+            ))
+        }),
+    }
+}
+
+/// Skips and reports bad rows for one connection.
+pub(crate) struct BadRows {
+    url: String,
+    reported: HashSet<String>,
+    last: u64,
+}
+
+impl BadRows {
+    pub fn new(url: String) -> Self {
+        Self {
+            url,
+            reported: HashSet::new(),
+            last: 0,
+        }
+    }
+
+    /// Starts a read: the count restarts.
+    pub fn start(&mut self) {
+        self.last = 0;
+    }
+
+    /// Rows skipped by the last read.
+    pub fn count(&self) -> u64 {
+        self.last
+    }
+
+    fn skip(&mut self, row: String, why: String) {
+        self.last += 1;
+        // Once per row per connection: a route server re-reads every few seconds.
+        if self.reported.len() < 10_000 && self.reported.insert(row.clone()) {
+            eprintln!("lbagent: store {}: skipping bad {row}: {why}", self.url);
+        }
+    }
+
+    pub fn routes(&mut self, rows: Vec<RouteRow>) -> Vec<(ModuleId, RouteNode)> {
+        rows.into_iter()
+            .filter_map(|r| r.parse().map_err(|why| self.skip(r.describe(), why)).ok())
+            .collect()
+    }
+
+    pub fn changes(&mut self, rows: Vec<ChangeRow>) -> BTreeMap<ModuleId, u64> {
+        let mut latest = BTreeMap::new();
+        for r in rows {
+            match r.parse() {
+                Ok((module, v)) => {
+                    let e = latest.entry(module).or_insert(v);
+                    *e = (*e).max(v);
+                }
+                Err(why) => self.skip(r.describe(), why),
+            }
+        }
+        latest
+    }
+
+    pub fn statuses(&mut self, rows: Vec<StatusRow>) -> Vec<CallStatus> {
+        let mut out: Vec<CallStatus> = rows
+            .into_iter()
+            .filter_map(|r| r.parse().map_err(|why| self.skip(r.describe(), why)).ok())
+            .collect();
+        out.sort_unstable_by_key(CallStatus::key);
+        out
+    }
+}
+
+/// Groups nodes into modules, sorted by module and node, each with its
+/// version: its latest change in `latest`, else `route_version`. Modules
+/// in `keep` appear even with no node (a module whose last node was
+/// deleted); the others only with nodes.
+pub(crate) fn assemble(
+    route_version: u64,
+    latest: &BTreeMap<ModuleId, u64>,
+    nodes: Vec<(ModuleId, RouteNode)>,
+    keep: impl IntoIterator<Item = ModuleId>,
+) -> Vec<ModuleRoute> {
+    let mut by_module: BTreeMap<ModuleId, Vec<RouteNode>> = BTreeMap::new();
+    for m in keep {
+        by_module.entry(m).or_default();
+    }
+    for (m, n) in nodes {
+        by_module.entry(m).or_default().push(n);
+    }
+    by_module
+        .into_iter()
+        .map(|(module, mut nodes)| {
+            nodes.sort_unstable_by_key(|n| n.addr);
+            let version = latest.get(&module).copied().unwrap_or(route_version);
+            ModuleRoute {
+                module,
+                version,
+                nodes,
+            }
+        })
+        .collect()
+}
+
+/// An error and its causes, `: `-separated, for [`StoreError::Unavailable`].
+pub(crate) fn why(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let c_s = c.to_string();
+        if !s.contains(&c_s) {
+            s.push_str(": ");
+            s.push_str(&c_s);
+        }
+        cause = c.source();
+    }
+    s
 }

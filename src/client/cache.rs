@@ -1,0 +1,396 @@
+//! The route cache (the original's CacheLayer), sans-IO: which node to
+//! return, when to ask the agent for the route again, and which reports to
+//! hold or send. Time is an argument; the client shell does the sending.
+//!
+//! # Rules
+//!
+//! - A module's route is kept in process while the agent says no node of it
+//!   is overloaded; getHost then chooses round robin locally, starting at a
+//!   random node (so that many processes do not all begin with the same one).
+//! - The route is refreshed at most every [`REFRESH_INTERVAL`] (2 s) while
+//!   the module is in use, with the cache getRoute message naming the
+//!   version held (an unchanged route costs no route transfer); the first
+//!   getHost after a failure report refreshes at once, so that a node the
+//!   failure made overloaded is seen without delay.
+//! - While any node of the module is overloaded, every getHost goes through
+//!   the agent ([`Pick::PassThrough`]), as without the cache, and every
+//!   report is sent at once.
+//! - Successful reports of a cached module are held, counted per node, and
+//!   sent as one batch report: before the module's refresh (so at most every
+//!   2 s while it is in use), when the oldest has been held
+//!   [`HOLD_LIMIT`] at a report, when [`MAX_HELD_NODES`] nodes are held,
+//!   before any failure report of the module (so the agent sees them in the
+//!   order they happened), and on [`super::Client::flush`] or drop.
+//! - Failures are never held.
+
+use std::collections::HashMap;
+
+use crate::model::{ModuleId, NodeAddr, RouteNode};
+
+/// How often a module in use is asked for again, at most: milliseconds.
+pub const REFRESH_INTERVAL_MS: u64 = 2_000;
+
+/// [`REFRESH_INTERVAL_MS`] as a duration.
+pub const REFRESH_INTERVAL: std::time::Duration =
+    std::time::Duration::from_millis(REFRESH_INTERVAL_MS);
+
+/// The longest a success is held before the next report of its module
+/// sends the batch: milliseconds.
+pub const HOLD_LIMIT_MS: u64 = 2_000;
+
+/// [`HOLD_LIMIT_MS`] as a duration.
+pub const HOLD_LIMIT: std::time::Duration = std::time::Duration::from_millis(HOLD_LIMIT_MS);
+
+/// The most distinct nodes one batch report carries (12 bytes each: a
+/// batch stays far below a datagram's limit).
+pub const MAX_HELD_NODES: usize = 1_024;
+
+/// The most modules cached; getHosts of further modules pass through.
+pub const MAX_MODULES: usize = 65_536;
+
+/// What the cache answers a getHost.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pick {
+    /// This node, chosen locally.
+    Host(NodeAddr),
+    /// Ask the agent for the route first (cache getRoute with
+    /// `known_version`, 0 = none held), then pick again.
+    Refresh {
+        /// The version held, 0 when none.
+        known_version: u64,
+    },
+    /// Go through the agent for this getHost.
+    PassThrough,
+}
+
+/// The agent's answer to a cache getRoute, as the cache needs it.
+#[derive(Clone, Copy, Debug)]
+pub struct Refreshed<'a> {
+    /// The route's version.
+    pub version: u64,
+    /// True when the route is the one held (`nodes` is then empty).
+    pub unchanged: bool,
+    /// True when any node of the module is overloaded.
+    pub any_overloaded: bool,
+    /// The route's nodes when it changed.
+    pub nodes: &'a [RouteNode],
+}
+
+#[derive(Debug, Default)]
+struct Entry {
+    version: u64,
+    nodes: Vec<NodeAddr>,
+    next: usize,
+    any_overloaded: bool,
+    /// When the route was last refreshed; None: never (or forgotten).
+    refreshed_at: Option<u64>,
+    /// Refresh at the next getHost (a failure was reported).
+    refresh_now: bool,
+    /// Successes held, per node, in the order the nodes were first held.
+    held: Vec<(NodeAddr, u32)>,
+    /// When the oldest held success was reported.
+    held_since: u64,
+}
+
+impl Entry {
+    fn cached(&self) -> bool {
+        self.refreshed_at.is_some() && !self.nodes.is_empty()
+    }
+}
+
+/// Every module's cached route and held successes.
+#[derive(Debug, Default)]
+pub struct RouteCache {
+    modules: HashMap<ModuleId, Entry>,
+}
+
+impl RouteCache {
+    /// An empty cache.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// What to do for a getHost of `module` at `now_ms` (monotonic).
+    pub fn pick(&mut self, module: ModuleId, now_ms: u64) -> Pick {
+        if !self.modules.contains_key(&module) && self.modules.len() >= MAX_MODULES {
+            return Pick::PassThrough;
+        }
+        let e = self.modules.entry(module).or_default();
+        let due = match e.refreshed_at {
+            None => true,
+            Some(t) => e.refresh_now || now_ms.saturating_sub(t) >= REFRESH_INTERVAL_MS,
+        };
+        if due {
+            return Pick::Refresh {
+                known_version: if e.cached() { e.version } else { 0 },
+            };
+        }
+        if e.any_overloaded || e.nodes.is_empty() {
+            return Pick::PassThrough;
+        }
+        let i = e.next % e.nodes.len();
+        e.next = (i + 1) % e.nodes.len();
+        Pick::Host(e.nodes[i])
+    }
+
+    /// Applies the agent's answer to a cache getRoute of `module`;
+    /// `start` picks where round robin starts in a new route. Returns false
+    /// (and changes nothing) when the answer says "unchanged" about a
+    /// version the cache does not hold, or carries a route without nodes:
+    /// a bad response.
+    pub fn refreshed(
+        &mut self,
+        module: ModuleId,
+        r: &Refreshed<'_>,
+        now_ms: u64,
+        start: usize,
+    ) -> bool {
+        let e = self.modules.entry(module).or_default();
+        if r.unchanged {
+            if !e.cached() || e.version != r.version {
+                return false;
+            }
+        } else {
+            if r.nodes.is_empty() {
+                return false;
+            }
+            e.nodes.clear();
+            e.nodes.extend(r.nodes.iter().map(|n| n.addr));
+            e.next = start % e.nodes.len();
+            e.version = r.version;
+        }
+        e.any_overloaded = r.any_overloaded;
+        e.refreshed_at = Some(now_ms);
+        e.refresh_now = false;
+        true
+    }
+
+    /// The agent knows no route for `module` (or the refresh failed): drop
+    /// the route, so that the next getHost asks again.
+    pub fn forget(&mut self, module: ModuleId) {
+        if let Some(e) = self.modules.get_mut(&module) {
+            e.nodes.clear();
+            e.version = 0;
+            e.refreshed_at = None;
+            e.any_overloaded = false;
+        }
+    }
+
+    /// Records a report of `module` at `now_ms`. Moves into `out` the
+    /// successes that must be sent (as one batch) before anything else;
+    /// returns true when this report must be sent now, after that batch,
+    /// and false when it is held.
+    pub fn report(
+        &mut self,
+        module: ModuleId,
+        host: NodeAddr,
+        retcode: i32,
+        now_ms: u64,
+        out: &mut Vec<(NodeAddr, u32)>,
+    ) -> bool {
+        let Some(e) = self.modules.get_mut(&module) else {
+            return true;
+        };
+        if retcode != 0 {
+            out.append(&mut e.held);
+            e.refresh_now = true;
+            return true;
+        }
+        if !e.cached() || e.any_overloaded {
+            out.append(&mut e.held);
+            return true;
+        }
+        let slot = e.held.iter().position(|(a, _)| *a == host);
+        let full = slot.is_none() && e.held.len() >= MAX_HELD_NODES;
+        let old = !e.held.is_empty() && now_ms.saturating_sub(e.held_since) >= HOLD_LIMIT_MS;
+        let overflow = slot.is_some_and(|i| e.held[i].1 == u32::MAX);
+        if full || old || overflow {
+            out.append(&mut e.held);
+        }
+        if e.held.is_empty() {
+            e.held_since = now_ms;
+        }
+        match e.held.iter_mut().find(|(a, _)| *a == host) {
+            Some((_, n)) => *n += 1,
+            None => e.held.push((host, 1)),
+        }
+        false
+    }
+
+    /// Moves `module`'s held successes into `out` (before a refresh).
+    pub fn take_held(&mut self, module: ModuleId, out: &mut Vec<(NodeAddr, u32)>) {
+        if let Some(e) = self.modules.get_mut(&module) {
+            out.append(&mut e.held);
+        }
+    }
+
+    /// The modules that hold successes, for a flush of everything.
+    pub fn modules_holding(&self) -> Vec<ModuleId> {
+        self.modules
+            .iter()
+            .filter(|(_, e)| !e.held.is_empty())
+            .map(|(m, _)| *m)
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::Ipv4Addr;
+
+    const M: ModuleId = ModuleId::new(1, 1);
+
+    fn node(i: u8) -> NodeAddr {
+        NodeAddr::new(Ipv4Addr::new(10, 0, 0, i), 80)
+    }
+
+    fn route(n: u8) -> Vec<RouteNode> {
+        (1..=n)
+            .map(|i| RouteNode {
+                addr: node(i),
+                weight: 1,
+            })
+            .collect()
+    }
+
+    fn fresh(version: u64, nodes: &[RouteNode], any_overloaded: bool) -> Refreshed<'_> {
+        Refreshed {
+            version,
+            unchanged: false,
+            any_overloaded,
+            nodes,
+        }
+    }
+
+    fn unchanged(version: u64, any_overloaded: bool) -> Refreshed<'static> {
+        Refreshed {
+            version,
+            unchanged: true,
+            any_overloaded,
+            nodes: &[],
+        }
+    }
+
+    fn cached(start: usize) -> RouteCache {
+        let mut c = RouteCache::new();
+        assert_eq!(c.pick(M, 0), Pick::Refresh { known_version: 0 });
+        assert!(c.refreshed(M, &fresh(5, &route(3), false), 0, start));
+        c
+    }
+
+    #[test]
+    fn a_cached_route_is_served_round_robin_from_the_start_given() {
+        let mut c = cached(1);
+        let picks: Vec<Pick> = (0..4).map(|t| c.pick(M, t)).collect();
+        assert_eq!(
+            picks,
+            [node(2), node(3), node(1), node(2)]
+                .map(Pick::Host)
+                .to_vec()
+        );
+    }
+
+    #[test]
+    fn refresh_is_due_every_interval_and_names_the_version_held() {
+        let mut c = cached(0);
+        assert!(matches!(c.pick(M, REFRESH_INTERVAL_MS - 1), Pick::Host(_)));
+        assert_eq!(
+            c.pick(M, REFRESH_INTERVAL_MS),
+            Pick::Refresh { known_version: 5 }
+        );
+        assert!(c.refreshed(M, &unchanged(5, false), REFRESH_INTERVAL_MS, 0));
+        assert!(matches!(c.pick(M, REFRESH_INTERVAL_MS + 1), Pick::Host(_)));
+    }
+
+    #[test]
+    fn unchanged_about_another_version_or_an_empty_route_is_refused() {
+        let mut c = cached(0);
+        assert!(!c.refreshed(M, &unchanged(6, false), 10, 0));
+        assert!(!c.refreshed(M, &fresh(7, &[], false), 10, 0));
+        let mut empty = RouteCache::new();
+        assert!(!empty.refreshed(M, &unchanged(5, false), 0, 0));
+    }
+
+    #[test]
+    fn any_overloaded_node_sends_every_get_host_and_report_through_the_agent() {
+        let mut c = RouteCache::new();
+        c.pick(M, 0);
+        c.refreshed(M, &fresh(5, &route(2), true), 0, 0);
+        assert_eq!(c.pick(M, 1), Pick::PassThrough);
+        let mut out = Vec::new();
+        assert!(c.report(M, node(1), 0, 1, &mut out), "not held");
+        assert!(out.is_empty());
+        // Back to caching once the agent says no node is overloaded.
+        assert_eq!(
+            c.pick(M, REFRESH_INTERVAL_MS),
+            Pick::Refresh { known_version: 5 }
+        );
+        c.refreshed(M, &unchanged(5, false), REFRESH_INTERVAL_MS, 0);
+        assert!(matches!(c.pick(M, REFRESH_INTERVAL_MS), Pick::Host(_)));
+    }
+
+    #[test]
+    fn successes_are_held_and_a_failure_sends_them_first() {
+        let mut c = cached(0);
+        let mut out = Vec::new();
+        for h in [1, 2, 1, 1] {
+            assert!(!c.report(M, node(h), 0, 10, &mut out), "held");
+        }
+        assert!(out.is_empty());
+        assert!(
+            c.report(M, node(2), -1, 11, &mut out),
+            "failures go at once"
+        );
+        assert_eq!(out, vec![(node(1), 3), (node(2), 1)]);
+        // The next getHost refreshes at once.
+        assert_eq!(c.pick(M, 12), Pick::Refresh { known_version: 5 });
+    }
+
+    #[test]
+    fn held_successes_go_out_when_old_or_too_many_nodes() {
+        let mut c = cached(0);
+        let mut out = Vec::new();
+        assert!(!c.report(M, node(1), 0, 100, &mut out));
+        assert!(!c.report(M, node(1), 0, 100 + HOLD_LIMIT_MS - 1, &mut out));
+        assert!(out.is_empty());
+        assert!(!c.report(M, node(2), 0, 100 + HOLD_LIMIT_MS, &mut out));
+        assert_eq!(
+            out,
+            vec![(node(1), 2)],
+            "the old ones go, the new one is held"
+        );
+        out.clear();
+        let mut held = Vec::new();
+        c.take_held(M, &mut held);
+        assert_eq!(held, vec![(node(2), 1)]);
+
+        for i in 0..MAX_HELD_NODES {
+            let a = NodeAddr {
+                ip: i as u32 + 1,
+                port: 1,
+            };
+            assert!(!c.report(M, a, 0, 200, &mut out));
+        }
+        assert!(out.is_empty());
+        assert!(!c.report(M, node(9), 0, 200, &mut out));
+        assert_eq!(out.len(), MAX_HELD_NODES);
+        assert_eq!(c.modules_holding(), vec![M]);
+    }
+
+    #[test]
+    fn reports_of_an_uncached_module_go_at_once() {
+        let mut c = RouteCache::new();
+        let mut out = Vec::new();
+        assert!(c.report(M, node(1), 0, 0, &mut out));
+        c.pick(M, 0);
+        assert!(
+            c.report(M, node(1), 0, 0, &mut out),
+            "asked but never answered"
+        );
+        let mut c = cached(0);
+        c.forget(M);
+        assert!(c.report(M, node(1), 0, 0, &mut out));
+        assert_eq!(c.pick(M, 1), Pick::Refresh { known_version: 0 });
+    }
+}

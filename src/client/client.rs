@@ -1,0 +1,811 @@
+//! [`Client`]: the shell that ties the heartbeat, the UDP link, the static
+//! route file and the route cache together. Every decision with rules of
+//! its own lives below it (`locate`, `link`, `statics`, `cache`); this file
+//! says which to ask in which order, and turns answers into typed results.
+
+use std::time::{Duration, Instant};
+
+use super::cache::{Pick, Refreshed, RouteCache};
+use super::link::{Failure, Link};
+use super::locate::{Endpoints, Liveness, Locator};
+use super::statics::StaticRoutes;
+use super::{ClientError, ClientOptions, Host, HostSource, RouteView};
+use crate::agent::clock;
+use crate::agent::heartbeat::AgentInfo;
+use crate::model::{ModuleId, NodeAddr, RouteNode};
+use crate::wire::{fb, Encoder, Message, NodeStatus, Report, RetCode, MAX_REGISTER_TIMEOUT_MS};
+
+/// One application thread's handle on the local agent. `Send`, not meant
+/// to be shared: give each thread its own (they are cheap: a few sockets and
+/// a 64 KiB buffer).
+pub struct Client {
+    opts: ClientOptions,
+    locator: Locator,
+    link: Link,
+    statics: StaticRoutes,
+    cache: Option<RouteCache>,
+    /// Per shard: the beat at which the shard last failed to answer. Until
+    /// the beat moves, getHost for that shard answers from the static
+    /// route file instead of waiting again.
+    suspect: Vec<Option<u64>>,
+    /// The locator generation `suspect` belongs to.
+    suspect_generation: u64,
+    /// The beat seen by the last successful [`Client::locate`].
+    beat: u64,
+    /// Held successes on their way out (scratch).
+    batch: Vec<(NodeAddr, u32)>,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Client")
+            .field("opts", &self.opts)
+            .field("locator", &self.locator)
+            .field("link", &self.link)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What an answer closure makes of the agent's answer.
+enum Reply<T> {
+    /// The call's result.
+    Done(Result<T, ClientError>),
+    /// The agent says another shard owns the module: its shard count is not
+    /// the heartbeat's. Carries the agent's message.
+    WrongShard(String),
+}
+
+/// Why an exchange with the agent produced no answer.
+enum Trouble {
+    /// The agent answered, with an error (or garbage).
+    Error(ClientError),
+    /// The agent did not answer: its port refused the datagram, or nothing
+    /// came back within the timeout (`timed_out`).
+    Unreachable { why: String, timed_out: bool },
+}
+
+impl Client {
+    /// A client with the default options ([`ClientOptions::default`]).
+    ///
+    /// # Errors
+    /// As [`Client::with_options`].
+    pub fn new() -> Result<Client, ClientError> {
+        Self::with_options(ClientOptions::default())
+    }
+
+    /// A client with `opts`. Nothing is opened yet: a missing heartbeat file
+    /// is not an error here (the agent may start later).
+    ///
+    /// # Errors
+    /// [`ClientError::BadRequest`] when an option is invalid
+    /// ([`ClientOptions::validate`]).
+    pub fn with_options(opts: ClientOptions) -> Result<Client, ClientError> {
+        opts.validate()?;
+        let max_age_ms = u64::try_from(opts.max_heartbeat_age.as_millis()).unwrap_or(u64::MAX);
+        Ok(Client {
+            locator: Locator::new(
+                opts.heartbeat_path.clone(),
+                max_age_ms,
+                opts.snapshot_path.clone(),
+            ),
+            link: Link::new(),
+            statics: StaticRoutes::default(),
+            cache: opts.cache.then(RouteCache::new),
+            suspect: Vec::new(),
+            suspect_generation: 0,
+            beat: 0,
+            batch: Vec::new(),
+            opts,
+        })
+    }
+
+    /// The options this client runs with.
+    pub fn options(&self) -> &ClientOptions {
+        &self.opts
+    }
+
+    /// Asks for a node of module `(modid, cmdid)`, waiting at most `timeout`
+    /// for the agent (re-sending the request within it). While the agent is
+    /// down the node comes from the static route file (see the module
+    /// documentation); with the route cache on, from the cache while no node
+    /// of the module is overloaded. [`Host::source`] says which.
+    ///
+    /// # Errors
+    /// [`ClientError::NoSuchModule`], [`ClientError::Overloaded`],
+    /// [`ClientError::Rejected`] as the agent answers;
+    /// [`ClientError::StaticRoutes`] when the agent is down and the static
+    /// route file cannot answer; [`ClientError::AgentDown`] when the agent
+    /// is down and static fallback is off; [`ClientError::Timeout`];
+    /// [`ClientError::BadResponse`]; [`ClientError::BadRequest`] for a
+    /// timeout under 1 ms or a request the agent refused.
+    pub fn get_host(
+        &mut self,
+        modid: u32,
+        cmdid: u32,
+        timeout: Duration,
+    ) -> Result<Host, ClientError> {
+        let module = ModuleId::new(modid, cmdid);
+        check_timeout(timeout)?;
+        let started = Instant::now();
+        let endpoints = match self.locate() {
+            Ok(e) => e,
+            Err(why) => return self.static_host(module, why),
+        };
+        let shard = module.shard(endpoints.shards);
+        let suspect = self.suspect.get(shard as usize).copied().flatten();
+        if self.opts.static_fallback && suspect == Some(self.beat) {
+            let why = format!(
+                "its shard {shard} ({}) did not answer and the heartbeat has not moved since",
+                endpoints.shard_addr(shard)
+            );
+            return self.static_host(module, why);
+        }
+        let deadline = started + timeout;
+        if self.cache.is_some() {
+            return self.cached_get_host(module, started, deadline);
+        }
+        self.agent_get_host(module, started, deadline)
+    }
+
+    /// Reports the result of a call to `host` of module `(modid, cmdid)`:
+    /// `retcode` 0 is success, anything else a failure that counts
+    /// `max(1, tcost_ms / 100)` errors. Fire and forget: nothing waits for
+    /// the agent. With the route cache, successes may be held and batched
+    /// (see [`super::cache`]). While the agent is down the report is
+    /// dropped and the result is `Ok(())`, as in the original.
+    ///
+    /// # Errors
+    /// [`ClientError::BadRequest`] when `host` has port 0 (no node has).
+    pub fn report(
+        &mut self,
+        modid: u32,
+        cmdid: u32,
+        host: NodeAddr,
+        retcode: i32,
+        tcost_ms: u32,
+    ) -> Result<(), ClientError> {
+        let module = ModuleId::new(modid, cmdid);
+        if host.port == 0 {
+            return Err(ClientError::BadRequest(format!(
+                "cannot report a call to {host}: port 0 names no node (report the host getHost returned)"
+            )));
+        }
+        let Ok(endpoints) = self.locate() else {
+            if let Some(cache) = &mut self.cache {
+                // Successes of an agent that is gone are dropped with it.
+                cache.take_held(module, &mut self.batch);
+                self.batch.clear();
+            }
+            return Ok(());
+        };
+        let shard = module.shard(endpoints.shards);
+        if let Some(cache) = &mut self.cache {
+            self.batch.clear();
+            let now_send = cache.report(module, host, retcode, clock::now_ms(), &mut self.batch);
+            self.send_batch(module, shard);
+            if !now_send {
+                return Ok(());
+            }
+        }
+        let report = Report {
+            seq: 0,
+            module,
+            host,
+            retcode,
+            tcost_ms,
+            downstream_level: None,
+        };
+        let sent = self.link.send(shard, |e, seq| {
+            e.report_req(&Report { seq, ..report });
+        });
+        self.note_send(shard, sent);
+        Ok(())
+    }
+
+    /// Asks the agent to pull module `(modid, cmdid)` before first use and
+    /// waits (at most `timeout`) until its route is there; returns the
+    /// route's version. The agent is told to give up a little before
+    /// `timeout` (9/10 of it, at most 60 s) so that its answer arrives in
+    /// time.
+    ///
+    /// # Errors
+    /// [`ClientError::NoSuchModule`] when the route server does not know the
+    /// module, [`ClientError::Timeout`] when the route did not arrive in
+    /// time (or the agent did not answer), [`ClientError::AgentDown`],
+    /// [`ClientError::BadResponse`], [`ClientError::BadRequest`] (a timeout
+    /// under 1 ms).
+    pub fn register(
+        &mut self,
+        modid: u32,
+        cmdid: u32,
+        timeout: Duration,
+    ) -> Result<u64, ClientError> {
+        let module = ModuleId::new(modid, cmdid);
+        check_timeout(timeout)?;
+        let started = Instant::now();
+        self.locate().map_err(ClientError::AgentDown)?;
+        let agent_wait =
+            (timeout.as_millis() * 9 / 10).clamp(1, u128::from(MAX_REGISTER_TIMEOUT_MS));
+        let agent_wait = agent_wait as u32;
+        let r = self.exchange(
+            module,
+            started + timeout,
+            |e, seq| {
+                e.register_req(seq, module, agent_wait);
+            },
+            |msg| match msg {
+                Message::RegisterResp(r) => {
+                    if let Some(e) = other_module(module, r.modid(), r.cmdid(), "RegisterResp") {
+                        return Reply::Done(Err(e));
+                    }
+                    match r.retcode() {
+                        RetCode::Ok => Reply::Done(Ok(r.version())),
+                        RetCode::Timeout => Reply::Done(Err(ClientError::Timeout {
+                            module,
+                            waited: started.elapsed(),
+                        })),
+                        rc => retcode_reply(module, rc, ""),
+                    }
+                }
+                other => other_reply(module, other, "RegisterReq"),
+            },
+        );
+        r.map_err(|t| self.not_answered(module, started, t))
+    }
+
+    /// The agent's view of module `(modid, cmdid)`: its route version and
+    /// every node with its state and counters (what `lbagent getroute`
+    /// prints). Waits at most `timeout`.
+    ///
+    /// # Errors
+    /// [`ClientError::NoSuchModule`] when the agent has no route for it,
+    /// [`ClientError::AgentDown`], [`ClientError::Timeout`],
+    /// [`ClientError::BadResponse`], [`ClientError::BadRequest`] (a timeout
+    /// under 1 ms).
+    pub fn get_route(
+        &mut self,
+        modid: u32,
+        cmdid: u32,
+        timeout: Duration,
+    ) -> Result<RouteView, ClientError> {
+        let module = ModuleId::new(modid, cmdid);
+        check_timeout(timeout)?;
+        let started = Instant::now();
+        self.locate().map_err(ClientError::AgentDown)?;
+        let r = self.exchange(
+            module,
+            started + timeout,
+            |e, seq| {
+                e.get_route_req(seq, module);
+            },
+            |msg| match msg {
+                Message::GetRouteResp(r) => {
+                    if let Some(e) = other_module(module, r.modid(), r.cmdid(), "GetRouteResp") {
+                        return Reply::Done(Err(e));
+                    }
+                    match r.retcode() {
+                        RetCode::Ok => {
+                            let nodes: Vec<NodeStatus> = r
+                                .nodes()
+                                .map(|v| v.iter().map(NodeStatus::from).collect())
+                                .unwrap_or_default();
+                            Reply::Done(Ok(RouteView {
+                                module,
+                                version: r.version(),
+                                nodes,
+                            }))
+                        }
+                        rc => retcode_reply(module, rc, ""),
+                    }
+                }
+                other => other_reply(module, other, "GetRouteReq"),
+            },
+        );
+        r.map_err(|t| self.not_answered(module, started, t))
+    }
+
+    /// Sends every success the route cache holds, one batch report per
+    /// module (also done on drop). Without the cache, nothing to do.
+    ///
+    /// # Errors
+    /// [`ClientError::AgentDown`] when the agent is down: what was held is
+    /// dropped.
+    pub fn flush(&mut self) -> Result<(), ClientError> {
+        let Some(cache) = &self.cache else {
+            return Ok(());
+        };
+        let modules = cache.modules_holding();
+        if modules.is_empty() {
+            return Ok(());
+        }
+        let located = self.locate();
+        let mut dropped = 0u64;
+        for module in modules {
+            self.batch.clear();
+            if let Some(cache) = &mut self.cache {
+                cache.take_held(module, &mut self.batch);
+            }
+            match &located {
+                Ok(endpoints) => {
+                    let shard = module.shard(endpoints.shards);
+                    self.send_batch(module, shard);
+                }
+                Err(_) => {
+                    dropped += self.batch.iter().map(|(_, n)| u64::from(*n)).sum::<u64>();
+                    self.batch.clear();
+                }
+            }
+        }
+        match located {
+            Ok(_) => Ok(()),
+            Err(why) => Err(ClientError::AgentDown(format!(
+                "{why}; {dropped} held successful reports were dropped"
+            ))),
+        }
+    }
+
+    /// The agent as its heartbeat describes it, when it is alive.
+    ///
+    /// # Errors
+    /// [`ClientError::AgentDown`] with the reason it is not.
+    pub fn agent(&mut self) -> Result<AgentInfo, ClientError> {
+        self.locate().map_err(ClientError::AgentDown)?;
+        self.locator
+            .info()
+            .cloned()
+            .ok_or_else(|| ClientError::AgentDown("no heartbeat header read".into()))
+    }
+
+    // === the agent ===
+
+    /// Checks the heartbeat; when the agent is alive, points the link at it
+    /// and returns its endpoints, else the reason it is down.
+    fn locate(&mut self) -> Result<Endpoints, String> {
+        match self.locator.check(clock::unix_ms()) {
+            Liveness::Alive { beat } => {
+                let endpoints = self
+                    .locator
+                    .endpoints()
+                    .ok_or_else(|| "the heartbeat header names no endpoints".to_string())?;
+                self.beat = beat;
+                self.follow_endpoints(endpoints);
+                Ok(endpoints)
+            }
+            Liveness::Down(why) => Err(why),
+        }
+    }
+
+    fn follow_endpoints(&mut self, endpoints: Endpoints) {
+        let generation = self.locator.generation();
+        self.link.sync(endpoints, generation);
+        if self.suspect_generation != generation || self.suspect.len() != endpoints.shards as usize
+        {
+            self.suspect_generation = generation;
+            self.suspect.clear();
+            self.suspect.resize(endpoints.shards as usize, None);
+        }
+    }
+
+    /// Re-reads the heartbeat after a failed exchange; true when the agent
+    /// moved (other ports or shard count) and the link now points there.
+    fn follow(&mut self) -> bool {
+        if !self.locator.reread() {
+            return false;
+        }
+        match self.locator.endpoints() {
+            Some(e) => {
+                self.follow_endpoints(e);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// One request to the shard that owns `module`, answered through
+    /// `answer`; follows the agent once if it moved.
+    fn exchange<T>(
+        &mut self,
+        module: ModuleId,
+        deadline: Instant,
+        build: impl Fn(&mut Encoder, u32),
+        mut answer: impl FnMut(Message<'_>) -> Reply<T>,
+    ) -> Result<T, Trouble> {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let shards = self.locator.endpoints().map_or(1, |e| e.shards);
+            let shard = module.shard(shards);
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            let (why, timed_out) = if remaining.is_zero() {
+                ("no time left".to_string(), true)
+            } else {
+                match self.link.request(shard, remaining, &build, &mut answer) {
+                    Ok(Reply::Done(r)) => return r.map_err(Trouble::Error),
+                    Ok(Reply::WrongShard(msg)) => {
+                        if attempt == 1 && self.follow() {
+                            continue;
+                        }
+                        return Err(Trouble::Error(ClientError::BadResponse(format!(
+                            "the agent says another shard owns module {module} ({msg}), \
+                             but its heartbeat says {shards} shards: is the heartbeat file the agent's?"
+                        ))));
+                    }
+                    Err(Failure::Garbage(why)) => {
+                        return Err(Trouble::Error(ClientError::BadResponse(why)))
+                    }
+                    Err(Failure::Refused) => (
+                        format!("nothing listens on its shard {shard}'s port (connection refused)"),
+                        false,
+                    ),
+                    Err(Failure::TimedOut) => ("no answer in time".to_string(), true),
+                    Err(Failure::Io(e)) => (format!("cannot talk to shard {shard}: {e}"), false),
+                }
+            };
+            if attempt == 1 && !remaining.is_zero() && self.follow() {
+                continue;
+            }
+            if let Some(s) = self.suspect.get_mut(shard as usize) {
+                *s = Some(self.beat);
+            }
+            return Err(Trouble::Unreachable { why, timed_out });
+        }
+    }
+
+    /// The error for a call that has no static answer.
+    fn not_answered(&self, module: ModuleId, started: Instant, t: Trouble) -> ClientError {
+        match t {
+            Trouble::Error(e) => e,
+            Trouble::Unreachable {
+                timed_out: true, ..
+            } => ClientError::Timeout {
+                module,
+                waited: started.elapsed(),
+            },
+            Trouble::Unreachable { why, .. } => ClientError::AgentDown(why),
+        }
+    }
+
+    fn agent_get_host(
+        &mut self,
+        module: ModuleId,
+        started: Instant,
+        deadline: Instant,
+    ) -> Result<Host, ClientError> {
+        let (b, u) = (self.opts.business_priority, self.opts.user_priority);
+        let r = self.exchange(
+            module,
+            deadline,
+            |e, seq| {
+                e.get_host_req(seq, module, b, u);
+            },
+            |msg| match msg {
+                Message::GetHostResp(r) => {
+                    if let Some(e) = other_module(module, r.modid(), r.cmdid(), "GetHostResp") {
+                        return Reply::Done(Err(e));
+                    }
+                    match (r.retcode(), r.host()) {
+                        (RetCode::Ok, Some(h)) if h.port() != 0 => {
+                            Reply::Done(Ok(NodeAddr::from(h)))
+                        }
+                        (RetCode::Ok, h) => Reply::Done(Err(ClientError::BadResponse(format!(
+                            "GetHostResp for module {module} says Ok but names {}",
+                            h.map_or("no host".to_string(), |h| NodeAddr::from(h).to_string())
+                        )))),
+                        (rc, _) => retcode_reply(module, rc, ""),
+                    }
+                }
+                other => other_reply(module, other, "GetHostReq"),
+            },
+        );
+        match r {
+            Ok(addr) => Ok(Host {
+                addr,
+                source: HostSource::Agent,
+            }),
+            Err(t) => self.get_host_unanswered(module, started, t),
+        }
+    }
+
+    /// A getHost the agent did not answer: the static route file answers
+    /// if it can (and static fallback is on).
+    fn get_host_unanswered(
+        &mut self,
+        module: ModuleId,
+        started: Instant,
+        t: Trouble,
+    ) -> Result<Host, ClientError> {
+        match t {
+            Trouble::Error(e) => Err(e),
+            Trouble::Unreachable {
+                timed_out: true, ..
+            } => {
+                let timeout = ClientError::Timeout {
+                    module,
+                    waited: started.elapsed(),
+                };
+                if !self.opts.static_fallback {
+                    return Err(timeout);
+                }
+                self.static_host(module, String::new()).map_err(|_| timeout)
+            }
+            Trouble::Unreachable { why, .. } => self.static_host(module, why),
+        }
+    }
+
+    /// A random node of `module` from the static route file, the agent being
+    /// down for `why`.
+    fn static_host(&mut self, module: ModuleId, why: String) -> Result<Host, ClientError> {
+        if !self.opts.static_fallback {
+            return Err(ClientError::AgentDown(why));
+        }
+        let path = self.locator.snapshot_path();
+        match self.statics.random_node(path, module, fastrand::u64(..)) {
+            Ok(Some(addr)) => Ok(Host {
+                addr,
+                source: HostSource::StaticRoutes,
+            }),
+            Ok(None) => Err(ClientError::StaticRoutes(format!(
+                "{why}; the static route file {} has no node of module {module}",
+                path.display()
+            ))),
+            Err(e) => Err(ClientError::StaticRoutes(format!("{why}; {e}"))),
+        }
+    }
+
+    // === the route cache ===
+
+    fn cached_get_host(
+        &mut self,
+        module: ModuleId,
+        started: Instant,
+        deadline: Instant,
+    ) -> Result<Host, ClientError> {
+        let Some(cache) = &mut self.cache else {
+            return self.agent_get_host(module, started, deadline);
+        };
+        let now = clock::now_ms();
+        let known_version = match cache.pick(module, now) {
+            Pick::Host(addr) => {
+                return Ok(Host {
+                    addr,
+                    source: HostSource::Cache,
+                })
+            }
+            Pick::PassThrough => return self.agent_get_host(module, started, deadline),
+            Pick::Refresh { known_version } => known_version,
+        };
+        // Held successes go out before the refresh: the agent's view is
+        // then complete when it answers.
+        self.batch.clear();
+        cache.take_held(module, &mut self.batch);
+        let shard = module.shard(self.locator.endpoints().map_or(1, |e| e.shards));
+        self.send_batch(module, shard);
+
+        let r = self.exchange(
+            module,
+            deadline,
+            |e, seq| {
+                e.cache_get_route_req(seq, module, known_version);
+            },
+            |msg| match msg {
+                Message::CacheGetRouteResp(r) => cache_route_reply(module, r),
+                other => other_reply(module, other, "CacheGetRouteReq"),
+            },
+        );
+        let Some(cache) = &mut self.cache else {
+            return self.agent_get_host(module, started, deadline);
+        };
+        let (version, unchanged, any_overloaded, nodes) = match r {
+            Ok(answer) => answer,
+            Err(t) => {
+                if matches!(t, Trouble::Error(_)) {
+                    cache.forget(module);
+                }
+                return self.get_host_unanswered(module, started, t);
+            }
+        };
+        let refreshed = Refreshed {
+            version,
+            unchanged,
+            any_overloaded,
+            nodes: &nodes,
+        };
+        if !cache.refreshed(module, &refreshed, now, fastrand::usize(..)) {
+            cache.forget(module);
+            return Err(ClientError::BadResponse(format!(
+                "CacheGetRouteResp for module {module} says {} at version {version}, \
+                 which does not fit the route held",
+                if unchanged {
+                    "unchanged"
+                } else {
+                    "a route without nodes"
+                }
+            )));
+        }
+        match cache.pick(module, now) {
+            Pick::Host(addr) => Ok(Host {
+                addr,
+                source: HostSource::Cache,
+            }),
+            Pick::PassThrough | Pick::Refresh { .. } => {
+                self.agent_get_host(module, started, deadline)
+            }
+        }
+    }
+
+    /// Sends the successes in `self.batch` as one batch report to `shard`.
+    fn send_batch(&mut self, module: ModuleId, shard: u32) {
+        if self.batch.is_empty() {
+            return;
+        }
+        let Client { link, batch, .. } = self;
+        let sent = link.send(shard, |e, seq| {
+            e.batch_report_req(seq, module, batch);
+        });
+        self.batch.clear();
+        self.note_send(shard, sent);
+    }
+
+    /// A datagram that could not be sent is dropped; a refused one marks
+    /// the shard as not answering.
+    fn note_send(&mut self, shard: u32, sent: Result<(), Failure>) {
+        if let Err(Failure::Refused) = sent {
+            if let Some(s) = self.suspect.get_mut(shard as usize) {
+                *s = Some(self.beat);
+            }
+        }
+    }
+}
+
+impl Drop for Client {
+    /// Flushes what the route cache holds (best effort).
+    fn drop(&mut self) {
+        let _ = self.flush();
+    }
+}
+
+/// A cache route answer as `(version, unchanged, any_overloaded, nodes)`.
+type CacheAnswer = (u64, bool, bool, Vec<RouteNode>);
+
+fn cache_route_reply(module: ModuleId, r: fb::CacheGetRouteResp<'_>) -> Reply<CacheAnswer> {
+    if let Some(e) = other_module(module, r.modid(), r.cmdid(), "CacheGetRouteResp") {
+        return Reply::Done(Err(e));
+    }
+    if r.retcode() != RetCode::Ok {
+        return retcode_reply(module, r.retcode(), "");
+    }
+    let nodes: Vec<RouteNode> = r
+        .nodes()
+        .map(|v| v.iter().map(RouteNode::from).collect())
+        .unwrap_or_default();
+    if let Some(n) = nodes.iter().find(|n| n.addr.port == 0) {
+        return Reply::Done(Err(ClientError::BadResponse(format!(
+            "CacheGetRouteResp for module {module} names node {} with port 0",
+            n.addr
+        ))));
+    }
+    Reply::Done(Ok((r.version(), r.unchanged(), r.any_overloaded(), nodes)))
+}
+
+/// The error for an answer about another module than the one asked.
+fn other_module(module: ModuleId, modid: u32, cmdid: u32, what: &str) -> Option<ClientError> {
+    let got = ModuleId::new(modid, cmdid);
+    (got != module).then(|| {
+        ClientError::BadResponse(format!(
+            "{what} is about module {got}, the request was about {module}"
+        ))
+    })
+}
+
+/// What an ErrorResp, or an answer of the wrong kind, means.
+fn other_reply<T>(module: ModuleId, msg: Message<'_>, request: &str) -> Reply<T> {
+    match msg {
+        Message::ErrorResp(r) => {
+            if let Some(e) = other_module(module, r.modid(), r.cmdid(), "ErrorResp") {
+                return Reply::Done(Err(e));
+            }
+            retcode_reply(module, r.retcode(), r.message().unwrap_or(""))
+        }
+        other => Reply::Done(Err(ClientError::BadResponse(format!(
+            "a {} answering a {request}",
+            other.name()
+        )))),
+    }
+}
+
+/// What a non-Ok retcode means; `message` is the agent's, if any.
+fn retcode_reply<T>(module: ModuleId, rc: RetCode, message: &str) -> Reply<T> {
+    let e = match rc {
+        RetCode::NoSuchModule => ClientError::NoSuchModule { module },
+        RetCode::Overloaded => ClientError::Overloaded { module },
+        RetCode::Rejected => ClientError::Rejected { module },
+        RetCode::WrongShard => return Reply::WrongShard(message.to_string()),
+        RetCode::BadRequest => ClientError::BadRequest(format!(
+            "the agent refused the request for module {module}: {}",
+            if message.is_empty() {
+                "no reason given"
+            } else {
+                message
+            }
+        )),
+        RetCode::Unavailable => ClientError::AgentDown(format!(
+            "the agent cannot serve now (shutting down?): {message}"
+        )),
+        other => ClientError::BadResponse(format!(
+            "retcode {} ({}) where it makes no sense, for module {module}",
+            other.0,
+            other.variant_name().unwrap_or("unknown")
+        )),
+    };
+    Reply::Done(Err(e))
+}
+
+/// A timeout under 1 ms cannot be waited for.
+fn check_timeout(timeout: Duration) -> Result<(), ClientError> {
+    if timeout < Duration::from_millis(1) {
+        return Err(ClientError::BadRequest(format!(
+            "timeout {timeout:?} is under 1 ms: give the agent time to answer (e.g. 100 ms)"
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn assert_send<T: Send>() {}
+
+    #[test]
+    fn a_client_can_move_to_another_thread() {
+        assert_send::<Client>();
+    }
+
+    #[test]
+    fn invalid_options_and_timeouts_are_bad_requests() {
+        let bad = ClientOptions {
+            business_priority: 200,
+            ..ClientOptions::default()
+        };
+        let e = Client::with_options(bad).unwrap_err();
+        assert!(
+            matches!(&e, ClientError::BadRequest(m) if m.contains("business_priority")),
+            "{e}"
+        );
+        let bad = ClientOptions {
+            max_heartbeat_age: Duration::ZERO,
+            ..ClientOptions::default()
+        };
+        assert!(Client::with_options(bad).is_err());
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = Client::with_options(ClientOptions {
+            heartbeat_path: dir.path().join("hb"),
+            ..ClientOptions::default()
+        })
+        .unwrap();
+        let e = c.get_host(1, 1, Duration::ZERO).unwrap_err();
+        assert_eq!(e.kind(), "bad_request");
+        let e = c
+            .report(1, 1, NodeAddr { ip: 1, port: 0 }, 0, 0)
+            .unwrap_err();
+        assert_eq!(e.kind(), "bad_request");
+    }
+
+    #[test]
+    fn retcodes_map_to_typed_errors() {
+        let m = ModuleId::new(1, 2);
+        let kind = |rc| match retcode_reply::<()>(m, rc, "why") {
+            Reply::Done(Err(e)) => e.kind().to_string(),
+            Reply::Done(Ok(())) => "ok".into(),
+            Reply::WrongShard(msg) => format!("wrong_shard:{msg}"),
+        };
+        assert_eq!(kind(RetCode::NoSuchModule), "no_such_module");
+        assert_eq!(kind(RetCode::Overloaded), "overloaded");
+        assert_eq!(kind(RetCode::Rejected), "rejected");
+        assert_eq!(kind(RetCode::WrongShard), "wrong_shard:why");
+        assert_eq!(kind(RetCode::BadRequest), "bad_request");
+        assert_eq!(kind(RetCode::Unavailable), "agent_down");
+        assert_eq!(kind(RetCode::Ok), "bad_response");
+        assert_eq!(kind(RetCode(99)), "bad_response");
+    }
+}

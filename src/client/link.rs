@@ -1,0 +1,466 @@
+//! The datagrams between one client and the agent's shards: one UDP socket
+//! per shard, connected (so that the kernel drops datagrams from anyone
+//! else, and a closed port reports "connection refused" at once instead of
+//! a silent timeout), requests numbered by a sequence, answers matched by
+//! it, lost datagrams re-sent.
+//!
+//! # Retries
+//!
+//! A request is sent at once and again every [`resend_interval`] (a quarter
+//! of the caller's timeout, clamped to 10..=100 ms) with the same sequence
+//! number, until an answer carrying that number arrives or the timeout
+//! passes. A loopback datagram is lost only when a receive buffer is full;
+//! re-sending a few times within the timeout rides over that without adding
+//! much load to an agent that is merely slow.
+//!
+//! # Matching
+//!
+//! Every answer echoes its request's sequence number. An answer with
+//! another number is stale (a late answer to an earlier request, or to an
+//! earlier copy) and is discarded. Bytes that do not decode, or a message
+//! that is not an answer, mean something other than the agent is on the
+//! port: [`Failure::Garbage`].
+//!
+//! Owns the sockets, the encoder and the receive buffer; knows nothing of
+//! heartbeats, static routes or the cache.
+
+use std::io;
+use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
+use std::time::{Duration, Instant};
+
+use super::locate::Endpoints;
+use crate::wire::{decode, Encoder, Limits, Message};
+
+/// The shortest interval between copies of a request.
+pub const MIN_RESEND: Duration = Duration::from_millis(10);
+
+/// The longest interval between copies of a request.
+pub const MAX_RESEND: Duration = Duration::from_millis(100);
+
+/// How long to wait for an answer before sending a request again: a quarter
+/// of `timeout`, clamped to [`MIN_RESEND`]..=[`MAX_RESEND`].
+pub fn resend_interval(timeout: Duration) -> Duration {
+    (timeout / 4).clamp(MIN_RESEND, MAX_RESEND)
+}
+
+/// Why a request got no usable answer.
+#[derive(Debug)]
+pub(crate) enum Failure {
+    /// The shard's port refused the datagram: nothing listens there.
+    Refused,
+    /// No answer within the timeout.
+    TimedOut,
+    /// Something answered with bytes that are not an answer.
+    Garbage(String),
+    /// A system call failed.
+    Io(io::Error),
+}
+
+/// What an answer is, before its body is looked at.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    /// It answers the request with this sequence number.
+    Ours,
+    /// It answers another request: discard it.
+    Stale,
+    /// Not an answer at all.
+    Garbage(String),
+}
+
+/// The sequence number an answer echoes, `None` for a message that is not
+/// an answer from the agent.
+pub(crate) fn answer_seq(msg: &Message<'_>) -> Option<u64> {
+    match msg {
+        Message::GetHostResp(m) => Some(u64::from(m.seq())),
+        Message::RegisterResp(m) => Some(u64::from(m.seq())),
+        Message::GetRouteResp(m) => Some(u64::from(m.seq())),
+        Message::CacheGetRouteResp(m) => Some(u64::from(m.seq())),
+        Message::ErrorResp(m) => Some(m.seq()),
+        _ => None,
+    }
+}
+
+/// Judges a decoded datagram against the request numbered `seq`.
+pub(crate) fn judge(msg: &Message<'_>, seq: u32) -> Verdict {
+    match answer_seq(msg) {
+        Some(s) if s == u64::from(seq) => Verdict::Ours,
+        Some(_) => Verdict::Stale,
+        None => Verdict::Garbage(format!(
+            "a {} message where an answer was expected",
+            msg.name()
+        )),
+    }
+}
+
+struct ShardSocket {
+    sock: UdpSocket,
+    /// The receive timeout last set on the socket.
+    read_timeout: Option<Duration>,
+}
+
+impl ShardSocket {
+    fn connect(to: SocketAddr) -> io::Result<Self> {
+        let sock = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))?;
+        sock.connect(to)?;
+        Ok(ShardSocket {
+            sock,
+            read_timeout: None,
+        })
+    }
+
+    /// Sets the receive timeout unless it is already `t` (a system call
+    /// saved on almost every request).
+    fn wait_at_most(&mut self, t: Duration) -> io::Result<()> {
+        if self.read_timeout != Some(t) {
+            self.sock.set_read_timeout(Some(t))?;
+            self.read_timeout = Some(t);
+        }
+        Ok(())
+    }
+}
+
+/// One client's sockets towards the agent's shards.
+pub(crate) struct Link {
+    endpoints: Option<Endpoints>,
+    generation: u64,
+    sockets: Vec<Option<ShardSocket>>,
+    enc: Encoder,
+    buf: Vec<u8>,
+    seq: u32,
+}
+
+impl std::fmt::Debug for Link {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Link")
+            .field("endpoints", &self.endpoints)
+            .field("seq", &self.seq)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Link {
+    /// A link with no sockets yet; the sequence starts at a random number
+    /// so that two clients on one port (after a crash) do not collide.
+    pub fn new() -> Self {
+        Link {
+            endpoints: None,
+            generation: u64::MAX,
+            sockets: Vec::new(),
+            enc: Encoder::new(),
+            buf: vec![0; Limits::UDP.max_len + 1],
+            seq: fastrand::u32(..),
+        }
+    }
+
+    /// Points the link at `endpoints`; closes every socket when the
+    /// endpoints' `generation` changed.
+    pub fn sync(&mut self, endpoints: Endpoints, generation: u64) {
+        if self.generation != generation || self.endpoints != Some(endpoints) {
+            self.generation = generation;
+            self.endpoints = Some(endpoints);
+            self.sockets.clear();
+            self.sockets.resize_with(endpoints.shards as usize, || None);
+        }
+    }
+
+    /// The next sequence number (never 0, which ErrorResp uses for "unknown").
+    fn next_seq(&mut self) -> u32 {
+        self.seq = self.seq.wrapping_add(1);
+        if self.seq == 0 {
+            self.seq = 1;
+        }
+        self.seq
+    }
+
+    fn socket(&mut self, shard: u32) -> Result<&mut ShardSocket, Failure> {
+        let endpoints = self
+            .endpoints
+            .ok_or_else(|| Failure::Io(io::Error::other("no agent endpoints known")))?;
+        let slot = self
+            .sockets
+            .get_mut(shard as usize)
+            .ok_or_else(|| Failure::Io(io::Error::other(format!("no shard {shard}"))))?;
+        if slot.is_none() {
+            *slot = Some(ShardSocket::connect(endpoints.shard_addr(shard)).map_err(Failure::Io)?);
+        }
+        Ok(slot.as_mut().expect("set above"))
+    }
+
+    /// Sends one datagram that has no answer (a report), built by `build`
+    /// from a fresh sequence number.
+    ///
+    /// # Errors
+    /// [`Failure::Refused`] when the port is known closed, [`Failure::Io`].
+    pub fn send(
+        &mut self,
+        shard: u32,
+        build: impl FnOnce(&mut Encoder, u32),
+    ) -> Result<(), Failure> {
+        let seq = self.next_seq();
+        build(&mut self.enc, seq);
+        self.socket(shard)?;
+        let Link { sockets, enc, .. } = self;
+        let s = sockets[shard as usize].as_mut().expect("opened above");
+        match s.sock.send(enc.finished()) {
+            Ok(_) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => Err(Failure::Refused),
+            Err(e) => Err(Failure::Io(e)),
+        }
+    }
+
+    /// Sends the request `build` encodes (given a fresh sequence number) to
+    /// `shard`, re-sending it until an answer with that number arrives or
+    /// `timeout` passes, and returns what `answer` makes of that answer.
+    ///
+    /// # Errors
+    /// [`Failure::Refused`], [`Failure::TimedOut`], [`Failure::Garbage`],
+    /// [`Failure::Io`].
+    pub fn request<T>(
+        &mut self,
+        shard: u32,
+        timeout: Duration,
+        build: impl FnOnce(&mut Encoder, u32),
+        mut answer: impl FnMut(Message<'_>) -> T,
+    ) -> Result<T, Failure> {
+        let seq = self.next_seq();
+        build(&mut self.enc, seq);
+        self.socket(shard)?;
+        let Link {
+            sockets, enc, buf, ..
+        } = self;
+        let s = sockets[shard as usize].as_mut().expect("opened above");
+        let req = enc.finished();
+        let start = Instant::now();
+        let deadline = start + timeout;
+        let interval = resend_interval(timeout);
+        let mut next_send = start;
+        loop {
+            let now = Instant::now();
+            if now >= next_send {
+                match s.sock.send(req) {
+                    Ok(_) => {}
+                    Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
+                        return Err(Failure::Refused)
+                    }
+                    // A full send buffer loses this copy; the next one may pass.
+                    Err(e) if is_transient(&e) => {}
+                    Err(e) => return Err(Failure::Io(e)),
+                }
+                next_send += interval;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(Failure::TimedOut);
+            }
+            let wait = ceil_ms(next_send.min(deadline) - now);
+            s.wait_at_most(wait).map_err(Failure::Io)?;
+            match s.sock.recv(buf) {
+                Ok(n) => {
+                    let msg = match decode(&buf[..n], &Limits::UDP) {
+                        Ok(m) => m,
+                        Err(e) => return Err(Failure::Garbage(format!("undecodable answer: {e}"))),
+                    };
+                    match judge(&msg, seq) {
+                        Verdict::Ours => return Ok(answer(msg)),
+                        Verdict::Stale => continue,
+                        Verdict::Garbage(why) => return Err(Failure::Garbage(why)),
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
+                    return Err(Failure::Refused)
+                }
+                Err(e) if is_transient(&e) => {}
+                Err(e) => return Err(Failure::Io(e)),
+            }
+        }
+    }
+}
+
+/// Errors after which the exchange simply goes on: a receive timeout, an
+/// interrupted call, a momentarily full buffer.
+fn is_transient(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted
+    ) || e.raw_os_error() == Some(libc::ENOBUFS)
+}
+
+/// `d` rounded up to whole milliseconds, at least 1 ms (a receive timeout
+/// of 0 would mean "forever"; whole milliseconds keep the value stable from
+/// one request to the next, so the socket option is rarely set).
+fn ceil_ms(d: Duration) -> Duration {
+    let ms = d.as_nanos().div_ceil(1_000_000).max(1);
+    Duration::from_millis(ms.min(u128::from(u64::MAX)) as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{ModuleId, NodeAddr};
+    use crate::wire::RetCode;
+
+    const M: ModuleId = ModuleId::new(4, 2);
+
+    #[test]
+    fn resend_interval_is_a_quarter_of_the_timeout_within_bounds() {
+        assert_eq!(resend_interval(Duration::from_millis(1)), MIN_RESEND);
+        assert_eq!(
+            resend_interval(Duration::from_millis(200)),
+            Duration::from_millis(50)
+        );
+        assert_eq!(resend_interval(Duration::from_secs(5)), MAX_RESEND);
+    }
+
+    #[test]
+    fn ceil_ms_never_gives_zero() {
+        assert_eq!(ceil_ms(Duration::ZERO), Duration::from_millis(1));
+        assert_eq!(
+            ceil_ms(Duration::from_micros(1001)),
+            Duration::from_millis(2)
+        );
+        assert_eq!(
+            ceil_ms(Duration::from_millis(25)),
+            Duration::from_millis(25)
+        );
+    }
+
+    #[test]
+    fn answers_are_judged_by_their_sequence_number() {
+        let mut enc = Encoder::new();
+        let host = Some(NodeAddr::new(Ipv4Addr::LOCALHOST, 1));
+        let ours = enc.get_host_resp(7, M, RetCode::Ok, host, None).to_vec();
+        assert_eq!(
+            judge(&decode(&ours, &Limits::UDP).unwrap(), 7),
+            Verdict::Ours
+        );
+        assert_eq!(
+            judge(&decode(&ours, &Limits::UDP).unwrap(), 8),
+            Verdict::Stale
+        );
+        let err = enc.error_resp(0, M, RetCode::BadRequest, "?").to_vec();
+        assert_eq!(
+            judge(&decode(&err, &Limits::UDP).unwrap(), 7),
+            Verdict::Stale
+        );
+        let req = enc.get_host_req(7, M, 0, 0).to_vec();
+        assert!(matches!(
+            judge(&decode(&req, &Limits::UDP).unwrap(), 7),
+            Verdict::Garbage(ref w) if w.contains("GetHostReq")
+        ));
+    }
+
+    /// A fake shard on loopback that answers only the `answer_from`-th copy
+    /// of a request, after sending a stale answer.
+    #[test]
+    fn a_lost_request_is_resent_and_stale_answers_are_skipped() {
+        let shard = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let port = shard.local_addr().unwrap().port();
+        shard
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        let t = std::thread::spawn(move || {
+            let mut buf = vec![0u8; 2048];
+            let mut enc = Encoder::new();
+            let mut copies = 0;
+            loop {
+                let (n, peer) = shard.recv_from(&mut buf).unwrap();
+                let Message::GetHostReq(r) = decode(&buf[..n], &Limits::UDP).unwrap() else {
+                    panic!("not a GetHostReq")
+                };
+                copies += 1;
+                if copies < 3 {
+                    continue; // "lost"
+                }
+                let host = Some(NodeAddr::new(Ipv4Addr::LOCALHOST, 9));
+                let stale = enc
+                    .get_host_resp(r.seq().wrapping_sub(1), M, RetCode::Ok, None, None)
+                    .to_vec();
+                shard.send_to(&stale, peer).unwrap();
+                let ok = enc.get_host_resp(r.seq(), M, RetCode::Ok, host, None);
+                shard.send_to(ok, peer).unwrap();
+                return copies;
+            }
+        });
+        let mut link = Link::new();
+        let endpoints = Endpoints {
+            ip: Ipv4Addr::LOCALHOST,
+            base_port: port,
+            shards: 1,
+        };
+        link.sync(endpoints, 1);
+        let got = link
+            .request(
+                0,
+                Duration::from_millis(400),
+                |e, seq| {
+                    e.get_host_req(seq, M, 0, 0);
+                },
+                |m| match m {
+                    Message::GetHostResp(r) => r.host().map(NodeAddr::from),
+                    _ => None,
+                },
+            )
+            .unwrap();
+        assert_eq!(got, Some(NodeAddr::new(Ipv4Addr::LOCALHOST, 9)));
+        assert_eq!(t.join().unwrap(), 3);
+    }
+
+    #[test]
+    fn a_closed_port_is_refused_quickly_and_silence_times_out() {
+        let closed = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let port = closed.local_addr().unwrap().port();
+        drop(closed);
+        let mut link = Link::new();
+        link.sync(
+            Endpoints {
+                ip: Ipv4Addr::LOCALHOST,
+                base_port: port,
+                shards: 1,
+            },
+            1,
+        );
+        let t0 = Instant::now();
+        let r = link.request(
+            0,
+            Duration::from_secs(2),
+            |e, s| {
+                e.get_route_req(s, M);
+            },
+            |_| (),
+        );
+        assert!(matches!(r, Err(Failure::Refused)), "{r:?}");
+        assert!(t0.elapsed() < Duration::from_secs(1));
+
+        let silent = UdpSocket::bind("127.0.0.1:0").unwrap();
+        link.sync(
+            Endpoints {
+                ip: Ipv4Addr::LOCALHOST,
+                base_port: silent.local_addr().unwrap().port(),
+                shards: 1,
+            },
+            2,
+        );
+        let t0 = Instant::now();
+        let r = link.request(
+            0,
+            Duration::from_millis(120),
+            |e, s| {
+                e.get_route_req(s, M);
+            },
+            |_| (),
+        );
+        assert!(matches!(r, Err(Failure::TimedOut)), "{r:?}");
+        let took = t0.elapsed();
+        assert!(
+            took >= Duration::from_millis(120) && took < Duration::from_secs(1),
+            "{took:?}"
+        );
+        let mut buf = [0u8; 256];
+        silent.set_nonblocking(true).unwrap();
+        let mut copies = 0;
+        while silent.recv(&mut buf).is_ok() {
+            copies += 1;
+        }
+        assert!(copies >= 3, "re-sent every 30 ms: {copies} copies");
+    }
+}

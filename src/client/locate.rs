@@ -1,0 +1,355 @@
+//! Finding the local agent with no configuration: the heartbeat file says
+//! whether the agent is alive, how many shards it runs, on which ports, and
+//! where its static route file is.
+//!
+//! Owns the client's [`HeartbeatReader`] and what it last read. Before every
+//! request [`Locator::check`] loads the beat (a few atomic loads) and
+//! compares it with the clock; the whole header is re-read only when the
+//! beat moved (once a second while the agent runs), when the file was
+//! replaced, or when a request failed ([`Locator::reread`]). It must not
+//! touch sockets or the static route file.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use crate::agent::heartbeat::{is_alive, AgentInfo, HeartbeatReader};
+
+/// Where the agent's shards listen, as the heartbeat header says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Endpoints {
+    /// The address to send to: the agent's bind address, or loopback when
+    /// it binds every address.
+    pub ip: Ipv4Addr,
+    /// Shard 0's UDP port; shard i listens on `base_port + i`.
+    pub base_port: u16,
+    /// Number of shards, at least 1.
+    pub shards: u32,
+}
+
+impl Endpoints {
+    /// The endpoints of a header, or why the header cannot be used.
+    pub fn from_info(info: &AgentInfo) -> Result<Endpoints, String> {
+        if info.shards == 0 {
+            return Err("the heartbeat header says the agent runs 0 shards".into());
+        }
+        if info.base_port == 0 {
+            return Err("the heartbeat header says the agent listens on port 0".into());
+        }
+        if u32::from(info.base_port) + info.shards - 1 > u32::from(u16::MAX) {
+            return Err(format!(
+                "the heartbeat header's ports {}..{} do not fit in 65535",
+                info.base_port,
+                u32::from(info.base_port) + info.shards - 1
+            ));
+        }
+        let ip = if info.bind.is_unspecified() {
+            Ipv4Addr::LOCALHOST
+        } else {
+            info.bind
+        };
+        Ok(Endpoints {
+            ip,
+            base_port: info.base_port,
+            shards: info.shards,
+        })
+    }
+
+    /// The address of shard `shard` (< `shards`).
+    pub fn shard_addr(&self, shard: u32) -> SocketAddr {
+        // from_info checked that every shard's port fits.
+        SocketAddr::from((self.ip, (u32::from(self.base_port) + shard) as u16))
+    }
+}
+
+/// What [`Locator::check`] found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Liveness {
+    /// The agent beat within the allowed age, at `beat` (unix ms), and its
+    /// header names usable endpoints.
+    Alive {
+        /// The beat seen, unix milliseconds.
+        beat: u64,
+    },
+    /// The agent is down, for the reason given.
+    Down(String),
+}
+
+/// `(device, inode)`: tells a replaced file from the one mapped.
+type FileId = (u64, u64);
+
+fn file_id(path: &Path) -> Option<FileId> {
+    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
+}
+
+/// The client's view of the heartbeat file.
+#[derive(Debug)]
+pub(crate) struct Locator {
+    path: PathBuf,
+    max_age_ms: u64,
+    reader: Option<(HeartbeatReader, Option<FileId>)>,
+    /// The last header read, usable or not.
+    info: Option<AgentInfo>,
+    /// The endpoints of the last header, when usable.
+    endpoints: Result<Endpoints, String>,
+    /// The beat at which the header was last read.
+    header_beat: u64,
+    /// Bumped whenever `endpoints` changes (sockets must be rebuilt).
+    generation: u64,
+    /// The static route file while no header names one.
+    default_snapshot: PathBuf,
+}
+
+impl Locator {
+    /// A locator for the heartbeat file at `path`; `default_snapshot` is the
+    /// static route file used until a header names one.
+    pub fn new(path: PathBuf, max_age_ms: u64, default_snapshot: PathBuf) -> Self {
+        Locator {
+            path,
+            max_age_ms,
+            reader: None,
+            info: None,
+            endpoints: Err("no heartbeat read yet".into()),
+            header_beat: 0,
+            generation: 0,
+            default_snapshot,
+        }
+    }
+
+    /// Whether the agent is alive at `now_unix_ms`. Opens the file when it
+    /// is not open yet (or was replaced), and re-reads the header when the
+    /// beat moved since it was last read.
+    pub fn check(&mut self, now_unix_ms: u64) -> Liveness {
+        if self.reader.is_none() {
+            if let Err(why) = self.open() {
+                return Liveness::Down(why);
+            }
+        }
+        let beat = match self.reader.as_ref().map(|(r, _)| r.beat_unix_ms()) {
+            Some(Ok(b)) => b,
+            Some(Err(e)) => {
+                // Re-open next time: the file may be re-initialised.
+                self.reader = None;
+                return Liveness::Down(format!("{e}"));
+            }
+            None => return Liveness::Down("heartbeat file not open".into()),
+        };
+        if !is_alive(beat, now_unix_ms, self.max_age_ms) {
+            if self.replaced() {
+                // A new agent may have created a new file: look at it once.
+                self.reader = None;
+                if self.open().is_ok() {
+                    if let Some(Ok(b)) = self.reader.as_ref().map(|(r, _)| r.beat_unix_ms()) {
+                        if is_alive(b, now_unix_ms, self.max_age_ms) {
+                            return self.alive(b);
+                        }
+                    }
+                }
+            }
+            return Liveness::Down(stale_reason(&self.path, beat, now_unix_ms, self.max_age_ms));
+        }
+        self.alive(beat)
+    }
+
+    /// The agent beat at `beat`: re-reads the header if the beat moved.
+    fn alive(&mut self, beat: u64) -> Liveness {
+        if beat != self.header_beat {
+            self.read_header();
+            self.header_beat = beat;
+        }
+        match &self.endpoints {
+            Ok(_) => Liveness::Alive { beat },
+            Err(why) => Liveness::Down(why.clone()),
+        }
+    }
+
+    /// Re-reads the header now (after a failed request: the agent may have
+    /// restarted on other ports). True when the endpoints changed.
+    pub fn reread(&mut self) -> bool {
+        let before = self.generation;
+        if self.replaced() {
+            self.reader = None;
+            let _ = self.open();
+        } else {
+            self.read_header();
+        }
+        self.generation != before
+    }
+
+    /// The endpoints of the last usable header.
+    pub fn endpoints(&self) -> Option<Endpoints> {
+        self.endpoints.as_ref().ok().copied()
+    }
+
+    /// Bumped whenever [`Self::endpoints`] changes.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// The last header read (the agent's pid, ports, snapshot path).
+    pub fn info(&self) -> Option<&AgentInfo> {
+        self.info.as_ref()
+    }
+
+    /// The static route file: the one the last header named, else the
+    /// configured default.
+    pub fn snapshot_path(&self) -> &Path {
+        match &self.info {
+            Some(i) if !i.snapshot_path.as_os_str().is_empty() => &i.snapshot_path,
+            _ => &self.default_snapshot,
+        }
+    }
+
+    /// Opens the file and reads its header.
+    fn open(&mut self) -> Result<(), String> {
+        let id = file_id(&self.path);
+        let reader = HeartbeatReader::open(&self.path).map_err(|e| e.to_string())?;
+        self.reader = Some((reader, id));
+        self.read_header();
+        Ok(())
+    }
+
+    /// True when the path no longer names the file that is mapped (deleted,
+    /// or replaced by another file).
+    fn replaced(&self) -> bool {
+        match &self.reader {
+            Some((_, Some(id))) => file_id(&self.path) != Some(*id),
+            Some((_, None)) => true,
+            None => false,
+        }
+    }
+
+    fn read_header(&mut self) {
+        let Some((reader, _)) = &self.reader else {
+            return;
+        };
+        let endpoints = match reader.read() {
+            Ok(hb) => {
+                let e = Endpoints::from_info(&hb.info);
+                self.info = Some(hb.info);
+                e
+            }
+            Err(e) => Err(e.to_string()),
+        };
+        let changed = match (&self.endpoints, &endpoints) {
+            (Ok(a), Ok(b)) => a != b,
+            (Err(_), Err(_)) => false,
+            _ => true,
+        };
+        if changed {
+            self.generation += 1;
+        }
+        self.endpoints = endpoints;
+    }
+}
+
+fn stale_reason(path: &Path, beat: u64, now: u64, max_age: u64) -> String {
+    if beat == 0 {
+        return format!(
+            "heartbeat file {} has not been beaten yet: the agent is starting or died at start",
+            path.display()
+        );
+    }
+    if beat > now {
+        return format!(
+            "heartbeat file {} shows a beat {} ms in the future (more than {max_age} ms): was the clock stepped?",
+            path.display(),
+            beat - now
+        );
+    }
+    format!(
+        "heartbeat file {} last beat {} ms ago (more than {max_age} ms): is the agent running?",
+        path.display(),
+        now - beat
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::heartbeat::HeartbeatWriter;
+
+    fn info(shards: u32, base_port: u16, snapshot: &str) -> AgentInfo {
+        AgentInfo {
+            shards,
+            base_port,
+            bind: Ipv4Addr::UNSPECIFIED,
+            pid: 1,
+            snapshot_path: PathBuf::from(snapshot),
+        }
+    }
+
+    #[test]
+    fn endpoints_refuse_headers_that_name_no_port() {
+        assert!(Endpoints::from_info(&info(0, 9000, "/s")).is_err());
+        assert!(Endpoints::from_info(&info(1, 0, "/s")).is_err());
+        assert!(Endpoints::from_info(&info(2, 65535, "/s")).is_err());
+        let e = Endpoints::from_info(&info(2, 65534, "/s")).unwrap();
+        assert_eq!(e.ip, Ipv4Addr::LOCALHOST, "0.0.0.0 is reached on loopback");
+        assert_eq!(e.shard_addr(1), "127.0.0.1:65535".parse().unwrap());
+    }
+
+    #[test]
+    fn a_missing_file_is_down_and_the_default_snapshot_is_used() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut l = Locator::new(dir.path().join("hb"), 2000, "/default".into());
+        match l.check(10_000) {
+            Liveness::Down(why) => assert!(why.contains("does not exist"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(l.snapshot_path(), Path::new("/default"));
+    }
+
+    #[test]
+    fn beats_decide_liveness_and_a_restart_on_other_ports_is_noticed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("hb");
+        let w = HeartbeatWriter::create(&path, &info(2, 9000, "/snap")).unwrap();
+        let mut l = Locator::new(path.clone(), 2000, "/default".into());
+        assert!(matches!(l.check(10_000), Liveness::Down(ref w) if w.contains("not been beaten")));
+        assert_eq!(
+            l.snapshot_path(),
+            Path::new("/snap"),
+            "a stale header still names the file"
+        );
+        w.beat(10_000);
+        assert_eq!(l.check(11_000), Liveness::Alive { beat: 10_000 });
+        assert_eq!(l.endpoints().unwrap().base_port, 9000);
+        let g = l.generation();
+        assert!(matches!(l.check(12_001), Liveness::Down(ref w) if w.contains("2001 ms ago")));
+        // The agent restarts in place on other ports and beats again.
+        let w2 = HeartbeatWriter::create(&path, &info(3, 9100, "/snap2")).unwrap();
+        w2.beat(13_000);
+        drop(w);
+        assert_eq!(l.check(13_100), Liveness::Alive { beat: 13_000 });
+        assert_eq!(l.endpoints().unwrap().shards, 3);
+        assert!(l.generation() > g);
+        assert_eq!(l.snapshot_path(), Path::new("/snap2"));
+    }
+
+    #[test]
+    fn a_replaced_file_is_reopened() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("hb");
+        let w = HeartbeatWriter::create(&path, &info(1, 9000, "/a")).unwrap();
+        w.beat(1_000);
+        let mut l = Locator::new(path.clone(), 2000, "/default".into());
+        assert_eq!(l.check(1_500), Liveness::Alive { beat: 1_000 });
+        drop(w);
+        std::fs::remove_file(&path).unwrap();
+        let w = HeartbeatWriter::create(&path, &info(1, 9200, "/b")).unwrap();
+        w.beat(5_000);
+        assert_eq!(l.check(5_100), Liveness::Alive { beat: 5_000 });
+        assert_eq!(l.endpoints().unwrap().base_port, 9200);
+    }
+
+    #[test]
+    fn an_unusable_header_is_down_with_the_reason() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("hb");
+        let w = HeartbeatWriter::create(&path, &info(0, 9000, "/a")).unwrap();
+        w.beat(1_000);
+        let mut l = Locator::new(path, 2000, "/default".into());
+        assert!(matches!(l.check(1_000), Liveness::Down(ref w) if w.contains("0 shards")));
+    }
+}

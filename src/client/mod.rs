@@ -1,0 +1,225 @@
+//! The client library: getHost, report, register and getRoute against the
+//! local agent, with the static-route fallback of seed 000 and the optional
+//! route cache (the original's CacheLayer). Synchronous; one [`Client`] per
+//! thread.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use lbagent::client::{Client, ClientError};
+//!
+//! let mut client = Client::new()?;
+//! client.register(100, 1, Duration::from_secs(1))?; // pull before first use
+//! let host = client.get_host(100, 1, Duration::from_millis(200))?;
+//! // ... call host.addr, measure the call ...
+//! client.report(100, 1, host.addr, 0, 12)?;
+//! # Ok::<(), ClientError>(())
+//! ```
+//!
+//! # Finding the agent
+//!
+//! No configuration: the heartbeat file ([`ClientOptions::heartbeat_path`],
+//! by default `$LBAGENT_HEARTBEAT`, else `/dev/shm/lbagent.heartbeat`) says
+//! how many shards the agent runs and on which ports; a module's requests go
+//! to shard `(modid + cmdid) % shards`, over one connected UDP socket per
+//! shard. When the agent restarts (on other ports, or after the file was
+//! replaced) the client notices at the next beat, or at once when a request
+//! fails, and follows it. Answers are matched to requests by sequence
+//! number (stale ones are discarded), and a request is re-sent every
+//! [`resend_interval`] (a quarter of the timeout, 10..=100 ms) until it is
+//! answered or the caller's timeout passes.
+//!
+//! # When the agent is down
+//!
+//! Before each request the client compares the heartbeat with the clock. A
+//! beat older than [`ClientOptions::max_heartbeat_age`] (2 s), or no
+//! readable heartbeat file, means the agent is down; so does a shard port
+//! that refuses datagrams, or a shard that did not answer a request within
+//! its timeout (until the heartbeat moves again). Then:
+//!
+//! - **getHost** answers from the agent's static route file (the path the
+//!   heartbeat names; without any heartbeat, [`ClientOptions::snapshot_path`])
+//!   with a random node of the module ([`HostSource::StaticRoutes`]). The
+//!   file is read again only when it changed. A missing, truncated or
+//!   corrupt file, or one without the module, is
+//!   [`ClientError::StaticRoutes`] (but a getHost the agent did not answer
+//!   in time, and the file cannot answer either, is
+//!   [`ClientError::Timeout`]). As soon as the heartbeat moves, getHost goes
+//!   back to the agent. With [`ClientOptions::static_fallback`] off, the
+//!   call fails with [`ClientError::AgentDown`] (or `Timeout`) instead.
+//! - **report** drops the report and returns `Ok(())`, as the original did:
+//!   the agent that would use it is not there, and an application must not
+//!   fail a call that a static host served because its report could not be
+//!   delivered. Held successes (route cache) are dropped too.
+//! - **register** and **getRoute** fail with [`ClientError::AgentDown`].
+//!
+//! # Route cache
+//!
+//! With [`ClientOptions::cache`] on, getHost is answered in process while
+//! the agent says no node of the module is overloaded (see [`cache`] for
+//! the rules: refresh every 2 s by version, round robin, successes held and
+//! batched, failures sent at once after the held successes). A getHost the
+//! cache answers does not pass the agent's admission control: its DAGOR
+//! priorities are not looked at.
+//!
+//! # Layout
+//!
+//! - [`error`]: the one error type, [`ClientError`].
+//! - `locate`: the heartbeat as the client reads it.
+//! - `link`: the UDP sockets, sequence numbers, re-sends.
+//! - `statics`: the static route file, re-read only when it changed.
+//! - [`cache`]: the route cache's rules, sans-IO.
+//! - `client`: [`Client`], the shell that ties them together.
+//! - [`tools`]: `lbagent gethost`, `report` and `getroute`.
+
+pub mod cache;
+#[allow(clippy::module_inception)]
+mod client;
+pub mod error;
+mod link;
+mod locate;
+mod statics;
+pub mod tools;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+pub use client::Client;
+pub use error::ClientError;
+pub use link::{resend_interval, MAX_RESEND, MIN_RESEND};
+
+use crate::model::{ModuleId, NodeAddr};
+use crate::wire::NodeStatus;
+
+/// The environment variable that overrides the default heartbeat path.
+pub const HEARTBEAT_ENV: &str = "LBAGENT_HEARTBEAT";
+
+/// The environment variable that overrides the default static route file.
+pub const SNAPSHOT_ENV: &str = "LBAGENT_SNAPSHOT";
+
+/// How a [`Client`] finds and uses the agent.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClientOptions {
+    /// The agent's heartbeat file. Default: `$LBAGENT_HEARTBEAT`, else
+    /// `/dev/shm/lbagent.heartbeat` (the agent's `agent.heartbeat_path`).
+    pub heartbeat_path: PathBuf,
+    /// Route cache (the original's CacheLayer). Default false.
+    pub cache: bool,
+    /// A heartbeat older than this means "agent down": answer from the
+    /// static route file. Default 2 s (seed 000); at least 1 ms.
+    pub max_heartbeat_age: Duration,
+    /// DAGOR business priority sent with getHost: 0 = unset, else 1..=128
+    /// (1 = most important). Default 0.
+    pub business_priority: u8,
+    /// DAGOR user priority sent with getHost: 0 = unset, else 1..=128.
+    /// Default 0.
+    pub user_priority: u8,
+    /// The static route file to use while no heartbeat header has been read
+    /// (the heartbeat file is missing); once one has, the path the agent
+    /// published wins. Default: `$LBAGENT_SNAPSHOT`, else
+    /// `/var/tmp/lbagent/routes.snapshot` (the agent's `agent.snapshot_path`).
+    pub snapshot_path: PathBuf,
+    /// Answer getHost from the static route file while the agent is down.
+    /// Default true; off, such a getHost fails with
+    /// [`ClientError::AgentDown`] or [`ClientError::Timeout`] (a load
+    /// generator measuring the agent wants that).
+    pub static_fallback: bool,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        let agent = crate::config::AgentConfig::default();
+        let env_path = |var: &str| {
+            std::env::var_os(var)
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+        };
+        ClientOptions {
+            heartbeat_path: env_path(HEARTBEAT_ENV).unwrap_or(agent.heartbeat_path),
+            cache: false,
+            max_heartbeat_age: Duration::from_millis(crate::agent::heartbeat::DEFAULT_MAX_AGE_MS),
+            business_priority: 0,
+            user_priority: 0,
+            snapshot_path: env_path(SNAPSHOT_ENV).unwrap_or(agent.snapshot_path),
+            static_fallback: true,
+        }
+    }
+}
+
+impl ClientOptions {
+    /// Checks every field.
+    ///
+    /// # Errors
+    /// [`ClientError::BadRequest`] naming the field: an empty path, a
+    /// heartbeat age under 1 ms, a priority above
+    /// [`crate::wire::MAX_PRIORITY`].
+    pub fn validate(&self) -> Result<(), ClientError> {
+        let bad = |what: String| Err(ClientError::BadRequest(what));
+        if self.heartbeat_path.as_os_str().is_empty() {
+            return bad("heartbeat_path is empty: name the agent's heartbeat file".into());
+        }
+        if self.snapshot_path.as_os_str().is_empty() {
+            return bad("snapshot_path is empty: name the agent's static route file".into());
+        }
+        if self.max_heartbeat_age < Duration::from_millis(1) {
+            return bad(format!(
+                "max_heartbeat_age {:?} is under 1 ms: the agent beats every second, use 2 s",
+                self.max_heartbeat_age
+            ));
+        }
+        for (name, p) in [
+            ("business_priority", self.business_priority),
+            ("user_priority", self.user_priority),
+        ] {
+            if p > crate::wire::MAX_PRIORITY {
+                return bad(format!(
+                    "{name} {p} is out of range: 0 (unset) or 1..={}",
+                    crate::wire::MAX_PRIORITY
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A node to call, and where the answer came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Host {
+    /// The node.
+    pub addr: NodeAddr,
+    /// Who chose it.
+    pub source: HostSource,
+}
+
+/// Who chose a [`Host`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum HostSource {
+    /// The agent, for this getHost.
+    Agent,
+    /// The route cache, from a route the agent gave at most 2 s ago.
+    Cache,
+    /// The static route file: the agent is down.
+    StaticRoutes,
+}
+
+impl HostSource {
+    /// A stable short name: `agent`, `cache` or `static_routes`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HostSource::Agent => "agent",
+            HostSource::Cache => "cache",
+            HostSource::StaticRoutes => "static_routes",
+        }
+    }
+}
+
+/// The agent's view of a module (for `lbagent getroute`): its route version
+/// and every node with its state and counters.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RouteView {
+    /// The module.
+    pub module: ModuleId,
+    /// The route's version, as the route server numbered it.
+    pub version: u64,
+    /// Every node, in the agent's order, with its LB state and counters.
+    pub nodes: Vec<NodeStatus>,
+}

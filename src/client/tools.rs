@@ -1,0 +1,558 @@
+//! The tool commands `lbagent gethost`, `lbagent report` and
+//! `lbagent getroute`, as library functions on the client library: each
+//! takes its parsed arguments and returns what to print and the exit
+//! status ([`ToolOutcome`]), so the binary only prints, and tests call them
+//! directly.
+//!
+//! # Exit status
+//!
+//! | code | meaning |
+//! |---:|---|
+//! | 0 | success |
+//! | 3 | no such module: the agent has no route for it |
+//! | 4 | module overloaded: every node is overloaded |
+//! | 5 | rejected by the agent's admission control |
+//! | 6 | agent down: no fresh heartbeat, or its port refuses datagrams |
+//! | 7 | agent down and the static route file cannot answer (gethost) |
+//! | 8 | timeout: the agent did not answer in `--timeout-ms` |
+//! | 9 | bad response: something that is not the agent answered |
+//! | 10 | bad argument, or a request the agent refused |
+//!
+//! (1, 2, 69 and 78 are the binary's: runtime failure, usage, not built,
+//! configuration invalid.) On failure one line on stderr says why; with
+//! `--json`, stdout carries one JSON object instead, failures included:
+//! `{"error": KIND, "message": ..., "modid": .., "cmdid": ..}` with KIND as
+//! [`ClientError::kind`].
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Args;
+use serde_json::{json, Value};
+
+use super::{Client, ClientError, ClientOptions, HostSource, RouteView};
+use crate::model::NodeAddr;
+use crate::wire::NodeStatus;
+
+/// Exit status: success.
+pub const EXIT_OK: u8 = 0;
+/// Exit status: the agent has no route for the module.
+pub const EXIT_NO_SUCH_MODULE: u8 = 3;
+/// Exit status: every node of the module is overloaded.
+pub const EXIT_OVERLOADED: u8 = 4;
+/// Exit status: the agent's admission control rejected the request.
+pub const EXIT_REJECTED: u8 = 5;
+/// Exit status: the agent is down.
+pub const EXIT_AGENT_DOWN: u8 = 6;
+/// Exit status: the agent is down and the static route file cannot answer.
+pub const EXIT_STATIC_ROUTES: u8 = 7;
+/// Exit status: the agent did not answer in time.
+pub const EXIT_TIMEOUT: u8 = 8;
+/// Exit status: the answer was not a valid answer.
+pub const EXIT_BAD_RESPONSE: u8 = 9;
+/// Exit status: a bad argument, or a request the agent refused.
+pub const EXIT_BAD_ARGUMENT: u8 = 10;
+
+/// The exit status for an error (see the module documentation).
+pub fn exit_code(e: &ClientError) -> u8 {
+    match e {
+        ClientError::NoSuchModule { .. } => EXIT_NO_SUCH_MODULE,
+        ClientError::Overloaded { .. } => EXIT_OVERLOADED,
+        ClientError::Rejected { .. } => EXIT_REJECTED,
+        ClientError::AgentDown(_) => EXIT_AGENT_DOWN,
+        ClientError::StaticRoutes(_) => EXIT_STATIC_ROUTES,
+        ClientError::Timeout { .. } => EXIT_TIMEOUT,
+        ClientError::BadResponse(_) => EXIT_BAD_RESPONSE,
+        ClientError::BadRequest(_) => EXIT_BAD_ARGUMENT,
+    }
+}
+
+/// How the tools find the agent (shared by the three commands).
+#[derive(Args, Debug, Clone, PartialEq, Eq)]
+pub struct AgentConnArgs {
+    /// The agent's heartbeat file [default: $LBAGENT_HEARTBEAT, else
+    /// /dev/shm/lbagent.heartbeat].
+    #[arg(long, value_name = "PATH")]
+    pub heartbeat: Option<PathBuf>,
+    /// The static route file, used only when there is no heartbeat file
+    /// [default: $LBAGENT_SNAPSHOT, else /var/tmp/lbagent/routes.snapshot].
+    #[arg(long, value_name = "PATH")]
+    pub snapshot: Option<PathBuf>,
+    /// How long to wait for the agent, in milliseconds (1..=60000).
+    #[arg(
+        long,
+        value_name = "MS",
+        default_value_t = 1000,
+        value_parser = clap::value_parser!(u64).range(1..=60_000)
+    )]
+    pub timeout_ms: u64,
+}
+
+impl Default for AgentConnArgs {
+    fn default() -> Self {
+        AgentConnArgs {
+            heartbeat: None,
+            snapshot: None,
+            timeout_ms: 1000,
+        }
+    }
+}
+
+impl AgentConnArgs {
+    fn options(&self) -> ClientOptions {
+        let mut o = ClientOptions::default();
+        if let Some(p) = &self.heartbeat {
+            o.heartbeat_path = p.clone();
+        }
+        if let Some(p) = &self.snapshot {
+            o.snapshot_path = p.clone();
+        }
+        o
+    }
+
+    fn timeout(&self) -> Duration {
+        Duration::from_millis(self.timeout_ms)
+    }
+}
+
+/// `lbagent gethost MODID CMDID`: ask the local agent for a node of a
+/// module, through the client library (while the agent is down, from its
+/// static route file: stderr says so).
+#[derive(Args, Debug, Clone, PartialEq, Eq)]
+pub struct GethostArgs {
+    /// Module id.
+    pub modid: u32,
+    /// Command id.
+    pub cmdid: u32,
+    /// Print one JSON object: {"modid", "cmdid", "host", "ip", "port",
+    /// "source": "agent" | "static_routes"}.
+    #[arg(long)]
+    pub json: bool,
+    /// Finding the agent.
+    #[command(flatten)]
+    pub conn: AgentConnArgs,
+}
+
+/// `lbagent report MODID CMDID IP:PORT RETCODE`: report a call's result to
+/// the local agent, then show the node as the agent now counts it.
+#[derive(Args, Debug, Clone, PartialEq, Eq)]
+pub struct ReportArgs {
+    /// Module id.
+    pub modid: u32,
+    /// Command id.
+    pub cmdid: u32,
+    /// The node called, A.B.C.D:PORT.
+    pub node: NodeAddr,
+    /// The call's result: 0 success, anything else a failure.
+    #[arg(allow_hyphen_values = true)]
+    pub retcode: i32,
+    /// The call's time cost in milliseconds (a failure counts
+    /// max(1, MS / 100) errors).
+    #[arg(long, value_name = "MS", default_value_t = 0)]
+    pub tcost: u32,
+    /// Print one JSON object: the report and the node's state after it.
+    #[arg(long)]
+    pub json: bool,
+    /// Finding the agent.
+    #[command(flatten)]
+    pub conn: AgentConnArgs,
+}
+
+/// `lbagent getroute MODID CMDID`: the agent's view of a module, every
+/// node with its state and counters.
+#[derive(Args, Debug, Clone, PartialEq, Eq)]
+pub struct GetrouteArgs {
+    /// Module id.
+    pub modid: u32,
+    /// Command id.
+    pub cmdid: u32,
+    /// Print one JSON object: {"modid", "cmdid", "version", "nodes": [..]}.
+    #[arg(long)]
+    pub json: bool,
+    /// Finding the agent.
+    #[command(flatten)]
+    pub conn: AgentConnArgs,
+}
+
+/// What a tool command prints and how it exits.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ToolOutcome {
+    /// The exit status (see the module documentation).
+    pub code: u8,
+    /// What goes to stdout.
+    pub stdout: String,
+    /// What goes to stderr.
+    pub stderr: String,
+}
+
+impl ToolOutcome {
+    /// Prints stdout and stderr and returns the exit status, for `main`.
+    pub fn emit(self) -> ExitCode {
+        use std::io::Write;
+        // A closed stdout (`| head`) is not worth a panic.
+        let _ = std::io::stdout().write_all(self.stdout.as_bytes());
+        let _ = std::io::stderr().write_all(self.stderr.as_bytes());
+        ExitCode::from(self.code)
+    }
+
+    fn ok(stdout: String, stderr: String) -> Self {
+        ToolOutcome {
+            code: EXIT_OK,
+            stdout,
+            stderr,
+        }
+    }
+
+    fn failed(command: &str, json: bool, modid: u32, cmdid: u32, e: &ClientError) -> Self {
+        let code = exit_code(e);
+        if json {
+            let v = json!({
+                "error": e.kind(),
+                "message": e.to_string(),
+                "modid": modid,
+                "cmdid": cmdid,
+                "exit_code": code,
+            });
+            ToolOutcome {
+                code,
+                stdout: format!("{v}\n"),
+                stderr: String::new(),
+            }
+        } else {
+            ToolOutcome {
+                code,
+                stdout: String::new(),
+                stderr: format!("lbagent {command}: {e}\n"),
+            }
+        }
+    }
+}
+
+/// `lbagent gethost`: one getHost through the client library. Prints the
+/// node as `A.B.C.D:PORT` (or the JSON object); exit status as the module
+/// documentation says.
+pub fn gethost(args: &GethostArgs) -> ToolOutcome {
+    let fail =
+        |e: &ClientError| ToolOutcome::failed("gethost", args.json, args.modid, args.cmdid, e);
+    let mut client = match Client::with_options(args.conn.options()) {
+        Ok(c) => c,
+        Err(e) => return fail(&e),
+    };
+    let host = match client.get_host(args.modid, args.cmdid, args.conn.timeout()) {
+        Ok(h) => h,
+        Err(e) => return fail(&e),
+    };
+    let note = match host.source {
+        HostSource::StaticRoutes => {
+            "lbagent gethost: the agent is down: answered with a random node from its static route file\n"
+                .to_string()
+        }
+        HostSource::Agent | HostSource::Cache => String::new(),
+    };
+    if args.json {
+        let v = json!({
+            "modid": args.modid,
+            "cmdid": args.cmdid,
+            "host": host.addr.to_string(),
+            "ip": host.addr.ipv4().to_string(),
+            "port": host.addr.port,
+            "source": host.source.as_str(),
+        });
+        ToolOutcome::ok(format!("{v}\n"), note)
+    } else {
+        ToolOutcome::ok(format!("{}\n", host.addr), note)
+    }
+}
+
+/// `lbagent report`: sends the report, then asks the agent for the module's
+/// route on the same socket (so the agent has applied the report when it
+/// answers) and prints the node's state and counters. A node that is not
+/// in the module's route is a bad argument (exit 10): the agent ignored the
+/// report.
+pub fn report(args: &ReportArgs) -> ToolOutcome {
+    let fail =
+        |e: &ClientError| ToolOutcome::failed("report", args.json, args.modid, args.cmdid, e);
+    let mut client = match Client::with_options(args.conn.options()) {
+        Ok(c) => c,
+        Err(e) => return fail(&e),
+    };
+    // The library drops reports while the agent is down; a tool says so.
+    if let Err(e) = client.agent() {
+        return fail(&e);
+    }
+    if let Err(e) = client.report(args.modid, args.cmdid, args.node, args.retcode, args.tcost) {
+        return fail(&e);
+    }
+    let view = match client.get_route(args.modid, args.cmdid, args.conn.timeout()) {
+        Ok(v) => v,
+        Err(e) => return fail(&e),
+    };
+    let Some(node) = view.nodes.iter().find(|n| n.addr == args.node) else {
+        let known: Vec<String> = view.nodes.iter().map(|n| n.addr.to_string()).collect();
+        return fail(&ClientError::BadRequest(format!(
+            "node {} is not in module {}'s route ({}): the agent ignored the report",
+            args.node,
+            view.module,
+            known.join(", ")
+        )));
+    };
+    if args.json {
+        let v = json!({
+            "modid": args.modid,
+            "cmdid": args.cmdid,
+            "node": args.node.to_string(),
+            "retcode": args.retcode,
+            "tcost_ms": args.tcost,
+            "version": view.version,
+            "status": node_json(node),
+        });
+        return ToolOutcome::ok(format!("{v}\n"), String::new());
+    }
+    let what = if args.retcode == 0 {
+        "success".to_string()
+    } else {
+        format!("failure (retcode {}, {} ms)", args.retcode, args.tcost)
+    };
+    let text = format!(
+        "reported {what} of {} for module {}; the agent now counts: {}, vsucc {}, verr {}, \
+         window {} ok / {} err, consecutive {} ok / {} err\n",
+        args.node,
+        view.module,
+        state(node),
+        node.vsucc,
+        node.verr,
+        node.rsucc,
+        node.rerr,
+        node.contin_succ,
+        node.contin_err
+    );
+    ToolOutcome::ok(text, String::new())
+}
+
+/// `lbagent getroute`: the agent's view of the module, as a table (or the
+/// JSON object).
+pub fn getroute(args: &GetrouteArgs) -> ToolOutcome {
+    let fail =
+        |e: &ClientError| ToolOutcome::failed("getroute", args.json, args.modid, args.cmdid, e);
+    let mut client = match Client::with_options(args.conn.options()) {
+        Ok(c) => c,
+        Err(e) => return fail(&e),
+    };
+    match client.get_route(args.modid, args.cmdid, args.conn.timeout()) {
+        Ok(view) if args.json => ToolOutcome::ok(format!("{}\n", route_json(&view)), String::new()),
+        Ok(view) => ToolOutcome::ok(route_table(&view), String::new()),
+        Err(e) => fail(&e),
+    }
+}
+
+fn state(n: &NodeStatus) -> &'static str {
+    if n.overloaded {
+        "overloaded"
+    } else {
+        "idle"
+    }
+}
+
+fn node_json(n: &NodeStatus) -> Value {
+    json!({
+        "host": n.addr.to_string(),
+        "weight": n.weight,
+        "state": state(n),
+        "vsucc": n.vsucc,
+        "verr": n.verr,
+        "rsucc": n.rsucc,
+        "rerr": n.rerr,
+        "contin_succ": n.contin_succ,
+        "contin_err": n.contin_err,
+        "bad_windows": n.bad_windows,
+        "window_age_ms": n.window_age_ms,
+        "overload_age_ms": n.overload_age_ms,
+    })
+}
+
+/// The JSON object `lbagent getroute --json` prints.
+pub fn route_json(view: &RouteView) -> Value {
+    json!({
+        "modid": view.module.modid,
+        "cmdid": view.module.cmdid,
+        "version": view.version,
+        "nodes": view.nodes.iter().map(node_json).collect::<Vec<_>>(),
+    })
+}
+
+/// The table `lbagent getroute` prints: a summary line, a header, one line
+/// per node. AGE_MS is the idle window's age for an idle node, the time
+/// since it became overloaded for an overloaded one.
+pub fn route_table(view: &RouteView) -> String {
+    let overloaded = view.nodes.iter().filter(|n| n.overloaded).count();
+    let mut out = format!(
+        "module {}: version {}, {} nodes, {overloaded} overloaded\n",
+        view.module,
+        view.version,
+        view.nodes.len()
+    );
+    let _ = writeln!(
+        out,
+        "{:<21} {:<10} {:>6} {:>8} {:>8} {:>8} {:>8} {:>6} {:>6} {:>7} {:>10}",
+        "NODE",
+        "STATE",
+        "WEIGHT",
+        "VSUCC",
+        "VERR",
+        "RSUCC",
+        "RERR",
+        "CSUCC",
+        "CERR",
+        "BADWIN",
+        "AGE_MS"
+    );
+    for n in &view.nodes {
+        let age = if n.overloaded {
+            n.overload_age_ms
+        } else {
+            n.window_age_ms
+        };
+        let _ = writeln!(
+            out,
+            "{:<21} {:<10} {:>6} {:>8} {:>8} {:>8} {:>8} {:>6} {:>6} {:>7} {:>10}",
+            n.addr.to_string(),
+            state(n),
+            n.weight,
+            n.vsucc,
+            n.verr,
+            n.rsucc,
+            n.rerr,
+            n.contin_succ,
+            n.contin_err,
+            n.bad_windows,
+            age
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::ModuleId;
+    use clap::Parser;
+
+    #[derive(Parser, Debug)]
+    struct Cli {
+        #[command(subcommand)]
+        cmd: Cmd,
+    }
+
+    #[derive(clap::Subcommand, Debug)]
+    enum Cmd {
+        Gethost(GethostArgs),
+        Report(ReportArgs),
+        Getroute(GetrouteArgs),
+    }
+
+    #[test]
+    fn the_arguments_parse_as_documented() {
+        let cli = Cli::try_parse_from([
+            "x",
+            "report",
+            "1",
+            "2",
+            "10.0.0.1:80",
+            "-1",
+            "--tcost",
+            "250",
+            "--heartbeat",
+            "/tmp/hb",
+        ])
+        .unwrap();
+        let Cmd::Report(r) = cli.cmd else { panic!() };
+        assert_eq!((r.modid, r.cmdid, r.retcode, r.tcost), (1, 2, -1, 250));
+        assert_eq!(r.conn.heartbeat, Some(PathBuf::from("/tmp/hb")));
+        assert_eq!(r.conn.timeout_ms, 1000);
+        let cli = Cli::try_parse_from(["x", "gethost", "1", "2", "--json", "--timeout-ms", "50"])
+            .unwrap();
+        assert!(matches!(cli.cmd, Cmd::Gethost(ref g) if g.json && g.conn.timeout_ms == 50));
+        assert!(Cli::try_parse_from(["x", "getroute", "1", "2", "--timeout-ms", "0"]).is_err());
+        assert!(Cli::try_parse_from(["x", "report", "1", "2", "10.0.0.1:0", "0"]).is_err());
+    }
+
+    #[test]
+    fn exit_codes_are_distinct_and_avoid_the_binarys() {
+        let m = ModuleId::new(1, 1);
+        let errors = [
+            ClientError::NoSuchModule { module: m },
+            ClientError::Overloaded { module: m },
+            ClientError::Rejected { module: m },
+            ClientError::AgentDown(String::new()),
+            ClientError::StaticRoutes(String::new()),
+            ClientError::Timeout {
+                module: m,
+                waited: Duration::ZERO,
+            },
+            ClientError::BadResponse(String::new()),
+            ClientError::BadRequest(String::new()),
+        ];
+        let mut codes: Vec<u8> = errors.iter().map(exit_code).collect();
+        codes.sort_unstable();
+        codes.dedup();
+        assert_eq!(codes.len(), errors.len());
+        for reserved in [0, 1, 2, 69, 78] {
+            assert!(!codes.contains(&reserved), "{reserved}");
+        }
+    }
+
+    #[test]
+    fn a_failure_in_json_is_one_object_naming_the_kind() {
+        let e = ClientError::Overloaded {
+            module: ModuleId::new(3, 4),
+        };
+        let out = ToolOutcome::failed("gethost", true, 3, 4, &e);
+        assert_eq!(out.code, EXIT_OVERLOADED);
+        let v: Value = serde_json::from_str(out.stdout.trim()).unwrap();
+        assert_eq!(v["error"], "overloaded");
+        assert_eq!(v["modid"], 3);
+        assert!(v["message"].as_str().unwrap().contains("[3, 4]"));
+        let out = ToolOutcome::failed("gethost", false, 3, 4, &e);
+        assert!(out.stdout.is_empty());
+        assert!(out
+            .stderr
+            .starts_with("lbagent gethost: module [3, 4] is overloaded"));
+    }
+
+    #[test]
+    fn the_route_table_has_a_line_per_node() {
+        let n = |port, overloaded| NodeStatus {
+            addr: NodeAddr {
+                ip: 0x0a00_0001,
+                port,
+            },
+            weight: 1,
+            overloaded,
+            vsucc: 180,
+            verr: 0,
+            rsucc: 0,
+            rerr: 0,
+            contin_succ: 0,
+            contin_err: 0,
+            bad_windows: 0,
+            window_age_ms: 5,
+            overload_age_ms: 7,
+        };
+        let view = RouteView {
+            module: ModuleId::new(1, 2),
+            version: 9,
+            nodes: vec![n(80, false), n(81, true)],
+        };
+        let t = route_table(&view);
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(lines.len(), 4, "{t}");
+        assert!(lines[0].contains("version 9, 2 nodes, 1 overloaded"));
+        assert!(lines[2].starts_with("10.0.0.1:80") && lines[2].trim_end().ends_with(" 5"));
+        assert!(lines[3].contains("overloaded") && lines[3].trim_end().ends_with(" 7"));
+        let j = route_json(&view);
+        assert_eq!(j["nodes"][1]["state"], "overloaded");
+        assert_eq!(j["version"], 9);
+    }
+}

@@ -1,0 +1,510 @@
+//! The route server's figures and their Prometheus text, and the tiny HTTP
+//! endpoint that serves them (`GET /metrics`).
+//!
+//! Counting is plain field increments on each executor's own [`Counters`]
+//! and the store thread's [`StoreStatus`]; each publishes a copy into a
+//! [`Board`] slot now and then (the executors on their tick), and the
+//! endpoint renders whatever the slots hold. Nothing on the request path
+//! touches an atomic or a lock.
+
+use std::fmt::Write as _;
+use std::io::{self, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// One serving executor's counters and gauges.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// Connections accepted.
+    pub accepted: u64,
+    /// `accept` calls that failed (file descriptors exhausted...).
+    pub accept_errors: u64,
+    /// Connections closed, by [`CloseKind`].
+    pub closed: [u64; CloseKind::COUNT],
+    /// PullReq frames answered (or held).
+    pub pull_reqs: u64,
+    /// Modules named in PullReqs.
+    pub pulls: u64,
+    /// RouteAnswers sent for modules that exist.
+    pub answers: u64,
+    /// RouteAnswers sent with `exists = false`.
+    pub answers_unknown: u64,
+    /// Module pulls held (not answered) because no route was loaded yet;
+    /// they are answered by a push once the first load succeeds.
+    pub pulls_held: u64,
+    /// PullReqs refused with an ErrorResp (no modules, too many).
+    pub bad_requests: u64,
+    /// RoutePush frames queued to connections.
+    pub pushes: u64,
+    /// KeepAlives answered.
+    pub keepalives: u64,
+    /// Subscriptions refused: the connection holds the most allowed.
+    pub subscriptions_refused: u64,
+    /// Open connections (gauge).
+    pub connections: u64,
+    /// Subscriptions of open connections (gauge).
+    pub subscriptions: u64,
+}
+
+/// Why a connection was closed, for [`Counters::closed`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CloseKind {
+    /// The peer closed it.
+    Peer = 0,
+    /// Silent past the idle timeout.
+    Idle = 1,
+    /// A byte stream that is not frames (length 0 or over the limit).
+    BadFrame = 2,
+    /// A frame that does not decode.
+    Undecodable = 3,
+    /// A message that does not belong on a route server connection.
+    Unexpected = 4,
+    /// Too many pushes queued for a peer that does not read.
+    SlowReader = 5,
+    /// A socket error.
+    Io = 6,
+    /// The route server is stopping.
+    Shutdown = 7,
+}
+
+impl CloseKind {
+    /// How many kinds there are.
+    pub const COUNT: usize = 8;
+
+    /// Every kind, in label order.
+    pub const ALL: [CloseKind; CloseKind::COUNT] = [
+        CloseKind::Peer,
+        CloseKind::Idle,
+        CloseKind::BadFrame,
+        CloseKind::Undecodable,
+        CloseKind::Unexpected,
+        CloseKind::SlowReader,
+        CloseKind::Io,
+        CloseKind::Shutdown,
+    ];
+
+    /// The metric label.
+    pub fn label(self) -> &'static str {
+        [
+            "peer",
+            "idle",
+            "bad_frame",
+            "undecodable",
+            "unexpected",
+            "slow_reader",
+            "io",
+            "shutdown",
+        ][self as usize]
+    }
+}
+
+/// What the store thread knows, published after every poll.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StoreStatus {
+    /// Whether the last store operation succeeded.
+    pub up: bool,
+    /// Whether routes were ever loaded.
+    pub loaded: bool,
+    /// Modules in the table.
+    pub modules: u64,
+    /// The route version of the table.
+    pub route_version: u64,
+    /// Polls (version checks, change reads, full reloads) attempted.
+    pub polls: u64,
+    /// Polls that failed (store unreachable or refusing).
+    pub poll_failures: u64,
+    /// Full reloads that succeeded.
+    pub full_reloads: u64,
+    /// Full reloads that failed.
+    pub full_reload_failures: u64,
+    /// Change-log reads that succeeded.
+    pub change_reloads: u64,
+    /// Change-log reads that failed.
+    pub change_reload_failures: u64,
+    /// Modules reported changed (pushed), over all reloads.
+    pub modules_changed: u64,
+    /// Modules left out because their answer does not fit a frame (gauge).
+    pub modules_refused: u64,
+    /// Rows the store skipped as malformed in its last read (gauge).
+    pub bad_rows: u64,
+    /// When the last full reload succeeded.
+    pub last_full_reload: Option<Instant>,
+    /// When the store last answered.
+    pub last_store_ok: Option<Instant>,
+}
+
+/// Where the executors and the store thread publish, and the endpoint
+/// reads.
+#[derive(Debug)]
+pub struct Board {
+    started: Instant,
+    executors: Vec<Mutex<Counters>>,
+    store: Mutex<StoreStatus>,
+}
+
+impl Board {
+    /// A board for `executors` serving executors.
+    pub fn new(executors: usize) -> Self {
+        Board {
+            started: Instant::now(),
+            executors: (0..executors).map(|_| Mutex::default()).collect(),
+            store: Mutex::default(),
+        }
+    }
+
+    /// How many executors publish here.
+    pub fn executors(&self) -> usize {
+        self.executors.len()
+    }
+
+    /// Publishes executor `i`'s counters.
+    pub fn publish(&self, i: usize, counters: &Counters) {
+        if let Some(slot) = self.executors.get(i) {
+            *lock(slot) = *counters;
+        }
+    }
+
+    /// Publishes the store thread's status.
+    pub fn publish_store(&self, status: &StoreStatus) {
+        *lock(&self.store) = *status;
+    }
+
+    /// Executor `i`'s last published counters.
+    pub fn executor(&self, i: usize) -> Counters {
+        self.executors.get(i).map(|s| *lock(s)).unwrap_or_default()
+    }
+
+    /// Every executor's counters summed (gauges too).
+    pub fn total(&self) -> Counters {
+        let mut t = Counters::default();
+        for slot in &self.executors {
+            let c = *lock(slot);
+            t.accepted += c.accepted;
+            t.accept_errors += c.accept_errors;
+            for (sum, n) in t.closed.iter_mut().zip(c.closed) {
+                *sum += n;
+            }
+            t.pull_reqs += c.pull_reqs;
+            t.pulls += c.pulls;
+            t.answers += c.answers;
+            t.answers_unknown += c.answers_unknown;
+            t.pulls_held += c.pulls_held;
+            t.bad_requests += c.bad_requests;
+            t.pushes += c.pushes;
+            t.keepalives += c.keepalives;
+            t.subscriptions_refused += c.subscriptions_refused;
+            t.connections += c.connections;
+            t.subscriptions += c.subscriptions;
+        }
+        t
+    }
+
+    /// The store thread's last published status.
+    pub fn store(&self) -> StoreStatus {
+        *lock(&self.store)
+    }
+
+    /// The Prometheus text of everything on the board, ages taken at `now`.
+    pub fn render(&self, now: Instant) -> String {
+        let per: Vec<Counters> = (0..self.executors.len())
+            .map(|i| self.executor(i))
+            .collect();
+        render(&per, &self.total(), &self.store(), self.started, now)
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Prometheus text, one metric family at a time.
+struct Text(String);
+
+impl Text {
+    /// A family of samples, each `(labels, value)`.
+    fn family(&mut self, name: &str, kind: &str, help: &str, samples: &[(&str, f64)]) {
+        let _ = writeln!(self.0, "# HELP lbagent_dnsserver_{name} {help}");
+        let _ = writeln!(self.0, "# TYPE lbagent_dnsserver_{name} {kind}");
+        for (labels, v) in samples {
+            let _ = writeln!(self.0, "lbagent_dnsserver_{name}{labels} {v}");
+        }
+    }
+
+    fn counter(&mut self, name: &str, help: &str, v: u64) {
+        self.family(name, "counter", help, &[("", v as f64)]);
+    }
+
+    fn gauge(&mut self, name: &str, help: &str, v: f64) {
+        self.family(name, "gauge", help, &[("", v)]);
+    }
+}
+
+/// The Prometheus text exposition of the route server's figures.
+fn render(
+    per: &[Counters],
+    t: &Counters,
+    s: &StoreStatus,
+    started: Instant,
+    now: Instant,
+) -> String {
+    let mut m = Text(String::with_capacity(6144));
+    let labels: Vec<String> = (0..per.len())
+        .map(|i| format!("{{executor=\"{i}\"}}"))
+        .collect();
+    let open: Vec<(&str, f64)> = per
+        .iter()
+        .zip(&labels)
+        .map(|(c, l)| (l.as_str(), c.connections as f64))
+        .collect();
+    m.family(
+        "connections",
+        "gauge",
+        "Open agent connections, by serving executor.",
+        &open,
+    );
+    m.counter(
+        "connections_accepted_total",
+        "Agent connections accepted.",
+        t.accepted,
+    );
+    m.counter(
+        "accept_errors_total",
+        "Failed accepts (out of file descriptors?).",
+        t.accept_errors,
+    );
+    let closed = |k: CloseKind| t.closed[k as usize] as f64;
+    let labels: Vec<String> = CloseKind::ALL
+        .iter()
+        .map(|k| format!("{{reason=\"{}\"}}", k.label()))
+        .collect();
+    let by_reason: Vec<(&str, f64)> = CloseKind::ALL
+        .iter()
+        .zip(&labels)
+        .map(|(&k, l)| (l.as_str(), closed(k)))
+        .collect();
+    m.family(
+        "connections_closed_total",
+        "counter",
+        "Connections closed, by reason.",
+        &by_reason,
+    );
+    let help = "Connections closed after staying silent past dnsserver.idle_timeout.";
+    m.counter(
+        "idle_closes_total",
+        help,
+        t.closed[CloseKind::Idle as usize],
+    );
+    let bad = [
+        ("{reason=\"bad_frame\"}", closed(CloseKind::BadFrame)),
+        ("{reason=\"undecodable\"}", closed(CloseKind::Undecodable)),
+        ("{reason=\"unexpected\"}", closed(CloseKind::Unexpected)),
+    ];
+    let help = "Frames that closed their connection: not a frame, not a message, \
+                or not a route server request.";
+    m.family("bad_frames_total", "counter", help, &bad);
+    let help = "PullReqs refused with an ErrorResp (no modules or too many).";
+    m.counter("bad_requests_total", help, t.bad_requests);
+    m.counter(
+        "pull_requests_total",
+        "PullReq frames received.",
+        t.pull_reqs,
+    );
+    m.counter("pulls_total", "Modules named in PullReqs.", t.pulls);
+    let answers = [
+        ("{exists=\"true\"}", t.answers as f64),
+        ("{exists=\"false\"}", t.answers_unknown as f64),
+    ];
+    m.family("answers_total", "counter", "RouteAnswers sent.", &answers);
+    let help = "Module pulls held because no route was loaded yet \
+                (answered by push after the first load).";
+    m.counter("pulls_held_total", help, t.pulls_held);
+    let help = "RoutePushes sent to subscribed connections.";
+    m.counter("pushes_total", help, t.pushes);
+    m.counter("keepalives_total", "KeepAlives answered.", t.keepalives);
+    let help = "Module subscriptions of open connections.";
+    m.gauge("subscriptions", help, t.subscriptions as f64);
+    let help = "Subscriptions refused: the connection holds the most allowed.";
+    m.counter("subscriptions_refused_total", help, t.subscriptions_refused);
+
+    let help = "1 when the last store operation succeeded, 0 when the store is \
+                unreachable or refusing.";
+    m.gauge("store_up", help, f64::from(u8::from(s.up)));
+    let help = "1 once routes were loaded from the store; 0 while pulls are held.";
+    m.gauge("routes_loaded", help, f64::from(u8::from(s.loaded)));
+    m.gauge("modules", "Modules loaded.", s.modules as f64);
+    let help = "The route version the served table reflects.";
+    m.gauge("route_version", help, s.route_version as f64);
+    m.counter("store_polls_total", "Store polls attempted.", s.polls);
+    m.counter(
+        "store_poll_failures_total",
+        "Store polls that failed.",
+        s.poll_failures,
+    );
+    let reloads = [
+        ("{kind=\"full\"}", s.full_reloads as f64),
+        ("{kind=\"changes\"}", s.change_reloads as f64),
+    ];
+    let help = "Successful reloads: of every route, or of the changes since the served version.";
+    m.family("reloads_total", "counter", help, &reloads);
+    let failures = [
+        ("{kind=\"full\"}", s.full_reload_failures as f64),
+        ("{kind=\"changes\"}", s.change_reload_failures as f64),
+    ];
+    m.family(
+        "reload_failures_total",
+        "counter",
+        "Failed reloads.",
+        &failures,
+    );
+    let help = "Modules found changed by reloads (each pushed to its subscribers).";
+    m.counter("modules_changed_total", help, s.modules_changed);
+    let help = "Modules not served: their answer does not fit in one frame.";
+    m.gauge("modules_refused", help, s.modules_refused as f64);
+    let help = "Malformed store rows skipped by the last read.";
+    m.gauge("store_bad_rows", help, s.bad_rows as f64);
+    let age = |at: Option<Instant>| {
+        now.saturating_duration_since(at.unwrap_or(started))
+            .as_secs_f64()
+    };
+    let help = "Seconds since the last successful full reload (since start when none).";
+    m.gauge("last_reload_age_seconds", help, age(s.last_full_reload));
+    let help = "Seconds since the store last answered (since start when never).";
+    m.gauge("store_ok_age_seconds", help, age(s.last_store_ok));
+    m.0
+}
+
+// === the endpoint ===
+
+/// How long a metrics client may take to send its request.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Serves `GET /metrics` from `board` on `listener` (non-blocking) until
+/// `stop` is set; checks `stop` every 100 ms. One request per connection,
+/// answered in turn (a scrape is small and rare).
+pub fn serve(listener: TcpListener, board: Arc<Board>, stop: Arc<AtomicBool>) {
+    while !stop.load(Ordering::Relaxed) {
+        match listener.accept() {
+            Ok((stream, _)) => {
+                let _ = answer(stream, &board);
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => wait_readable(&listener, 100),
+            Err(_) => std::thread::sleep(Duration::from_millis(100)),
+        }
+    }
+}
+
+fn wait_readable(listener: &TcpListener, ms: i32) {
+    let mut pfd = libc::pollfd {
+        fd: listener.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd for the duration of the call.
+    unsafe { libc::poll(&mut pfd, 1, ms) };
+}
+
+fn answer(mut stream: TcpStream, board: &Board) -> io::Result<()> {
+    stream.set_nonblocking(false)?;
+    stream.set_read_timeout(Some(REQUEST_TIMEOUT))?;
+    stream.set_write_timeout(Some(REQUEST_TIMEOUT))?;
+    let deadline = Instant::now() + REQUEST_TIMEOUT;
+    let mut req = Vec::with_capacity(512);
+    let mut buf = [0u8; 512];
+    while !req.windows(4).any(|w| w == b"\r\n\r\n") && req.len() < 8192 {
+        if Instant::now() >= deadline {
+            return Ok(());
+        }
+        match stream.read(&mut buf)? {
+            0 => return Ok(()),
+            n => req.extend_from_slice(&buf[..n]),
+        }
+    }
+    let resp = if req.starts_with(b"GET /metrics ") || req.starts_with(b"GET /metrics?") {
+        let body = board.render(Instant::now());
+        format!(
+            "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+    } else {
+        let msg = "not found: the metrics are at GET /metrics\n";
+        format!(
+            "HTTP/1.1 404 Not Found\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{msg}",
+            msg.len()
+        )
+    };
+    stream.write_all(resp.as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The value of the sample `name` (labels included) in `text`.
+    fn sample(text: &str, name: &str) -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("no sample {name} in\n{text}"))
+    }
+
+    #[test]
+    fn the_text_sums_executors_and_shows_the_store() {
+        let board = Board::new(2);
+        let mut c = Counters {
+            pulls: 5,
+            connections: 2,
+            ..Counters::default()
+        };
+        c.closed[CloseKind::Idle as usize] = 1;
+        board.publish(0, &c);
+        c.connections = 3;
+        c.closed[CloseKind::BadFrame as usize] = 4;
+        board.publish(1, &c);
+        let t0 = Instant::now();
+        board.publish_store(&StoreStatus {
+            up: false,
+            loaded: true,
+            modules: 7,
+            route_version: 42,
+            poll_failures: 3,
+            last_full_reload: Some(t0),
+            ..StoreStatus::default()
+        });
+        let text = board.render(t0 + Duration::from_secs(12));
+        assert_eq!(sample(&text, "lbagent_dnsserver_pulls_total"), 10.0);
+        assert_eq!(
+            sample(&text, "lbagent_dnsserver_connections{executor=\"0\"}"),
+            2.0
+        );
+        assert_eq!(
+            sample(&text, "lbagent_dnsserver_connections{executor=\"1\"}"),
+            3.0
+        );
+        assert_eq!(sample(&text, "lbagent_dnsserver_idle_closes_total"), 2.0);
+        assert_eq!(
+            sample(
+                &text,
+                "lbagent_dnsserver_bad_frames_total{reason=\"bad_frame\"}"
+            ),
+            4.0
+        );
+        assert_eq!(sample(&text, "lbagent_dnsserver_store_up"), 0.0);
+        assert_eq!(
+            sample(&text, "lbagent_dnsserver_store_poll_failures_total"),
+            3.0
+        );
+        assert_eq!(sample(&text, "lbagent_dnsserver_modules"), 7.0);
+        assert_eq!(sample(&text, "lbagent_dnsserver_route_version"), 42.0);
+        assert_eq!(
+            sample(&text, "lbagent_dnsserver_last_reload_age_seconds"),
+            12.0
+        );
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            let (name, value) = line.rsplit_once(' ').unwrap();
+            assert!(name.starts_with("lbagent_dnsserver_"), "{line}");
+            assert!(value.parse::<f64>().is_ok(), "{line}");
+        }
+    }
+}

@@ -1,0 +1,465 @@
+//! The route server ("dnsserver"): every route in memory, pulls answered
+//! and changes pushed over TCP, the store polled in the background.
+//!
+//! # Layout
+//!
+//! - [`table`]: the route table, immutable, with each module's answer and
+//!   push frames encoded once per version; full-reload and change-log
+//!   diffs. Pure.
+//! - [`subs`]: one executor's connections, their subscriptions and the
+//!   idle supervisor (one low-precision timer for every timeout). Pure.
+//! - [`session`]: one connection's protocol: bytes in, answers out. Pure.
+//! - [`reload`]: the store poller (pure but for the store it is given) and
+//!   the thread that runs it.
+//! - `serve`: the glommio shell of one serving executor (private).
+//! - [`metrics`]: counters, the Prometheus text and its endpoint.
+//!
+//! # Threads
+//!
+//! `dnsserver.threads` glommio executors, pinned to cores, each accepting
+//! on its own `SO_REUSEPORT` listener of the same address, so that no
+//! connection is handed between threads; one store thread; one metrics
+//! thread. The store thread builds each new table and sends it, with the
+//! changed modules, to every executor over a channel that the executor
+//! drains on its tick: executors never wait for the store, and each
+//! switches table and queues the matching pushes at the same instant, so a
+//! connection never sees an answer newer than the push that follows it.
+//!
+//! # When the store is unreachable
+//!
+//! At start, [`DnsServer::start`] waits up to 5 s for the first load. A
+//! store URL that cannot be used or a schema newer than this binary fails
+//! the start. A store that does not answer does not: the server starts
+//! without routes, logs it, shows `lbagent_dnsserver_store_up 0` and
+//! `lbagent_dnsserver_routes_loaded 0`, and holds every pull (the
+//! connection is subscribed, nothing is answered — an agent keeps the
+//! routes it has rather than hear "no such module"); the first load pushes
+//! every held module to the connections that asked. Once routes are
+//! loaded, a store that stops answering changes nothing for the agents:
+//! the last routes are served, one log line says so (and one when it
+//! answers again), and every failed poll is counted.
+//!
+//! Several route servers may poll one store: nothing in the store belongs
+//! to an instance.
+
+pub mod metrics;
+pub mod reload;
+mod serve;
+pub mod session;
+pub mod subs;
+pub mod table;
+
+use std::io;
+use std::mem::MaybeUninit;
+use std::net::{SocketAddr, TcpListener};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context};
+use glommio::{ExecutorJoinHandle, LocalExecutorBuilder, Placement};
+
+use crate::config::DnsServerConfig;
+use crate::store::{StoreError, StoreUrl};
+use metrics::Board;
+use reload::Poller;
+pub use reload::StoreOpener;
+
+/// How long a start waits for the first load before serving without it.
+pub const START_WAIT: Duration = Duration::from_secs(5);
+
+/// How long a stop waits for the store thread to finish a store call.
+const STORE_STOP_WAIT: Duration = Duration::from_secs(15);
+
+/// How long a start waits for its ports to be released by a predecessor.
+const PORT_WAIT: Duration = Duration::from_secs(3);
+
+/// A running route server.
+pub struct DnsServer {
+    addr: SocketAddr,
+    metrics_addr: SocketAddr,
+    board: Arc<Board>,
+    stop: Arc<AtomicBool>,
+    executors: Vec<ExecutorJoinHandle<()>>,
+    store_thread: Option<(JoinHandle<()>, mpsc::Sender<()>)>,
+    metrics_thread: Option<JoinHandle<()>>,
+}
+
+impl DnsServer {
+    /// Starts the route server of `cfg` on the store at `store`.
+    ///
+    /// Binds `cfg.listen` (port 0: a free port, see [`Self::addr`]) on
+    /// every executor and `cfg.metrics_addr`, loads the routes (waiting at
+    /// most [`START_WAIT`]; see the module docs for a store that does not
+    /// answer), then serves.
+    ///
+    /// # Errors
+    /// A configuration value out of range, an address that cannot be
+    /// bound, an executor that cannot start (often `ulimit -l` against
+    /// `dnsserver.io_memory_kib`), a bad store URL, or a store schema newer
+    /// than this binary.
+    pub fn start(cfg: &DnsServerConfig, store: StoreUrl) -> anyhow::Result<DnsServer> {
+        let label = store.to_string();
+        DnsServer::start_with(cfg, label, Box::new(move || crate::store::open(&store)))
+    }
+
+    /// [`Self::start`] on a store reached through `open` (`label` names it
+    /// in logs; never put a password in it). Tests use it to put a store
+    /// that can fail on demand behind the server.
+    ///
+    /// # Errors
+    /// As [`Self::start`].
+    pub fn start_with(
+        cfg: &DnsServerConfig,
+        label: String,
+        open: StoreOpener,
+    ) -> anyhow::Result<DnsServer> {
+        check(cfg)?;
+        let ncpu = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let threads = if cfg.threads == 0 {
+            ncpu
+        } else {
+            cfg.threads as usize
+        };
+        let listeners = retry_in_use(|| bind_all(cfg.listen, threads))
+            .with_context(|| format!("cannot listen on dnsserver.listen = {}", cfg.listen))?;
+        let addr = listeners[0].local_addr()?;
+        let metrics = retry_in_use(|| TcpListener::bind(cfg.metrics_addr)).with_context(|| {
+            format!(
+                "cannot bind the metrics endpoint dnsserver.metrics_addr = {}",
+                cfg.metrics_addr
+            )
+        })?;
+        metrics.set_nonblocking(true)?;
+        let metrics_addr = metrics.local_addr()?;
+        let board = Arc::new(Board::new(threads));
+
+        let mut server = DnsServer {
+            addr,
+            metrics_addr,
+            board: board.clone(),
+            stop: Arc::new(AtomicBool::new(false)),
+            executors: Vec::new(),
+            store_thread: None,
+            metrics_thread: None,
+        };
+
+        // The store thread first: executors start with its first table.
+        let (senders, receivers): (Vec<_>, Vec<_>) = (0..threads).map(|_| mpsc::channel()).unzip();
+        let (stop_tx, stop_rx) = mpsc::channel();
+        let (first_tx, first_rx) = mpsc::sync_channel(1);
+        let poller = Poller::new(
+            open,
+            label.clone(),
+            Duration::from_millis(cfg.poll_interval_ms),
+            Duration::from_secs(cfg.full_reload_interval),
+        );
+        let b = board.clone();
+        let handle = std::thread::Builder::new()
+            .name("lbagent-dns-store".into())
+            .spawn(move || reload::run(poller, senders, b, stop_rx, first_tx))
+            .context("cannot start the route server's store thread")?;
+        server.store_thread = Some((handle, stop_tx));
+        match first_rx.recv_timeout(START_WAIT) {
+            Ok(Ok(())) => {}
+            Ok(Err(e @ (StoreError::BadUrl(_) | StoreError::SchemaTooNew { .. }))) => {
+                return Err(anyhow!(e).context(format!("cannot use store {label}")));
+            }
+            // The store thread logged why; pulls are held until it loads.
+            Ok(Err(_)) => {}
+            Err(RecvTimeoutError::Timeout) => eprintln!(
+                "lbagent dnsserver: store {label} has not answered in {} s: serving without routes (pulls held) until it does",
+                START_WAIT.as_secs()
+            ),
+            Err(RecvTimeoutError::Disconnected) => bail!("the route server's store thread ended at start"),
+        }
+
+        let io_memory = cfg.io_memory_kib as usize * 1024;
+        let idle_timeout_ms = cfg.idle_timeout.saturating_mul(1000);
+        for (i, (listener, updates)) in listeners.into_iter().zip(receivers).enumerate() {
+            let parts = serve::ExecParts {
+                index: i,
+                listener,
+                updates,
+                board: board.clone(),
+                stop: server.stop.clone(),
+                idle_timeout_ms,
+            };
+            let handle = LocalExecutorBuilder::new(Placement::Fixed(i % ncpu))
+                .name(&format!("lbagent-dns-{i}"))
+                .io_memory(io_memory)
+                .spawn(move || serve::run(parts))
+                .map_err(|e| {
+                    anyhow!(
+                        "cannot start the route server's executor {i}: {e} (dnsserver.io_memory_kib = {}; check `ulimit -l`)",
+                        cfg.io_memory_kib
+                    )
+                })?;
+            server.executors.push(handle);
+        }
+
+        let (b, stop) = (board, server.stop.clone());
+        let handle = std::thread::Builder::new()
+            .name("lbagent-dns-metrics".into())
+            .spawn(move || metrics::serve(metrics, b, stop))
+            .context("cannot start the route server's metrics thread")?;
+        server.metrics_thread = Some(handle);
+        Ok(server)
+    }
+
+    /// The address agents connect to (the port resolved when 0 was asked).
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Where `GET /metrics` is served.
+    pub fn metrics_addr(&self) -> SocketAddr {
+        self.metrics_addr
+    }
+
+    /// The metrics text, as `GET /metrics` would answer it now.
+    pub fn metrics(&self) -> String {
+        self.board.render(Instant::now())
+    }
+
+    /// Stops serving: closes every connection, stops polling the store, and
+    /// joins every thread (the store thread is left behind, with a log
+    /// line, if a store call has not returned within 15 s).
+    ///
+    /// # Errors
+    /// A thread panicked.
+    pub fn stop(mut self) -> anyhow::Result<()> {
+        self.shut_down()
+    }
+
+    fn shut_down(&mut self) -> anyhow::Result<()> {
+        self.stop.store(true, Ordering::SeqCst);
+        let mut failed = Vec::new();
+        for (i, h) in self.executors.drain(..).enumerate() {
+            if let Err(e) = h.join() {
+                failed.push(format!("executor {i}: {e}"));
+            }
+        }
+        if let Some((handle, stop)) = self.store_thread.take() {
+            drop(stop);
+            let t0 = Instant::now();
+            while !handle.is_finished() && t0.elapsed() < STORE_STOP_WAIT {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            if handle.is_finished() {
+                if handle.join().is_err() {
+                    failed.push("the store thread panicked".into());
+                }
+            } else {
+                eprintln!(
+                    "lbagent dnsserver: a store call has not returned in {} s; leaving it behind",
+                    STORE_STOP_WAIT.as_secs()
+                );
+            }
+        }
+        if let Some(h) = self.metrics_thread.take() {
+            if h.join().is_err() {
+                failed.push("the metrics thread panicked".into());
+            }
+        }
+        if failed.is_empty() {
+            Ok(())
+        } else {
+            bail!(
+                "the route server did not stop cleanly: {}",
+                failed.join("; ")
+            )
+        }
+    }
+}
+
+impl Drop for DnsServer {
+    fn drop(&mut self) {
+        let _ = self.shut_down();
+    }
+}
+
+/// Runs the route server until SIGTERM or SIGINT, then stops it cleanly.
+///
+/// # Errors
+/// What [`DnsServer::start`] and [`DnsServer::stop`] return.
+pub fn run(cfg: &DnsServerConfig, store: StoreUrl) -> anyhow::Result<()> {
+    crate::signal::install();
+    let label = store.to_string();
+    let server = DnsServer::start(cfg, store)?;
+    let threads = server.board.executors();
+    eprintln!(
+        "lbagent dnsserver: serving pulls on {} ({threads} executors), metrics on http://{}/metrics, store {label}",
+        server.addr(),
+        server.metrics_addr(),
+    );
+    crate::signal::wait();
+    let t0 = Instant::now();
+    server.stop()?;
+    eprintln!(
+        "lbagent dnsserver: stopped in {} ms",
+        t0.elapsed().as_millis()
+    );
+    Ok(())
+}
+
+/// Refuses values the route server cannot run with (the same ranges as
+/// `Config::validate`, for callers that build the table by hand).
+fn check(cfg: &DnsServerConfig) -> anyhow::Result<()> {
+    let checks: [(&str, u64, u64, u64); 5] = [
+        ("threads", u64::from(cfg.threads), 0, 1024),
+        ("poll_interval_ms", cfg.poll_interval_ms, 10, 60_000),
+        ("full_reload_interval", cfg.full_reload_interval, 1, 86_400),
+        ("idle_timeout", cfg.idle_timeout, 1, 86_400),
+        ("io_memory_kib", u64::from(cfg.io_memory_kib), 64, 1_048_576),
+    ];
+    for (field, value, min, max) in checks {
+        if !(min..=max).contains(&value) {
+            bail!("dnsserver.{field} = {value} is out of range: use {min}..={max}");
+        }
+    }
+    Ok(())
+}
+
+/// Retries `bind` while the address is in use, up to [`PORT_WAIT`] (a
+/// predecessor's sockets are released a little after it exits).
+fn retry_in_use<T>(mut bind: impl FnMut() -> io::Result<T>) -> io::Result<T> {
+    let t0 = Instant::now();
+    loop {
+        match bind() {
+            Err(e) if e.kind() == io::ErrorKind::AddrInUse && t0.elapsed() < PORT_WAIT => {
+                std::thread::sleep(Duration::from_millis(50))
+            }
+            other => return other,
+        }
+    }
+}
+
+/// `n` listeners on `addr`, all with `SO_REUSEPORT`; port 0 is resolved by
+/// the first and reused by the others.
+fn bind_all(addr: SocketAddr, n: usize) -> io::Result<Vec<TcpListener>> {
+    let first = bind_reuseport(addr)?;
+    let addr = first.local_addr()?;
+    let mut all = vec![first];
+    for _ in 1..n {
+        all.push(bind_reuseport(addr)?);
+    }
+    Ok(all)
+}
+
+/// A non-blocking listener on `addr` with `SO_REUSEADDR` and
+/// `SO_REUSEPORT` set before binding (the standard library cannot).
+fn bind_reuseport(addr: SocketAddr) -> io::Result<TcpListener> {
+    let domain = match addr {
+        SocketAddr::V4(_) => libc::AF_INET,
+        SocketAddr::V6(_) => libc::AF_INET6,
+    };
+    let flags = libc::SOCK_STREAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK;
+    // SAFETY: plain system call; the result is checked.
+    let fd = unsafe { libc::socket(domain, flags, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a socket we just created and nobody else owns.
+    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+    for opt in [libc::SO_REUSEADDR, libc::SO_REUSEPORT] {
+        let one: libc::c_int = 1;
+        // SAFETY: a valid socket and a pointer to a c_int of the given size.
+        let rc = unsafe {
+            libc::setsockopt(
+                sock.as_raw_fd(),
+                libc::SOL_SOCKET,
+                opt,
+                (&one as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if rc != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    let (storage, len) = sockaddr(addr);
+    // SAFETY: `storage` holds a sockaddr of `len` bytes for `domain`.
+    let rc = unsafe { libc::bind(sock.as_raw_fd(), storage.as_ptr().cast(), len) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a bound socket.
+    if unsafe { libc::listen(sock.as_raw_fd(), 1024) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(TcpListener::from(sock))
+}
+
+/// `addr` as a C socket address and its length.
+fn sockaddr(addr: SocketAddr) -> (MaybeUninit<libc::sockaddr_storage>, libc::socklen_t) {
+    let mut storage = MaybeUninit::<libc::sockaddr_storage>::zeroed();
+    let len = match addr {
+        SocketAddr::V4(a) => {
+            let sin = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: a.port().to_be(),
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from_ne_bytes(a.ip().octets()),
+                },
+                sin_zero: [0; 8],
+            };
+            // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in.
+            unsafe { storage.as_mut_ptr().cast::<libc::sockaddr_in>().write(sin) };
+            std::mem::size_of::<libc::sockaddr_in>()
+        }
+        SocketAddr::V6(a) => {
+            let sin6 = libc::sockaddr_in6 {
+                sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                sin6_port: a.port().to_be(),
+                sin6_flowinfo: a.flowinfo(),
+                sin6_addr: libc::in6_addr {
+                    s6_addr: a.ip().octets(),
+                },
+                sin6_scope_id: a.scope_id(),
+            };
+            // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in6.
+            unsafe {
+                storage
+                    .as_mut_ptr()
+                    .cast::<libc::sockaddr_in6>()
+                    .write(sin6)
+            };
+            std::mem::size_of::<libc::sockaddr_in6>()
+        }
+    };
+    (storage, len as libc::socklen_t)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listeners_share_one_port() {
+        let all = bind_all("127.0.0.1:0".parse().unwrap(), 3).unwrap();
+        let port = all[0].local_addr().unwrap().port();
+        assert_ne!(port, 0);
+        for l in &all {
+            assert_eq!(l.local_addr().unwrap().port(), port);
+        }
+        let v6 = bind_reuseport("[::1]:0".parse().unwrap());
+        if let Ok(l) = v6 {
+            assert!(l.local_addr().unwrap().is_ipv6());
+        }
+    }
+
+    #[test]
+    fn out_of_range_values_are_refused_by_name() {
+        let cfg = DnsServerConfig {
+            poll_interval_ms: 0,
+            ..DnsServerConfig::default()
+        };
+        let e = check(&cfg).unwrap_err().to_string();
+        assert!(e.contains("dnsserver.poll_interval_ms = 0"), "{e}");
+        assert!(check(&DnsServerConfig::default()).is_ok());
+    }
+}

@@ -1,0 +1,713 @@
+//! Keeping the route table in step with the store: the poller (what to
+//! read, what changed, what to log) and the thread that runs it.
+//!
+//! The poller runs on its own thread, never on a serving executor: store
+//! calls block. Every `dnsserver.poll_interval_ms` it reads the route
+//! version; when it moved, it reads the changes since the served version
+//! ([`Store::changes_since`]) and applies them; every
+//! `dnsserver.full_reload_interval` seconds (and until the first load
+//! succeeds) it reads every route instead and diffs the whole table. A
+//! version that went backwards (a store restored or replaced) also forces
+//! a full reload. Every new table goes to the executors with the modules
+//! that changed, as one [`Update`] on each executor's channel; readers never
+//! wait for it.
+//!
+//! When the store fails, the poller keeps the table it has (the executors
+//! go on serving it), drops the connection (the next poll opens a new one:
+//! a restarted database is picked up), and says so once per change of
+//! state: one line when the store becomes unreachable, one when it answers
+//! again. The metrics count every failed poll.
+//!
+//! One reload is refused on purpose: a store at route version 0 (never
+//! written to) while routes are served. That is a database recreated by
+//! mistake (a deleted SQLite file is created anew on open), and applying it
+//! would push the deletion of every module to every agent. The served
+//! routes stay, one line says why, and the refusal counts as a failed full
+//! reload; the first write to the store (version 1 and up) ends it.
+
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, SyncSender};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::metrics::{Board, StoreStatus};
+use super::table::{Change, Reloaded, RouteTable};
+use crate::model::ModuleId;
+use crate::store::{Store, StoreError};
+use crate::wire::Encoder;
+
+/// Opens a connection to the store; called at start and after every
+/// failure.
+pub type StoreOpener = Box<dyn FnMut() -> Result<Box<dyn Store>, StoreError> + Send>;
+
+/// A new table for the executors, with what changed since the previous.
+#[derive(Debug)]
+pub struct Update {
+    /// The table to serve from now on.
+    pub table: Arc<RouteTable>,
+    /// The modules that changed (pushed to their subscribers).
+    pub changes: Vec<Change>,
+    /// The first table ever loaded: every module subscribed while pulls
+    /// were held is pushed, whether it changed or not.
+    pub first_load: bool,
+}
+
+/// What one poll did.
+#[derive(Debug, Default)]
+pub struct Polled {
+    /// A new table for the executors, when anything changed.
+    pub update: Option<Arc<Update>>,
+    /// Lines for the log (state changes and reloads that changed routes).
+    pub notes: Vec<String>,
+    /// The store's error, when the poll failed.
+    pub error: Option<StoreError>,
+}
+
+/// The store poller: see the module docs.
+pub struct Poller {
+    open: StoreOpener,
+    store: Option<Box<dyn Store>>,
+    table: Arc<RouteTable>,
+    enc: Encoder,
+    label: String,
+    poll_interval: Duration,
+    full_interval: Duration,
+    next_full: Option<Instant>,
+    status: StoreStatus,
+    /// Since when the store fails (None: it answers, or was never tried).
+    down_since: Option<Instant>,
+    /// Modules refused as too large, so that each is logged once.
+    refused: Vec<ModuleId>,
+    /// Whether the "new, empty store" refusal was logged (once per episode).
+    empty_noted: bool,
+}
+
+impl Poller {
+    /// A poller that reaches the store through `open` (`label` names the
+    /// store in logs: a URL with its password redacted), checks it every
+    /// `poll_interval` and reloads everything every `full_interval`.
+    pub fn new(
+        open: StoreOpener,
+        label: String,
+        poll_interval: Duration,
+        full_interval: Duration,
+    ) -> Self {
+        Poller {
+            open,
+            store: None,
+            table: Arc::new(RouteTable::unloaded()),
+            enc: Encoder::new(),
+            label,
+            poll_interval,
+            full_interval,
+            next_full: None,
+            status: StoreStatus::default(),
+            down_since: None,
+            refused: Vec::new(),
+            empty_noted: false,
+        }
+    }
+
+    /// The table as of the last successful poll.
+    pub fn table(&self) -> &Arc<RouteTable> {
+        &self.table
+    }
+
+    /// The figures for metrics.
+    pub fn status(&self) -> &StoreStatus {
+        &self.status
+    }
+
+    /// Polls the store once, at `now`.
+    pub fn poll(&mut self, now: Instant) -> Polled {
+        self.status.polls += 1;
+        let full = !self.table.is_loaded() || self.next_full.is_none_or(|at| now >= at);
+        let mut polled = Polled::default();
+        match self.try_poll(full, now, &mut polled.notes) {
+            Ok(reloaded) => {
+                if let Some(since) = self.down_since.take() {
+                    let down = now.saturating_duration_since(since).as_secs_f64();
+                    polled.notes.push(format!(
+                        "store {} answers again after {down:.1} s down; serving {} modules at route version {}",
+                        self.label,
+                        self.table.len(),
+                        self.table.version()
+                    ));
+                }
+                self.status.up = true;
+                self.status.last_store_ok = Some(now);
+                if let Some(r) = reloaded {
+                    polled.update = self.install(r, &mut polled.notes);
+                }
+            }
+            Err((e, full)) => {
+                self.status.poll_failures += 1;
+                if full {
+                    self.status.full_reload_failures += 1;
+                } else {
+                    self.status.change_reload_failures += 1;
+                }
+                // Reconnect next time: the connection may be what broke.
+                self.store = None;
+                if self.down_since.is_none() {
+                    self.down_since = Some(now);
+                    polled.notes.push(self.down_note(&e));
+                }
+                self.status.up = false;
+                polled.error = Some(e);
+            }
+        }
+        if let Some(store) = &self.store {
+            self.status.bad_rows = store.bad_rows();
+        }
+        polled
+    }
+
+    fn down_note(&self, e: &StoreError) -> String {
+        let every = self.poll_interval.as_millis();
+        if self.table.is_loaded() {
+            format!(
+                "store unreachable: {e}; serving the last routes ({} modules, route version {}) and retrying every {every} ms",
+                self.table.len(),
+                self.table.version()
+            )
+        } else {
+            format!(
+                "store unreachable: {e}; no route loaded yet, so pulls are held (answered once it answers); retrying every {every} ms"
+            )
+        }
+    }
+
+    /// One poll's store calls; on error, also whether it was a full reload.
+    fn try_poll(
+        &mut self,
+        full: bool,
+        now: Instant,
+        notes: &mut Vec<String>,
+    ) -> Result<Option<Reloaded>, (StoreError, bool)> {
+        if self.store.is_none() {
+            self.store = Some((self.open)().map_err(|e| (e, full))?);
+        }
+        let Some(store) = self.store.as_mut() else {
+            unreachable!("the store was just opened");
+        };
+        let served = self.table.version();
+        if !full {
+            let version = store.route_version().map_err(|e| (e, false))?;
+            if version == served {
+                return Ok(None);
+            }
+            if version > served {
+                let changes = store.changes_since(served).map_err(|e| (e, false))?;
+                self.status.change_reloads += 1;
+                return Ok(Some(self.table.apply(changes, &mut self.enc)));
+            }
+            // Version 0 is a new store: the check below speaks for it.
+            if version > 0 {
+                notes.push(format!(
+                    "route version went back from {served} to {version} (store restored or replaced?): reloading every route"
+                ));
+            }
+        }
+        let set = store.load_all().map_err(|e| (e, true))?;
+        if set.version == 0 && served > 0 {
+            // A store that was never written to, where routes were served:
+            // a database recreated by mistake (a deleted SQLite file is
+            // created anew on open). Pushing every module's deletion to
+            // every agent would take the fleet down; keep serving.
+            self.status.full_reload_failures += 1;
+            self.next_full = Some(now + self.full_interval);
+            if !self.empty_noted {
+                self.empty_noted = true;
+                notes.push(format!(
+                    "store {} holds no route and route version 0 (a new, empty database?) while route version {served} is served: keeping the served routes; restore the store, or restart this route server to serve it empty",
+                    self.label
+                ));
+            }
+            return Ok(None);
+        }
+        self.empty_noted = false;
+        self.status.full_reloads += 1;
+        self.status.last_full_reload = Some(now);
+        self.next_full = Some(now + self.full_interval);
+        Ok(Some(self.table.replace_all(set, &mut self.enc)))
+    }
+
+    /// Makes `r` the table; the update for the executors when it changes
+    /// what they serve.
+    fn install(&mut self, r: Reloaded, notes: &mut Vec<String>) -> Option<Arc<Update>> {
+        let first_load = !self.table.is_loaded();
+        for e in &r.refused {
+            let super::table::EntryError::TooLarge { module, .. } = e;
+            if !self.refused.contains(module) {
+                self.refused.push(*module);
+                notes.push(format!("not serving a module: {e}"));
+            }
+        }
+        self.status.modules_refused = self.refused.len() as u64;
+        let table = Arc::new(r.table);
+        if first_load {
+            notes.push(format!(
+                "loaded {} modules at route version {} from store {}",
+                table.len(),
+                table.version(),
+                self.label
+            ));
+        } else if !r.changes.is_empty() {
+            notes.push(format!(
+                "route version {}: {} modules changed, pushed to their subscribers",
+                table.version(),
+                r.changes.len()
+            ));
+        }
+        self.status.loaded = true;
+        self.status.modules = table.len() as u64;
+        self.status.route_version = table.version();
+        self.status.modules_changed += r.changes.len() as u64;
+        self.table = table.clone();
+        (first_load || !r.changes.is_empty()).then(|| {
+            Arc::new(Update {
+                table,
+                changes: r.changes,
+                first_load,
+            })
+        })
+    }
+}
+
+/// The outcome of the first poll, for [`super::DnsServer::start`].
+pub type FirstPoll = Result<(), StoreError>;
+
+/// Runs `poller` every poll interval until `stop` is closed (or sent to):
+/// logs its notes, sends its updates to every executor, publishes its
+/// status on `board`, and reports the first poll's outcome on `first`.
+pub fn run(
+    mut poller: Poller,
+    executors: Vec<Sender<Arc<Update>>>,
+    board: Arc<Board>,
+    stop: Receiver<()>,
+    first: SyncSender<FirstPoll>,
+) {
+    let mut first = Some(first);
+    loop {
+        let polled = poller.poll(Instant::now());
+        for note in &polled.notes {
+            eprintln!("lbagent dnsserver: {note}");
+        }
+        if let Some(update) = polled.update {
+            for tx in &executors {
+                // An executor that stopped has dropped its receiver.
+                let _ = tx.send(update.clone());
+            }
+        }
+        board.publish_store(poller.status());
+        if let Some(tx) = first.take() {
+            let _ = tx.send(polled.error.map_or(Ok(()), Err));
+        }
+        match stop.recv_timeout(poller.poll_interval) {
+            Err(RecvTimeoutError::Timeout) => {}
+            Ok(()) | Err(RecvTimeoutError::Disconnected) => return,
+        }
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::model::{NodeAddr, RouteNode};
+    use crate::store::{CallStatus, Changes, ModuleRoute, RouteSet};
+    use crate::wire::{decode, FrameDecoder, Limits, Message};
+    use std::collections::BTreeMap;
+    use std::net::Ipv4Addr;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::Mutex;
+
+    /// An in-memory store: routes, a route version and a change log, with
+    /// a switch that makes every call fail as an unreachable database
+    /// would. Clones share the data.
+    #[derive(Clone, Default)]
+    pub(crate) struct MemStore {
+        data: Arc<Mutex<Data>>,
+        down: Arc<AtomicBool>,
+        opens: Arc<AtomicUsize>,
+    }
+
+    #[derive(Default)]
+    struct Data {
+        version: u64,
+        routes: BTreeMap<ModuleId, BTreeMap<NodeAddr, u32>>,
+        /// (version, module) per change.
+        log: Vec<(u64, ModuleId)>,
+    }
+
+    impl MemStore {
+        pub(crate) fn set_down(&self, down: bool) {
+            self.down.store(down, Ordering::SeqCst);
+        }
+
+        pub(crate) fn opens(&self) -> usize {
+            self.opens.load(Ordering::SeqCst)
+        }
+
+        pub(crate) fn opener(&self) -> StoreOpener {
+            let store = self.clone();
+            Box::new(move || {
+                store.check()?;
+                store.opens.fetch_add(1, Ordering::SeqCst);
+                Ok(Box::new(store.clone()) as Box<dyn Store>)
+            })
+        }
+
+        /// Sets the version without logging a change (a restored backup).
+        pub(crate) fn reset_version(&self, version: u64) {
+            self.data.lock().unwrap().version = version;
+        }
+
+        fn check(&self) -> Result<(), StoreError> {
+            if self.down.load(Ordering::SeqCst) {
+                return Err(StoreError::Unavailable {
+                    url: "mem:".into(),
+                    why: "connection refused".into(),
+                });
+            }
+            Ok(())
+        }
+
+        fn route(data: &Data, module: ModuleId) -> ModuleRoute {
+            let version = data
+                .log
+                .iter()
+                .rev()
+                .find(|(_, m)| *m == module)
+                .map_or(data.version, |(v, _)| *v);
+            let nodes = data.routes.get(&module).into_iter().flatten();
+            ModuleRoute {
+                module,
+                version,
+                nodes: nodes
+                    .map(|(&addr, &weight)| RouteNode { addr, weight })
+                    .collect(),
+            }
+        }
+    }
+
+    impl Store for MemStore {
+        fn backend(&self) -> &'static str {
+            "mem"
+        }
+
+        fn route_version(&mut self) -> Result<u64, StoreError> {
+            self.check()?;
+            Ok(self.data.lock().unwrap().version)
+        }
+
+        fn load_all(&mut self) -> Result<RouteSet, StoreError> {
+            self.check()?;
+            let data = self.data.lock().unwrap();
+            let modules = data.routes.keys().map(|&m| Self::route(&data, m)).collect();
+            Ok(RouteSet {
+                version: data.version,
+                modules,
+            })
+        }
+
+        fn changes_since(&mut self, version: u64) -> Result<Changes, StoreError> {
+            self.check()?;
+            let data = self.data.lock().unwrap();
+            let mut modules: Vec<ModuleId> = data
+                .log
+                .iter()
+                .filter(|(v, _)| *v > version)
+                .map(|(_, m)| *m)
+                .collect();
+            modules.sort();
+            modules.dedup();
+            Ok(Changes {
+                version: data.version,
+                modules: modules.into_iter().map(|m| Self::route(&data, m)).collect(),
+            })
+        }
+
+        fn add_node(&mut self, module: ModuleId, node: RouteNode) -> Result<u64, StoreError> {
+            self.check()?;
+            let mut data = self.data.lock().unwrap();
+            data.version += 1;
+            let v = data.version;
+            data.routes
+                .entry(module)
+                .or_default()
+                .insert(node.addr, node.weight);
+            data.log.push((v, module));
+            Ok(v)
+        }
+
+        fn del_node(&mut self, module: ModuleId, node: NodeAddr) -> Result<u64, StoreError> {
+            self.check()?;
+            let mut data = self.data.lock().unwrap();
+            let nodes = data
+                .routes
+                .get_mut(&module)
+                .ok_or(StoreError::NotFound { module, node })?;
+            nodes.remove(&node);
+            if nodes.is_empty() {
+                data.routes.remove(&module);
+            }
+            data.version += 1;
+            let v = data.version;
+            data.log.push((v, module));
+            Ok(v)
+        }
+
+        fn list(&mut self, module: Option<ModuleId>) -> Result<Vec<ModuleRoute>, StoreError> {
+            let set = self.load_all()?;
+            Ok(set
+                .modules
+                .into_iter()
+                .filter(|r| module.is_none_or(|m| m == r.module))
+                .collect())
+        }
+
+        fn upsert_status(&mut self, _rows: &[CallStatus]) -> Result<(), StoreError> {
+            self.check()
+        }
+
+        fn call_status(
+            &mut self,
+            _module: Option<ModuleId>,
+        ) -> Result<Vec<CallStatus>, StoreError> {
+            self.check()?;
+            Ok(Vec::new())
+        }
+    }
+
+    const A: ModuleId = ModuleId::new(1, 1);
+    const B: ModuleId = ModuleId::new(2, 2);
+
+    fn node(last: u8) -> RouteNode {
+        RouteNode {
+            addr: NodeAddr::new(Ipv4Addr::new(10, 0, 0, last), 80),
+            weight: 1,
+        }
+    }
+
+    fn poller(store: &MemStore) -> Poller {
+        Poller::new(
+            store.opener(),
+            "mem:".into(),
+            Duration::from_millis(100),
+            Duration::from_secs(10),
+        )
+    }
+
+    /// (module, exists, version) of each change's push.
+    fn pushed(update: &Update) -> Vec<(ModuleId, bool, u64)> {
+        update
+            .changes
+            .iter()
+            .map(|c| {
+                let mut frames = FrameDecoder::default();
+                frames.feed(&c.push);
+                let frame = frames.next_frame().unwrap().unwrap();
+                let Ok(Message::RoutePush(p)) = decode(frame, &Limits::TCP_FRAME) else {
+                    panic!("not a push");
+                };
+                (ModuleId::new(p.modid(), p.cmdid()), p.exists(), p.version())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_first_poll_loads_everything() {
+        let store = MemStore::default();
+        store.clone().add_node(A, node(1)).unwrap();
+        store.clone().add_node(B, node(2)).unwrap();
+        let mut p = poller(&store);
+        let polled = p.poll(Instant::now());
+        let update = polled.update.expect("the first load is an update");
+        assert!(update.first_load);
+        assert_eq!(pushed(&update), vec![(A, true, 1), (B, true, 2)]);
+        assert_eq!(update.table.version(), 2);
+        assert!(polled.notes[0].starts_with("loaded 2 modules at route version 2"));
+        assert!(p.status().up && p.status().loaded);
+        assert_eq!(p.status().full_reloads, 1);
+    }
+
+    #[test]
+    fn a_version_change_applies_only_the_changed_modules() {
+        let store = MemStore::default();
+        let mut s = store.clone();
+        s.add_node(A, node(1)).unwrap();
+        s.add_node(B, node(2)).unwrap();
+        let mut p = poller(&store);
+        let t0 = Instant::now();
+        p.poll(t0);
+        assert!(p.poll(t0).update.is_none(), "nothing changed");
+        s.add_node(A, node(3)).unwrap();
+        s.del_node(B, node(2).addr).unwrap();
+        let update = p.poll(t0).update.unwrap();
+        assert!(!update.first_load);
+        assert_eq!(pushed(&update), vec![(A, true, 3), (B, false, 4)]);
+        assert_eq!(update.table.get(A).unwrap().nodes.len(), 2);
+        assert!(update.table.get(B).is_none());
+        assert_eq!(p.status().change_reloads, 1);
+        assert_eq!(
+            p.status().full_reloads,
+            1,
+            "no full reload before its interval"
+        );
+        assert_eq!(p.status().modules_changed, 2 + 2);
+    }
+
+    #[test]
+    fn a_full_reload_runs_on_its_interval_and_finds_unlogged_changes() {
+        let store = MemStore::default();
+        let mut s = store.clone();
+        s.add_node(A, node(1)).unwrap();
+        let mut p = poller(&store);
+        let t0 = Instant::now();
+        p.poll(t0);
+        // A row changed behind the change log's back: only a full reload sees it.
+        store
+            .data
+            .lock()
+            .unwrap()
+            .routes
+            .get_mut(&A)
+            .unwrap()
+            .insert(node(9).addr, 1);
+        assert!(p.poll(t0 + Duration::from_secs(9)).update.is_none());
+        let update = p.poll(t0 + Duration::from_secs(10)).update.unwrap();
+        assert_eq!(pushed(&update), vec![(A, true, 1)]);
+        assert_eq!(update.table.get(A).unwrap().nodes.len(), 2);
+        assert_eq!(p.status().full_reloads, 2);
+    }
+
+    #[test]
+    fn an_unreachable_store_keeps_the_table_logs_once_and_recovers() {
+        let store = MemStore::default();
+        let mut s = store.clone();
+        s.add_node(A, node(1)).unwrap();
+        let mut p = poller(&store);
+        let t0 = Instant::now();
+        p.poll(t0);
+        let served = p.table().clone();
+        store.set_down(true);
+        let mut notes = Vec::new();
+        for i in 1..=5 {
+            let polled = p.poll(t0 + Duration::from_millis(100 * i));
+            assert!(polled.update.is_none());
+            assert!(polled.error.is_some());
+            notes.extend(polled.notes);
+        }
+        assert_eq!(notes.len(), 1, "one line per state change: {notes:?}");
+        assert!(notes[0].contains("serving the last routes (1 modules, route version 1)"));
+        assert!(Arc::ptr_eq(p.table(), &served), "the table is kept");
+        assert!(!p.status().up);
+        assert_eq!(p.status().poll_failures, 5);
+        assert_eq!(store.opens(), 1, "reopening fails while it is down");
+        store.set_down(false);
+        s.add_node(B, node(2)).unwrap();
+        let polled = p.poll(t0 + Duration::from_secs(1));
+        assert!(
+            polled.notes[0].contains("answers again after 0.9 s down"),
+            "{:?}",
+            polled.notes
+        );
+        assert_eq!(pushed(&polled.update.unwrap()), vec![(B, true, 2)]);
+        assert_eq!(store.opens(), 2, "a new connection after the failure");
+        assert!(p.status().up);
+    }
+
+    #[test]
+    fn a_store_down_at_start_holds_pulls_until_the_first_load() {
+        let store = MemStore::default();
+        store.clone().add_node(A, node(1)).unwrap();
+        store.set_down(true);
+        let mut p = poller(&store);
+        let t0 = Instant::now();
+        let polled = p.poll(t0);
+        assert!(polled.error.is_some());
+        assert!(
+            polled.notes[0].contains("pulls are held"),
+            "{:?}",
+            polled.notes
+        );
+        assert!(!p.table().is_loaded());
+        assert_eq!(p.status().full_reload_failures, 1);
+        store.set_down(false);
+        let update = p.poll(t0 + Duration::from_millis(100)).update.unwrap();
+        assert!(update.first_load);
+        assert!(p.status().loaded);
+    }
+
+    #[test]
+    fn a_version_that_goes_back_forces_a_full_reload() {
+        let store = MemStore::default();
+        let mut s = store.clone();
+        s.add_node(A, node(1)).unwrap();
+        s.add_node(A, node(2)).unwrap();
+        let mut p = poller(&store);
+        let t0 = Instant::now();
+        p.poll(t0);
+        s.del_node(A, node(2).addr).unwrap();
+        store.reset_version(1);
+        let polled = p.poll(t0);
+        assert!(
+            polled.notes[0].contains("went back from 2 to 1"),
+            "{:?}",
+            polled.notes
+        );
+        assert_eq!(p.status().full_reloads, 2);
+        assert_eq!(p.table().version(), 1);
+        assert_eq!(p.table().get(A).unwrap().nodes.len(), 1);
+    }
+
+    #[test]
+    fn a_store_recreated_empty_does_not_delete_every_route() {
+        let store = MemStore::default();
+        store.clone().add_node(A, node(1)).unwrap();
+        let mut p = poller(&store);
+        let t0 = Instant::now();
+        p.poll(t0);
+        *store.data.lock().unwrap() = Data::default();
+        let mut notes = Vec::new();
+        for i in 1..=3 {
+            let polled = p.poll(t0 + Duration::from_secs(i));
+            assert!(polled.update.is_none());
+            notes.extend(polled.notes);
+        }
+        assert_eq!(notes.len(), 1, "{notes:?}");
+        assert!(notes[0].contains("a new, empty database?"), "{notes:?}");
+        assert_eq!(p.table().len(), 1, "still served");
+        assert!(p.status().up);
+        // Written to again: the store is trusted again.
+        store.clone().add_node(B, node(2)).unwrap();
+        let update = p.poll(t0 + Duration::from_secs(20)).update.unwrap();
+        assert_eq!(pushed(&update), vec![(A, false, 1), (B, true, 1)]);
+    }
+
+    #[test]
+    fn the_thread_sends_updates_to_every_executor_and_stops() {
+        let store = MemStore::default();
+        store.clone().add_node(A, node(1)).unwrap();
+        let (tx1, rx1) = std::sync::mpsc::channel();
+        let (tx2, rx2) = std::sync::mpsc::channel();
+        let (stop_tx, stop_rx) = std::sync::mpsc::channel();
+        let (first_tx, first_rx) = std::sync::mpsc::sync_channel(1);
+        let board = Arc::new(Board::new(2));
+        let b = board.clone();
+        let p = poller(&store);
+        let t = std::thread::spawn(move || run(p, vec![tx1, tx2], b, stop_rx, first_tx));
+        let first = first_rx.recv_timeout(Duration::from_secs(5)).unwrap();
+        assert!(first.is_ok());
+        for rx in [&rx1, &rx2] {
+            let u = rx.recv_timeout(Duration::from_secs(5)).unwrap();
+            assert!(u.first_load);
+        }
+        store.clone().add_node(B, node(2)).unwrap();
+        let u = rx1.recv_timeout(Duration::from_secs(5)).unwrap();
+        assert_eq!(pushed(&u), vec![(B, true, 2)]);
+        drop(stop_tx);
+        t.join().unwrap();
+        assert_eq!(board.store().modules, 2);
+    }
+}

@@ -1,0 +1,433 @@
+//! One serving executor: the glommio shell around [`Session`] and
+//! [`Registry`].
+//!
+//! Each executor accepts on its own `SO_REUSEPORT` listener (the kernel
+//! spreads connections), runs one task per connection, and one tick task:
+//! the low-precision timer that installs new tables and queues their
+//! pushes, expires silent connections, publishes the counters and watches
+//! for the stop flag. Everything on the executor is single-threaded; the
+//! only things that cross threads are the update channel from the store
+//! thread (drained on the tick) and the published counters.
+//!
+//! A connection task reads whatever the socket has, lets its session
+//! answer every complete frame into one buffer, and writes that buffer in
+//! one write before reading again (a peer that does not read stops being
+//! read: TCP back-pressure, no unbounded buffer). Pushes are appended to
+//! the connection's pending bytes by the tick and wake the task; a peer
+//! that leaves more than [`MAX_PENDING`] bytes of pushes unread is closed.
+
+use std::cell::{Cell, RefCell};
+use std::future::{poll_fn, Future};
+use std::net::TcpListener as StdTcpListener;
+use std::os::fd::{FromRawFd, IntoRawFd};
+use std::pin::pin;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{Receiver, TryRecvError};
+use std::sync::Arc;
+use std::task::{Poll, Waker};
+use std::time::{Duration, Instant};
+
+use futures_lite::{AsyncReadExt, AsyncWriteExt};
+use glommio::net::{TcpListener, TcpStream};
+
+use super::metrics::{Board, Counters};
+use super::reload::Update;
+use super::session::{CloseReason, Ctx, Session};
+use super::subs::{ConnId, Registry};
+use super::table::RouteTable;
+use crate::wire::{write_frame, Encoder};
+
+/// The tick: how often an executor installs updates, checks deadlines and
+/// publishes its counters.
+pub const TICK: Duration = Duration::from_millis(25);
+
+/// Bytes one read may take from a socket.
+const READ_BUF: usize = 16 << 10;
+
+/// Pushes queued for one connection beyond this many bytes close it.
+pub const MAX_PENDING: usize = 16 << 20;
+
+/// An output buffer grown past this is given back after its write.
+const KEEP_OUT: usize = 256 << 10;
+
+/// The most modules one connection may subscribe to.
+pub const MAX_SUBSCRIPTIONS: usize = 1 << 20;
+
+/// How long a stopping executor waits for its connections to close.
+const DRAIN: Duration = Duration::from_secs(2);
+
+/// What an executor needs, moved into its thread.
+pub struct ExecParts {
+    /// Its index (for metrics).
+    pub index: usize,
+    /// Its listener, bound and listening (non-blocking).
+    pub listener: StdTcpListener,
+    /// New tables from the store thread.
+    pub updates: Receiver<Arc<Update>>,
+    /// Where it publishes its counters.
+    pub board: Arc<Board>,
+    /// Set when the route server stops.
+    pub stop: Arc<AtomicBool>,
+    /// Milliseconds of silence after which a connection is closed.
+    pub idle_timeout_ms: u64,
+}
+
+/// What the tick and the connection tasks share on one executor.
+struct Exec {
+    table: Arc<RouteTable>,
+    registry: Registry<Rc<Conn>>,
+    enc: Encoder,
+    counters: Counters,
+    /// Milliseconds since the executor started, as of the last tick.
+    now: u64,
+}
+
+/// What the executor holds of one connection: the way to reach its task.
+#[derive(Default)]
+struct Conn {
+    /// Framed pushes not yet written.
+    pending: RefCell<Vec<u8>>,
+    /// Set when the executor closes the connection (idle, slow, stopping).
+    close: RefCell<Option<CloseReason>>,
+    waker: Cell<Option<Waker>>,
+}
+
+impl Conn {
+    fn wake(&self) {
+        if let Some(w) = self.waker.take() {
+            w.wake();
+        }
+    }
+
+    fn close(&self, reason: CloseReason) {
+        self.close.borrow_mut().get_or_insert(reason);
+        self.wake();
+    }
+
+    /// Ready when there are pushes to write or a close to obey.
+    async fn kicked(&self) {
+        poll_fn(|cx| {
+            if self.close.borrow().is_some() || !self.pending.borrow().is_empty() {
+                return Poll::Ready(());
+            }
+            self.waker.set(Some(cx.waker().clone()));
+            Poll::Pending
+        })
+        .await
+    }
+
+    /// Ready with the reason once the executor closes the connection.
+    async fn closed(&self) -> CloseReason {
+        poll_fn(|cx| match self.close.borrow_mut().take() {
+            Some(reason) => Poll::Ready(reason),
+            None => {
+                self.waker.set(Some(cx.waker().clone()));
+                Poll::Pending
+            }
+        })
+        .await
+    }
+}
+
+/// Runs one executor until the stop flag is set, then closes its
+/// connections (waiting up to 2 s for them) and returns.
+pub async fn run(parts: ExecParts) {
+    let ExecParts {
+        index,
+        listener,
+        updates,
+        board,
+        stop,
+        idle_timeout_ms,
+    } = parts;
+    let t0 = Instant::now();
+    let exec = Rc::new(RefCell::new(Exec {
+        table: Arc::new(RouteTable::unloaded()),
+        registry: Registry::new(idle_timeout_ms, MAX_SUBSCRIPTIONS),
+        enc: Encoder::new(),
+        counters: Counters::default(),
+        now: 0,
+    }));
+    // Serve the table the store thread already loaded from the first
+    // connection on.
+    let mut updates_open = drain_updates(&exec, &updates);
+    // SAFETY: a bound, listening, non-blocking TCP socket that we own.
+    let listener = unsafe { TcpListener::from_raw_fd(listener.into_raw_fd()) };
+    let acceptor = glommio::spawn_local(accept_loop(listener, exec.clone(), t0));
+
+    let mut expired = Vec::new();
+    while !stop.load(Ordering::Relaxed) {
+        glommio::timer::sleep(TICK).await;
+        exec.borrow_mut().now = t0.elapsed().as_millis() as u64;
+        if updates_open {
+            updates_open = drain_updates(&exec, &updates);
+        }
+        expire(&exec, &mut expired);
+        publish(&exec, &board, index);
+    }
+
+    drop(acceptor);
+    shut_down(&exec).await;
+    publish(&exec, &board, index);
+}
+
+/// Installs every update waiting on the channel and queues its pushes.
+/// Returns false once the channel is closed (the store thread ended).
+fn drain_updates(exec: &Rc<RefCell<Exec>>, updates: &Receiver<Arc<Update>>) -> bool {
+    loop {
+        match updates.try_recv() {
+            Ok(update) => install(&mut exec.borrow_mut(), &update),
+            Err(TryRecvError::Empty) => return true,
+            Err(TryRecvError::Disconnected) => return false,
+        }
+    }
+}
+
+/// Makes `update`'s table the one served and queues its pushes.
+fn install(ex: &mut Exec, update: &Update) {
+    ex.table = update.table.clone();
+    let mut slow = Vec::new();
+    if update.first_load {
+        // Every pull held so far is answered now, by a push.
+        let mut frame = Vec::new();
+        let conns: Vec<(ConnId, Rc<Conn>)> = ex
+            .registry
+            .open_conns()
+            .map(|(id, c)| (id, c.clone()))
+            .collect();
+        for (id, conn) in conns {
+            for module in ex.registry.subscriptions_of(id) {
+                frame.clear();
+                let bytes = match ex.table.get(module) {
+                    Some(entry) => &entry.push_frame()[..],
+                    None => {
+                        let push = ex.enc.route_push(module, false, 0, &[]);
+                        write_frame(&mut frame, push).expect("an empty RoutePush fits a frame");
+                        &frame[..]
+                    }
+                };
+                if queue(&conn, bytes) {
+                    ex.counters.pushes += 1;
+                } else {
+                    slow.push(id);
+                }
+            }
+            conn.wake();
+        }
+    } else {
+        for change in &update.changes {
+            for (id, conn) in ex.registry.subscribers(change.module) {
+                if queue(conn, &change.push) {
+                    ex.counters.pushes += 1;
+                } else {
+                    slow.push(id);
+                }
+                conn.wake();
+            }
+        }
+    }
+    slow.sort_unstable();
+    slow.dedup();
+    for id in slow {
+        if ex.registry.condemn(id) {
+            if let Some(conn) = ex.registry.value(id) {
+                conn.close(CloseReason::SlowReader);
+            }
+        }
+    }
+}
+
+/// Appends `frame` to `conn`'s pending pushes; false when that passes
+/// [`MAX_PENDING`] (the connection must close).
+fn queue(conn: &Conn, frame: &[u8]) -> bool {
+    let mut pending = conn.pending.borrow_mut();
+    if pending.len() + frame.len() > MAX_PENDING {
+        return false;
+    }
+    pending.extend_from_slice(frame);
+    true
+}
+
+/// The supervisor's tick: closes the connections silent too long.
+fn expire(exec: &Rc<RefCell<Exec>>, expired: &mut Vec<ConnId>) {
+    let mut ex = exec.borrow_mut();
+    let now = ex.now;
+    expired.clear();
+    if ex.registry.expire(now, expired) == 0 {
+        return;
+    }
+    for &id in expired.iter() {
+        if let Some(conn) = ex.registry.value(id) {
+            conn.close(CloseReason::Idle);
+        }
+    }
+}
+
+fn publish(exec: &Rc<RefCell<Exec>>, board: &Board, index: usize) {
+    let mut ex = exec.borrow_mut();
+    ex.counters.connections = ex.registry.connections() as u64;
+    ex.counters.subscriptions = ex.registry.subscriptions() as u64;
+    board.publish(index, &ex.counters);
+}
+
+/// Closes every connection and waits (up to [`DRAIN`]) for their tasks.
+async fn shut_down(exec: &Rc<RefCell<Exec>>) {
+    {
+        let mut ex = exec.borrow_mut();
+        let ids: Vec<ConnId> = ex.registry.open_conns().map(|(id, _)| id).collect();
+        for id in ids {
+            ex.registry.condemn(id);
+            if let Some(conn) = ex.registry.value(id) {
+                conn.close(CloseReason::Shutdown);
+            }
+        }
+    }
+    let deadline = Instant::now() + DRAIN;
+    while exec.borrow().registry.slots_in_use() > 0 && Instant::now() < deadline {
+        glommio::timer::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+async fn accept_loop(listener: TcpListener, exec: Rc<RefCell<Exec>>, t0: Instant) {
+    let mut last_error_log: Option<Instant> = None;
+    loop {
+        match listener.accept().await {
+            Ok(stream) => {
+                // Answers leave as soon as they are written, batched per read.
+                let _ = stream.set_nodelay(true);
+                let conn = Rc::new(Conn::default());
+                let id = {
+                    let mut ex = exec.borrow_mut();
+                    ex.counters.accepted += 1;
+                    let now = ex.now.max(t0.elapsed().as_millis() as u64);
+                    ex.registry.open(conn.clone(), now)
+                };
+                glommio::spawn_local(serve(stream, exec.clone(), conn, id)).detach();
+            }
+            Err(e) => {
+                exec.borrow_mut().counters.accept_errors += 1;
+                if last_error_log.is_none_or(|t| t.elapsed() >= Duration::from_secs(10)) {
+                    eprintln!(
+                        "lbagent dnsserver: accept failed: {e} (raise `ulimit -n`?); retrying"
+                    );
+                    last_error_log = Some(Instant::now());
+                }
+                glommio::timer::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    }
+}
+
+/// One connection, until it closes.
+async fn serve(mut stream: TcpStream, exec: Rc<RefCell<Exec>>, conn: Rc<Conn>, id: ConnId) {
+    let mut session = Session::new(id);
+    let mut rbuf = vec![0u8; READ_BUF];
+    let mut out: Vec<u8> = Vec::new();
+    let reason = loop {
+        // A peer that always has bytes ready must not starve the tick and
+        // the other connections: yield once the time slice is spent.
+        glommio::yield_if_needed().await;
+        if let Some(reason) = conn.close.borrow_mut().take() {
+            break reason;
+        }
+        {
+            let mut pending = conn.pending.borrow_mut();
+            if !pending.is_empty() {
+                if out.is_empty() {
+                    std::mem::swap(&mut out, &mut pending);
+                } else {
+                    out.extend_from_slice(&pending);
+                    pending.clear();
+                }
+            }
+        }
+        if !out.is_empty() {
+            match race(stream.write_all(&out), conn.closed()).await {
+                Either::Left(Ok(())) => {
+                    out.clear();
+                    if out.capacity() > KEEP_OUT {
+                        out = Vec::new();
+                    }
+                    continue;
+                }
+                Either::Left(Err(e)) => break CloseReason::Io(e),
+                Either::Right(reason) => break reason,
+            }
+        }
+        match race(stream.read(&mut rbuf), conn.kicked()).await {
+            Either::Left(Ok(0)) => break CloseReason::PeerClosed,
+            Either::Left(Ok(n)) => {
+                let handled = {
+                    let mut guard = exec.borrow_mut();
+                    let ex = &mut *guard;
+                    let mut ctx = Ctx {
+                        table: &ex.table,
+                        registry: &mut ex.registry,
+                        enc: &mut ex.enc,
+                        counters: &mut ex.counters,
+                        now: ex.now,
+                    };
+                    session.on_read(&rbuf[..n], &mut ctx, &mut out)
+                };
+                if let Err(reason) = handled {
+                    // Tell the peer why, if it reads; never wait long.
+                    let linger = glommio::timer::sleep(Duration::from_millis(100));
+                    let _ = race(stream.write_all(&out), linger).await;
+                    break reason;
+                }
+            }
+            Either::Left(Err(e)) => break CloseReason::Io(e),
+            Either::Right(()) => {}
+        }
+    };
+    let mut ex = exec.borrow_mut();
+    ex.counters.closed[reason.kind() as usize] += 1;
+    ex.registry.release(id);
+    // Dropping the stream closes the socket.
+}
+
+/// Which of two raced futures completed.
+enum Either<A, B> {
+    Left(A),
+    Right(B),
+}
+
+/// The first of `a` and `b` to complete (`a` when both are ready). The
+/// loser is dropped: glommio's socket reads and writes are cancel-safe
+/// (they move bytes only when they complete).
+async fn race<A: Future, B: Future>(a: A, b: B) -> Either<A::Output, B::Output> {
+    let (mut a, mut b) = (pin!(a), pin!(b));
+    poll_fn(|cx| {
+        if let Poll::Ready(x) = a.as_mut().poll(cx) {
+            return Poll::Ready(Either::Left(x));
+        }
+        b.as_mut().poll(cx).map(Either::Right)
+    })
+    .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pushes_queue_up_to_the_bound_and_no_further() {
+        let conn = Conn::default();
+        let frame = vec![7u8; MAX_PENDING / 4];
+        for _ in 0..4 {
+            assert!(queue(&conn, &frame));
+        }
+        assert!(!queue(&conn, &[1]), "one byte more closes the connection");
+        assert_eq!(conn.pending.borrow().len(), MAX_PENDING);
+    }
+
+    #[test]
+    fn a_close_is_kept_until_taken_and_the_first_reason_wins() {
+        let conn = Conn::default();
+        conn.close(CloseReason::Idle);
+        conn.close(CloseReason::Shutdown);
+        let reason = conn.close.borrow_mut().take();
+        assert!(matches!(reason, Some(CloseReason::Idle)));
+    }
+}

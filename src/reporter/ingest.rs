@@ -1,0 +1,368 @@
+//! The agents' side of the reporter, a thin glommio shell: one executor
+//! thread accepts agent connections and metrics requests, moves bytes
+//! between each socket and its [`Session`], queues the rows it yields
+//! ([`Shared::accept`]) and writes its answers. It decides nothing.
+//!
+//! One executor serves every connection: the work per report is a decode
+//! and a short copy into the buffer, far below what one core does, and a
+//! connection costs a task and an 8 KiB read buffer, not a thread. The
+//! executor registers [`IO_MEMORY`] of I/O memory (locked memory counts
+//! against `ulimit -l`).
+//!
+//! Nothing here waits for the store: the buffer's mutex is held for a push
+//! (never across a database call), so an agent's ack never waits for a
+//! writer.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::future::{poll_fn, Future};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener as StdTcpListener};
+use std::os::fd::{FromRawFd, IntoRawFd};
+use std::pin::pin;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+use std::task::{Poll, Waker};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail};
+use futures_lite::{AsyncReadExt, AsyncWriteExt};
+use glommio::net::{TcpListener, TcpStream};
+use glommio::{ExecutorJoinHandle, LocalExecutorBuilder, Placement};
+
+use super::notes::Throttle;
+use super::session::Session;
+use super::shared::{unix_ms, Shared};
+
+/// The I/O memory the executor registers.
+pub const IO_MEMORY: usize = 256 << 10;
+
+/// Bytes read from a connection at once.
+const READ_BUF: usize = 8 << 10;
+
+/// A connection whose answers cannot be written for this long is closed.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How often the executor looks at the stop flag.
+const TICK: Duration = Duration::from_millis(20);
+
+/// How often pending log lines (rows dropped) are looked at.
+const HOUSEKEEPING: Duration = Duration::from_secs(1);
+
+/// How long a stop waits for connections to close.
+const CLOSE_WAIT: Duration = Duration::from_secs(2);
+
+/// How long a metrics request may take.
+const HTTP_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// At most one log line per this many milliseconds per kind of
+/// misbehaviour (bad frames, refused reports, accept errors).
+const NOTE_INTERVAL_MS: u64 = 10_000;
+
+/// The running executor.
+pub(super) struct Ingest {
+    stop: Arc<AtomicBool>,
+    handle: ExecutorJoinHandle<()>,
+}
+
+impl Ingest {
+    /// Starts the executor on its own thread, serving agents on `agents`
+    /// and `GET /metrics` on `metrics`.
+    ///
+    /// # Errors
+    /// When the executor cannot start (io_uring refused, locked memory).
+    pub(super) fn start(
+        agents: StdTcpListener,
+        metrics: StdTcpListener,
+        shared: Arc<Shared>,
+    ) -> anyhow::Result<Ingest> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let (ready_tx, ready_rx) = mpsc::channel();
+        let handle = LocalExecutorBuilder::new(Placement::Unbound)
+            .name("lbagent-reporter")
+            .io_memory(IO_MEMORY)
+            .spawn(move || async move {
+                let _ = ready_tx.send(());
+                serve(agents, metrics, shared, flag).await
+            })
+            .map_err(|e| anyhow!("cannot start the reporter's executor thread: {e}"))?;
+        match ready_rx.recv_timeout(Duration::from_secs(10)) {
+            Ok(()) => Ok(Ingest { stop, handle }),
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                bail!("the reporter's executor did not start within 10 s")
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                let why = match handle.join() {
+                    Err(e) => e.to_string(),
+                    Ok(()) => "it ended at once".to_string(),
+                };
+                bail!(
+                    "cannot start the reporter's executor: {why} (it locks {} KiB of I/O memory: check `ulimit -l`)",
+                    IO_MEMORY >> 10
+                )
+            }
+        }
+    }
+
+    /// Stops accepting, closes every connection, and waits for the thread.
+    ///
+    /// # Errors
+    /// When the executor thread failed.
+    pub(super) fn stop(self) -> anyhow::Result<()> {
+        self.stop.store(true, Ordering::SeqCst);
+        self.handle
+            .join()
+            .map_err(|e| anyhow!("the reporter's executor failed: {e}"))
+    }
+}
+
+/// The executor's main task: the acceptors, then the stop flag and the
+/// periodic log lines, then the shutdown.
+async fn serve(
+    agents: StdTcpListener,
+    metrics: StdTcpListener,
+    shared: Arc<Shared>,
+    flag: Arc<AtomicBool>,
+) {
+    let stop = Rc::new(StopSignal::default());
+    let open = Rc::new(Cell::new(0usize));
+    // SAFETY: both are bound, listening TCP sockets whose ownership moves
+    // here.
+    let (agents, metrics) = unsafe {
+        (
+            TcpListener::from_raw_fd(agents.into_raw_fd()),
+            TcpListener::from_raw_fd(metrics.into_raw_fd()),
+        )
+    };
+    let acceptor = glommio::spawn_local(accept_agents(
+        agents,
+        shared.clone(),
+        stop.clone(),
+        open.clone(),
+    ));
+    let http = glommio::spawn_local(accept_metrics(metrics, shared.clone(), stop.clone()));
+    let mut last = Instant::now();
+    while !flag.load(Ordering::SeqCst) {
+        glommio::timer::sleep(TICK).await;
+        if last.elapsed() >= HOUSEKEEPING {
+            last = Instant::now();
+            shared.housekeeping();
+        }
+    }
+    stop.fire();
+    acceptor.await;
+    http.await;
+    let deadline = Instant::now() + CLOSE_WAIT;
+    while open.get() > 0 && Instant::now() < deadline {
+        glommio::timer::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+async fn accept_agents(
+    listener: TcpListener,
+    shared: Arc<Shared>,
+    stop: Rc<StopSignal>,
+    open: Rc<Cell<usize>>,
+) {
+    let mut errors = Throttle::new(NOTE_INTERVAL_MS);
+    let notes = Rc::new(RefCell::new(ConnNotes::default()));
+    loop {
+        let stream = match until_stop(&stop, listener.accept()).await {
+            None => return,
+            Some(Ok(stream)) => stream,
+            Some(Err(e)) => {
+                if let Some(hidden) = errors.allow(unix_ms()) {
+                    shared.log(&format!(
+                        "cannot accept an agent connection: {e} ({hidden} more such errors since the last line); check the open files limit"
+                    ));
+                }
+                glommio::timer::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        shared.connection_opened();
+        open.set(open.get() + 1);
+        let (shared, stop, open, notes) =
+            (shared.clone(), stop.clone(), open.clone(), notes.clone());
+        glommio::spawn_local(async move {
+            serve_agent(stream, &shared, &stop, &notes).await;
+            open.set(open.get() - 1);
+            shared.connection_closed();
+        })
+        .detach();
+    }
+}
+
+/// The throttles of what connections log.
+struct ConnNotes {
+    bad_frames: Throttle,
+    refusals: Throttle,
+}
+
+impl Default for ConnNotes {
+    fn default() -> Self {
+        ConnNotes {
+            bad_frames: Throttle::new(NOTE_INTERVAL_MS),
+            refusals: Throttle::new(NOTE_INTERVAL_MS),
+        }
+    }
+}
+
+/// Serves one agent until it closes, misbehaves, or the reporter stops.
+async fn serve_agent(
+    mut stream: TcpStream,
+    shared: &Shared,
+    stop: &Rc<StopSignal>,
+    notes: &RefCell<ConnNotes>,
+) {
+    let peer = stream.peer_addr().ok();
+    let _ = stream.set_nodelay(true);
+    let _ = stream.set_write_timeout(Some(WRITE_TIMEOUT));
+    let mut session = Session::new(peer.and_then(ipv4));
+    let mut buf = vec![0u8; READ_BUF];
+    let peer = peer.map_or_else(|| "an unknown peer".to_string(), |p| p.to_string());
+    loop {
+        let n = match until_stop(stop, stream.read(&mut buf)).await {
+            Some(Ok(n)) if n > 0 => n,
+            _ => break,
+        };
+        let fed = session.feed(&buf[..n]);
+        shared.accept(session.rows(), fed.reports, fed.refused);
+        if let Some(refusal) = &fed.last_refusal {
+            if let Some(hidden) = notes.borrow_mut().refusals.allow(unix_ms()) {
+                shared.log(&format!(
+                    "refused a report from {peer}: {refusal} ({hidden} more refused since the last line)"
+                ));
+            }
+        }
+        if !session.out().is_empty() && stream.write_all(session.out()).await.is_err() {
+            break;
+        }
+        session.consumed();
+        if let Some(bad) = fed.bad {
+            shared.bad_frame();
+            if let Some(hidden) = notes.borrow_mut().bad_frames.allow(unix_ms()) {
+                shared.log(&format!(
+                    "closed the connection from {peer}: {bad} ({hidden} more closed for bad frames since the last line)"
+                ));
+            }
+            break;
+        }
+    }
+}
+
+/// The IPv4 address of `peer` (also when IPv4-mapped).
+fn ipv4(peer: SocketAddr) -> Option<Ipv4Addr> {
+    match peer.ip() {
+        IpAddr::V4(ip) => Some(ip),
+        IpAddr::V6(ip) => ip.to_ipv4_mapped(),
+    }
+}
+
+async fn accept_metrics(listener: TcpListener, shared: Arc<Shared>, stop: Rc<StopSignal>) {
+    loop {
+        match until_stop(&stop, listener.accept()).await {
+            None => return,
+            Some(Ok(stream)) => {
+                let shared = shared.clone();
+                glommio::spawn_local(async move {
+                    let _ = glommio::timer::timeout(HTTP_TIMEOUT, async {
+                        serve_metrics(stream, &shared).await;
+                        Ok(())
+                    })
+                    .await;
+                })
+                .detach();
+            }
+            Some(Err(_)) => glommio::timer::sleep(Duration::from_millis(10)).await,
+        }
+    }
+}
+
+/// Answers one HTTP request: `GET /metrics` gets the text, anything else 404.
+async fn serve_metrics(mut stream: TcpStream, shared: &Shared) {
+    let mut req = Vec::with_capacity(512);
+    let mut buf = [0u8; 512];
+    while !req.windows(4).any(|w| w == b"\r\n\r\n") && req.len() < 8192 {
+        match stream.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => req.extend_from_slice(&buf[..n]),
+        }
+    }
+    let resp = if req.starts_with(b"GET /metrics ") || req.starts_with(b"GET /metrics?") {
+        let body = super::metrics::render(&shared.stats());
+        format!(
+            "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+    } else {
+        let msg = "not found: the metrics are at GET /metrics\n";
+        format!(
+            "HTTP/1.1 404 Not Found\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{msg}",
+            msg.len()
+        )
+    };
+    let _ = stream.write_all(resp.as_bytes()).await;
+    let _ = stream.close().await;
+}
+
+// === impl StopSignal ===
+
+/// A one-shot broadcast within the executor: every [`StopSignal::wait`]
+/// completes once [`StopSignal::fire`] is called.
+#[derive(Default)]
+struct StopSignal {
+    fired: Cell<bool>,
+    waiters: RefCell<HashMap<u64, Waker>>,
+    next_id: Cell<u64>,
+}
+
+impl StopSignal {
+    fn fire(&self) {
+        self.fired.set(true);
+        let wakers: Vec<Waker> = self.waiters.borrow_mut().drain().map(|(_, w)| w).collect();
+        for w in wakers {
+            w.wake();
+        }
+    }
+
+    /// Completes once fired; registers its waker under its own id, and
+    /// removes it when dropped.
+    async fn wait(&self) {
+        let id = self.next_id.get();
+        self.next_id.set(id + 1);
+        let _unregister = Unregister { signal: self, id };
+        poll_fn(|cx| {
+            if self.fired.get() {
+                return Poll::Ready(());
+            }
+            self.waiters.borrow_mut().insert(id, cx.waker().clone());
+            Poll::Pending
+        })
+        .await
+    }
+}
+
+struct Unregister<'a> {
+    signal: &'a StopSignal,
+    id: u64,
+}
+
+impl Drop for Unregister<'_> {
+    fn drop(&mut self) {
+        self.signal.waiters.borrow_mut().remove(&self.id);
+    }
+}
+
+/// `fut`'s output, or `None` once `stop` fires (checked first).
+async fn until_stop<F: Future>(stop: &StopSignal, fut: F) -> Option<F::Output> {
+    let (mut stopped, mut fut) = (pin!(stop.wait()), pin!(fut));
+    poll_fn(|cx| {
+        if stopped.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(None);
+        }
+        fut.as_mut().poll(cx).map(Some)
+    })
+    .await
+}

@@ -1,0 +1,193 @@
+//! The reporter's figures and their Prometheus text rendering (what
+//! `GET /metrics` answers). Pure: the shell gathers a [`ReporterStats`]
+//! and renders it.
+
+use std::fmt::Write;
+
+/// A snapshot of the reporter's counters and gauges.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReporterStats {
+    /// Agent connections open now.
+    pub connections_open: u64,
+    /// Agent connections accepted since start.
+    pub connections: u64,
+    /// StatsReports accepted and acknowledged.
+    pub reports: u64,
+    /// StatsReports refused with ErrorResp (content the store cannot hold).
+    pub reports_refused: u64,
+    /// Connections closed for a frame that is not a StatsReport.
+    pub bad_frames: u64,
+    /// Rows accepted into the buffer.
+    pub rows_accepted: u64,
+    /// Rows replaced by a newer row of the same module, node and caller
+    /// before they were written.
+    pub rows_coalesced: u64,
+    /// Rows written to the store.
+    pub rows_written: u64,
+    /// Rows dropped, oldest first, because the buffer was full: the loss.
+    pub rows_dropped: u64,
+    /// Rows the store refused as invalid.
+    pub rows_rejected: u64,
+    /// Rows held now, waiting or being written.
+    pub rows_buffered: u64,
+    /// The most rows held at once (`reporter.buffer_rows`).
+    pub buffer_rows: u64,
+    /// Transactions that wrote a batch.
+    pub transactions: u64,
+    /// Failed attempts to connect to the store or to write a batch.
+    pub write_failures: u64,
+    /// Writer threads.
+    pub writers: u64,
+    /// Writers whose connection is open and whose last write succeeded.
+    pub writers_up: u64,
+}
+
+impl ReporterStats {
+    /// Whether every writer reaches the store.
+    pub fn store_up(&self) -> bool {
+        self.writers_up == self.writers
+    }
+}
+
+/// The Prometheus text exposition (format 0.0.4) of `s`.
+pub fn render(s: &ReporterStats) -> String {
+    let mut o = String::with_capacity(4096);
+    let figures: [(&str, &str, &str, u64); 16] = [
+        ("connections", "gauge", "Agent connections open now.", s.connections_open),
+        ("connections_total", "counter", "Agent connections accepted.", s.connections),
+        ("reports_total", "counter", "StatsReports accepted and acknowledged.", s.reports),
+        (
+            "reports_refused_total",
+            "counter",
+            "StatsReports refused with ErrorResp (content the store cannot hold).",
+            s.reports_refused,
+        ),
+        (
+            "bad_frames_total",
+            "counter",
+            "Connections closed for a frame that is not a StatsReport.",
+            s.bad_frames,
+        ),
+        ("rows_accepted_total", "counter", "Call status rows accepted into the buffer.", s.rows_accepted),
+        (
+            "rows_coalesced_total",
+            "counter",
+            "Rows replaced by a newer row of the same module, node and caller before being written.",
+            s.rows_coalesced,
+        ),
+        ("rows_written_total", "counter", "Rows written to the store.", s.rows_written),
+        (
+            "rows_dropped_total",
+            "counter",
+            "Rows dropped, oldest first, because the buffer was full (the loss).",
+            s.rows_dropped,
+        ),
+        ("rows_rejected_total", "counter", "Rows the store refused as invalid.", s.rows_rejected),
+        ("rows_buffered", "gauge", "Rows held now, waiting or being written.", s.rows_buffered),
+        ("buffer_rows_max", "gauge", "The most rows held at once (reporter.buffer_rows).", s.buffer_rows),
+        ("transactions_total", "counter", "Transactions that wrote a batch.", s.transactions),
+        (
+            "write_failures_total",
+            "counter",
+            "Failed attempts to connect to the store or to write a batch.",
+            s.write_failures,
+        ),
+        ("writers", "gauge", "Writer threads.", s.writers),
+        (
+            "writers_up",
+            "gauge",
+            "Writers whose store connection is open and whose last write succeeded.",
+            s.writers_up,
+        ),
+    ];
+    for (name, kind, help, value) in figures {
+        figure(&mut o, name, kind, help, value);
+    }
+    let up = u64::from(s.store_up());
+    figure(
+        &mut o,
+        "store_up",
+        "gauge",
+        "1 when every writer reaches the store, else 0.",
+        up,
+    );
+    o
+}
+
+fn figure(o: &mut String, name: &str, kind: &str, help: &str, value: u64) {
+    let _ = writeln!(
+        o,
+        "# HELP lbagent_reporter_{name} {help}\n# TYPE lbagent_reporter_{name} {kind}\nlbagent_reporter_{name} {value}"
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The value of the sample `name` in `text`.
+    fn sample(text: &str, name: &str) -> Option<u64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+    }
+
+    #[test]
+    fn every_figure_is_rendered_with_help_and_type() {
+        let s = ReporterStats {
+            connections_open: 1,
+            connections: 2,
+            reports: 3,
+            reports_refused: 4,
+            bad_frames: 5,
+            rows_accepted: 6,
+            rows_coalesced: 7,
+            rows_written: 8,
+            rows_dropped: 9,
+            rows_rejected: 10,
+            rows_buffered: 11,
+            buffer_rows: 12,
+            transactions: 13,
+            write_failures: 14,
+            writers: 3,
+            writers_up: 2,
+        };
+        let text = render(&s);
+        let want = [
+            ("connections", 1),
+            ("connections_total", 2),
+            ("reports_total", 3),
+            ("reports_refused_total", 4),
+            ("bad_frames_total", 5),
+            ("rows_accepted_total", 6),
+            ("rows_coalesced_total", 7),
+            ("rows_written_total", 8),
+            ("rows_dropped_total", 9),
+            ("rows_rejected_total", 10),
+            ("rows_buffered", 11),
+            ("buffer_rows_max", 12),
+            ("transactions_total", 13),
+            ("write_failures_total", 14),
+            ("writers", 3),
+            ("writers_up", 2),
+            ("store_up", 0),
+        ];
+        for (name, value) in want {
+            let full = format!("lbagent_reporter_{name}");
+            assert_eq!(sample(&text, &full), Some(value), "{full}");
+            assert!(
+                text.contains(&format!("# TYPE {full} ")),
+                "{full} has no TYPE"
+            );
+            assert!(
+                text.contains(&format!("# HELP {full} ")),
+                "{full} has no HELP"
+            );
+        }
+        let up = ReporterStats {
+            writers: 3,
+            writers_up: 3,
+            ..s
+        };
+        assert_eq!(sample(&render(&up), "lbagent_reporter_store_up"), Some(1));
+    }
+}

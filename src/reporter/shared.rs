@@ -1,0 +1,250 @@
+//! What the executor thread and the writer threads share: the row buffer
+//! and its notes behind one mutex, a condition variable per writer, the
+//! connection counters, the log.
+//!
+//! The mutex is held for a push, a take or a settle of a batch — copies
+//! of at most a report's or a batch's rows — and never across a database
+//! call or a socket operation.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use super::buffer::Buffer;
+use super::metrics::ReporterStats;
+use super::notes::LossNotes;
+use super::Log;
+use crate::store::CallStatus;
+
+/// At most one line about dropped rows per this many milliseconds.
+pub(super) const LOSS_NOTE_INTERVAL_MS: u64 = 10_000;
+
+/// Milliseconds since the Unix epoch (0 if the clock is before it).
+pub(super) fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Where the reporter is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Phase {
+    /// Accepting; writers write as rows come.
+    Running,
+    /// Stopping: nothing more is accepted; writers write what is left and
+    /// end when their shard is empty, or at the deadline.
+    Draining(Instant),
+    /// Writers end after their current attempt.
+    Abandoned,
+}
+
+/// Everything behind the mutex.
+pub(super) struct Core {
+    /// The rows.
+    pub(super) buffer: Buffer,
+    /// What the log says about dropped rows.
+    pub(super) loss: LossNotes,
+    /// Per writer: connected, and its last write succeeded.
+    pub(super) writer_up: Vec<bool>,
+    /// Writer threads not ended yet.
+    pub(super) running: usize,
+    /// See [`Phase`].
+    pub(super) phase: Phase,
+    /// The latest store error, for the stop report.
+    pub(super) last_error: Option<String>,
+}
+
+/// The state shared by the executor and the writers.
+pub(super) struct Shared {
+    core: Mutex<Core>,
+    /// One per writer: rows arrived in its shard, or the phase changed.
+    wake: Vec<Condvar>,
+    /// A writer ended.
+    exited: Condvar,
+    connections: AtomicU64,
+    connections_open: AtomicU64,
+    reports: AtomicU64,
+    reports_refused: AtomicU64,
+    bad_frames: AtomicU64,
+    write_failures: AtomicU64,
+    log: Log,
+    /// Rows per transaction.
+    pub(super) batch_rows: usize,
+    /// The back-off's cap, milliseconds.
+    pub(super) retry_max_ms: u64,
+}
+
+impl Shared {
+    /// Shared state for `writers` writers and at most `bound` rows.
+    pub(super) fn new(
+        writers: usize,
+        bound: usize,
+        batch_rows: usize,
+        retry_max_ms: u64,
+        log: Log,
+    ) -> Self {
+        Shared {
+            core: Mutex::new(Core {
+                buffer: Buffer::new(writers, bound),
+                loss: LossNotes::new(LOSS_NOTE_INTERVAL_MS),
+                writer_up: vec![false; writers],
+                running: 0,
+                phase: Phase::Running,
+                last_error: None,
+            }),
+            wake: (0..writers).map(|_| Condvar::new()).collect(),
+            exited: Condvar::new(),
+            connections: AtomicU64::new(0),
+            connections_open: AtomicU64::new(0),
+            reports: AtomicU64::new(0),
+            reports_refused: AtomicU64::new(0),
+            bad_frames: AtomicU64::new(0),
+            write_failures: AtomicU64::new(0),
+            log,
+            batch_rows: batch_rows.max(1),
+            retry_max_ms,
+        }
+    }
+
+    /// The state, even if a thread panicked holding it (every update keeps
+    /// it consistent before anything can panic).
+    pub(super) fn lock(&self) -> MutexGuard<'_, Core> {
+        self.core.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Logs one line.
+    pub(super) fn log(&self, line: &str) {
+        self.log.line(line);
+    }
+
+    /// Queues the rows of `reports` accepted reports (and counts `refused`
+    /// refused ones), wakes the writers concerned, and logs a loss when one
+    /// is due. Never waits for a writer.
+    pub(super) fn accept(&self, rows: &[CallStatus], reports: u64, refused: u64) {
+        self.reports.fetch_add(reports, Ordering::Relaxed);
+        self.reports_refused.fetch_add(refused, Ordering::Relaxed);
+        if rows.is_empty() {
+            return;
+        }
+        let now = unix_ms();
+        let line = {
+            let mut core = self.lock();
+            let dropped = core.buffer.push(rows);
+            let Core { buffer, loss, .. } = &mut *core;
+            buffer.drain_touched(|i| self.wake[i].notify_one());
+            loss.dropped(dropped, now);
+            let bound = buffer.bound();
+            loss.due(now, bound)
+        };
+        if let Some(line) = line {
+            self.log(&line);
+        }
+    }
+
+    /// Logs the summary of dropped rows when one is due.
+    pub(super) fn housekeeping(&self) {
+        let line = {
+            let mut core = self.lock();
+            let bound = core.buffer.bound();
+            core.loss.due(unix_ms(), bound)
+        };
+        if let Some(line) = line {
+            self.log(&line);
+        }
+    }
+
+    /// An agent connected.
+    pub(super) fn connection_opened(&self) {
+        self.connections.fetch_add(1, Ordering::Relaxed);
+        self.connections_open.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// An agent connection ended.
+    pub(super) fn connection_closed(&self) {
+        self.connections_open.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// A connection was closed for a bad frame.
+    pub(super) fn bad_frame(&self) {
+        self.bad_frames.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// An attempt to connect to the store or write failed.
+    pub(super) fn write_failed(&self) {
+        self.write_failures.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Writer `i`'s condition variable.
+    pub(super) fn wake(&self, i: usize) -> &Condvar {
+        &self.wake[i]
+    }
+
+    /// Wakes every writer (the phase changed).
+    pub(super) fn wake_all(&self) {
+        for cv in &self.wake {
+            cv.notify_all();
+        }
+    }
+
+    /// A writer thread ended.
+    pub(super) fn writer_ended(&self, i: usize) {
+        let mut core = self.lock();
+        core.running = core.running.saturating_sub(1);
+        if let Some(up) = core.writer_up.get_mut(i) {
+            *up = false;
+        }
+        drop(core);
+        self.exited.notify_all();
+    }
+
+    /// Waits until every writer ended or `deadline` passed; returns the
+    /// state then.
+    pub(super) fn wait_writers(&self, deadline: Instant) -> MutexGuard<'_, Core> {
+        let mut core = self.lock();
+        while core.running > 0 {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            core = self
+                .exited
+                .wait_timeout(core, left.min(Duration::from_millis(100)))
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        core
+    }
+
+    /// Every counter and gauge now.
+    pub(super) fn stats(&self) -> ReporterStats {
+        let (counts, buffered, bound, writers, writers_up) = {
+            let core = self.lock();
+            let up = core.writer_up.iter().filter(|&&u| u).count();
+            (
+                core.buffer.counts(),
+                core.buffer.len(),
+                core.buffer.bound(),
+                core.writer_up.len(),
+                up,
+            )
+        };
+        ReporterStats {
+            connections_open: self.connections_open.load(Ordering::Relaxed),
+            connections: self.connections.load(Ordering::Relaxed),
+            reports: self.reports.load(Ordering::Relaxed),
+            reports_refused: self.reports_refused.load(Ordering::Relaxed),
+            bad_frames: self.bad_frames.load(Ordering::Relaxed),
+            rows_accepted: counts.accepted,
+            rows_coalesced: counts.coalesced,
+            rows_written: counts.written,
+            rows_dropped: counts.dropped,
+            rows_rejected: counts.rejected,
+            rows_buffered: buffered as u64,
+            buffer_rows: bound as u64,
+            transactions: counts.transactions,
+            write_failures: self.write_failures.load(Ordering::Relaxed),
+            writers: writers as u64,
+            writers_up: writers_up as u64,
+        }
+    }
+}

@@ -1,0 +1,284 @@
+//! The writer threads: writer `i` owns one store connection and drains
+//! shard `i` of the buffer in transactions of up to `batch_rows` rows.
+//!
+//! - A failed connection or transaction puts the batch back (the rows stay
+//!   the oldest of the shard: retried first, dropped first if the bound is
+//!   passed), drops the connection, and retries after a jittered
+//!   exponential back-off capped at `retry_max_ms`; rows are never given
+//!   up while the bound holds them.
+//! - A batch the store refuses as invalid is counted as rejected and not
+//!   retried (retrying would fail forever and block the shard).
+//! - The log says when the store goes down (once per writer, then a
+//!   reminder every [`OUTAGE_NOTE_INTERVAL_MS`]) and when it is back.
+//! - While stopping, a writer writes what its shard holds and ends when it
+//!   is empty; past the deadline it ends after its current attempt.
+//!
+//! A writer waits on its own condition variable: the executor wakes it
+//! when rows arrive in its shard; it never makes the executor wait.
+
+use std::sync::Arc;
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use super::buffer::Batch;
+use super::notes::OutageNotes;
+use super::shared::{unix_ms, Phase, Shared};
+use super::OpenStore;
+use crate::store::{Store, StoreError};
+
+/// At most one reminder per writer per this many milliseconds while the
+/// store stays down.
+pub const OUTAGE_NOTE_INTERVAL_MS: u64 = 30_000;
+
+/// The first retry delay, milliseconds (capped by `retry_max_ms`).
+const BACKOFF_INITIAL_MS: u64 = 50;
+
+/// How long an idle writer sleeps before it looks at the phase again
+/// (a wake-up normally comes first).
+const IDLE_WAIT: Duration = Duration::from_secs(1);
+
+/// The retry delay after `failures` (at least 1) consecutive failures:
+/// `min(max, initial * 2^(failures-1))`, jittered down by up to a half with
+/// `rng`, and at least 1 ms.
+pub fn backoff_ms(failures: u32, initial: u64, max: u64, rng: &mut fastrand::Rng) -> u64 {
+    let base = 1u64
+        .checked_shl(failures.saturating_sub(1))
+        .and_then(|factor| initial.checked_mul(factor))
+        .map_or(max, |d| d.min(max));
+    (base - rng.u64(0..=base / 2)).max(1)
+}
+
+/// Starts writer `i`, with `first` as its connection when given.
+///
+/// # Errors
+/// When the thread cannot be spawned.
+pub(super) fn spawn(
+    i: usize,
+    shared: Arc<Shared>,
+    open: OpenStore,
+    first: Option<Box<dyn Store>>,
+) -> std::io::Result<JoinHandle<()>> {
+    shared.lock().running += 1;
+    let result = thread::Builder::new()
+        .name(format!("lbagent-reporter-writer-{i}"))
+        .spawn({
+            let shared = shared.clone();
+            move || {
+                let _ended = Ended { shared: &shared, i };
+                Writer::new(i, &shared, open, first).run();
+            }
+        });
+    if result.is_err() {
+        shared.lock().running -= 1;
+    }
+    result
+}
+
+/// Tells the shared state that the writer ended, even when it panicked.
+struct Ended<'a> {
+    shared: &'a Shared,
+    i: usize,
+}
+
+impl Drop for Ended<'_> {
+    fn drop(&mut self) {
+        self.shared.writer_ended(self.i);
+    }
+}
+
+struct Writer<'a> {
+    i: usize,
+    shared: &'a Shared,
+    open: OpenStore,
+    store: Option<Box<dyn Store>>,
+    failures: u32,
+    outage: OutageNotes,
+    rng: fastrand::Rng,
+}
+
+impl<'a> Writer<'a> {
+    fn new(i: usize, shared: &'a Shared, open: OpenStore, store: Option<Box<dyn Store>>) -> Self {
+        Writer {
+            i,
+            shared,
+            open,
+            store,
+            failures: 0,
+            outage: OutageNotes::new(OUTAGE_NOTE_INTERVAL_MS),
+            rng: fastrand::Rng::new(),
+        }
+    }
+
+    fn run(&mut self) {
+        if self.store.is_some() {
+            self.up();
+        }
+        let mut batch = Batch::default();
+        while self.has_work() {
+            if self.store.is_none() {
+                match (self.open)() {
+                    Ok(store) => {
+                        self.store = Some(store);
+                        self.up();
+                    }
+                    Err(e) => {
+                        self.down(&e);
+                        self.pause();
+                        continue;
+                    }
+                }
+            }
+            if !self.next_batch(&mut batch) {
+                break;
+            }
+            self.write(&mut batch);
+        }
+    }
+
+    /// Whether the writer should go on: not abandoned, and not stopping
+    /// with an empty shard.
+    fn has_work(&self) -> bool {
+        let core = self.shared.lock();
+        match core.phase {
+            Phase::Running => true,
+            Phase::Draining(_) => core.buffer.waiting(self.i) > 0,
+            Phase::Abandoned => false,
+        }
+    }
+
+    /// Waits for rows in the shard and takes a batch; false when the writer
+    /// is to end instead.
+    fn next_batch(&self, batch: &mut Batch) -> bool {
+        let mut core = self.shared.lock();
+        loop {
+            match core.phase {
+                Phase::Abandoned => return false,
+                Phase::Draining(_) if core.buffer.waiting(self.i) == 0 => return false,
+                _ => {}
+            }
+            if core
+                .buffer
+                .take_batch(self.i, self.shared.batch_rows, batch)
+            {
+                return true;
+            }
+            core = self
+                .shared
+                .wake(self.i)
+                .wait_timeout(core, IDLE_WAIT)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+
+    /// Writes `batch` in one transaction and settles it.
+    fn write(&mut self, batch: &mut Batch) {
+        let Some(store) = self.store.as_mut() else {
+            self.shared.lock().buffer.failed(batch);
+            return;
+        };
+        match store.upsert_status(batch.rows()) {
+            Ok(()) => {
+                self.shared.lock().buffer.written(batch);
+                self.up();
+            }
+            Err(StoreError::BadInput(why)) => {
+                let n = batch.rows().len();
+                self.shared.lock().buffer.rejected(batch);
+                self.shared.log(&format!(
+                    "writer {}: the store refused {n} rows, which are dropped (counted in lbagent_reporter_rows_rejected_total): {why}",
+                    self.i
+                ));
+                self.up();
+            }
+            Err(e) => {
+                self.shared.lock().buffer.failed(batch);
+                self.store = None;
+                self.down(&e);
+                self.pause();
+            }
+        }
+    }
+
+    /// The connection works and the last write succeeded.
+    fn up(&mut self) {
+        self.failures = 0;
+        self.shared.lock().writer_up[self.i] = true;
+        if let Some(line) = self.outage.succeeded(unix_ms()) {
+            self.shared.log(&format!("writer {}: {line}", self.i));
+        }
+    }
+
+    /// An attempt to connect or to write failed.
+    fn down(&mut self, e: &StoreError) {
+        self.failures = self.failures.saturating_add(1);
+        self.shared.write_failed();
+        {
+            let mut core = self.shared.lock();
+            core.writer_up[self.i] = false;
+            core.last_error = Some(e.to_string());
+        }
+        let line = self.outage.failed(unix_ms(), e, self.shared.retry_max_ms);
+        if let Some(line) = line {
+            self.shared.log(&format!("writer {}: {line}", self.i));
+        }
+    }
+
+    /// Sleeps for the back-off delay; cut short when the reporter is
+    /// abandoned or its stop deadline comes first.
+    fn pause(&mut self) {
+        let max = self.shared.retry_max_ms.max(1);
+        let delay = backoff_ms(
+            self.failures,
+            BACKOFF_INITIAL_MS.min(max),
+            max,
+            &mut self.rng,
+        );
+        let mut until = Instant::now() + Duration::from_millis(delay);
+        let mut core = self.shared.lock();
+        loop {
+            match core.phase {
+                Phase::Abandoned => return,
+                Phase::Draining(deadline) => until = until.min(deadline),
+                Phase::Running => {}
+            }
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return;
+            }
+            core = self
+                .shared
+                .wake(self.i)
+                .wait_timeout(core, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_back_off_doubles_up_to_its_cap_with_jitter_below() {
+        let mut rng = fastrand::Rng::with_seed(1);
+        for failures in 1..80 {
+            let base = (50u64 << (failures - 1).min(20)).min(5000);
+            for _ in 0..20 {
+                let d = backoff_ms(failures, 50, 5000, &mut rng);
+                assert!(
+                    d <= base && d >= base - base / 2,
+                    "{failures}: {d} vs {base}"
+                );
+            }
+        }
+        let huge = backoff_ms(u32::MAX, 50, 10, &mut rng);
+        assert!((5..=10).contains(&huge), "no overflow past the cap: {huge}");
+        assert!(backoff_ms(1, 1, 1, &mut rng) >= 1, "never 0");
+        assert!(
+            backoff_ms(0, 50, 5000, &mut rng) <= 50,
+            "0 failures reads as 1"
+        );
+    }
+}

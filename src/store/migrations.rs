@@ -1,0 +1,155 @@
+//! The schema's versioned migrations, SQL per backend.
+//!
+//! [`MIGRATIONS`] lists every schema version in order; the store's
+//! `schema_version` table records which ones ran (one row each). `open`
+//! applies the missing ones in one transaction, under a lock, so several
+//! processes opening a new store at once create it exactly once. A store
+//! whose `schema_version` names a version above [`LATEST`] is refused.
+//!
+//! Never edit a migration that has shipped: add the next one.
+//!
+//! # The schema (version 1), after the original's `dnsserver.sql`
+//!
+//! Every `u32` of the model (modid, cmdid, IPv4 address in host byte order,
+//! caller, counts) is an integer column checked to `0..=4294967295`:
+//! PostgreSQL has no unsigned types, so those are `BIGINT` there. Ports are
+//! checked to `1..=65535`, weights to `1..=1000000` ([`super::MAX_WEIGHT`]).
+//! SQLite tables are `STRICT`, so a column holds an integer or nothing.
+//!
+//! - `route_data (modid, cmdid, ip, port, weight)`, keyed by
+//!   (modid, cmdid, ip, port).
+//! - `route_version (id = 1, version)`: the route version, one row.
+//! - `route_change (version, modid, cmdid)`: the change log. Each admin
+//!   change appends its module with the new route version, and deletes that
+//!   module's older entries in the same transaction: only a module's latest
+//!   change matters to readers (`changes_since`, module versions), and the
+//!   log stays as small as the number of modules ever changed.
+//! - `server_call_status (modid, cmdid, ip, port, caller, succ_cnt, err_cnt,
+//!   ts, overload)`, keyed by (modid, cmdid, ip, port, caller).
+
+/// One schema version: what it does and its SQL for each backend.
+pub(crate) struct Migration {
+    /// The schema version this migration brings the store to.
+    pub version: u32,
+    /// A short name, recorded in `schema_version`.
+    pub name: &'static str,
+    /// The statements for SQLite.
+    pub sqlite: &'static str,
+    /// The statements for PostgreSQL.
+    pub postgres: &'static str,
+}
+
+/// The newest schema version this binary knows.
+pub const LATEST: u32 = 1;
+
+/// `schema_version` itself, created before any migration runs (SQLite).
+pub(crate) const SQLITE_SCHEMA_VERSION_TABLE: &str = "CREATE TABLE IF NOT EXISTS schema_version (
+    version    INTEGER PRIMARY KEY,
+    name       TEXT NOT NULL,
+    applied_at INTEGER NOT NULL DEFAULT (CAST(strftime('%s', 'now') AS INTEGER))
+)";
+
+/// `schema_version` itself, created before any migration runs (PostgreSQL).
+pub(crate) const POSTGRES_SCHEMA_VERSION_TABLE: &str = "CREATE TABLE IF NOT EXISTS schema_version (
+    version    INTEGER PRIMARY KEY,
+    name       TEXT NOT NULL,
+    applied_at TIMESTAMPTZ NOT NULL DEFAULT now()
+)";
+
+/// Every migration, in order: `MIGRATIONS[i].version == i + 1`.
+pub(crate) const MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    name: "routes, route version, change log, call status",
+    sqlite: "
+CREATE TABLE route_data (
+    modid  INTEGER NOT NULL CONSTRAINT route_data_modid_check  CHECK (modid BETWEEN 0 AND 4294967295),
+    cmdid  INTEGER NOT NULL CONSTRAINT route_data_cmdid_check  CHECK (cmdid BETWEEN 0 AND 4294967295),
+    ip     INTEGER NOT NULL CONSTRAINT route_data_ip_check     CHECK (ip BETWEEN 0 AND 4294967295),
+    port   INTEGER NOT NULL CONSTRAINT route_data_port_check   CHECK (port BETWEEN 1 AND 65535),
+    weight INTEGER NOT NULL DEFAULT 1 CONSTRAINT route_data_weight_check CHECK (weight BETWEEN 1 AND 1000000),
+    PRIMARY KEY (modid, cmdid, ip, port)
+) STRICT;
+
+CREATE TABLE route_version (
+    id      INTEGER PRIMARY KEY CHECK (id = 1),
+    version INTEGER NOT NULL CONSTRAINT route_version_version_check CHECK (version >= 0)
+) STRICT;
+INSERT INTO route_version (id, version) VALUES (1, 0);
+
+CREATE TABLE route_change (
+    version INTEGER NOT NULL CONSTRAINT route_change_version_check CHECK (version >= 1),
+    modid   INTEGER NOT NULL CONSTRAINT route_change_modid_check   CHECK (modid BETWEEN 0 AND 4294967295),
+    cmdid   INTEGER NOT NULL CONSTRAINT route_change_cmdid_check   CHECK (cmdid BETWEEN 0 AND 4294967295),
+    PRIMARY KEY (version, modid, cmdid)
+) STRICT;
+CREATE INDEX route_change_module ON route_change (modid, cmdid, version);
+
+CREATE TABLE server_call_status (
+    modid    INTEGER NOT NULL CONSTRAINT server_call_status_modid_check    CHECK (modid BETWEEN 0 AND 4294967295),
+    cmdid    INTEGER NOT NULL CONSTRAINT server_call_status_cmdid_check    CHECK (cmdid BETWEEN 0 AND 4294967295),
+    ip       INTEGER NOT NULL CONSTRAINT server_call_status_ip_check       CHECK (ip BETWEEN 0 AND 4294967295),
+    port     INTEGER NOT NULL CONSTRAINT server_call_status_port_check     CHECK (port BETWEEN 1 AND 65535),
+    caller   INTEGER NOT NULL CONSTRAINT server_call_status_caller_check   CHECK (caller BETWEEN 0 AND 4294967295),
+    succ_cnt INTEGER NOT NULL CONSTRAINT server_call_status_succ_cnt_check CHECK (succ_cnt BETWEEN 0 AND 4294967295),
+    err_cnt  INTEGER NOT NULL CONSTRAINT server_call_status_err_cnt_check  CHECK (err_cnt BETWEEN 0 AND 4294967295),
+    ts       INTEGER NOT NULL CONSTRAINT server_call_status_ts_check       CHECK (ts >= 0),
+    overload INTEGER NOT NULL CONSTRAINT server_call_status_overload_check CHECK (overload IN (0, 1)),
+    PRIMARY KEY (modid, cmdid, ip, port, caller)
+) STRICT;
+",
+    postgres: "
+CREATE TABLE route_data (
+    modid  BIGINT  NOT NULL CONSTRAINT route_data_modid_check  CHECK (modid BETWEEN 0 AND 4294967295),
+    cmdid  BIGINT  NOT NULL CONSTRAINT route_data_cmdid_check  CHECK (cmdid BETWEEN 0 AND 4294967295),
+    ip     BIGINT  NOT NULL CONSTRAINT route_data_ip_check     CHECK (ip BETWEEN 0 AND 4294967295),
+    port   INTEGER NOT NULL CONSTRAINT route_data_port_check   CHECK (port BETWEEN 1 AND 65535),
+    weight BIGINT  NOT NULL DEFAULT 1 CONSTRAINT route_data_weight_check CHECK (weight BETWEEN 1 AND 1000000),
+    PRIMARY KEY (modid, cmdid, ip, port)
+);
+
+CREATE TABLE route_version (
+    id      INTEGER PRIMARY KEY CHECK (id = 1),
+    version BIGINT NOT NULL CONSTRAINT route_version_version_check CHECK (version >= 0)
+);
+INSERT INTO route_version (id, version) VALUES (1, 0);
+
+CREATE TABLE route_change (
+    version BIGINT NOT NULL CONSTRAINT route_change_version_check CHECK (version >= 1),
+    modid   BIGINT NOT NULL CONSTRAINT route_change_modid_check   CHECK (modid BETWEEN 0 AND 4294967295),
+    cmdid   BIGINT NOT NULL CONSTRAINT route_change_cmdid_check   CHECK (cmdid BETWEEN 0 AND 4294967295),
+    PRIMARY KEY (version, modid, cmdid)
+);
+CREATE INDEX route_change_module ON route_change (modid, cmdid, version);
+
+CREATE TABLE server_call_status (
+    modid    BIGINT  NOT NULL CONSTRAINT server_call_status_modid_check    CHECK (modid BETWEEN 0 AND 4294967295),
+    cmdid    BIGINT  NOT NULL CONSTRAINT server_call_status_cmdid_check    CHECK (cmdid BETWEEN 0 AND 4294967295),
+    ip       BIGINT  NOT NULL CONSTRAINT server_call_status_ip_check       CHECK (ip BETWEEN 0 AND 4294967295),
+    port     INTEGER NOT NULL CONSTRAINT server_call_status_port_check     CHECK (port BETWEEN 1 AND 65535),
+    caller   BIGINT  NOT NULL CONSTRAINT server_call_status_caller_check   CHECK (caller BETWEEN 0 AND 4294967295),
+    succ_cnt BIGINT  NOT NULL CONSTRAINT server_call_status_succ_cnt_check CHECK (succ_cnt BETWEEN 0 AND 4294967295),
+    err_cnt  BIGINT  NOT NULL CONSTRAINT server_call_status_err_cnt_check  CHECK (err_cnt BETWEEN 0 AND 4294967295),
+    ts       BIGINT  NOT NULL CONSTRAINT server_call_status_ts_check       CHECK (ts >= 0),
+    overload BOOLEAN NOT NULL,
+    PRIMARY KEY (modid, cmdid, ip, port, caller)
+);
+",
+}];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_are_consecutive_and_end_at_latest() {
+        for (i, m) in MIGRATIONS.iter().enumerate() {
+            assert_eq!(
+                m.version as usize,
+                i + 1,
+                "migration {} out of order",
+                m.name
+            );
+        }
+        assert_eq!(MIGRATIONS.last().map(|m| m.version), Some(LATEST));
+    }
+}

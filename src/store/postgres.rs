@@ -1,0 +1,483 @@
+//! The production store: PostgreSQL through the (synchronous) `postgres`
+//! crate. Several route servers, reporters and admins share one database.
+//!
+//! - Reads run in one `REPEATABLE READ, READ ONLY` transaction: the route
+//!   version, the change log and the routes come from one snapshot.
+//! - Admin changes start with `INSERT .. ON CONFLICT DO UPDATE SET version
+//!   = version + 1 RETURNING version` on the one `route_version` row: the
+//!   row lock queues concurrent admins, so no two changes share a version,
+//!   and a reader that sees version V sees every change up to V.
+//! - Call status batches go in one statement (`UNNEST` of one array per
+//!   column), their rows sorted by key so that concurrent reporters lock
+//!   rows in the same order.
+//! - Migrations run in one transaction holding a transaction-level
+//!   advisory lock keyed by the schema (`current_schema()`), so stores in
+//!   different schemas of one database migrate independently.
+//!
+//! TLS is not built in: use a loopback or otherwise trusted network
+//! (`sslmode=prefer`, the default, then talks plain TCP).
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::Duration;
+
+use ::postgres::{Client, Config, IsolationLevel, NoTls, Transaction};
+
+use super::migrations::{self, MIGRATIONS, POSTGRES_SCHEMA_VERSION_TABLE};
+use super::{
+    assemble, check_node, prepare_status, redact, version_of, BadRows, CallStatus, ChangeRow,
+    Changes, ModuleRoute, RouteRow, RouteSet, StatusRow, Store, StoreError, CONNECT_TIMEOUT,
+};
+use crate::model::{ModuleId, NodeAddr, RouteNode};
+
+/// Connection attempts still waiting for a server that accepted the TCP
+/// connection and then said nothing. Each holds a thread; past
+/// [`MAX_HUNG_CONNECTS`] `open` fails at once instead of adding another.
+static HUNG_CONNECTS: AtomicUsize = AtomicUsize::new(0);
+const MAX_HUNG_CONNECTS: usize = 4;
+
+/// One connection to a PostgreSQL store.
+pub(crate) struct PostgresStore {
+    client: Client,
+    /// To connect again after the connection was lost.
+    config: Config,
+    url: String,
+    bad: BadRows,
+}
+
+fn unavailable(url: &str, e: &::postgres::Error) -> StoreError {
+    StoreError::Unavailable {
+        url: url.to_string(),
+        why: super::why(e),
+    }
+}
+
+impl PostgresStore {
+    /// Connects to `url` and migrates the schema.
+    pub(crate) fn open(url: &str) -> Result<Box<dyn Store>, StoreError> {
+        let shown = redact(url);
+        let mut config: Config = url.parse().map_err(|e: ::postgres::Error| {
+            StoreError::BadUrl(format!("{shown}: {}", super::why(&e)))
+        })?;
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(CONNECT_TIMEOUT);
+        }
+        if config.get_application_name().is_none() {
+            config.application_name("lbagent");
+        }
+        // Notice a dead server within about a minute rather than hours.
+        if config.get_keepalives_idle() >= Duration::from_secs(7200) {
+            config.keepalives_idle(Duration::from_secs(30));
+        }
+        let client = connect(&config, &shown)?;
+        let mut store = PostgresStore {
+            client,
+            config,
+            bad: BadRows::new(shown.clone()),
+            url: shown,
+        };
+        store.migrate()?;
+        Ok(Box::new(store))
+    }
+
+    /// The connection, connected again first when the last one was lost
+    /// (server restarted, network cut): a caller retrying after
+    /// [`StoreError::Unavailable`] needs no new `open`.
+    fn client(&mut self) -> Result<&mut Client, StoreError> {
+        if self.client.is_closed() {
+            self.client = connect(&self.config, &self.url)?;
+        }
+        Ok(&mut self.client)
+    }
+
+    fn migrate(&mut self) -> Result<(), StoreError> {
+        let url = self.url.clone();
+        let un = |e: ::postgres::Error| unavailable(&url, &e);
+        let too_new = |found| StoreError::SchemaTooNew {
+            url: url.clone(),
+            found,
+            known: migrations::LATEST,
+        };
+        // A current store is opened without taking the lock (nor needing
+        // the right to create tables).
+        let found = schema_version(&mut self.client).map_err(un)?;
+        if found > migrations::LATEST {
+            return Err(too_new(found));
+        }
+        if found == migrations::LATEST {
+            return Ok(());
+        }
+        let mut tx = self.client.transaction().map_err(un)?;
+        tx.execute("SELECT pg_advisory_xact_lock(hashtext('lbagent.schema.' || COALESCE(current_schema(), '')))", &[])
+            .map_err(un)?;
+        tx.batch_execute(POSTGRES_SCHEMA_VERSION_TABLE)
+            .map_err(un)?;
+        // Another process may have migrated while this one waited.
+        let found = schema_version(&mut tx).map_err(un)?;
+        if found > migrations::LATEST {
+            return Err(too_new(found));
+        }
+        for m in MIGRATIONS.iter().filter(|m| m.version > found) {
+            let failed = |e: ::postgres::Error| StoreError::Unavailable {
+                url: url.clone(),
+                why: format!(
+                    "migration {} ({}) failed: {}",
+                    m.version,
+                    m.name,
+                    super::why(&e)
+                ),
+            };
+            tx.batch_execute(m.postgres).map_err(failed)?;
+            tx.execute(
+                "INSERT INTO schema_version (version, name) VALUES ($1, $2)",
+                &[&(m.version as i32), &m.name],
+            )
+            .map_err(failed)?;
+        }
+        tx.commit().map_err(un)
+    }
+
+    fn read_tx(&mut self) -> Result<Transaction<'_>, StoreError> {
+        self.bad.start();
+        let url = self.url.clone();
+        self.client()?
+            .build_transaction()
+            .isolation_level(IsolationLevel::RepeatableRead)
+            .read_only(true)
+            .start()
+            .map_err(|e| unavailable(&url, &e))
+    }
+
+    /// Routes, module versions and the route version, in one snapshot.
+    /// `module`: one module only. `since`: only modules changed after that
+    /// version (those with no node left appear empty).
+    fn read_routes(
+        &mut self,
+        module: Option<ModuleId>,
+        since: Option<u64>,
+    ) -> Result<(u64, Vec<ModuleRoute>), StoreError> {
+        let url = self.url.clone();
+        let un = |e: ::postgres::Error| unavailable(&url, &e);
+        let (modid, cmdid) = match module {
+            Some(m) => (Some(i64::from(m.modid)), Some(i64::from(m.cmdid))),
+            None => (None, None),
+        };
+        let since_v = since.map_or(-1, |v| i64::try_from(v).unwrap_or(i64::MAX));
+        let mut tx = self.read_tx()?;
+        let version: Option<i64> = tx
+            .query_opt("SELECT version FROM route_version WHERE id = 1", &[])
+            .map_err(un)?
+            .map(|r| int(&r, 0));
+        let changes = tx
+            .query(
+                "SELECT modid, cmdid, MAX(version) FROM route_change
+                  WHERE ($1::BIGINT IS NULL OR (modid = $1 AND cmdid = $2)) AND version > $3
+                  GROUP BY modid, cmdid",
+                &[&modid, &cmdid, &since_v],
+            )
+            .map_err(un)?
+            .iter()
+            .map(|r| ChangeRow {
+                modid: int(r, 0),
+                cmdid: int(r, 1),
+                version: int(r, 2),
+            })
+            .collect();
+        let nodes_sql = if since.is_some() {
+            "SELECT d.modid, d.cmdid, d.ip, d.port, d.weight FROM route_data d
+              WHERE ($1::BIGINT IS NULL OR (d.modid = $1 AND d.cmdid = $2))
+                AND EXISTS (SELECT 1 FROM route_change c
+                             WHERE c.modid = d.modid AND c.cmdid = d.cmdid AND c.version > $3)"
+        } else {
+            "SELECT modid, cmdid, ip, port, weight FROM route_data
+              WHERE ($1::BIGINT IS NULL OR (modid = $1 AND cmdid = $2)) AND $3::BIGINT IS NOT NULL"
+        };
+        let nodes = tx
+            .query(nodes_sql, &[&modid, &cmdid, &since_v])
+            .map_err(un)?
+            .iter()
+            .map(|r| RouteRow {
+                modid: int(r, 0),
+                cmdid: int(r, 1),
+                ip: int(r, 2),
+                port: int(r, 3),
+                weight: int(r, 4),
+            })
+            .collect();
+        tx.commit().map_err(un)?;
+        let version = version_of(&self.url, version)?;
+        let latest = self.bad.changes(changes);
+        let nodes = self.bad.routes(nodes);
+        let keep: Vec<ModuleId> = if since.is_some() {
+            latest.keys().copied().collect()
+        } else {
+            Vec::new()
+        };
+        Ok((version, assemble(version, &latest, nodes, keep)))
+    }
+
+    /// Bumps the route version (taking its row lock until commit) and logs
+    /// `module` as changed, in `tx`.
+    fn bump(tx: &mut Transaction<'_>, module: ModuleId) -> Result<u64, ::postgres::Error> {
+        let row = tx.query_one(
+            "INSERT INTO route_version (id, version)
+                      VALUES (1, (SELECT COALESCE(MAX(version), 0) FROM route_change) + 1)
+                 ON CONFLICT (id) DO UPDATE SET version = route_version.version + 1
+                 RETURNING version",
+            &[],
+        )?;
+        let v = int(&row, 0);
+        let (modid, cmdid) = (i64::from(module.modid), i64::from(module.cmdid));
+        tx.execute(
+            "INSERT INTO route_change (version, modid, cmdid) VALUES ($1, $2, $3)",
+            &[&v, &modid, &cmdid],
+        )?;
+        tx.execute(
+            "DELETE FROM route_change WHERE modid = $1 AND cmdid = $2 AND version < $3",
+            &[&modid, &cmdid, &v],
+        )?;
+        Ok(v as u64)
+    }
+}
+
+/// Connects within the configured timeout, counting the whole start-up
+/// (TCP, authentication), not only the TCP handshake that the crate's
+/// `connect_timeout` bounds.
+fn connect(config: &Config, shown: &str) -> Result<Client, StoreError> {
+    let fail = |why: String| StoreError::Unavailable {
+        url: shown.to_string(),
+        why,
+    };
+    let hung = HUNG_CONNECTS.load(Ordering::Relaxed);
+    if hung >= MAX_HUNG_CONNECTS {
+        return Err(fail(format!(
+            "{hung} earlier connection attempts are still waiting for the server to answer"
+        )));
+    }
+    let per_host = config
+        .get_connect_timeout()
+        .copied()
+        .unwrap_or(CONNECT_TIMEOUT);
+    let hosts = config.get_hosts().len().max(1) as u32;
+    let deadline = per_host * hosts + Duration::from_secs(1);
+    let (tx, rx) = mpsc::channel();
+    // Set, under its lock, when this side gives up: the thread then counts
+    // itself out of HUNG_CONNECTS instead of sending.
+    let abandoned = Arc::new(Mutex::new(false));
+    let config = config.clone();
+    let gone = abandoned.clone();
+    std::thread::Builder::new()
+        .name("lbagent-pg-connect".into())
+        .spawn(move || {
+            let result = config.connect(NoTls);
+            let gone = gone.lock().unwrap_or_else(|p| p.into_inner());
+            if *gone {
+                HUNG_CONNECTS.fetch_sub(1, Ordering::Relaxed);
+            } else {
+                let _ = tx.send(result);
+            }
+        })
+        .map_err(|e| fail(format!("cannot start a connection thread: {e}")))?;
+    let result = match rx.recv_timeout(deadline) {
+        Ok(result) => result,
+        Err(_) => {
+            let mut gone = abandoned.lock().unwrap_or_else(|p| p.into_inner());
+            match rx.try_recv() {
+                Ok(result) => result, // it answered just now
+                Err(_) => {
+                    *gone = true;
+                    HUNG_CONNECTS.fetch_add(1, Ordering::Relaxed);
+                    return Err(fail(format!(
+                        "no answer within {} ms (connect_timeout {} s per host)",
+                        deadline.as_millis(),
+                        per_host.as_secs_f32()
+                    )));
+                }
+            }
+        }
+    };
+    result.map_err(|e| fail(super::why(&e)))
+}
+
+/// Column `i` as an integer, whatever integer type a hand-edited table
+/// gives it; `i64::MIN` (which every check refuses) for NULL or another
+/// type, so that a bad row is skipped rather than a panic.
+fn int(r: &::postgres::Row, i: usize) -> i64 {
+    if let Ok(v) = r.try_get::<_, Option<i64>>(i) {
+        return v.unwrap_or(i64::MIN);
+    }
+    if let Ok(v) = r.try_get::<_, Option<i32>>(i) {
+        return v.map_or(i64::MIN, i64::from);
+    }
+    if let Ok(v) = r.try_get::<_, Option<i16>>(i) {
+        return v.map_or(i64::MIN, i64::from);
+    }
+    i64::MIN
+}
+
+/// The schema version recorded in the store, 0 when it has none.
+fn schema_version(c: &mut impl ::postgres::GenericClient) -> Result<u32, ::postgres::Error> {
+    let exists: bool = c
+        .query_one("SELECT to_regclass('schema_version') IS NOT NULL", &[])?
+        .get(0);
+    if !exists {
+        return Ok(0);
+    }
+    let row = c.query_one("SELECT COALESCE(MAX(version), 0) FROM schema_version", &[])?;
+    Ok(u32::try_from(int(&row, 0)).unwrap_or(u32::MAX))
+}
+
+impl Store for PostgresStore {
+    fn backend(&self) -> &'static str {
+        "postgres"
+    }
+
+    fn route_version(&mut self) -> Result<u64, StoreError> {
+        let url = self.url.clone();
+        let v: Option<i64> = self
+            .client()?
+            .query_opt("SELECT version FROM route_version WHERE id = 1", &[])
+            .map_err(|e| unavailable(&url, &e))?
+            .map(|r| int(&r, 0));
+        version_of(&self.url, v)
+    }
+
+    fn load_all(&mut self) -> Result<RouteSet, StoreError> {
+        let (version, modules) = self.read_routes(None, None)?;
+        Ok(RouteSet { version, modules })
+    }
+
+    fn changes_since(&mut self, version: u64) -> Result<Changes, StoreError> {
+        let (version, modules) = self.read_routes(None, Some(version))?;
+        Ok(Changes { version, modules })
+    }
+
+    fn add_node(&mut self, module: ModuleId, node: RouteNode) -> Result<u64, StoreError> {
+        let node = check_node(module, node)?;
+        let url = self.url.clone();
+        let un = |e: ::postgres::Error| unavailable(&url, &e);
+        let mut tx = self.client()?.transaction().map_err(un)?;
+        // The version row first: admins queue here, whole.
+        let v = Self::bump(&mut tx, module).map_err(un)?;
+        let inserted = tx
+            .execute(
+                "INSERT INTO route_data (modid, cmdid, ip, port, weight) VALUES ($1, $2, $3, $4, $5)
+                 ON CONFLICT (modid, cmdid, ip, port) DO NOTHING",
+                &[
+                    &i64::from(module.modid),
+                    &i64::from(module.cmdid),
+                    &i64::from(node.addr.ip),
+                    &i32::from(node.addr.port),
+                    &i64::from(node.weight),
+                ],
+            )
+            .map_err(un)?;
+        if inserted == 0 {
+            return Err(StoreError::Duplicate {
+                module,
+                node: node.addr,
+            }); // rolls back
+        }
+        tx.commit().map_err(un)?;
+        Ok(v)
+    }
+
+    fn del_node(&mut self, module: ModuleId, node: NodeAddr) -> Result<u64, StoreError> {
+        let url = self.url.clone();
+        let un = |e: ::postgres::Error| unavailable(&url, &e);
+        let mut tx = self.client()?.transaction().map_err(un)?;
+        let v = Self::bump(&mut tx, module).map_err(un)?;
+        let deleted = tx
+            .execute(
+                "DELETE FROM route_data WHERE modid = $1 AND cmdid = $2 AND ip = $3 AND port = $4",
+                &[
+                    &i64::from(module.modid),
+                    &i64::from(module.cmdid),
+                    &i64::from(node.ip),
+                    &i32::from(node.port),
+                ],
+            )
+            .map_err(un)?;
+        if deleted == 0 {
+            return Err(StoreError::NotFound { module, node }); // rolls back
+        }
+        tx.commit().map_err(un)?;
+        Ok(v)
+    }
+
+    fn list(&mut self, module: Option<ModuleId>) -> Result<Vec<ModuleRoute>, StoreError> {
+        Ok(self.read_routes(module, None)?.1)
+    }
+
+    fn upsert_status(&mut self, rows: &[CallStatus]) -> Result<(), StoreError> {
+        let rows = prepare_status(rows)?;
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let col = |f: fn(&CallStatus) -> i64| rows.iter().map(f).collect::<Vec<i64>>();
+        let modid = col(|r| i64::from(r.module.modid));
+        let cmdid = col(|r| i64::from(r.module.cmdid));
+        let ip = col(|r| i64::from(r.node.ip));
+        let port: Vec<i32> = rows.iter().map(|r| i32::from(r.node.port)).collect();
+        let caller = col(|r| i64::from(r.caller));
+        let succ = col(|r| i64::from(r.succ));
+        let err = col(|r| i64::from(r.err));
+        let ts = col(|r| r.ts as i64); // checked by prepare_status
+        let overload: Vec<bool> = rows.iter().map(|r| r.overload).collect();
+        let url = self.url.clone();
+        let un = |e: ::postgres::Error| unavailable(&url, &e);
+        let mut tx = self.client()?.transaction().map_err(un)?;
+        tx.execute(
+            "INSERT INTO server_call_status
+                 (modid, cmdid, ip, port, caller, succ_cnt, err_cnt, ts, overload)
+             SELECT * FROM UNNEST($1::BIGINT[], $2::BIGINT[], $3::BIGINT[], $4::INTEGER[], $5::BIGINT[],
+                                  $6::BIGINT[], $7::BIGINT[], $8::BIGINT[], $9::BOOLEAN[])
+             ON CONFLICT (modid, cmdid, ip, port, caller) DO UPDATE SET
+                 succ_cnt = excluded.succ_cnt, err_cnt = excluded.err_cnt,
+                 ts = excluded.ts, overload = excluded.overload",
+            &[&modid, &cmdid, &ip, &port, &caller, &succ, &err, &ts, &overload],
+        )
+        .map_err(un)?;
+        tx.commit().map_err(un)
+    }
+
+    fn call_status(&mut self, module: Option<ModuleId>) -> Result<Vec<CallStatus>, StoreError> {
+        let url = self.url.clone();
+        let un = |e: ::postgres::Error| unavailable(&url, &e);
+        let (modid, cmdid) = match module {
+            Some(m) => (Some(i64::from(m.modid)), Some(i64::from(m.cmdid))),
+            None => (None, None),
+        };
+        let mut tx = self.read_tx()?;
+        let rows = tx
+            .query(
+                "SELECT modid, cmdid, ip, port, caller, succ_cnt, err_cnt, ts, overload
+                   FROM server_call_status
+                  WHERE $1::BIGINT IS NULL OR (modid = $1 AND cmdid = $2)",
+                &[&modid, &cmdid],
+            )
+            .map_err(un)?
+            .iter()
+            .map(|r| StatusRow {
+                modid: int(r, 0),
+                cmdid: int(r, 1),
+                ip: int(r, 2),
+                port: int(r, 3),
+                caller: int(r, 4),
+                succ: int(r, 5),
+                err: int(r, 6),
+                ts: int(r, 7),
+                overload: match r.try_get::<_, Option<bool>>(8) {
+                    Ok(Some(b)) => i64::from(b),
+                    _ => int(r, 8),
+                },
+            })
+            .collect();
+        tx.commit().map_err(un)?;
+        Ok(self.bad.statuses(rows))
+    }
+
+    fn bad_rows(&self) -> u64 {
+        self.bad.count()
+    }
+}

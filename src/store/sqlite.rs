@@ -1,0 +1,494 @@
+//! The embedded store: one SQLite file through rusqlite's bundled library.
+//!
+//! The database runs in WAL mode, so a route server's reads never wait for
+//! the reporter's or an admin's writes. Every write transaction starts with
+//! `BEGIN IMMEDIATE` (it takes the write lock up front, so two writers
+//! queue instead of failing on a lock upgrade) and waits up to
+//! [`SQLITE_BUSY_TIMEOUT`] for it. Reads run in one deferred transaction:
+//! one snapshot.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use rusqlite::types::Value;
+use rusqlite::{
+    params, Connection, ErrorCode, OptionalExtension, Row, Transaction, TransactionBehavior,
+};
+
+use super::migrations::{self, MIGRATIONS, SQLITE_SCHEMA_VERSION_TABLE};
+use super::{
+    assemble, check_node, prepare_status, version_of, BadRows, CallStatus, ChangeRow, Changes,
+    ModuleRoute, RouteRow, RouteSet, StatusRow, Store, StoreError, SQLITE_BUSY_TIMEOUT,
+};
+use crate::model::{ModuleId, NodeAddr, RouteNode};
+
+/// One connection to a SQLite store.
+pub(crate) struct SqliteStore {
+    conn: Connection,
+    url: String,
+    bad: BadRows,
+}
+
+impl SqliteStore {
+    /// Opens (creating when missing) the database at `path` and migrates it.
+    pub(crate) fn open(path: &Path) -> Result<Self, StoreError> {
+        let url = format!("sqlite:{}", path.display());
+        let fail = |why: String| StoreError::Unavailable {
+            url: url.clone(),
+            why,
+        };
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| fail(format!("cannot create directory {}: {e}", dir.display())))?;
+        }
+        if path.is_dir() {
+            return Err(fail(format!(
+                "{} is a directory, not a database file",
+                path.display()
+            )));
+        }
+        let conn = Connection::open(path).map_err(|e| {
+            fail(format!(
+                "cannot open {}: {}",
+                path.display(),
+                super::why(&e)
+            ))
+        })?;
+        let mut store = SqliteStore {
+            conn,
+            bad: BadRows::new(url.clone()),
+            url,
+        };
+        store
+            .conn
+            .busy_timeout(SQLITE_BUSY_TIMEOUT)
+            .map_err(|e| store.unavailable(e))?;
+        store.wal()?;
+        store.migrate()?;
+        Ok(store)
+    }
+
+    fn unavailable(&self, e: rusqlite::Error) -> StoreError {
+        StoreError::Unavailable {
+            url: self.url.clone(),
+            why: super::why(&e),
+        }
+    }
+
+    /// Puts the database in WAL mode unless it is already. Switching needs
+    /// an exclusive lock, and SQLite may refuse it without calling the busy
+    /// handler, so this retries until the busy timeout.
+    fn wal(&mut self) -> Result<(), StoreError> {
+        let deadline = Instant::now() + SQLITE_BUSY_TIMEOUT;
+        loop {
+            let mode: Result<String, _> = self
+                .conn
+                .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+                .and_then(|m: String| {
+                    if m.eq_ignore_ascii_case("wal") {
+                        Ok(m)
+                    } else {
+                        self.conn
+                            .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
+                    }
+                });
+            match mode {
+                Ok(_) => return Ok(()),
+                Err(e) if is_busy(&e) && Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(10))
+                }
+                Err(e) => return Err(self.unavailable(e)),
+            }
+        }
+    }
+
+    /// The schema version recorded in the store, 0 when it has none.
+    fn schema_version(conn: &Connection) -> rusqlite::Result<u32> {
+        let exists: bool = conn.query_row(
+            "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schema_version')",
+            [],
+            |r| r.get(0),
+        )?;
+        if !exists {
+            return Ok(0);
+        }
+        let v: Option<i64> =
+            conn.query_row("SELECT MAX(version) FROM schema_version", [], |r| r.get(0))?;
+        Ok(v.map_or(0, |v| u32::try_from(v).unwrap_or(u32::MAX)))
+    }
+
+    fn too_new(&self, found: u32) -> StoreError {
+        StoreError::SchemaTooNew {
+            url: self.url.clone(),
+            found,
+            known: migrations::LATEST,
+        }
+    }
+
+    fn migrate(&mut self) -> Result<(), StoreError> {
+        // A current store is opened without taking the write lock.
+        let found = Self::schema_version(&self.conn).map_err(|e| self.unavailable(e))?;
+        if found > migrations::LATEST {
+            return Err(self.too_new(found));
+        }
+        if found == migrations::LATEST {
+            return Ok(());
+        }
+        let url = self.url.clone();
+        let unavailable = |e: rusqlite::Error| StoreError::Unavailable {
+            url: url.clone(),
+            why: super::why(&e),
+        };
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(unavailable)?;
+        tx.execute_batch(SQLITE_SCHEMA_VERSION_TABLE)
+            .map_err(unavailable)?;
+        // Another process may have migrated while this one waited for the lock.
+        let found = Self::schema_version(&tx).map_err(unavailable)?;
+        if found > migrations::LATEST {
+            return Err(StoreError::SchemaTooNew {
+                url: url.clone(),
+                found,
+                known: migrations::LATEST,
+            });
+        }
+        for m in MIGRATIONS.iter().filter(|m| m.version > found) {
+            let failed = |e: rusqlite::Error| StoreError::Unavailable {
+                url: url.clone(),
+                why: format!(
+                    "migration {} ({}) failed: {}",
+                    m.version,
+                    m.name,
+                    super::why(&e)
+                ),
+            };
+            tx.execute_batch(m.sqlite).map_err(failed)?;
+            tx.execute(
+                "INSERT INTO schema_version (version, name) VALUES (?1, ?2)",
+                params![m.version, m.name],
+            )
+            .map_err(failed)?;
+        }
+        tx.commit().map_err(unavailable)
+    }
+
+    fn write_tx(&mut self) -> Result<Transaction<'_>, StoreError> {
+        let url = self.url.clone();
+        self.conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(|e| StoreError::Unavailable {
+                url,
+                why: super::why(&e),
+            })
+    }
+
+    fn read_tx(&mut self) -> Result<Transaction<'_>, StoreError> {
+        let url = self.url.clone();
+        self.bad.start();
+        self.conn
+            .transaction_with_behavior(TransactionBehavior::Deferred)
+            .map_err(|e| StoreError::Unavailable {
+                url,
+                why: super::why(&e),
+            })
+    }
+
+    /// Routes, module versions and the route version, in one snapshot.
+    /// `module`: one module only. `since`: only modules changed after that
+    /// version (and those with no node left appear empty).
+    fn read_routes(
+        &mut self,
+        module: Option<ModuleId>,
+        since: Option<u64>,
+    ) -> Result<(u64, Vec<ModuleRoute>), StoreError> {
+        let url = self.url.clone();
+        let un = |e: rusqlite::Error| StoreError::Unavailable {
+            url: url.clone(),
+            why: super::why(&e),
+        };
+        let tx = self.read_tx()?;
+        let version: Option<i64> = tx
+            .query_row("SELECT version FROM route_version WHERE id = 1", [], |r| {
+                r.get(0)
+            })
+            .optional()
+            .map_err(un)?;
+        let (m_lo, m_hi, c_lo, c_hi) = match module {
+            Some(m) => (
+                i64::from(m.modid),
+                i64::from(m.modid),
+                i64::from(m.cmdid),
+                i64::from(m.cmdid),
+            ),
+            None => (i64::MIN, i64::MAX, i64::MIN, i64::MAX),
+        };
+        let since_v = since.map_or(-1, |v| i64::try_from(v).unwrap_or(i64::MAX));
+        let changes = query(
+            &tx,
+            "SELECT modid, cmdid, MAX(version) FROM route_change
+              WHERE modid BETWEEN ?1 AND ?2 AND cmdid BETWEEN ?3 AND ?4 AND version > ?5
+              GROUP BY modid, cmdid",
+            params![m_lo, m_hi, c_lo, c_hi, since_v],
+            |v| ChangeRow {
+                modid: v[0],
+                cmdid: v[1],
+                version: v[2],
+            },
+        )
+        .map_err(un)?;
+        let nodes_sql = if since.is_some() {
+            "SELECT d.modid, d.cmdid, d.ip, d.port, d.weight FROM route_data d
+              WHERE d.modid BETWEEN ?1 AND ?2 AND d.cmdid BETWEEN ?3 AND ?4
+                AND EXISTS (SELECT 1 FROM route_change c
+                             WHERE c.modid = d.modid AND c.cmdid = d.cmdid AND c.version > ?5)"
+        } else {
+            "SELECT modid, cmdid, ip, port, weight FROM route_data
+              WHERE modid BETWEEN ?1 AND ?2 AND cmdid BETWEEN ?3 AND ?4 AND ?5 = ?5"
+        };
+        let nodes = query(
+            &tx,
+            nodes_sql,
+            params![m_lo, m_hi, c_lo, c_hi, since_v],
+            |v| RouteRow {
+                modid: v[0],
+                cmdid: v[1],
+                ip: v[2],
+                port: v[3],
+                weight: v[4],
+            },
+        )
+        .map_err(un)?;
+        tx.commit().map_err(un)?;
+        let version = version_of(&self.url, version)?;
+        let latest = self.bad.changes(changes);
+        let nodes = self.bad.routes(nodes);
+        let keep: Vec<ModuleId> = if since.is_some() {
+            latest.keys().copied().collect()
+        } else {
+            Vec::new()
+        };
+        Ok((version, assemble(version, &latest, nodes, keep)))
+    }
+
+    /// Bumps the route version and logs `module` as changed, in `tx`.
+    fn bump(tx: &Transaction<'_>, module: ModuleId) -> rusqlite::Result<u64> {
+        let v: i64 = tx.query_row(
+            "INSERT INTO route_version (id, version)
+                  VALUES (1, (SELECT COALESCE(MAX(version), 0) FROM route_change) + 1)
+             ON CONFLICT (id) DO UPDATE SET version = route_version.version + 1
+             RETURNING version",
+            [],
+            |r| r.get(0),
+        )?;
+        let (modid, cmdid) = (i64::from(module.modid), i64::from(module.cmdid));
+        tx.execute(
+            "INSERT INTO route_change (version, modid, cmdid) VALUES (?1, ?2, ?3)",
+            params![v, modid, cmdid],
+        )?;
+        tx.execute(
+            "DELETE FROM route_change WHERE modid = ?1 AND cmdid = ?2 AND version < ?3",
+            params![modid, cmdid, v],
+        )?;
+        Ok(v as u64)
+    }
+}
+
+fn is_busy(e: &rusqlite::Error) -> bool {
+    matches!(
+        e.sqlite_error_code(),
+        Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked)
+    )
+}
+
+/// Runs `sql` and maps every row's integer columns through `make`. A
+/// column that does not hold an integer (possible only around the STRICT
+/// tables) reads as `i64::MIN`, which every check refuses.
+fn query<T>(
+    tx: &Transaction<'_>,
+    sql: &str,
+    params: impl rusqlite::Params,
+    make: impl Fn(&[i64]) -> T,
+) -> rusqlite::Result<Vec<T>> {
+    let mut stmt = tx.prepare_cached(sql)?;
+    let n = stmt.column_count();
+    let mut rows = stmt.query(params)?;
+    let mut out = Vec::new();
+    let mut cols = vec![0i64; n];
+    while let Some(row) = rows.next()? {
+        for (i, c) in cols.iter_mut().enumerate() {
+            *c = int(row, i)?;
+        }
+        out.push(make(&cols));
+    }
+    Ok(out)
+}
+
+fn int(row: &Row<'_>, i: usize) -> rusqlite::Result<i64> {
+    Ok(match row.get::<_, Value>(i)? {
+        Value::Integer(v) => v,
+        _ => i64::MIN,
+    })
+}
+
+impl Store for SqliteStore {
+    fn backend(&self) -> &'static str {
+        "sqlite"
+    }
+
+    fn route_version(&mut self) -> Result<u64, StoreError> {
+        let v: Option<i64> = self
+            .conn
+            .query_row("SELECT version FROM route_version WHERE id = 1", [], |r| {
+                r.get(0)
+            })
+            .optional()
+            .map_err(|e| self.unavailable(e))?;
+        version_of(&self.url, v)
+    }
+
+    fn load_all(&mut self) -> Result<RouteSet, StoreError> {
+        let (version, modules) = self.read_routes(None, None)?;
+        Ok(RouteSet { version, modules })
+    }
+
+    fn changes_since(&mut self, version: u64) -> Result<Changes, StoreError> {
+        let (version, modules) = self.read_routes(None, Some(version))?;
+        Ok(Changes { version, modules })
+    }
+
+    fn add_node(&mut self, module: ModuleId, node: RouteNode) -> Result<u64, StoreError> {
+        let node = check_node(module, node)?;
+        let url = self.url.clone();
+        let un = |e: rusqlite::Error| StoreError::Unavailable {
+            url: url.clone(),
+            why: super::why(&e),
+        };
+        let tx = self.write_tx()?;
+        let inserted = tx
+            .execute(
+                "INSERT INTO route_data (modid, cmdid, ip, port, weight) VALUES (?1, ?2, ?3, ?4, ?5)
+                 ON CONFLICT (modid, cmdid, ip, port) DO NOTHING",
+                params![module.modid, module.cmdid, node.addr.ip, node.addr.port, node.weight],
+            )
+            .map_err(un)?;
+        if inserted == 0 {
+            return Err(StoreError::Duplicate {
+                module,
+                node: node.addr,
+            });
+        }
+        let v = Self::bump(&tx, module).map_err(un)?;
+        tx.commit().map_err(un)?;
+        Ok(v)
+    }
+
+    fn del_node(&mut self, module: ModuleId, node: NodeAddr) -> Result<u64, StoreError> {
+        let url = self.url.clone();
+        let un = |e: rusqlite::Error| StoreError::Unavailable {
+            url: url.clone(),
+            why: super::why(&e),
+        };
+        let tx = self.write_tx()?;
+        let deleted = tx
+            .execute(
+                "DELETE FROM route_data WHERE modid = ?1 AND cmdid = ?2 AND ip = ?3 AND port = ?4",
+                params![module.modid, module.cmdid, node.ip, node.port],
+            )
+            .map_err(un)?;
+        if deleted == 0 {
+            return Err(StoreError::NotFound { module, node });
+        }
+        let v = Self::bump(&tx, module).map_err(un)?;
+        tx.commit().map_err(un)?;
+        Ok(v)
+    }
+
+    fn list(&mut self, module: Option<ModuleId>) -> Result<Vec<ModuleRoute>, StoreError> {
+        Ok(self.read_routes(module, None)?.1)
+    }
+
+    fn upsert_status(&mut self, rows: &[CallStatus]) -> Result<(), StoreError> {
+        let rows = prepare_status(rows)?;
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let url = self.url.clone();
+        let un = |e: rusqlite::Error| StoreError::Unavailable {
+            url: url.clone(),
+            why: super::why(&e),
+        };
+        let tx = self.write_tx()?;
+        {
+            let mut stmt = tx
+                .prepare_cached(
+                    "INSERT INTO server_call_status
+                         (modid, cmdid, ip, port, caller, succ_cnt, err_cnt, ts, overload)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
+                     ON CONFLICT (modid, cmdid, ip, port, caller) DO UPDATE SET
+                         succ_cnt = excluded.succ_cnt, err_cnt = excluded.err_cnt,
+                         ts = excluded.ts, overload = excluded.overload",
+                )
+                .map_err(un)?;
+            for r in &rows {
+                stmt.execute(params![
+                    r.module.modid,
+                    r.module.cmdid,
+                    r.node.ip,
+                    r.node.port,
+                    r.caller,
+                    r.succ,
+                    r.err,
+                    r.ts as i64, // checked by prepare_status
+                    i64::from(r.overload),
+                ])
+                .map_err(un)?;
+            }
+        }
+        tx.commit().map_err(un)
+    }
+
+    fn call_status(&mut self, module: Option<ModuleId>) -> Result<Vec<CallStatus>, StoreError> {
+        let url = self.url.clone();
+        let un = |e: rusqlite::Error| StoreError::Unavailable {
+            url: url.clone(),
+            why: super::why(&e),
+        };
+        let (m_lo, m_hi, c_lo, c_hi) = match module {
+            Some(m) => (
+                i64::from(m.modid),
+                i64::from(m.modid),
+                i64::from(m.cmdid),
+                i64::from(m.cmdid),
+            ),
+            None => (i64::MIN, i64::MAX, i64::MIN, i64::MAX),
+        };
+        let tx = self.read_tx()?;
+        let rows = query(
+            &tx,
+            "SELECT modid, cmdid, ip, port, caller, succ_cnt, err_cnt, ts, overload
+               FROM server_call_status
+              WHERE modid BETWEEN ?1 AND ?2 AND cmdid BETWEEN ?3 AND ?4",
+            params![m_lo, m_hi, c_lo, c_hi],
+            |v| StatusRow {
+                modid: v[0],
+                cmdid: v[1],
+                ip: v[2],
+                port: v[3],
+                caller: v[4],
+                succ: v[5],
+                err: v[6],
+                ts: v[7],
+                overload: v[8],
+            },
+        )
+        .map_err(un)?;
+        tx.commit().map_err(un)?;
+        Ok(self.bad.statuses(rows))
+    }
+
+    fn bad_rows(&self) -> u64 {
+        self.bad.count()
+    }
+}

@@ -1,0 +1,1014 @@
+//! The client library end to end: against the real agent binary (routes
+//! from the test route source), against fake agents on loopback (a UDP
+//! socket and a heartbeat written with the agent's own writer) that answer
+//! what a test needs, and with no agent at all. Every wait is bounded.
+
+#[path = "support/routesrc.rs"]
+mod routesrc;
+
+use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use lbagent::agent::heartbeat::{AgentInfo, HeartbeatReader, HeartbeatWriter};
+use lbagent::agent::snapshot::{self, SnapshotRoute};
+use lbagent::client::{Client, ClientError, ClientOptions, HostSource};
+use lbagent::model::{ModuleId, NodeAddr, RouteNode};
+use lbagent::wire::{decode, CacheRoute, Encoder, Limits, Message, RetCode};
+use routesrc::RouteSource;
+
+const M: ModuleId = ModuleId::new(100, 1);
+const T: Duration = Duration::from_millis(500);
+
+fn node(i: u8) -> NodeAddr {
+    NodeAddr::new(Ipv4Addr::new(10, 1, 0, i), 9000)
+}
+
+fn nodes(n: u8) -> Vec<RouteNode> {
+    (1..=n)
+        .map(|i| RouteNode {
+            addr: node(i),
+            weight: 1,
+        })
+        .collect()
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+/// Waits until `f` returns Some, at most `limit`.
+fn wait_for<T>(limit: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
+    let t0 = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return Some(v);
+        }
+        if t0.elapsed() > limit {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+// === the real agent ===
+
+struct AgentProc {
+    child: Option<Child>,
+    dir: PathBuf,
+    config: PathBuf,
+}
+
+impl AgentProc {
+    fn start(dir: &Path, route_server: SocketAddr, shards: u32) -> AgentProc {
+        let config = dir.join("lbagent.toml");
+        let text = format!(
+            "[agent]\nbase_port = 0\nshards = {shards}\nroute_servers = [\"{route_server}\"]\n\
+             reporters = [\"127.0.0.1:1\"]\nheartbeat_path = \"{}\"\nsnapshot_path = \"{}\"\n\
+             snapshot_interval = 1\nmetrics_addr = \"127.0.0.1:0\"\n",
+            dir.join("heartbeat").display(),
+            dir.join("routes.snapshot").display()
+        );
+        std::fs::write(&config, text).unwrap();
+        let mut a = AgentProc {
+            child: None,
+            dir: dir.to_path_buf(),
+            config,
+        };
+        a.spawn();
+        a
+    }
+
+    /// Starts the binary and waits until it beats in the heartbeat file
+    /// (reused in place across restarts, as in production).
+    fn spawn(&mut self) {
+        let child = Command::new(env!("CARGO_BIN_EXE_lbagent"))
+            .args(["agent", "--config", self.config.to_str().unwrap()])
+            .stdout(Stdio::null())
+            .stderr(if std::env::var_os("LBAGENT_TEST_STDERR").is_some() {
+                Stdio::inherit()
+            } else {
+                Stdio::null()
+            })
+            .spawn()
+            .expect("start lbagent agent");
+        let pid = child.id();
+        self.child = Some(child);
+        wait_for(Duration::from_secs(10), || {
+            let h = HeartbeatReader::open(&self.heartbeat_path())
+                .ok()?
+                .read()
+                .ok()?;
+            (h.info.pid == pid && h.beat_unix_ms > 0).then_some(())
+        })
+        .expect("the agent beats within 10 s");
+    }
+
+    fn heartbeat_path(&self) -> PathBuf {
+        self.dir.join("heartbeat")
+    }
+
+    fn snapshot_path(&self) -> PathBuf {
+        self.dir.join("routes.snapshot")
+    }
+
+    /// Options that find this agent; the default static route file points
+    /// nowhere, so a static answer proves the header's path was used.
+    fn options(&self) -> ClientOptions {
+        ClientOptions {
+            heartbeat_path: self.heartbeat_path(),
+            snapshot_path: self.dir.join("not-the-snapshot"),
+            ..ClientOptions::default()
+        }
+    }
+
+    fn client(&self) -> Client {
+        Client::with_options(self.options()).unwrap()
+    }
+
+    fn signal(&self, sig: i32) {
+        let pid = self.child.as_ref().expect("running").id() as i32;
+        assert_eq!(unsafe { libc::kill(pid, sig) }, 0);
+    }
+
+    fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Waits until the snapshot file holds `module`.
+    fn wait_snapshot(&self, module: ModuleId) {
+        wait_for(Duration::from_secs(5), || {
+            snapshot::read(&self.snapshot_path())
+                .ok()?
+                .route(module)
+                .map(|_| ())
+        })
+        .expect("the snapshot holds the module within 5 s");
+    }
+}
+
+impl Drop for AgentProc {
+    fn drop(&mut self) {
+        if let Some(c) = &self.child {
+            // A stopped process must be resumed to die on SIGKILL promptly.
+            unsafe { libc::kill(c.id() as i32, libc::SIGCONT) };
+        }
+        self.kill9();
+    }
+}
+
+/// A route source with `M` on `n` nodes and an agent that has pulled it.
+fn agent_with_route(dir: &Path, n: u8, shards: u32) -> (RouteSource, AgentProc) {
+    let source = RouteSource::start();
+    source.set_route(M, &nodes(n));
+    let agent = AgentProc::start(dir, source.addr(), shards);
+    let version = agent
+        .client()
+        .register(M.modid, M.cmdid, Duration::from_secs(5))
+        .expect("the route arrives");
+    assert!(version > 0);
+    (source, agent)
+}
+
+/// The agent's view of one node: (rsucc, rerr, contin_succ, contin_err, vsucc, verr).
+fn counters(c: &mut Client, n: NodeAddr) -> (u32, u32, u32, u32, u32, u32) {
+    let view = c.get_route(M.modid, M.cmdid, T).unwrap();
+    let s = view
+        .nodes
+        .iter()
+        .find(|s| s.addr == n)
+        .expect("node in route");
+    (
+        s.rsucc,
+        s.rerr,
+        s.contin_succ,
+        s.contin_err,
+        s.vsucc,
+        s.verr,
+    )
+}
+
+#[test]
+fn get_host_round_trips_through_a_real_agent_on_the_owning_shard() {
+    let dir = tempfile::tempdir().unwrap();
+    let (source, agent) = agent_with_route(dir.path(), 3, 2);
+    let other = ModuleId::new(100, 2); // (100 + 2) % 2 = shard 0; M is shard 1
+    source.set_route(other, &nodes(1));
+    let mut c = agent.client();
+    c.register(other.modid, other.cmdid, Duration::from_secs(5))
+        .unwrap();
+    let hosts: Vec<NodeAddr> = (0..6)
+        .map(|_| {
+            let h = c.get_host(M.modid, M.cmdid, T).unwrap();
+            assert_eq!(h.source, HostSource::Agent);
+            h.addr
+        })
+        .collect();
+    for i in 0..3 {
+        assert_eq!(hosts[i], hosts[i + 3], "round robin: {hosts:?}");
+    }
+    let mut distinct = hosts[..3].to_vec();
+    distinct.sort();
+    assert_eq!(distinct, vec![node(1), node(2), node(3)]);
+    let h = c.get_host(other.modid, other.cmdid, T).unwrap();
+    assert_eq!(h.addr, node(1));
+
+    c.report(M.modid, M.cmdid, node(2), 0, 3).unwrap();
+    let view = c.get_route(M.modid, M.cmdid, T).unwrap();
+    assert_eq!(view.nodes.len(), 3);
+    let n2 = view.nodes.iter().find(|n| n.addr == node(2)).unwrap();
+    assert_eq!((n2.rsucc, n2.vsucc), (1, 181), "the report arrived first");
+    assert_eq!(
+        c.register(M.modid, M.cmdid, T).unwrap(),
+        view.version,
+        "register of a present module answers its version at once"
+    );
+    let info = c.agent().unwrap();
+    assert_eq!(info.shards, 2);
+}
+
+#[test]
+fn the_real_agent_answers_no_such_module_and_overloaded_as_typed_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_source, agent) = agent_with_route(dir.path(), 1, 1);
+    let mut c = agent.client();
+    let unknown = ModuleId::new(999, 9);
+    let e = c
+        .register(unknown.modid, unknown.cmdid, Duration::from_secs(3))
+        .unwrap_err();
+    assert_eq!(e, ClientError::NoSuchModule { module: unknown });
+    let e = c.get_host(unknown.modid, unknown.cmdid, T).unwrap_err();
+    assert_eq!(e, ClientError::NoSuchModule { module: unknown });
+    let e = c.get_route(unknown.modid, unknown.cmdid, T).unwrap_err();
+    assert_eq!(e.kind(), "no_such_module");
+
+    // contin_err_lim (15) failures make the only node overloaded; the next
+    // getHost is not a probe (every 10th is).
+    for _ in 0..15 {
+        c.report(M.modid, M.cmdid, node(1), -1, 0).unwrap();
+    }
+    let e = c.get_host(M.modid, M.cmdid, T).unwrap_err();
+    assert_eq!(e, ClientError::Overloaded { module: M });
+}
+
+/// One getHost of a [`Looper`]: when it returned, and what.
+type Answer = (Instant, Result<(NodeAddr, HostSource), ClientError>);
+
+/// A thread calling getHost in a loop with its own client, recording
+/// every answer with the time it came.
+struct Looper {
+    stop: Arc<AtomicBool>,
+    log: Arc<Mutex<Vec<Answer>>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Looper {
+    fn start(opts: ClientOptions, timeout: Duration) -> Looper {
+        let stop = Arc::new(AtomicBool::new(false));
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (s, l) = (stop.clone(), log.clone());
+        let thread = std::thread::spawn(move || {
+            let mut c = Client::with_options(opts).unwrap();
+            while !s.load(Ordering::SeqCst) {
+                let r = c
+                    .get_host(M.modid, M.cmdid, timeout)
+                    .map(|h| (h.addr, h.source));
+                l.lock().unwrap().push((Instant::now(), r));
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        });
+        Looper {
+            stop,
+            log,
+            thread: Some(thread),
+        }
+    }
+
+    /// Answers from `source` since `t`.
+    fn count_since(&self, t: Instant, source: HostSource) -> usize {
+        let log = self.log.lock().unwrap();
+        log.iter()
+            .filter(|(at, r)| *at >= t && matches!(r, Ok((_, s)) if *s == source))
+            .count()
+    }
+
+    fn wait(&self, limit: Duration, t: Instant, source: HostSource, n: usize) -> bool {
+        wait_for(limit, || (self.count_since(t, source) >= n).then_some(())).is_some()
+    }
+
+    fn finish(mut self) -> Vec<Answer> {
+        self.stop.store(true, Ordering::SeqCst);
+        self.thread.take().unwrap().join().unwrap();
+        std::mem::take(&mut *self.log.lock().unwrap())
+    }
+}
+
+fn assert_no_failure(log: &[Answer]) {
+    let failures: Vec<&ClientError> = log.iter().filter_map(|(_, r)| r.as_ref().err()).collect();
+    assert!(
+        failures.is_empty(),
+        "{} of {} calls failed, first: {}",
+        failures.len(),
+        log.len(),
+        failures[0]
+    );
+    let valid = nodes(3);
+    for (_, r) in log {
+        let (addr, _) = r.as_ref().unwrap();
+        assert!(valid.iter().any(|n| n.addr == *addr), "a wrong host {addr}");
+    }
+}
+
+#[test]
+fn killed_agent_static_answers_while_down_then_back_to_the_agent_without_a_failed_call() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_source, mut agent) = agent_with_route(dir.path(), 3, 1);
+    agent.wait_snapshot(M);
+    let looper = Looper::start(agent.options(), Duration::from_millis(300));
+    let t0 = Instant::now();
+    assert!(looper.wait(Duration::from_secs(3), t0, HostSource::Agent, 5));
+
+    agent.kill9();
+    let killed = Instant::now();
+    // The heartbeat ages past 2 s: answers keep coming, from the file.
+    let stale = killed + Duration::from_millis(2_300);
+    assert!(
+        looper.wait(Duration::from_secs(6), stale, HostSource::StaticRoutes, 10),
+        "static answers after the heartbeat went stale"
+    );
+    assert_eq!(
+        looper.count_since(killed + Duration::from_millis(500), HostSource::Agent),
+        0
+    );
+
+    // Restarted (on other ports: base_port 0), the agent is used again.
+    agent.spawn();
+    let restarted = Instant::now();
+    assert!(
+        looper.wait(Duration::from_secs(5), restarted, HostSource::Agent, 10),
+        "back to the agent once it beats"
+    );
+    let log = looper.finish();
+    assert_no_failure(&log);
+}
+
+#[test]
+fn a_stopped_agent_is_ridden_over_with_static_answers_until_it_beats_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_source, agent) = agent_with_route(dir.path(), 3, 1);
+    agent.wait_snapshot(M);
+    let looper = Looper::start(agent.options(), Duration::from_millis(100));
+    let t0 = Instant::now();
+    assert!(looper.wait(Duration::from_secs(3), t0, HostSource::Agent, 5));
+
+    // Stopped, its port still accepts datagrams but nothing answers; the
+    // heartbeat is fresh for 2 s more.
+    agent.signal(libc::SIGSTOP);
+    let stopped = Instant::now();
+    assert!(looper.wait(Duration::from_secs(2), stopped, HostSource::StaticRoutes, 5));
+    std::thread::sleep(Duration::from_millis(2_500));
+    agent.signal(libc::SIGCONT);
+    let resumed = Instant::now();
+    assert!(
+        looper.wait(Duration::from_secs(5), resumed, HostSource::Agent, 10),
+        "back to the agent once it beats"
+    );
+    let log = looper.finish();
+    assert_no_failure(&log);
+    let during: usize = log
+        .iter()
+        .filter(|(at, _)| *at > stopped + Duration::from_millis(150) && *at < resumed)
+        .filter(|(_, r)| matches!(r, Ok((_, HostSource::Agent))))
+        .count();
+    assert_eq!(during, 0, "no agent answer while it was stopped");
+}
+
+// === no agent: the static route file alone ===
+
+fn write_snapshot(path: &Path, module: ModuleId, n: u8) {
+    let route = SnapshotRoute {
+        module,
+        version: 3,
+        nodes: nodes(n),
+    };
+    snapshot::write(path, 1, &[route]).unwrap();
+}
+
+#[test]
+fn a_missing_truncated_or_corrupt_route_file_is_a_static_routes_error_never_a_host() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("routes.snapshot");
+    let opts = ClientOptions {
+        heartbeat_path: dir.path().join("no-heartbeat"),
+        snapshot_path: file.clone(),
+        ..ClientOptions::default()
+    };
+    let mut c = Client::with_options(opts.clone()).unwrap();
+    let static_err = |c: &mut Client| match c.get_host(M.modid, M.cmdid, T) {
+        Err(ClientError::StaticRoutes(why)) => why,
+        other => panic!("expected a static routes error, got {other:?}"),
+    };
+    let why = static_err(&mut c);
+    assert!(why.contains("does not exist"), "{why}");
+    assert!(
+        why.contains("no-heartbeat"),
+        "says why the agent is down: {why}"
+    );
+
+    write_snapshot(&file, M, 2);
+    for _ in 0..10 {
+        let h = c.get_host(M.modid, M.cmdid, T).unwrap();
+        assert_eq!(h.source, HostSource::StaticRoutes);
+        assert!(h.addr == node(1) || h.addr == node(2));
+    }
+    let why = match c.get_host(7, 7, T) {
+        Err(ClientError::StaticRoutes(why)) => why,
+        other => panic!("{other:?}"),
+    };
+    assert!(why.contains("no node of module [7, 7]"), "{why}");
+
+    let good = std::fs::read(&file).unwrap();
+    std::fs::write(&file, &good[..good.len() - 5]).unwrap();
+    assert!(static_err(&mut c).contains("truncated"));
+    std::fs::write(&file, &good[..10]).unwrap();
+    assert!(static_err(&mut c).contains("truncated"));
+    let mut corrupt = good.clone();
+    corrupt[40] ^= 0x01; // a node's address
+    corrupt.push(0); // and a size of its own, so the change is seen at once
+    std::fs::write(&file, &corrupt).unwrap();
+    let why = static_err(&mut c);
+    assert!(
+        why.contains("malformed") || why.contains("corrupt"),
+        "{why}"
+    );
+    std::fs::write(&file, b"").unwrap();
+    assert!(static_err(&mut c).contains("truncated"));
+
+    // Fixed: answers again. Without static fallback: agent down.
+    write_snapshot(&file, M, 1);
+    assert_eq!(c.get_host(M.modid, M.cmdid, T).unwrap().addr, node(1));
+    let mut strict = Client::with_options(ClientOptions {
+        static_fallback: false,
+        ..opts
+    })
+    .unwrap();
+    let e = strict.get_host(M.modid, M.cmdid, T).unwrap_err();
+    assert_eq!(e.kind(), "agent_down");
+    // register and getRoute have no static answer; report is dropped.
+    assert_eq!(
+        c.register(M.modid, M.cmdid, T).unwrap_err().kind(),
+        "agent_down"
+    );
+    assert_eq!(
+        c.get_route(M.modid, M.cmdid, T).unwrap_err().kind(),
+        "agent_down"
+    );
+    assert_eq!(c.report(M.modid, M.cmdid, node(1), 0, 1), Ok(()));
+}
+
+#[test]
+fn a_stale_heartbeat_names_the_route_file_to_use() {
+    let dir = tempfile::tempdir().unwrap();
+    let published = dir.path().join("published.snapshot");
+    write_snapshot(&published, M, 1);
+    let hb = dir.path().join("heartbeat");
+    let w = HeartbeatWriter::create(
+        &hb,
+        &AgentInfo {
+            shards: 1,
+            base_port: 1,
+            bind: Ipv4Addr::LOCALHOST,
+            pid: 1,
+            snapshot_path: published,
+        },
+    )
+    .unwrap();
+    w.beat(unix_ms() - 5_000);
+    let mut c = Client::with_options(ClientOptions {
+        heartbeat_path: hb,
+        snapshot_path: dir.path().join("default.snapshot"),
+        ..ClientOptions::default()
+    })
+    .unwrap();
+    let h = c.get_host(M.modid, M.cmdid, T).unwrap();
+    assert_eq!((h.addr, h.source), (node(1), HostSource::StaticRoutes));
+}
+
+// === fake agents ===
+
+/// A fake agent: one UDP socket as its only shard, a heartbeat beaten every
+/// 20 ms by the agent's own writer, and a script that answers each
+/// datagram with any datagrams it likes. Every datagram received is kept.
+struct FakeAgent {
+    dir: PathBuf,
+    stop: Arc<AtomicBool>,
+    beating: Arc<AtomicBool>,
+    received: Arc<Mutex<Vec<Vec<u8>>>>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+type Script = Box<dyn FnMut(&[u8]) -> Vec<Vec<u8>> + Send>;
+
+impl FakeAgent {
+    fn start(dir: &Path, mut script: Script) -> FakeAgent {
+        let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+        sock.set_read_timeout(Some(Duration::from_millis(20)))
+            .unwrap();
+        let port = sock.local_addr().unwrap().port();
+        let writer = HeartbeatWriter::create(
+            &dir.join("heartbeat"),
+            &AgentInfo {
+                shards: 1,
+                base_port: port,
+                bind: Ipv4Addr::LOCALHOST,
+                pid: std::process::id(),
+                snapshot_path: dir.join("routes.snapshot"),
+            },
+        )
+        .unwrap();
+        writer.beat(unix_ms());
+        let stop = Arc::new(AtomicBool::new(false));
+        let beating = Arc::new(AtomicBool::new(true));
+        let received = Arc::new(Mutex::new(Vec::new()));
+        let (s, b) = (stop.clone(), beating.clone());
+        let beat = std::thread::spawn(move || {
+            while !s.load(Ordering::SeqCst) {
+                if b.load(Ordering::SeqCst) {
+                    writer.beat(unix_ms());
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        });
+        let (s, r) = (stop.clone(), received.clone());
+        let serve = std::thread::spawn(move || {
+            let mut buf = vec![0u8; 65_536];
+            while !s.load(Ordering::SeqCst) {
+                let Ok((n, peer)) = sock.recv_from(&mut buf) else {
+                    continue;
+                };
+                r.lock().unwrap().push(buf[..n].to_vec());
+                for answer in script(&buf[..n]) {
+                    let _ = sock.send_to(&answer, peer);
+                }
+            }
+        });
+        FakeAgent {
+            dir: dir.to_path_buf(),
+            stop,
+            beating,
+            received,
+            threads: vec![beat, serve],
+        }
+    }
+
+    fn options(&self) -> ClientOptions {
+        ClientOptions {
+            heartbeat_path: self.dir.join("heartbeat"),
+            ..ClientOptions::default()
+        }
+    }
+
+    fn received(&self) -> Vec<Vec<u8>> {
+        self.received.lock().unwrap().clone()
+    }
+}
+
+impl Drop for FakeAgent {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// (kind, seq, module) of a request.
+fn request(bytes: &[u8]) -> (&'static str, u32, ModuleId) {
+    let msg = decode(bytes, &Limits::UDP).expect("the client sends valid datagrams");
+    let (seq, modid, cmdid) = match msg {
+        Message::GetHostReq(r) => (r.seq(), r.modid(), r.cmdid()),
+        Message::RegisterReq(r) => (r.seq(), r.modid(), r.cmdid()),
+        Message::GetRouteReq(r) => (r.seq(), r.modid(), r.cmdid()),
+        Message::CacheGetRouteReq(r) => (r.seq(), r.modid(), r.cmdid()),
+        Message::ReportReq(r) => (r.seq(), r.modid(), r.cmdid()),
+        Message::BatchReportReq(r) => (r.seq(), r.modid(), r.cmdid()),
+        other => panic!("unexpected {}", other.name()),
+    };
+    (msg.name(), seq, ModuleId::new(modid, cmdid))
+}
+
+// What the typed-errors fake agent does, switched between calls.
+const ANSWER_OK: u8 = 0;
+const NO_SUCH_MODULE: u8 = 1;
+const OVERLOADED: u8 = 2;
+const REJECTED: u8 = 3;
+const BAD_REQUEST: u8 = 4;
+const UNAVAILABLE: u8 = 5;
+const GARBAGE: u8 = 6;
+const OTHER_MODULE: u8 = 7;
+const SILENT: u8 = 8;
+const STALE_ONLY: u8 = 9;
+const STALE_THEN_OK: u8 = 10;
+const LOSE_TWO: u8 = 11;
+const WRONG_KIND: u8 = 12;
+
+fn typed_script(mode: Arc<AtomicU8>) -> Script {
+    let mut enc = Encoder::new();
+    let mut copies = 0u32;
+    Box::new(move |bytes| {
+        let (kind, seq, module) = request(bytes);
+        let ok_host = Some(node(7));
+        let answer = |enc: &mut Encoder, rc: RetCode, host: Option<NodeAddr>| match kind {
+            "GetHostReq" => enc.get_host_resp(seq, module, rc, host, None).to_vec(),
+            "RegisterReq" => enc.register_resp(seq, module, rc, 0).to_vec(),
+            "GetRouteReq" => enc.get_route_resp(seq, module, rc, 0, &[]).to_vec(),
+            other => panic!("unexpected {other}"),
+        };
+        match mode.load(Ordering::SeqCst) {
+            ANSWER_OK => vec![answer(&mut enc, RetCode::Ok, ok_host)],
+            NO_SUCH_MODULE => vec![answer(&mut enc, RetCode::NoSuchModule, None)],
+            OVERLOADED => vec![answer(&mut enc, RetCode::Overloaded, None)],
+            REJECTED => vec![answer(&mut enc, RetCode::Rejected, None)],
+            BAD_REQUEST => vec![enc
+                .error_resp(
+                    u64::from(seq),
+                    module,
+                    RetCode::BadRequest,
+                    "priority out of range",
+                )
+                .to_vec()],
+            UNAVAILABLE => vec![enc
+                .error_resp(u64::from(seq), module, RetCode::Unavailable, "draining")
+                .to_vec()],
+            GARBAGE => vec![b"this is not an lbagent message at all".to_vec()],
+            OTHER_MODULE => vec![enc
+                .get_host_resp(seq, ModuleId::new(1, 1), RetCode::Ok, ok_host, None)
+                .to_vec()],
+            SILENT => vec![],
+            STALE_ONLY => vec![enc
+                .get_host_resp(seq.wrapping_sub(1), module, RetCode::Ok, ok_host, None)
+                .to_vec()],
+            STALE_THEN_OK => vec![
+                enc.get_host_resp(seq.wrapping_sub(1), module, RetCode::Overloaded, None, None)
+                    .to_vec(),
+                enc.get_host_resp(seq, module, RetCode::Ok, ok_host, None)
+                    .to_vec(),
+            ],
+            LOSE_TWO => {
+                copies += 1;
+                if copies % 3 == 0 {
+                    vec![answer(&mut enc, RetCode::Ok, ok_host)]
+                } else {
+                    vec![]
+                }
+            }
+            WRONG_KIND => vec![enc.keep_alive(u64::from(seq)).to_vec()],
+            other => panic!("mode {other}"),
+        }
+    })
+}
+
+#[test]
+fn every_failure_is_its_own_typed_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let mode = Arc::new(AtomicU8::new(ANSWER_OK));
+    let fake = FakeAgent::start(dir.path(), typed_script(mode.clone()));
+    // No static route file exists: a timeout stays a timeout.
+    let mut c = Client::with_options(fake.options()).unwrap();
+    let mut get = |m: u8| {
+        mode.store(m, Ordering::SeqCst);
+        c.get_host(M.modid, M.cmdid, Duration::from_millis(200))
+    };
+    assert_eq!(get(ANSWER_OK).unwrap().addr, node(7));
+    assert_eq!(
+        get(NO_SUCH_MODULE),
+        Err(ClientError::NoSuchModule { module: M })
+    );
+    assert_eq!(get(OVERLOADED), Err(ClientError::Overloaded { module: M }));
+    assert_eq!(get(REJECTED), Err(ClientError::Rejected { module: M }));
+    let e = get(BAD_REQUEST).unwrap_err();
+    assert!(
+        matches!(&e, ClientError::BadRequest(m) if m.contains("priority out of range")),
+        "{e}"
+    );
+    assert_eq!(get(UNAVAILABLE).unwrap_err().kind(), "agent_down");
+    let e = get(GARBAGE).unwrap_err();
+    assert!(
+        matches!(&e, ClientError::BadResponse(m) if m.contains("undecodable")),
+        "{e}"
+    );
+    let e = get(OTHER_MODULE).unwrap_err();
+    assert!(
+        matches!(&e, ClientError::BadResponse(m) if m.contains("[1, 1]")),
+        "{e}"
+    );
+    let e = get(WRONG_KIND).unwrap_err();
+    assert!(
+        matches!(&e, ClientError::BadResponse(m) if m.contains("KeepAlive")),
+        "{e}"
+    );
+    let t0 = Instant::now();
+    let e = get(SILENT).unwrap_err();
+    assert!(
+        matches!(e, ClientError::Timeout { module: M, waited } if waited >= Duration::from_millis(200)),
+        "{e}"
+    );
+    assert!(t0.elapsed() < Duration::from_secs(1));
+    // A shard that timed out is not asked again until the heartbeat moves
+    // (every 20 ms here): the next call is answered again.
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(get(ANSWER_OK).unwrap().source, HostSource::Agent);
+    assert_eq!(
+        get(STALE_ONLY).unwrap_err().kind(),
+        "timeout",
+        "stale answers are discarded"
+    );
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(
+        get(STALE_THEN_OK).unwrap().addr,
+        node(7),
+        "the stale overload is skipped"
+    );
+    let t0 = Instant::now();
+    assert_eq!(get(LOSE_TWO).unwrap().addr, node(7), "re-sent twice");
+    assert!(
+        t0.elapsed() >= Duration::from_millis(100),
+        "two copies lost, 50 ms apart"
+    );
+
+    mode.store(NO_SUCH_MODULE, Ordering::SeqCst);
+    assert_eq!(
+        c.register(M.modid, M.cmdid, T).unwrap_err().kind(),
+        "no_such_module"
+    );
+    assert_eq!(
+        c.get_route(M.modid, M.cmdid, T).unwrap_err().kind(),
+        "no_such_module"
+    );
+
+    // Sequence numbers only grow (copies of one request share theirs).
+    let seqs: Vec<u32> = fake.received().iter().map(|d| request(d).1).collect();
+    assert!(seqs.windows(2).all(|w| w[1] >= w[0]), "{seqs:?}");
+}
+
+#[test]
+fn register_timeout_and_agent_down_are_typed() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut enc = Encoder::new();
+    let fake = FakeAgent::start(
+        dir.path(),
+        Box::new(move |bytes| {
+            let msg = decode(bytes, &Limits::UDP).unwrap();
+            match msg {
+                Message::RegisterReq(r) => {
+                    assert!(
+                        r.timeout_ms() >= 1 && r.timeout_ms() <= 300,
+                        "{}",
+                        r.timeout_ms()
+                    );
+                    let m = ModuleId::new(r.modid(), r.cmdid());
+                    vec![enc.register_resp(r.seq(), m, RetCode::Timeout, 0).to_vec()]
+                }
+                _ => vec![],
+            }
+        }),
+    );
+    let mut c = Client::with_options(fake.options()).unwrap();
+    let e = c
+        .register(M.modid, M.cmdid, Duration::from_millis(300))
+        .unwrap_err();
+    assert!(matches!(e, ClientError::Timeout { module: M, .. }), "{e}");
+
+    // The heartbeat stops: after 2 s the agent is down.
+    fake.beating.store(false, Ordering::SeqCst);
+    let mut strict = Client::with_options(ClientOptions {
+        static_fallback: false,
+        ..fake.options()
+    })
+    .unwrap();
+    let e = wait_for(Duration::from_secs(4), || {
+        strict
+            .get_host(M.modid, M.cmdid, T)
+            .err()
+            .filter(|e| e.kind() == "agent_down")
+    })
+    .expect("agent down once the heartbeat is 2 s old");
+    assert!(e.to_string().contains("ms ago"), "{e}");
+}
+
+#[test]
+fn a_closed_port_with_a_fresh_heartbeat_is_agent_down_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let closed = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let w = HeartbeatWriter::create(
+        &dir.path().join("heartbeat"),
+        &AgentInfo {
+            shards: 1,
+            base_port: port,
+            bind: Ipv4Addr::LOCALHOST,
+            pid: 1,
+            snapshot_path: dir.path().join("routes.snapshot"),
+        },
+    )
+    .unwrap();
+    w.beat(unix_ms());
+    let opts = ClientOptions {
+        heartbeat_path: dir.path().join("heartbeat"),
+        static_fallback: false,
+        ..ClientOptions::default()
+    };
+    let mut c = Client::with_options(opts.clone()).unwrap();
+    let t0 = Instant::now();
+    let e = c
+        .get_host(M.modid, M.cmdid, Duration::from_secs(3))
+        .unwrap_err();
+    assert!(
+        matches!(&e, ClientError::AgentDown(m) if m.contains("refused")),
+        "{e}"
+    );
+    assert!(t0.elapsed() < Duration::from_secs(1), "not a timeout");
+    assert_eq!(
+        c.get_route(M.modid, M.cmdid, T).unwrap_err().kind(),
+        "agent_down"
+    );
+
+    // With static fallback the file answers.
+    write_snapshot(&dir.path().join("routes.snapshot"), M, 1);
+    let mut c = Client::with_options(ClientOptions {
+        static_fallback: true,
+        ..opts
+    })
+    .unwrap();
+    let h = c
+        .get_host(M.modid, M.cmdid, Duration::from_secs(3))
+        .unwrap();
+    assert_eq!((h.addr, h.source), (node(1), HostSource::StaticRoutes));
+}
+
+// === the route cache ===
+
+#[test]
+fn the_cache_holds_successes_and_a_failure_sends_them_first_as_the_agent_sees() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_source, agent) = agent_with_route(dir.path(), 2, 1);
+    let mut view = agent.client();
+    let mut c = Client::with_options(ClientOptions {
+        cache: true,
+        ..agent.options()
+    })
+    .unwrap();
+    let hosts: Vec<NodeAddr> = (0..4)
+        .map(|_| {
+            let h = c.get_host(M.modid, M.cmdid, T).unwrap();
+            assert_eq!(h.source, HostSource::Cache);
+            h.addr
+        })
+        .collect();
+    assert_ne!(hosts[0], hosts[1], "round robin: {hosts:?}");
+    assert_eq!(hosts[0], hosts[2]);
+
+    for _ in 0..5 {
+        c.report(M.modid, M.cmdid, node(1), 0, 1).unwrap();
+    }
+    // Sent datagrams are in the agent's queue before the view's request:
+    // nothing arrived, the successes are held.
+    assert_eq!(counters(&mut view, node(1)), (0, 0, 0, 0, 180, 0));
+
+    c.report(M.modid, M.cmdid, node(1), -1, 0).unwrap();
+    // Five successes, then one failure: had the failure come first the
+    // node would show 5 consecutive successes and 0 consecutive errors.
+    let after = wait_for(Duration::from_secs(2), || {
+        let c = counters(&mut view, node(1));
+        (c.1 == 1).then_some(c)
+    })
+    .expect("the failure arrives at once");
+    assert_eq!(after, (5, 1, 0, 1, 185, 1));
+
+    // Held successes are flushed on drop.
+    for _ in 0..3 {
+        c.report(M.modid, M.cmdid, node(2), 0, 1).unwrap();
+    }
+    assert_eq!(counters(&mut view, node(2)).0, 0);
+    drop(c);
+    assert_eq!(counters(&mut view, node(2)).0, 3);
+}
+
+#[test]
+fn with_an_overloaded_node_the_cache_goes_through_the_agent() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_source, agent) = agent_with_route(dir.path(), 2, 1);
+    let mut c = Client::with_options(ClientOptions {
+        cache: true,
+        ..agent.options()
+    })
+    .unwrap();
+    assert_eq!(
+        c.get_host(M.modid, M.cmdid, T).unwrap().source,
+        HostSource::Cache
+    );
+    for _ in 0..15 {
+        c.report(M.modid, M.cmdid, node(1), -1, 0).unwrap();
+    }
+    let mut view = agent.client();
+    wait_for(Duration::from_secs(2), || {
+        let v = view.get_route(M.modid, M.cmdid, T).ok()?;
+        v.nodes.iter().any(|n| n.overloaded).then_some(())
+    })
+    .expect("node 1 overloaded");
+    // The failures made the cache refresh: it learns a node is overloaded.
+    for _ in 0..9 {
+        let h = c.get_host(M.modid, M.cmdid, T).unwrap();
+        assert_eq!(h.source, HostSource::Agent);
+        assert_eq!(h.addr, node(2), "the agent steers away from node 1");
+    }
+}
+
+#[test]
+fn the_cache_sends_exactly_a_batch_then_the_failure_and_refreshes_by_version() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut enc = Encoder::new();
+    let route = nodes(2);
+    let fake = FakeAgent::start(
+        dir.path(),
+        Box::new(move |bytes| match decode(bytes, &Limits::UDP).unwrap() {
+            Message::CacheGetRouteReq(r) => {
+                let unchanged = r.known_version() == 7;
+                let resp = CacheRoute {
+                    seq: r.seq(),
+                    module: ModuleId::new(r.modid(), r.cmdid()),
+                    retcode: RetCode::Ok,
+                    version: 7,
+                    unchanged,
+                    any_overloaded: false,
+                    nodes: if unchanged { &[] } else { &route },
+                };
+                vec![enc.cache_get_route_resp(&resp).to_vec()]
+            }
+            _ => vec![],
+        }),
+    );
+    let mut c = Client::with_options(ClientOptions {
+        cache: true,
+        ..fake.options()
+    })
+    .unwrap();
+    let first = c.get_host(M.modid, M.cmdid, T).unwrap();
+    assert_eq!(first.source, HostSource::Cache);
+    for n in [1, 1, 2] {
+        c.report(M.modid, M.cmdid, node(n), 0, 1).unwrap();
+    }
+    c.report(M.modid, M.cmdid, node(1), 5, 700).unwrap();
+    // The next getHost refreshes (a failure was reported), naming version 7.
+    let second = c.get_host(M.modid, M.cmdid, T).unwrap();
+    assert_eq!(second.source, HostSource::Cache);
+    assert_ne!(
+        first.addr, second.addr,
+        "round robin goes on over the route held"
+    );
+    c.report(M.modid, M.cmdid, node(2), 0, 1).unwrap();
+    drop(c);
+
+    let got = wait_for(Duration::from_secs(2), || {
+        let r = fake.received();
+        (r.len() >= 5).then_some(r)
+    })
+    .expect("five datagrams");
+    assert_eq!(got.len(), 5, "nothing else was sent");
+    let msgs: Vec<Message<'_>> = got
+        .iter()
+        .map(|d| decode(d, &Limits::UDP).unwrap())
+        .collect();
+    assert!(matches!(msgs[0], Message::CacheGetRouteReq(r) if r.known_version() == 0));
+    let Message::BatchReportReq(b) = msgs[1] else {
+        panic!("{} where the batch was expected", msgs[1].name())
+    };
+    let held: Vec<(NodeAddr, u32)> = b
+        .successes()
+        .unwrap()
+        .iter()
+        .map(|s| (NodeAddr::from(s.host()), s.count()))
+        .collect();
+    assert_eq!(held, vec![(node(1), 2), (node(2), 1)]);
+    let Message::ReportReq(f) = msgs[2] else {
+        panic!("{} where the failure was expected", msgs[2].name())
+    };
+    assert_eq!((f.retcode(), f.tcost_ms()), (5, 700));
+    assert_eq!(NodeAddr::from(f.host().unwrap()), node(1));
+    assert!(matches!(msgs[3], Message::CacheGetRouteReq(r) if r.known_version() == 7));
+    let Message::BatchReportReq(b) = msgs[4] else {
+        panic!("{} where the flush on drop was expected", msgs[4].name())
+    };
+    assert_eq!(b.successes().unwrap().len(), 1);
+}

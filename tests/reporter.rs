@@ -1,0 +1,757 @@
+//! The reporter end to end: real TCP on loopback ports the OS picks, agents
+//! played by the test with std sockets speaking the real protocol
+//! (StatsReport frames out, StatsAck / ErrorResp in), the store either
+//! SQLite in a temporary directory (through `store::open`) or an in-memory
+//! double whose failures and slowness the test controls. Every wait is
+//! bounded.
+
+use std::collections::BTreeMap;
+use std::io::{ErrorKind, Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use lbagent::config::ReporterConfig;
+use lbagent::model::{ModuleId, NodeAddr, RouteNode};
+use lbagent::reporter::{Log, OpenStore, Reporter};
+use lbagent::store::{
+    self, CallStatus, Changes, ModuleRoute, RouteSet, Store, StoreError, StoreUrl,
+};
+use lbagent::wire::{
+    decode, write_frame, Encoder, FrameDecoder, Limits, Message, ModuleStats, NodeStats, RetCode,
+};
+
+/// The longest any single wait may take.
+const WAIT: Duration = Duration::from_secs(10);
+
+fn config(writers: u32, batch_rows: u32, buffer_rows: u32) -> ReporterConfig {
+    ReporterConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        writers,
+        batch_rows,
+        buffer_rows,
+        retry_max_ms: 50,
+        metrics_addr: "127.0.0.1:0".parse().unwrap(),
+    }
+}
+
+/// Polls `cond` every 5 ms until it holds; panics with `what` after [`WAIT`].
+fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + WAIT;
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        thread::sleep(Duration::from_millis(5));
+    }
+}
+
+// === the agent's side ===
+
+/// A report's content: modules and their nodes.
+type Content = Vec<(ModuleId, Vec<NodeStats>)>;
+
+/// `count` nodes of `module`, ports `first_port..`, with recognisable counts.
+fn nodes(first_port: u16, count: u16) -> Vec<NodeStats> {
+    (0..count)
+        .map(|k| NodeStats {
+            addr: NodeAddr::new(Ipv4Addr::new(10, 0, 0, 1), first_port + k),
+            succ: u32::from(first_port + k),
+            err: u32::from(k % 3),
+            overloaded: k % 5 == 0,
+        })
+        .collect()
+}
+
+/// One StatsReport frame.
+fn frame(seq: u64, caller: u32, time_s: u64, content: &Content) -> Vec<u8> {
+    let modules: Vec<ModuleStats<'_>> = content
+        .iter()
+        .map(|(module, nodes)| ModuleStats {
+            module: *module,
+            nodes,
+        })
+        .collect();
+    let mut out = Vec::new();
+    let mut enc = Encoder::new();
+    write_frame(&mut out, enc.stats_report(seq, caller, time_s, &modules)).unwrap();
+    out
+}
+
+/// The rows the store should hold for `content` reported by `caller` at
+/// `time_s`, keyed as the store keys them.
+fn rows_of(caller: u32, time_s: u64, content: &Content) -> Vec<CallStatus> {
+    let mut rows = BTreeMap::new();
+    for (module, nodes) in content {
+        for n in nodes {
+            let row = CallStatus {
+                module: *module,
+                node: n.addr,
+                caller,
+                succ: n.succ,
+                err: n.err,
+                ts: time_s,
+                overload: n.overloaded,
+            };
+            rows.insert((row.module, row.node, row.caller), row);
+        }
+    }
+    rows.into_values().collect()
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Answer {
+    Ack(u64),
+    Error(u64, RetCode, String),
+}
+
+/// An agent's connection to the reporter.
+struct Agent {
+    stream: TcpStream,
+    frames: FrameDecoder,
+}
+
+impl Agent {
+    fn connect(addr: SocketAddr) -> Self {
+        let stream = TcpStream::connect(addr).expect("connect to the reporter");
+        stream.set_read_timeout(Some(WAIT)).unwrap();
+        stream.set_nodelay(true).unwrap();
+        Agent {
+            stream,
+            frames: FrameDecoder::default(),
+        }
+    }
+
+    fn send(&mut self, bytes: &[u8]) {
+        self.stream.write_all(bytes).expect("write to the reporter");
+    }
+
+    /// The next `n` answers, in order.
+    fn answers(&mut self, n: usize) -> Vec<Answer> {
+        let mut out = Vec::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            while let Some(f) = self.frames.next_frame().expect("well-framed answers") {
+                out.push(
+                    match decode(f, &Limits::TCP_FRAME).expect("a decodable answer") {
+                        Message::StatsAck(a) => Answer::Ack(a.seq()),
+                        Message::ErrorResp(e) => Answer::Error(
+                            e.seq(),
+                            e.retcode(),
+                            e.message().unwrap_or_default().to_string(),
+                        ),
+                        other => panic!("unexpected answer {}", other.name()),
+                    },
+                );
+            }
+            if out.len() >= n {
+                return out;
+            }
+            match self.stream.read(&mut buf) {
+                Ok(0) => panic!("the reporter closed the connection after {out:?}"),
+                Ok(k) => self.frames.feed(&buf[..k]),
+                Err(e) => panic!("no answer after {out:?}: {e}"),
+            }
+        }
+    }
+
+    /// Whether the reporter closed the connection (reads end) within [`WAIT`].
+    fn closed_by_peer(&mut self) -> bool {
+        let mut buf = [0u8; 64];
+        loop {
+            match self.stream.read(&mut buf) {
+                Ok(0) => return true,
+                Ok(_) => continue,
+                Err(e) if e.kind() == ErrorKind::ConnectionReset => return true,
+                Err(_) => return false,
+            }
+        }
+    }
+}
+
+fn acks(range: std::ops::RangeInclusive<u64>) -> Vec<Answer> {
+    range.map(Answer::Ack).collect()
+}
+
+// === metrics ===
+
+/// `GET path` on the metrics endpoint: (status line, body).
+fn http_get(addr: SocketAddr, path: &str) -> (String, String) {
+    let mut s = TcpStream::connect(addr).expect("connect to the metrics endpoint");
+    s.set_read_timeout(Some(WAIT)).unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text)
+        .expect("read the metrics answer");
+    let (head, body) = text.split_once("\r\n\r\n").expect("an HTTP answer");
+    (head.lines().next().unwrap().to_string(), body.to_string())
+}
+
+/// The value of `lbagent_reporter_{name}` as `GET /metrics` says it now.
+fn metric(r: &Reporter, name: &str) -> u64 {
+    let (status, body) = http_get(r.metrics_addr(), "/metrics");
+    assert_eq!(status, "HTTP/1.1 200 OK");
+    let full = format!("lbagent_reporter_{name} ");
+    body.lines()
+        .find_map(|l| l.strip_prefix(&full))
+        .unwrap_or_else(|| panic!("no {full} in\n{body}"))
+        .parse()
+        .unwrap()
+}
+
+// === the log ===
+
+/// A log that keeps its lines.
+#[derive(Clone, Default)]
+struct Lines(Arc<Mutex<Vec<String>>>);
+
+impl Lines {
+    fn log(&self) -> Log {
+        let lines = self.0.clone();
+        Log::new(move |line| {
+            eprintln!("reporter: {line}");
+            lines.lock().unwrap().push(line.to_string());
+        })
+    }
+
+    fn all(&self) -> Vec<String> {
+        self.0.lock().unwrap().clone()
+    }
+
+    fn containing(&self, needle: &str) -> Vec<String> {
+        self.all()
+            .into_iter()
+            .filter(|l| l.contains(needle))
+            .collect()
+    }
+
+    /// The sum of N over every "dropped the N oldest rows" line.
+    fn dropped(&self) -> u64 {
+        self.all()
+            .iter()
+            .filter_map(|l| {
+                l.split_once("dropped the ")?
+                    .1
+                    .split_once(' ')?
+                    .0
+                    .parse::<u64>()
+                    .ok()
+            })
+            .sum()
+    }
+}
+
+// === an in-memory store whose failures the test controls ===
+
+#[derive(Default)]
+struct MemState {
+    rows: BTreeMap<(ModuleId, NodeAddr, u32), CallStatus>,
+    /// Every write and connection attempt fails while set.
+    down: bool,
+    /// Each write takes this long.
+    delay: Duration,
+    transactions: Vec<usize>,
+    opens: u64,
+}
+
+#[derive(Clone, Default)]
+struct MemDb(Arc<Mutex<MemState>>);
+
+impl MemDb {
+    fn state(&self) -> MutexGuard<'_, MemState> {
+        self.0.lock().unwrap()
+    }
+
+    fn opener(&self) -> OpenStore {
+        let db = self.clone();
+        Arc::new(move || {
+            let mut st = db.state();
+            st.opens += 1;
+            if st.down {
+                return Err(unavailable("connection refused"));
+            }
+            Ok(Box::new(MemConn(db.clone())) as Box<dyn Store>)
+        })
+    }
+
+    fn rows(&self) -> Vec<CallStatus> {
+        self.state().rows.values().copied().collect()
+    }
+}
+
+fn unavailable(why: &str) -> StoreError {
+    StoreError::Unavailable {
+        url: "mem:test".into(),
+        why: why.into(),
+    }
+}
+
+struct MemConn(MemDb);
+
+impl Store for MemConn {
+    fn backend(&self) -> &'static str {
+        "memory"
+    }
+    fn route_version(&mut self) -> Result<u64, StoreError> {
+        Ok(0)
+    }
+    fn load_all(&mut self) -> Result<RouteSet, StoreError> {
+        Ok(RouteSet::default())
+    }
+    fn changes_since(&mut self, _: u64) -> Result<Changes, StoreError> {
+        Ok(Changes::default())
+    }
+    fn add_node(&mut self, _: ModuleId, _: RouteNode) -> Result<u64, StoreError> {
+        Err(StoreError::BadInput(
+            "the test store keeps no routes".into(),
+        ))
+    }
+    fn del_node(&mut self, _: ModuleId, _: NodeAddr) -> Result<u64, StoreError> {
+        Err(StoreError::BadInput(
+            "the test store keeps no routes".into(),
+        ))
+    }
+    fn list(&mut self, _: Option<ModuleId>) -> Result<Vec<ModuleRoute>, StoreError> {
+        Ok(Vec::new())
+    }
+    fn upsert_status(&mut self, rows: &[CallStatus]) -> Result<(), StoreError> {
+        let delay = self.0.state().delay;
+        thread::sleep(delay);
+        let mut st = self.0.state();
+        if st.down {
+            return Err(unavailable("server closed the connection unexpectedly"));
+        }
+        for r in rows {
+            st.rows.insert((r.module, r.node, r.caller), *r);
+        }
+        st.transactions.push(rows.len());
+        Ok(())
+    }
+    fn call_status(&mut self, _: Option<ModuleId>) -> Result<Vec<CallStatus>, StoreError> {
+        Ok(self.0.rows())
+    }
+}
+
+fn sqlite_url(dir: &tempfile::TempDir) -> StoreUrl {
+    StoreUrl::Sqlite(dir.path().join("lbagent.db"))
+}
+
+fn sqlite_rows(url: &StoreUrl) -> Vec<CallStatus> {
+    store::open(url)
+        .expect("open the store")
+        .call_status(None)
+        .expect("read call status")
+}
+
+// === the tests ===
+
+#[test]
+fn statistics_sent_by_an_agent_appear_in_the_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = sqlite_url(&dir);
+    let r = Reporter::start(&config(3, 100, 10_000), url.clone()).expect("start");
+    let mut agent = Agent::connect(r.addr());
+    let reports: Vec<Content> = (0..3u32)
+        .map(|k| {
+            vec![
+                (ModuleId::new(100 + k, 1), nodes(9000, 4)),
+                (ModuleId::new(200 + k, 2), nodes(8000, 2)),
+            ]
+        })
+        .collect();
+    // Three reports pipelined in one write.
+    let mut bytes = Vec::new();
+    for (k, content) in reports.iter().enumerate() {
+        bytes.extend(frame(k as u64 + 1, 0x0a00_0063, 1_700_000_000, content));
+    }
+    agent.send(&bytes);
+    assert_eq!(agent.answers(3), acks(1..=3));
+    let mut want: Vec<CallStatus> = reports
+        .iter()
+        .flat_map(|c| rows_of(0x0a00_0063, 1_700_000_000, c))
+        .collect();
+    want.sort_by_key(|r| (r.module, r.node, r.caller));
+    wait_for("18 rows in the store", || {
+        sqlite_rows(&url).len() == want.len()
+    });
+    assert_eq!(sqlite_rows(&url), want);
+    assert_eq!(metric(&r, "reports_total"), 3);
+    assert_eq!(metric(&r, "rows_accepted_total"), 18);
+    wait_for("rows_written_total 18", || {
+        metric(&r, "rows_written_total") == 18
+    });
+    assert_eq!(metric(&r, "rows_buffered"), 0);
+    assert_eq!(metric(&r, "rows_dropped_total"), 0);
+    assert_eq!(metric(&r, "connections"), 1);
+    assert_eq!(metric(&r, "store_up"), 1);
+
+    // A newer report of the same nodes replaces their rows.
+    let newer = vec![(
+        ModuleId::new(100, 1),
+        vec![NodeStats {
+            succ: 1,
+            err: 99,
+            overloaded: true,
+            ..nodes(9000, 1)[0]
+        }],
+    )];
+    agent.send(&frame(4, 0x0a00_0063, 1_700_000_015, &newer));
+    assert_eq!(agent.answers(1), acks(4..=4));
+    wait_for("the newer row", || {
+        sqlite_rows(&url)
+            .iter()
+            .any(|row| row.err == 99 && row.ts == 1_700_000_015)
+    });
+    assert_eq!(sqlite_rows(&url).len(), 18);
+    r.stop().expect("a clean stop");
+}
+
+#[test]
+fn frames_split_across_writes_are_reassembled_and_acked_in_order() {
+    let db = MemDb::default();
+    let r = Reporter::start_with(&config(2, 50, 10_000), db.opener(), Log::stderr()).unwrap();
+    let mut agent = Agent::connect(r.addr());
+    let mut stream = Vec::new();
+    let mut want = Vec::new();
+    for seq in 1..=20u64 {
+        let content = vec![(ModuleId::new(seq as u32, 7), nodes(1000, 5))];
+        want.extend(rows_of(0x7f00_0001, 1000 + seq, &content));
+        stream.extend(frame(seq, 0x7f00_0001, 1000 + seq, &content));
+    }
+    // Chunks of 1..=97 bytes: prefixes and payloads cut everywhere.
+    let mut at = 0;
+    let mut rng = fastrand::Rng::with_seed(4);
+    while at < stream.len() {
+        let end = (at + rng.usize(1..=97)).min(stream.len());
+        agent.send(&stream[at..end]);
+        at = end;
+        if rng.u8(..) < 40 {
+            thread::sleep(Duration::from_millis(1));
+        }
+    }
+    assert_eq!(agent.answers(20), acks(1..=20));
+    want.sort_by_key(|r| (r.module, r.node, r.caller));
+    wait_for("100 rows", || db.rows().len() == 100);
+    assert_eq!(db.rows(), want);
+    assert!(
+        db.state().transactions.iter().all(|&n| n <= 50),
+        "batches of at most batch_rows"
+    );
+    r.stop().unwrap();
+}
+
+#[test]
+fn garbage_closes_only_that_connection() {
+    let db = MemDb::default();
+    let lines = Lines::default();
+    let r = Reporter::start_with(&config(1, 100, 1000), db.opener(), lines.log()).unwrap();
+    let mut good = Agent::connect(r.addr());
+    let mut bad = Agent::connect(r.addr());
+    let content = vec![(ModuleId::new(1, 1), nodes(80, 2))];
+    good.send(&frame(1, 5, 10, &content));
+    assert_eq!(good.answers(1), acks(1..=1));
+    // A good report then a frame that is no lbagent message.
+    let mut bytes = frame(1, 6, 10, &content);
+    write_frame(&mut bytes, b"GET / HTTP/1.1\r\nHost: reporter\r\n\r\n").unwrap();
+    bad.send(&bytes);
+    assert_eq!(
+        bad.answers(1),
+        acks(1..=1),
+        "the report before the garbage counts"
+    );
+    assert!(
+        bad.closed_by_peer(),
+        "the reporter closes the bad connection"
+    );
+    good.send(&frame(2, 5, 11, &content));
+    assert_eq!(good.answers(1), acks(2..=2), "the other connection goes on");
+    assert_eq!(metric(&r, "bad_frames_total"), 1);
+    wait_for("one open connection", || metric(&r, "connections") == 1);
+    assert_eq!(metric(&r, "connections_total"), 2);
+    assert_eq!(
+        lines
+            .containing("closed the connection from 127.0.0.1:")
+            .len(),
+        1
+    );
+    // A frame length of 0 closes too.
+    let mut zero = Agent::connect(r.addr());
+    zero.send(&[0, 0, 0, 0]);
+    assert!(zero.closed_by_peer());
+    wait_for("bad_frames_total 2", || metric(&r, "bad_frames_total") == 2);
+    wait_for("4 rows", || db.rows().len() == 4);
+    r.stop().unwrap();
+}
+
+#[test]
+fn a_report_the_store_cannot_hold_is_refused_and_the_connection_goes_on() {
+    let db = MemDb::default();
+    let lines = Lines::default();
+    let r = Reporter::start_with(&config(1, 100, 1000), db.opener(), lines.log()).unwrap();
+    let mut agent = Agent::connect(r.addr());
+    let mut bad_nodes = nodes(80, 2);
+    bad_nodes[1].addr.port = 0;
+    agent.send(&frame(1, 5, 10, &vec![(ModuleId::new(3, 4), bad_nodes)]));
+    agent.send(&frame(2, 5, 10, &vec![(ModuleId::new(3, 4), nodes(80, 2))]));
+    let answers = agent.answers(2);
+    let Answer::Error(1, RetCode::BadRequest, message) = &answers[0] else {
+        panic!("not refused: {answers:?}");
+    };
+    assert!(message.contains("10.0.0.1:0 has port 0"), "{message}");
+    assert_eq!(answers[1], Answer::Ack(2));
+    wait_for("2 rows", || db.rows().len() == 2);
+    assert_eq!(metric(&r, "reports_refused_total"), 1);
+    assert_eq!(metric(&r, "reports_total"), 1);
+    assert_eq!(
+        lines.containing("refused a report from 127.0.0.1:").len(),
+        1
+    );
+    r.stop().unwrap();
+}
+
+#[test]
+fn many_agents_at_once_are_all_served() {
+    let db = MemDb::default();
+    let r = Reporter::start_with(&config(3, 64, 100_000), db.opener(), Log::stderr()).unwrap();
+    let addr = r.addr();
+    let agents: Vec<_> = (0..40u32)
+        .map(|a| {
+            thread::spawn(move || {
+                let mut agent = Agent::connect(addr);
+                for seq in 1..=10u64 {
+                    let content = vec![(ModuleId::new(a, seq as u32), nodes(7000, 3))];
+                    agent.send(&frame(seq, 0x0a01_0000 + a, 50, &content));
+                }
+                agent.answers(10)
+            })
+        })
+        .collect();
+    for a in agents {
+        assert_eq!(a.join().unwrap(), acks(1..=10));
+    }
+    wait_for("1200 rows", || db.rows().len() == 40 * 10 * 3);
+    assert_eq!(metric(&r, "connections_total"), 40);
+    assert_eq!(metric(&r, "rows_written_total"), 1200);
+    r.stop().unwrap();
+}
+
+/// The scenario: the database stops (another connection holds
+/// SQLite's write lock, so every write waits and cannot commit), agents
+/// keep reporting and get their acks, the reporter holds `buffer_rows`
+/// rows and drops exactly the excess, oldest first, says so in its
+/// metrics and its log; once the database is back, the rows it held are
+/// written.
+#[test]
+fn with_the_database_stopped_the_reporter_keeps_accepting_and_says_what_it_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = sqlite_url(&dir);
+    let lines = Lines::default();
+    let open: OpenStore = {
+        let url = url.clone();
+        Arc::new(move || store::open(&url))
+    };
+    let r = Reporter::start_with(&config(2, 10, 100), open, lines.log()).unwrap();
+    wait_for("both writers connected", || metric(&r, "writers_up") == 2);
+
+    let lock = rusqlite::Connection::open(dir.path().join("lbagent.db")).unwrap();
+    lock.execute_batch("BEGIN EXCLUSIVE")
+        .expect("take the write lock");
+
+    let mut agent = Agent::connect(r.addr());
+    let mut last = Vec::new();
+    for seq in 1..=25u64 {
+        // 10 distinct nodes per report, 250 distinct rows in all.
+        let content = vec![(ModuleId::new(seq as u32, 1), nodes(2000, 10))];
+        agent.send(&frame(seq, 0x0a00_0002, 100 + seq, &content));
+        assert_eq!(agent.answers(1), acks(seq..=seq), "acks keep coming");
+        last = rows_of(0x0a00_0002, 100 + seq, &content);
+    }
+    assert_eq!(metric(&r, "rows_accepted_total"), 250);
+    assert_eq!(metric(&r, "rows_buffered"), 100);
+    assert_eq!(metric(&r, "rows_dropped_total"), 150, "exactly the excess");
+    assert_eq!(metric(&r, "rows_written_total"), 0);
+    let first = lines.containing("dropped the ");
+    assert!(
+        !first.is_empty(),
+        "the first drop is logged at once: {:?}",
+        lines.all()
+    );
+    assert!(first[0].contains("buffer full (100 rows"), "{}", first[0]);
+    assert!(
+        first[0].contains(" since 20"),
+        "says since when: {}",
+        first[0]
+    );
+
+    // The database is back: what the bound held is written.
+    lock.execute_batch("ROLLBACK").unwrap();
+    wait_for("100 rows in the store", || sqlite_rows(&url).len() == 100);
+    let stored = sqlite_rows(&url);
+    for row in &last {
+        assert!(stored.contains(row), "the newest rows are kept: {row:?}");
+    }
+    wait_for("rows_written_total 100", || {
+        metric(&r, "rows_written_total") == 100
+    });
+    assert_eq!(metric(&r, "rows_buffered"), 0);
+    assert_eq!(metric(&r, "rows_dropped_total"), 150);
+    r.stop().expect("nothing left to write");
+    assert_eq!(
+        lines.dropped(),
+        150,
+        "the log accounts for every row dropped: {:?}",
+        lines.all()
+    );
+}
+
+#[test]
+fn a_failing_store_keeps_the_rows_retries_and_says_when_it_is_back() {
+    let db = MemDb::default();
+    let lines = Lines::default();
+    let r = Reporter::start_with(&config(1, 100, 1000), db.opener(), lines.log()).unwrap();
+    wait_for("the writer connected", || metric(&r, "store_up") == 1);
+    db.state().down = true;
+    let mut agent = Agent::connect(r.addr());
+    let content = vec![(ModuleId::new(9, 9), nodes(500, 8))];
+    agent.send(&frame(1, 3, 77, &content));
+    assert_eq!(agent.answers(1), acks(1..=1));
+    wait_for("several failed attempts", || {
+        metric(&r, "write_failures_total") >= 3
+    });
+    assert_eq!(metric(&r, "store_up"), 0);
+    assert_eq!(metric(&r, "rows_buffered"), 8, "the rows are kept");
+    assert_eq!(metric(&r, "rows_dropped_total"), 0);
+    let down = lines.containing("writer 0: store mem:test unavailable");
+    assert_eq!(
+        down.len(),
+        1,
+        "one line per outage, not per attempt: {:?}",
+        lines.all()
+    );
+    assert!(
+        down[0].contains("retried with back-off up to 50 ms"),
+        "{}",
+        down[0]
+    );
+
+    db.state().down = false;
+    wait_for("the rows written", || db.rows().len() == 8);
+    assert_eq!(db.rows(), rows_of(3, 77, &content));
+    wait_for("store_up 1", || metric(&r, "store_up") == 1);
+    assert_eq!(lines.containing("writer 0: store back after").len(), 1);
+    r.stop().unwrap();
+}
+
+#[test]
+fn an_unavailable_store_at_start_does_not_stop_the_reporter() {
+    let db = MemDb::default();
+    db.state().down = true;
+    let lines = Lines::default();
+    let r = Reporter::start_with(&config(2, 100, 1000), db.opener(), lines.log()).unwrap();
+    assert!(
+        !lines.containing("starting anyway").is_empty(),
+        "{:?}",
+        lines.all()
+    );
+    let mut agent = Agent::connect(r.addr());
+    let content = vec![(ModuleId::new(1, 2), nodes(80, 3))];
+    agent.send(&frame(1, 3, 5, &content));
+    assert_eq!(agent.answers(1), acks(1..=1));
+    assert_eq!(metric(&r, "store_up"), 0);
+    db.state().down = false;
+    wait_for("the rows written", || db.rows().len() == 3);
+    wait_for("store_up 1", || metric(&r, "store_up") == 1);
+    r.stop().unwrap();
+}
+
+#[test]
+fn stop_writes_what_is_buffered() {
+    let db = MemDb::default();
+    db.state().delay = Duration::from_millis(100);
+    let r = Reporter::start_with(&config(2, 10, 10_000), db.opener(), Log::stderr()).unwrap();
+    let mut agent = Agent::connect(r.addr());
+    let mut bytes = Vec::new();
+    for seq in 1..=30u64 {
+        bytes.extend(frame(
+            seq,
+            1,
+            1,
+            &vec![(ModuleId::new(seq as u32, 0), nodes(80, 10))],
+        ));
+    }
+    agent.send(&bytes);
+    assert_eq!(agent.answers(30), acks(1..=30));
+    assert!(
+        metric(&r, "rows_buffered") > 0,
+        "a slow store leaves rows buffered"
+    );
+    r.stop().expect("every row written within the flush bound");
+    assert_eq!(db.rows().len(), 300);
+}
+
+#[test]
+fn stop_says_what_it_could_not_write() {
+    let db = MemDb::default();
+    let lines = Lines::default();
+    let r = Reporter::start_with(&config(1, 100, 1000), db.opener(), lines.log()).unwrap();
+    db.state().down = true;
+    let mut agent = Agent::connect(r.addr());
+    agent.send(&frame(1, 1, 1, &vec![(ModuleId::new(1, 1), nodes(80, 6))]));
+    assert_eq!(agent.answers(1), acks(1..=1));
+    let started = Instant::now();
+    let err = r
+        .stop_within(Duration::from_millis(300))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "the stop is bounded"
+    );
+    assert!(err.contains("stopped with 6 rows not written"), "{err}");
+    assert!(
+        err.contains("unavailable"),
+        "names the store's error: {err}"
+    );
+    assert_eq!(lines.containing("stopped with 6 rows not written").len(), 1);
+    assert!(agent.closed_by_peer(), "connections are closed at the stop");
+}
+
+#[test]
+fn the_metrics_endpoint_answers_only_get_metrics() {
+    let db = MemDb::default();
+    let r = Reporter::start_with(&config(1, 10, 10), db.opener(), Log::stderr()).unwrap();
+    let (status, body) = http_get(r.metrics_addr(), "/metrics");
+    assert_eq!(status, "HTTP/1.1 200 OK");
+    assert!(
+        body.contains("# TYPE lbagent_reporter_rows_dropped_total counter"),
+        "{body}"
+    );
+    assert_eq!(metric(&r, "buffer_rows_max"), 10);
+    assert_eq!(metric(&r, "writers"), 1);
+    let (status, _) = http_get(r.metrics_addr(), "/");
+    assert_eq!(status, "HTTP/1.1 404 Not Found");
+    assert_ne!(r.addr().port(), 0);
+    assert_ne!(r.metrics_addr().port(), 0);
+    r.stop().unwrap();
+}
+
+#[test]
+fn a_bad_configuration_or_a_busy_address_fails_the_start_clearly() {
+    let db = MemDb::default();
+    let err = Reporter::start_with(&config(1, 100, 10), db.opener(), Log::stderr()).unwrap_err();
+    assert!(
+        format!("{err:#}").contains("reporter.buffer_rows"),
+        "{err:#}"
+    );
+    let err = Reporter::start_with(&config(0, 100, 1000), db.opener(), Log::stderr()).unwrap_err();
+    assert!(format!("{err:#}").contains("reporter.writers"), "{err:#}");
+
+    let busy = TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut cfg = config(1, 10, 10);
+    cfg.listen = busy.local_addr().unwrap();
+    let err = Reporter::start_with(&cfg, db.opener(), Log::stderr()).unwrap_err();
+    assert!(format!("{err:#}").contains("reporter.listen"), "{err:#}");
+
+    let bad_store: OpenStore = Arc::new(|| Err(StoreError::BadUrl("`x` is not a store".into())));
+    let err = Reporter::start_with(&config(1, 10, 10), bad_store, Log::stderr()).unwrap_err();
+    assert!(format!("{err:#}").contains("`x` is not a store"), "{err:#}");
+}

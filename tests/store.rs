@@ -1,0 +1,761 @@
+//! One suite against both store backends.
+//!
+//! Every case in `suite!` runs twice: `sqlite::CASE` on a file in a fresh
+//! temporary directory, and `postgres::CASE` when `LBAGENT_TEST_POSTGRES_URL`
+//! names a database (`tools/ci-postgres.sh` prints one); without it the
+//! PostgreSQL cases print a note and pass. Each PostgreSQL case runs in its
+//! own schema (the URL's `options=-csearch_path=...`), created before and
+//! dropped after, so the cases run in parallel against one database.
+
+use std::collections::BTreeSet;
+use std::net::Ipv4Addr;
+use std::path::PathBuf;
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use lbagent::model::{ModuleId, NodeAddr, RouteNode};
+use lbagent::store::{
+    self, CallStatus, Store, StoreError, StoreUrl, DEFAULT_WEIGHT, MAX_WEIGHT, SCHEMA_VERSION,
+};
+
+const PG_ENV: &str = "LBAGENT_TEST_POSTGRES_URL";
+
+// === the two backends ===
+
+/// A fresh, empty store for one test case.
+struct Db {
+    url: StoreUrl,
+    kind: Kind,
+}
+
+enum Kind {
+    Sqlite(#[allow(dead_code)] tempfile::TempDir),
+    Postgres { admin_url: String, schema: String },
+}
+
+impl Db {
+    fn sqlite() -> Db {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let url = StoreUrl::Sqlite(dir.path().join("data").join("lbagent.db"));
+        Db {
+            url,
+            kind: Kind::Sqlite(dir),
+        }
+    }
+
+    /// A fresh schema in the test database, or `None` (with a note) when
+    /// no database is configured.
+    fn postgres(case: &str) -> Option<Db> {
+        let Ok(base) = std::env::var(PG_ENV) else {
+            println!("note: {PG_ENV} is not set: skipping the PostgreSQL case {case}");
+            return None;
+        };
+        let schema = format!("lbagent_test_{case}_{}", std::process::id());
+        let mut admin = ::postgres::Client::connect(&base, ::postgres::NoTls)
+            .unwrap_or_else(|e| panic!("{PG_ENV}={}: {e}", store::redact(&base)));
+        admin
+            .batch_execute(&format!(
+                "DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema};"
+            ))
+            .expect("create the test schema");
+        let sep = if base.contains('?') { '&' } else { '?' };
+        let url = format!("{base}{sep}options=-csearch_path%3D{schema}&application_name={schema}");
+        Some(Db {
+            url: StoreUrl::Postgres(url.clone()),
+            kind: Kind::Postgres {
+                admin_url: url,
+                schema,
+            },
+        })
+    }
+
+    fn open(&self) -> Box<dyn Store> {
+        store::open(&self.url).unwrap_or_else(|e| panic!("open {}: {e}", self.url))
+    }
+
+    /// Runs SQL by hand, around the tables' checks, as an operator with a
+    /// database shell would.
+    fn hand(&self, sql: &str) {
+        match &self.kind {
+            Kind::Sqlite(_) => {
+                let StoreUrl::Sqlite(path) = &self.url else {
+                    unreachable!()
+                };
+                let conn = rusqlite::Connection::open(path).expect("open by hand");
+                conn.execute_batch(&format!("PRAGMA ignore_check_constraints = ON; {sql}"))
+                    .unwrap_or_else(|e| panic!("{sql}: {e}"));
+            }
+            Kind::Postgres { admin_url, .. } => {
+                let mut c = ::postgres::Client::connect(admin_url, ::postgres::NoTls)
+                    .expect("connect by hand");
+                c.batch_execute(
+                    "DO $$ DECLARE r record; BEGIN
+                       FOR r IN SELECT conrelid::regclass AS t, conname FROM pg_constraint
+                                 WHERE contype = 'c' AND connamespace = current_schema()::regnamespace LOOP
+                         EXECUTE format('ALTER TABLE %s DROP CONSTRAINT %I', r.t, r.conname);
+                       END LOOP; END $$;",
+                )
+                .expect("drop the checks");
+                c.batch_execute(sql)
+                    .unwrap_or_else(|e| panic!("{sql}: {e:?}"));
+            }
+        }
+    }
+
+    /// One integer from SQL run by hand.
+    fn count(&self, sql: &str) -> i64 {
+        match &self.kind {
+            Kind::Sqlite(_) => {
+                let StoreUrl::Sqlite(path) = &self.url else {
+                    unreachable!()
+                };
+                let conn = rusqlite::Connection::open(path).expect("open by hand");
+                conn.query_row(sql, [], |r| r.get(0))
+                    .unwrap_or_else(|e| panic!("{sql}: {e}"))
+            }
+            Kind::Postgres { admin_url, .. } => {
+                let mut c = ::postgres::Client::connect(admin_url, ::postgres::NoTls)
+                    .expect("connect by hand");
+                let row = c
+                    .query_one(sql, &[])
+                    .unwrap_or_else(|e| panic!("{sql}: {e:?}"));
+                row.try_get::<_, i64>(0)
+                    .unwrap_or_else(|_| i64::from(row.get::<_, i32>(0)))
+            }
+        }
+    }
+}
+
+impl Drop for Db {
+    fn drop(&mut self) {
+        if let Kind::Postgres { admin_url, schema } = &self.kind {
+            if let Ok(mut c) = ::postgres::Client::connect(admin_url, ::postgres::NoTls) {
+                let _ = c.batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"));
+            }
+        }
+    }
+}
+
+/// Each case as `sqlite::CASE` and `postgres::CASE`.
+macro_rules! suite {
+    ($($case:ident),* $(,)?) => {
+        mod sqlite {
+            $(#[test] fn $case() { super::$case(&super::Db::sqlite()); })*
+        }
+        mod postgres {
+            $(#[test] fn $case() {
+                if let Some(db) = super::Db::postgres(stringify!($case)) { super::$case(&db); }
+            })*
+        }
+    };
+}
+
+suite!(
+    migrations_are_idempotent,
+    concurrent_opens_migrate_once,
+    add_del_and_list,
+    every_change_bumps_the_version_and_logs_its_module,
+    duplicate_not_found_and_bad_input_change_nothing,
+    module_versions_follow_their_latest_change,
+    concurrent_admins_never_share_a_version,
+    upsert_status_replaces_by_key,
+    upsert_status_writes_thousands_in_one_call,
+    bad_rows_are_skipped_not_fatal,
+    a_newer_schema_is_refused,
+);
+
+// === helpers ===
+
+fn m(modid: u32, cmdid: u32) -> ModuleId {
+    ModuleId::new(modid, cmdid)
+}
+
+fn addr(s: &str) -> NodeAddr {
+    s.parse().unwrap()
+}
+
+fn node(s: &str, weight: u32) -> RouteNode {
+    RouteNode {
+        addr: addr(s),
+        weight,
+    }
+}
+
+fn status(module: ModuleId, node: &str, caller: u32, succ: u32) -> CallStatus {
+    CallStatus {
+        module,
+        node: addr(node),
+        caller,
+        succ,
+        err: succ / 10,
+        ts: 1_700_000_000,
+        overload: false,
+    }
+}
+
+fn nodes_of(s: &mut dyn Store, module: ModuleId) -> Vec<RouteNode> {
+    s.list(Some(module))
+        .unwrap()
+        .into_iter()
+        .flat_map(|r| r.nodes)
+        .collect()
+}
+
+// === the cases ===
+
+fn migrations_are_idempotent(db: &Db) {
+    let mut s = db.open();
+    assert_eq!(s.route_version().unwrap(), 0);
+    assert_eq!(s.load_all().unwrap(), store::RouteSet::default());
+    s.add_node(m(1, 1), node("10.0.0.1:80", 5)).unwrap();
+    drop(s);
+    let mut s = db.open();
+    let mut again = db.open();
+    assert_eq!(s.route_version().unwrap(), 1);
+    assert_eq!(again.list(None).unwrap(), s.list(None).unwrap());
+    assert_eq!(
+        db.count("SELECT COUNT(*) FROM schema_version"),
+        i64::from(SCHEMA_VERSION)
+    );
+    assert_eq!(
+        db.count("SELECT MAX(version) FROM schema_version"),
+        i64::from(SCHEMA_VERSION)
+    );
+}
+
+fn concurrent_opens_migrate_once(db: &Db) {
+    let n = 8;
+    let barrier = Arc::new(Barrier::new(n));
+    let handles: Vec<_> = (0..n)
+        .map(|_| {
+            let (url, barrier) = (db.url.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                barrier.wait();
+                let mut s = store::open(&url).map_err(|e| e.to_string())?;
+                s.route_version().map_err(|e| e.to_string())
+            })
+        })
+        .collect();
+    for h in handles {
+        assert_eq!(h.join().unwrap(), Ok(0));
+    }
+    assert_eq!(
+        db.count("SELECT COUNT(*) FROM schema_version"),
+        i64::from(SCHEMA_VERSION)
+    );
+}
+
+fn add_del_and_list(db: &Db) {
+    let mut s = db.open();
+    assert!(matches!(s.backend(), "sqlite" | "postgres"));
+    s.add_node(m(2, 1), node("10.0.0.2:80", 3)).unwrap();
+    s.add_node(m(2, 1), node("10.0.0.1:81", 0)).unwrap(); // weight 0: unset
+    s.add_node(m(2, 1), node("10.0.0.1:80", MAX_WEIGHT))
+        .unwrap();
+    s.add_node(m(1, 7), node("255.255.255.255:65535", 1))
+        .unwrap();
+
+    let all = s.list(None).unwrap();
+    assert_eq!(
+        all.iter().map(|r| r.module).collect::<Vec<_>>(),
+        vec![m(1, 7), m(2, 1)]
+    );
+    assert_eq!(
+        all[1].nodes,
+        vec![
+            node("10.0.0.1:80", MAX_WEIGHT),
+            node("10.0.0.1:81", DEFAULT_WEIGHT),
+            node("10.0.0.2:80", 3)
+        ],
+        "nodes sorted by address, weight 0 stored as the default"
+    );
+    assert_eq!(
+        all[0].nodes,
+        vec![node("255.255.255.255:65535", 1)],
+        "the top of every range round-trips"
+    );
+    assert_eq!(s.list(Some(m(1, 7))).unwrap(), vec![all[0].clone()]);
+    assert_eq!(s.list(Some(m(9, 9))).unwrap(), vec![]);
+    assert_eq!(s.load_all().unwrap().modules, all);
+
+    s.del_node(m(2, 1), addr("10.0.0.1:81")).unwrap();
+    assert_eq!(
+        nodes_of(&mut *s, m(2, 1)),
+        vec![node("10.0.0.1:80", MAX_WEIGHT), node("10.0.0.2:80", 3)]
+    );
+    s.del_node(m(1, 7), addr("255.255.255.255:65535")).unwrap();
+    let all = s.load_all().unwrap();
+    assert_eq!(
+        all.modules.len(),
+        1,
+        "a module with no node left is not listed"
+    );
+    assert_eq!(all.version, 6);
+}
+
+fn every_change_bumps_the_version_and_logs_its_module(db: &Db) {
+    let mut s = db.open();
+    assert_eq!(s.add_node(m(1, 1), node("10.0.0.1:80", 1)).unwrap(), 1);
+    assert_eq!(s.add_node(m(2, 2), node("10.0.0.2:80", 1)).unwrap(), 2);
+    assert_eq!(s.add_node(m(1, 1), node("10.0.0.3:80", 1)).unwrap(), 3);
+    assert_eq!(s.route_version().unwrap(), 3);
+
+    let c = s.changes_since(0).unwrap();
+    assert_eq!(c.version, 3);
+    assert_eq!(
+        c.modules
+            .iter()
+            .map(|r| (r.module, r.version, r.nodes.len()))
+            .collect::<Vec<_>>(),
+        vec![(m(1, 1), 3, 2), (m(2, 2), 2, 1)]
+    );
+    let c = s.changes_since(2).unwrap();
+    assert_eq!(
+        c.modules.iter().map(|r| r.module).collect::<Vec<_>>(),
+        vec![m(1, 1)]
+    );
+    let c = s.changes_since(3).unwrap();
+    assert_eq!((c.version, c.modules.len()), (3, 0));
+
+    // The last node of a module goes: it appears with no nodes.
+    assert_eq!(s.del_node(m(2, 2), addr("10.0.0.2:80")).unwrap(), 4);
+    let c = s.changes_since(3).unwrap();
+    assert_eq!(c.version, 4);
+    assert_eq!(
+        c.modules,
+        vec![store::ModuleRoute {
+            module: m(2, 2),
+            version: 4,
+            nodes: vec![]
+        }]
+    );
+    assert!(s
+        .load_all()
+        .unwrap()
+        .modules
+        .iter()
+        .all(|r| r.module != m(2, 2)));
+
+    // A reader from another connection sees the same.
+    let mut other = db.open();
+    assert_eq!(other.changes_since(3).unwrap(), c);
+    // The log keeps each module's latest change only.
+    assert_eq!(db.count("SELECT COUNT(*) FROM route_change"), 2);
+}
+
+fn duplicate_not_found_and_bad_input_change_nothing(db: &Db) {
+    let mut s = db.open();
+    s.add_node(m(1, 1), node("10.0.0.1:80", 2)).unwrap();
+    let before = s.load_all().unwrap();
+    let log = db.count("SELECT COUNT(*) FROM route_change");
+
+    let e = s.add_node(m(1, 1), node("10.0.0.1:80", 9)).unwrap_err();
+    assert!(
+        matches!(e, StoreError::Duplicate { module, node } if module == m(1, 1) && node == addr("10.0.0.1:80")),
+        "{e}"
+    );
+    let e = s.del_node(m(1, 1), addr("10.0.0.1:81")).unwrap_err();
+    assert!(matches!(e, StoreError::NotFound { .. }), "{e}");
+    let e = s.del_node(m(5, 5), addr("10.0.0.1:80")).unwrap_err();
+    assert!(matches!(e, StoreError::NotFound { .. }), "{e}");
+    let e = s
+        .add_node(m(1, 1), node("10.0.0.9:80", MAX_WEIGHT + 1))
+        .unwrap_err();
+    assert!(
+        matches!(e, StoreError::BadInput(_)) && e.to_string().contains("weight"),
+        "{e}"
+    );
+    let e = s
+        .add_node(
+            m(1, 1),
+            RouteNode {
+                addr: NodeAddr::new(Ipv4Addr::LOCALHOST, 0),
+                weight: 1,
+            },
+        )
+        .unwrap_err();
+    assert!(
+        matches!(e, StoreError::BadInput(_)) && e.to_string().contains("port 0"),
+        "{e}"
+    );
+
+    assert_eq!(s.load_all().unwrap(), before);
+    assert_eq!(db.count("SELECT COUNT(*) FROM route_change"), log);
+    // The connection is still usable after the failed transactions.
+    assert_eq!(s.add_node(m(1, 1), node("10.0.0.2:80", 1)).unwrap(), 2);
+}
+
+fn module_versions_follow_their_latest_change(db: &Db) {
+    let mut s = db.open();
+    s.add_node(m(1, 1), node("10.0.0.1:80", 1)).unwrap(); // v1
+    s.add_node(m(2, 2), node("10.0.0.2:80", 1)).unwrap(); // v2
+    s.add_node(m(1, 1), node("10.0.0.3:80", 1)).unwrap(); // v3
+                                                          // A module written by hand has no change-log entry: it takes the route version.
+    db.hand(
+        "INSERT INTO route_data (modid, cmdid, ip, port, weight) VALUES (3, 3, 167772164, 80, 1)",
+    );
+    let versions = |s: &mut dyn Store| -> Vec<(ModuleId, u64)> {
+        s.load_all()
+            .unwrap()
+            .modules
+            .iter()
+            .map(|r| (r.module, r.version))
+            .collect()
+    };
+    assert_eq!(
+        versions(&mut *s),
+        vec![(m(1, 1), 3), (m(2, 2), 2), (m(3, 3), 3)]
+    );
+    s.add_node(m(2, 2), node("10.0.0.5:80", 1)).unwrap(); // v4
+    assert_eq!(
+        versions(&mut *s),
+        vec![(m(1, 1), 3), (m(2, 2), 4), (m(3, 3), 4)]
+    );
+    let listed: Vec<_> = s
+        .list(None)
+        .unwrap()
+        .iter()
+        .map(|r| (r.module, r.version))
+        .collect();
+    assert_eq!(listed, versions(&mut *s), "list and load_all agree");
+    assert_eq!(s.list(Some(m(3, 3))).unwrap()[0].version, 4);
+    // Another connection derives the same versions.
+    assert_eq!(versions(&mut *db.open()), versions(&mut *s));
+}
+
+fn concurrent_admins_never_share_a_version(db: &Db) {
+    let (threads, each) = (4u32, 15u32);
+    let barrier = Arc::new(Barrier::new(threads as usize));
+    let handles: Vec<_> = (0..threads)
+        .map(|t| {
+            let (url, barrier) = (db.url.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                let mut s = store::open(&url).unwrap();
+                barrier.wait();
+                (0..each)
+                    .map(|i| {
+                        let n = RouteNode {
+                            addr: NodeAddr::new(Ipv4Addr::new(10, 1, t as u8, i as u8), 80),
+                            weight: 1,
+                        };
+                        s.add_node(m(t % 2, 1), n).unwrap()
+                    })
+                    .collect::<Vec<u64>>()
+            })
+        })
+        .collect();
+    let versions: BTreeSet<u64> = handles
+        .into_iter()
+        .flat_map(|h| h.join().unwrap())
+        .collect();
+    let total = u64::from(threads * each);
+    assert_eq!(
+        versions,
+        (1..=total).collect(),
+        "every change got its own version"
+    );
+    let mut s = db.open();
+    assert_eq!(s.route_version().unwrap(), total);
+    assert_eq!(
+        s.load_all()
+            .unwrap()
+            .modules
+            .iter()
+            .map(|r| r.nodes.len())
+            .sum::<usize>(),
+        total as usize
+    );
+}
+
+fn upsert_status_replaces_by_key(db: &Db) {
+    let mut s = db.open();
+    s.upsert_status(&[]).unwrap();
+    let a = status(m(1, 1), "10.0.0.1:80", 7, 100);
+    let b = CallStatus { caller: 8, ..a };
+    s.upsert_status(&[a, b]).unwrap();
+    let newer = CallStatus {
+        succ: 5,
+        err: 6,
+        ts: a.ts + 15,
+        overload: true,
+        ..a
+    };
+    s.upsert_status(&[newer]).unwrap();
+    assert_eq!(
+        s.call_status(None).unwrap(),
+        vec![newer, b],
+        "same key replaced, other caller kept"
+    );
+    // The same key twice in one batch: the last wins.
+    let last = CallStatus { succ: 1, ..newer };
+    s.upsert_status(&[CallStatus { succ: 99, ..newer }, last])
+        .unwrap();
+    assert_eq!(s.call_status(Some(m(1, 1))).unwrap(), vec![last, b]);
+    assert_eq!(s.call_status(Some(m(2, 2))).unwrap(), vec![]);
+    // Full ranges round-trip.
+    let top = CallStatus {
+        module: m(u32::MAX, u32::MAX),
+        node: addr("255.255.255.255:65535"),
+        caller: u32::MAX,
+        succ: u32::MAX,
+        err: u32::MAX,
+        ts: i64::MAX as u64,
+        overload: false,
+    };
+    s.upsert_status(&[top]).unwrap();
+    assert_eq!(s.call_status(Some(top.module)).unwrap(), vec![top]);
+    // A bad row refuses the whole batch.
+    let port0 = CallStatus {
+        node: NodeAddr::new(Ipv4Addr::LOCALHOST, 0),
+        ..a
+    };
+    let e = s
+        .upsert_status(&[status(m(3, 3), "10.0.0.1:80", 1, 1), port0])
+        .unwrap_err();
+    assert!(matches!(e, StoreError::BadInput(_)), "{e}");
+    let e = s
+        .upsert_status(&[CallStatus { ts: u64::MAX, ..a }])
+        .unwrap_err();
+    assert!(matches!(e, StoreError::BadInput(_)), "{e}");
+    assert_eq!(s.call_status(Some(m(3, 3))).unwrap(), vec![]);
+}
+
+fn upsert_status_writes_thousands_in_one_call(db: &Db) {
+    let mut s = db.open();
+    let batch: Vec<CallStatus> = (0..5000u32)
+        .map(|i| CallStatus {
+            module: m(i % 50, 1),
+            node: NodeAddr::new(Ipv4Addr::from(0x0a00_0000 + i), 8000),
+            caller: i % 7,
+            succ: i,
+            err: 0,
+            ts: 1_700_000_000,
+            overload: i % 3 == 0,
+        })
+        .collect();
+    let t = Instant::now();
+    s.upsert_status(&batch).unwrap();
+    let replaced: Vec<CallStatus> = batch
+        .iter()
+        .map(|r| CallStatus {
+            succ: r.succ + 1,
+            ts: r.ts + 15,
+            ..*r
+        })
+        .collect();
+    s.upsert_status(&replaced).unwrap();
+    let took = t.elapsed();
+    let mut want = replaced;
+    want.sort_by_key(CallStatus::key);
+    assert_eq!(s.call_status(None).unwrap(), want);
+    assert!(
+        took < Duration::from_secs(20),
+        "two batches of 5000 took {took:?}"
+    );
+    println!("{}: two upserts of 5000 rows in {took:?}", s.backend());
+}
+
+fn bad_rows_are_skipped_not_fatal(db: &Db) {
+    let mut s = db.open();
+    s.add_node(m(1, 1), node("10.0.0.1:80", 1)).unwrap();
+    s.upsert_status(&[status(m(1, 1), "10.0.0.1:80", 1, 10)])
+        .unwrap();
+    assert_eq!(s.bad_rows(), 0);
+    db.hand(
+        "INSERT INTO route_data (modid, cmdid, ip, port, weight) VALUES
+             (1, 1, 167772162, 0, 1),
+             (1, 1, 4294967296, 80, 1),
+             (1, 1, 167772163, 80, -1),
+             (1, 1, 167772164, 70000, 1),
+             (-1, 1, 167772161, 80, 1),
+             (4, 4, 167772161, 80, 1);
+         INSERT INTO route_change (version, modid, cmdid) VALUES (7, -5, 1);
+         INSERT INTO server_call_status (modid, cmdid, ip, port, caller, succ_cnt, err_cnt, ts, overload) VALUES
+             (1, 1, 167772161, 80, 2, -3, 0, 0, FALSE),
+             (1, 1, 167772161, 80, 3, 1, 1, -1, FALSE),
+             (1, 1, 167772161, 0, 4, 1, 1, 1, FALSE);",
+    );
+    let all = s.load_all().unwrap();
+    assert_eq!(
+        all.modules
+            .iter()
+            .map(|r| (r.module, r.nodes.clone()))
+            .collect::<Vec<_>>(),
+        vec![
+            (m(1, 1), vec![node("10.0.0.1:80", 1)]),
+            (m(4, 4), vec![node("10.0.0.1:80", 1)])
+        ]
+    );
+    assert_eq!(s.bad_rows(), 6, "five bad nodes and one bad change");
+    assert_eq!(
+        s.list(Some(m(1, 1))).unwrap()[0].nodes,
+        vec![node("10.0.0.1:80", 1)]
+    );
+    let c = s.changes_since(0).unwrap();
+    assert_eq!(
+        c.modules.iter().map(|r| r.module).collect::<Vec<_>>(),
+        vec![m(1, 1)]
+    );
+    assert_eq!(
+        s.call_status(None).unwrap(),
+        vec![status(m(1, 1), "10.0.0.1:80", 1, 10)]
+    );
+    assert_eq!(s.bad_rows(), 3, "three bad status rows");
+    // A bad route version cannot be skipped: reads say so.
+    db.hand("UPDATE route_version SET version = -4");
+    let e = s.load_all().unwrap_err();
+    assert!(
+        matches!(e, StoreError::BadInput(_)) && e.to_string().contains("route_version"),
+        "{e}"
+    );
+}
+
+fn a_newer_schema_is_refused(db: &Db) {
+    drop(db.open());
+    db.hand(&format!(
+        "INSERT INTO schema_version (version, name) VALUES ({}, 'from the future')",
+        SCHEMA_VERSION + 1
+    ));
+    match store::open(&db.url) {
+        Err(StoreError::SchemaTooNew { found, known, .. }) => {
+            assert_eq!((found, known), (SCHEMA_VERSION + 1, SCHEMA_VERSION));
+        }
+        Err(e) => panic!("expected SchemaTooNew, got {e}"),
+        Ok(_) => panic!("a newer schema was opened"),
+    }
+}
+
+// === one backend only ===
+
+#[test]
+fn sqlite_creates_missing_directories() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("a").join("b").join("lbagent.db");
+    let url: StoreUrl = format!("sqlite:{}", path.display()).parse().unwrap();
+    store::open(&url)
+        .unwrap()
+        .add_node(m(1, 1), node("10.0.0.1:80", 1))
+        .unwrap();
+    assert!(path.is_file());
+}
+
+#[test]
+fn sqlite_unwritable_path_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("not-a-dir");
+    std::fs::write(&file, b"x").unwrap();
+    // The parent "directory" is a file: even root cannot create the store.
+    let url = StoreUrl::Sqlite(file.join("lbagent.db"));
+    let e = store::open(&url).err().expect("opened under a file");
+    let msg = e.to_string();
+    assert!(matches!(e, StoreError::Unavailable { .. }), "{msg}");
+    assert!(
+        msg.contains("not-a-dir") && msg.contains("cannot create directory"),
+        "{msg}"
+    );
+
+    let e = store::open(&StoreUrl::Sqlite(dir.path().to_path_buf()))
+        .err()
+        .expect("opened a directory");
+    assert!(e.to_string().contains("is a directory"), "{e}");
+
+    // A file that is not a database.
+    let text = dir.path().join("notes.txt");
+    std::fs::write(&text, "not a database\n".repeat(300)).unwrap();
+    let e = store::open(&StoreUrl::Sqlite(text))
+        .err()
+        .expect("opened a text file");
+    assert!(matches!(e, StoreError::Unavailable { .. }), "{e}");
+    assert!(e.to_string().contains("not a database"), "{e}");
+}
+
+#[test]
+fn sqlite_relative_path_without_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let path: PathBuf = dir.path().join("plain.db");
+    store::open(&StoreUrl::Sqlite(path.clone())).unwrap();
+    assert!(path.is_file());
+}
+
+#[test]
+fn postgres_unreachable_is_unavailable_fast_and_redacted() {
+    let url: StoreUrl = "postgres://u:secretpw@127.0.0.1:1/x".parse().unwrap();
+    let t = Instant::now();
+    let e = store::open(&url).err().expect("connected to port 1");
+    assert!(
+        t.elapsed() < Duration::from_secs(6),
+        "took {:?}",
+        t.elapsed()
+    );
+    let msg = e.to_string();
+    assert!(matches!(e, StoreError::Unavailable { .. }), "{msg}");
+    assert!(!msg.contains("secretpw"), "{msg}");
+    assert!(msg.contains("postgres://u:***@127.0.0.1:1/x"), "{msg}");
+    assert!(msg.to_lowercase().contains("refused"), "says why: {msg}");
+}
+
+#[test]
+fn postgres_connect_timeout_applies() {
+    // A listener that accepts and never answers: the whole connect, not
+    // only the TCP handshake, is bounded.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let url: StoreUrl = format!("postgres://u:pw@127.0.0.1:{port}/x?connect_timeout=1")
+        .parse()
+        .unwrap();
+    let t = Instant::now();
+    let e = store::open(&url)
+        .err()
+        .expect("connected to a silent listener");
+    assert!(
+        t.elapsed() < Duration::from_secs(4),
+        "took {:?}",
+        t.elapsed()
+    );
+    assert!(matches!(e, StoreError::Unavailable { .. }), "{e}");
+    drop(listener);
+}
+
+#[test]
+fn postgres_bad_url_is_bad_url_and_redacted() {
+    let url: StoreUrl = "postgres://u:secretpw@127.0.0.1:5432/x?connect_timeout=soon"
+        .parse()
+        .unwrap();
+    let e = store::open(&url).err().expect("a bad URL opened");
+    assert!(matches!(e, StoreError::BadUrl(_)), "{e}");
+    assert!(!e.to_string().contains("secretpw"), "{e}");
+}
+
+#[test]
+fn postgres_reconnects_after_the_connection_is_lost() {
+    let Some(db) = Db::postgres("reconnect") else {
+        return;
+    };
+    let Kind::Postgres { schema, .. } = &db.kind else {
+        unreachable!()
+    };
+    let mut s = db.open();
+    s.add_node(m(1, 1), node("10.0.0.1:80", 1)).unwrap();
+    let killed = db.count(&format!(
+        "SELECT COUNT(pg_terminate_backend(pid)) FROM pg_stat_activity
+          WHERE application_name = '{schema}' AND pid <> pg_backend_pid()"
+    ));
+    assert_eq!(killed, 1);
+    // The first call may learn of the loss; a retry connects again.
+    match s.route_version() {
+        Ok(1) => {}
+        Err(StoreError::Unavailable { why, .. }) => println!("first call after the loss: {why}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(s.route_version().unwrap(), 1);
+    assert_eq!(s.add_node(m(1, 1), node("10.0.0.2:80", 1)).unwrap(), 2);
+}
+
+#[test]
+fn redact_hides_both_password_forms() {
+    assert_eq!(
+        store::redact("postgres://u:pw@h:5/db?password=x&sslmode=disable"),
+        "postgres://u:***@h:5/db?password=***&sslmode=disable"
+    );
+    assert_eq!(store::redact("postgres://h/db"), "postgres://h/db");
+}

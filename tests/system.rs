@@ -1,0 +1,422 @@
+//! The whole system end to end, through the real binary: `lbagent
+//! dnsserver` on the embedded store, `lbagent agent`, `lbagent route
+//! add|del|list`, and `lbagent standalone`. Every process binds loopback
+//! ports the OS picks (or a free port found just before); every wait is
+//! bounded.
+
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, UdpSocket};
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use lbagent::agent::heartbeat::HeartbeatReader;
+use lbagent::model::{ModuleId, NodeAddr};
+use lbagent::store::{self, StoreUrl};
+use lbagent::wire::{decode, Encoder, Limits, Message, Report, RetCode};
+
+const BIN: &str = env!("CARGO_BIN_EXE_lbagent");
+
+fn free_tcp_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Waits until `f` returns Some, at most `limit`.
+fn wait_for<T>(limit: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
+    let t0 = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return Some(v);
+        }
+        if t0.elapsed() > limit {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn stderr_mode() -> Stdio {
+    if std::env::var_os("LBAGENT_TEST_STDERR").is_some() {
+        Stdio::inherit()
+    } else {
+        Stdio::null()
+    }
+}
+
+/// A child process killed when dropped.
+struct Proc(Child);
+
+impl Proc {
+    fn spawn(args: &[&str]) -> Proc {
+        let child = Command::new(BIN)
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(stderr_mode())
+            .spawn()
+            .unwrap_or_else(|e| panic!("start lbagent {args:?}: {e}"));
+        Proc(child)
+    }
+
+    fn kill9(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+
+    fn pid(&self) -> u32 {
+        self.0.id()
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// `lbagent route ...` against `store`; returns the finished process.
+fn route(store: &str, args: &[&str]) -> Output {
+    let mut all = vec!["route"];
+    all.extend_from_slice(args);
+    all.extend_from_slice(&["--store", store]);
+    Command::new(BIN)
+        .args(&all)
+        .output()
+        .expect("run lbagent route")
+}
+
+fn route_ok(store: &str, args: &[&str]) {
+    let out = route(store, args);
+    assert!(
+        out.status.success(),
+        "lbagent route {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Starts `lbagent dnsserver` on `127.0.0.1:port` and waits until it
+/// accepts connections.
+fn dnsserver(store: &str, port: u16) -> Proc {
+    let listen = format!("dnsserver.listen=127.0.0.1:{port}");
+    let p = Proc::spawn(&[
+        "dnsserver",
+        "--store",
+        store,
+        "--set",
+        &listen,
+        "--set",
+        "dnsserver.metrics_addr=127.0.0.1:0",
+    ]);
+    wait_for(Duration::from_secs(10), || {
+        std::net::TcpStream::connect(("127.0.0.1", port)).ok()
+    })
+    .expect("the route server accepts connections within 10 s");
+    p
+}
+
+/// Writes an agent config into `dir` and starts `lbagent agent`; returns
+/// the process and its first shard's UDP port, once the heartbeat shows it.
+fn agent(dir: &Path, route_server: u16, reporter: &str) -> (Proc, u16) {
+    let heartbeat = dir.join("heartbeat");
+    let config = dir.join("agent.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[lb]\nreport_timeout = 1\n[agent]\nbase_port = 0\nshards = 1\n\
+             route_servers = [\"127.0.0.1:{route_server}\"]\nreporters = [\"{reporter}\"]\n\
+             heartbeat_path = \"{}\"\nsnapshot_path = \"{}\"\nmetrics_addr = \"127.0.0.1:0\"\n",
+            heartbeat.display(),
+            dir.join("routes.snapshot").display()
+        ),
+    )
+    .unwrap();
+    let p = Proc::spawn(&["agent", "--config", config.to_str().unwrap()]);
+    let port = wait_heartbeat(&heartbeat, p.pid());
+    (p, port)
+}
+
+/// Waits for a heartbeat written by `pid`; returns its base port.
+fn wait_heartbeat(path: &Path, pid: u32) -> u16 {
+    wait_for(Duration::from_secs(15), || {
+        let h = HeartbeatReader::open(path).ok()?.read().ok()?;
+        (h.info.pid == pid && h.beat_unix_ms > 0).then_some(h.info.base_port)
+    })
+    .expect("the agent writes its heartbeat within 15 s")
+}
+
+/// A UDP client of one agent shard speaking the wire format directly.
+struct Udp {
+    sock: UdpSocket,
+    to: SocketAddr,
+    enc: Encoder,
+    seq: u32,
+}
+
+impl Udp {
+    fn new(port: u16) -> Udp {
+        let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+        sock.set_read_timeout(Some(Duration::from_millis(300)))
+            .unwrap();
+        Udp {
+            sock,
+            to: SocketAddr::from((Ipv4Addr::LOCALHOST, port)),
+            enc: Encoder::new(),
+            seq: 0,
+        }
+    }
+
+    fn get_host(&mut self, m: ModuleId) -> (RetCode, Option<NodeAddr>) {
+        self.seq += 1;
+        let seq = self.seq;
+        let req = self.enc.get_host_req(seq, m, 0, 0).to_vec();
+        for _ in 0..5 {
+            self.sock.send_to(&req, self.to).unwrap();
+            let mut buf = [0u8; 4096];
+            while let Ok((n, _)) = self.sock.recv_from(&mut buf) {
+                if let Ok(Message::GetHostResp(r)) = decode(&buf[..n], &Limits::UDP) {
+                    if r.seq() == seq {
+                        return (r.retcode(), r.host().map(NodeAddr::from));
+                    }
+                }
+            }
+        }
+        panic!("no answer to getHost {seq}");
+    }
+
+    fn report(&mut self, m: ModuleId, host: NodeAddr, retcode: i32) {
+        let req = self.enc.report_req(&Report {
+            seq: 0,
+            module: m,
+            host,
+            retcode,
+            tcost_ms: 0,
+            downstream_level: None,
+        });
+        self.sock.send_to(req, self.to).unwrap();
+    }
+
+    /// The set of hosts 40 getHosts return (empty when the module is not
+    /// served).
+    fn hosts(&mut self, m: ModuleId) -> Vec<NodeAddr> {
+        let mut seen = Vec::new();
+        for _ in 0..40 {
+            if let (RetCode::Ok, Some(h)) = self.get_host(m) {
+                if !seen.contains(&h) {
+                    seen.push(h);
+                }
+            }
+        }
+        seen.sort();
+        seen
+    }
+}
+
+fn addr(s: &str) -> NodeAddr {
+    s.parse().unwrap()
+}
+
+fn sqlite_url(dir: &Path) -> String {
+    format!("sqlite:{}", dir.join("lbagent.db").display())
+}
+
+/// The body of `GET /metrics` on a loopback port.
+fn http_get(port: u16) -> Option<String> {
+    use std::io::{Read, Write};
+    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    write!(s, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    let (head, body) = out.split_once("\r\n\r\n")?;
+    head.starts_with("HTTP/1.1 200").then(|| body.to_string())
+}
+
+const M: ModuleId = ModuleId::new(4001, 7);
+
+#[test]
+fn route_changes_reach_a_subscribed_agent_within_2_s_and_survive_a_route_server_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = sqlite_url(dir.path());
+    let port = free_tcp_port();
+    let mut server = dnsserver(&store, port);
+    let (_agent, udp_port) = agent(dir.path(), port, "127.0.0.1:1");
+    let mut udp = Udp::new(udp_port);
+
+    // The first getHost makes the agent ask; the route server has nothing.
+    assert_eq!(udp.get_host(M).0, RetCode::NoSuchModule);
+    std::thread::sleep(Duration::from_millis(300));
+
+    // The agent re-pulls an absent module only after update_timeout (15 s),
+    // so a route seen within 2 s was pushed.
+    let t0 = Instant::now();
+    route_ok(&store, &["add", "4001", "7", "10.9.0.1:80"]);
+    wait_for(Duration::from_secs(2), || {
+        (udp.hosts(M) == vec![addr("10.9.0.1:80")]).then_some(())
+    })
+    .unwrap_or_else(|| panic!("route add did not reach the agent in 2 s"));
+    eprintln!("route add reached the agent in {:?}", t0.elapsed());
+
+    let t0 = Instant::now();
+    route_ok(
+        &store,
+        &["add", "4001", "7", "10.9.0.2:80", "--weight", "3"],
+    );
+    wait_for(Duration::from_secs(2), || {
+        (udp.hosts(M) == vec![addr("10.9.0.1:80"), addr("10.9.0.2:80")]).then_some(())
+    })
+    .expect("the second node reaches the agent within 2 s");
+    eprintln!("second node in {:?}", t0.elapsed());
+
+    // Deleting every node: the agent answers "no such module".
+    route_ok(&store, &["del", "4001", "7", "10.9.0.1:80"]);
+    route_ok(&store, &["del", "4001", "7", "10.9.0.2:80"]);
+    wait_for(Duration::from_secs(2), || {
+        (udp.get_host(M).0 == RetCode::NoSuchModule).then_some(())
+    })
+    .expect("deleting the last node reaches the agent within 2 s");
+
+    // Killing the route server: the agent keeps answering from its routes.
+    route_ok(&store, &["add", "4001", "7", "10.9.0.3:80"]);
+    wait_for(Duration::from_secs(2), || {
+        (udp.hosts(M) == vec![addr("10.9.0.3:80")]).then_some(())
+    })
+    .expect("the re-added node reaches the agent within 2 s");
+    server.kill9();
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(2) {
+        assert_eq!(
+            udp.get_host(M),
+            (RetCode::Ok, Some(addr("10.9.0.3:80"))),
+            "the agent answers from its routes while the route server is down"
+        );
+    }
+
+    // A change made while the server is down arrives once it is back.
+    route_ok(&store, &["add", "4001", "7", "10.9.0.4:80"]);
+    let _server = dnsserver(&store, port);
+    let t0 = Instant::now();
+    wait_for(Duration::from_secs(20), || {
+        (udp.hosts(M) == vec![addr("10.9.0.3:80"), addr("10.9.0.4:80")]).then_some(())
+    })
+    .expect("after the restart the agent reconnects and gets the later change");
+    eprintln!("reconnected and updated in {:?}", t0.elapsed());
+}
+
+#[test]
+fn route_admin_refuses_bad_input_and_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = sqlite_url(dir.path());
+    route_ok(&store, &["add", "5", "5", "10.0.0.1:80"]);
+    let before = route(&store, &["list", "--json"]);
+    assert!(before.status.success());
+
+    let refused: &[(&[&str], &str)] = &[
+        (&["add", "5", "5", "10.0.0.300:80"], "address"),
+        (&["add", "5", "5", "10.0.0.2:0"], "port"),
+        (&["add", "5", "5", "10.0.0.2:65536"], "port"),
+        (&["add", "5", "5", "10.0.0.2"], "PORT"),
+        (&["add", "5", "5", "10.0.0.1:80"], "already has"),
+        (&["del", "5", "5", "10.0.0.9:80"], "has no node"),
+        (&["del", "6", "6", "10.0.0.1:80"], "has no node"),
+        (&["add", "x", "5", "10.0.0.2:80"], "invalid"),
+        (&["list", "5"], "CMDID"),
+    ];
+    for (args, says) in refused {
+        let out = route(&store, args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "route {args:?} was accepted");
+        assert!(
+            err.contains(says),
+            "route {args:?}: the error should mention {says:?}: {err}"
+        );
+        assert!(
+            err.trim().lines().count() <= 3,
+            "route {args:?}: a short error, got {err}"
+        );
+    }
+    let after = route(&store, &["list", "--json"]);
+    assert_eq!(
+        before.stdout, after.stdout,
+        "refused commands changed nothing"
+    );
+
+    let list: serde_json::Value = serde_json::from_slice(&after.stdout).unwrap();
+    let modules = list["modules"].as_array().unwrap();
+    assert_eq!(modules.len(), 1);
+    assert_eq!(modules[0]["modid"], 5);
+    assert_eq!(modules[0]["nodes"][0]["node"], "10.0.0.1:80");
+
+    let text = route(&store, &["list", "5", "5"]);
+    assert!(text.status.success());
+    assert!(String::from_utf8_lossy(&text.stdout).contains("10.0.0.1:80"));
+}
+
+#[test]
+fn standalone_serves_routes_added_with_route_add_and_writes_call_statistics() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let heartbeat = dir.path().join("heartbeat");
+    let (reporter_metrics, agent_metrics) = (free_tcp_port(), free_tcp_port());
+    let sets = [
+        "dnsserver.listen=127.0.0.1:0".to_string(),
+        "dnsserver.metrics_addr=127.0.0.1:0".to_string(),
+        "reporter.listen=127.0.0.1:0".to_string(),
+        format!("reporter.metrics_addr=127.0.0.1:{reporter_metrics}"),
+        format!("agent.metrics_addr=127.0.0.1:{agent_metrics}"),
+        "agent.base_port=0".to_string(),
+        "agent.shards=1".to_string(),
+        "lb.report_timeout=2".to_string(),
+        format!("agent.heartbeat_path={}", heartbeat.display()),
+    ];
+    let mut args = vec!["standalone", "--data", data.to_str().unwrap()];
+    for s in &sets {
+        args.extend_from_slice(&["--set", s]);
+    }
+    let standalone = Proc::spawn(&args);
+    let port = wait_heartbeat(&heartbeat, standalone.pid());
+    let store = sqlite_url(&data);
+    assert!(
+        data.join("lbagent.db").exists(),
+        "the store is created on first run"
+    );
+
+    let m = ModuleId::new(77, 1);
+    let mut udp = Udp::new(port);
+    assert_eq!(udp.get_host(m).0, RetCode::NoSuchModule);
+    route_ok(&store, &["add", "77", "1", "10.7.0.1:80"]);
+    let host = wait_for(Duration::from_secs(3), || match udp.get_host(m) {
+        (RetCode::Ok, Some(h)) => Some(h),
+        _ => None,
+    })
+    .expect("a route added with `lbagent route add` is served within 3 s");
+    assert_eq!(host, addr("10.7.0.1:80"));
+    for _ in 0..5 {
+        udp.report(m, host, 0);
+    }
+    udp.report(m, host, 1);
+    // As in the original, a module's statistics leave with the first report
+    // after report_timeout: this one carries all seven.
+    std::thread::sleep(Duration::from_millis(2100));
+    udp.report(m, host, 0);
+
+    let url: StoreUrl = store.parse().unwrap();
+    let rows = wait_for(Duration::from_secs(10), || {
+        let mut s = store::open(&url).ok()?;
+        let rows = s.call_status(Some(m)).ok()?;
+        let total: u32 = rows.iter().map(|r| r.succ + r.err).sum();
+        (total >= 7).then_some(rows)
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "call statistics reach the store within 10 s; agent metrics:\n{}\nreporter metrics:\n{}",
+            http_get(agent_metrics).unwrap_or_default(),
+            http_get(reporter_metrics).unwrap_or_default()
+        )
+    });
+    assert!(rows.iter().all(|r| r.node == host));
+    assert_eq!(rows.iter().map(|r| r.succ).sum::<u32>(), 6);
+    assert_eq!(rows.iter().map(|r| r.err).sum::<u32>(), 1);
+}

@@ -1,0 +1,364 @@
+//! The tool commands (`lbagent gethost`, `report`, `getroute`) as library
+//! functions: against the real agent binary, against a fake agent on
+//! loopback, and with no agent at all. Checks what they print and their
+//! exit status. Every wait is bounded.
+
+#[path = "support/routesrc.rs"]
+mod routesrc;
+
+use std::net::{Ipv4Addr, UdpSocket};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use lbagent::agent::heartbeat::{AgentInfo, HeartbeatReader, HeartbeatWriter};
+use lbagent::agent::snapshot::{self, SnapshotRoute};
+use lbagent::client::tools::{
+    self, AgentConnArgs, GethostArgs, GetrouteArgs, ReportArgs, ToolOutcome, EXIT_AGENT_DOWN,
+    EXIT_BAD_ARGUMENT, EXIT_BAD_RESPONSE, EXIT_NO_SUCH_MODULE, EXIT_OK, EXIT_OVERLOADED,
+    EXIT_STATIC_ROUTES, EXIT_TIMEOUT,
+};
+use lbagent::model::{ModuleId, NodeAddr, RouteNode};
+use lbagent::wire::{decode, Encoder, Limits, Message, RetCode};
+use routesrc::RouteSource;
+use serde_json::Value;
+
+const M: ModuleId = ModuleId::new(200, 3);
+
+fn node(i: u8) -> NodeAddr {
+    NodeAddr::new(Ipv4Addr::new(10, 2, 0, i), 8080)
+}
+
+fn nodes(n: u8) -> Vec<RouteNode> {
+    (1..=n)
+        .map(|i| RouteNode {
+            addr: node(i),
+            weight: 2,
+        })
+        .collect()
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+fn wait_for<T>(limit: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
+    let t0 = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return Some(v);
+        }
+        if t0.elapsed() > limit {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn conn(dir: &Path, timeout_ms: u64) -> AgentConnArgs {
+    AgentConnArgs {
+        heartbeat: Some(dir.join("heartbeat")),
+        snapshot: Some(dir.join("routes.snapshot")),
+        timeout_ms,
+    }
+}
+
+fn gethost(dir: &Path, m: ModuleId, json: bool) -> ToolOutcome {
+    tools::gethost(&GethostArgs {
+        modid: m.modid,
+        cmdid: m.cmdid,
+        json,
+        conn: conn(dir, 500),
+    })
+}
+
+fn getroute(dir: &Path, m: ModuleId, json: bool) -> ToolOutcome {
+    tools::getroute(&GetrouteArgs {
+        modid: m.modid,
+        cmdid: m.cmdid,
+        json,
+        conn: conn(dir, 500),
+    })
+}
+
+fn report(dir: &Path, m: ModuleId, n: NodeAddr, retcode: i32, json: bool) -> ToolOutcome {
+    tools::report(&ReportArgs {
+        modid: m.modid,
+        cmdid: m.cmdid,
+        node: n,
+        retcode,
+        tcost: 250,
+        json,
+        conn: conn(dir, 500),
+    })
+}
+
+/// The one JSON object on stdout.
+fn json_of(out: &ToolOutcome) -> Value {
+    assert_eq!(out.stdout.lines().count(), 1, "one line: {out:?}");
+    serde_json::from_str(out.stdout.trim()).expect("valid JSON")
+}
+
+/// The real agent binary, heartbeat and snapshot in `dir`.
+struct AgentProc(Child);
+
+impl AgentProc {
+    fn start(dir: &Path, source: &RouteSource) -> AgentProc {
+        let config = dir.join("lbagent.toml");
+        let text = format!(
+            "[agent]\nbase_port = 0\nshards = 1\nroute_servers = [\"{}\"]\n\
+             reporters = [\"127.0.0.1:1\"]\nheartbeat_path = \"{}\"\nsnapshot_path = \"{}\"\n\
+             metrics_addr = \"127.0.0.1:0\"\n",
+            source.addr(),
+            dir.join("heartbeat").display(),
+            dir.join("routes.snapshot").display()
+        );
+        std::fs::write(&config, text).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_lbagent"))
+            .args(["agent", "--config", config.to_str().unwrap()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start lbagent agent");
+        let pid = child.id();
+        let agent = AgentProc(child);
+        wait_for(Duration::from_secs(10), || {
+            let h = HeartbeatReader::open(&dir.join("heartbeat"))
+                .ok()?
+                .read()
+                .ok()?;
+            (h.info.pid == pid && h.beat_unix_ms > 0).then_some(())
+        })
+        .expect("the agent beats within 10 s");
+        agent
+    }
+}
+
+impl Drop for AgentProc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn gethost_report_and_getroute_against_the_real_agent() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let source = RouteSource::start();
+    source.set_route(M, &nodes(2));
+    let _agent = AgentProc::start(d, &source);
+
+    // The first ask makes the agent pull; until the route is there:
+    // "no such module", exit 3.
+    let first = gethost(d, M, true);
+    if first.code != EXIT_OK {
+        assert_eq!(first.code, EXIT_NO_SUCH_MODULE, "{first:?}");
+        assert_eq!(json_of(&first)["error"], "no_such_module");
+    }
+    let ok = wait_for(Duration::from_secs(5), || {
+        let o = gethost(d, M, false);
+        (o.code == EXIT_OK).then_some(o)
+    })
+    .expect("the route arrives");
+    let host: NodeAddr = ok.stdout.trim().parse().expect("A.B.C.D:PORT");
+    assert!(host == node(1) || host == node(2));
+    assert!(ok.stderr.is_empty(), "{ok:?}");
+    let j = json_of(&gethost(d, M, true));
+    assert_eq!(j["source"], "agent");
+    assert_eq!(j["port"], 8080);
+    assert_eq!(j["modid"], 200);
+
+    let r = report(d, M, node(1), 0, false);
+    assert_eq!(r.code, EXIT_OK, "{r:?}");
+    assert!(
+        r.stdout.contains("reported success of 10.2.0.1:8080"),
+        "{}",
+        r.stdout
+    );
+    assert!(r.stdout.contains("vsucc 181"), "{}", r.stdout);
+    let r = report(d, M, node(1), -7, true);
+    assert_eq!(r.code, EXIT_OK, "{r:?}");
+    let j = json_of(&r);
+    assert_eq!(j["retcode"], -7);
+    assert_eq!(j["status"]["rerr"], 1);
+    assert_eq!(
+        j["status"]["verr"], 2,
+        "250 ms counts max(1, 250 / 100) errors"
+    );
+    assert_eq!(j["status"]["contin_err"], 1);
+
+    let stranger = NodeAddr::new(Ipv4Addr::new(10, 9, 9, 9), 1);
+    let r = report(d, M, stranger, 0, false);
+    assert_eq!(r.code, EXIT_BAD_ARGUMENT, "{r:?}");
+    assert!(
+        r.stderr.contains("not in module [200, 3]'s route"),
+        "{}",
+        r.stderr
+    );
+
+    let t = getroute(d, M, false);
+    assert_eq!(t.code, EXIT_OK, "{t:?}");
+    let lines: Vec<&str> = t.stdout.lines().collect();
+    assert_eq!(lines.len(), 4, "{}", t.stdout);
+    assert!(lines[0].contains("2 nodes, 0 overloaded"), "{}", lines[0]);
+    assert!(lines[1].starts_with("NODE"));
+    let j = json_of(&getroute(d, M, true));
+    let route = j["nodes"].as_array().unwrap();
+    assert_eq!(route.len(), 2);
+    let n1 = route.iter().find(|n| n["host"] == "10.2.0.1:8080").unwrap();
+    assert_eq!(
+        (n1["rsucc"].as_u64(), n1["rerr"].as_u64()),
+        (Some(1), Some(1))
+    );
+    assert_eq!(n1["state"], "idle");
+    assert_eq!(n1["weight"], 2);
+
+    let unknown = ModuleId::new(1, 999);
+    let e = getroute(d, unknown, false);
+    assert_eq!(e.code, EXIT_NO_SUCH_MODULE, "{e:?}");
+    assert!(e
+        .stderr
+        .starts_with("lbagent getroute: no such module [1, 999]"));
+}
+
+#[test]
+fn with_no_agent_the_tools_say_so_and_gethost_answers_from_the_route_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let e = gethost(d, M, true);
+    assert_eq!(e.code, EXIT_STATIC_ROUTES, "{e:?}");
+    let j = json_of(&e);
+    assert_eq!(j["error"], "static_routes");
+    assert!(j["message"].as_str().unwrap().contains("does not exist"));
+    let e = getroute(d, M, false);
+    assert_eq!(e.code, EXIT_AGENT_DOWN, "{e:?}");
+    assert!(e.stderr.contains("is the agent running?"), "{}", e.stderr);
+    let e = report(d, M, node(1), 0, true);
+    assert_eq!(e.code, EXIT_AGENT_DOWN, "{e:?}");
+    assert_eq!(json_of(&e)["error"], "agent_down");
+
+    let route = SnapshotRoute {
+        module: M,
+        version: 1,
+        nodes: nodes(1),
+    };
+    snapshot::write(&d.join("routes.snapshot"), 1, &[route]).unwrap();
+    let ok = gethost(d, M, false);
+    assert_eq!(ok.code, EXIT_OK, "{ok:?}");
+    assert_eq!(ok.stdout, "10.2.0.1:8080\n");
+    assert!(ok.stderr.contains("static route file"), "{}", ok.stderr);
+    assert_eq!(json_of(&gethost(d, M, true))["source"], "static_routes");
+    assert_eq!(
+        gethost(d, ModuleId::new(5, 5), false).code,
+        EXIT_STATIC_ROUTES
+    );
+}
+
+/// A fake agent whose only shard answers every request with what `answer`
+/// makes of it, beating its heartbeat every 20 ms.
+struct FakeAgent {
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl FakeAgent {
+    fn start(dir: &Path, answer: fn(&mut Encoder, Message<'_>) -> Option<Vec<u8>>) -> FakeAgent {
+        let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+        sock.set_read_timeout(Some(Duration::from_millis(20)))
+            .unwrap();
+        let writer = HeartbeatWriter::create(
+            &dir.join("heartbeat"),
+            &AgentInfo {
+                shards: 1,
+                base_port: sock.local_addr().unwrap().port(),
+                bind: Ipv4Addr::LOCALHOST,
+                pid: std::process::id(),
+                snapshot_path: dir.join("routes.snapshot"),
+            },
+        )
+        .unwrap();
+        writer.beat(unix_ms());
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = stop.clone();
+        let beat = std::thread::spawn(move || {
+            while !s.load(Ordering::SeqCst) {
+                writer.beat(unix_ms());
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        });
+        let s = stop.clone();
+        let serve = std::thread::spawn(move || {
+            let mut buf = vec![0u8; 65_536];
+            let mut enc = Encoder::new();
+            while !s.load(Ordering::SeqCst) {
+                let Ok((n, peer)) = sock.recv_from(&mut buf) else {
+                    continue;
+                };
+                let msg = decode(&buf[..n], &Limits::UDP).unwrap();
+                if let Some(a) = answer(&mut enc, msg) {
+                    let _ = sock.send_to(&a, peer);
+                }
+            }
+        });
+        FakeAgent {
+            stop,
+            threads: vec![beat, serve],
+        }
+    }
+}
+
+impl Drop for FakeAgent {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+#[test]
+fn overloaded_timeout_and_bad_response_have_their_exit_codes() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let fake = FakeAgent::start(d, |enc, msg| match msg {
+        Message::GetHostReq(r) => {
+            let m = ModuleId::new(r.modid(), r.cmdid());
+            Some(
+                enc.get_host_resp(r.seq(), m, RetCode::Overloaded, None, None)
+                    .to_vec(),
+            )
+        }
+        Message::GetRouteReq(r) if r.cmdid() == 1 => Some(b"garbage, not an answer".to_vec()),
+        _ => None,
+    });
+    let e = gethost(d, M, false);
+    assert_eq!(e.code, EXIT_OVERLOADED, "{e:?}");
+    assert!(e.stderr.contains("overloaded"), "{}", e.stderr);
+
+    let e = getroute(d, ModuleId::new(7, 1), true);
+    assert_eq!(e.code, EXIT_BAD_RESPONSE, "{e:?}");
+    assert_eq!(json_of(&e)["error"], "bad_response");
+
+    let t0 = Instant::now();
+    let e = tools::getroute(&GetrouteArgs {
+        modid: 7,
+        cmdid: 2,
+        json: false,
+        conn: conn(d, 150),
+    });
+    assert_eq!(e.code, EXIT_TIMEOUT, "{e:?}");
+    assert!(t0.elapsed() >= Duration::from_millis(150));
+    assert!(
+        e.stderr.contains("no answer from the agent"),
+        "{}",
+        e.stderr
+    );
+    drop(fake);
+}
