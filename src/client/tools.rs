@@ -230,7 +230,8 @@ impl ToolOutcome {
     }
 }
 
-/// `lbagent gethost`: one getHost through the client library. Prints the
+/// `lbagent gethost`: one getHost through the client library (after a
+/// register when the agent does not know the module yet). Prints the
 /// node as `A.B.C.D:PORT` (or the JSON object); exit status as the module
 /// documentation says.
 pub fn gethost(args: &GethostArgs) -> ToolOutcome {
@@ -240,8 +241,21 @@ pub fn gethost(args: &GethostArgs) -> ToolOutcome {
         Ok(c) => c,
         Err(e) => return fail(&e),
     };
-    let host = match client.get_host(args.modid, args.cmdid, args.conn.timeout()) {
+    let timeout = args.conn.timeout();
+    let host = match client.get_host(args.modid, args.cmdid, timeout) {
         Ok(h) => h,
+        // A one-shot command is always a first use: the agent may not have
+        // pulled the module yet. Register (pull and wait, within the same
+        // timeout) and ask once more, as an application would.
+        Err(ClientError::NoSuchModule { .. }) => {
+            match client
+                .register(args.modid, args.cmdid, timeout)
+                .and_then(|_| client.get_host(args.modid, args.cmdid, timeout))
+            {
+                Ok(h) => h,
+                Err(e) => return fail(&e),
+            }
+        }
         Err(e) => return fail(&e),
     };
     let note = match host.source {
