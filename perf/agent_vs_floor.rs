@@ -209,10 +209,11 @@ fn load(port: u16, threads: usize, dur: Duration, cpu: impl Fn() -> f64) -> Run 
     }
 }
 
-/// CPU seconds (user + system) of this process's thread named `name`.
+/// CPU seconds (user + system) of this process's threads named `name` (a
+/// glommio executor's helper thread inherits its name: its work counts).
 fn thread_cpu_s(name: &str) -> f64 {
     let (secs, n) = named_threads_cpu_seconds(std::process::id(), |c| c == name)
         .expect("/proc/self/task is readable");
-    assert_eq!(n, 1, "one thread named {name}");
+    assert!(n > 0, "no thread named {name}");
     secs
 }
