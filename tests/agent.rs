@@ -2,12 +2,16 @@
 //! test route source speaking the real TCP protocol, a UDP client speaking
 //! the real wire format. Every wait is bounded.
 
+#[path = "support/common.rs"]
+mod common;
+
 #[path = "support/reportsink.rs"]
 mod reportsink;
 #[path = "support/routesrc.rs"]
 mod routesrc;
 
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, UdpSocket};
+use common::{free_tcp_port, wait_for};
+use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -29,28 +33,6 @@ fn nodes(n: u8) -> Vec<RouteNode> {
             weight: 1,
         })
         .collect()
-}
-
-fn free_tcp_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// Waits until `f` returns Some, at most `limit`.
-fn wait_for<T>(limit: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
-    let t0 = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            return Some(v);
-        }
-        if t0.elapsed() > limit {
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 struct AgentProc {

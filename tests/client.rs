@@ -3,16 +3,20 @@
 //! socket and a heartbeat written with the agent's own writer) that answer
 //! what a test needs, and with no agent at all. Every wait is bounded.
 
+#[path = "support/common.rs"]
+mod common;
+
 #[path = "support/routesrc.rs"]
 mod routesrc;
 
+use common::{unix_ms, wait_for};
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use lbagent::agent::heartbeat::{AgentInfo, HeartbeatReader, HeartbeatWriter};
 use lbagent::agent::snapshot::{self, SnapshotRoute};
@@ -35,27 +39,6 @@ fn nodes(n: u8) -> Vec<RouteNode> {
             weight: 1,
         })
         .collect()
-}
-
-fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64
-}
-
-/// Waits until `f` returns Some, at most `limit`.
-fn wait_for<T>(limit: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
-    let t0 = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            return Some(v);
-        }
-        if t0.elapsed() > limit {
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 // === the real agent ===

@@ -4,7 +4,11 @@
 //! ports the OS picks (or a free port found just before); every wait is
 //! bounded.
 
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, UdpSocket};
+#[path = "support/common.rs"]
+mod common;
+
+use common::{free_tcp_port, wait_for};
+use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -15,28 +19,6 @@ use lbagent::store::{self, StoreUrl};
 use lbagent::wire::{decode, Encoder, Limits, Message, Report, RetCode};
 
 const BIN: &str = env!("CARGO_BIN_EXE_lbagent");
-
-fn free_tcp_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// Waits until `f` returns Some, at most `limit`.
-fn wait_for<T>(limit: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
-    let t0 = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            return Some(v);
-        }
-        if t0.elapsed() > limit {
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
 
 fn stderr_mode() -> Stdio {
     if std::env::var_os("LBAGENT_TEST_STDERR").is_some() {

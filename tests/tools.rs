@@ -3,16 +3,20 @@
 //! loopback, and with no agent at all. Checks what they print and their
 //! exit status. Every wait is bounded.
 
+#[path = "support/common.rs"]
+mod common;
+
 #[path = "support/routesrc.rs"]
 mod routesrc;
 
+use common::{unix_ms, wait_for};
 use std::net::{Ipv4Addr, UdpSocket};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use lbagent::agent::heartbeat::{AgentInfo, HeartbeatReader, HeartbeatWriter};
 use lbagent::agent::snapshot::{self, SnapshotRoute};
@@ -39,26 +43,6 @@ fn nodes(n: u8) -> Vec<RouteNode> {
             weight: 2,
         })
         .collect()
-}
-
-fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64
-}
-
-fn wait_for<T>(limit: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
-    let t0 = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            return Some(v);
-        }
-        if t0.elapsed() > limit {
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 fn conn(dir: &Path, timeout_ms: u64) -> AgentConnArgs {

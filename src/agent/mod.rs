@@ -17,7 +17,7 @@
 //!   acks in, a bounded buffer, reconnect with back-off and fail-over.
 
 pub mod clock;
-mod conn;
+pub(crate) mod conn;
 pub mod control;
 pub mod heartbeat;
 pub mod messages;

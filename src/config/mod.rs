@@ -286,30 +286,7 @@ impl Config {
     /// [`ConfigError::Override`] for a malformed override,
     /// [`ConfigError::Invalid`] for a value out of range.
     pub fn load(path: Option<&Path>, overrides: &[String]) -> Result<Config, ConfigError> {
-        let (origin, text) = match path {
-            Some(p) => {
-                let text = std::fs::read_to_string(p).map_err(|source| ConfigError::Read {
-                    path: p.to_path_buf(),
-                    source,
-                })?;
-                (p.display().to_string(), text)
-            }
-            None => ("defaults".to_string(), String::new()),
-        };
-        // The file alone first, so that its errors carry a line and column.
-        let mut config: Config =
-            toml::from_str(&text).map_err(|e| parse_error(&origin, &text, &e))?;
-        if !overrides.is_empty() {
-            let mut table: toml::Table =
-                toml::from_str(&text).map_err(|e| parse_error(&origin, &text, &e))?;
-            for arg in overrides {
-                apply_override(&mut table, arg)?;
-            }
-            config = Config::deserialize(toml::Value::Table(table))
-                .map_err(|e| parse_error("command line (--set)", "", &e))?;
-        }
-        config.validate()?;
-        Ok(config)
+        Self::load_onto(&Config::default(), path, overrides)
     }
 
     /// Like [`Config::load`], but fields the file does not set come from

@@ -17,10 +17,9 @@
 //! that leaves more than [`MAX_PENDING`] bytes of pushes unread is closed.
 
 use std::cell::{Cell, RefCell};
-use std::future::{poll_fn, Future};
+use std::future::poll_fn;
 use std::net::TcpListener as StdTcpListener;
 use std::os::fd::{FromRawFd, IntoRawFd};
-use std::pin::pin;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, TryRecvError};
@@ -36,6 +35,7 @@ use super::reload::Update;
 use super::session::{CloseReason, Ctx, Session};
 use super::subs::{ConnId, Registry};
 use super::table::RouteTable;
+use crate::agent::conn::{race, Either};
 use crate::wire::{write_frame, Encoder};
 
 /// The tick: how often an executor installs updates, checks deadlines and
@@ -385,26 +385,6 @@ async fn serve(mut stream: TcpStream, exec: Rc<RefCell<Exec>>, conn: Rc<Conn>, i
     ex.counters.closed[reason.kind() as usize] += 1;
     ex.registry.release(id);
     // Dropping the stream closes the socket.
-}
-
-/// Which of two raced futures completed.
-enum Either<A, B> {
-    Left(A),
-    Right(B),
-}
-
-/// The first of `a` and `b` to complete (`a` when both are ready). The
-/// loser is dropped: glommio's socket reads and writes are cancel-safe
-/// (they move bytes only when they complete).
-async fn race<A: Future, B: Future>(a: A, b: B) -> Either<A::Output, B::Output> {
-    let (mut a, mut b) = (pin!(a), pin!(b));
-    poll_fn(|cx| {
-        if let Poll::Ready(x) = a.as_mut().poll(cx) {
-            return Poll::Ready(Either::Left(x));
-        }
-        b.as_mut().poll(cx).map(Either::Right)
-    })
-    .await
 }
 
 #[cfg(test)]
