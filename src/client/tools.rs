@@ -215,10 +215,12 @@ impl ToolOutcome {
                 "cmdid": cmdid,
                 "exit_code": code,
             });
+            // The object on stdout for programs, the one-line message on
+            // stderr for people, as without --json.
             ToolOutcome {
                 code,
                 stdout: format!("{v}\n"),
-                stderr: String::new(),
+                stderr: format!("lbagent {command}: {e}\n"),
             }
         } else {
             ToolOutcome {
