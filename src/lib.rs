@@ -14,6 +14,7 @@
 //!   `lbagent.ini`) and `validate()`.
 //! - [`model`]: plain shared values: [`model::ModuleId`], [`model::NodeAddr`],
 //!   [`model::RouteNode`].
+//! - [`metrics_http`]: the `GET /metrics` exchange every server answers.
 //! - [`signal`]: SIGTERM / SIGINT for the long-running subcommands.
 //! - [`store`]: routes, the change log and call status in SQLite or
 //!   PostgreSQL.
@@ -25,6 +26,7 @@ pub mod config;
 pub mod dnsserver;
 pub mod floor;
 pub mod lb;
+pub mod metrics_http;
 pub mod model;
 pub mod qpstest;
 pub mod reporter;

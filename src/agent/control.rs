@@ -29,6 +29,7 @@ use super::routeclient::{self, RouteClientConfig, RouteClientEvent, RouteClientS
 use super::snapshot::{self, SnapshotRoute};
 use super::statsclient::{self, StatsClientConfig, StatsClientEvent, StatsClientStatus};
 use crate::lb::NodeCallStats;
+use crate::metrics_http;
 use crate::model::{ModuleId, RouteNode};
 
 /// Everything the control executor needs, built on the main thread.
@@ -349,8 +350,7 @@ async fn serve_metrics(mut stream: TcpStream, body: String) {
     let mut req = Vec::with_capacity(512);
     let mut buf = [0u8; 512];
     let deadline = Instant::now() + Duration::from_secs(2);
-    while !req.windows(4).any(|w| w == b"\r\n\r\n") && req.len() < 8192 && Instant::now() < deadline
-    {
+    while !metrics_http::head_complete(&req) && Instant::now() < deadline {
         let left = deadline.saturating_duration_since(Instant::now());
         let read = glommio::timer::timeout(left, async { Ok(stream.read(&mut buf).await?) }).await;
         match read {
@@ -358,15 +358,7 @@ async fn serve_metrics(mut stream: TcpStream, body: String) {
             Ok(n) => req.extend_from_slice(&buf[..n]),
         }
     }
-    let resp = if req.starts_with(b"GET /metrics ") || req.starts_with(b"GET /metrics?") {
-        format!(
-            "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-            body.len()
-        )
-    } else {
-        let msg = "not found: the metrics are at GET /metrics\n";
-        format!("HTTP/1.1 404 Not Found\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{msg}", msg.len())
-    };
+    let resp = metrics_http::response(&req, || body);
     let _ = stream.write_all(resp.as_bytes()).await;
     let _ = stream.close().await;
 }

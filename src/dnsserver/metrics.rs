@@ -7,6 +7,7 @@
 //! endpoint renders whatever the slots hold. Nothing on the request path
 //! touches an atomic or a lock.
 
+use crate::metrics_http;
 use std::fmt::Write as _;
 use std::io::{self, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -413,7 +414,7 @@ fn answer(mut stream: TcpStream, board: &Board) -> io::Result<()> {
     let deadline = Instant::now() + REQUEST_TIMEOUT;
     let mut req = Vec::with_capacity(512);
     let mut buf = [0u8; 512];
-    while !req.windows(4).any(|w| w == b"\r\n\r\n") && req.len() < 8192 {
+    while !metrics_http::head_complete(&req) {
         if Instant::now() >= deadline {
             return Ok(());
         }
@@ -422,19 +423,7 @@ fn answer(mut stream: TcpStream, board: &Board) -> io::Result<()> {
             n => req.extend_from_slice(&buf[..n]),
         }
     }
-    let resp = if req.starts_with(b"GET /metrics ") || req.starts_with(b"GET /metrics?") {
-        let body = board.render(Instant::now());
-        format!(
-            "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-            body.len()
-        )
-    } else {
-        let msg = "not found: the metrics are at GET /metrics\n";
-        format!(
-            "HTTP/1.1 404 Not Found\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{msg}",
-            msg.len()
-        )
-    };
+    let resp = metrics_http::response(&req, || board.render(Instant::now()));
     stream.write_all(resp.as_bytes())
 }
 

@@ -33,6 +33,7 @@ use glommio::{ExecutorJoinHandle, LocalExecutorBuilder, Placement};
 use super::notes::Throttle;
 use super::session::Session;
 use super::shared::{unix_ms, Shared};
+use crate::metrics_http;
 
 /// The I/O memory the executor registers.
 pub const IO_MEMORY: usize = 256 << 10;
@@ -284,25 +285,13 @@ async fn accept_metrics(listener: TcpListener, shared: Arc<Shared>, stop: Rc<Sto
 async fn serve_metrics(mut stream: TcpStream, shared: &Shared) {
     let mut req = Vec::with_capacity(512);
     let mut buf = [0u8; 512];
-    while !req.windows(4).any(|w| w == b"\r\n\r\n") && req.len() < 8192 {
+    while !metrics_http::head_complete(&req) {
         match stream.read(&mut buf).await {
             Ok(0) | Err(_) => return,
             Ok(n) => req.extend_from_slice(&buf[..n]),
         }
     }
-    let resp = if req.starts_with(b"GET /metrics ") || req.starts_with(b"GET /metrics?") {
-        let body = super::metrics::render(&shared.stats());
-        format!(
-            "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-            body.len()
-        )
-    } else {
-        let msg = "not found: the metrics are at GET /metrics\n";
-        format!(
-            "HTTP/1.1 404 Not Found\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{msg}",
-            msg.len()
-        )
-    };
+    let resp = metrics_http::response(&req, || super::metrics::render(&shared.stats()));
     let _ = stream.write_all(resp.as_bytes()).await;
     let _ = stream.close().await;
 }
