@@ -6,17 +6,20 @@
 
 #[path = "support/common.rs"]
 mod common;
+#[path = "support/udpclient.rs"]
+mod udpclient;
 
 use common::{free_tcp_port, wait_for};
-use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
+use udpclient::Client;
 
 use lbagent::agent::heartbeat::HeartbeatReader;
 use lbagent::model::{ModuleId, NodeAddr};
 use lbagent::store::{self, StoreUrl};
-use lbagent::wire::{decode, Encoder, Limits, Message, Report, RetCode};
+use lbagent::wire::RetCode;
 
 const BIN: &str = env!("CARGO_BIN_EXE_lbagent");
 
@@ -128,71 +131,19 @@ fn wait_heartbeat(path: &Path, pid: u32) -> u16 {
     .expect("the agent writes its heartbeat within 15 s")
 }
 
-/// A UDP client of one agent shard speaking the wire format directly.
-struct Udp {
-    sock: UdpSocket,
-    to: SocketAddr,
-    enc: Encoder,
-    seq: u32,
-}
-
-impl Udp {
-    fn new(port: u16) -> Udp {
-        let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
-        sock.set_read_timeout(Some(Duration::from_millis(300)))
-            .unwrap();
-        Udp {
-            sock,
-            to: SocketAddr::from((Ipv4Addr::LOCALHOST, port)),
-            enc: Encoder::new(),
-            seq: 0,
-        }
-    }
-
-    fn get_host(&mut self, m: ModuleId) -> (RetCode, Option<NodeAddr>) {
-        self.seq += 1;
-        let seq = self.seq;
-        let req = self.enc.get_host_req(seq, m, 0, 0).to_vec();
-        for _ in 0..5 {
-            self.sock.send_to(&req, self.to).unwrap();
-            let mut buf = [0u8; 4096];
-            while let Ok((n, _)) = self.sock.recv_from(&mut buf) {
-                if let Ok(Message::GetHostResp(r)) = decode(&buf[..n], &Limits::UDP) {
-                    if r.seq() == seq {
-                        return (r.retcode(), r.host().map(NodeAddr::from));
-                    }
-                }
+/// The set of hosts 40 getHosts return, sorted (empty when the module is
+/// not served).
+fn hosts(udp: &mut Client, m: ModuleId) -> Vec<NodeAddr> {
+    let mut seen = Vec::new();
+    for _ in 0..40 {
+        if let (RetCode::Ok, Some(h)) = udp.get_host(m) {
+            if !seen.contains(&h) {
+                seen.push(h);
             }
         }
-        panic!("no answer to getHost {seq}");
     }
-
-    fn report(&mut self, m: ModuleId, host: NodeAddr, retcode: i32) {
-        let req = self.enc.report_req(&Report {
-            seq: 0,
-            module: m,
-            host,
-            retcode,
-            tcost_ms: 0,
-            downstream_level: None,
-        });
-        self.sock.send_to(req, self.to).unwrap();
-    }
-
-    /// The set of hosts 40 getHosts return (empty when the module is not
-    /// served).
-    fn hosts(&mut self, m: ModuleId) -> Vec<NodeAddr> {
-        let mut seen = Vec::new();
-        for _ in 0..40 {
-            if let (RetCode::Ok, Some(h)) = self.get_host(m) {
-                if !seen.contains(&h) {
-                    seen.push(h);
-                }
-            }
-        }
-        seen.sort();
-        seen
-    }
+    seen.sort();
+    seen
 }
 
 fn addr(s: &str) -> NodeAddr {
@@ -225,7 +176,7 @@ fn route_changes_reach_a_subscribed_agent_within_2_s_and_survive_a_route_server_
     let port = free_tcp_port();
     let mut server = dnsserver(&store, port);
     let (_agent, udp_port) = agent(dir.path(), port, "127.0.0.1:1");
-    let mut udp = Udp::new(udp_port);
+    let mut udp = Client::new(udp_port);
 
     // The first getHost makes the agent ask; the route server has nothing.
     assert_eq!(udp.get_host(M).0, RetCode::NoSuchModule);
@@ -236,7 +187,7 @@ fn route_changes_reach_a_subscribed_agent_within_2_s_and_survive_a_route_server_
     let t0 = Instant::now();
     route_ok(&store, &["add", "4001", "7", "10.9.0.1:80"]);
     wait_for(Duration::from_secs(2), || {
-        (udp.hosts(M) == vec![addr("10.9.0.1:80")]).then_some(())
+        (hosts(&mut udp, M) == vec![addr("10.9.0.1:80")]).then_some(())
     })
     .unwrap_or_else(|| panic!("route add did not reach the agent in 2 s"));
     eprintln!("route add reached the agent in {:?}", t0.elapsed());
@@ -247,7 +198,7 @@ fn route_changes_reach_a_subscribed_agent_within_2_s_and_survive_a_route_server_
         &["add", "4001", "7", "10.9.0.2:80", "--weight", "3"],
     );
     wait_for(Duration::from_secs(2), || {
-        (udp.hosts(M) == vec![addr("10.9.0.1:80"), addr("10.9.0.2:80")]).then_some(())
+        (hosts(&mut udp, M) == vec![addr("10.9.0.1:80"), addr("10.9.0.2:80")]).then_some(())
     })
     .expect("the second node reaches the agent within 2 s");
     eprintln!("second node in {:?}", t0.elapsed());
@@ -263,7 +214,7 @@ fn route_changes_reach_a_subscribed_agent_within_2_s_and_survive_a_route_server_
     // Killing the route server: the agent keeps answering from its routes.
     route_ok(&store, &["add", "4001", "7", "10.9.0.3:80"]);
     wait_for(Duration::from_secs(2), || {
-        (udp.hosts(M) == vec![addr("10.9.0.3:80")]).then_some(())
+        (hosts(&mut udp, M) == vec![addr("10.9.0.3:80")]).then_some(())
     })
     .expect("the re-added node reaches the agent within 2 s");
     server.kill9();
@@ -281,7 +232,7 @@ fn route_changes_reach_a_subscribed_agent_within_2_s_and_survive_a_route_server_
     let _server = dnsserver(&store, port);
     let t0 = Instant::now();
     wait_for(Duration::from_secs(20), || {
-        (udp.hosts(M) == vec![addr("10.9.0.3:80"), addr("10.9.0.4:80")]).then_some(())
+        (hosts(&mut udp, M) == vec![addr("10.9.0.3:80"), addr("10.9.0.4:80")]).then_some(())
     })
     .expect("after the restart the agent reconnects and gets the later change");
     eprintln!("reconnected and updated in {:?}", t0.elapsed());
@@ -366,7 +317,7 @@ fn standalone_serves_routes_added_with_route_add_and_writes_call_statistics() {
     );
 
     let m = ModuleId::new(77, 1);
-    let mut udp = Udp::new(port);
+    let mut udp = Client::new(port);
     assert_eq!(udp.get_host(m).0, RetCode::NoSuchModule);
     route_ok(&store, &["add", "77", "1", "10.7.0.1:80"]);
     let host = wait_for(Duration::from_secs(3), || match udp.get_host(m) {
