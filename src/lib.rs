@@ -15,6 +15,7 @@
 //! - [`model`]: plain shared values: [`model::ModuleId`], [`model::NodeAddr`],
 //!   [`model::RouteNode`].
 //! - [`metrics_http`]: the `GET /metrics` exchange every server answers.
+//! - [`sdnotify`]: systemd readiness and watchdog notifications.
 //! - [`signal`]: SIGTERM / SIGINT for the long-running subcommands.
 //! - [`store`]: routes, the change log and call status in SQLite or
 //!   PostgreSQL.
@@ -30,6 +31,7 @@ pub mod metrics_http;
 pub mod model;
 pub mod qpstest;
 pub mod reporter;
+pub mod sdnotify;
 pub mod signal;
 pub mod standalone;
 pub mod store;

@@ -58,6 +58,8 @@ pub struct ControlParts {
     pub metrics_listener: StdTcpListener,
     /// Set when the agent shuts down.
     pub stop: Arc<AtomicBool>,
+    /// Counts the main loop's turns (the systemd watchdog).
+    pub beat: super::liveness::Beat,
 }
 
 /// The routes the control core holds: module → (version, nodes).
@@ -88,6 +90,7 @@ pub async fn run(parts: ControlParts) {
         snapshot_interval,
         metrics_listener,
         stop,
+        beat,
     } = parts;
     let state = Rc::new(RefCell::new(State {
         routes: routes
@@ -269,6 +272,7 @@ pub async fn run(parts: ControlParts) {
     let mut last_snapshot = Instant::now();
     while !stop.load(Ordering::Relaxed) {
         glommio::timer::sleep(Duration::from_millis(50)).await;
+        beat.beat();
         let mut st = state.borrow_mut();
         if st.last_beat.elapsed() >= Duration::from_secs(1) {
             heartbeat.beat(clock::unix_ms());

@@ -11,6 +11,7 @@
 //! - [`shard`]: one shard's request handling, sans-IO.
 //! - [`messages`]: what crosses the rings between shards and the control core.
 //! - [`metrics`]: counters, the service-time histogram, Prometheus text.
+//! - [`liveness`]: per-loop turn counters and the systemd watchdog.
 //! - [`udp`]: batched datagram I/O (recvmmsg / sendmmsg).
 //! - `conn`: what the two TCP clients' shells share (back-off, waiting).
 //! - [`statsclient`]: the connection to the reporters: statistics out,
@@ -20,6 +21,7 @@ pub mod clock;
 pub(crate) mod conn;
 pub mod control;
 pub mod heartbeat;
+pub mod liveness;
 pub mod messages;
 pub mod metrics;
 pub mod routeclient;

@@ -15,6 +15,7 @@ use glommio::{ExecutorJoinHandle, LocalExecutorBuilder, Placement};
 
 use super::control::{self, ControlParts};
 use super::heartbeat::{AgentInfo, HeartbeatWriter};
+use super::liveness::{self, Liveness};
 use super::messages::ToShard;
 use super::routeclient::RouteClientConfig;
 use super::shard::ShardSetup;
@@ -34,6 +35,7 @@ pub struct Agent {
     ports: Vec<u16>,
     metrics_addr: SocketAddr,
     routes_loaded: usize,
+    liveness: Arc<Liveness>,
 }
 
 impl Agent {
@@ -92,6 +94,7 @@ impl Agent {
         let stop = Arc::new(AtomicBool::new(false));
         let io_memory = a.io_memory_kib as usize * 1024;
         let control_core = ncpu - 1;
+        let live = Liveness::new(shards);
 
         let mut from_shards = Vec::new();
         let mut to_shards = Vec::new();
@@ -129,6 +132,7 @@ impl Agent {
                 from_control,
                 metrics_out,
                 stop: stop.clone(),
+                beat: live.shard(i as u32),
             };
             let core = i % ncpu.max(1);
             let h = LocalExecutorBuilder::new(Placement::Fixed(core))
@@ -161,6 +165,7 @@ impl Agent {
             snapshot_interval: Duration::from_secs(a.snapshot_interval),
             metrics_listener: metrics,
             stop: stop.clone(),
+            beat: live.control(),
         };
         let control = LocalExecutorBuilder::new(Placement::Fixed(control_core))
             .name("lbagent-control")
@@ -176,7 +181,13 @@ impl Agent {
             ports,
             metrics_addr,
             routes_loaded,
+            liveness: live,
         })
+    }
+
+    /// The loops' turn counters (what the systemd watchdog checks).
+    pub fn liveness(&self) -> Arc<Liveness> {
+        self.liveness.clone()
     }
 
     /// The UDP port of each shard.
@@ -245,9 +256,26 @@ pub fn run(config: &Config) -> anyhow::Result<()> {
         agent.metrics_addr(),
         agent.routes_loaded()
     );
+    // systemd (Type=notify): ready now that the ports are bound and the
+    // snapshot loaded; pings only while every loop turns.
+    let notifier = crate::sdnotify::Notifier::from_env();
+    notifier.notify_or_log("lbagent", "READY=1");
+    let watchdog = match crate::sdnotify::watchdog_interval() {
+        Some(every) if notifier.enabled() => Some(liveness::spawn_watchdog(
+            agent.liveness(),
+            crate::sdnotify::Notifier::from_env(),
+            every / 2,
+            agent.stop_flag(),
+        )?),
+        _ => None,
+    };
     crate::signal::wait();
+    notifier.notify_or_log("lbagent", "STOPPING=1");
     let t0 = Instant::now();
     agent.stop()?;
+    if let Some(w) = watchdog {
+        let _ = w.join();
+    }
     eprintln!("lbagent: stopped in {} ms", t0.elapsed().as_millis());
     Ok(())
 }

@@ -50,6 +50,8 @@ pub struct ShardParts {
     pub metrics_out: SharedSender<Box<ShardMetrics>>,
     /// Set when the agent shuts down.
     pub stop: Arc<AtomicBool>,
+    /// Counts the request loop's turns (the systemd watchdog).
+    pub beat: super::liveness::Beat,
 }
 
 /// Runs a shard until `stop` is set. Call inside its glommio executor.
@@ -62,6 +64,7 @@ pub async fn run(parts: ShardParts) {
         from_control,
         metrics_out,
         stop,
+        beat,
     } = parts;
     let fd = socket.into_raw_fd();
     // SAFETY: fd is a bound UDP socket we own; glommio takes it over.
@@ -129,6 +132,7 @@ pub async fn run(parts: ShardParts) {
     let mut tx = SendBatch::new();
     let mut peek = [0u8; 1];
     while !stop.load(Ordering::Relaxed) {
+        beat.beat();
         // A receive error (e.g. an ICMP error queued on the socket) is
         // consumed by the call; treat it as an empty batch.
         let n = rx.recv(socket.as_raw_fd()).unwrap_or_default();

@@ -296,6 +296,7 @@ pub fn run(cfg: &DnsServerConfig, store: StoreUrl) -> anyhow::Result<()> {
         server.addr(),
         server.metrics_addr(),
     );
+    crate::sdnotify::ready("lbagent dnsserver");
     crate::signal::wait();
     let t0 = Instant::now();
     server.stop()?;

@@ -307,6 +307,7 @@ pub fn run(cfg: &ReporterConfig, store: StoreUrl) -> anyhow::Result<()> {
         cfg.writers,
         cfg.buffer_rows
     );
+    crate::sdnotify::ready("lbagent reporter");
     crate::signal::wait();
     eprintln!(
         "lbagent reporter: stopping; writing {} buffered rows",

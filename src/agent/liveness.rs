@@ -1,0 +1,304 @@
+//! Whether the agent's loops are alive, for systemd's watchdog.
+//!
+//! Each shard's request loop and the control core's main loop bump their
+//! own counter ([`Beat::beat`]) on every turn: a relaxed load and store of a
+//! cache-line-padded `AtomicU64` that only that loop writes. An idle shard
+//! still turns: it parks on its socket for at most one tick (50 ms) and then
+//! loops, so "parked waiting for datagrams" keeps its counter moving, while
+//! an executor stuck in a computation (or blocked in a system call) does not
+//! turn at all.
+//!
+//! The watchdog thread ([`spawn_watchdog`]) reads every counter once per
+//! interval (half of systemd's `WatchdogSec=`) and sends `WATCHDOG=1` only
+//! when every counter moved since its previous look ([`Progress`]): a wedged
+//! shard or control core stops the pings, and systemd restarts the agent.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crate::sdnotify::Notifier;
+
+/// One loop's counter, alone on its cache line so that shards writing
+/// their own never contend.
+#[repr(align(128))]
+#[derive(Default)]
+struct Slot {
+    turns: AtomicU64,
+    /// Test hook: while set, the loop blocks inside [`Beat::beat`].
+    #[cfg(test)]
+    blocked: AtomicBool,
+}
+
+/// The turn counters of the agent's loops: one per shard, then the control
+/// core's.
+pub struct Liveness {
+    slots: Box<[Slot]>,
+}
+
+impl Liveness {
+    /// Counters for `shards` shards plus the control core.
+    pub fn new(shards: u32) -> Arc<Liveness> {
+        Arc::new(Liveness {
+            slots: (0..=shards).map(|_| Slot::default()).collect(),
+        })
+    }
+
+    /// Shard `i`'s handle.
+    pub fn shard(self: &Arc<Self>, i: u32) -> Beat {
+        Beat {
+            live: self.clone(),
+            slot: i as usize,
+        }
+    }
+
+    /// The control core's handle.
+    pub fn control(self: &Arc<Self>) -> Beat {
+        Beat {
+            live: self.clone(),
+            slot: self.slots.len() - 1,
+        }
+    }
+
+    /// Every counter now, shards first, the control core last.
+    pub fn counts(&self) -> Vec<u64> {
+        self.slots
+            .iter()
+            .map(|s| s.turns.load(Ordering::Relaxed))
+            .collect()
+    }
+
+    /// What slot `i` is, for log lines.
+    fn name(&self, i: usize) -> String {
+        if i + 1 == self.slots.len() {
+            "the control core".to_string()
+        } else {
+            format!("shard {i}")
+        }
+    }
+
+    /// Test hook: blocks (or releases) loop `slot` at its next turn, as a
+    /// wedged shard would be.
+    #[cfg(test)]
+    pub(crate) fn block_for_test(&self, slot: usize, blocked: bool) {
+        self.slots[slot].blocked.store(blocked, Ordering::SeqCst);
+    }
+}
+
+/// One loop's handle on its counter.
+pub struct Beat {
+    live: Arc<Liveness>,
+    slot: usize,
+}
+
+impl Beat {
+    /// Counts one turn of the loop. Only this loop writes the counter, so a
+    /// relaxed load and store suffice (no locked instruction).
+    #[inline]
+    pub fn beat(&self) {
+        let s = &self.live.slots[self.slot];
+        s.turns
+            .store(s.turns.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+        #[cfg(test)]
+        while s.blocked.load(Ordering::SeqCst) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+/// Which counters moved between two looks (pure).
+#[derive(Debug, Default)]
+pub struct Progress {
+    last: Option<Vec<u64>>,
+}
+
+impl Progress {
+    /// The first loop (index) whose counter did not move since the previous
+    /// call, or `None` when all moved. The first call compares against zero
+    /// (a loop that never turned is not alive).
+    pub fn stalled(&mut self, counts: &[u64]) -> Option<usize> {
+        let stalled = match &self.last {
+            Some(last) => counts.iter().zip(last).position(|(now, then)| now == then),
+            None => counts.iter().position(|&c| c == 0),
+        };
+        self.last = Some(counts.to_vec());
+        stalled
+    }
+}
+
+/// The shortest check interval: several of an idle loop's 50 ms ticks.
+pub const MIN_CHECK: Duration = Duration::from_millis(250);
+
+/// Starts the watchdog thread: every `check` (at least [`MIN_CHECK`]) it
+/// looks at the counters and sends `WATCHDOG=1` through `notifier` when all
+/// moved. A stall is logged once when it starts and once when it ends. The
+/// thread ends when `stop` is set.
+///
+/// # Errors
+/// The thread cannot be spawned.
+pub fn spawn_watchdog(
+    live: Arc<Liveness>,
+    notifier: Notifier,
+    check: Duration,
+    stop: Arc<AtomicBool>,
+) -> std::io::Result<JoinHandle<()>> {
+    let check = check.max(MIN_CHECK);
+    std::thread::Builder::new()
+        .name("lbagent-watchdog".into())
+        .spawn(move || {
+            let mut progress = Progress::default();
+            let mut stalled_since: Option<Instant> = None;
+            loop {
+                let t0 = Instant::now();
+                while t0.elapsed() < check {
+                    if stop.load(Ordering::Relaxed) {
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(20).min(check));
+                }
+                match progress.stalled(&live.counts()) {
+                    None => {
+                        if let Some(since) = stalled_since.take() {
+                            eprintln!(
+                                "lbagent: every loop turns again after {} ms; watchdog pings resume",
+                                since.elapsed().as_millis()
+                            );
+                        }
+                        notifier.notify_or_log("lbagent", "WATCHDOG=1");
+                    }
+                    Some(i) => {
+                        if stalled_since.is_none() {
+                            stalled_since = Some(Instant::now());
+                            eprintln!(
+                                "lbagent: {} has not turned its loop for {} ms; withholding the systemd watchdog ping",
+                                live.name(i),
+                                check.as_millis()
+                            );
+                        }
+                    }
+                }
+            }
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::runtime::Agent;
+    use crate::config::Config;
+    use crate::sdnotify::Target;
+    use std::net::Ipv4Addr;
+    use std::os::unix::net::UnixDatagram;
+
+    #[test]
+    fn progress_names_the_first_loop_that_did_not_move() {
+        let mut p = Progress::default();
+        assert_eq!(p.stalled(&[0, 3, 1]), Some(0), "never turned");
+        assert_eq!(p.stalled(&[1, 4, 2]), None);
+        assert_eq!(p.stalled(&[2, 4, 3]), Some(1));
+        assert_eq!(p.stalled(&[3, 4, 4]), Some(1), "still stuck");
+        assert_eq!(p.stalled(&[4, 5, 5]), None, "moving again");
+        assert_eq!(p.stalled(&[5, 6, 5]), Some(2));
+    }
+
+    #[test]
+    fn beats_count_per_slot() {
+        let live = Liveness::new(2);
+        let (a, c) = (live.shard(1), live.control());
+        a.beat();
+        a.beat();
+        c.beat();
+        assert_eq!(live.counts(), vec![0, 2, 1]);
+        assert_eq!(live.name(0), "shard 0");
+        assert_eq!(live.name(2), "the control core");
+    }
+
+    /// Pings received within `within`.
+    fn pings(sock: &UnixDatagram, within: Duration) -> usize {
+        let t0 = Instant::now();
+        let mut n = 0;
+        let mut buf = [0u8; 64];
+        while let Some(left) = within.checked_sub(t0.elapsed()) {
+            sock.set_read_timeout(Some(left.max(Duration::from_millis(1))))
+                .unwrap();
+            match sock.recv(&mut buf) {
+                Ok(len) => {
+                    assert_eq!(&buf[..len], b"WATCHDOG=1");
+                    n += 1;
+                }
+                Err(_) => break,
+            }
+        }
+        n
+    }
+
+    /// Waits up to `limit` for one ping.
+    fn a_ping_within(sock: &UnixDatagram, limit: Duration) -> bool {
+        sock.set_read_timeout(Some(limit)).unwrap();
+        let mut buf = [0u8; 64];
+        sock.recv(&mut buf).is_ok()
+    }
+
+    #[test]
+    fn the_watchdog_stops_while_a_shard_is_blocked() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = Config::default();
+        config.agent.base_port = 0;
+        config.agent.shards = 2;
+        config.agent.route_servers = vec!["127.0.0.1:1".into()];
+        config.agent.reporters = vec!["127.0.0.1:1".into()];
+        config.agent.heartbeat_path = dir.path().join("heartbeat");
+        config.agent.snapshot_path = dir.path().join("routes.snapshot");
+        config.agent.metrics_addr = (Ipv4Addr::LOCALHOST, 0).into();
+        let agent = Agent::start(&config).expect("the agent starts");
+        let live = agent.liveness();
+
+        let sock_path = dir.path().join("notify");
+        let sock = UnixDatagram::bind(&sock_path).unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let check = Duration::from_millis(300);
+        let dog = spawn_watchdog(
+            live.clone(),
+            Notifier::new(Target::Path(sock_path)),
+            check,
+            stop.clone(),
+        )
+        .unwrap();
+
+        // Healthy: pings arrive.
+        let healthy = a_ping_within(&sock, Duration::from_secs(20))
+            && a_ping_within(&sock, Duration::from_secs(20));
+
+        // Wedge shard 1. Once its counter is frozen, at most the next check
+        // can still see it moved; after a few intervals no ping may come.
+        live.block_for_test(1, true);
+        let frozen = {
+            let t0 = Instant::now();
+            let mut prev = live.counts()[1];
+            loop {
+                std::thread::sleep(Duration::from_millis(200));
+                let now = live.counts()[1];
+                if now == prev || t0.elapsed() > Duration::from_secs(20) {
+                    break now == prev;
+                }
+                prev = now;
+            }
+        };
+        std::thread::sleep(check * 4);
+        let _ = pings(&sock, Duration::from_millis(10));
+        let while_blocked = pings(&sock, check * 8);
+
+        // Released: pings resume.
+        live.block_for_test(1, false);
+        let resumed = a_ping_within(&sock, Duration::from_secs(20));
+
+        stop.store(true, Ordering::SeqCst);
+        dog.join().unwrap();
+        agent.stop().unwrap();
+        assert!(healthy, "no pings while every loop turned");
+        assert!(frozen, "the blocked shard's counter kept moving");
+        assert_eq!(while_blocked, 0, "pings while shard 1 was blocked");
+        assert!(resumed, "no ping after the shard was released");
+    }
+}
