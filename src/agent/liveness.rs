@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use super::runtime::Agent;
 use crate::sdnotify::Notifier;
 
 /// One loop's counter, alone on its cache line so that shards writing
@@ -127,6 +128,59 @@ impl Progress {
     }
 }
 
+/// The agent's side of systemd's notification protocol (`Type=notify`).
+/// Dropping it stops and joins the watchdog thread.
+pub struct Systemd {
+    notifier: Notifier,
+    quit: Arc<AtomicBool>,
+    watchdog: Option<JoinHandle<()>>,
+}
+
+impl Systemd {
+    /// Sends `READY=1` (call once `agent` serves: ports bound, snapshot
+    /// loaded) and, when systemd asks for a watchdog (`$WATCHDOG_USEC`),
+    /// starts [`spawn_watchdog`] checking every half interval. Without
+    /// `$NOTIFY_SOCKET` it does nothing.
+    ///
+    /// # Errors
+    /// The watchdog thread cannot be spawned.
+    pub fn ready(agent: &Agent) -> std::io::Result<Systemd> {
+        let notifier = Notifier::from_env();
+        notifier.notify_or_log("lbagent", "READY=1");
+        let quit = Arc::new(AtomicBool::new(false));
+        let watchdog = match crate::sdnotify::watchdog_interval() {
+            Some(every) if notifier.enabled() => Some(spawn_watchdog(
+                agent.liveness(),
+                Notifier::from_env(),
+                every / 2,
+                quit.clone(),
+            )?),
+            _ => None,
+        };
+        Ok(Systemd {
+            notifier,
+            quit,
+            watchdog,
+        })
+    }
+
+    /// Sends `STOPPING=1` and stops the watchdog pings (call when the
+    /// shutdown begins: the loops are about to end).
+    pub fn stopping(&self) {
+        self.quit.store(true, Ordering::SeqCst);
+        self.notifier.notify_or_log("lbagent", "STOPPING=1");
+    }
+}
+
+impl Drop for Systemd {
+    fn drop(&mut self) {
+        self.quit.store(true, Ordering::SeqCst);
+        if let Some(w) = self.watchdog.take() {
+            let _ = w.join();
+        }
+    }
+}
+
 /// The shortest check interval: several of an idle loop's 50 ms ticks.
 pub const MIN_CHECK: Duration = Duration::from_millis(250);
 
@@ -185,7 +239,6 @@ pub fn spawn_watchdog(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::agent::runtime::Agent;
     use crate::config::Config;
     use crate::sdnotify::Target;
     use std::net::Ipv4Addr;

@@ -256,26 +256,11 @@ pub fn run(config: &Config) -> anyhow::Result<()> {
         agent.metrics_addr(),
         agent.routes_loaded()
     );
-    // systemd (Type=notify): ready now that the ports are bound and the
-    // snapshot loaded; pings only while every loop turns.
-    let notifier = crate::sdnotify::Notifier::from_env();
-    notifier.notify_or_log("lbagent", "READY=1");
-    let watchdog = match crate::sdnotify::watchdog_interval() {
-        Some(every) if notifier.enabled() => Some(liveness::spawn_watchdog(
-            agent.liveness(),
-            crate::sdnotify::Notifier::from_env(),
-            every / 2,
-            agent.stop_flag(),
-        )?),
-        _ => None,
-    };
+    let systemd = liveness::Systemd::ready(&agent)?;
     crate::signal::wait();
-    notifier.notify_or_log("lbagent", "STOPPING=1");
+    systemd.stopping();
     let t0 = Instant::now();
     agent.stop()?;
-    if let Some(w) = watchdog {
-        let _ = w.join();
-    }
     eprintln!("lbagent: stopped in {} ms", t0.elapsed().as_millis());
     Ok(())
 }
