@@ -138,18 +138,8 @@ impl Reporter {
         whole
             .validate()
             .context("invalid [reporter] configuration")?;
-        let agents = TcpListener::bind(cfg.listen).with_context(|| {
-            format!(
-                "cannot listen for agents on {} (reporter.listen): pick a free address",
-                cfg.listen
-            )
-        })?;
-        let metrics = TcpListener::bind(cfg.metrics_addr).with_context(|| {
-            format!(
-                "cannot listen for metrics on {} (reporter.metrics_addr): pick a free address",
-                cfg.metrics_addr
-            )
-        })?;
+        let agents = bind(cfg.listen, "agents", "reporter.listen")?;
+        let metrics = bind(cfg.metrics_addr, "metrics", "reporter.metrics_addr")?;
         let addr = agents
             .local_addr()
             .context("the agents' listener has no address")?;
@@ -188,7 +178,12 @@ impl Reporter {
                 .with_context(|| format!("cannot start writer thread {i}"))?;
             reporter.writers.push(handle);
         }
-        reporter.ingest = Some(Ingest::start(agents, metrics, shared)?);
+        reporter.ingest = Some(Ingest::start(
+            agents,
+            metrics,
+            shared,
+            ingest::ConnLimits::of(cfg),
+        )?);
         Ok(reporter)
     }
 
@@ -269,6 +264,24 @@ impl Reporter {
         }
         Ok(())
     }
+}
+
+/// A listener on `addr` (`field` in the configuration), bound without
+/// `SO_REUSEPORT`: a port another process holds is refused as "address in
+/// use", naming the port.
+fn bind(addr: SocketAddr, what: &str, field: &str) -> anyhow::Result<TcpListener> {
+    TcpListener::bind(addr).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::AddrInUse {
+            anyhow::anyhow!(
+                "cannot listen for {what} on {addr} ({field}): address in use: port {} is held by another process (another reporter?)",
+                addr.port()
+            )
+        } else {
+            anyhow::anyhow!(e).context(format!(
+                "cannot listen for {what} on {addr} ({field}): pick a free address"
+            ))
+        }
+    })
 }
 
 impl Drop for Reporter {
