@@ -207,7 +207,7 @@ impl Reporter {
     ///
     /// # Errors
     /// When rows could not be written in time (how many, and the store's
-    /// last error; the log says it too), or the executor failed.
+    /// last error: said once, here, not in the log), or the executor failed.
     pub fn stop(self) -> anyhow::Result<()> {
         self.stop_within(STOP_FLUSH)
     }
@@ -255,12 +255,11 @@ impl Reporter {
                 (None, 0) => "the writers ended first".to_string(),
                 (None, n) => format!("{n} writers were still inside a database call"),
             };
-            let msg = format!(
+            // Said once, by whoever gets the error (the binary prints it).
+            bail!(
                 "stopped with {left} rows not written to the store within {} s; they are lost ({why})",
                 flush.as_secs_f64()
             );
-            self.shared.log(&msg);
-            bail!(msg);
         }
         Ok(())
     }
@@ -287,7 +286,9 @@ fn bind(addr: SocketAddr, what: &str, field: &str) -> anyhow::Result<TcpListener
 impl Drop for Reporter {
     fn drop(&mut self) {
         if self.ingest.is_some() {
-            let _ = self.shutdown(Duration::ZERO);
+            if let Err(e) = self.shutdown(Duration::ZERO) {
+                self.shared.log(&format!("{e:#}"));
+            }
         }
     }
 }

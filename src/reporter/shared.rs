@@ -46,6 +46,8 @@ pub(super) struct Core {
     pub(super) loss: LossNotes,
     /// Per writer: connected, and its last write succeeded.
     pub(super) writer_up: Vec<bool>,
+    /// Per writer: since when its current write runs.
+    pub(super) writing_since: Vec<Option<Instant>>,
     /// Writer threads not ended yet.
     pub(super) running: usize,
     /// See [`Phase`].
@@ -100,6 +102,7 @@ impl Shared {
                 buffer: Buffer::new(writers, bound),
                 loss: LossNotes::new(LOSS_NOTE_INTERVAL_MS),
                 writer_up: vec![false; writers],
+                writing_since: vec![None; writers],
                 running: 0,
                 phase: Phase::Running,
                 last_error: None,
@@ -237,7 +240,16 @@ impl Shared {
     pub(super) fn stats(&self) -> ReporterStats {
         let (counts, buffered, bound, writers, writers_up) = {
             let core = self.lock();
-            let up = core.writer_up.iter().filter(|&&u| u).count();
+            let now = Instant::now();
+            let stalled = |since: &Option<Instant>| {
+                since.is_some_and(|t| now.saturating_duration_since(t) > super::writer::WRITE_STALL)
+            };
+            let up = core
+                .writer_up
+                .iter()
+                .zip(&core.writing_since)
+                .filter(|(&u, since)| u && !stalled(since))
+                .count();
             (
                 core.buffer.counts(),
                 core.buffer.len(),
