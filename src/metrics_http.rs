@@ -142,7 +142,10 @@ pub fn serve_blocking(
     while !stop.load(Ordering::Relaxed) {
         fds.clear();
         fds.push(pollfd(listener.as_raw_fd(), libc::POLLIN));
-        fds.extend(open.iter().map(|x| pollfd(x.stream.as_raw_fd(), x.events())));
+        fds.extend(
+            open.iter()
+                .map(|x| pollfd(x.stream.as_raw_fd(), x.events())),
+        );
         let now = Instant::now();
         let wait = open
             .iter()
@@ -239,7 +242,10 @@ mod tests {
     fn the_busy_response_says_its_length_right() {
         let text = std::str::from_utf8(BUSY_RESPONSE).unwrap();
         let (head, body) = text.split_once("\r\n\r\n").unwrap();
-        assert!(head.contains(&format!("Content-Length: {}", body.len())), "{text}");
+        assert!(
+            head.contains(&format!("Content-Length: {}", body.len())),
+            "{text}"
+        );
     }
 
     /// Starts [`serve_blocking`] on a free port; returns its address, the

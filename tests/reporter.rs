@@ -802,8 +802,13 @@ fn a_silent_connection_is_closed_after_the_idle_timeout() {
     assert_eq!(agent.answers(1), acks(1..=1));
     let t0 = Instant::now();
     assert!(agent.closed_by_peer(), "the idle connection is closed");
-    assert!(t0.elapsed() >= Duration::from_millis(900), "not before the timeout");
-    wait_for("the idle close counted", || metric(&r, "idle_closed_total") == 1);
+    assert!(
+        t0.elapsed() >= Duration::from_millis(900),
+        "not before the timeout"
+    );
+    wait_for("the idle close counted", || {
+        metric(&r, "idle_closed_total") == 1
+    });
     r.stop().unwrap();
 }
 
@@ -823,7 +828,9 @@ fn a_frame_announced_large_and_sent_slowly_is_cut_at_the_read_timeout() {
     for a in &mut lorises {
         assert!(a.closed_by_peer(), "a slow frame is cut");
     }
-    wait_for("every cut counted", || metric(&r, "read_timeouts_total") == 30);
+    wait_for("every cut counted", || {
+        metric(&r, "read_timeouts_total") == 30
+    });
     wait_for("nothing held", || metric(&r, "partial_bytes") == 0);
     r.stop().unwrap();
 }
@@ -834,8 +841,13 @@ fn incomplete_frames_past_the_byte_bound_close_the_connection_that_passes_it() {
     let mut big = Agent::connect(r.addr());
     big.send(&(8u32 << 20).to_le_bytes());
     big.send(&vec![0u8; (1 << 20) + 4096]);
-    assert!(big.closed_by_peer(), "the connection passing the bound is closed");
-    wait_for("the close counted", || metric(&r, "buffer_full_closed_total") == 1);
+    assert!(
+        big.closed_by_peer(),
+        "the connection passing the bound is closed"
+    );
+    wait_for("the close counted", || {
+        metric(&r, "buffer_full_closed_total") == 1
+    });
     // Others are served.
     let mut agent = Agent::connect(r.addr());
     let content = vec![(ModuleId::new(2, 2), nodes(80, 2))];

@@ -227,7 +227,11 @@ impl Board {
         let mut text = render(&per, &self.total(), &self.store(), self.started, now);
         let mut m = Text(String::new());
         let help = "Metrics connections answered 503: too many were open.";
-        m.counter("metrics_connections_refused_total", help, self.http.refused());
+        m.counter(
+            "metrics_connections_refused_total",
+            help,
+            self.http.refused(),
+        );
         let help = "Metrics connections closed for taking too long.";
         m.counter("metrics_timeouts_total", help, self.http.timed_out());
         text.push_str(&m.0);
@@ -347,7 +351,10 @@ fn render(
     m.gauge("subscriptions", help, t.subscriptions as f64);
     let refused = [
         ("{bound=\"connection\"}", t.subscriptions_refused as f64),
-        ("{bound=\"total\"}", t.subscriptions_refused_total_bound as f64),
+        (
+            "{bound=\"total\"}",
+            t.subscriptions_refused_total_bound as f64,
+        ),
     ];
     let help = "Subscriptions refused (the pull was answered): the connection, or every \
                 connection together, holds the most allowed.";
@@ -419,6 +426,7 @@ pub fn serve(listener: TcpListener, board: Arc<Board>, stop: Arc<AtomicBool>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     /// The value of the sample `name` (labels included) in `text`.
     fn sample(text: &str, name: &str) -> f64 {

@@ -75,8 +75,8 @@ use crate::config::DnsServerConfig;
 use crate::store::{StoreError, StoreUrl};
 use metrics::Board;
 use reload::Poller;
-use subs::Budget;
 pub use reload::StoreOpener;
+use subs::Budget;
 
 /// How long a start waits for the first load before serving without it.
 pub const START_WAIT: Duration = Duration::from_secs(5);
@@ -113,7 +113,19 @@ impl DnsServer {
     /// than this binary.
     pub fn start(cfg: &DnsServerConfig, store: StoreUrl) -> anyhow::Result<DnsServer> {
         let label = store.to_string();
-        DnsServer::start_with(cfg, label, Box::new(move || crate::store::open(&store)))
+        // Only the first open may create a SQLite file: a file deleted
+        // later is reported, never silently replaced by an empty one.
+        let mut opened = false;
+        let open = move || {
+            let result = if opened {
+                crate::store::open_existing(&store)
+            } else {
+                crate::store::open(&store)
+            };
+            opened |= result.is_ok();
+            result
+        };
+        DnsServer::start_with(cfg, label, Box::new(open))
     }
 
     /// [`Self::start`] on a store reached through `open` (`label` names it
@@ -326,7 +338,12 @@ fn check(cfg: &DnsServerConfig) -> anyhow::Result<()> {
         ("full_reload_interval", cfg.full_reload_interval, 1, 86_400),
         ("idle_timeout", cfg.idle_timeout, 1, 86_400),
         ("io_memory_kib", u64::from(cfg.io_memory_kib), 64, 1_048_576),
-        ("max_connections", u64::from(cfg.max_connections), 1, 1_000_000),
+        (
+            "max_connections",
+            u64::from(cfg.max_connections),
+            1,
+            1_000_000,
+        ),
         (
             "max_subscriptions_per_connection",
             u64::from(cfg.max_subscriptions_per_connection),

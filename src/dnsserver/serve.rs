@@ -316,13 +316,11 @@ async fn accept_loop(
                     connections.max()
                 );
                 let mut frame = Vec::new();
-                let resp = exec.borrow_mut().enc.error_resp(
-                    0,
-                    ModuleId::new(0, 0),
-                    RetCode::Unavailable,
-                    &message,
-                )
-                .to_vec();
+                let resp = exec
+                    .borrow_mut()
+                    .enc
+                    .error_resp(0, ModuleId::new(0, 0), RetCode::Unavailable, &message)
+                    .to_vec();
                 write_frame(&mut frame, &resp).expect("a short ErrorResp fits a frame");
                 glommio::spawn_local(refuse(stream, frame)).detach();
             }

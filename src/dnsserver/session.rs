@@ -515,7 +515,11 @@ mod tests {
         out.clear();
         h.read(&frame(Encoder::new().pull_req(9, &[A])), &mut out)
             .unwrap();
-        assert_eq!(replies(&out).len(), 2, "A is answered, and refused a subscription");
+        assert_eq!(
+            replies(&out).len(),
+            2,
+            "A is answered, and refused a subscription"
+        );
     }
 
     #[test]

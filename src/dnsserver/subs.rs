@@ -359,7 +359,11 @@ mod tests {
         assert_eq!(r2.subscribe(b, A), Subscribed::New);
         assert_eq!(r2.subscribe(b, B), Subscribed::TotalFull);
         assert!(!r2.is_subscribed(b, B));
-        assert_eq!(r1.subscribe(a, A), Subscribed::Already, "what is held stays");
+        assert_eq!(
+            r1.subscribe(a, A),
+            Subscribed::Already,
+            "what is held stays"
+        );
         assert_eq!(budget.used(), 3);
         r1.release(a);
         assert_eq!(budget.used(), 1);

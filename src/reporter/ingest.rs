@@ -292,7 +292,9 @@ fn deadline(
 ) -> (Instant, Expired) {
     let idle = last_frame + limits.idle_timeout;
     match partial_since {
-        Some(t) if t + limits.read_timeout < idle => (t + limits.read_timeout, Expired::ReadTimeout),
+        Some(t) if t + limits.read_timeout < idle => {
+            (t + limits.read_timeout, Expired::ReadTimeout)
+        }
         _ => (idle, Expired::Idle),
     }
 }

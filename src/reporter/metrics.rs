@@ -27,6 +27,8 @@ pub struct ReporterStats {
     pub buffer_full_closed: u64,
     /// Bytes of incomplete frames held now, every connection together.
     pub partial_bytes: u64,
+    /// Times a writer found the SQLite file deleted or replaced.
+    pub store_replaced: u64,
     /// Metrics connections answered 503 (too many open).
     pub metrics_refused: u64,
     /// Metrics connections closed for taking too long.
@@ -66,7 +68,7 @@ impl ReporterStats {
 /// The Prometheus text exposition (format 0.0.4) of `s`.
 pub fn render(s: &ReporterStats) -> String {
     let mut o = String::with_capacity(4096);
-    let figures: [(&str, &str, &str, u64); 23] = [
+    let figures: [(&str, &str, &str, u64); 24] = [
         ("connections", "gauge", "Agent connections open now.", s.connections_open),
         ("connections_total", "counter", "Agent connections accepted.", s.connections),
         ("reports_total", "counter", "StatsReports accepted and acknowledged.", s.reports),
@@ -107,6 +109,12 @@ pub fn render(s: &ReporterStats) -> String {
             s.buffer_full_closed,
         ),
         ("partial_bytes", "gauge", "Bytes of incomplete frames held now.", s.partial_bytes),
+        (
+            "store_replaced_total",
+            "counter",
+            "Times a writer found the store's SQLite file deleted or replaced under it (the rows stay buffered).",
+            s.store_replaced,
+        ),
         (
             "metrics_connections_refused_total",
             "counter",
@@ -201,6 +209,14 @@ mod tests {
             write_failures: 14,
             writers: 3,
             writers_up: 2,
+            connections_refused: 15,
+            idle_closed: 16,
+            read_timeouts: 17,
+            buffer_full_closed: 18,
+            partial_bytes: 19,
+            store_replaced: 20,
+            metrics_refused: 21,
+            metrics_timeouts: 22,
         };
         let text = render(&s);
         let want = [
@@ -221,6 +237,14 @@ mod tests {
             ("writers", 3),
             ("writers_up", 2),
             ("store_up", 0),
+            ("connections_refused_total", 15),
+            ("idle_closed_total", 16),
+            ("read_timeouts_total", 17),
+            ("buffer_full_closed_total", 18),
+            ("partial_bytes", 19),
+            ("store_replaced_total", 20),
+            ("metrics_connections_refused_total", 21),
+            ("metrics_timeouts_total", 22),
         ];
         for (name, value) in want {
             let full = format!("lbagent_reporter_{name}");

@@ -116,7 +116,20 @@ impl Reporter {
     /// # Errors
     /// See [`Reporter::start_with`].
     pub fn start(cfg: &ReporterConfig, store: StoreUrl) -> anyhow::Result<Reporter> {
-        let open: OpenStore = Arc::new(move || crate::store::open(&store));
+        // Only the first open may create a SQLite file: one deleted later
+        // is reported and the rows kept, never written to a new empty file.
+        let opened = std::sync::atomic::AtomicBool::new(false);
+        let open: OpenStore = Arc::new(move || {
+            let result = if opened.load(std::sync::atomic::Ordering::Acquire) {
+                crate::store::open_existing(&store)
+            } else {
+                crate::store::open(&store)
+            };
+            if result.is_ok() {
+                opened.store(true, std::sync::atomic::Ordering::Release);
+            }
+            result
+        });
         Reporter::start_with(cfg, open, Log::stderr())
     }
 

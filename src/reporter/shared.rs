@@ -79,6 +79,8 @@ pub(super) struct Shared {
     pub(super) buffer_full_closed: AtomicU64,
     /// Bytes of incomplete frames held now, every connection together.
     pub(super) partial_bytes: AtomicU64,
+    /// Times a writer found the SQLite file deleted or replaced.
+    pub(super) store_replaced: AtomicU64,
     /// What the metrics endpoint refused or timed out.
     pub(super) http: crate::metrics_http::HttpCounters,
     log: Log,
@@ -120,6 +122,7 @@ impl Shared {
             read_timeouts: AtomicU64::new(0),
             buffer_full_closed: AtomicU64::new(0),
             partial_bytes: AtomicU64::new(0),
+            store_replaced: AtomicU64::new(0),
             http: crate::metrics_http::HttpCounters::default(),
             log,
             batch_rows: batch_rows.max(1),
@@ -269,6 +272,7 @@ impl Shared {
             read_timeouts: self.read_timeouts.load(Ordering::Relaxed),
             buffer_full_closed: self.buffer_full_closed.load(Ordering::Relaxed),
             partial_bytes: self.partial_bytes.load(Ordering::Relaxed),
+            store_replaced: self.store_replaced.load(Ordering::Relaxed),
             metrics_refused: self.http.refused(),
             metrics_timeouts: self.http.timed_out(),
             rows_accepted: counts.accepted,

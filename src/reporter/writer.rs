@@ -233,6 +233,11 @@ impl<'a> Writer<'a> {
     /// An attempt to connect or to write failed.
     fn down(&mut self, e: &StoreError) {
         self.failures = self.failures.saturating_add(1);
+        if matches!(e, StoreError::Replaced { .. }) {
+            self.shared
+                .store_replaced
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         self.shared.write_failed();
         {
             let mut core = self.shared.lock();
