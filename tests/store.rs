@@ -734,21 +734,49 @@ fn postgres_reconnects_after_the_connection_is_lost() {
     let Kind::Postgres { schema, .. } = &db.kind else {
         unreachable!()
     };
+    let ours = format!("application_name = '{schema}' AND pid <> pg_backend_pid()");
+    // Terminates the store's backend and waits until it is gone, so that
+    // the store's next call meets a dead connection whatever the load.
+    let cut = || {
+        let killed = db.count(&format!(
+            "SELECT COUNT(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE {ours}"
+        ));
+        assert_eq!(killed, 1);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while db.count(&format!(
+            "SELECT COUNT(*) FROM pg_stat_activity WHERE {ours}"
+        )) > 0
+        {
+            assert!(Instant::now() < deadline, "the backend outlived 30 s");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
     let mut s = db.open();
     s.add_node(m(1, 1), node("10.0.0.1:80", 1)).unwrap();
-    let killed = db.count(&format!(
-        "SELECT COUNT(pg_terminate_backend(pid)) FROM pg_stat_activity
-          WHERE application_name = '{schema}' AND pid <> pg_backend_pid()"
-    ));
-    assert_eq!(killed, 1);
-    // The first call may learn of the loss; a retry connects again.
+
+    // A read: only the call that meets the loss may fail, and it says so;
+    // every call after it runs on a new connection.
+    cut();
     match s.route_version() {
         Ok(1) => {}
-        Err(StoreError::Unavailable { why, .. }) => println!("first call after the loss: {why}"),
+        Err(StoreError::Unavailable { why, .. }) => println!("first read after the loss: {why}"),
         other => panic!("{other:?}"),
     }
-    assert_eq!(s.route_version().unwrap(), 1);
-    assert_eq!(s.add_node(m(1, 1), node("10.0.0.2:80", 1)).unwrap(), 2);
+    for _ in 0..3 {
+        assert_eq!(s.route_version().unwrap(), 1);
+    }
+
+    // A write: the same.
+    cut();
+    match s.add_node(m(1, 1), node("10.0.0.2:80", 1)) {
+        Ok(2) => {}
+        Err(StoreError::Unavailable { why, .. }) => {
+            println!("first write after the loss: {why}");
+            assert_eq!(s.add_node(m(1, 1), node("10.0.0.2:80", 1)).unwrap(), 2);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(s.add_node(m(1, 1), node("10.0.0.3:80", 1)).unwrap(), 3);
 }
 
 #[test]
