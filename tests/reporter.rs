@@ -948,3 +948,59 @@ fn a_write_blocked_by_a_lock_shows_the_store_down() {
     wait_for("store_up 1", || metric(&r, "store_up") == 1);
     r.stop().unwrap();
 }
+
+/// At a stop, rows held because the database was busy are written within
+/// the flush bound on PostgreSQL too (skipped without
+/// LBAGENT_TEST_POSTGRES_URL, as the store tests).
+#[test]
+fn stop_writes_what_is_buffered_on_postgres() {
+    let Ok(base) = std::env::var("LBAGENT_TEST_POSTGRES_URL") else {
+        println!("note: LBAGENT_TEST_POSTGRES_URL is not set: skipping");
+        return;
+    };
+    let schema = format!("lbagent_test_rstop_{}", std::process::id());
+    let mut admin = ::postgres::Client::connect(&base, ::postgres::NoTls).unwrap();
+    admin
+        .batch_execute(&format!(
+            "DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema};"
+        ))
+        .unwrap();
+    let sep = if base.contains('?') { '&' } else { '?' };
+    let url = format!("{base}{sep}options=-csearch_path%3D{schema}");
+    let store_url: StoreUrl = url.parse().unwrap();
+    let r = Reporter::start(&config(2, 10, 10_000), store_url.clone()).expect("start");
+    wait_for("store_up", || metric(&r, "store_up") == 1);
+
+    // Hold the table: every write waits, so the rows stay buffered.
+    let mut locker = ::postgres::Client::connect(&url, ::postgres::NoTls).unwrap();
+    let mut lock = locker.transaction().unwrap();
+    lock.batch_execute("LOCK TABLE server_call_status IN ACCESS EXCLUSIVE MODE")
+        .unwrap();
+    let mut agent = Agent::connect(r.addr());
+    let mut bytes = Vec::new();
+    for seq in 1..=9u64 {
+        let content = vec![(ModuleId::new(seq as u32, 1), nodes(80, 5))];
+        bytes.extend(frame(seq, 1, 1_700_000_000, &content));
+    }
+    agent.send(&bytes);
+    assert_eq!(agent.answers(9), acks(1..=9));
+    assert!(metric(&r, "rows_buffered") > 0);
+
+    // The stop begins while the lock is held; the lock goes 1 s later.
+    let stopping = thread::spawn(move || r.stop());
+    thread::sleep(Duration::from_secs(1));
+    lock.rollback().unwrap();
+    stopping
+        .join()
+        .unwrap()
+        .expect("every row written within the flush bound");
+    let rows = store::open(&store_url).unwrap().call_status(None).unwrap();
+    assert_eq!(
+        rows.len(),
+        45,
+        "all 9 reports' rows reached server_call_status"
+    );
+    admin
+        .batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
+        .unwrap();
+}
