@@ -307,7 +307,8 @@ mod tests {
         // The next one is told why and closed (it reads before it sends:
         // a request left unread at the close would turn it into a reset).
         let mut next = TcpStream::connect(addr).unwrap();
-        next.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        next.set_read_timeout(Some(Duration::from_secs(30)))
+            .unwrap();
         let mut text = String::new();
         next.read_to_string(&mut text).unwrap();
         assert!(text.starts_with("HTTP/1.1 503"), "{text}");

@@ -252,8 +252,13 @@ fn add_del_and_list(db: &Db) {
     s.add_node(m(2, 1), node("10.0.0.1:81", 0)).unwrap(); // weight 0: unset
     s.add_node(m(2, 1), node("10.0.0.1:80", MAX_WEIGHT))
         .unwrap();
-    s.add_node(m(1, 7), node("255.255.255.255:65535", 1))
+    s.add_node(m(1, 7), node("223.255.255.255:65535", 1))
         .unwrap();
+    // What cannot be a node is refused: broadcast, unspecified, multicast.
+    for bad in ["255.255.255.255:80", "0.0.0.0:80", "239.1.1.1:80"] {
+        let e = s.add_node(m(1, 7), node(bad, 1)).unwrap_err();
+        assert!(matches!(e, StoreError::BadInput(_)), "{bad}: {e}");
+    }
 
     let all = s.list(None).unwrap();
     assert_eq!(
@@ -271,7 +276,7 @@ fn add_del_and_list(db: &Db) {
     );
     assert_eq!(
         all[0].nodes,
-        vec![node("255.255.255.255:65535", 1)],
+        vec![node("223.255.255.255:65535", 1)],
         "the top of every range round-trips"
     );
     assert_eq!(s.list(Some(m(1, 7))).unwrap(), vec![all[0].clone()]);
@@ -283,7 +288,7 @@ fn add_del_and_list(db: &Db) {
         nodes_of(&mut *s, m(2, 1)),
         vec![node("10.0.0.1:80", MAX_WEIGHT), node("10.0.0.2:80", 3)]
     );
-    s.del_node(m(1, 7), addr("255.255.255.255:65535")).unwrap();
+    s.del_node(m(1, 7), addr("223.255.255.255:65535")).unwrap();
     let all = s.load_all().unwrap();
     assert_eq!(
         all.modules.len(),
