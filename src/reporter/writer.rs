@@ -211,13 +211,15 @@ impl<'a> Writer<'a> {
         }
     }
 
-    /// A connection was opened. It says nothing of whether writes work (a
-    /// read-only or locked database opens fine): after failures the
-    /// writer stays down, and the back-off keeps growing, until a write
-    /// succeeds.
+    /// A connection was opened. That says little of whether writes work (a
+    /// read-only or locked database opens fine): after failures, a writer
+    /// with rows to write stays down, and its back-off keeps growing, until
+    /// a write succeeds. One with nothing to write has no better evidence
+    /// than the open, and counts up.
     fn connected(&mut self) {
-        if self.failures == 0 {
-            self.shared.lock().writer_up[self.i] = true;
+        let mut core = self.shared.lock();
+        if self.failures == 0 || core.buffer.waiting(self.i) == 0 {
+            core.writer_up[self.i] = true;
         }
     }
 
