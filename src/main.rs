@@ -50,10 +50,12 @@ enum Command {
     Standalone(StandaloneArgs),
     /// Edit or list the routes in the store. Each change is one
     /// transaction (routes, version, change log): route servers push it to
-    /// the agents within a second. Exit status: 0 done; 1 store unavailable;
-    /// 2 bad command line (an unparseable address, port 0 or above 65535);
-    /// 65 refused (a duplicate node, deleting what is not there), nothing
-    /// changed.
+    /// the agents within a second. A SQLite store is never created unless
+    /// `route add --create` asks (or standalone's first start made it).
+    /// Exit status: 0 done; 1 store unavailable or missing; 2 bad command
+    /// line (an unparseable or non-unicast address, port 0 or above 65535,
+    /// a weight outside 1..=1000000); 65 refused (a duplicate node,
+    /// deleting what is not there), nothing changed.
     #[command(subcommand)]
     Route(RouteCommand),
     /// Ask the local agent for a node of a module, through the client
@@ -141,10 +143,12 @@ enum RouteCommand {
         modid: u32,
         /// Command id.
         cmdid: u32,
-        /// The node, A.B.C.D:PORT.
+        /// The node, A.B.C.D:PORT: a unicast address (not 0.0.0.0,
+        /// 255.255.255.255 or multicast) and a port in 1..=65535.
+        #[arg(value_parser = unicast_node)]
         node: NodeAddr,
-        /// The node's weight / capacity (balance policy).
-        #[arg(long, default_value_t = 1)]
+        /// The node's weight / capacity (balance policy), 1..=1000000.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=i64::from(store::MAX_WEIGHT)))]
         weight: u32,
         /// The store: `sqlite:PATH` or a `postgres://` URL (default: store.url
         /// of --config, else sqlite:./lbagent-data/lbagent.db, the
@@ -154,6 +158,11 @@ enum RouteCommand {
         /// A configuration file whose store.url to use.
         #[arg(long, value_name = "FILE")]
         config: Option<PathBuf>,
+        /// Create the SQLite store when its file does not exist (without
+        /// it, a path that names no file is an error: a mistyped path
+        /// never becomes a new, empty store).
+        #[arg(long)]
+        create: bool,
     },
     /// Remove a node from a module's route.
     Del {
@@ -341,8 +350,18 @@ fn route(cmd: RouteCommand) -> ExitCode {
         Ok(c) => c,
         Err(code) => return code,
     };
-    let mut db = match store::open(&url) {
+    let create = matches!(cmd, RouteCommand::Add { create: true, .. });
+    let opened = if create {
+        store::open(&url)
+    } else {
+        store::open_existing(&url)
+    };
+    let mut db = match opened {
         Ok(s) => s,
+        Err(e @ StoreError::Missing { .. }) => {
+            eprintln!("lbagent route: {e} (`route add --create` makes a new store)");
+            return ExitCode::FAILURE;
+        }
         Err(e) => {
             eprintln!("lbagent route: {e}");
             return ExitCode::FAILURE;
@@ -351,7 +370,10 @@ fn route(cmd: RouteCommand) -> ExitCode {
     let refused = |e: StoreError| {
         eprintln!("lbagent route: {e}");
         match e {
-            StoreError::Unavailable { .. } | StoreError::SchemaTooNew { .. } => ExitCode::FAILURE,
+            StoreError::Unavailable { .. }
+            | StoreError::SchemaTooNew { .. }
+            | StoreError::Missing { .. }
+            | StoreError::Replaced { .. } => ExitCode::FAILURE,
             StoreError::BadUrl(_) => ExitCode::from(EXIT_CONFIG),
             _ => ExitCode::from(EXIT_REFUSED),
         }
@@ -413,6 +435,28 @@ fn route(cmd: RouteCommand) -> ExitCode {
             }
             ExitCode::SUCCESS
         }
+    }
+}
+
+/// A node address that can be a node: [`NodeAddr`]'s syntax, and a
+/// unicast IPv4 address (not unspecified, broadcast or multicast).
+fn unicast_node(s: &str) -> Result<NodeAddr, String> {
+    let node: NodeAddr = s.parse().map_err(|e| format!("{e}"))?;
+    let ip = std::net::Ipv4Addr::from(node.ip);
+    let what = if ip.is_unspecified() {
+        Some("the unspecified address")
+    } else if ip.is_broadcast() {
+        Some("the broadcast address")
+    } else if ip.is_multicast() {
+        Some("a multicast address")
+    } else {
+        None
+    };
+    match what {
+        Some(what) => Err(format!(
+            "{ip} is {what}, not a node: give the node's unicast IPv4 address"
+        )),
+        None => Ok(node),
     }
 }
 

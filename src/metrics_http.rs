@@ -1,10 +1,53 @@
 //! The one HTTP exchange the metrics endpoints of the agent, the route
 //! server and the reporter serve: read a request head, answer `GET
-//! /metrics` with the Prometheus text and anything else with 404. Pure:
-//! each server's shell reads and writes the socket its own way.
+//! /metrics` with the Prometheus text and anything else with 404
+//! ([`head_complete`], [`response`]: pure), and the bounds every endpoint
+//! keeps: at most [`MAX_CONNECTIONS`] connections at once (one more is
+//! answered 503 and closed), and [`REQUEST_TIMEOUT`] for a connection to
+//! send its request and take its answer. [`serve_blocking`] is the
+//! endpoint of a server that gives it a thread of its own; a glommio
+//! server keeps the same bounds in its own shell.
+
+use std::io::{self, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 /// The longest request head read; a longer one is answered as it stands.
 pub const MAX_REQUEST_HEAD: usize = 8192;
+
+/// Most connections a metrics endpoint holds at once; one more is answered
+/// [`BUSY_RESPONSE`] and closed, counted as refused.
+pub const MAX_CONNECTIONS: usize = 32;
+
+/// How long a connection may take to send its request and read the
+/// answer; then it is closed, counted as timed out.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// What a connection past [`MAX_CONNECTIONS`] is told before it is closed.
+pub const BUSY_RESPONSE: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nContent-Length: 57\r\nConnection: close\r\n\r\ntoo many metrics connections open: try again in a moment\n";
+
+/// What an endpoint refused, for its own metrics.
+#[derive(Debug, Default)]
+pub struct HttpCounters {
+    /// Connections answered 503 because [`MAX_CONNECTIONS`] were open.
+    pub refused: AtomicU64,
+    /// Connections closed at [`REQUEST_TIMEOUT`] without a whole exchange.
+    pub timed_out: AtomicU64,
+}
+
+impl HttpCounters {
+    /// The connections refused so far.
+    pub fn refused(&self) -> u64 {
+        self.refused.load(Ordering::Relaxed)
+    }
+
+    /// The connections timed out so far.
+    pub fn timed_out(&self) -> u64 {
+        self.timed_out.load(Ordering::Relaxed)
+    }
+}
 
 /// Whether `req` holds a whole request head (or as much as will be read).
 pub fn head_complete(req: &[u8]) -> bool {
@@ -30,9 +73,152 @@ pub fn response(req: &[u8], body: impl FnOnce() -> String) -> String {
     }
 }
 
+/// One connection of [`serve_blocking`]: reading its head, then writing
+/// its answer.
+struct Exchange {
+    stream: TcpStream,
+    req: Vec<u8>,
+    out: Vec<u8>,
+    written: usize,
+    deadline: Instant,
+}
+
+impl Exchange {
+    /// Moves what the socket allows; true when the exchange is over.
+    fn step(&mut self, body: &dyn Fn() -> String) -> bool {
+        let mut buf = [0u8; 512];
+        while self.out.is_empty() {
+            match self.stream.read(&mut buf) {
+                Ok(0) => return true,
+                Ok(n) => {
+                    self.req.extend_from_slice(&buf[..n]);
+                    if head_complete(&self.req) {
+                        self.out = response(&self.req, body).into_bytes();
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return false,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => return true,
+            }
+        }
+        while self.written < self.out.len() {
+            match self.stream.write(&self.out[self.written..]) {
+                Ok(0) => return true,
+                Ok(n) => self.written += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return false,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => return true,
+            }
+        }
+        true
+    }
+
+    fn events(&self) -> libc::c_short {
+        if self.out.is_empty() {
+            libc::POLLIN
+        } else {
+            libc::POLLOUT
+        }
+    }
+}
+
+/// Serves `GET /metrics` with `body()` on `listener` until `stop` is set
+/// (looked at every 100 ms), on the calling thread: every connection is
+/// non-blocking and served as its bytes come, so silent connections never
+/// delay another; at most [`MAX_CONNECTIONS`] at once, each closed at
+/// [`REQUEST_TIMEOUT`]. Refusals and timeouts are counted in `counters`.
+///
+/// # Errors
+/// When `listener` cannot be made non-blocking.
+pub fn serve_blocking(
+    listener: &TcpListener,
+    stop: &AtomicBool,
+    counters: &HttpCounters,
+    body: &dyn Fn() -> String,
+) -> io::Result<()> {
+    listener.set_nonblocking(true)?;
+    let mut open: Vec<Exchange> = Vec::new();
+    let mut fds: Vec<libc::pollfd> = Vec::new();
+    while !stop.load(Ordering::Relaxed) {
+        fds.clear();
+        fds.push(pollfd(listener.as_raw_fd(), libc::POLLIN));
+        fds.extend(
+            open.iter()
+                .map(|x| pollfd(x.stream.as_raw_fd(), x.events())),
+        );
+        let now = Instant::now();
+        let wait = open
+            .iter()
+            .map(|x| x.deadline.saturating_duration_since(now))
+            .min()
+            .unwrap_or(Duration::MAX)
+            .min(Duration::from_millis(100));
+        // SAFETY: `fds` is a valid array of `fds.len()` pollfds.
+        unsafe {
+            libc::poll(
+                fds.as_mut_ptr(),
+                fds.len() as libc::nfds_t,
+                wait.as_millis() as libc::c_int + 1,
+            )
+        };
+        let now = Instant::now();
+        let mut i = 0;
+        open.retain_mut(|x| {
+            i += 1;
+            if fds[i].revents != 0 && x.step(body) {
+                return false;
+            }
+            if now >= x.deadline {
+                counters.timed_out.fetch_add(1, Ordering::Relaxed);
+                return false;
+            }
+            true
+        });
+        accept_all(listener, &mut open, counters);
+    }
+    Ok(())
+}
+
+fn pollfd(fd: std::os::fd::RawFd, events: libc::c_short) -> libc::pollfd {
+    libc::pollfd {
+        fd,
+        events,
+        revents: 0,
+    }
+}
+
+/// Accepts every connection waiting on `listener`: into `open` while
+/// there is room, else answered 503 and closed.
+fn accept_all(listener: &TcpListener, open: &mut Vec<Exchange>, counters: &HttpCounters) {
+    loop {
+        let stream = match listener.accept() {
+            Ok((stream, _)) => stream,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            // WouldBlock, or out of descriptors: try again on the next turn.
+            Err(_) => return,
+        };
+        if stream.set_nonblocking(true).is_err() {
+            continue;
+        }
+        if open.len() >= MAX_CONNECTIONS {
+            counters.refused.fetch_add(1, Ordering::Relaxed);
+            let _ = (&stream).write(BUSY_RESPONSE);
+            continue;
+        }
+        open.push(Exchange {
+            stream,
+            req: Vec::new(),
+            out: Vec::new(),
+            written: 0,
+            deadline: Instant::now() + REQUEST_TIMEOUT,
+        });
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
 
     #[test]
     fn metrics_get_the_text_and_other_paths_a_404() {
@@ -50,5 +236,85 @@ mod tests {
         assert!(!head_complete(b"GET /metrics HTTP/1.1\r\n"));
         assert!(head_complete(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"));
         assert!(head_complete(&[b'a'; MAX_REQUEST_HEAD]));
+    }
+
+    #[test]
+    fn the_busy_response_says_its_length_right() {
+        let text = std::str::from_utf8(BUSY_RESPONSE).unwrap();
+        let (head, body) = text.split_once("\r\n\r\n").unwrap();
+        assert!(
+            head.contains(&format!("Content-Length: {}", body.len())),
+            "{text}"
+        );
+    }
+
+    /// Starts [`serve_blocking`] on a free port; returns its address, the
+    /// stop flag, the counters and the thread.
+    fn endpoint() -> (
+        std::net::SocketAddr,
+        Arc<AtomicBool>,
+        Arc<HttpCounters>,
+        std::thread::JoinHandle<()>,
+    ) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let counters = Arc::new(HttpCounters::default());
+        let (s, c) = (stop.clone(), counters.clone());
+        let h = std::thread::spawn(move || {
+            serve_blocking(&listener, &s, &c, &|| "up 1\n".to_string()).unwrap()
+        });
+        (addr, stop, counters, h)
+    }
+
+    fn scrape(addr: std::net::SocketAddr) -> String {
+        let mut s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        s.write_all(b"GET /metrics HTTP/1.1\r\n\r\n").unwrap();
+        let mut text = String::new();
+        s.read_to_string(&mut text).unwrap();
+        text
+    }
+
+    #[test]
+    fn silent_connections_do_not_delay_a_scrape_and_time_out() {
+        let (addr, stop, counters, h) = endpoint();
+        let silent: Vec<TcpStream> = (0..10).map(|_| TcpStream::connect(addr).unwrap()).collect();
+        let t0 = Instant::now();
+        let text = scrape(addr);
+        let took = t0.elapsed();
+        assert!(text.ends_with("up 1\n"), "{text}");
+        // The scrape is served beside the silent ones, not after their
+        // timeouts (10 x 2 s in turn): well under one timeout.
+        assert!(took < REQUEST_TIMEOUT, "the scrape took {took:?}");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while counters.timed_out() < 10 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert_eq!(counters.timed_out(), 10);
+        drop(silent);
+        stop.store(true, Ordering::Relaxed);
+        h.join().unwrap();
+    }
+
+    #[test]
+    fn connections_past_the_bound_are_refused_with_503() {
+        let (addr, stop, counters, h) = endpoint();
+        let held: Vec<TcpStream> = (0..MAX_CONNECTIONS)
+            .map(|_| TcpStream::connect(addr).unwrap())
+            .collect();
+        // Accepted in order: the next is the one past the bound.
+        // The next one is told why and closed (it reads before it sends:
+        // a request left unread at the close would turn it into a reset).
+        let mut next = TcpStream::connect(addr).unwrap();
+        next.set_read_timeout(Some(Duration::from_secs(30)))
+            .unwrap();
+        let mut text = String::new();
+        next.read_to_string(&mut text).unwrap();
+        assert!(text.starts_with("HTTP/1.1 503"), "{text}");
+        assert!(counters.refused() >= 1);
+        drop(held);
+        stop.store(true, Ordering::Relaxed);
+        h.join().unwrap();
     }
 }

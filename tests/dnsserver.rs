@@ -145,16 +145,32 @@ impl Db {
     }
 
     fn start(&self, threads: u32, idle_timeout: u64) -> DnsServer {
-        let cfg = DnsServerConfig {
-            listen: "127.0.0.1:0".parse().unwrap(),
-            threads,
-            poll_interval_ms: 50,
-            full_reload_interval: 1,
-            idle_timeout,
-            metrics_addr: "127.0.0.1:0".parse().unwrap(),
-            io_memory_kib: 256,
-        };
+        self.start_with(threads, idle_timeout, |_| {})
+    }
+
+    /// [`Self::start`] with the configuration changed by `f`.
+    fn start_with(
+        &self,
+        threads: u32,
+        idle_timeout: u64,
+        f: impl FnOnce(&mut DnsServerConfig),
+    ) -> DnsServer {
+        let mut cfg = test_config(threads, idle_timeout);
+        f(&mut cfg);
         DnsServer::start_with(&cfg, "sqlite:test".into(), self.opener()).unwrap()
+    }
+}
+
+fn test_config(threads: u32, idle_timeout: u64) -> DnsServerConfig {
+    DnsServerConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        threads,
+        poll_interval_ms: 50,
+        full_reload_interval: 1,
+        idle_timeout,
+        metrics_addr: "127.0.0.1:0".parse().unwrap(),
+        io_memory_kib: 256,
+        ..DnsServerConfig::default()
     }
 }
 
@@ -565,26 +581,16 @@ fn garbage_closes_only_its_own_connection() {
 
     good.pull(2, &[A]);
     assert_eq!(good.next(), answer(2, A, va, &[node(1)]));
+    // Each close is counted when its task ends and published on the next
+    // tick: wait for all three.
     eventually("the bad frames counted", || {
-        metric(
-            &server,
-            "lbagent_dnsserver_bad_frames_total{reason=\"undecodable\"}",
-        ) == 1.0
+        ["undecodable", "bad_frame", "unexpected"].iter().all(|r| {
+            metric(
+                &server,
+                &format!("lbagent_dnsserver_bad_frames_total{{reason=\"{r}\"}}"),
+            ) == 1.0
+        })
     });
-    assert_eq!(
-        metric(
-            &server,
-            "lbagent_dnsserver_bad_frames_total{reason=\"bad_frame\"}"
-        ),
-        1.0
-    );
-    assert_eq!(
-        metric(
-            &server,
-            "lbagent_dnsserver_bad_frames_total{reason=\"unexpected\"}"
-        ),
-        1.0
-    );
     server.stop().unwrap();
 }
 
@@ -761,4 +767,152 @@ fn stopping_closes_every_connection() {
     for c in &mut clients {
         assert!(c.until_closed(PATIENCE).is_empty());
     }
+}
+
+// === bounds and failures (issue 10) ===
+
+#[test]
+fn connections_past_the_bound_are_refused_clearly_and_the_others_served() {
+    let mut db = Db::new();
+    let va = db.add(A, node(1));
+    let server = db.start_with(2, 30, |c| c.max_connections = 2);
+    let mut held = [
+        Client::connect(server.addr()),
+        Client::connect(server.addr()),
+    ];
+    eventually("two open", || {
+        metric(&server, "lbagent_dnsserver_connections_accepted_total") == 2.0
+    });
+    let mut third = Client::connect(server.addr());
+    match third.until_closed(PATIENCE).as_slice() {
+        [Got::Error(0, RetCode::Unavailable, why)] => {
+            assert!(why.contains("dnsserver.max_connections = 2"), "{why}")
+        }
+        other => panic!("expected one ErrorResp Unavailable, got {other:?}"),
+    }
+    eventually("the refusal counted", || {
+        metric(&server, "lbagent_dnsserver_connections_refused_total") == 1.0
+    });
+    held[1].pull(1, &[A]);
+    assert_eq!(held[1].next(), answer(1, A, va, &[node(1)]));
+    // A closed connection gives its place back.
+    drop(held);
+    eventually("the place given back", || {
+        let mut c = Client::connect(server.addr());
+        c.pull(2, &[A]);
+        c.next_within(Duration::from_millis(500)) == Some(answer(2, A, va, &[node(1)]))
+    });
+    server.stop().unwrap();
+}
+
+#[test]
+fn subscriptions_past_either_bound_are_answered_refused_and_counted_and_held_ones_pushed() {
+    let mut db = Db::new();
+    let (va, _vb) = (db.add(A, node(1)), db.add(B, node(2)));
+    let server = db.start_with(2, 30, |c| {
+        c.max_subscriptions_per_connection = 2;
+        c.max_subscriptions = 3;
+    });
+    let mut one = Client::connect(server.addr());
+    one.pull(1, &[A, B, UNKNOWN]);
+    let got: Vec<Got> = (0..4).map(|_| one.next()).collect();
+    assert_eq!(got[0], answer(1, A, va, &[node(1)]));
+    match &got[3] {
+        Got::Error(1, RetCode::Unavailable, why) => {
+            assert!(why.contains("max_subscriptions_per_connection"), "{why}")
+        }
+        other => panic!("expected an ErrorResp, got {other:?}"),
+    }
+    let mut two = Client::connect(server.addr());
+    two.pull(1, &[A, B]);
+    let got: Vec<Got> = (0..3).map(|_| two.next()).collect();
+    match &got[2] {
+        Got::Error(1, RetCode::Unavailable, why) => {
+            assert!(why.contains("dnsserver.max_subscriptions"), "{why}")
+        }
+        other => panic!("expected an ErrorResp, got {other:?}"),
+    }
+    eventually("both refusals counted", || {
+        metric(
+            &server,
+            "lbagent_dnsserver_subscriptions_refused_total{bound=\"connection\"}",
+        ) == 1.0
+            && metric(
+                &server,
+                "lbagent_dnsserver_subscriptions_refused_total{bound=\"total\"}",
+            ) == 1.0
+    });
+    // What is held keeps being served and pushed.
+    let v2 = db.add(A, node(3));
+    assert_eq!(one.next(), push(A, v2, &[node(1), node(3)]));
+    assert_eq!(two.next(), push(A, v2, &[node(1), node(3)]));
+    server.stop().unwrap();
+}
+
+#[test]
+fn a_second_route_server_on_the_same_port_fails_with_address_in_use() {
+    let db = Db::new();
+    let first = db.start(2, 30);
+    let mut cfg = test_config(1, 30);
+    cfg.listen = first.addr();
+    let err = match DnsServer::start_with(&cfg, "sqlite:test".into(), db.opener()) {
+        Ok(_) => panic!("two route servers share port {}", first.addr().port()),
+        Err(e) => format!("{e:#}"),
+    };
+    assert!(err.contains("address in use"), "{err}");
+    assert!(
+        err.contains(&format!("port {}", first.addr().port())),
+        "{err}"
+    );
+    first.stop().unwrap();
+}
+
+#[test]
+fn a_sqlite_file_deleted_under_the_server_is_noticed_and_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("routes.db");
+    let url = StoreUrl::Sqlite(path.clone());
+    let va = store::open(&url).unwrap().add_node(A, node(1)).unwrap();
+    let server = DnsServer::start(&test_config(1, 30), url.clone()).unwrap();
+    let mut c = Client::connect(server.addr());
+    c.pull(1, &[A]);
+    assert_eq!(c.next(), answer(1, A, va, &[node(1)]));
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+    }
+    eventually("the deletion noticed", || {
+        metric(&server, "lbagent_dnsserver_store_replaced_total") == 1.0
+            && metric(&server, "lbagent_dnsserver_store_up") == 0.0
+    });
+    // Not recreated behind the operator's back, and the routes still served.
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!path.exists(), "the server created a new, empty store");
+    c.pull(2, &[A]);
+    assert_eq!(c.next(), answer(2, A, va, &[node(1)]));
+    // A store put back is picked up.
+    let mut fresh = store::open(&url).unwrap();
+    fresh.add_node(A, node(1)).unwrap();
+    let v = fresh.add_node(A, node(4)).unwrap();
+    assert_eq!(c.next(), push(A, v, &[node(1), node(4)]));
+    eventually("store_up 1", || {
+        metric(&server, "lbagent_dnsserver_store_up") == 1.0
+    });
+    server.stop().unwrap();
+}
+
+#[test]
+fn silent_metrics_connections_do_not_delay_a_scrape() {
+    let db = Db::new();
+    let server = db.start(1, 30);
+    let silent: Vec<TcpStream> = (0..10)
+        .map(|_| TcpStream::connect(server.metrics_addr()).unwrap())
+        .collect();
+    let t0 = Instant::now();
+    assert_eq!(metric(&server, "lbagent_dnsserver_store_up"), 1.0);
+    assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+    eventually("the silent ones timed out", || {
+        metric(&server, "lbagent_dnsserver_metrics_timeouts_total") == 10.0
+    });
+    drop(silent);
+    server.stop().unwrap();
 }

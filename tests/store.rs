@@ -252,8 +252,13 @@ fn add_del_and_list(db: &Db) {
     s.add_node(m(2, 1), node("10.0.0.1:81", 0)).unwrap(); // weight 0: unset
     s.add_node(m(2, 1), node("10.0.0.1:80", MAX_WEIGHT))
         .unwrap();
-    s.add_node(m(1, 7), node("255.255.255.255:65535", 1))
+    s.add_node(m(1, 7), node("223.255.255.255:65535", 1))
         .unwrap();
+    // What cannot be a node is refused: broadcast, unspecified, multicast.
+    for bad in ["255.255.255.255:80", "0.0.0.0:80", "239.1.1.1:80"] {
+        let e = s.add_node(m(1, 7), node(bad, 1)).unwrap_err();
+        assert!(matches!(e, StoreError::BadInput(_)), "{bad}: {e}");
+    }
 
     let all = s.list(None).unwrap();
     assert_eq!(
@@ -271,7 +276,7 @@ fn add_del_and_list(db: &Db) {
     );
     assert_eq!(
         all[0].nodes,
-        vec![node("255.255.255.255:65535", 1)],
+        vec![node("223.255.255.255:65535", 1)],
         "the top of every range round-trips"
     );
     assert_eq!(s.list(Some(m(1, 7))).unwrap(), vec![all[0].clone()]);
@@ -283,7 +288,7 @@ fn add_del_and_list(db: &Db) {
         nodes_of(&mut *s, m(2, 1)),
         vec![node("10.0.0.1:80", MAX_WEIGHT), node("10.0.0.2:80", 3)]
     );
-    s.del_node(m(1, 7), addr("255.255.255.255:65535")).unwrap();
+    s.del_node(m(1, 7), addr("223.255.255.255:65535")).unwrap();
     let all = s.load_all().unwrap();
     assert_eq!(
         all.modules.len(),
@@ -734,21 +739,49 @@ fn postgres_reconnects_after_the_connection_is_lost() {
     let Kind::Postgres { schema, .. } = &db.kind else {
         unreachable!()
     };
+    let ours = format!("application_name = '{schema}' AND pid <> pg_backend_pid()");
+    // Terminates the store's backend and waits until it is gone, so that
+    // the store's next call meets a dead connection whatever the load.
+    let cut = || {
+        let killed = db.count(&format!(
+            "SELECT COUNT(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE {ours}"
+        ));
+        assert_eq!(killed, 1);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while db.count(&format!(
+            "SELECT COUNT(*) FROM pg_stat_activity WHERE {ours}"
+        )) > 0
+        {
+            assert!(Instant::now() < deadline, "the backend outlived 30 s");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
     let mut s = db.open();
     s.add_node(m(1, 1), node("10.0.0.1:80", 1)).unwrap();
-    let killed = db.count(&format!(
-        "SELECT COUNT(pg_terminate_backend(pid)) FROM pg_stat_activity
-          WHERE application_name = '{schema}' AND pid <> pg_backend_pid()"
-    ));
-    assert_eq!(killed, 1);
-    // The first call may learn of the loss; a retry connects again.
+
+    // A read: only the call that meets the loss may fail, and it says so;
+    // every call after it runs on a new connection.
+    cut();
     match s.route_version() {
         Ok(1) => {}
-        Err(StoreError::Unavailable { why, .. }) => println!("first call after the loss: {why}"),
+        Err(StoreError::Unavailable { why, .. }) => println!("first read after the loss: {why}"),
         other => panic!("{other:?}"),
     }
-    assert_eq!(s.route_version().unwrap(), 1);
-    assert_eq!(s.add_node(m(1, 1), node("10.0.0.2:80", 1)).unwrap(), 2);
+    for _ in 0..3 {
+        assert_eq!(s.route_version().unwrap(), 1);
+    }
+
+    // A write: the same.
+    cut();
+    match s.add_node(m(1, 1), node("10.0.0.2:80", 1)) {
+        Ok(2) => {}
+        Err(StoreError::Unavailable { why, .. }) => {
+            println!("first write after the loss: {why}");
+            assert_eq!(s.add_node(m(1, 1), node("10.0.0.2:80", 1)).unwrap(), 2);
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(s.add_node(m(1, 1), node("10.0.0.3:80", 1)).unwrap(), 3);
 }
 
 #[test]

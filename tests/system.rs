@@ -242,7 +242,7 @@ fn route_changes_reach_a_subscribed_agent_within_2_s_and_survive_a_route_server_
 fn route_admin_refuses_bad_input_and_changes_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let store = sqlite_url(dir.path());
-    route_ok(&store, &["add", "5", "5", "10.0.0.1:80"]);
+    route_ok(&store, &["add", "5", "5", "10.0.0.1:80", "--create"]);
     let before = route(&store, &["list", "--json"]);
     assert!(before.status.success());
 
@@ -256,11 +256,32 @@ fn route_admin_refuses_bad_input_and_changes_nothing() {
         (&["del", "6", "6", "10.0.0.1:80"], "has no node"),
         (&["add", "x", "5", "10.0.0.2:80"], "invalid"),
         (&["list", "5"], "CMDID"),
+        (&["add", "5", "5", "0.0.0.0:80"], "unspecified"),
+        (&["add", "5", "5", "255.255.255.255:80"], "broadcast"),
+        (&["add", "5", "5", "224.0.0.1:80"], "multicast"),
+        (&["add", "5", "5", "10.0.0.2:80", "--weight", "0"], "weight"),
+        (
+            &["add", "5", "5", "10.0.0.2:80", "--weight", "1000001"],
+            "weight",
+        ),
     ];
     for (args, says) in refused {
         let out = route(&store, args);
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "route {args:?} was accepted");
+        let usage = args.iter().any(|a| {
+            *a == "--weight"
+                || ["0.0.0.0:", "255.255.255.255:", "224."]
+                    .iter()
+                    .any(|p| a.starts_with(p))
+        });
+        if usage {
+            assert_eq!(
+                out.status.code(),
+                Some(2),
+                "route {args:?}: a bad command line: {err}"
+            );
+        }
         assert!(
             err.contains(says),
             "route {args:?}: the error should mention {says:?}: {err}"
@@ -285,6 +306,30 @@ fn route_admin_refuses_bad_input_and_changes_nothing() {
     let text = route(&store, &["list", "5", "5"]);
     assert!(text.status.success());
     assert!(String::from_utf8_lossy(&text.stdout).contains("10.0.0.1:80"));
+}
+
+#[test]
+fn route_commands_never_create_a_store_unless_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let mistyped = format!("sqlite:{}", dir.path().join("lbagnet.db").display());
+    for args in [
+        &["list"][..],
+        &["add", "1", "1", "10.0.0.1:80"][..],
+        &["del", "1", "1", "10.0.0.1:80"][..],
+    ] {
+        let out = route(&mistyped, args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "route {args:?}: {err}");
+        assert!(err.contains("does not exist"), "route {args:?}: {err}");
+        assert!(err.contains("--create"), "route {args:?} says how: {err}");
+        assert!(
+            std::fs::read_dir(dir.path()).unwrap().next().is_none(),
+            "route {args:?} created a file"
+        );
+    }
+    route_ok(&mistyped, &["add", "1", "1", "10.0.0.1:80", "--create"]);
+    let list = route(&mistyped, &["list"]);
+    assert!(String::from_utf8_lossy(&list.stdout).contains("10.0.0.1:80"));
 }
 
 #[test]

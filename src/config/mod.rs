@@ -185,6 +185,15 @@ pub struct DnsServerConfig {
     pub metrics_addr: SocketAddr,
     /// glommio registered I/O memory per executor, KiB.
     pub io_memory_kib: u32,
+    /// Most agent connections open at once, across executors; a
+    /// connection past it is answered ErrorResp `Unavailable` and closed.
+    pub max_connections: u32,
+    /// Most modules one connection may subscribe to; a pull past it is
+    /// answered but not subscribed, with ErrorResp `Unavailable`.
+    pub max_subscriptions_per_connection: u32,
+    /// Most subscriptions held at once across every connection; past it as
+    /// for the per-connection bound.
+    pub max_subscriptions: u32,
 }
 
 impl Default for DnsServerConfig {
@@ -197,6 +206,9 @@ impl Default for DnsServerConfig {
             idle_timeout: 30,
             metrics_addr: SocketAddr::from((Ipv4Addr::LOCALHOST, 9777)),
             io_memory_kib: 512,
+            max_connections: 10_000,
+            max_subscriptions_per_connection: 262_144,
+            max_subscriptions: 4_194_304,
         }
     }
 }
@@ -218,6 +230,17 @@ pub struct ReporterConfig {
     pub retry_max_ms: u64,
     /// Loopback address of the metrics endpoint; port 0 picks a free port.
     pub metrics_addr: SocketAddr,
+    /// Most agent connections open at once; a connection past it is
+    /// answered ErrorResp `Unavailable` and closed.
+    pub max_connections: u32,
+    /// Seconds a connection may stay without a complete frame before it is
+    /// closed (an agent reconnects when it has statistics to send).
+    pub idle_timeout: u64,
+    /// Milliseconds a frame, once begun, may take to arrive whole.
+    pub read_timeout_ms: u64,
+    /// Most bytes of frames not yet complete held across every connection;
+    /// the connection whose bytes pass it is closed.
+    pub max_buffered_bytes: u64,
 }
 
 impl Default for ReporterConfig {
@@ -229,6 +252,10 @@ impl Default for ReporterConfig {
             buffer_rows: 1_000_000,
             retry_max_ms: 5000,
             metrics_addr: SocketAddr::from((Ipv4Addr::LOCALHOST, 9778)),
+            max_connections: 10_000,
+            idle_timeout: 300,
+            read_timeout_ms: 10_000,
+            max_buffered_bytes: 64 << 20,
         }
     }
 }
@@ -405,6 +432,19 @@ impl Config {
         in_range("dnsserver.idle_timeout", d.idle_timeout, 1, 86_400)?;
         loopback("dnsserver.metrics_addr", d.metrics_addr)?;
         in_range("dnsserver.io_memory_kib", d.io_memory_kib, 64, 1_048_576)?;
+        in_range("dnsserver.max_connections", d.max_connections, 1, 1_000_000)?;
+        in_range(
+            "dnsserver.max_subscriptions_per_connection",
+            d.max_subscriptions_per_connection,
+            1,
+            16_777_216,
+        )?;
+        in_range(
+            "dnsserver.max_subscriptions",
+            d.max_subscriptions,
+            1,
+            268_435_456,
+        )?;
 
         let r = &self.reporter;
         in_range("reporter.writers", r.writers, 1, 256)?;
@@ -419,6 +459,15 @@ impl Config {
         }
         in_range("reporter.retry_max_ms", r.retry_max_ms, 10, 600_000)?;
         loopback("reporter.metrics_addr", r.metrics_addr)?;
+        in_range("reporter.max_connections", r.max_connections, 1, 1_000_000)?;
+        in_range("reporter.idle_timeout", r.idle_timeout, 1, 86_400)?;
+        in_range("reporter.read_timeout_ms", r.read_timeout_ms, 100, 600_000)?;
+        in_range(
+            "reporter.max_buffered_bytes",
+            r.max_buffered_bytes,
+            1 << 20,
+            16 << 30,
+        )?;
         Ok(())
     }
 }

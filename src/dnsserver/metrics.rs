@@ -9,12 +9,10 @@
 
 use crate::metrics_http;
 use std::fmt::Write as _;
-use std::io::{self, Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::net::TcpListener;
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// One serving executor's counters and gauges.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -44,6 +42,11 @@ pub struct Counters {
     pub keepalives: u64,
     /// Subscriptions refused: the connection holds the most allowed.
     pub subscriptions_refused: u64,
+    /// Subscriptions refused: every connection together holds the most
+    /// allowed (`dnsserver.max_subscriptions`).
+    pub subscriptions_refused_total_bound: u64,
+    /// Connections refused: `dnsserver.max_connections` were open.
+    pub connections_refused: u64,
     /// Open connections (gauge).
     pub connections: u64,
     /// Subscriptions of open connections (gauge).
@@ -131,6 +134,9 @@ pub struct StoreStatus {
     pub modules_refused: u64,
     /// Rows the store skipped as malformed in its last read (gauge).
     pub bad_rows: u64,
+    /// Times the store's file was found deleted or replaced under the
+    /// server (SQLite).
+    pub store_replaced: u64,
     /// When the last full reload succeeded.
     pub last_full_reload: Option<Instant>,
     /// When the store last answered.
@@ -144,6 +150,8 @@ pub struct Board {
     started: Instant,
     executors: Vec<Mutex<Counters>>,
     store: Mutex<StoreStatus>,
+    /// What the metrics endpoint refused or timed out.
+    pub http: metrics_http::HttpCounters,
 }
 
 impl Board {
@@ -153,6 +161,7 @@ impl Board {
             started: Instant::now(),
             executors: (0..executors).map(|_| Mutex::default()).collect(),
             store: Mutex::default(),
+            http: metrics_http::HttpCounters::default(),
         }
     }
 
@@ -197,6 +206,8 @@ impl Board {
             t.pushes += c.pushes;
             t.keepalives += c.keepalives;
             t.subscriptions_refused += c.subscriptions_refused;
+            t.subscriptions_refused_total_bound += c.subscriptions_refused_total_bound;
+            t.connections_refused += c.connections_refused;
             t.connections += c.connections;
             t.subscriptions += c.subscriptions;
         }
@@ -213,7 +224,18 @@ impl Board {
         let per: Vec<Counters> = (0..self.executors.len())
             .map(|i| self.executor(i))
             .collect();
-        render(&per, &self.total(), &self.store(), self.started, now)
+        let mut text = render(&per, &self.total(), &self.store(), self.started, now);
+        let mut m = Text(String::new());
+        let help = "Metrics connections answered 503: too many were open.";
+        m.counter(
+            "metrics_connections_refused_total",
+            help,
+            self.http.refused(),
+        );
+        let help = "Metrics connections closed for taking too long.";
+        m.counter("metrics_timeouts_total", help, self.http.timed_out());
+        text.push_str(&m.0);
+        text
     }
 }
 
@@ -327,8 +349,18 @@ fn render(
     m.counter("keepalives_total", "KeepAlives answered.", t.keepalives);
     let help = "Module subscriptions of open connections.";
     m.gauge("subscriptions", help, t.subscriptions as f64);
-    let help = "Subscriptions refused: the connection holds the most allowed.";
-    m.counter("subscriptions_refused_total", help, t.subscriptions_refused);
+    let refused = [
+        ("{bound=\"connection\"}", t.subscriptions_refused as f64),
+        (
+            "{bound=\"total\"}",
+            t.subscriptions_refused_total_bound as f64,
+        ),
+    ];
+    let help = "Subscriptions refused (the pull was answered): the connection, or every \
+                connection together, holds the most allowed.";
+    m.family("subscriptions_refused_total", "counter", help, &refused);
+    let help = "Connections refused: dnsserver.max_connections were open.";
+    m.counter("connections_refused_total", help, t.connections_refused);
 
     let help = "1 when the last store operation succeeded, 0 when the store is \
                 unreachable or refusing.";
@@ -366,6 +398,8 @@ fn render(
     m.gauge("modules_refused", help, s.modules_refused as f64);
     let help = "Malformed store rows skipped by the last read.";
     m.gauge("store_bad_rows", help, s.bad_rows as f64);
+    let help = "Times the store's SQLite file was found deleted or replaced under the server.";
+    m.counter("store_replaced_total", help, s.store_replaced);
     let age = |at: Option<Instant>| {
         now.saturating_duration_since(at.unwrap_or(started))
             .as_secs_f64()
@@ -379,57 +413,20 @@ fn render(
 
 // === the endpoint ===
 
-/// How long a metrics client may take to send its request.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// Serves `GET /metrics` from `board` on `listener` (non-blocking) until
-/// `stop` is set; checks `stop` every 100 ms. One request per connection,
-/// answered in turn (a scrape is small and rare).
+/// Serves `GET /metrics` from `board` on `listener` until `stop` is set,
+/// within the bounds of [`metrics_http::serve_blocking`] (counted in
+/// `board.http`).
 pub fn serve(listener: TcpListener, board: Arc<Board>, stop: Arc<AtomicBool>) {
-    while !stop.load(Ordering::Relaxed) {
-        match listener.accept() {
-            Ok((stream, _)) => {
-                let _ = answer(stream, &board);
-            }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => wait_readable(&listener, 100),
-            Err(_) => std::thread::sleep(Duration::from_millis(100)),
-        }
+    let body = || board.render(Instant::now());
+    if let Err(e) = metrics_http::serve_blocking(&listener, &stop, &board.http, &body) {
+        eprintln!("lbagent dnsserver: the metrics endpoint stopped: {e}");
     }
-}
-
-fn wait_readable(listener: &TcpListener, ms: i32) {
-    let mut pfd = libc::pollfd {
-        fd: listener.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd for the duration of the call.
-    unsafe { libc::poll(&mut pfd, 1, ms) };
-}
-
-fn answer(mut stream: TcpStream, board: &Board) -> io::Result<()> {
-    stream.set_nonblocking(false)?;
-    stream.set_read_timeout(Some(REQUEST_TIMEOUT))?;
-    stream.set_write_timeout(Some(REQUEST_TIMEOUT))?;
-    let deadline = Instant::now() + REQUEST_TIMEOUT;
-    let mut req = Vec::with_capacity(512);
-    let mut buf = [0u8; 512];
-    while !metrics_http::head_complete(&req) {
-        if Instant::now() >= deadline {
-            return Ok(());
-        }
-        match stream.read(&mut buf)? {
-            0 => return Ok(()),
-            n => req.extend_from_slice(&buf[..n]),
-        }
-    }
-    let resp = metrics_http::response(&req, || board.render(Instant::now()));
-    stream.write_all(resp.as_bytes())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     /// The value of the sample `name` (labels included) in `text`.
     fn sample(text: &str, name: &str) -> f64 {

@@ -17,9 +17,20 @@
 //! # Threads
 //!
 //! `dnsserver.threads` glommio executors, pinned to cores, each accepting
-//! on its own `SO_REUSEPORT` listener of the same address, so that no
-//! connection is handed between threads; one store thread; one metrics
-//! thread. The store thread builds each new table and sends it, with the
+//! on its own handle (a `dup`) of one listening socket, so that no
+//! connection is handed between threads; the socket has no
+//! `SO_REUSEPORT`, so another process cannot bind the same port ("address
+//! in use"); one store thread; one metrics thread.
+//!
+//! # Bounds
+//!
+//! `dnsserver.max_connections` connections and `dnsserver.max_subscriptions`
+//! subscriptions across executors (shared [`subs::Budget`]s), at most
+//! `dnsserver.max_subscriptions_per_connection` per connection; past one, a
+//! clear ErrorResp `Unavailable` and a counter, while everything already
+//! held keeps being served. A connection is closed after
+//! `dnsserver.idle_timeout` seconds without a complete frame, so bytes that
+//! never make a frame do not keep it open. The store thread builds each new table and sends it, with the
 //! changed modules, to every executor over a channel that the executor
 //! drains on its tick: executors never wait for the store, and each
 //! switches table and queues the matching pushes at the same instant, so a
@@ -50,9 +61,7 @@ pub mod subs;
 pub mod table;
 
 use std::io;
-use std::mem::MaybeUninit;
 use std::net::{SocketAddr, TcpListener};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::Arc;
@@ -67,6 +76,7 @@ use crate::store::{StoreError, StoreUrl};
 use metrics::Board;
 use reload::Poller;
 pub use reload::StoreOpener;
+use subs::Budget;
 
 /// How long a start waits for the first load before serving without it.
 pub const START_WAIT: Duration = Duration::from_secs(5);
@@ -103,7 +113,19 @@ impl DnsServer {
     /// than this binary.
     pub fn start(cfg: &DnsServerConfig, store: StoreUrl) -> anyhow::Result<DnsServer> {
         let label = store.to_string();
-        DnsServer::start_with(cfg, label, Box::new(move || crate::store::open(&store)))
+        // Only the first open may create a SQLite file: a file deleted
+        // later is reported, never silently replaced by an empty one.
+        let mut opened = false;
+        let open = move || {
+            let result = if opened {
+                crate::store::open_existing(&store)
+            } else {
+                crate::store::open(&store)
+            };
+            opened |= result.is_ok();
+            result
+        };
+        DnsServer::start_with(cfg, label, Box::new(open))
     }
 
     /// [`Self::start`] on a store reached through `open` (`label` names it
@@ -125,14 +147,10 @@ impl DnsServer {
             cfg.threads as usize
         };
         let listeners = retry_in_use(|| bind_all(cfg.listen, threads))
-            .with_context(|| format!("cannot listen on dnsserver.listen = {}", cfg.listen))?;
+            .map_err(|e| in_use_named(e, "dnsserver.listen", cfg.listen))?;
         let addr = listeners[0].local_addr()?;
-        let metrics = retry_in_use(|| TcpListener::bind(cfg.metrics_addr)).with_context(|| {
-            format!(
-                "cannot bind the metrics endpoint dnsserver.metrics_addr = {}",
-                cfg.metrics_addr
-            )
-        })?;
+        let metrics = retry_in_use(|| TcpListener::bind(cfg.metrics_addr))
+            .map_err(|e| in_use_named(e, "dnsserver.metrics_addr", cfg.metrics_addr))?;
         metrics.set_nonblocking(true)?;
         let metrics_addr = metrics.local_addr()?;
         let board = Arc::new(Board::new(threads));
@@ -179,6 +197,8 @@ impl DnsServer {
 
         let io_memory = cfg.io_memory_kib as usize * 1024;
         let idle_timeout_ms = cfg.idle_timeout.saturating_mul(1000);
+        let subscriptions = Arc::new(Budget::new(cfg.max_subscriptions as usize));
+        let connections = Arc::new(Budget::new(cfg.max_connections as usize));
         for (i, (listener, updates)) in listeners.into_iter().zip(receivers).enumerate() {
             let parts = serve::ExecParts {
                 index: i,
@@ -187,6 +207,9 @@ impl DnsServer {
                 board: board.clone(),
                 stop: server.stop.clone(),
                 idle_timeout_ms,
+                max_subscriptions_per_connection: cfg.max_subscriptions_per_connection as usize,
+                subscriptions: subscriptions.clone(),
+                connections: connections.clone(),
             };
             let handle = LocalExecutorBuilder::new(Placement::Fixed(i % ncpu))
                 .name(&format!("lbagent-dns-{i}"))
@@ -310,12 +333,30 @@ pub fn run(cfg: &DnsServerConfig, store: StoreUrl) -> anyhow::Result<()> {
 /// Refuses values the route server cannot run with (the same ranges as
 /// `Config::validate`, for callers that build the table by hand).
 fn check(cfg: &DnsServerConfig) -> anyhow::Result<()> {
-    let checks: [(&str, u64, u64, u64); 5] = [
+    let checks: [(&str, u64, u64, u64); 8] = [
         ("threads", u64::from(cfg.threads), 0, 1024),
         ("poll_interval_ms", cfg.poll_interval_ms, 10, 60_000),
         ("full_reload_interval", cfg.full_reload_interval, 1, 86_400),
         ("idle_timeout", cfg.idle_timeout, 1, 86_400),
         ("io_memory_kib", u64::from(cfg.io_memory_kib), 64, 1_048_576),
+        (
+            "max_connections",
+            u64::from(cfg.max_connections),
+            1,
+            1_000_000,
+        ),
+        (
+            "max_subscriptions_per_connection",
+            u64::from(cfg.max_subscriptions_per_connection),
+            1,
+            16_777_216,
+        ),
+        (
+            "max_subscriptions",
+            u64::from(cfg.max_subscriptions),
+            1,
+            268_435_456,
+        ),
     ];
     for (field, value, min, max) in checks {
         if !(min..=max).contains(&value) {
@@ -339,100 +380,32 @@ fn retry_in_use<T>(mut bind: impl FnMut() -> io::Result<T>) -> io::Result<T> {
     }
 }
 
-/// `n` listeners on `addr`, all with `SO_REUSEPORT`; port 0 is resolved by
-/// the first and reused by the others.
+/// `n` handles of one listening socket on `addr` (port 0: a free port),
+/// one per executor. One socket, without `SO_REUSEPORT`, so that no other
+/// process can bind the port beside this one ("address in use"); each
+/// executor accepts on its own handle (a `dup`), and the kernel hands each
+/// connection to exactly one of them.
 fn bind_all(addr: SocketAddr, n: usize) -> io::Result<Vec<TcpListener>> {
-    let first = bind_reuseport(addr)?;
-    let addr = first.local_addr()?;
-    let mut all = vec![first];
+    let first = TcpListener::bind(addr)?;
+    first.set_nonblocking(true)?;
+    let mut all = Vec::with_capacity(n);
     for _ in 1..n {
-        all.push(bind_reuseport(addr)?);
+        all.push(first.try_clone()?);
     }
+    all.insert(0, first);
     Ok(all)
 }
 
-/// A non-blocking listener on `addr` with `SO_REUSEADDR` and
-/// `SO_REUSEPORT` set before binding (the standard library cannot).
-fn bind_reuseport(addr: SocketAddr) -> io::Result<TcpListener> {
-    let domain = match addr {
-        SocketAddr::V4(_) => libc::AF_INET,
-        SocketAddr::V6(_) => libc::AF_INET6,
-    };
-    let flags = libc::SOCK_STREAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK;
-    // SAFETY: plain system call; the result is checked.
-    let fd = unsafe { libc::socket(domain, flags, 0) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
+/// `e`, saying which port is taken when the address is in use.
+fn in_use_named(e: io::Error, field: &str, addr: SocketAddr) -> anyhow::Error {
+    if e.kind() == io::ErrorKind::AddrInUse {
+        anyhow!(
+            "cannot listen on {field} = {addr}: address in use: port {} is held by another process (another route server?)",
+            addr.port()
+        )
+    } else {
+        anyhow!(e).context(format!("cannot listen on {field} = {addr}"))
     }
-    // SAFETY: `fd` is a socket we just created and nobody else owns.
-    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
-    for opt in [libc::SO_REUSEADDR, libc::SO_REUSEPORT] {
-        let one: libc::c_int = 1;
-        // SAFETY: a valid socket and a pointer to a c_int of the given size.
-        let rc = unsafe {
-            libc::setsockopt(
-                sock.as_raw_fd(),
-                libc::SOL_SOCKET,
-                opt,
-                (&one as *const libc::c_int).cast(),
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            )
-        };
-        if rc != 0 {
-            return Err(io::Error::last_os_error());
-        }
-    }
-    let (storage, len) = sockaddr(addr);
-    // SAFETY: `storage` holds a sockaddr of `len` bytes for `domain`.
-    let rc = unsafe { libc::bind(sock.as_raw_fd(), storage.as_ptr().cast(), len) };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: a bound socket.
-    if unsafe { libc::listen(sock.as_raw_fd(), 1024) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(TcpListener::from(sock))
-}
-
-/// `addr` as a C socket address and its length.
-fn sockaddr(addr: SocketAddr) -> (MaybeUninit<libc::sockaddr_storage>, libc::socklen_t) {
-    let mut storage = MaybeUninit::<libc::sockaddr_storage>::zeroed();
-    let len = match addr {
-        SocketAddr::V4(a) => {
-            let sin = libc::sockaddr_in {
-                sin_family: libc::AF_INET as libc::sa_family_t,
-                sin_port: a.port().to_be(),
-                sin_addr: libc::in_addr {
-                    s_addr: u32::from_ne_bytes(a.ip().octets()),
-                },
-                sin_zero: [0; 8],
-            };
-            // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in.
-            unsafe { storage.as_mut_ptr().cast::<libc::sockaddr_in>().write(sin) };
-            std::mem::size_of::<libc::sockaddr_in>()
-        }
-        SocketAddr::V6(a) => {
-            let sin6 = libc::sockaddr_in6 {
-                sin6_family: libc::AF_INET6 as libc::sa_family_t,
-                sin6_port: a.port().to_be(),
-                sin6_flowinfo: a.flowinfo(),
-                sin6_addr: libc::in6_addr {
-                    s6_addr: a.ip().octets(),
-                },
-                sin6_scope_id: a.scope_id(),
-            };
-            // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in6.
-            unsafe {
-                storage
-                    .as_mut_ptr()
-                    .cast::<libc::sockaddr_in6>()
-                    .write(sin6)
-            };
-            std::mem::size_of::<libc::sockaddr_in6>()
-        }
-    };
-    (storage, len as libc::socklen_t)
 }
 
 #[cfg(test)]
@@ -440,17 +413,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn listeners_share_one_port() {
+    fn listeners_share_one_port_that_no_one_else_can_bind() {
         let all = bind_all("127.0.0.1:0".parse().unwrap(), 3).unwrap();
-        let port = all[0].local_addr().unwrap().port();
-        assert_ne!(port, 0);
+        let addr = all[0].local_addr().unwrap();
+        assert_ne!(addr.port(), 0);
         for l in &all {
-            assert_eq!(l.local_addr().unwrap().port(), port);
+            assert_eq!(l.local_addr().unwrap(), addr);
         }
-        let v6 = bind_reuseport("[::1]:0".parse().unwrap());
-        if let Ok(l) = v6 {
-            assert!(l.local_addr().unwrap().is_ipv6());
-        }
+        let e = bind_all(addr, 2).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::AddrInUse);
+        let e = in_use_named(e, "dnsserver.listen", addr).to_string();
+        assert!(e.contains(&format!("port {} is held", addr.port())), "{e}");
+        assert!(e.contains("address in use"), "{e}");
     }
 
     #[test]

@@ -36,7 +36,9 @@ use crate::store::{Store, StoreError};
 use crate::wire::Encoder;
 
 /// Opens a connection to the store; called at start and after every
-/// failure.
+/// failure ([`DnsServer::start`](super::DnsServer::start) creates a
+/// missing SQLite file only on the first call: see
+/// [`crate::store::open_existing`]).
 pub type StoreOpener = Box<dyn FnMut() -> Result<Box<dyn Store>, StoreError> + Send>;
 
 /// A new table for the executors, with what changed since the previous.
@@ -148,9 +150,15 @@ impl Poller {
                 }
                 // Reconnect next time: the connection may be what broke.
                 self.store = None;
+                let replaced = matches!(e, StoreError::Replaced { .. });
+                if replaced {
+                    self.status.store_replaced += 1;
+                }
                 if self.down_since.is_none() {
                     self.down_since = Some(now);
                     polled.notes.push(self.down_note(&e));
+                } else if replaced {
+                    polled.notes.push(e.to_string());
                 }
                 self.status.up = false;
                 polled.error = Some(e);

@@ -1,8 +1,8 @@
 //! One serving executor: the glommio shell around [`Session`] and
 //! [`Registry`].
 //!
-//! Each executor accepts on its own `SO_REUSEPORT` listener (the kernel
-//! spreads connections), runs one task per connection, and one tick task:
+//! Each executor accepts on its own handle of the server's one listening
+//! socket (the kernel gives each connection to one of them), runs one task per connection, and one tick task:
 //! the low-precision timer that installs new tables and queues their
 //! pushes, expires silent connections, publishes the counters and watches
 //! for the stop flag. Everything on the executor is single-threaded; the
@@ -33,10 +33,11 @@ use glommio::net::{TcpListener, TcpStream};
 use super::metrics::{Board, Counters};
 use super::reload::Update;
 use super::session::{CloseReason, Ctx, Session};
-use super::subs::{ConnId, Registry};
+use super::subs::{Budget, ConnId, Registry};
 use super::table::RouteTable;
 use crate::agent::conn::{race, Either};
-use crate::wire::{write_frame, Encoder};
+use crate::model::ModuleId;
+use crate::wire::{write_frame, Encoder, RetCode};
 
 /// The tick: how often an executor installs updates, checks deadlines and
 /// publishes its counters.
@@ -50,9 +51,6 @@ pub const MAX_PENDING: usize = 16 << 20;
 
 /// An output buffer grown past this is given back after its write.
 const KEEP_OUT: usize = 256 << 10;
-
-/// The most modules one connection may subscribe to.
-pub const MAX_SUBSCRIPTIONS: usize = 1 << 20;
 
 /// How long a stopping executor waits for its connections to close.
 const DRAIN: Duration = Duration::from_secs(2);
@@ -71,6 +69,12 @@ pub struct ExecParts {
     pub stop: Arc<AtomicBool>,
     /// Milliseconds of silence after which a connection is closed.
     pub idle_timeout_ms: u64,
+    /// Most modules one connection may subscribe to.
+    pub max_subscriptions_per_connection: usize,
+    /// Subscriptions across every executor.
+    pub subscriptions: Arc<Budget>,
+    /// Connections open across every executor.
+    pub connections: Arc<Budget>,
 }
 
 /// What the tick and the connection tasks share on one executor.
@@ -140,11 +144,18 @@ pub async fn run(parts: ExecParts) {
         board,
         stop,
         idle_timeout_ms,
+        max_subscriptions_per_connection,
+        subscriptions,
+        connections,
     } = parts;
     let t0 = Instant::now();
     let exec = Rc::new(RefCell::new(Exec {
         table: Arc::new(RouteTable::unloaded()),
-        registry: Registry::new(idle_timeout_ms, MAX_SUBSCRIPTIONS),
+        registry: Registry::with_budget(
+            idle_timeout_ms,
+            max_subscriptions_per_connection,
+            subscriptions,
+        ),
         enc: Encoder::new(),
         counters: Counters::default(),
         now: 0,
@@ -154,7 +165,7 @@ pub async fn run(parts: ExecParts) {
     let mut updates_open = drain_updates(&exec, &updates);
     // SAFETY: a bound, listening, non-blocking TCP socket that we own.
     let listener = unsafe { TcpListener::from_raw_fd(listener.into_raw_fd()) };
-    let acceptor = glommio::spawn_local(accept_loop(listener, exec.clone(), t0));
+    let acceptor = glommio::spawn_local(accept_loop(listener, exec.clone(), t0, connections));
 
     let mut expired = Vec::new();
     while !stop.load(Ordering::Relaxed) {
@@ -289,10 +300,30 @@ async fn shut_down(exec: &Rc<RefCell<Exec>>) {
     }
 }
 
-async fn accept_loop(listener: TcpListener, exec: Rc<RefCell<Exec>>, t0: Instant) {
+async fn accept_loop(
+    listener: TcpListener,
+    exec: Rc<RefCell<Exec>>,
+    t0: Instant,
+    connections: Arc<Budget>,
+) {
     let mut last_error_log: Option<Instant> = None;
     loop {
         match listener.accept().await {
+            Ok(stream) if !connections.try_take() => {
+                exec.borrow_mut().counters.connections_refused += 1;
+                let message = format!(
+                    "the route server holds dnsserver.max_connections = {} connections: try again later",
+                    connections.max()
+                );
+                let mut frame = Vec::new();
+                let resp = exec
+                    .borrow_mut()
+                    .enc
+                    .error_resp(0, ModuleId::new(0, 0), RetCode::Unavailable, &message)
+                    .to_vec();
+                write_frame(&mut frame, &resp).expect("a short ErrorResp fits a frame");
+                glommio::spawn_local(refuse(stream, frame)).detach();
+            }
             Ok(stream) => {
                 // Answers leave as soon as they are written, batched per read.
                 let _ = stream.set_nodelay(true);
@@ -303,7 +334,13 @@ async fn accept_loop(listener: TcpListener, exec: Rc<RefCell<Exec>>, t0: Instant
                     let now = ex.now.max(t0.elapsed().as_millis() as u64);
                     ex.registry.open(conn.clone(), now)
                 };
-                glommio::spawn_local(serve(stream, exec.clone(), conn, id)).detach();
+                let connections = connections.clone();
+                let exec = exec.clone();
+                glommio::spawn_local(async move {
+                    serve(stream, exec, conn, id).await;
+                    connections.give(1);
+                })
+                .detach();
             }
             Err(e) => {
                 exec.borrow_mut().counters.accept_errors += 1;
@@ -317,6 +354,13 @@ async fn accept_loop(listener: TcpListener, exec: Rc<RefCell<Exec>>, t0: Instant
             }
         }
     }
+}
+
+/// Tells a connection past the bound why it is closed, waiting at most
+/// 100 ms for the write.
+async fn refuse(mut stream: TcpStream, frame: Vec<u8>) {
+    let linger = glommio::timer::sleep(Duration::from_millis(100));
+    let _ = race(stream.write_all(&frame), linger).await;
 }
 
 /// One connection, until it closes.

@@ -199,14 +199,22 @@ fn handle<T>(
             ctx.counters.pull_reqs += 1;
             let seq = pull.seq;
             let mut unheld = None;
+            // The first module not subscribed, the bound it met, how many.
+            let mut unsubscribed: Option<(ModuleId, Subscribed, u32)> = None;
             for module in pull.modules() {
                 ctx.counters.pulls += 1;
                 let subscribed = ctx.registry.subscribe(id, module);
-                if subscribed == Subscribed::Full {
-                    ctx.counters.subscriptions_refused += 1;
+                let refused = matches!(subscribed, Subscribed::Full | Subscribed::TotalFull);
+                if refused {
+                    if subscribed == Subscribed::Full {
+                        ctx.counters.subscriptions_refused += 1;
+                    } else {
+                        ctx.counters.subscriptions_refused_total_bound += 1;
+                    }
+                    unsubscribed.get_or_insert((module, subscribed, 0)).2 += 1;
                 }
                 if !ctx.table.is_loaded() {
-                    if subscribed == Subscribed::Full {
+                    if refused {
                         unheld.get_or_insert(module);
                     } else {
                         ctx.counters.pulls_held += 1;
@@ -226,11 +234,26 @@ fn handle<T>(
             }
             if let Some(module) = unheld {
                 // Neither answered nor subscribed: the agent must hear why.
-                let message = "no route is loaded yet and this connection holds the most \
+                let message = "no route is loaded yet and the route server holds the most \
                                subscriptions allowed: pull again later";
                 let frame = ctx
                     .enc
                     .error_resp(seq, module, RetCode::Unavailable, message);
+                write(out, frame);
+            } else if let Some((module, bound, n)) = unsubscribed {
+                // Answered, but no push will follow: the agent must hear why.
+                let which = if bound == Subscribed::Full {
+                    "this connection holds dnsserver.max_subscriptions_per_connection"
+                } else {
+                    "the route server holds dnsserver.max_subscriptions"
+                };
+                let message = format!(
+                    "{n} module(s) answered but not subscribed, the first {module}: {which}; \
+                     changes to them are not pushed: pull them again to refresh"
+                );
+                let frame = ctx
+                    .enc
+                    .error_resp(seq, module, RetCode::Unavailable, &message);
                 write(out, frame);
             }
             Ok(())
@@ -472,6 +495,31 @@ mod tests {
             .unwrap();
         assert_eq!(replies(&out), vec![Reply::Error(8, RetCode::Unavailable)]);
         assert_eq!(h.counters.subscriptions_refused, 2);
+    }
+
+    #[test]
+    fn a_pull_past_the_subscription_bound_is_answered_and_refused_clearly() {
+        let mut h = Harness::new(table());
+        // The harness allows 4 per connection: the 5th and 6th are refused.
+        let modules: Vec<ModuleId> = (0..6).map(|i| ModuleId::new(i, 0)).collect();
+        let mut out = Vec::new();
+        h.read(&frame(Encoder::new().pull_req(8, &modules)), &mut out)
+            .unwrap();
+        let got = replies(&out);
+        assert_eq!(got.len(), 7, "six answers and one error: {got:?}");
+        assert_eq!(got[6], Reply::Error(8, RetCode::Unavailable));
+        assert_eq!(h.counters.subscriptions_refused, 2);
+        assert!(!h.registry.is_subscribed(h.session.id(), modules[5]));
+        assert!(h.registry.is_subscribed(h.session.id(), modules[0]));
+        // The connection keeps serving what it holds.
+        out.clear();
+        h.read(&frame(Encoder::new().pull_req(9, &[A])), &mut out)
+            .unwrap();
+        assert_eq!(
+            replies(&out).len(),
+            2,
+            "A is answered, and refused a subscription"
+        );
     }
 
     #[test]

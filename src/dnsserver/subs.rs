@@ -19,6 +19,8 @@
 //! KeepAlive every 5 s and a 30 s timeout, the scan runs about every 25 s.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use crate::model::ModuleId;
 
@@ -35,6 +37,9 @@ pub enum Subscribed {
     Already,
     /// It holds the most subscriptions a connection may; not subscribed.
     Full,
+    /// Every connection together holds the most subscriptions allowed
+    /// (the shared [`Budget`]); not subscribed.
+    TotalFull,
     /// The connection is closing (expired or condemned); not subscribed.
     Closing,
 }
@@ -55,6 +60,50 @@ struct Slot<T> {
     value: Option<T>,
 }
 
+/// A count shared by every executor with a bound: subscriptions held, or
+/// connections open, across the whole server.
+#[derive(Debug)]
+pub struct Budget {
+    used: AtomicUsize,
+    max: usize,
+}
+
+impl Budget {
+    /// A budget of `max` units, none used.
+    pub fn new(max: usize) -> Self {
+        Budget {
+            used: AtomicUsize::new(0),
+            max,
+        }
+    }
+
+    /// Takes one unit; false (nothing taken) when all `max` are in use.
+    pub fn try_take(&self) -> bool {
+        self.used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| {
+                (u < self.max).then_some(u + 1)
+            })
+            .is_ok()
+    }
+
+    /// Gives back `n` units taken before.
+    pub fn give(&self, n: usize) {
+        if n > 0 {
+            self.used.fetch_sub(n, Ordering::AcqRel);
+        }
+    }
+
+    /// Units in use now.
+    pub fn used(&self) -> usize {
+        self.used.load(Ordering::Acquire)
+    }
+
+    /// The bound.
+    pub fn max(&self) -> usize {
+        self.max
+    }
+}
+
 /// Connections, their subscriptions and their idle deadlines.
 pub struct Registry<T> {
     slots: Vec<Slot<T>>,
@@ -62,6 +111,8 @@ pub struct Registry<T> {
     subscribers: HashMap<ModuleId, HashSet<ConnId>>,
     idle_timeout: u64,
     max_per_conn: usize,
+    /// Subscriptions of every executor's registry together.
+    total: Arc<Budget>,
     /// No connection can expire before this instant.
     next_check: u64,
     open: usize,
@@ -73,12 +124,23 @@ impl<T> Registry<T> {
     /// `idle_timeout_ms` and subscribes a connection to at most
     /// `max_per_conn` modules.
     pub fn new(idle_timeout_ms: u64, max_per_conn: usize) -> Self {
+        Registry::with_budget(
+            idle_timeout_ms,
+            max_per_conn,
+            Arc::new(Budget::new(usize::MAX)),
+        )
+    }
+
+    /// [`Self::new`], whose subscriptions also count against `total`,
+    /// shared with other registries (one per executor).
+    pub fn with_budget(idle_timeout_ms: u64, max_per_conn: usize, total: Arc<Budget>) -> Self {
         Registry {
             slots: Vec::new(),
             free: Vec::new(),
             subscribers: HashMap::new(),
             idle_timeout: idle_timeout_ms,
             max_per_conn,
+            total,
             next_check: u64::MAX,
             open: 0,
             subscriptions: 0,
@@ -139,6 +201,9 @@ impl<T> Registry<T> {
         }
         if slot.modules.len() >= self.max_per_conn {
             return Subscribed::Full;
+        }
+        if !self.total.try_take() {
+            return Subscribed::TotalFull;
         }
         slot.modules.insert(module);
         self.subscribers.entry(module).or_default().insert(id);
@@ -217,6 +282,7 @@ impl<T> Registry<T> {
         self.open -= 1;
         let modules = std::mem::take(&mut slot.modules);
         self.subscriptions -= modules.len();
+        self.total.give(modules.len());
         for module in modules {
             if let Some(ids) = self.subscribers.get_mut(&module) {
                 ids.remove(&id);
@@ -279,6 +345,30 @@ mod tests {
         let mut v: Vec<&str> = r.subscribers(m).map(|(_, v)| *v).collect();
         v.sort();
         v
+    }
+
+    #[test]
+    fn the_shared_budget_bounds_every_registry_together_and_is_given_back() {
+        let budget = Arc::new(Budget::new(3));
+        let mut r1 = Registry::with_budget(30_000, 100, budget.clone());
+        let mut r2 = Registry::with_budget(30_000, 100, budget.clone());
+        let a = r1.open("a", 0);
+        let b = r2.open("b", 0);
+        assert_eq!(r1.subscribe(a, A), Subscribed::New);
+        assert_eq!(r1.subscribe(a, B), Subscribed::New);
+        assert_eq!(r2.subscribe(b, A), Subscribed::New);
+        assert_eq!(r2.subscribe(b, B), Subscribed::TotalFull);
+        assert!(!r2.is_subscribed(b, B));
+        assert_eq!(
+            r1.subscribe(a, A),
+            Subscribed::Already,
+            "what is held stays"
+        );
+        assert_eq!(budget.used(), 3);
+        r1.release(a);
+        assert_eq!(budget.used(), 1);
+        assert_eq!(r2.subscribe(b, B), Subscribed::New);
+        assert_eq!(budget.used(), 2);
     }
 
     #[test]

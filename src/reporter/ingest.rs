@@ -33,7 +33,10 @@ use glommio::{ExecutorJoinHandle, LocalExecutorBuilder, Placement};
 use super::notes::Throttle;
 use super::session::Session;
 use super::shared::{unix_ms, Shared};
+use crate::agent::conn::{race, Either};
 use crate::metrics_http;
+use crate::model::ModuleId;
+use crate::wire::{write_frame, Encoder, RetCode};
 
 /// The I/O memory the executor registers.
 pub const IO_MEMORY: usize = 256 << 10;
@@ -41,7 +44,8 @@ pub const IO_MEMORY: usize = 256 << 10;
 /// Bytes read from a connection at once.
 const READ_BUF: usize = 8 << 10;
 
-/// A connection whose answers cannot be written for this long is closed.
+/// A connection whose answers cannot be written for this long is closed
+/// (a peer that does not read its acks).
 const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How often the executor looks at the stop flag.
@@ -53,8 +57,30 @@ const HOUSEKEEPING: Duration = Duration::from_secs(1);
 /// How long a stop waits for connections to close.
 const CLOSE_WAIT: Duration = Duration::from_secs(2);
 
-/// How long a metrics request may take.
-const HTTP_TIMEOUT: Duration = Duration::from_secs(2);
+/// The bounds of agent connections (from `[reporter]`).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct ConnLimits {
+    /// Most agent connections open at once.
+    pub(super) max_connections: usize,
+    /// How long a connection may go without a complete frame.
+    pub(super) idle_timeout: Duration,
+    /// How long a frame, once begun, may take to arrive whole.
+    pub(super) read_timeout: Duration,
+    /// Most bytes of incomplete frames held, every connection together.
+    pub(super) max_buffered_bytes: u64,
+}
+
+impl ConnLimits {
+    /// The bounds `cfg` sets.
+    pub(super) fn of(cfg: &crate::config::ReporterConfig) -> Self {
+        ConnLimits {
+            max_connections: cfg.max_connections as usize,
+            idle_timeout: Duration::from_secs(cfg.idle_timeout),
+            read_timeout: Duration::from_millis(cfg.read_timeout_ms),
+            max_buffered_bytes: cfg.max_buffered_bytes,
+        }
+    }
+}
 
 /// At most one log line per this many milliseconds per kind of
 /// misbehaviour (bad frames, refused reports, accept errors).
@@ -76,6 +102,7 @@ impl Ingest {
         agents: StdTcpListener,
         metrics: StdTcpListener,
         shared: Arc<Shared>,
+        limits: ConnLimits,
     ) -> anyhow::Result<Ingest> {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
@@ -85,7 +112,7 @@ impl Ingest {
             .io_memory(IO_MEMORY)
             .spawn(move || async move {
                 let _ = ready_tx.send(());
-                serve(agents, metrics, shared, flag).await
+                serve(agents, metrics, shared, flag, limits).await
             })
             .map_err(|e| anyhow!("cannot start the reporter's executor thread: {e}"))?;
         match ready_rx.recv_timeout(Duration::from_secs(10)) {
@@ -125,6 +152,7 @@ async fn serve(
     metrics: StdTcpListener,
     shared: Arc<Shared>,
     flag: Arc<AtomicBool>,
+    limits: ConnLimits,
 ) {
     let stop = Rc::new(StopSignal::default());
     let open = Rc::new(Cell::new(0usize));
@@ -141,6 +169,7 @@ async fn serve(
         shared.clone(),
         stop.clone(),
         open.clone(),
+        limits,
     ));
     let http = glommio::spawn_local(accept_metrics(metrics, shared.clone(), stop.clone()));
     let mut last = Instant::now();
@@ -165,9 +194,12 @@ async fn accept_agents(
     shared: Arc<Shared>,
     stop: Rc<StopSignal>,
     open: Rc<Cell<usize>>,
+    limits: ConnLimits,
 ) {
     let mut errors = Throttle::new(NOTE_INTERVAL_MS);
+    let mut refusals = Throttle::new(NOTE_INTERVAL_MS);
     let notes = Rc::new(RefCell::new(ConnNotes::default()));
+    let partial = Rc::new(Cell::new(0u64));
     loop {
         let stream = match until_stop(&stop, listener.accept()).await {
             None => return,
@@ -182,16 +214,47 @@ async fn accept_agents(
                 continue;
             }
         };
+        if open.get() >= limits.max_connections {
+            shared.connections_refused.fetch_add(1, Ordering::Relaxed);
+            let message = format!(
+                "the reporter holds reporter.max_connections = {} connections: try again later",
+                limits.max_connections
+            );
+            if let Some(hidden) = refusals.allow(unix_ms()) {
+                shared.log(&format!(
+                    "refused an agent connection: {message} ({hidden} more refused since the last line)"
+                ));
+            }
+            glommio::spawn_local(refuse(stream, message)).detach();
+            continue;
+        }
         shared.connection_opened();
         open.set(open.get() + 1);
-        let (shared, stop, open, notes) =
-            (shared.clone(), stop.clone(), open.clone(), notes.clone());
+        let (shared, stop, open, notes, partial) = (
+            shared.clone(),
+            stop.clone(),
+            open.clone(),
+            notes.clone(),
+            partial.clone(),
+        );
         glommio::spawn_local(async move {
-            serve_agent(stream, &shared, &stop, &notes).await;
+            serve_agent(stream, &shared, &stop, &notes, &partial, limits).await;
             open.set(open.get() - 1);
             shared.connection_closed();
         })
         .detach();
+    }
+}
+
+/// Tells a connection past the bound why it is closed (ErrorResp
+/// `Unavailable`), waiting at most 100 ms for the write.
+async fn refuse(mut stream: TcpStream, message: String) {
+    let mut enc = Encoder::new();
+    let resp = enc.error_resp(0, ModuleId::new(0, 0), RetCode::Unavailable, &message);
+    let mut frame = Vec::new();
+    if write_frame(&mut frame, resp).is_ok() {
+        let linger = glommio::timer::sleep(Duration::from_millis(100));
+        let _ = race(stream.write_all(&frame), linger).await;
     }
 }
 
@@ -210,12 +273,42 @@ impl Default for ConnNotes {
     }
 }
 
-/// Serves one agent until it closes, misbehaves, or the reporter stops.
+/// Why a connection was closed by the reporter's bounds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Expired {
+    /// No complete frame for `reporter.idle_timeout`.
+    Idle,
+    /// A frame begun and not finished within `reporter.read_timeout_ms`.
+    ReadTimeout,
+}
+
+/// When a connection that last completed a frame at `last_frame`, and
+/// holds an incomplete one begun at `partial_since`, is to be closed, and
+/// why. Pure.
+fn deadline(
+    last_frame: Instant,
+    partial_since: Option<Instant>,
+    limits: &ConnLimits,
+) -> (Instant, Expired) {
+    let idle = last_frame + limits.idle_timeout;
+    match partial_since {
+        Some(t) if t + limits.read_timeout < idle => {
+            (t + limits.read_timeout, Expired::ReadTimeout)
+        }
+        _ => (idle, Expired::Idle),
+    }
+}
+
+/// Serves one agent until it closes, misbehaves, passes a bound, or the
+/// reporter stops. `partial` holds the bytes of incomplete frames of every
+/// connection.
 async fn serve_agent(
     mut stream: TcpStream,
     shared: &Shared,
     stop: &Rc<StopSignal>,
     notes: &RefCell<ConnNotes>,
+    partial: &Cell<u64>,
+    limits: ConnLimits,
 ) {
     let peer = stream.peer_addr().ok();
     let _ = stream.set_nodelay(true);
@@ -223,12 +316,39 @@ async fn serve_agent(
     let mut session = Session::new(peer.and_then(ipv4));
     let mut buf = vec![0u8; READ_BUF];
     let peer = peer.map_or_else(|| "an unknown peer".to_string(), |p| p.to_string());
+    let mut last_frame = Instant::now();
+    let mut partial_since: Option<Instant> = None;
+    let mut held = 0u64;
     loop {
-        let n = match until_stop(stop, stream.read(&mut buf)).await {
-            Some(Ok(n)) if n > 0 => n,
+        let (at, why) = deadline(last_frame, partial_since, &limits);
+        let timer = glommio::timer::sleep(at.saturating_duration_since(Instant::now()));
+        let n = match until_stop(stop, race(stream.read(&mut buf), timer)).await {
+            Some(Either::Left(Ok(n))) if n > 0 => n,
+            Some(Either::Right(())) => {
+                let counter = match why {
+                    Expired::Idle => &shared.idle_closed,
+                    Expired::ReadTimeout => &shared.read_timeouts,
+                };
+                counter.fetch_add(1, Ordering::Relaxed);
+                break;
+            }
             _ => break,
         };
         let fed = session.feed(&buf[..n]);
+        let now = Instant::now();
+        if fed.reports + fed.refused > 0 {
+            last_frame = now;
+        }
+        let buffered = session.buffered() as u64;
+        partial_since = match (buffered, partial_since) {
+            (0, _) => None,
+            (_, Some(t)) if fed.reports + fed.refused == 0 => Some(t),
+            _ => Some(now),
+        };
+        let total = partial.get() - held + buffered;
+        partial.set(total);
+        held = buffered;
+        shared.partial_bytes.store(total, Ordering::Relaxed);
         shared.accept(session.rows(), fed.reports, fed.refused);
         if let Some(refusal) = &fed.last_refusal {
             if let Some(hidden) = notes.borrow_mut().refusals.allow(unix_ms()) {
@@ -250,7 +370,14 @@ async fn serve_agent(
             }
             break;
         }
+        if total > limits.max_buffered_bytes {
+            shared.buffer_full_closed.fetch_add(1, Ordering::Relaxed);
+            break;
+        }
     }
+    let total = partial.get() - held;
+    partial.set(total);
+    shared.partial_bytes.store(total, Ordering::Relaxed);
 }
 
 /// The IPv4 address of `peer` (also when IPv4-mapped).
@@ -262,17 +389,27 @@ fn ipv4(peer: SocketAddr) -> Option<Ipv4Addr> {
 }
 
 async fn accept_metrics(listener: TcpListener, shared: Arc<Shared>, stop: Rc<StopSignal>) {
+    let open = Rc::new(Cell::new(0usize));
     loop {
         match until_stop(&stop, listener.accept()).await {
             None => return,
-            Some(Ok(stream)) => {
-                let shared = shared.clone();
+            Some(Ok(mut stream)) if open.get() >= metrics_http::MAX_CONNECTIONS => {
+                shared.http.refused.fetch_add(1, Ordering::Relaxed);
                 glommio::spawn_local(async move {
-                    let _ = glommio::timer::timeout(HTTP_TIMEOUT, async {
-                        serve_metrics(stream, &shared).await;
-                        Ok(())
-                    })
-                    .await;
+                    let linger = glommio::timer::sleep(Duration::from_millis(100));
+                    let _ = race(stream.write_all(metrics_http::BUSY_RESPONSE), linger).await;
+                })
+                .detach();
+            }
+            Some(Ok(stream)) => {
+                let (shared, open) = (shared.clone(), open.clone());
+                open.set(open.get() + 1);
+                glommio::spawn_local(async move {
+                    let timer = glommio::timer::sleep(metrics_http::REQUEST_TIMEOUT);
+                    if let Either::Right(()) = race(serve_metrics(stream, &shared), timer).await {
+                        shared.http.timed_out.fetch_add(1, Ordering::Relaxed);
+                    }
+                    open.set(open.get() - 1);
                 })
                 .detach();
             }
@@ -354,4 +491,36 @@ async fn until_stop<F: Future>(stop: &StopSignal, fut: F) -> Option<F::Output> {
         fut.as_mut().poll(cx).map(Some)
     })
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits() -> ConnLimits {
+        ConnLimits {
+            max_connections: 10,
+            idle_timeout: Duration::from_secs(300),
+            read_timeout: Duration::from_secs(10),
+            max_buffered_bytes: 1 << 20,
+        }
+    }
+
+    #[test]
+    fn a_begun_frame_must_finish_within_the_read_timeout_and_silence_within_the_idle_one() {
+        let t0 = Instant::now();
+        let l = limits();
+        assert_eq!(deadline(t0, None, &l), (t0 + l.idle_timeout, Expired::Idle));
+        let begun = t0 + Duration::from_secs(5);
+        assert_eq!(
+            deadline(t0, Some(begun), &l),
+            (begun + l.read_timeout, Expired::ReadTimeout)
+        );
+        // A frame begun just before the idle deadline: the idle one comes first.
+        let late = t0 + Duration::from_secs(299);
+        assert_eq!(
+            deadline(t0, Some(late), &l),
+            (t0 + l.idle_timeout, Expired::Idle)
+        );
+    }
 }

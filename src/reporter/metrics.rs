@@ -17,6 +17,22 @@ pub struct ReporterStats {
     pub reports_refused: u64,
     /// Connections closed for a frame that is not a StatsReport.
     pub bad_frames: u64,
+    /// Connections refused: `reporter.max_connections` were open.
+    pub connections_refused: u64,
+    /// Connections closed after `reporter.idle_timeout` without a frame.
+    pub idle_closed: u64,
+    /// Connections closed: a frame took longer than `reporter.read_timeout_ms`.
+    pub read_timeouts: u64,
+    /// Connections closed: incomplete frames passed `reporter.max_buffered_bytes`.
+    pub buffer_full_closed: u64,
+    /// Bytes of incomplete frames held now, every connection together.
+    pub partial_bytes: u64,
+    /// Times a writer found the SQLite file deleted or replaced.
+    pub store_replaced: u64,
+    /// Metrics connections answered 503 (too many open).
+    pub metrics_refused: u64,
+    /// Metrics connections closed for taking too long.
+    pub metrics_timeouts: u64,
     /// Rows accepted into the buffer.
     pub rows_accepted: u64,
     /// Rows replaced by a newer row of the same module, node and caller
@@ -52,7 +68,7 @@ impl ReporterStats {
 /// The Prometheus text exposition (format 0.0.4) of `s`.
 pub fn render(s: &ReporterStats) -> String {
     let mut o = String::with_capacity(4096);
-    let figures: [(&str, &str, &str, u64); 16] = [
+    let figures: [(&str, &str, &str, u64); 24] = [
         ("connections", "gauge", "Agent connections open now.", s.connections_open),
         ("connections_total", "counter", "Agent connections accepted.", s.connections),
         ("reports_total", "counter", "StatsReports accepted and acknowledged.", s.reports),
@@ -67,6 +83,49 @@ pub fn render(s: &ReporterStats) -> String {
             "counter",
             "Connections closed for a frame that is not a StatsReport.",
             s.bad_frames,
+        ),
+        (
+            "connections_refused_total",
+            "counter",
+            "Agent connections refused: reporter.max_connections were open.",
+            s.connections_refused,
+        ),
+        (
+            "idle_closed_total",
+            "counter",
+            "Agent connections closed after reporter.idle_timeout without a frame.",
+            s.idle_closed,
+        ),
+        (
+            "read_timeouts_total",
+            "counter",
+            "Agent connections closed: a frame took longer than reporter.read_timeout_ms.",
+            s.read_timeouts,
+        ),
+        (
+            "buffer_full_closed_total",
+            "counter",
+            "Agent connections closed: incomplete frames passed reporter.max_buffered_bytes.",
+            s.buffer_full_closed,
+        ),
+        ("partial_bytes", "gauge", "Bytes of incomplete frames held now.", s.partial_bytes),
+        (
+            "store_replaced_total",
+            "counter",
+            "Times a writer found the store's SQLite file deleted or replaced under it (the rows stay buffered).",
+            s.store_replaced,
+        ),
+        (
+            "metrics_connections_refused_total",
+            "counter",
+            "Metrics connections answered 503: too many were open.",
+            s.metrics_refused,
+        ),
+        (
+            "metrics_timeouts_total",
+            "counter",
+            "Metrics connections closed for taking too long.",
+            s.metrics_timeouts,
         ),
         ("rows_accepted_total", "counter", "Call status rows accepted into the buffer.", s.rows_accepted),
         (
@@ -150,6 +209,14 @@ mod tests {
             write_failures: 14,
             writers: 3,
             writers_up: 2,
+            connections_refused: 15,
+            idle_closed: 16,
+            read_timeouts: 17,
+            buffer_full_closed: 18,
+            partial_bytes: 19,
+            store_replaced: 20,
+            metrics_refused: 21,
+            metrics_timeouts: 22,
         };
         let text = render(&s);
         let want = [
@@ -170,6 +237,14 @@ mod tests {
             ("writers", 3),
             ("writers_up", 2),
             ("store_up", 0),
+            ("connections_refused_total", 15),
+            ("idle_closed_total", 16),
+            ("read_timeouts_total", 17),
+            ("buffer_full_closed_total", 18),
+            ("partial_bytes", 19),
+            ("store_replaced_total", 20),
+            ("metrics_connections_refused_total", 21),
+            ("metrics_timeouts_total", 22),
         ];
         for (name, value) in want {
             let full = format!("lbagent_reporter_{name}");

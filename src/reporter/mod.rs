@@ -116,7 +116,20 @@ impl Reporter {
     /// # Errors
     /// See [`Reporter::start_with`].
     pub fn start(cfg: &ReporterConfig, store: StoreUrl) -> anyhow::Result<Reporter> {
-        let open: OpenStore = Arc::new(move || crate::store::open(&store));
+        // Only the first open may create a SQLite file: one deleted later
+        // is reported and the rows kept, never written to a new empty file.
+        let opened = std::sync::atomic::AtomicBool::new(false);
+        let open: OpenStore = Arc::new(move || {
+            let result = if opened.load(std::sync::atomic::Ordering::Acquire) {
+                crate::store::open_existing(&store)
+            } else {
+                crate::store::open(&store)
+            };
+            if result.is_ok() {
+                opened.store(true, std::sync::atomic::Ordering::Release);
+            }
+            result
+        });
         Reporter::start_with(cfg, open, Log::stderr())
     }
 
@@ -138,18 +151,8 @@ impl Reporter {
         whole
             .validate()
             .context("invalid [reporter] configuration")?;
-        let agents = TcpListener::bind(cfg.listen).with_context(|| {
-            format!(
-                "cannot listen for agents on {} (reporter.listen): pick a free address",
-                cfg.listen
-            )
-        })?;
-        let metrics = TcpListener::bind(cfg.metrics_addr).with_context(|| {
-            format!(
-                "cannot listen for metrics on {} (reporter.metrics_addr): pick a free address",
-                cfg.metrics_addr
-            )
-        })?;
+        let agents = bind(cfg.listen, "agents", "reporter.listen")?;
+        let metrics = bind(cfg.metrics_addr, "metrics", "reporter.metrics_addr")?;
         let addr = agents
             .local_addr()
             .context("the agents' listener has no address")?;
@@ -188,7 +191,12 @@ impl Reporter {
                 .with_context(|| format!("cannot start writer thread {i}"))?;
             reporter.writers.push(handle);
         }
-        reporter.ingest = Some(Ingest::start(agents, metrics, shared)?);
+        reporter.ingest = Some(Ingest::start(
+            agents,
+            metrics,
+            shared,
+            ingest::ConnLimits::of(cfg),
+        )?);
         Ok(reporter)
     }
 
@@ -212,7 +220,7 @@ impl Reporter {
     ///
     /// # Errors
     /// When rows could not be written in time (how many, and the store's
-    /// last error; the log says it too), or the executor failed.
+    /// last error: said once, here, not in the log), or the executor failed.
     pub fn stop(self) -> anyhow::Result<()> {
         self.stop_within(STOP_FLUSH)
     }
@@ -260,21 +268,40 @@ impl Reporter {
                 (None, 0) => "the writers ended first".to_string(),
                 (None, n) => format!("{n} writers were still inside a database call"),
             };
-            let msg = format!(
+            // Said once, by whoever gets the error (the binary prints it).
+            bail!(
                 "stopped with {left} rows not written to the store within {} s; they are lost ({why})",
                 flush.as_secs_f64()
             );
-            self.shared.log(&msg);
-            bail!(msg);
         }
         Ok(())
     }
 }
 
+/// A listener on `addr` (`field` in the configuration), bound without
+/// `SO_REUSEPORT`: a port another process holds is refused as "address in
+/// use", naming the port.
+fn bind(addr: SocketAddr, what: &str, field: &str) -> anyhow::Result<TcpListener> {
+    TcpListener::bind(addr).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::AddrInUse {
+            anyhow::anyhow!(
+                "cannot listen for {what} on {addr} ({field}): address in use: port {} is held by another process (another reporter?)",
+                addr.port()
+            )
+        } else {
+            anyhow::anyhow!(e).context(format!(
+                "cannot listen for {what} on {addr} ({field}): pick a free address"
+            ))
+        }
+    })
+}
+
 impl Drop for Reporter {
     fn drop(&mut self) {
         if self.ingest.is_some() {
-            let _ = self.shutdown(Duration::ZERO);
+            if let Err(e) = self.shutdown(Duration::ZERO) {
+                self.shared.log(&format!("{e:#}"));
+            }
         }
     }
 }

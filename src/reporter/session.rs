@@ -216,6 +216,11 @@ impl Session {
         fed
     }
 
+    /// Bytes received that do not make a whole frame yet.
+    pub fn buffered(&self) -> usize {
+        self.frames.buffered()
+    }
+
     /// The rows of the reports accepted since the last [`Self::consumed`].
     pub fn rows(&self) -> &[CallStatus] {
         &self.rows

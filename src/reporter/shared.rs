@@ -46,6 +46,8 @@ pub(super) struct Core {
     pub(super) loss: LossNotes,
     /// Per writer: connected, and its last write succeeded.
     pub(super) writer_up: Vec<bool>,
+    /// Per writer: since when its current write runs.
+    pub(super) writing_since: Vec<Option<Instant>>,
     /// Writer threads not ended yet.
     pub(super) running: usize,
     /// See [`Phase`].
@@ -67,6 +69,20 @@ pub(super) struct Shared {
     reports_refused: AtomicU64,
     bad_frames: AtomicU64,
     write_failures: AtomicU64,
+    /// Connections refused at `reporter.max_connections`.
+    pub(super) connections_refused: AtomicU64,
+    /// Connections closed after `reporter.idle_timeout` without a frame.
+    pub(super) idle_closed: AtomicU64,
+    /// Connections closed for a frame slower than `reporter.read_timeout_ms`.
+    pub(super) read_timeouts: AtomicU64,
+    /// Connections closed for passing `reporter.max_buffered_bytes`.
+    pub(super) buffer_full_closed: AtomicU64,
+    /// Bytes of incomplete frames held now, every connection together.
+    pub(super) partial_bytes: AtomicU64,
+    /// Times a writer found the SQLite file deleted or replaced.
+    pub(super) store_replaced: AtomicU64,
+    /// What the metrics endpoint refused or timed out.
+    pub(super) http: crate::metrics_http::HttpCounters,
     log: Log,
     /// Rows per transaction.
     pub(super) batch_rows: usize,
@@ -88,6 +104,7 @@ impl Shared {
                 buffer: Buffer::new(writers, bound),
                 loss: LossNotes::new(LOSS_NOTE_INTERVAL_MS),
                 writer_up: vec![false; writers],
+                writing_since: vec![None; writers],
                 running: 0,
                 phase: Phase::Running,
                 last_error: None,
@@ -100,6 +117,13 @@ impl Shared {
             reports_refused: AtomicU64::new(0),
             bad_frames: AtomicU64::new(0),
             write_failures: AtomicU64::new(0),
+            connections_refused: AtomicU64::new(0),
+            idle_closed: AtomicU64::new(0),
+            read_timeouts: AtomicU64::new(0),
+            buffer_full_closed: AtomicU64::new(0),
+            partial_bytes: AtomicU64::new(0),
+            store_replaced: AtomicU64::new(0),
+            http: crate::metrics_http::HttpCounters::default(),
             log,
             batch_rows: batch_rows.max(1),
             retry_max_ms,
@@ -219,7 +243,16 @@ impl Shared {
     pub(super) fn stats(&self) -> ReporterStats {
         let (counts, buffered, bound, writers, writers_up) = {
             let core = self.lock();
-            let up = core.writer_up.iter().filter(|&&u| u).count();
+            let now = Instant::now();
+            let stalled = |since: &Option<Instant>| {
+                since.is_some_and(|t| now.saturating_duration_since(t) > super::writer::WRITE_STALL)
+            };
+            let up = core
+                .writer_up
+                .iter()
+                .zip(&core.writing_since)
+                .filter(|(&u, since)| u && !stalled(since))
+                .count();
             (
                 core.buffer.counts(),
                 core.buffer.len(),
@@ -234,6 +267,14 @@ impl Shared {
             reports: self.reports.load(Ordering::Relaxed),
             reports_refused: self.reports_refused.load(Ordering::Relaxed),
             bad_frames: self.bad_frames.load(Ordering::Relaxed),
+            connections_refused: self.connections_refused.load(Ordering::Relaxed),
+            idle_closed: self.idle_closed.load(Ordering::Relaxed),
+            read_timeouts: self.read_timeouts.load(Ordering::Relaxed),
+            buffer_full_closed: self.buffer_full_closed.load(Ordering::Relaxed),
+            partial_bytes: self.partial_bytes.load(Ordering::Relaxed),
+            store_replaced: self.store_replaced.load(Ordering::Relaxed),
+            metrics_refused: self.http.refused(),
+            metrics_timeouts: self.http.timed_out(),
             rows_accepted: counts.accepted,
             rows_coalesced: counts.coalesced,
             rows_written: counts.written,

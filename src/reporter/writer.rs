@@ -5,7 +5,12 @@
 //!   the oldest of the shard: retried first, dropped first if the bound is
 //!   passed), drops the connection, and retries after a jittered
 //!   exponential back-off capped at `retry_max_ms`; rows are never given
-//!   up while the bound holds them.
+//!   up while the bound holds them. Only a successful write ends an
+//!   outage: a connection that opens again (a read-only or locked file
+//!   opens fine) neither resets the back-off nor counts the writer up.
+//! - A write blocked for longer than [`WRITE_STALL`] (a lock held by
+//!   another process) counts the writer down in the metrics while it
+//!   waits.
 //! - A batch the store refuses as invalid is counted as rejected and not
 //!   retried (retrying would fail forever and block the shard).
 //! - The log says when the store goes down (once per writer, then a
@@ -29,6 +34,9 @@ use crate::store::{Store, StoreError};
 /// At most one reminder per writer per this many milliseconds while the
 /// store stays down.
 pub const OUTAGE_NOTE_INTERVAL_MS: u64 = 30_000;
+
+/// A write in progress for longer than this counts its writer down.
+pub const WRITE_STALL: Duration = Duration::from_secs(1);
 
 /// The first retry delay, milliseconds (capped by `retry_max_ms`).
 const BACKOFF_INITIAL_MS: u64 = 50;
@@ -111,7 +119,7 @@ impl<'a> Writer<'a> {
 
     fn run(&mut self) {
         if self.store.is_some() {
-            self.up();
+            self.connected();
         }
         let mut batch = Batch::default();
         while self.has_work() {
@@ -119,7 +127,7 @@ impl<'a> Writer<'a> {
                 match (self.open)() {
                     Ok(store) => {
                         self.store = Some(store);
-                        self.up();
+                        self.connected();
                     }
                     Err(e) => {
                         self.down(&e);
@@ -177,7 +185,10 @@ impl<'a> Writer<'a> {
             self.shared.lock().buffer.failed(batch);
             return;
         };
-        match store.upsert_status(batch.rows()) {
+        self.shared.lock().writing_since[self.i] = Some(Instant::now());
+        let result = store.upsert_status(batch.rows());
+        self.shared.lock().writing_since[self.i] = None;
+        match result {
             Ok(()) => {
                 self.shared.lock().buffer.written(batch);
                 self.up();
@@ -200,7 +211,19 @@ impl<'a> Writer<'a> {
         }
     }
 
-    /// The connection works and the last write succeeded.
+    /// A connection was opened. That says little of whether writes work (a
+    /// read-only or locked database opens fine): after failures, a writer
+    /// with rows to write stays down, and its back-off keeps growing, until
+    /// a write succeeds. One with nothing to write has no better evidence
+    /// than the open, and counts up.
+    fn connected(&mut self) {
+        let mut core = self.shared.lock();
+        if self.failures == 0 || core.buffer.waiting(self.i) == 0 {
+            core.writer_up[self.i] = true;
+        }
+    }
+
+    /// The last write succeeded.
     fn up(&mut self) {
         self.failures = 0;
         self.shared.lock().writer_up[self.i] = true;
@@ -212,6 +235,11 @@ impl<'a> Writer<'a> {
     /// An attempt to connect or to write failed.
     fn down(&mut self, e: &StoreError) {
         self.failures = self.failures.saturating_add(1);
+        if matches!(e, StoreError::Replaced { .. }) {
+            self.shared
+                .store_replaced
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         self.shared.write_failed();
         {
             let mut core = self.shared.lock();

@@ -235,6 +235,22 @@ pub enum StoreError {
         /// What the database or the system said.
         why: String,
     },
+    /// `sqlite:PATH` names no file, and the caller did not ask to create
+    /// one.
+    #[error("store {url} does not exist (nothing was created): check the path")]
+    Missing {
+        /// The store.
+        url: String,
+    },
+    /// The SQLite file this connection opened was deleted or replaced
+    /// while open: what is read or written there no one else sees.
+    #[error("store {url} changed under this process: {why}; reopening it")]
+    Replaced {
+        /// The store.
+        url: String,
+        /// Deleted or replaced, and the path.
+        why: String,
+    },
     /// The database holds a schema newer than this binary knows.
     #[error("store {url} has schema version {found}, newer than this lbagent's {known}: upgrade lbagent")]
     SchemaTooNew {
@@ -347,7 +363,22 @@ pub const SQLITE_BUSY_TIMEOUT: std::time::Duration = std::time::Duration::from_s
 /// newer lbagent.
 pub fn open(url: &StoreUrl) -> Result<Box<dyn Store>, StoreError> {
     match url {
-        StoreUrl::Sqlite(path) => Ok(Box::new(sqlite::SqliteStore::open(path)?)),
+        StoreUrl::Sqlite(path) => Ok(Box::new(sqlite::SqliteStore::open(path, true)?)),
+        StoreUrl::Postgres(url) => self::postgres::PostgresStore::open(url),
+    }
+}
+
+/// [`open`], except that a SQLite file is never created: a path that names
+/// no file fails with [`StoreError::Missing`]. What `lbagent route` uses
+/// (unless `--create`), and what the servers use to reopen a store after a
+/// failure, so that a deleted file is never silently replaced by an empty
+/// one. PostgreSQL: as [`open`] (the database must exist either way).
+///
+/// # Errors
+/// As [`open`], and [`StoreError::Missing`].
+pub fn open_existing(url: &StoreUrl) -> Result<Box<dyn Store>, StoreError> {
+    match url {
+        StoreUrl::Sqlite(path) => Ok(Box::new(sqlite::SqliteStore::open(path, false)?)),
         StoreUrl::Postgres(url) => self::postgres::PostgresStore::open(url),
     }
 }
@@ -357,9 +388,17 @@ pub fn open(url: &StoreUrl) -> Result<Box<dyn Store>, StoreError> {
 /// `node` as the store keeps it: weight 0 becomes [`DEFAULT_WEIGHT`].
 ///
 /// # Errors
-/// [`StoreError::BadInput`] for port 0 or a weight above [`MAX_WEIGHT`].
+/// [`StoreError::BadInput`] for port 0, an address that is not unicast
+/// (0.0.0.0, 255.255.255.255, multicast) or a weight above [`MAX_WEIGHT`].
 pub fn check_node(module: ModuleId, node: RouteNode) -> Result<RouteNode, StoreError> {
     check_addr(module, node.addr)?;
+    let ip = std::net::Ipv4Addr::from(node.addr.ip);
+    if ip.is_unspecified() || ip.is_broadcast() || ip.is_multicast() {
+        return Err(StoreError::BadInput(format!(
+            "module {module} node {}: {ip} is not a unicast address: a node needs one",
+            node.addr
+        )));
+    }
     if node.weight > MAX_WEIGHT {
         return Err(StoreError::BadInput(format!(
             "module {module} node {}: weight {} is out of range: use 1..={MAX_WEIGHT}",

@@ -17,7 +17,7 @@
 //! TLS is not built in: use a loopback or otherwise trusted network
 //! (`sslmode=prefer`, the default, then talks plain TCP).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
@@ -43,12 +43,38 @@ pub(crate) struct PostgresStore {
     config: Config,
     url: String,
     bad: BadRows,
+    /// Set by an error that means the connection is gone: the next call
+    /// connects afresh instead of trying the dead one again.
+    lost: Arc<AtomicBool>,
 }
 
-fn unavailable(url: &str, e: &::postgres::Error) -> StoreError {
+/// `e` as [`StoreError::Unavailable`]; marks the connection `lost` when
+/// `e` says it is gone.
+fn unavailable(url: &str, lost: &AtomicBool, e: &::postgres::Error) -> StoreError {
+    if connection_gone(e) {
+        lost.store(true, Ordering::Release);
+    }
     StoreError::Unavailable {
         url: url.to_string(),
         why: super::why(e),
+    }
+}
+
+/// Whether `e` means the connection cannot be used again: closed, an I/O
+/// or protocol failure (anything the server did not report as an SQL
+/// error), or the server's own word that it ends the session (SQLSTATE
+/// class 08, connection exception, or 57P01..57P03: terminated by an
+/// administrator, a crash, or a server starting or stopping).
+pub(crate) fn connection_gone(e: &::postgres::Error) -> bool {
+    if e.is_closed() {
+        return true;
+    }
+    match e.as_db_error() {
+        None => true,
+        Some(db) => {
+            let code = db.code().code();
+            code.starts_with("08") || matches!(code, "57P01" | "57P02" | "57P03")
+        }
     }
 }
 
@@ -75,24 +101,29 @@ impl PostgresStore {
             config,
             bad: BadRows::new(shown.clone()),
             url: shown,
+            lost: Arc::new(AtomicBool::new(false)),
         };
         store.migrate()?;
         Ok(Box::new(store))
     }
 
     /// The connection, connected again first when the last one was lost
-    /// (server restarted, network cut): a caller retrying after
-    /// [`StoreError::Unavailable`] needs no new `open`.
+    /// (server restarted, backend terminated, network cut: known from
+    /// [`Client::is_closed`] or from the last error, see
+    /// [`connection_gone`]): a caller retrying after
+    /// [`StoreError::Unavailable`] needs no new `open`, and only the call
+    /// that met the loss fails.
     fn client(&mut self) -> Result<&mut Client, StoreError> {
-        if self.client.is_closed() {
+        if self.lost.load(Ordering::Acquire) || self.client.is_closed() {
             self.client = connect(&self.config, &self.url)?;
+            self.lost.store(false, Ordering::Release);
         }
         Ok(&mut self.client)
     }
 
     fn migrate(&mut self) -> Result<(), StoreError> {
-        let url = self.url.clone();
-        let un = |e: ::postgres::Error| unavailable(&url, &e);
+        let (url, lost) = (self.url.clone(), self.lost.clone());
+        let un = |e: ::postgres::Error| unavailable(&url, &lost, &e);
         let too_new = |found| StoreError::SchemaTooNew {
             url: url.clone(),
             found,
@@ -139,13 +170,13 @@ impl PostgresStore {
 
     fn read_tx(&mut self) -> Result<Transaction<'_>, StoreError> {
         self.bad.start();
-        let url = self.url.clone();
+        let (url, lost) = (self.url.clone(), self.lost.clone());
         self.client()?
             .build_transaction()
             .isolation_level(IsolationLevel::RepeatableRead)
             .read_only(true)
             .start()
-            .map_err(|e| unavailable(&url, &e))
+            .map_err(|e| unavailable(&url, &lost, &e))
     }
 
     /// Routes, module versions and the route version, in one snapshot.
@@ -156,8 +187,8 @@ impl PostgresStore {
         module: Option<ModuleId>,
         since: Option<u64>,
     ) -> Result<(u64, Vec<ModuleRoute>), StoreError> {
-        let url = self.url.clone();
-        let un = |e: ::postgres::Error| unavailable(&url, &e);
+        let (url, lost) = (self.url.clone(), self.lost.clone());
+        let un = |e: ::postgres::Error| unavailable(&url, &lost, &e);
         let (modid, cmdid) = match module {
             Some(m) => (Some(i64::from(m.modid)), Some(i64::from(m.cmdid))),
             None => (None, None),
@@ -333,11 +364,11 @@ impl Store for PostgresStore {
     }
 
     fn route_version(&mut self) -> Result<u64, StoreError> {
-        let url = self.url.clone();
+        let (url, lost) = (self.url.clone(), self.lost.clone());
         let v: Option<i64> = self
             .client()?
             .query_opt("SELECT version FROM route_version WHERE id = 1", &[])
-            .map_err(|e| unavailable(&url, &e))?
+            .map_err(|e| unavailable(&url, &lost, &e))?
             .map(|r| int(&r, 0));
         version_of(&self.url, v)
     }
@@ -354,8 +385,8 @@ impl Store for PostgresStore {
 
     fn add_node(&mut self, module: ModuleId, node: RouteNode) -> Result<u64, StoreError> {
         let node = check_node(module, node)?;
-        let url = self.url.clone();
-        let un = |e: ::postgres::Error| unavailable(&url, &e);
+        let (url, lost) = (self.url.clone(), self.lost.clone());
+        let un = |e: ::postgres::Error| unavailable(&url, &lost, &e);
         let mut tx = self.client()?.transaction().map_err(un)?;
         // The version row first: admins queue here, whole.
         let v = Self::bump(&mut tx, module).map_err(un)?;
@@ -383,8 +414,8 @@ impl Store for PostgresStore {
     }
 
     fn del_node(&mut self, module: ModuleId, node: NodeAddr) -> Result<u64, StoreError> {
-        let url = self.url.clone();
-        let un = |e: ::postgres::Error| unavailable(&url, &e);
+        let (url, lost) = (self.url.clone(), self.lost.clone());
+        let un = |e: ::postgres::Error| unavailable(&url, &lost, &e);
         let mut tx = self.client()?.transaction().map_err(un)?;
         let v = Self::bump(&mut tx, module).map_err(un)?;
         let deleted = tx
@@ -424,8 +455,8 @@ impl Store for PostgresStore {
         let err = col(|r| i64::from(r.err));
         let ts = col(|r| r.ts as i64); // checked by prepare_status
         let overload: Vec<bool> = rows.iter().map(|r| r.overload).collect();
-        let url = self.url.clone();
-        let un = |e: ::postgres::Error| unavailable(&url, &e);
+        let (url, lost) = (self.url.clone(), self.lost.clone());
+        let un = |e: ::postgres::Error| unavailable(&url, &lost, &e);
         let mut tx = self.client()?.transaction().map_err(un)?;
         tx.execute(
             "INSERT INTO server_call_status
@@ -442,8 +473,8 @@ impl Store for PostgresStore {
     }
 
     fn call_status(&mut self, module: Option<ModuleId>) -> Result<Vec<CallStatus>, StoreError> {
-        let url = self.url.clone();
-        let un = |e: ::postgres::Error| unavailable(&url, &e);
+        let (url, lost) = (self.url.clone(), self.lost.clone());
+        let un = |e: ::postgres::Error| unavailable(&url, &lost, &e);
         let (modid, cmdid) = match module {
             Some(m) => (Some(i64::from(m.modid)), Some(i64::from(m.cmdid))),
             None => (None, None),

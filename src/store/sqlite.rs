@@ -7,12 +7,14 @@
 //! [`SQLITE_BUSY_TIMEOUT`] for it. Reads run in one deferred transaction:
 //! one snapshot.
 
-use std::path::Path;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use rusqlite::types::Value;
 use rusqlite::{
-    params, Connection, ErrorCode, OptionalExtension, Row, Transaction, TransactionBehavior,
+    params, Connection, ErrorCode, OpenFlags, OptionalExtension, Row, Transaction,
+    TransactionBehavior,
 };
 
 use super::migrations::{self, MIGRATIONS, SQLITE_SCHEMA_VERSION_TABLE};
@@ -23,23 +25,37 @@ use super::{
 use crate::model::{ModuleId, NodeAddr, RouteNode};
 
 /// One connection to a SQLite store.
+///
+/// It remembers which file it opened (device and inode): before every
+/// transaction it checks that the path still names that file, so a
+/// database deleted or replaced under a running server fails with
+/// [`StoreError::Replaced`] instead of being read and written unseen.
 pub(crate) struct SqliteStore {
     conn: Connection,
     url: String,
     bad: BadRows,
+    path: PathBuf,
+    /// (device, inode) of the file opened.
+    file: (u64, u64),
 }
 
 impl SqliteStore {
-    /// Opens (creating when missing) the database at `path` and migrates it.
-    pub(crate) fn open(path: &Path) -> Result<Self, StoreError> {
+    /// Opens the database at `path` and migrates it; `create`: creates
+    /// the file and its directory when missing.
+    pub(crate) fn open(path: &Path, create: bool) -> Result<Self, StoreError> {
         let url = format!("sqlite:{}", path.display());
         let fail = |why: String| StoreError::Unavailable {
             url: url.clone(),
             why,
         };
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir)
-                .map_err(|e| fail(format!("cannot create directory {}: {e}", dir.display())))?;
+        let missing = || StoreError::Missing { url: url.clone() };
+        if create {
+            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                std::fs::create_dir_all(dir)
+                    .map_err(|e| fail(format!("cannot create directory {}: {e}", dir.display())))?;
+            }
+        } else if !path.exists() {
+            return Err(missing());
         }
         if path.is_dir() {
             return Err(fail(format!(
@@ -47,17 +63,30 @@ impl SqliteStore {
                 path.display()
             )));
         }
-        let conn = Connection::open(path).map_err(|e| {
+        let mut flags = OpenFlags::SQLITE_OPEN_READ_WRITE
+            | OpenFlags::SQLITE_OPEN_URI
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        if create {
+            flags |= OpenFlags::SQLITE_OPEN_CREATE;
+        }
+        let conn = Connection::open_with_flags(path, flags).map_err(|e| {
+            if !create && !path.exists() {
+                return missing();
+            }
             fail(format!(
                 "cannot open {}: {}",
                 path.display(),
                 super::why(&e)
             ))
         })?;
+        let meta = std::fs::metadata(path)
+            .map_err(|e| fail(format!("cannot stat {}: {e}", path.display())))?;
         let mut store = SqliteStore {
             conn,
             bad: BadRows::new(url.clone()),
             url,
+            path: path.to_path_buf(),
+            file: (meta.dev(), meta.ino()),
         };
         store
             .conn
@@ -66,6 +95,33 @@ impl SqliteStore {
         store.wal()?;
         store.migrate()?;
         Ok(store)
+    }
+
+    /// Whether the path still names the file this connection opened.
+    ///
+    /// # Errors
+    /// [`StoreError::Replaced`] when it was deleted or now names another
+    /// file; [`StoreError::Unavailable`] when it cannot be looked at.
+    fn same_file(&self) -> Result<(), StoreError> {
+        let replaced = |why: String| StoreError::Replaced {
+            url: self.url.clone(),
+            why,
+        };
+        match std::fs::metadata(&self.path) {
+            Ok(m) if (m.dev(), m.ino()) == self.file => Ok(()),
+            Ok(_) => Err(replaced(format!(
+                "{} is now another file than the one opened (it was replaced)",
+                self.path.display()
+            ))),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(replaced(format!(
+                "{} was deleted while open",
+                self.path.display()
+            ))),
+            Err(e) => Err(StoreError::Unavailable {
+                url: self.url.clone(),
+                why: format!("cannot stat {}: {e}", self.path.display()),
+            }),
+        }
     }
 
     fn unavailable(&self, e: rusqlite::Error) -> StoreError {
@@ -175,6 +231,7 @@ impl SqliteStore {
     }
 
     fn write_tx(&mut self) -> Result<Transaction<'_>, StoreError> {
+        self.same_file()?;
         let url = self.url.clone();
         self.conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
@@ -185,6 +242,7 @@ impl SqliteStore {
     }
 
     fn read_tx(&mut self) -> Result<Transaction<'_>, StoreError> {
+        self.same_file()?;
         let url = self.url.clone();
         self.bad.start();
         self.conn
@@ -338,6 +396,7 @@ impl Store for SqliteStore {
     }
 
     fn route_version(&mut self) -> Result<u64, StoreError> {
+        self.same_file()?;
         let v: Option<i64> = self
             .conn
             .query_row("SELECT version FROM route_version WHERE id = 1", [], |r| {

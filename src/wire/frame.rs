@@ -15,6 +15,11 @@ const PREFIX_LEN: usize = 4;
 /// A buffer held past a large frame is given back above this capacity.
 const KEEP_CAPACITY: usize = 64 << 10;
 
+/// The most a length prefix alone may make the decoder reserve: the rest
+/// of a frame is allocated only as its bytes arrive, so a peer that
+/// announces a large frame and sends nothing holds no more than this.
+const RESERVE_AHEAD: usize = 64 << 10;
+
 /// Why a byte stream is not a sequence of frames. The stream cannot be
 /// resynchronised: close the connection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
@@ -103,8 +108,9 @@ impl FrameDecoder {
         }
         let missing = (PREFIX_LEN + len).saturating_sub(pending.len());
         if missing > 0 {
-            // Grow once for the rest of the frame, not once per read.
-            self.buf.reserve(missing);
+            // Grow for the rest of the frame in steps the peer pays for
+            // with bytes sent, never from the announced length alone.
+            self.buf.reserve(missing.min(RESERVE_AHEAD));
             return Ok(None);
         }
         let payload = self.start + PREFIX_LEN;
@@ -224,6 +230,18 @@ mod tests {
             huge.next_frame(),
             Err(FrameError::Oversized { .. })
         ));
+    }
+
+    #[test]
+    fn a_large_announced_length_reserves_nothing_until_its_bytes_arrive() {
+        let mut dec = FrameDecoder::default();
+        dec.feed(&(MAX_FRAME_LEN as u32).to_le_bytes());
+        assert_eq!(dec.next_frame(), Ok(None));
+        assert!(
+            dec.buf.capacity() <= 2 * RESERVE_AHEAD,
+            "a 16 MiB prefix reserved {} bytes",
+            dec.buf.capacity()
+        );
     }
 
     #[test]
