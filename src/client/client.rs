@@ -600,6 +600,13 @@ impl Client {
             Err(t) => {
                 if matches!(t, Trouble::Error(_)) {
                     cache.forget(module);
+                } else if let Some(addr) = cache.pick_unrefreshed(module) {
+                    // Unanswered: the cached route keeps answering, as the
+                    // original's cache does; static routes only without one.
+                    return Ok(Host {
+                        addr,
+                        source: HostSource::Cache,
+                    });
                 }
                 return self.get_host_unanswered(module, started, t);
             }
