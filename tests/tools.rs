@@ -171,12 +171,11 @@ fn gethost_report_and_getroute_against_the_real_agent() {
     assert_eq!(r.code, EXIT_OK, "{r:?}");
     let j = json_of(&r);
     assert_eq!(j["retcode"], -7);
-    assert_eq!(j["status"]["rerr"], 1);
-    assert_eq!(
-        j["status"]["verr"], 2,
-        "250 ms counts max(1, 250 / 100) errors"
-    );
-    assert_eq!(j["status"]["contin_err"], 1);
+    // 250 ms counts errcnt = 250 / 100 = 2: virtual errors, real errors and
+    // consecutive failures all grow by 2, as in the original.
+    assert_eq!(j["status"]["rerr"], 2);
+    assert_eq!(j["status"]["verr"], 2, "250 ms counts 250 / 100 errors");
+    assert_eq!(j["status"]["contin_err"], 2);
 
     let stranger = NodeAddr::new(Ipv4Addr::new(10, 9, 9, 9), 1);
     let r = report(d, M, stranger, 0, false);

@@ -149,7 +149,7 @@ impl Client {
 
     /// Reports the result of a call to `host` of module `(modid, cmdid)`:
     /// `retcode` 0 is success, anything else a failure that counts
-    /// `max(1, tcost_ms / 100)` errors. Fire and forget: nothing waits for
+    /// `tcost_ms / 100` errors (at least 1, at most 50). Fire and forget: nothing waits for
     /// the agent. With the route cache, successes may be held and batched
     /// (see [`super::cache`]). While the agent is down the report is
     /// dropped and the result is `Ok(())`, as in the original.
