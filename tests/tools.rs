@@ -198,7 +198,8 @@ fn gethost_report_and_getroute_against_the_real_agent() {
     let n1 = route.iter().find(|n| n["host"] == "10.2.0.1:8080").unwrap();
     assert_eq!(
         (n1["rsucc"].as_u64(), n1["rerr"].as_u64()),
-        (Some(1), Some(1))
+        (Some(1), Some(2)),
+        "one success; one failure of 250 ms counting 2 real errors"
     );
     assert_eq!(n1["state"], "idle");
     assert_eq!(n1["weight"], 2);

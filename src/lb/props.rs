@@ -200,7 +200,7 @@ proptest! {
         let before = m.clone();
         let o = Outcome::Failure { tcost_ms };
         let t = m.report(addr(node), o, now, &p);
-        let got: Vec<Transition> = t.clone().ok().flatten().into_iter().collect();
+        let got: Vec<Transition> = t.ok().flatten().into_iter().collect();
         let errcnt = (tcost_ms / 100).clamp(1, 50);
         check_against_reference(&before, &m, t.is_ok(), node, false, errcnt, now, &p, &got)?;
         if errcnt == 1 {
