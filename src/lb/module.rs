@@ -139,8 +139,9 @@ impl ModuleLb {
         }
     }
 
-    /// Applies one reported call to `addr` at `now`; returns the node's state
-    /// change, if the call caused one.
+    /// Applies one reported call to `addr` at `now`: a success counts 1, a
+    /// failure [`Outcome::error_count`] (the original's multi-error path when
+    /// above 1); returns the node's state change, if the call caused one.
     ///
     /// # Errors
     /// [`UnknownNode`] when `addr` is not in the route; nothing changes.
