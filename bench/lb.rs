@@ -1,12 +1,13 @@
 //! Criterion benchmarks of the pure LB core on a 10-node module: getHost,
-//! report, and a batch report. No sockets, no clock: `now` is a counter.
+//! report, and a batch report; and a route update at 10, 1,000 and 10,000
+//! nodes (reported per node). No sockets, no clock: `now` is a counter.
 //!
 //! Run: `cargo bench --bench lb`.
 
 use std::hint::black_box;
 use std::net::Ipv4Addr;
 
-use criterion::{criterion_group, criterion_main, Criterion};
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use lbagent::lb::{LbParams, ModuleLb, Outcome};
 use lbagent::model::{NodeAddr, RouteNode};
 
@@ -86,5 +87,43 @@ fn report(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, get_host, report);
+/// A route change of `n` nodes: each update swaps between two routes that
+/// share 90% of their nodes (10% leave, 10% arrive, the rest keep their
+/// state), so every call does the full work of a real change. Throughput is
+/// per node of the route.
+fn update_route(c: &mut Criterion) {
+    let p = LbParams::default();
+    let mut g = c.benchmark_group("update_route");
+    for n in [10u32, 1_000, 10_000] {
+        let node = |i: u32| RouteNode {
+            addr: NodeAddr {
+                ip: 0x0a00_0000 + i,
+                port: 9000,
+            },
+            weight: 1,
+        };
+        let shift = (n / 10).max(1);
+        let a: Vec<RouteNode> = (0..n).map(node).collect();
+        let b: Vec<RouteNode> = (shift..n + shift).map(node).collect();
+        let mut m = ModuleLb::new(&a, 1, 0, &p);
+        // Some state worth keeping: two overloaded nodes.
+        for r in &a[n as usize / 2..n as usize / 2 + 2] {
+            m.report(r.addr, Outcome::Failure { tcost_ms: 5_000 }, 0, &p)
+                .unwrap();
+        }
+        let mut version = 1u64;
+        g.throughput(Throughput::Elements(u64::from(n)));
+        g.bench_with_input(BenchmarkId::from_parameter(n), &n, |bench, _| {
+            bench.iter(|| {
+                version += 1;
+                let route = if version % 2 == 0 { &b } else { &a };
+                m.update_route(black_box(route), version, 0, &p);
+                black_box(m.nodes().len())
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, get_host, report, update_route);
 criterion_main!(benches);

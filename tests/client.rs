@@ -236,7 +236,7 @@ fn the_real_agent_answers_no_such_module_and_overloaded_as_typed_errors() {
     assert_eq!(e.kind(), "no_such_module");
 
     // contin_err_lim (15) failures make the only node overloaded; the next
-    // getHost is not a probe (every 10th is).
+    // getHost is not a probe (the 11th is).
     for _ in 0..15 {
         c.report(M.modid, M.cmdid, node(1), -1, 0).unwrap();
     }

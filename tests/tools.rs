@@ -171,12 +171,11 @@ fn gethost_report_and_getroute_against_the_real_agent() {
     assert_eq!(r.code, EXIT_OK, "{r:?}");
     let j = json_of(&r);
     assert_eq!(j["retcode"], -7);
-    assert_eq!(j["status"]["rerr"], 1);
-    assert_eq!(
-        j["status"]["verr"], 2,
-        "250 ms counts max(1, 250 / 100) errors"
-    );
-    assert_eq!(j["status"]["contin_err"], 1);
+    // 250 ms counts errcnt = 250 / 100 = 2: virtual errors, real errors and
+    // consecutive failures all grow by 2, as in the original.
+    assert_eq!(j["status"]["rerr"], 2);
+    assert_eq!(j["status"]["verr"], 2, "250 ms counts 250 / 100 errors");
+    assert_eq!(j["status"]["contin_err"], 2);
 
     let stranger = NodeAddr::new(Ipv4Addr::new(10, 9, 9, 9), 1);
     let r = report(d, M, stranger, 0, false);
@@ -199,7 +198,8 @@ fn gethost_report_and_getroute_against_the_real_agent() {
     let n1 = route.iter().find(|n| n["host"] == "10.2.0.1:8080").unwrap();
     assert_eq!(
         (n1["rsucc"].as_u64(), n1["rerr"].as_u64()),
-        (Some(1), Some(1))
+        (Some(1), Some(2)),
+        "one success; one failure of 250 ms counting 2 real errors"
     );
     assert_eq!(n1["state"], "idle");
     assert_eq!(n1["weight"], 2);

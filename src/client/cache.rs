@@ -22,6 +22,15 @@
 //!   before any failure report of the module (so the agent sees them in the
 //!   order they happened), and on [`super::Client::flush`] or drop.
 //! - Failures are never held.
+//! - A success reported for a node that is not in the cached route is
+//!   dropped (neither held nor sent), and a route change drops the held
+//!   successes of the nodes that left, as the original's cache does: they
+//!   belong to a route the agent no longer has.
+//! - When a refresh is not answered (timeout, or the agent's port refused
+//!   it) and a route is cached with no node overloaded, the cached route
+//!   keeps answering ([`RouteCache::pick_unrefreshed`]), as the original
+//!   does; the next getHost tries the refresh again. The static route file
+//!   is for when no route is cached, or the agent's heartbeat is stale.
 
 use std::collections::HashMap;
 
@@ -80,6 +89,8 @@ pub struct Refreshed<'a> {
 struct Entry {
     version: u64,
     nodes: Vec<NodeAddr>,
+    /// `nodes`, sorted: the report path's membership test.
+    sorted: Vec<NodeAddr>,
     next: usize,
     any_overloaded: bool,
     /// When the route was last refreshed; None: never (or forgotten).
@@ -95,6 +106,16 @@ struct Entry {
 impl Entry {
     fn cached(&self) -> bool {
         self.refreshed_at.is_some() && !self.nodes.is_empty()
+    }
+
+    fn in_route(&self, host: NodeAddr) -> bool {
+        self.sorted.binary_search(&host).is_ok()
+    }
+
+    fn next_host(&mut self) -> NodeAddr {
+        let i = self.next % self.nodes.len();
+        self.next = (i + 1) % self.nodes.len();
+        self.nodes[i]
     }
 }
 
@@ -128,9 +149,17 @@ impl RouteCache {
         if e.any_overloaded || e.nodes.is_empty() {
             return Pick::PassThrough;
         }
-        let i = e.next % e.nodes.len();
-        e.next = (i + 1) % e.nodes.len();
-        Pick::Host(e.nodes[i])
+        Pick::Host(e.next_host())
+    }
+
+    /// A refresh of `module` went unanswered: the next node of the cached
+    /// route, round robin, when a route is cached and no node of it was
+    /// overloaded at the last refresh; None otherwise (no route to serve:
+    /// the caller falls back as without the cache). The refresh stays due,
+    /// so the next getHost asks again.
+    pub fn pick_unrefreshed(&mut self, module: ModuleId) -> Option<NodeAddr> {
+        let e = self.modules.get_mut(&module)?;
+        (e.cached() && !e.any_overloaded).then(|| e.next_host())
     }
 
     /// Applies the agent's answer to a cache getRoute of `module`;
@@ -156,8 +185,12 @@ impl RouteCache {
             }
             e.nodes.clear();
             e.nodes.extend(r.nodes.iter().map(|n| n.addr));
+            e.sorted.clone_from(&e.nodes);
+            e.sorted.sort_unstable();
             e.next = start % e.nodes.len();
             e.version = r.version;
+            let Entry { held, sorted, .. } = e;
+            held.retain(|(a, _)| sorted.binary_search(a).is_ok());
         }
         e.any_overloaded = r.any_overloaded;
         e.refreshed_at = Some(now_ms);
@@ -170,6 +203,7 @@ impl RouteCache {
     pub fn forget(&mut self, module: ModuleId) {
         if let Some(e) = self.modules.get_mut(&module) {
             e.nodes.clear();
+            e.sorted.clear();
             e.version = 0;
             e.refreshed_at = None;
             e.any_overloaded = false;
@@ -179,7 +213,8 @@ impl RouteCache {
     /// Records a report of `module` at `now_ms`. Moves into `out` the
     /// successes that must be sent (as one batch) before anything else;
     /// returns true when this report must be sent now, after that batch,
-    /// and false when it is held.
+    /// and false when it is held, or dropped (a success for a node that is
+    /// not in the cached route).
     pub fn report(
         &mut self,
         module: ModuleId,
@@ -199,6 +234,9 @@ impl RouteCache {
         if !e.cached() || e.any_overloaded {
             out.append(&mut e.held);
             return true;
+        }
+        if !e.in_route(host) {
+            return false;
         }
         let slot = e.held.iter().position(|(a, _)| *a == host);
         let full = slot.is_none() && e.held.len() >= MAX_HELD_NODES;
@@ -365,17 +403,78 @@ mod tests {
         c.take_held(M, &mut held);
         assert_eq!(held, vec![(node(2), 1)]);
 
-        for i in 0..MAX_HELD_NODES {
-            let a = NodeAddr {
-                ip: i as u32 + 1,
-                port: 1,
-            };
-            assert!(!c.report(M, a, 0, 200, &mut out));
+        // A route of MAX_HELD_NODES + 1 nodes: the last one overflows.
+        let big: Vec<RouteNode> = (0..MAX_HELD_NODES)
+            .map(|i| RouteNode {
+                addr: NodeAddr {
+                    ip: i as u32 + 1,
+                    port: 1,
+                },
+                weight: 1,
+            })
+            .chain(route(9).into_iter().skip(8))
+            .collect();
+        assert!(c.refreshed(M, &fresh(6, &big, false), 200, 0));
+        for r in &big[..MAX_HELD_NODES] {
+            assert!(!c.report(M, r.addr, 0, 200, &mut out));
         }
         assert!(out.is_empty());
         assert!(!c.report(M, node(9), 0, 200, &mut out));
         assert_eq!(out.len(), MAX_HELD_NODES);
         assert_eq!(c.modules_holding(), vec![M]);
+    }
+
+    #[test]
+    fn a_success_for_a_node_not_in_the_cached_route_is_dropped() {
+        // The original counts a success only for a node of the cached route.
+        let mut c = cached(0);
+        let mut out = Vec::new();
+        assert!(!c.report(M, node(9), 0, 10, &mut out), "not sent");
+        assert!(out.is_empty());
+        let mut held = Vec::new();
+        c.take_held(M, &mut held);
+        assert!(held.is_empty(), "not held either: {held:?}");
+    }
+
+    #[test]
+    fn a_route_change_drops_the_held_successes_of_nodes_that_left() {
+        let mut c = cached(0);
+        let mut out = Vec::new();
+        for h in [1, 2, 3, 2] {
+            assert!(!c.report(M, node(h), 0, 10, &mut out));
+        }
+        // Version 6 keeps nodes 2 and 3, drops 1, adds 4.
+        let v6: Vec<RouteNode> = route(4).into_iter().skip(1).collect();
+        assert!(c.refreshed(M, &fresh(6, &v6, false), 20, 0));
+        c.take_held(M, &mut out);
+        assert_eq!(out, vec![(node(2), 2), (node(3), 1)]);
+    }
+
+    #[test]
+    fn an_unanswered_refresh_keeps_serving_the_cached_route() {
+        let mut c = cached(0);
+        assert_eq!(c.pick(M, 1), Pick::Host(node(1)));
+        // The refresh is due and goes unanswered: the cached route answers,
+        // round robin, and the refresh stays due.
+        assert_eq!(
+            c.pick(M, REFRESH_INTERVAL_MS),
+            Pick::Refresh { known_version: 5 }
+        );
+        assert_eq!(c.pick_unrefreshed(M), Some(node(2)));
+        assert_eq!(
+            c.pick(M, REFRESH_INTERVAL_MS + 1),
+            Pick::Refresh { known_version: 5 }
+        );
+        assert_eq!(c.pick_unrefreshed(M), Some(node(3)));
+        // Nothing cached, or a node overloaded at the last refresh: no answer
+        // from the cache.
+        assert_eq!(RouteCache::new().pick_unrefreshed(M), None);
+        let mut o = RouteCache::new();
+        o.pick(M, 0);
+        o.refreshed(M, &fresh(5, &route(2), true), 0, 0);
+        assert_eq!(o.pick_unrefreshed(M), None);
+        c.forget(M);
+        assert_eq!(c.pick_unrefreshed(M), None);
     }
 
     #[test]

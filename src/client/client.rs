@@ -149,7 +149,7 @@ impl Client {
 
     /// Reports the result of a call to `host` of module `(modid, cmdid)`:
     /// `retcode` 0 is success, anything else a failure that counts
-    /// `max(1, tcost_ms / 100)` errors. Fire and forget: nothing waits for
+    /// `tcost_ms / 100` errors (at least 1, at most 50). Fire and forget: nothing waits for
     /// the agent. With the route cache, successes may be held and batched
     /// (see [`super::cache`]). While the agent is down the report is
     /// dropped and the result is `Ok(())`, as in the original.
@@ -600,6 +600,13 @@ impl Client {
             Err(t) => {
                 if matches!(t, Trouble::Error(_)) {
                     cache.forget(module);
+                } else if let Some(addr) = cache.pick_unrefreshed(module) {
+                    // Unanswered: the cached route keeps answering, as the
+                    // original's cache does; static routes only without one.
+                    return Ok(Host {
+                        addr,
+                        source: HostSource::Cache,
+                    });
                 }
                 return self.get_host_unanswered(module, started, t);
             }

@@ -47,7 +47,8 @@ pub struct LbConfig {
     pub contin_succ_lim: u32,
     /// Consecutive failures that make an idle node overloaded.
     pub contin_err_lim: u32,
-    /// While some node is overloaded, every `probe_num`-th getHost probes.
+    /// While some node is overloaded, `probe_num` getHosts answer from the
+    /// idle list and the next probes (10 then 1).
     pub probe_num: u32,
     /// Virtual success rate above which an overloaded node is idle again.
     pub succ_rate: f64,

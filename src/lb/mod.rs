@@ -4,17 +4,20 @@
 //! overloaded, exactly as the original agent (seeds 000 and 001):
 //!
 //! - **getHost** ([`ModuleLb::get_host`]): round robin over the idle list;
-//!   while some node is overloaded, every `probe_num`-th getHost probes the
-//!   head of the overload list instead; with every node overloaded the rest
-//!   answer [`Pick::Overloaded`].
-//! - **report** ([`ModuleLb::report`]): a success adds to `vsucc`, a failure
-//!   adds `max(1, tcost_ms / 100)` to `verr` (one real error, one
-//!   consecutive failure). An idle node whose `verr / (vsucc + verr)`
-//!   exceeds `err_rate`, or whose consecutive failures reach
-//!   `contin_err_lim`, becomes overloaded (`vsucc = 0, verr = ovld_err_cnt`);
-//!   an overloaded node whose `vsucc / (vsucc + verr)` exceeds `succ_rate`,
-//!   or whose consecutive successes reach `contin_succ_lim`, becomes idle
-//!   (`vsucc = init_succ_cnt, verr = 0`).
+//!   while some node is overloaded, `probe_num` getHosts are answered from
+//!   the idle list and the next probes the head of the overload list (10
+//!   then 1); with every node overloaded, `probe_num` answer
+//!   [`Pick::Overloaded`] and the next probes.
+//! - **report** ([`ModuleLb::report`]): a success counts 1, a failure
+//!   `errcnt` = [`Outcome::error_count`] (`tcost_ms / 100` within 1..=50):
+//!   virtual and real counts and the consecutive run grow by it, the other
+//!   run resets. An idle node becomes overloaded (`vsucc = 0,
+//!   verr = ovld_err_cnt`) at the first error at which
+//!   `verr / (vsucc + verr) > err_rate` or the consecutive failures reach
+//!   `contin_err_lim`; errors of the same report beyond that point are
+//!   added to `verr` after the reset. An overloaded node becomes idle
+//!   (`vsucc = init_succ_cnt, verr = 0`) by the mirror rules with
+//!   `succ_rate` and `contin_succ_lim`.
 //! - **windows**, checked on a report when the state did not change: an idle
 //!   node's window ends after `clear_timeout`; `wind_err_limit` consecutive
 //!   windows with a real error rate at or above `wind_err_rate` make it
@@ -22,8 +25,14 @@
 //!   overloaded node returns to idle once it has been overloaded for
 //!   `overload_wait_lim`.
 //! - **batch report** ([`ModuleLb::report_successes`]) of N successes is
-//!   exactly N single successes.
-//! - **route update** ([`ModuleLb::update_route`]) keeps the nodes that stay.
+//!   applied at once, like a failure of `errcnt` N: an overloaded node
+//!   becomes idle at most once, the rest carry into `vsucc`, then one
+//!   window / timeout check.
+//! - **route update** ([`ModuleLb::update_route`]) keeps the nodes that stay,
+//!   in O(n log n).
+//!
+//! Where this differs from the original on purpose is listed in the README
+//! ("Where we differ from the original, and why").
 //!
 //! It must not touch: sockets, clocks, logging, the wire format. Time is the
 //! caller's `now` in milliseconds.
@@ -33,7 +42,7 @@ mod node;
 mod params;
 
 pub use module::{ModuleLb, NodeCallStats, Pick, UnknownNode};
-pub use node::{Millis, Node, NodeState, Outcome, Reason, Transition};
+pub use node::{Millis, Node, NodeState, Outcome, Reason, Transition, MAX_ERRORS_PER_FAILURE};
 pub use params::LbParams;
 
 #[cfg(test)]

@@ -113,10 +113,12 @@ impl ModuleLb {
     }
 
     /// Chooses a node: round robin over the idle list (take the head, append
-    /// it to the tail). While some node is overloaded, every
-    /// `probe_num`-th getHost takes the head of the overload list instead
-    /// (and rotates it); when every node is overloaded the others answer
-    /// [`Pick::Overloaded`].
+    /// it to the tail). While some node is overloaded, the probe counter is
+    /// looked at before it counts: `probe_num` getHosts are answered from the
+    /// idle list (or, with every node overloaded, [`Pick::Overloaded`]), each
+    /// adding one, and the next takes the head of the overload list instead
+    /// (and rotates it), restarting the count: 10 then 1 with the default
+    /// `probe_num` of 10. With no node overloaded the count stays 0.
     pub fn get_host(&mut self, p: &LbParams) -> Pick {
         if self.overload.is_empty() {
             self.access_cnt = 0;
@@ -125,20 +127,21 @@ impl ModuleLb {
                 None => Pick::NoSuchModule,
             };
         }
-        self.access_cnt += 1;
         if self.access_cnt >= p.probe_num {
             self.access_cnt = 0;
             let i = rotate(&mut self.overload).expect("overload list is not empty");
             return Pick::Probe(self.nodes[i as usize].addr());
         }
+        self.access_cnt += 1;
         match rotate(&mut self.idle) {
             Some(i) => Pick::Idle(self.nodes[i as usize].addr()),
             None => Pick::Overloaded,
         }
     }
 
-    /// Applies one reported call to `addr` at `now`; returns the node's state
-    /// change, if the call caused one.
+    /// Applies one reported call to `addr` at `now`: a success counts 1, a
+    /// failure [`Outcome::error_count`] (the original's multi-error path when
+    /// above 1); returns the node's state change, if the call caused one.
     ///
     /// # Errors
     /// [`UnknownNode`] when `addr` is not in the route; nothing changes.
@@ -153,55 +156,62 @@ impl ModuleLb {
         Ok(self.report_at(i, outcome, now, p))
     }
 
-    /// Applies `count` successful calls to `addr` at `now`, exactly as
-    /// `count` single successes would, calling `on_transition` for every
-    /// state change they cause. Costs O(1) while the node is idle and its
-    /// window is not due.
+    /// Applies a batch of `count` successful calls to `addr` at `now` all at
+    /// once, as the original's batch report: the counts grow by `count`, an
+    /// overloaded node returns to idle at most once (the successes after that
+    /// point carry into its idle virtual count), then one window /
+    /// overload-timeout check. Calls `on_transition` for the state change, if
+    /// any. O(log count). A batch of 0 changes nothing.
     ///
     /// # Errors
     /// [`UnknownNode`] when `addr` is not in the route; nothing changes.
     pub fn report_successes(
         &mut self,
         addr: NodeAddr,
-        mut count: u32,
+        count: u32,
         now: Millis,
         p: &LbParams,
         mut on_transition: impl FnMut(Transition),
     ) -> Result<(), UnknownNode> {
         let i = self.find(addr).ok_or(UnknownNode(addr))?;
-        // An overloaded node returns to idle within contin_succ_lim successes,
-        // and a window, once reset, is not due again at the same `now`: the
-        // loop runs a bounded number of single steps, then adds the rest.
-        while count > 0 && self.nodes[i].success_is_eventful(now, p) {
-            if let Some(t) = self.report_at(i, Outcome::Success, now, p) {
+        if count > 0 {
+            if let Some(t) = self.report_calls_at(i, true, count, now, p) {
                 on_transition(t);
             }
-            count -= 1;
-        }
-        if count > 0 {
-            self.nodes[i].add_quiet_successes(count);
         }
         Ok(())
     }
 
     /// Replaces the route: nodes that stay keep their state and list position
-    /// (their weight is updated), new nodes join the tail of the idle list,
-    /// removed nodes leave both lists. Duplicate entries after the first are
-    /// ignored. An empty route leaves a module that answers
-    /// [`Pick::NoSuchModule`].
+    /// (their weight is updated), new nodes join the tail of the idle list in
+    /// the route's order, removed nodes leave both lists. Duplicate entries
+    /// after the first are ignored. An empty route leaves a module that
+    /// answers [`Pick::NoSuchModule`].
+    ///
+    /// Cost: one sort of the route's keys and a binary search per node,
+    /// O(n log n) with n the larger of the two routes, no per-node allocation.
     pub fn update_route(&mut self, route: &[RouteNode], version: u64, now: Millis, p: &LbParams) {
         self.version = version;
-        let mut wanted: Vec<(u64, &RouteNode)> = route.iter().map(|r| (r.addr.key(), r)).collect();
-        wanted.sort_by_key(|&(k, _)| k);
+        // The wanted keys, sorted, each with its first position in `route`.
+        let mut wanted: Vec<(u64, u32)> = route
+            .iter()
+            .enumerate()
+            .map(|(pos, r)| (r.addr.key(), pos as u32))
+            .collect();
+        wanted.sort_unstable();
         wanted.dedup_by_key(|&mut (k, _)| k);
+        // The new index of each wanted key, filled below.
+        let mut slot = vec![u32::MAX; wanted.len()];
+        let lookup = |key: u64| wanted.binary_search_by_key(&key, |&(k, _)| k).ok();
 
         // Surviving nodes keep their relative order; old index -> new index.
         let mut remap = vec![u32::MAX; self.nodes.len()];
         let mut nodes = Vec::with_capacity(wanted.len());
         for (old, mut node) in std::mem::take(&mut self.nodes).into_iter().enumerate() {
-            if let Ok(w) = wanted.binary_search_by_key(&node.addr().key(), |&(k, _)| k) {
-                node.set_weight(wanted[w].1.weight);
+            if let Some(w) = lookup(node.addr().key()) {
+                node.set_weight(route[wanted[w].1 as usize].weight);
                 remap[old] = nodes.len() as u32;
+                slot[w] = nodes.len() as u32;
                 nodes.push(node);
             }
         }
@@ -214,26 +224,22 @@ impl ModuleLb {
         let mut idle = keep(&self.idle);
         self.overload = keep(&self.overload);
 
-        // New nodes, in the route's own order.
-        let mut seen = Vec::with_capacity(route.len());
-        for r in route {
-            let key = r.addr.key();
-            let known = nodes.iter().any(|n: &Node| n.addr().key() == key);
-            if !known && !seen.contains(&key) {
-                seen.push(key);
+        // New nodes, in the route's own order (each key at its first entry).
+        for (pos, r) in route.iter().enumerate() {
+            let Some(w) = lookup(r.addr.key()) else {
+                continue;
+            };
+            if slot[w] == u32::MAX && wanted[w].1 == pos as u32 {
+                slot[w] = nodes.len() as u32;
                 idle.push_back(nodes.len() as u32);
                 nodes.push(Node::new(*r, now, p));
             }
         }
         self.idle = idle;
         self.nodes = nodes;
-        self.index = self
-            .nodes
-            .iter()
-            .enumerate()
-            .map(|(i, n)| (n.addr().key(), i as u32))
-            .collect();
-        self.index.sort_unstable_by_key(|&(k, _)| k);
+        self.index.clear();
+        self.index
+            .extend(wanted.iter().zip(&slot).map(|(&(k, _), &i)| (k, i)));
         if self.overload.is_empty() {
             self.access_cnt = 0;
         }
@@ -308,7 +314,25 @@ impl ModuleLb {
         now: Millis,
         p: &LbParams,
     ) -> Option<Transition> {
-        let (to, reason) = self.nodes[i].report(outcome, now, p)?;
+        match outcome {
+            Outcome::Success => self.report_calls_at(i, true, 1, now, p),
+            Outcome::Failure { .. } => {
+                self.report_calls_at(i, false, outcome.error_count(), now, p)
+            }
+        }
+    }
+
+    /// Applies `n` counts of one outcome to node `i` and moves it between
+    /// the lists when its state changes.
+    fn report_calls_at(
+        &mut self,
+        i: usize,
+        success: bool,
+        n: u32,
+        now: Millis,
+        p: &LbParams,
+    ) -> Option<Transition> {
+        let (to, reason) = self.nodes[i].report_calls(success, n, now, p)?;
         let idx = i as u32;
         let (from_list, to_list) = match to {
             NodeState::Overloaded => (&mut self.idle, &mut self.overload),

@@ -24,14 +24,27 @@ pub enum Outcome {
     /// The call succeeded.
     Success,
     /// The call failed after `tcost_ms` milliseconds; it counts
-    /// `max(1, tcost_ms / 100)` virtual errors.
+    /// [`Outcome::error_count`] errors.
     Failure {
         /// The call's time cost in milliseconds (0 when unknown).
         tcost_ms: u32,
     },
 }
 
+/// The most errors one failure counts, however slow it was.
+pub const MAX_ERRORS_PER_FAILURE: u32 = 50;
+
 impl Outcome {
+    /// The errors this outcome counts: 0 for a success; for a failure
+    /// `tcost_ms / 100`, at least 1 and at most [`MAX_ERRORS_PER_FAILURE`]
+    /// (a call that failed after 1 s counts 10).
+    pub fn error_count(self) -> u32 {
+        match self {
+            Outcome::Success => 0,
+            Outcome::Failure { tcost_ms } => (tcost_ms / 100).clamp(1, MAX_ERRORS_PER_FAILURE),
+        }
+    }
+
     /// The outcome a wire-level return code means: 0 is success.
     pub fn from_retcode(retcode: i32, tcost_ms: u32) -> Self {
         if retcode == 0 {
@@ -210,61 +223,90 @@ impl Node {
         self.overload_start = now;
     }
 
-    fn count(&mut self, outcome: Outcome, successes: u32) {
-        match outcome {
-            Outcome::Success => {
-                self.vsucc = self.vsucc.saturating_add(successes);
-                self.rsucc = self.rsucc.saturating_add(successes);
-                self.stat_succ = self.stat_succ.saturating_add(successes);
-                self.contin_succ = self.contin_succ.saturating_add(successes);
-                self.contin_err = 0;
-            }
-            Outcome::Failure { tcost_ms } => {
-                self.verr = self.verr.saturating_add((tcost_ms / 100).max(1));
-                self.rerr = self.rerr.saturating_add(1);
-                self.stat_err = self.stat_err.saturating_add(1);
-                self.contin_err = self.contin_err.saturating_add(1);
-                self.contin_succ = 0;
-            }
-        }
-    }
-
-    /// Applies one reported call and the rules that follow it, in the
-    /// original's order: count; check the rate and consecutive limits (an
-    /// idle node only on a failure, an overloaded one only on a success);
-    /// then, if the state did not change, the idle window or the overload
-    /// timeout. Returns the new state when it changed.
-    pub(super) fn report(
+    /// Applies `n` (at least 1) counts of one outcome at once, in the
+    /// original's order:
+    ///
+    /// 1. count: the virtual and real counts and the consecutive run of this
+    ///    outcome grow by `n`, the other run resets. The reporter's
+    ///    statistics grow by `n` successes, or by one failed call;
+    /// 2. the state rule, at most once: an idle node on failures, an
+    ///    overloaded node on successes. The node changes state at the first
+    ///    of the `n` counts at which its rate rule (counted with the node's
+    ///    existing virtual counts) or its consecutive rule holds; the counts
+    ///    after that point are added to the new state's virtual count after
+    ///    its reset;
+    /// 3. if the state did not change, the idle window or the overload
+    ///    timeout. (The original checks them after a change too; the change
+    ///    has just restarted the timer, so with timeouts of 1 ms or more, as
+    ///    the configuration requires, the check cannot fire.)
+    ///
+    /// Returns the new state when it changed.
+    pub(super) fn report_calls(
         &mut self,
-        outcome: Outcome,
+        success: bool,
+        n: u32,
         now: Millis,
         p: &LbParams,
     ) -> Option<(NodeState, Reason)> {
-        self.count(outcome, 1);
-        let reason = match (self.state, outcome) {
-            (NodeState::Idle, Outcome::Failure { .. }) => {
-                if ratio_exceeds(self.verr, self.vsucc, p.err_rate) {
-                    Some(Reason::ErrRate)
-                } else if self.contin_err >= p.contin_err_lim {
-                    Some(Reason::ContinErr)
-                } else {
-                    None
-                }
+        debug_assert!(n >= 1);
+        let (vsucc, verr, contin_succ, contin_err) =
+            (self.vsucc, self.verr, self.contin_succ, self.contin_err);
+        if success {
+            self.vsucc = vsucc.saturating_add(n);
+            self.rsucc = self.rsucc.saturating_add(n);
+            self.stat_succ = self.stat_succ.saturating_add(n);
+            self.contin_succ = contin_succ.saturating_add(n);
+            self.contin_err = 0;
+        } else {
+            self.verr = verr.saturating_add(n);
+            self.rerr = self.rerr.saturating_add(n);
+            self.stat_err = self.stat_err.saturating_add(1);
+            self.contin_err = contin_err.saturating_add(n);
+            self.contin_succ = 0;
+        }
+        let change = match (self.state, success) {
+            (NodeState::Idle, false) => {
+                first_crossing(verr, vsucc, p.err_rate, contin_err, p.contin_err_lim, n).map(
+                    |(k, by_rate)| {
+                        let reason = if by_rate {
+                            Reason::ErrRate
+                        } else {
+                            Reason::ContinErr
+                        };
+                        (k, reason)
+                    },
+                )
             }
-            (NodeState::Overloaded, Outcome::Success) => {
-                if ratio_exceeds(self.vsucc, self.verr, p.succ_rate) {
-                    Some(Reason::SuccRate)
-                } else if self.contin_succ >= p.contin_succ_lim {
-                    Some(Reason::ContinSucc)
-                } else {
-                    None
-                }
+            (NodeState::Overloaded, true) => {
+                first_crossing(vsucc, verr, p.succ_rate, contin_succ, p.contin_succ_lim, n).map(
+                    |(k, by_rate)| {
+                        let reason = if by_rate {
+                            Reason::SuccRate
+                        } else {
+                            Reason::ContinSucc
+                        };
+                        (k, reason)
+                    },
+                )
             }
             _ => None,
         };
-        if let Some(reason) = reason {
-            return Some(self.apply(reason, now, p));
+        if let Some((k, reason)) = change {
+            let changed = self.apply(reason, now, p);
+            let rest = n - k;
+            if success {
+                self.vsucc = self.vsucc.saturating_add(rest);
+            } else {
+                self.verr = self.verr.saturating_add(rest);
+            }
+            return Some(changed);
         }
+        self.check_timers(now, p)
+    }
+
+    /// The idle window or the overload timeout, as checked after a report
+    /// that did not change the state.
+    fn check_timers(&mut self, now: Millis, p: &LbParams) -> Option<(NodeState, Reason)> {
         match self.state {
             NodeState::Idle if self.window_due(now, p) => {
                 if self.window_is_bad(p) {
@@ -287,20 +329,6 @@ impl Node {
         }
     }
 
-    /// Applies `count` successes when no rule can fire for any of them:
-    /// the node is idle and its window is not due. Equivalent to `count`
-    /// single successes in that case.
-    pub(super) fn add_quiet_successes(&mut self, count: u32) {
-        debug_assert_eq!(self.state, NodeState::Idle);
-        self.count(Outcome::Success, count);
-    }
-
-    /// True when a success reported at `now` could change anything beyond
-    /// the counters.
-    pub(super) fn success_is_eventful(&self, now: Millis, p: &LbParams) -> bool {
-        self.state == NodeState::Overloaded || self.window_due(now, p)
-    }
-
     fn window_due(&self, now: Millis, p: &LbParams) -> bool {
         now.saturating_sub(self.window_start) >= p.clear_timeout_ms
     }
@@ -319,6 +347,42 @@ impl Node {
         }
         (self.state, reason)
     }
+}
+
+/// The first of `n` counts added to `part` (a virtual count; `other` is the
+/// opposite virtual count) at which the node's rule holds: the rate
+/// `part / (part + other) > rate`, or the consecutive run `contin + k`
+/// reaching `lim`. Returns `(k, true)` when the rate holds at `k` (it is
+/// tested first, as in a single report), `(k, false)` when only the run
+/// does, None when neither holds within `n`.
+///
+/// The rate only grows with `k` (a correctly rounded division of a growing
+/// exact ratio), so the first `k` is found by bisection: O(log n) for a
+/// batch of any size.
+fn first_crossing(
+    part: u32,
+    other: u32,
+    rate: f64,
+    contin: u32,
+    lim: u32,
+    n: u32,
+) -> Option<(u32, bool)> {
+    let by_run = lim.saturating_sub(contin).max(1);
+    let last = n.min(by_run);
+    let holds = |k: u32| ratio_exceeds(part.saturating_add(k), other, rate);
+    if holds(last) {
+        let (mut lo, mut hi) = (1, last);
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if holds(mid) {
+                hi = mid;
+            } else {
+                lo = mid + 1;
+            }
+        }
+        return Some((lo, true));
+    }
+    (by_run <= n).then_some((by_run, false))
 }
 
 /// `part / (part + other) > rate`, computed exactly as the original does

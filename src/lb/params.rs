@@ -13,8 +13,9 @@ pub struct LbParams {
     pub contin_succ_lim: u32,
     /// Consecutive failures that make an idle node overloaded.
     pub contin_err_lim: u32,
-    /// While some node is overloaded, every `probe_num`-th getHost probes
-    /// the head of the overload list.
+    /// While some node is overloaded, `probe_num` getHosts are answered
+    /// from the idle list and the next probes the head of the overload list
+    /// (10 then 1 with the default).
     pub probe_num: u32,
     /// An overloaded node whose virtual success rate exceeds this is idle again.
     pub succ_rate: f64,
@@ -24,9 +25,13 @@ pub struct LbParams {
     pub wind_err_rate: f64,
     /// This many consecutive bad windows make an idle node overloaded.
     pub wind_err_limit: u32,
-    /// Length of an idle node's statistics window, milliseconds.
+    /// Length of an idle node's statistics window, milliseconds. At least 1
+    /// (the configuration asks whole seconds): a state change restarts the
+    /// node's timer, so that the check after it cannot fire, as in the
+    /// original.
     pub clear_timeout_ms: u64,
-    /// An overloaded node is forced back to idle after this long, milliseconds.
+    /// An overloaded node is forced back to idle after this long,
+    /// milliseconds. At least 1, as `clear_timeout_ms`.
     pub overload_wait_ms: u64,
 }
 

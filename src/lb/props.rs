@@ -1,5 +1,6 @@
 //! Property tests: fairness of round robin, no starvation, probing order,
-//! batch ≡ singles, and the list invariants, over arbitrary histories.
+//! the list invariants, and reports against a reference model of the
+//! original's rules, over arbitrary histories.
 
 use super::*;
 use crate::model::{NodeAddr, RouteNode};
@@ -145,8 +146,8 @@ proptest! {
         let idle: Vec<NodeAddr> = m.idle_list().collect();
         let overloaded = m.any_overloaded();
         // Without reports, a full turn of the idle list takes idle.len() idle
-        // picks, plus at most one probe per probe_num - 1 of them.
-        let budget = idle.len() + if overloaded { idle.len() / (p.probe_num as usize - 1) + 1 } else { 0 };
+        // picks, plus at most one probe per probe_num of them.
+        let budget = idle.len() + if overloaded { idle.len() / p.probe_num as usize + 1 } else { 0 };
         let mut seen = std::collections::HashSet::new();
         for _ in 0..budget {
             if let Pick::Idle(a) = m.get_host(&p) { seen.insert(a); }
@@ -161,7 +162,7 @@ proptest! {
         let (mut m, _) = run(&ops, &p);
         let overloaded: Vec<NodeAddr> = m.overload_list().collect();
         let mut probes = Vec::new();
-        for _ in 0..(2 * overloaded.len() + 1) * p.probe_num as usize {
+        for _ in 0..(2 * overloaded.len() + 1) * (p.probe_num as usize + 1) {
             if let Pick::Probe(a) = m.get_host(&p) { probes.push(a); }
         }
         prop_assert!(probes.len() >= 2 * overloaded.len());
@@ -171,30 +172,252 @@ proptest! {
     }
 
     #[test]
-    fn a_batch_report_equals_repeated_single_reports(
+    fn a_batch_follows_the_original_batch_rule(
         p in params(),
         ops in proptest::collection::vec(op(), 0..200),
         node in 0u8..8,
-        count in 0u32..400,
+        count in 1u32..400,
         later in prop_oneof![Just(0u64), 0u64..400_000],
     ) {
-        let (mut singles, now) = run(&ops, &p);
-        let mut batch = singles.clone();
+        let (mut m, now) = run(&ops, &p);
         let now = now + later;
-        let mut want = Vec::new();
-        let mut single_err = None;
-        for _ in 0..count {
-            match singles.report(addr(node), Outcome::Success, now, &p) {
-                Ok(t) => want.extend(t),
-                Err(e) => single_err = Some(e),
-            }
-        }
+        let before = m.clone();
         let mut got = Vec::new();
-        let r = batch.report_successes(addr(node), count, now, &p, |t| got.push(t));
-        if count > 0 {
-            prop_assert_eq!(r.err(), single_err);
-        }
-        prop_assert_eq!(got, want);
-        prop_assert_eq!(batch, singles);
+        let r = m.report_successes(addr(node), count, now, &p, |t| got.push(t));
+        check_against_reference(&before, &m, r.is_ok(), node, true, count, now, &p, &got)?;
     }
+
+    #[test]
+    fn a_failure_follows_the_original_rule_and_errcnt_1_is_a_plain_failure(
+        p in params(),
+        ops in proptest::collection::vec(op(), 0..200),
+        node in 0u8..8,
+        tcost_ms in prop_oneof![0u32..200, 0u32..10_000],
+        later in prop_oneof![Just(0u64), 0u64..400_000],
+    ) {
+        let (mut m, now) = run(&ops, &p);
+        let now = now + later;
+        let before = m.clone();
+        let o = Outcome::Failure { tcost_ms };
+        let t = m.report(addr(node), o, now, &p);
+        let got: Vec<Transition> = t.ok().flatten().into_iter().collect();
+        let errcnt = (tcost_ms / 100).clamp(1, 50);
+        check_against_reference(&before, &m, t.is_ok(), node, false, errcnt, now, &p, &got)?;
+        if errcnt == 1 {
+            let mut plain = before.clone();
+            let t0 = plain.report(addr(node), Outcome::Failure { tcost_ms: 0 }, now, &p);
+            prop_assert_eq!(t0, t);
+            prop_assert_eq!(plain, m);
+        }
+    }
+}
+
+/// A node's observable state, as the reference model computes it.
+#[derive(Clone, Debug, PartialEq)]
+struct Snap {
+    state: NodeState,
+    vsucc: u32,
+    verr: u32,
+    rsucc: u32,
+    rerr: u32,
+    contin_succ: u32,
+    contin_err: u32,
+    bad_windows: u32,
+    window_start: Millis,
+    overload_start: Millis,
+    stats: (u32, u32),
+}
+
+fn snap(n: &Node) -> Snap {
+    Snap {
+        state: n.state(),
+        vsucc: n.vsucc(),
+        verr: n.verr(),
+        rsucc: n.rsucc(),
+        rerr: n.rerr(),
+        contin_succ: n.contin_succ(),
+        contin_err: n.contin_err(),
+        bad_windows: n.bad_windows(),
+        window_start: n.window_start(),
+        overload_start: n.overload_start(),
+        stats: n.pending_stats(),
+    }
+}
+
+/// The original's report of `n` counts of one outcome (a batch of `n`
+/// successes, or a failure of errcnt `n`), written out step by step from
+/// the rules: add all `n`; walk the counts one by one to find the first at
+/// which the state rule holds (rate on the virtual counts so far, existing
+/// ones included, tested before the consecutive run); reset to the new
+/// state and add the rest to its virtual count; otherwise one window /
+/// overload-timeout check. Returns the reason of the change, if any.
+fn reference(s: &mut Snap, success: bool, n: u32, now: Millis, p: &LbParams) -> Option<Reason> {
+    let exceeds = |part: u32, other: u32, rate: f64| {
+        let total = u64::from(part) + u64::from(other);
+        total != 0 && part as f64 / total as f64 > rate
+    };
+    let old = s.clone();
+    if success {
+        s.vsucc = s.vsucc.saturating_add(n);
+        s.rsucc = s.rsucc.saturating_add(n);
+        s.stats.0 = s.stats.0.saturating_add(n);
+        s.contin_succ = s.contin_succ.saturating_add(n);
+        s.contin_err = 0;
+    } else {
+        s.verr = s.verr.saturating_add(n);
+        s.rerr = s.rerr.saturating_add(n);
+        s.stats.1 = s.stats.1.saturating_add(1);
+        s.contin_err = s.contin_err.saturating_add(n);
+        s.contin_succ = 0;
+    }
+    let mut change = None;
+    for k in 1..=n {
+        let reason = match (old.state, success) {
+            (NodeState::Idle, false) => {
+                if exceeds(old.verr.saturating_add(k), old.vsucc, p.err_rate) {
+                    Some(Reason::ErrRate)
+                } else if old.contin_err.saturating_add(k) >= p.contin_err_lim {
+                    Some(Reason::ContinErr)
+                } else {
+                    None
+                }
+            }
+            (NodeState::Overloaded, true) => {
+                if exceeds(old.vsucc.saturating_add(k), old.verr, p.succ_rate) {
+                    Some(Reason::SuccRate)
+                } else if old.contin_succ.saturating_add(k) >= p.contin_succ_lim {
+                    Some(Reason::ContinSucc)
+                } else {
+                    None
+                }
+            }
+            _ => break,
+        };
+        if let Some(r) = reason {
+            change = Some((k, r));
+            break;
+        }
+    }
+    let enter_idle = |s: &mut Snap| {
+        s.state = NodeState::Idle;
+        (
+            s.vsucc,
+            s.verr,
+            s.rsucc,
+            s.rerr,
+            s.contin_succ,
+            s.contin_err,
+        ) = (p.init_succ_cnt, 0, 0, 0, 0, 0);
+        s.window_start = now;
+    };
+    let enter_overload = |s: &mut Snap| {
+        s.state = NodeState::Overloaded;
+        (
+            s.vsucc,
+            s.verr,
+            s.rsucc,
+            s.rerr,
+            s.contin_succ,
+            s.contin_err,
+        ) = (0, p.ovld_err_cnt, 0, 0, 0, 0);
+        s.bad_windows = 0;
+        s.overload_start = now;
+    };
+    if let Some((k, r)) = change {
+        if success {
+            enter_idle(s);
+            s.bad_windows = 0;
+            s.vsucc = s.vsucc.saturating_add(n - k);
+        } else {
+            enter_overload(s);
+            s.verr = s.verr.saturating_add(n - k);
+        }
+        return Some(r);
+    }
+    match s.state {
+        NodeState::Idle if now.saturating_sub(s.window_start) >= p.clear_timeout_ms => {
+            let total = u64::from(s.rsucc) + u64::from(s.rerr);
+            let bad = total != 0 && s.rerr as f64 / total as f64 >= p.wind_err_rate;
+            if bad {
+                s.bad_windows += 1;
+                if s.bad_windows >= p.wind_err_limit {
+                    enter_overload(s);
+                    return Some(Reason::Window);
+                }
+            } else {
+                s.bad_windows = 0;
+            }
+            enter_idle(s);
+            None
+        }
+        NodeState::Overloaded if now.saturating_sub(s.overload_start) >= p.overload_wait_ms => {
+            enter_idle(s);
+            s.bad_windows = 0;
+            Some(Reason::OverloadTimeout)
+        }
+        _ => None,
+    }
+}
+
+/// Checks one report of `n` counts to `node` against [`reference`]: the
+/// node's state, the transition reported, where the node sits in the
+/// lists, and that no other node changed.
+#[allow(clippy::too_many_arguments)]
+fn check_against_reference(
+    before: &ModuleLb,
+    after: &ModuleLb,
+    ok: bool,
+    node: u8,
+    success: bool,
+    n: u32,
+    now: Millis,
+    p: &LbParams,
+    got: &[Transition],
+) -> Result<(), TestCaseError> {
+    let a = addr(node);
+    let Some(old) = before.nodes().iter().find(|x| x.addr() == a) else {
+        prop_assert!(!ok);
+        prop_assert_eq!(after, before);
+        return Ok(());
+    };
+    prop_assert!(ok);
+    let mut want = snap(old);
+    let reason = reference(&mut want, success, n, now, p);
+    let new = after.nodes().iter().find(|x| x.addr() == a).unwrap();
+    prop_assert_eq!(snap(new), want.clone());
+    let want_t: Vec<(NodeState, Reason)> = reason.map(|r| (want.state, r)).into_iter().collect();
+    let got_t: Vec<(NodeState, Reason)> = got.iter().map(|t| (t.to, t.reason)).collect();
+    prop_assert_eq!(got_t, want_t);
+    prop_assert!(after.check_invariants().is_ok());
+    for (x, y) in before.nodes().iter().zip(after.nodes()) {
+        if x.addr() != a {
+            prop_assert_eq!(x, y);
+        }
+    }
+    // A node that changed state joins the tail of its new list; otherwise
+    // the lists are as they were.
+    let drop_a =
+        |l: Vec<NodeAddr>| -> Vec<NodeAddr> { l.into_iter().filter(|&x| x != a).collect() };
+    if reason.is_some() {
+        let (list, other): (Vec<NodeAddr>, Vec<NodeAddr>) = match want.state {
+            NodeState::Idle => (after.idle_list().collect(), after.overload_list().collect()),
+            NodeState::Overloaded => (after.overload_list().collect(), after.idle_list().collect()),
+        };
+        prop_assert_eq!(list.last().copied(), Some(a));
+        prop_assert!(!other.contains(&a));
+    } else {
+        prop_assert_eq!(
+            after.idle_list().collect::<Vec<_>>(),
+            before.idle_list().collect::<Vec<_>>()
+        );
+        prop_assert_eq!(
+            after.overload_list().collect::<Vec<_>>(),
+            before.overload_list().collect::<Vec<_>>()
+        );
+    }
+    prop_assert_eq!(
+        drop_a(after.idle_list().chain(after.overload_list()).collect()).len(),
+        drop_a(before.idle_list().chain(before.overload_list()).collect()).len()
+    );
+    Ok(())
 }

@@ -47,9 +47,26 @@ fn report(
     t
 }
 
+/// Overloads `a` by plain failures (the consecutive rule with the default
+/// parameters): afterwards `vsucc = 0, verr = ovld_err_cnt`.
 fn overload(m: &mut ModuleLb, p: &LbParams, a: NodeAddr, now: Millis) {
-    let t = report(m, p, a, fail_costing(100_000), now).unwrap();
-    assert_eq!(t.to, NodeState::Overloaded);
+    for _ in 0..p.contin_err_lim {
+        if let Some(t) = report(m, p, a, FAIL, now) {
+            assert_eq!(t.to, NodeState::Overloaded);
+            assert_eq!((node(m, a).vsucc(), node(m, a).verr()), (0, p.ovld_err_cnt));
+            return;
+        }
+    }
+    panic!("{a} not overloaded by {} failures", p.contin_err_lim);
+}
+
+/// The default parameters with the consecutive-failure rule out of reach,
+/// so that only the rate rule can overload a node.
+fn rate_only() -> LbParams {
+    LbParams {
+        contin_err_lim: 1_000,
+        ..LbParams::default()
+    }
 }
 
 // === getHost ===
@@ -66,33 +83,42 @@ fn get_host_round_robins_over_the_idle_list() {
 }
 
 #[test]
-fn every_probe_num_th_get_host_probes_the_overload_list() {
+fn the_11th_get_host_probes() {
+    // The original looks at its counter before it counts: with 0..=9 it
+    // answers from the idle list and adds one; at 10 (= probe_num) it probes
+    // and restarts at 0. So getHosts 1..=10 are idle, the 11th probes the
+    // head of the overload list (node 1), 12..=21 idle, the 22nd probes the
+    // next head (node 2).
     let (mut m, p) = module(4);
+    assert_eq!(p.probe_num, 10);
     overload(&mut m, &p, addr(1), T0);
     overload(&mut m, &p, addr(2), T0);
-    let picks: Vec<_> = (0..2 * p.probe_num).map(|_| m.get_host(&p)).collect();
-    for (i, pick) in picks.iter().enumerate() {
-        let nth = i as u32 + 1;
-        if nth % p.probe_num == 0 {
-            let want = if nth == p.probe_num { addr(1) } else { addr(2) };
-            assert_eq!(*pick, Pick::Probe(want), "getHost #{nth}");
-        } else {
+    for round in 0..2u8 {
+        for nth in 1..=10 {
+            let pick = m.get_host(&p);
             assert!(
-                matches!(pick, Pick::Idle(a) if *a == addr(3) || *a == addr(4)),
-                "getHost #{nth}: {pick:?}"
+                matches!(pick, Pick::Idle(a) if a == addr(3) || a == addr(4)),
+                "round {round}, getHost #{nth}: {pick:?}"
             );
         }
+        assert_eq!(
+            m.get_host(&p),
+            Pick::Probe(addr(1 + round)),
+            "round {round}"
+        );
     }
 }
 
 #[test]
-fn with_every_node_overloaded_only_probes_get_a_host() {
+fn overloaded_10_times_then_a_probe() {
+    // Every node overloaded: counter 0..=9 answers OVERLOADED (10 times),
+    // counter 10 probes the head of the overload list and restarts.
     let (mut m, p) = module(2);
     overload(&mut m, &p, addr(1), T0);
     overload(&mut m, &p, addr(2), T0);
     for round in 0..3u8 {
-        for _ in 1..p.probe_num {
-            assert_eq!(m.get_host(&p), Pick::Overloaded);
+        for nth in 1..=10 {
+            assert_eq!(m.get_host(&p), Pick::Overloaded, "round {round} #{nth}");
         }
         assert_eq!(m.get_host(&p), Pick::Probe(addr(1 + round % 2)));
     }
@@ -102,17 +128,19 @@ fn with_every_node_overloaded_only_probes_get_a_host() {
 fn probe_count_restarts_when_no_node_is_overloaded() {
     let (mut m, p) = module(2);
     overload(&mut m, &p, addr(1), T0);
-    for _ in 1..p.probe_num {
+    for _ in 0..p.probe_num {
         assert_eq!(m.get_host(&p), Pick::Idle(addr(2)));
     }
-    // Node 1 recovers before its probe was due; the count starts over.
+    // Node 1 recovers before its probe was due (counter at 10); our counter
+    // restarts as the overload list empties (a deliberate difference: the
+    // original keeps 10 until a getHost sees no overloaded node). The next
+    // overload then starts from 0: 10 idle answers, then the probe.
     for _ in 0..p.contin_succ_lim {
         report(&mut m, &p, addr(1), OK, T0);
     }
     assert!(!m.any_overloaded());
-    m.get_host(&p);
     overload(&mut m, &p, addr(1), T0);
-    for _ in 1..p.probe_num {
+    for _ in 0..p.probe_num {
         assert!(matches!(m.get_host(&p), Pick::Idle(_)));
     }
     assert_eq!(m.get_host(&p), Pick::Probe(addr(1)));
@@ -128,8 +156,16 @@ fn an_empty_route_answers_no_such_module() {
 // === report: counts ===
 
 #[test]
-fn a_failure_counts_max_1_tcost_over_100_virtual_errors_and_one_real_error() {
-    for (tcost, verr) in [
+fn a_failure_counts_tcost_over_100_errors_between_1_and_50() {
+    // errcnt = tcost_ms / 100, at least 1, at most 50; virtual errors, real
+    // errors and consecutive failures all grow by it (the reporter's
+    // statistics count the one failed call). The rate-only parameters and a
+    // large init_succ_cnt keep the node idle, so the counts show as they are.
+    let p = LbParams {
+        init_succ_cnt: 100_000,
+        ..rate_only()
+    };
+    for (tcost, errcnt) in [
         (0, 1),
         (99, 1),
         (100, 1),
@@ -137,16 +173,87 @@ fn a_failure_counts_max_1_tcost_over_100_virtual_errors_and_one_real_error() {
         (200, 2),
         (250, 2),
         (1_000, 10),
+        (4_999, 49),
+        (5_000, 50),
+        (6_000, 50),
+        (u32::MAX, 50),
     ] {
-        let (mut m, p) = module(1);
-        report(&mut m, &p, addr(1), fail_costing(tcost), T0);
+        assert_eq!(fail_costing(tcost).error_count(), errcnt, "tcost {tcost}");
+        let mut m = ModuleLb::new(&route(1), 1, T0, &p);
+        assert_eq!(report(&mut m, &p, addr(1), fail_costing(tcost), T0), None);
         let n = node(&m, addr(1));
         assert_eq!(
-            (n.verr(), n.rerr(), n.contin_err()),
-            (verr, 1, 1),
+            (n.verr(), n.rerr(), n.contin_err(), n.pending_stats()),
+            (errcnt, errcnt, errcnt, (0, 1)),
             "tcost {tcost}"
         );
     }
+}
+
+#[test]
+fn tcost_6000_counts_50() {
+    // Default parameters, a fresh idle node (vsucc 180, verr 0, contin 0), a
+    // failure of 6 s: errcnt = min(6000 / 100, 50) = 50. Counting them one
+    // by one, the rate (k / (180 + k) > 0.1 needs k >= 21) comes after the
+    // consecutive rule (k = 15 reaches contin_err_lim): overloaded at the
+    // 15th error by ContinErr, the other 35 carry: verr = 5 + 35 = 40.
+    let (mut m, p) = module(2);
+    let t = report(&mut m, &p, addr(1), fail_costing(6_000), T0).unwrap();
+    assert_eq!((t.to, t.reason), (NodeState::Overloaded, Reason::ContinErr));
+    let n = node(&m, addr(1));
+    assert_eq!((n.vsucc(), n.verr()), (0, p.ovld_err_cnt + 35));
+    assert_eq!(
+        (n.rerr(), n.contin_err(), n.pending_stats()),
+        (0, 0, (0, 1))
+    );
+    // On an overloaded node a slow failure only adds its 50 virtual errors.
+    report(&mut m, &p, addr(1), fail_costing(6_000), T0 + 1);
+    let n = node(&m, addr(1));
+    assert_eq!((n.state(), n.verr()), (NodeState::Overloaded, 40 + 50));
+    assert_eq!((n.rerr(), n.contin_err()), (50, 50));
+}
+
+#[test]
+fn a_1s_failure_overloads_on_its_2nd_consecutive_report() {
+    // Default parameters, errcnt = 1000 / 100 = 10.
+    // 1st report: verr 10, contin 10: 10 / 190 = 0.053 <= 0.1, 10 < 15: idle.
+    // 2nd report, error k of 10: contin 10 + k reaches 15 at k = 5; the rate
+    // (10 + k) / (190 + k) exceeds 0.1 only for k > 10. Overloaded at k = 5
+    // by ContinErr; the other 5 carry: verr = 5 + 5 = 10.
+    let (mut m, p) = module(2);
+    assert_eq!(report(&mut m, &p, addr(1), fail_costing(1_000), T0), None);
+    let n = node(&m, addr(1));
+    assert_eq!((n.verr(), n.rerr(), n.contin_err()), (10, 10, 10));
+    let t = report(&mut m, &p, addr(1), fail_costing(1_000), T0 + 1_000).unwrap();
+    assert_eq!((t.to, t.reason), (NodeState::Overloaded, Reason::ContinErr));
+    let n = node(&m, addr(1));
+    assert_eq!((n.vsucc(), n.verr()), (0, p.ovld_err_cnt + 5));
+    assert_eq!(n.overload_start(), T0 + 1_000);
+}
+
+#[test]
+fn a_slow_failure_is_judged_with_the_existing_virtual_counts() {
+    // The deliberate fix: the rate counts the node's existing verr.
+    // 9 successes, 19 plain failures: vsucc 189, verr 19 (19 / 208 = 0.091).
+    // Then a failure of errcnt 3: (19 + k) / (208 + k) > 0.1 first at k = 3
+    // (22 / 211 = 0.104; k = 2 gives 21 / 210 = 0.1 exactly). Overloaded by
+    // ErrRate at the 3rd error, nothing left to carry: verr = 5.
+    let p = rate_only();
+    let mut m = ModuleLb::new(&route(2), 1, T0, &p);
+    for _ in 0..9 {
+        report(&mut m, &p, addr(1), OK, T0);
+    }
+    for _ in 0..19 {
+        assert_eq!(report(&mut m, &p, addr(1), FAIL, T0), None);
+    }
+    let mut before = m.clone();
+    assert_eq!(
+        report(&mut before, &p, addr(1), fail_costing(200), T0),
+        None
+    );
+    let t = report(&mut m, &p, addr(1), fail_costing(300), T0).unwrap();
+    assert_eq!((t.to, t.reason), (NodeState::Overloaded, Reason::ErrRate));
+    assert_eq!(node(&m, addr(1)).verr(), p.ovld_err_cnt);
 }
 
 #[test]
@@ -164,7 +271,8 @@ fn a_report_for_a_node_not_in_the_route_changes_nothing() {
 fn idle_becomes_overloaded_when_error_rate_exceeds_err_rate() {
     // verr / (vsucc + verr) > 0.1 with vsucc = 180 + 9: at verr = 21 the rate is
     // exactly 0.1 (stays idle), at verr = 22 it exceeds it.
-    let (mut m, p) = module(2);
+    let p = rate_only();
+    let mut m = ModuleLb::new(&route(2), 1, T0, &p);
     for _ in 0..9 {
         report(&mut m, &p, addr(1), OK, T0);
     }
@@ -177,7 +285,8 @@ fn idle_becomes_overloaded_when_error_rate_exceeds_err_rate() {
 
 #[test]
 fn entering_overload_sets_vsucc_0_and_verr_ovld_err_cnt() {
-    let (mut m, p) = module(2);
+    let p = rate_only();
+    let mut m = ModuleLb::new(&route(2), 1, T0, &p);
     report(&mut m, &p, addr(1), fail_costing(2_000), T0);
     let t = report(&mut m, &p, addr(1), FAIL, T0).unwrap();
     assert_eq!(t.reason, Reason::ErrRate);
@@ -218,7 +327,8 @@ fn a_success_breaks_a_run_of_failures() {
 
 #[test]
 fn successes_never_overload_an_idle_node_by_rate() {
-    let (mut m, p) = module(1);
+    let p = rate_only();
+    let mut m = ModuleLb::new(&route(1), 1, T0, &p);
     report(&mut m, &p, addr(1), fail_costing(2_000), T0); // verr 20: rate exactly 0.1
     assert_eq!(report(&mut m, &p, addr(1), OK, T0), None);
 }
@@ -354,20 +464,86 @@ fn an_overloaded_node_returns_to_idle_exactly_after_overload_wait_lim() {
 // === batch report ===
 
 #[test]
-fn a_batch_of_successes_equals_single_successes() {
-    let (mut singles, p) = module(2);
-    overload(&mut singles, &p, addr(1), T0);
-    let mut batch = singles.clone();
-    let mut want = Vec::new();
-    for _ in 0..40 {
-        want.extend(singles.report(addr(1), OK, T0 + 5, &p).unwrap());
-    }
+fn a_batch_is_applied_at_once_with_one_window_check() {
+    // Default parameters. Window 1: 1 success, 9 failures, closed at T0 + w
+    // by a failure: 10 / 11 real errors >= 0.7, bad window 1 of 2.
+    // Window 2: again 1 success and 9 failures, then a batch of 20 successes
+    // at T0 + 2w. The original counts all 20 first (rsucc 21, rerr 9), then
+    // checks the window once: 9 / 30 = 0.3 < 0.7, a good window: the run of
+    // bad windows ends and the window resets (vsucc 180, rsucc 0).
+    // (As 20 single successes, the first alone would close the window at
+    // 9 / 11 = 0.82: the second bad window, overloaded.)
+    let (mut m, p) = module(2);
+    let w = p.clear_timeout_ms;
+    window(&mut m, &p, addr(1), 1, 9, T0);
+    assert_eq!(report(&mut m, &p, addr(1), FAIL, T0 + w), None);
+    assert_eq!(node(&m, addr(1)).bad_windows(), 1);
+    window(&mut m, &p, addr(1), 1, 9, T0 + w);
     let mut got = Vec::new();
-    batch
-        .report_successes(addr(1), 40, T0 + 5, &p, |t| got.push(t))
+    m.report_successes(addr(1), 20, T0 + 2 * w, &p, |t| got.push(t))
         .unwrap();
-    assert_eq!(got, want);
-    assert_eq!(batch, singles);
+    m.check_invariants().unwrap();
+    assert!(got.is_empty(), "{got:?}");
+    let n = node(&m, addr(1));
+    assert_eq!(n.state(), NodeState::Idle);
+    assert_eq!((n.bad_windows(), n.window_start()), (0, T0 + 2 * w));
+    assert_eq!(
+        (n.vsucc(), n.verr(), n.rsucc(), n.rerr()),
+        (p.init_succ_cnt, 0, 0, 0)
+    );
+    assert_eq!(n.pending_stats(), (1 + 1 + 20, 9 + 1 + 9));
+}
+
+#[test]
+fn a_batch_brings_an_overloaded_node_back_with_its_leftover_successes() {
+    // Default parameters; node 1 overloaded by 15 plain failures: vsucc 0,
+    // verr 5. A batch of 40: the consecutive rule holds at the 15th success
+    // (contin_succ_lim); the rate k / (k + 5) > 0.95 would need k >= 96.
+    // Idle at the 15th (ContinSucc), once; the other 25 carry into the idle
+    // virtual count: vsucc = 180 + 25; the idle reset leaves rsucc and
+    // contin_succ at 0.
+    let (mut m, p) = module(2);
+    overload(&mut m, &p, addr(1), T0);
+    let mut got = Vec::new();
+    m.report_successes(addr(1), 40, T0 + 5, &p, |t| got.push(t))
+        .unwrap();
+    m.check_invariants().unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!(
+        (got[0].to, got[0].reason),
+        (NodeState::Idle, Reason::ContinSucc)
+    );
+    let n = node(&m, addr(1));
+    assert_eq!((n.vsucc(), n.verr()), (p.init_succ_cnt + 25, 0));
+    assert_eq!(
+        (n.rsucc(), n.contin_succ(), n.window_start()),
+        (0, 0, T0 + 5)
+    );
+    assert_eq!(m.idle_list().last(), Some(addr(1)));
+
+    // By the rate: contin_succ_lim out of reach, a batch of 100 on vsucc 0,
+    // verr 5: k / (k + 5) > 0.95 first at k = 96 (95 gives exactly 0.95).
+    // Idle by SuccRate, 4 carry: vsucc 184.
+    let p = LbParams {
+        contin_succ_lim: 1_000,
+        ..LbParams::default()
+    };
+    let mut m = ModuleLb::new(&route(2), 1, T0, &p);
+    overload(&mut m, &p, addr(1), T0);
+    let mut got = Vec::new();
+    m.report_successes(addr(1), 100, T0, &p, |t| got.push(t.reason))
+        .unwrap();
+    assert_eq!(got, vec![Reason::SuccRate]);
+    assert_eq!(node(&m, addr(1)).vsucc(), p.init_succ_cnt + 4);
+}
+
+#[test]
+fn a_batch_of_0_changes_nothing() {
+    let (mut m, p) = module(2);
+    let before = m.clone();
+    m.report_successes(addr(1), 0, T0 + 10 * p.clear_timeout_ms, &p, |_| {})
+        .unwrap();
+    assert_eq!(m, before);
 }
 
 // === route updates ===
@@ -449,4 +625,67 @@ fn take_stats_returns_real_counts_since_last_taken() {
     out.clear();
     m.take_stats(&mut out);
     assert_eq!((out[0].succ, out[0].err), (0, 0));
+}
+
+#[test]
+fn a_10000_node_route_change_keeps_the_state_of_every_node_that_stays() {
+    // 10,000 nodes; every 7th overloaded, every 3rd with one success. The
+    // new route drops nodes 0..2500, keeps 2500..10000 (listed in reverse),
+    // adds 10000..12500 (with a duplicate of each new node): the kept nodes
+    // are unchanged and keep their list order, the new ones join the idle
+    // tail in the route's order.
+    let p = LbParams::default();
+    let a = |i: u32| NodeAddr {
+        ip: 0x0a00_0000 + i,
+        port: 80,
+    };
+    let rn = |i: u32| RouteNode {
+        addr: a(i),
+        weight: 1,
+    };
+    let old: Vec<RouteNode> = (0..10_000).map(rn).collect();
+    let mut m = ModuleLb::new(&old, 1, T0, &p);
+    // (Straight to the module: the helpers' invariant check per report
+    // would cost O(n) each.)
+    for i in (0..10_000).step_by(7) {
+        let t = m.report(a(i), fail_costing(5_000), T0, &p).unwrap();
+        assert_eq!(t.map(|t| t.to), Some(NodeState::Overloaded));
+    }
+    for i in (0..10_000).step_by(3) {
+        m.report(a(i), OK, T0 + 1, &p).unwrap();
+    }
+    m.check_invariants().unwrap();
+    let before = m.clone();
+    let stays = |x: &NodeAddr| x.ip - 0x0a00_0000 >= 2_500;
+    let mut new: Vec<RouteNode> = (2_500..10_000).rev().map(rn).collect();
+    for i in 10_000..12_500 {
+        new.push(RouteNode {
+            addr: a(i),
+            weight: 3,
+        });
+        new.push(rn(i)); // a duplicate: ignored
+    }
+    m.update_route(&new, 2, T0 + 2, &p);
+    m.check_invariants().unwrap();
+    assert_eq!(m.nodes().len(), 10_000);
+    let after: std::collections::HashMap<NodeAddr, &Node> =
+        m.nodes().iter().map(|n| (n.addr(), n)).collect();
+    for n in before.nodes().iter().filter(|n| stays(&n.addr())) {
+        assert_eq!(after[&n.addr()], n);
+    }
+    let want_overload: Vec<NodeAddr> = before.overload_list().filter(stays).collect();
+    assert_eq!(m.overload_list().collect::<Vec<_>>(), want_overload);
+    let mut want_idle: Vec<NodeAddr> = before.idle_list().filter(stays).collect();
+    want_idle.extend((10_000..12_500).map(a));
+    assert_eq!(m.idle_list().collect::<Vec<_>>(), want_idle);
+    for i in 10_000..12_500 {
+        let n = after[&a(i)];
+        assert_eq!(
+            (n.weight(), n.vsucc(), n.window_start()),
+            (3, p.init_succ_cnt, T0 + 2)
+        );
+    }
+    for i in 0..2_500 {
+        assert_eq!(m.report(a(i), OK, T0, &p), Err(UnknownNode(a(i))));
+    }
 }

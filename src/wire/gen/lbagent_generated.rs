@@ -1505,7 +1505,7 @@ impl<'a> ReportReq<'a> {
     unsafe { self._tab.get::<i32>(ReportReq::VT_RETCODE, Some(0)).unwrap()}
   }
   /// The call's time cost in milliseconds; a failure counts
-  /// max(1, tcost_ms / 100) virtual errors.
+  /// tcost_ms / 100 errors, at least 1 and at most 50.
   #[inline]
   pub fn tcost_ms(&self) -> u32 {
     // Safety:
