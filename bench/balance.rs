@@ -43,9 +43,10 @@ fn choice(c: &mut Criterion) {
         let bal = router(n);
         let mut rng = fastrand::Rng::with_seed(1);
         for eta in [1u64, 16] {
-            g.bench_function(BenchmarkId::new(format!("balance_choose_eta{eta}"), n), |b| {
-                b.iter(|| black_box(bal.choose(black_box(eta), rng.u64(..))))
-            });
+            g.bench_function(
+                BenchmarkId::new(format!("balance_choose_eta{eta}"), n),
+                |b| b.iter(|| black_box(bal.choose(black_box(eta), rng.u64(..)))),
+            );
         }
 
         // The agent's cycle: choose, take the unit; the report of an earlier

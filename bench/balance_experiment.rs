@@ -29,12 +29,13 @@ const CHOOSERS: usize = 25;
 const ROUNDS: u32 = 40;
 const UNIT_GB: u32 = 50;
 const SEEDS: u64 = 11;
+const CHOOSERS_U64: u64 = CHOOSERS as u64;
 /// Global choice counts at which the spread is recorded; the last is the end.
-const CHECKPOINTS: [u32; 4] = [250, 500, 750, CHOOSERS as u32 * ROUNDS];
+const CHECKPOINTS: [u32; 3] = [250, 500, 750];
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Policy {
-    Phi,
+    Phi(u64),
     Greedy,
     Uniform,
 }
@@ -42,7 +43,7 @@ enum Policy {
 impl Policy {
     fn name(self) -> &'static str {
         match self {
-            Policy::Phi => "Φ (balance, η = 25)",
+            Policy::Phi(_) => "Φ (balance, η = 25)",
             Policy::Greedy => "greedy largest free",
             Policy::Uniform => "uniform random",
         }
@@ -52,7 +53,7 @@ impl Policy {
     fn choose(self, view: &[u32], rng: &mut fastrand::Rng) -> Option<usize> {
         let units: Vec<u32> = view.iter().map(|&gb| gb / UNIT_GB).collect();
         match self {
-            Policy::Phi => Balance::with_capacities(&units).choose(CHOOSERS as u64, rng.u64(..)),
+            Policy::Phi(eta) => Balance::with_capacities(&units).choose(eta, rng.u64(..)),
             Policy::Greedy => {
                 let max = *units.iter().max()?;
                 let best: Vec<usize> = (0..NODES).filter(|&i| units[i] == max && max > 0).collect();
@@ -69,10 +70,10 @@ impl Policy {
 /// One run's results.
 struct Run {
     overflows: u32,
-    /// Overflows while the pool really held at least η units in all.
-    overflows_pool_ge_eta: u32,
+    /// Overflows while the pool really held at least 2 × 25 units in all.
+    overflows_early: u32,
     refusals: u32,
-    /// max − min free GB at each checkpoint.
+    /// max − min free GB at each checkpoint reached, then at the end.
     spread: Vec<u32>,
     /// (time in ms, every node's free GB) after each choice.
     series: Vec<(u64, Vec<u32>)>,
@@ -80,7 +81,7 @@ struct Run {
     overflow_at: Vec<u64>,
 }
 
-fn run(policy: Policy, seed: u64) -> Run {
+fn run(policy: Policy, rounds: u32, seed: u64) -> Run {
     let mut rng = fastrand::Rng::with_seed(seed);
     // The same nodes and pauses for every policy of a seed; the choices draw
     // from their own stream.
@@ -89,13 +90,13 @@ fn run(policy: Policy, seed: u64) -> Run {
     let mut choices = fastrand::Rng::with_seed(seed.wrapping_mul(31) + 7);
     let mut queue = BinaryHeap::new();
     let mut view = vec![free.clone(); CHOOSERS];
-    let mut left = vec![ROUNDS; CHOOSERS];
+    let mut left = vec![rounds; CHOOSERS];
     for c in 0..CHOOSERS {
         queue.push(Reverse((pauses.u64(100..=500), c)));
     }
     let mut r = Run {
         overflows: 0,
-        overflows_pool_ge_eta: 0,
+        overflows_early: 0,
         refusals: 0,
         spread: Vec::new(),
         series: vec![(0, free.clone())],
@@ -109,15 +110,16 @@ fn run(policy: Policy, seed: u64) -> Run {
             Some(i) if free[i] >= UNIT_GB => free[i] -= UNIT_GB,
             Some(_) => {
                 r.overflows += 1;
-                if pool >= CHOOSERS as u32 {
-                    r.overflows_pool_ge_eta += 1;
+                if pool >= 2 * CHOOSERS as u32 {
+                    r.overflows_early += 1;
                 }
                 r.overflow_at.push(t);
             }
         }
         done += 1;
-        if CHECKPOINTS.contains(&done) {
-            r.spread.push(free.iter().max().unwrap() - free.iter().min().unwrap());
+        if CHECKPOINTS.contains(&done) || done == rounds * CHOOSERS as u32 {
+            r.spread
+                .push(free.iter().max().unwrap() - free.iter().min().unwrap());
         }
         r.series.push((t, free.clone()));
         left[c] -= 1;
@@ -164,7 +166,9 @@ fn plot(runs: &[(Policy, Run)], path: &str) -> Result<(), Box<dyn std::error::Er
             let h = f64::from(first[node] - 300) / 800.0 * 0.66;
             let colour = HSLColor(h, 0.85, 0.45);
             chart.draw_series(LineSeries::new(
-                r.series.iter().map(|(t, f)| (*t as f64, f64::from(f[node]))),
+                r.series
+                    .iter()
+                    .map(|(t, f)| (*t as f64, f64::from(f[node]))),
                 colour.stroke_width(1),
             ))?;
         }
@@ -180,38 +184,51 @@ fn plot(runs: &[(Policy, Run)], path: &str) -> Result<(), Box<dyn std::error::Er
 }
 
 fn main() {
-    let policies = [Policy::Phi, Policy::Greedy, Policy::Uniform];
+    let policies = [Policy::Phi(CHOOSERS_U64), Policy::Greedy, Policy::Uniform];
     println!(
-        "Seed 002's experiment: {NODES} nodes (300–1100 GB free), {CHOOSERS} choosers × {ROUNDS} rounds × {UNIT_GB} GB, \
-         pauses 100–500 ms; medians over {SEEDS} seeds (min–max in brackets)\n"
+        "Seed 002's experiment: {NODES} nodes (300–1100 GB free), {CHOOSERS} choosers × {UNIT_GB} GB a choice, \
+         pauses 100–500 ms; medians over {SEEDS} seeds [min–max]"
     );
-    println!(
-        "| policy | overflows | overflows, pool ≥ η units | refusals | spread after 250 | after 500 | after 750 | at the end (1000) |"
-    );
-    println!("|---|---|---|---|---|---|---|---|");
-    for p in policies {
-        let runs: Vec<Run> = (1..=SEEDS).map(|s| run(p, s)).collect();
-        let cell = |f: &dyn Fn(&Run) -> u32| {
-            let v: Vec<u32> = runs.iter().map(f).collect();
-            let (lo, hi) = (*v.iter().min().unwrap(), *v.iter().max().unwrap());
-            format!("{} [{lo}–{hi}]", median(v))
-        };
+    for rounds in [ROUNDS, ROUNDS / 2] {
+        let total = rounds * CHOOSERS as u32;
         println!(
-            "| {} | {} | {} | {} | {} GB | {} GB | {} GB | {} GB |",
-            p.name(),
-            cell(&|r| r.overflows),
-            cell(&|r| r.overflows_pool_ge_eta),
-            cell(&|r| r.refusals),
-            cell(&|r| r.spread[0]),
-            cell(&|r| r.spread[1]),
-            cell(&|r| r.spread[2]),
-            cell(&|r| r.spread[3]),
+            "\n{rounds} rounds each ({total} choices, {} TB asked):\n",
+            total * UNIT_GB / 1000
         );
+        let marks: Vec<u32> = CHECKPOINTS.iter().copied().filter(|&c| c < total).collect();
+        let heads: Vec<String> = marks.iter().map(|c| format!("spread after {c}")).collect();
+        println!(
+            "| policy | overflows | overflows, pool ≥ 2η units | refusals | {} | spread at the end |",
+            heads.join(" | ")
+        );
+        println!("|---|---|---|---|{}---|", "---|".repeat(marks.len()));
+        for p in policies {
+            let runs: Vec<Run> = (1..=SEEDS).map(|s| run(p, rounds, s)).collect();
+            let cell = |f: &dyn Fn(&Run) -> u32| {
+                let v: Vec<u32> = runs.iter().map(f).collect();
+                let (lo, hi) = (*v.iter().min().unwrap(), *v.iter().max().unwrap());
+                format!("{} [{lo}–{hi}]", median(v))
+            };
+            let spreads: Vec<String> = (0..=marks.len())
+                .map(|k| format!("{} GB", cell(&|r| r.spread[k])))
+                .collect();
+            println!(
+                "| {} | {} | {} | {} | {} |",
+                p.name(),
+                cell(&|r| r.overflows),
+                cell(&|r| r.overflows_early),
+                cell(&|r| r.refusals),
+                spreads.join(" | "),
+            );
+        }
     }
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/bench/balance_experiment.png");
-    let runs: Vec<(Policy, Run)> = policies.iter().map(|&p| (p, run(p, 1))).collect();
+    let shown = [Policy::Phi(CHOOSERS_U64), Policy::Greedy, Policy::Uniform];
+    let runs: Vec<(Policy, Run)> = shown.iter().map(|&p| (p, run(p, ROUNDS, 1))).collect();
     match plot(&runs, path) {
-        Ok(()) => println!("\nplot (seed 1; Φ, greedy, uniform from left to right): {path}"),
+        Ok(()) => println!(
+            "\nplot (seed 1, 40 rounds; Φ with η = 25, greedy, uniform from left to right): {path}"
+        ),
         Err(e) => {
             eprintln!("error: could not draw {path}: {e}");
             std::process::exit(1);
