@@ -90,7 +90,7 @@ fn run(policy: Policy, rounds: u32, seed: u64) -> Run {
     let mut choices = fastrand::Rng::with_seed(seed.wrapping_mul(31) + 7);
     let mut queue = BinaryHeap::new();
     let mut view = vec![free.clone(); CHOOSERS];
-    let mut left = vec![rounds; CHOOSERS];
+    let mut left = [rounds; CHOOSERS];
     for c in 0..CHOOSERS {
         queue.push(Reverse((pauses.u64(100..=500), c)));
     }
