@@ -37,6 +37,7 @@
 //! It must not touch: sockets, clocks, logging, the wire format. Time is the
 //! caller's `now` in milliseconds.
 
+pub mod balance;
 mod module;
 mod node;
 mod params;
