@@ -8,6 +8,10 @@
 //!
 //! - [`wire`]: the FlatBuffers messages of `schema/lbagent.fbs`, verified
 //!   decoding into typed errors, and encoding.
+//! - [`admission`]: DAGOR admission control, pure: priorities, the
+//!   request histogram, queuing-time windows and the adaptive level.
+//! - [`demo_service`]: a fixed-capacity UDP service that embeds
+//!   [`admission`] (`lbagent demo-service`, the DAGOR experiment's subject).
 //! - [`lb`]: the L5 overload algorithm, pure: idle and overload lists, the
 //!   virtual counts, windows, probing. Time is an argument.
 //! - [`config`]: the TOML configuration, its defaults (the original
@@ -21,6 +25,7 @@
 //!   PostgreSQL.
 #![warn(missing_docs)]
 
+pub mod admission;
 pub mod agent;
 pub mod client;
 pub mod config;

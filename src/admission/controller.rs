@@ -1,0 +1,352 @@
+//! The adaptive admission level of one service instance: the histogram of
+//! the current window, its queuing-time window, and the level they move.
+
+use super::histogram::{level_index, Histogram};
+use super::window::{Window, WindowEnd};
+use super::{admits, clamp_priority, AdmissionLevel, Micros, OPEN};
+
+/// The constants of the algorithm (the `[admission]` config section).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AdmissionParams {
+    /// A window ends after this many microseconds… (seed: 1 s)
+    pub window_us: Micros,
+    /// …or this many queuing-time samples, whichever comes first (seed: 2000).
+    pub window_requests: u32,
+    /// Overloaded when a window's average queuing time exceeds this (seed: 20 ms).
+    pub queuing_threshold_us: Micros,
+    /// On overload the admitted count falls to at most `(1 − alpha)·N_adm`
+    /// (seed: 5%).
+    pub alpha: f64,
+    /// Otherwise it rises to at least `(1 + beta)·N_adm` (seed: 1%).
+    pub beta: f64,
+    /// The level never goes below this (default `(1, 128)`: every request
+    /// of business priority 1 is admitted).
+    pub floor: AdmissionLevel,
+}
+
+impl Default for AdmissionParams {
+    fn default() -> Self {
+        AdmissionParams {
+            window_us: 1_000_000,
+            window_requests: 2000,
+            queuing_threshold_us: 20_000,
+            alpha: 0.05,
+            beta: 0.01,
+            floor: AdmissionLevel::new(1, 128),
+        }
+    }
+}
+
+/// What happened at the end of a window.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct WindowOutcome {
+    /// The window's queuing-time summary.
+    pub window: WindowEnd,
+    /// Requests that arrived in the window (the histogram's total).
+    pub arrived: u64,
+    /// `N_adm`: those the old level admitted.
+    pub admitted: u64,
+    /// The level during the window.
+    pub before: AdmissionLevel,
+    /// The level from now on.
+    pub after: AdmissionLevel,
+}
+
+/// DAGOR admission control for one service instance.
+///
+/// Call [`Admission::admit`] when a request arrives (it counts the request
+/// and says whether the current level admits it), [`Admission::started`]
+/// when an admitted request starts processing (its queuing time), and
+/// [`Admission::tick`] now and then so that a window ends even when
+/// nothing starts. The level changes only at a window's end.
+#[derive(Clone, Debug)]
+pub struct Admission {
+    params: AdmissionParams,
+    level: AdmissionLevel,
+    histogram: Histogram,
+    window: Window,
+    admitted_total: u64,
+    rejected_total: u64,
+}
+
+impl Admission {
+    /// A controller at the open level `(128, 128)`.
+    pub fn new(params: AdmissionParams) -> Self {
+        let floor = AdmissionLevel::new(
+            clamp_priority(params.floor.business),
+            clamp_priority(params.floor.user),
+        );
+        let params = AdmissionParams { floor, ..params };
+        Admission {
+            window: Window::new(
+                params.window_us,
+                params.window_requests,
+                params.queuing_threshold_us,
+            ),
+            params,
+            level: OPEN,
+            histogram: Histogram::new(),
+            admitted_total: 0,
+            rejected_total: 0,
+        }
+    }
+
+    /// The parameters in use (the floor made valid).
+    pub fn params(&self) -> &AdmissionParams {
+        &self.params
+    }
+
+    /// The current level `(B*, U*)`: what a service attaches to its responses.
+    pub fn level(&self) -> AdmissionLevel {
+        self.level
+    }
+
+    /// Requests admitted and rejected since the start.
+    pub fn totals(&self) -> (u64, u64) {
+        (self.admitted_total, self.rejected_total)
+    }
+
+    /// The current window's histogram.
+    pub fn histogram(&self) -> &Histogram {
+        &self.histogram
+    }
+
+    /// A request of priorities `(b, u)` arrived: counts it and answers
+    /// whether the current level admits it. Priority 0 (unset) counts as
+    /// 128, the least important.
+    pub fn admit(&mut self, b: u8, u: u8) -> bool {
+        let (b, u) = (clamp_priority(b), clamp_priority(u));
+        self.histogram.add(b, u);
+        let ok = admits(self.level, b, u);
+        if ok {
+            self.admitted_total += 1;
+        } else {
+            self.rejected_total += 1;
+        }
+        ok
+    }
+
+    /// An admitted request started processing at `now` after waiting
+    /// `queuing_us` since its arrival. When this ends the window, the level
+    /// moves and the outcome says how.
+    pub fn started(&mut self, now: Micros, queuing_us: Micros) -> Option<WindowOutcome> {
+        let end = self.window.record(now, queuing_us)?;
+        Some(self.end_window(end))
+    }
+
+    /// Ends the window by time when its span is up (call it at least every
+    /// few milliseconds while idle, or before each request).
+    pub fn tick(&mut self, now: Micros) -> Option<WindowOutcome> {
+        let end = self.window.tick(now)?;
+        Some(self.end_window(end))
+    }
+
+    fn end_window(&mut self, window: WindowEnd) -> WindowOutcome {
+        let before = self.level;
+        let admitted = self.histogram.admitted_under(before);
+        let after = next_level(
+            &self.histogram,
+            before,
+            admitted,
+            window.overloaded,
+            &self.params,
+        );
+        let outcome = WindowOutcome {
+            window,
+            arrived: self.histogram.total(),
+            admitted,
+            before,
+            after,
+        };
+        self.level = after;
+        self.histogram.clear();
+        outcome
+    }
+}
+
+/// The level after a window: on overload the highest level admitting at
+/// most `(1 − α)·N_adm` of the window's requests (never above the old
+/// one); otherwise the lowest admitting at least `(1 + β)·N_adm` and at
+/// least one request more (open when no level does). Never below the floor.
+fn next_level(
+    h: &Histogram,
+    level: AdmissionLevel,
+    admitted: u64,
+    overloaded: bool,
+    p: &AdmissionParams,
+) -> AdmissionLevel {
+    let moved = if overloaded {
+        let target = ((1.0 - p.alpha) * admitted as f64).floor() as u64;
+        match h.highest_at_most(target) {
+            Some(l) if level_index(l) < level_index(level) => l,
+            Some(_) => level,
+            None => p.floor,
+        }
+    } else {
+        let target = ((1.0 + p.beta) * admitted as f64).ceil() as u64;
+        h.lowest_at_least(target.max(admitted + 1)).unwrap_or(OPEN)
+    };
+    if level_index(moved) < level_index(p.floor) {
+        p.floor
+    } else {
+        moved
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::admission::histogram::{level_of_index, LEVELS};
+    use proptest::prelude::*;
+
+    const MS: Micros = 1000;
+
+    fn lv(b: u8, u: u8) -> AdmissionLevel {
+        AdmissionLevel::new(b, u)
+    }
+
+    fn params() -> AdmissionParams {
+        AdmissionParams {
+            floor: lv(1, 1),
+            ..AdmissionParams::default()
+        }
+    }
+
+    /// 100 requests in each of business classes 1..=10 (user priorities
+    /// 1..=100), then a window from `now` to `now + 1 s` with the given
+    /// average queuing time.
+    fn window(a: &mut Admission, now: Micros, queuing: Micros) -> WindowOutcome {
+        assert_eq!(a.tick(now), None, "the window starts at `now`");
+        for b in 1..=10u8 {
+            for u in 1..=100u8 {
+                a.admit(b, u);
+            }
+        }
+        assert_eq!(a.started(now + 1, queuing), None);
+        a.tick(now + 1000 * MS).expect("the span is up")
+    }
+
+    #[test]
+    fn starts_open_and_admits_everything() {
+        let mut a = Admission::new(AdmissionParams::default());
+        assert_eq!(a.level(), OPEN);
+        assert!(a.admit(128, 128));
+        assert!(a.admit(0, 0));
+        assert_eq!(a.totals(), (2, 0));
+    }
+
+    #[test]
+    fn overload_cuts_the_admitted_count_by_five_percent() {
+        let mut a = Admission::new(params());
+        let o = window(&mut a, 0, 50 * MS);
+        assert!(o.window.overloaded);
+        assert_eq!((o.arrived, o.admitted), (1000, 1000));
+        // At most 950 admitted: classes 1..=9 in full, class 10 up to u = 50.
+        assert_eq!(o.after, lv(10, 50));
+        let o = window(&mut a, 1000 * MS, 50 * MS);
+        assert_eq!(o.admitted, 950);
+        // floor(0.95 * 950) = 902: classes 1..=9 and class 10 up to u = 2.
+        assert_eq!(o.after, lv(10, 2));
+        assert!(!a.admit(10, 3));
+        assert!(a.admit(10, 2));
+        assert!(a.admit(9, 128));
+    }
+
+    #[test]
+    fn no_overload_raises_the_admitted_count_by_one_percent() {
+        let mut a = Admission::new(params());
+        window(&mut a, 0, 50 * MS);
+        let o = window(&mut a, 1000 * MS, 50 * MS);
+        assert_eq!(o.after, lv(10, 2));
+        let o = window(&mut a, 2000 * MS, 5 * MS);
+        assert!(!o.window.overloaded);
+        assert_eq!(o.admitted, 902);
+        // ceil(1.01 * 902) = 912: class 10 up to u = 12.
+        assert_eq!(o.after, lv(10, 12));
+        // Raising past every request seen opens fully.
+        let mut levels = vec![];
+        for i in 0..20 {
+            levels.push(window(&mut a, (3000 + 1000 * i) * MS, 0).after);
+        }
+        assert_eq!(*levels.last().unwrap(), OPEN);
+        assert!(levels
+            .windows(2)
+            .all(|w| level_index(w[0]) <= level_index(w[1])));
+    }
+
+    #[test]
+    fn never_below_the_most_important_class() {
+        let mut a = Admission::new(AdmissionParams::default());
+        for i in 0..200 {
+            window(&mut a, i * 1000 * MS, 500 * MS);
+        }
+        assert_eq!(a.level(), lv(1, 128));
+        for u in 1..=128 {
+            assert!(a.admit(1, u), "business class 1 is never shed");
+        }
+        assert!(!a.admit(2, 1));
+        // With a floor of (1, 1), even class 1 is cut by user priority.
+        let mut a = Admission::new(params());
+        for i in 0..200 {
+            window(&mut a, i * 1000 * MS, 500 * MS);
+        }
+        assert_eq!(a.level(), lv(1, 1));
+    }
+
+    #[test]
+    fn an_empty_overloaded_window_keeps_the_level() {
+        let mut a = Admission::new(params());
+        window(&mut a, 0, 50 * MS);
+        let level = a.level();
+        assert_eq!(a.started(1000 * MS + 1, 90 * MS), None);
+        let o = a.tick(2000 * MS).unwrap();
+        assert!(o.window.overloaded);
+        assert_eq!(o.after, level);
+    }
+
+    #[test]
+    fn the_window_ends_by_count() {
+        let mut a = Admission::new(AdmissionParams {
+            window_requests: 10,
+            ..params()
+        });
+        for _ in 0..10 {
+            a.admit(5, 5);
+        }
+        for i in 0..9 {
+            assert_eq!(a.started(i, 30 * MS), None);
+        }
+        let o = a.started(9, 30 * MS).expect("the tenth sample ends it");
+        assert!(o.window.by_count && o.window.overloaded);
+        assert_eq!(o.after, level_of_index(level_index(lv(5, 5)) - 1));
+    }
+
+    proptest! {
+        #[test]
+        fn a_level_step_is_minus_alpha_or_plus_beta_in_admitted_count(
+            reqs in prop::collection::vec((1u8..=128, 1u8..=128), 1..400),
+            start in 0usize..LEVELS,
+            overloaded in any::<bool>(),
+            floor_b in 1u8..=3,
+        ) {
+            let p = AdmissionParams { floor: lv(floor_b, 128), ..AdmissionParams::default() };
+            let mut h = Histogram::new();
+            for &(b, u) in &reqs {
+                h.add(b, u);
+            }
+            let level = level_of_index(start.max(level_index(p.floor)));
+            let n = h.admitted_under(level);
+            let next = next_level(&h, level, n, overloaded, &p);
+            let m = h.admitted_under(next);
+            prop_assert!(level_index(next) >= level_index(p.floor));
+            if overloaded {
+                prop_assert!(level_index(next) <= level_index(level));
+                prop_assert!(m as f64 <= 0.95 * n as f64 || next == p.floor || (n == 0 && next == level),
+                    "n {} m {} level {:?} next {:?}", n, m, level, next);
+            } else {
+                prop_assert!(level_index(next) > level_index(level) || level == OPEN);
+                prop_assert!(m as f64 >= 1.01 * n as f64 || next == OPEN, "n {} m {}", n, m);
+            }
+        }
+    }
+}

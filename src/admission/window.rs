@@ -1,0 +1,159 @@
+//! Overload detection: the average queuing time over a window that ends
+//! after a time span or a number of samples, whichever comes first (seed
+//! 004: 1 s or 2000 requests, overloaded above 20 ms).
+
+use super::Micros;
+
+/// One finished window.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WindowEnd {
+    /// Queuing-time samples the window held.
+    pub samples: u32,
+    /// Their average, microseconds (0 for an empty window).
+    pub avg_queuing_us: Micros,
+    /// Whether the average exceeded the threshold.
+    pub overloaded: bool,
+    /// Why it ended: `true` by count, `false` by time.
+    pub by_count: bool,
+}
+
+/// The current window of queuing-time samples.
+#[derive(Clone, Debug)]
+pub struct Window {
+    span_us: Micros,
+    max_samples: u32,
+    threshold_us: Micros,
+    start: Option<Micros>,
+    samples: u32,
+    sum_us: u64,
+}
+
+impl Window {
+    /// A window of at most `span_us` or `max_samples` samples (at least 1),
+    /// overloaded when the average queuing time exceeds `threshold_us`.
+    pub fn new(span_us: Micros, max_samples: u32, threshold_us: Micros) -> Self {
+        Window {
+            span_us: span_us.max(1),
+            max_samples: max_samples.max(1),
+            threshold_us,
+            start: None,
+            samples: 0,
+            sum_us: 0,
+        }
+    }
+
+    /// When the current window started (`None` before the first event).
+    pub fn started(&self) -> Option<Micros> {
+        self.start
+    }
+
+    /// Records that a request started processing at `now` after queuing
+    /// `queuing_us`. Returns the window's end when this sample ends it
+    /// (by count, or by time when `now` is past the span); the next window
+    /// then starts at `now`.
+    pub fn record(&mut self, now: Micros, queuing_us: Micros) -> Option<WindowEnd> {
+        // A window whose time ran out ends before this sample, which opens
+        // the next one (tick also starts the very first window).
+        let by_time = self.tick(now);
+        self.samples += 1;
+        self.sum_us = self.sum_us.saturating_add(queuing_us);
+        if by_time.is_some() {
+            return by_time;
+        }
+        if self.samples >= self.max_samples {
+            return Some(self.finish(now, true));
+        }
+        None
+    }
+
+    /// Ends the window by time when `now` is `span_us` or more past its
+    /// start (call it periodically, so that a window ends even when no
+    /// request starts). Before the first event it only starts the window.
+    pub fn tick(&mut self, now: Micros) -> Option<WindowEnd> {
+        match self.start {
+            None => {
+                self.start = Some(now);
+                None
+            }
+            Some(s) if now.saturating_sub(s) >= self.span_us => Some(self.finish(now, false)),
+            Some(_) => None,
+        }
+    }
+
+    fn finish(&mut self, now: Micros, by_count: bool) -> WindowEnd {
+        let avg = self
+            .sum_us
+            .checked_div(u64::from(self.samples))
+            .unwrap_or(0);
+        let end = WindowEnd {
+            samples: self.samples,
+            avg_queuing_us: avg,
+            overloaded: avg > self.threshold_us,
+            by_count,
+        };
+        self.start = Some(now);
+        self.samples = 0;
+        self.sum_us = 0;
+        end
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Micros = 1000;
+
+    #[test]
+    fn a_window_ends_by_count() {
+        let mut w = Window::new(1000 * MS, 3, 20 * MS);
+        assert_eq!(w.record(0, 10 * MS), None);
+        assert_eq!(w.record(MS, 20 * MS), None);
+        let end = w.record(2 * MS, 60 * MS).expect("the third sample ends it");
+        assert_eq!(end.samples, 3);
+        assert_eq!(end.avg_queuing_us, 30 * MS);
+        assert!(end.overloaded);
+        assert!(end.by_count);
+        // The next window starts afresh.
+        assert_eq!(w.record(3 * MS, 0), None);
+        assert_eq!(w.started(), Some(2 * MS));
+    }
+
+    #[test]
+    fn a_window_ends_by_time_on_tick_or_on_the_next_sample() {
+        let mut w = Window::new(1000 * MS, 2000, 20 * MS);
+        assert_eq!(w.tick(0), None, "the first tick starts the window");
+        assert_eq!(w.record(10 * MS, 5 * MS), None);
+        assert_eq!(w.tick(999 * MS), None, "one microsecond short");
+        let end = w.tick(1000 * MS).expect("the span is up");
+        assert_eq!(
+            (
+                end.samples,
+                end.avg_queuing_us,
+                end.overloaded,
+                end.by_count
+            ),
+            (1, 5 * MS, false, false)
+        );
+        // Late sample: the old window ends empty, the sample opens the next.
+        let end = w
+            .record(2500 * MS, 40 * MS)
+            .expect("the span ran out before this sample");
+        assert_eq!(
+            (end.samples, end.avg_queuing_us, end.overloaded),
+            (0, 0, false)
+        );
+        let end = w.record(2501 * MS, 0).map(|e| e.samples);
+        assert_eq!(end, None);
+        let end = w.tick(3500 * MS).expect("span from 2500 ms");
+        assert_eq!((end.samples, end.avg_queuing_us), (2, 20 * MS));
+        assert!(!end.overloaded, "exactly the threshold is not overload");
+    }
+
+    #[test]
+    fn the_threshold_is_strict() {
+        let mut w = Window::new(1000 * MS, 1, 20 * MS);
+        assert!(!w.record(0, 20 * MS).unwrap().overloaded);
+        assert!(w.record(1, 20 * MS + 1).unwrap().overloaded);
+    }
+}
