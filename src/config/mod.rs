@@ -1,5 +1,5 @@
 //! The configuration: one TOML file with `[lb]`, `[agent]`, `[store]`,
-//! `[dnsserver]` and `[reporter]` tables, command-line overrides, and
+//! `[dnsserver]`, `[reporter]` and `[admission]` tables, command-line overrides, and
 //! [`Config::validate`].
 //!
 //! Every field has a default equal to the original agent's `lbagent.ini`
@@ -13,6 +13,9 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::lb::LbParams;
+
+mod admission;
+pub use admission::AdmissionConfig;
 
 /// The documented default configuration file.
 pub const DEFAULT_TOML: &str = include_str!("lbagent.toml");
@@ -31,6 +34,8 @@ pub struct Config {
     pub dnsserver: DnsServerConfig,
     /// The reporter (`[reporter]`).
     pub reporter: ReporterConfig,
+    /// DAGOR admission control (`[admission]`).
+    pub admission: AdmissionConfig,
 }
 
 /// The `[lb]` table: the overload algorithm's knobs and the module
@@ -469,6 +474,8 @@ impl Config {
             1 << 20,
             16 << 30,
         )?;
+
+        self.admission.validate()?;
         Ok(())
     }
 }

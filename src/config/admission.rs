@@ -1,0 +1,193 @@
+//! The `[admission]` table: DAGOR admission control (seed 004), for every
+//! service that embeds [`crate::admission`] (`lbagent demo-service`, and
+//! the agent once it sheds by priority).
+
+use serde::{Deserialize, Serialize};
+
+use super::{in_range, ConfigError};
+use crate::admission::{AdmissionLevel, AdmissionParams};
+
+/// The `[admission]` table. Defaults are the paper's.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AdmissionConfig {
+    /// A queuing-time window ends after this many milliseconds…
+    pub window_ms: u64,
+    /// …or this many requests started, whichever comes first.
+    pub window_requests: u32,
+    /// Overloaded when a window's average queuing time (arrival to start
+    /// of processing) exceeds this many milliseconds.
+    pub queuing_threshold_ms: u64,
+    /// On overload, the admitted count falls to at most (1 − alpha)·N_adm.
+    pub alpha: f64,
+    /// Otherwise it rises to at least (1 + beta)·N_adm.
+    pub beta: f64,
+    /// The level never goes below (min_business, min_user).
+    pub min_business: u8,
+    /// See `min_business`.
+    pub min_user: u8,
+    /// The secret seed of the user-priority hash; every service that
+    /// assigns user priorities must share it.
+    pub user_hash_seed: u64,
+    /// Seconds between rotations of the user-priority hash key.
+    pub user_key_period_s: u64,
+}
+
+impl Default for AdmissionConfig {
+    fn default() -> Self {
+        let p = AdmissionParams::default();
+        AdmissionConfig {
+            window_ms: p.window_us / 1000,
+            window_requests: p.window_requests,
+            queuing_threshold_ms: p.queuing_threshold_us / 1000,
+            alpha: p.alpha,
+            beta: p.beta,
+            min_business: p.floor.business,
+            min_user: p.floor.user,
+            user_hash_seed: 0x1bad_b002_dead_beef,
+            user_key_period_s: 3600,
+        }
+    }
+}
+
+impl AdmissionConfig {
+    /// The parameters the admission core takes.
+    pub fn params(&self) -> AdmissionParams {
+        AdmissionParams {
+            window_us: self.window_ms * 1000,
+            window_requests: self.window_requests,
+            queuing_threshold_us: self.queuing_threshold_ms * 1000,
+            alpha: self.alpha,
+            beta: self.beta,
+            floor: AdmissionLevel::new(self.min_business, self.min_user),
+        }
+    }
+
+    /// Checks every field against its allowed range.
+    ///
+    /// # Errors
+    /// [`ConfigError::Invalid`] naming the first field out of range.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        in_range("admission.window_ms", self.window_ms, 1, 60_000)?;
+        in_range(
+            "admission.window_requests",
+            self.window_requests,
+            1,
+            10_000_000,
+        )?;
+        in_range(
+            "admission.queuing_threshold_ms",
+            self.queuing_threshold_ms,
+            1,
+            60_000,
+        )?;
+        open_fraction("admission.alpha", self.alpha, "0.0 < alpha < 1.0")?;
+        open_fraction("admission.beta", self.beta, "0.0 < beta < 1.0")?;
+        in_range("admission.min_business", self.min_business, 1, 128)?;
+        in_range("admission.min_user", self.min_user, 1, 128)?;
+        // TOML integers are signed 64-bit.
+        in_range(
+            "admission.user_hash_seed",
+            self.user_hash_seed,
+            0,
+            i64::MAX as u64,
+        )?;
+        in_range(
+            "admission.user_key_period_s",
+            self.user_key_period_s,
+            1,
+            31_536_000,
+        )?;
+        Ok(())
+    }
+}
+
+fn open_fraction(field: &'static str, v: f64, allowed: &str) -> Result<(), ConfigError> {
+    if !(v > 0.0 && v < 1.0) {
+        return Err(ConfigError::Invalid {
+            field,
+            value: v.to_string(),
+            allowed: allowed.into(),
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::Config;
+    use super::*;
+
+    #[test]
+    fn defaults_are_the_papers() {
+        let a = AdmissionConfig::default();
+        assert_eq!(
+            (a.window_ms, a.window_requests, a.queuing_threshold_ms),
+            (1000, 2000, 20)
+        );
+        assert_eq!((a.alpha, a.beta), (0.05, 0.01));
+        assert_eq!(
+            (a.min_business, a.min_user, a.user_key_period_s),
+            (1, 128, 3600)
+        );
+        assert_eq!(a.params(), AdmissionParams::default());
+        a.validate().unwrap();
+    }
+
+    #[test]
+    fn a_bad_value_names_its_field_and_range() {
+        let cases = [
+            (
+                "window_ms = 0",
+                "admission.window_ms = 0 is out of range: allowed 1..=60000",
+            ),
+            (
+                "window_requests = 0",
+                "admission.window_requests = 0 is out of range: allowed 1..=10000000",
+            ),
+            (
+                "queuing_threshold_ms = 0",
+                "admission.queuing_threshold_ms = 0 is out of range: allowed 1..=60000",
+            ),
+            (
+                "alpha = 1.0",
+                "admission.alpha = 1 is out of range: allowed 0.0 < alpha < 1.0",
+            ),
+            (
+                "beta = 0.0",
+                "admission.beta = 0 is out of range: allowed 0.0 < beta < 1.0",
+            ),
+            (
+                "min_business = 129",
+                "admission.min_business = 129 is out of range: allowed 1..=128",
+            ),
+            (
+                "min_user = 0",
+                "admission.min_user = 0 is out of range: allowed 1..=128",
+            ),
+            (
+                "user_key_period_s = 0",
+                "admission.user_key_period_s = 0 is out of range: allowed 1..=31536000",
+            ),
+        ];
+        for (line, want) in cases {
+            let e = Config::from_toml(&format!("[admission]\n{line}\n")).unwrap_err();
+            assert_eq!(e.to_string(), want, "{line}");
+        }
+    }
+
+    #[test]
+    fn the_section_reads_and_overrides() {
+        let c = Config::load(
+            None,
+            &[
+                "admission.window_ms=100".into(),
+                "admission.alpha=0.1".into(),
+            ],
+        )
+        .unwrap();
+        assert_eq!(c.admission.window_ms, 100);
+        assert_eq!(c.admission.params().window_us, 100_000);
+        assert_eq!(c.admission.alpha, 0.1);
+    }
+}
