@@ -29,6 +29,7 @@ pub mod admission;
 pub mod agent;
 pub mod client;
 pub mod config;
+pub mod demo_service;
 pub mod dnsserver;
 pub mod floor;
 pub mod lb;

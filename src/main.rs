@@ -75,6 +75,11 @@ enum Command {
     /// standalone system; live line every second, summary with latency
     /// percentiles. Only getHosts that returned a host count as QPS.
     Qpstest(lbagent::qpstest::QpstestArgs),
+    /// A UDP service of fixed capacity (W workers x service time S) that
+    /// sheds load with DAGOR admission control, or randomly, or not at all,
+    /// and attaches its admission level to every response: the subject of
+    /// the DAGOR experiment (bench/dagor.rs). Runs until SIGTERM or SIGINT.
+    DemoService(lbagent::demo_service::DemoServiceArgs),
 }
 
 #[derive(Args, Debug)]
@@ -209,6 +214,7 @@ fn main() -> ExitCode {
         Command::Report(args) => lbagent::client::tools::report(&args).emit(),
         Command::Getroute(args) => lbagent::client::tools::getroute(&args).emit(),
         Command::Qpstest(args) => lbagent::qpstest::command(&args),
+        Command::DemoService(args) => lbagent::demo_service::command(&args),
     }
 }
 
