@@ -1,0 +1,675 @@
+//! The DAGOR experiment (seed 004, the paper's figures 7-8 in shape), on
+//! loopback: `lbagent`'s demo service at a fixed capacity, driven at 1x,
+//! 1.5x, 2x, 3x and 4x of it with mixed priorities, for
+//!
+//! - DAGOR at the service only (the level adapts across the feeds, as in a
+//!   live system: one service for the five feeds);
+//! - random shedding at the rate DAGOR rejected at the same feed (a fresh
+//!   service per feed);
+//! - no control (a fresh service per feed);
+//! - simple calls (M1) and composite calls (M2, M4: one upstream request
+//!   makes 2 or 4 sequential calls and succeeds only when all do).
+//!
+//! Success rate = upstream requests answered Ok within the deadline /
+//! upstream requests offered, against the optimum min(1, capacity / feed).
+//!
+//! Collaborative admission (through the agent) is not built yet: with
+//! `--collaborative` the bench says so and reports no numbers for it.
+//!
+//! ```text
+//! cargo bench --bench dagor -- [--warmup-ms 1000] [--measure-ms 2000] [--out DIR] [--collaborative]
+//! ```
+//! writes DIR/dagor.md (the tables) and DIR/dagor.png (the plot; needs a
+//! TrueType font: DejaVu Sans from Debian's fonts-dejavu-core, or the file
+//! named by LBAGENT_PLOT_FONT). DIR defaults to target/dagor.
+
+use std::collections::{HashMap, VecDeque};
+use std::io;
+use std::net::{SocketAddr, UdpSocket};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::time::{Duration, Instant, SystemTime};
+
+use lbagent::admission::{AdmissionParams, UserPriorities};
+use lbagent::demo_service::{serve, Counters, ServiceParams, Shedding};
+use lbagent::model::ModuleId;
+use lbagent::wire::{decode, Encoder, Limits, Message, RetCode};
+
+/// Feed rates, as multiples of the capacity.
+const FEEDS: [f64; 5] = [1.0, 1.5, 2.0, 3.0, 4.0];
+/// Calls per upstream request: M1 (simple), M2, M4.
+const SHAPES: [u32; 3] = [1, 2, 4];
+/// A call not answered within this fails (the paper's default timeout).
+const DEADLINE: Duration = Duration::from_millis(500);
+/// Business priorities 1..=CLASSES, uniform.
+const CLASSES: u8 = 8;
+/// Distinct user ids, uniform; the user priority is their rotating hash.
+const USERS: u64 = 10_000;
+/// The service: 4 workers x 2 ms = 2000 requests/s, queue 4096.
+const WORKERS: u32 = 4;
+const SERVICE_US: u64 = 2000;
+const QUEUE: usize = 4096;
+
+fn main() {
+    let opts = match Opts::parse(std::env::args().skip(1)) {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("dagor bench: {e}");
+            std::process::exit(2);
+        }
+    };
+    if opts.collaborative {
+        println!(
+            "collaborative mode (DAGOR through the agent): NOT YET AVAILABLE. It needs the agent \
+             to keep per-node levels from reports and answer Rejected (issue #12, part 3); this \
+             bench reports no numbers for it."
+        );
+    }
+    let capacity = service(Shedding::Off).capacity();
+    let params = service(Shedding::Dagor);
+    println!(
+        "service: {WORKERS} workers x {SERVICE_US} us = {capacity:.0} requests/s, queue {QUEUE}; \
+         DAGOR window {} ms / {} requests, threshold {} ms; deadline {} ms; \
+         warm-up {} ms + measure {} ms per feed",
+        params.admission.window_us / 1000,
+        params.admission.window_requests,
+        params.admission.queuing_threshold_us / 1000,
+        DEADLINE.as_millis(),
+        opts.warmup.as_millis(),
+        opts.measure.as_millis()
+    );
+    let started = Instant::now();
+    let mut results = Vec::new();
+    for (si, &k) in SHAPES.iter().enumerate() {
+        let seed = 1000 + si as u64;
+        let rates: Vec<f64> = FEEDS.iter().map(|f| f * capacity).collect();
+        let dagor = with_service(service(Shedding::Dagor), |addr, c| {
+            drive(addr, c, k, &rates, &opts, seed)
+        });
+        let mut random = Vec::new();
+        let mut off = Vec::new();
+        for (i, &rate) in rates.iter().enumerate() {
+            let reject = dagor[i].rejected_fraction();
+            let shedding = Shedding::Random { rate: reject };
+            random.push(
+                with_service(service(shedding), |addr, c| {
+                    drive(addr, c, k, &[rate], &opts, seed)
+                })[0],
+            );
+            off.push(
+                with_service(service(Shedding::Off), |addr, c| {
+                    drive(addr, c, k, &[rate], &opts, seed)
+                })[0],
+            );
+        }
+        for i in 0..FEEDS.len() {
+            let row = Row {
+                feed: FEEDS[i],
+                k,
+                dagor: dagor[i],
+                random: random[i],
+                off: off[i],
+            };
+            println!("{}", row.line());
+            results.push(row);
+        }
+    }
+    println!("bench time: {:.0} s", started.elapsed().as_secs_f64());
+    let md = tables(&results, &opts);
+    println!("\n{md}");
+    if let Err(e) = std::fs::create_dir_all(&opts.out) {
+        eprintln!("dagor bench: cannot create {}: {e}", opts.out.display());
+        std::process::exit(1);
+    }
+    let md_path = opts.out.join("dagor.md");
+    if let Err(e) = std::fs::write(&md_path, &md) {
+        eprintln!("dagor bench: cannot write {}: {e}", md_path.display());
+    }
+    let png = opts.out.join("dagor.png");
+    match plot(&results, &png) {
+        Ok(()) => println!("wrote {} and {}", md_path.display(), png.display()),
+        Err(e) => eprintln!("dagor bench: no plot: {e}"),
+    }
+}
+
+/// The command line.
+struct Opts {
+    warmup: Duration,
+    measure: Duration,
+    out: PathBuf,
+    collaborative: bool,
+}
+
+impl Opts {
+    fn parse(mut args: impl Iterator<Item = String>) -> Result<Opts, String> {
+        let mut o = Opts {
+            warmup: Duration::from_millis(1000),
+            measure: Duration::from_millis(2000),
+            out: PathBuf::from("target/dagor"),
+            collaborative: false,
+        };
+        let ms = |v: Option<String>, flag: &str| -> Result<Duration, String> {
+            v.and_then(|v| v.parse::<u64>().ok())
+                .filter(|&v| (100..=60_000).contains(&v))
+                .map(Duration::from_millis)
+                .ok_or_else(|| format!("{flag} takes milliseconds in 100..=60000"))
+        };
+        while let Some(a) = args.next() {
+            match a.as_str() {
+                "--warmup-ms" => o.warmup = ms(args.next(), "--warmup-ms")?,
+                "--measure-ms" => o.measure = ms(args.next(), "--measure-ms")?,
+                "--out" => o.out = args.next().ok_or("--out takes a directory")?.into(),
+                "--collaborative" => o.collaborative = true,
+                // cargo bench passes --bench; other harness flags mean nothing here.
+                "--bench" => {}
+                other => return Err(format!("unknown argument `{other}`")),
+            }
+        }
+        Ok(o)
+    }
+}
+
+fn service(shedding: Shedding) -> ServiceParams {
+    ServiceParams {
+        workers: WORKERS,
+        service_us: SERVICE_US,
+        queue: QUEUE,
+        shedding,
+        // The paper's 1 s / 2000 requests scaled down 20x to this service's
+        // 2000 requests/s, so that the level settles within a warm-up of
+        // about a second; the threshold, alpha and beta are the paper's.
+        admission: AdmissionParams {
+            window_us: 50_000,
+            window_requests: 100,
+            ..AdmissionParams::default()
+        },
+        seed: 7,
+    }
+}
+
+/// Runs a demo service on 127.0.0.1:0 while `f` drives it.
+fn with_service<R>(params: ServiceParams, f: impl FnOnce(SocketAddr, &Counters) -> R) -> R {
+    let socket = UdpSocket::bind("127.0.0.1:0").expect("bind the service");
+    let addr = socket.local_addr().expect("service address");
+    let stop = AtomicBool::new(false);
+    let counters = Counters::default();
+    std::thread::scope(|s| {
+        let server = s.spawn(|| serve(&socket, params, &stop, &counters));
+        let r = f(addr, &counters);
+        stop.store(true, Relaxed);
+        server
+            .join()
+            .expect("service thread")
+            .expect("service socket");
+        r
+    })
+}
+
+/// What one feed phase measured.
+#[derive(Clone, Copy, Debug, Default)]
+struct Phase {
+    /// Upstream requests started in the measured part.
+    offered: u64,
+    /// Of those, all calls answered Ok in time.
+    ok: u64,
+    /// The same for business priority 1.
+    top_offered: u64,
+    top_ok: u64,
+    /// Service counters over the measured part.
+    arrived: u64,
+    rejected: u64,
+    queue_full: u64,
+    started: u64,
+    queuing_us_sum: u64,
+}
+
+impl Phase {
+    fn success(&self) -> f64 {
+        ratio(self.ok, self.offered)
+    }
+    fn top_success(&self) -> f64 {
+        ratio(self.top_ok, self.top_offered)
+    }
+    fn rejected_fraction(&self) -> f64 {
+        ratio(self.rejected, self.arrived)
+    }
+    fn avg_queuing_ms(&self) -> f64 {
+        ratio(self.queuing_us_sum, self.started) / 1000.0
+    }
+}
+
+fn ratio(a: u64, b: u64) -> f64 {
+    if b == 0 {
+        0.0
+    } else {
+        a as f64 / b as f64
+    }
+}
+
+fn snapshot(c: &Counters) -> [u64; 5] {
+    [
+        c.arrived.load(Relaxed),
+        c.rejected.load(Relaxed),
+        c.queue_full.load(Relaxed),
+        c.started.load(Relaxed),
+        c.queuing_us_sum.load(Relaxed),
+    ]
+}
+
+/// One upstream request.
+struct Upstream {
+    b: u8,
+    u: u8,
+    done: u32,
+    /// The phase whose measured part it started in.
+    measured: Option<usize>,
+}
+
+/// Drives the service at `rates` (calls per second) one after the other,
+/// each for warm-up + measure, with upstream requests of `k` sequential
+/// calls arriving as a Poisson process of rate `rate / k`.
+fn drive(
+    addr: SocketAddr,
+    counters: &Counters,
+    k: u32,
+    rates: &[f64],
+    opts: &Opts,
+    seed: u64,
+) -> Vec<Phase> {
+    let socket = UdpSocket::bind("127.0.0.1:0").expect("bind the caller");
+    socket.connect(addr).expect("connect");
+    socket.set_nonblocking(true).expect("non-blocking");
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let mut users = UserPriorities::new(0x5eed, 3600);
+    let unix_s = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let module = ModuleId::new(1, 1);
+    let mut enc = Encoder::new();
+    let mut buf = vec![0u8; 65_536];
+
+    let span = opts.warmup + opts.measure;
+    let total = span * rates.len() as u32;
+    let mut phases = vec![Phase::default(); rates.len()];
+    // Counter snapshots at each measured part's start and end.
+    let marks: Vec<Duration> = (0..rates.len())
+        .flat_map(|i| [span * i as u32 + opts.warmup, span * (i as u32 + 1)])
+        .collect();
+    let mut snaps = Vec::with_capacity(marks.len());
+
+    let mut ups: Vec<Upstream> = Vec::new();
+    let mut pending: HashMap<u32, usize> = HashMap::new();
+    let mut timeouts: VecDeque<(Instant, u32)> = VecDeque::new();
+    let mut seq = 0u32;
+    let start = Instant::now();
+    let mut next_arrival = Duration::ZERO;
+
+    let mut send = |socket: &UdpSocket,
+                    enc: &mut Encoder,
+                    pending: &mut HashMap<u32, usize>,
+                    timeouts: &mut VecDeque<(Instant, u32)>,
+                    up: usize,
+                    b: u8,
+                    u: u8| {
+        seq = seq.wrapping_add(1);
+        // A send that fails (buffer full) is a call that is never answered.
+        let _ = socket.send(enc.get_host_req(seq, module, b, u));
+        pending.insert(seq, up);
+        timeouts.push_back((Instant::now() + DEADLINE, seq));
+    };
+    let finish = |ups: &[Upstream], phases: &mut [Phase], up: usize, ok: bool| {
+        if let (true, Some(p)) = (ok, ups[up].measured) {
+            phases[p].ok += 1;
+            if ups[up].b == 1 {
+                phases[p].top_ok += 1;
+            }
+        }
+    };
+
+    loop {
+        let el = start.elapsed();
+        while snaps.len() < marks.len() && el >= marks[snaps.len()] {
+            snaps.push(snapshot(counters));
+        }
+        let mut busy = false;
+        // New upstream requests.
+        while next_arrival <= el && next_arrival < total {
+            let phase = (next_arrival.as_nanos() / span.as_nanos()) as usize;
+            let in_measure = next_arrival - span * phase as u32 >= opts.warmup;
+            let b = rng.u8(1..=CLASSES);
+            let u = users.priority_of_id(rng.u64(0..USERS), unix_s);
+            let measured = in_measure.then_some(phase);
+            if let Some(p) = measured {
+                phases[p].offered += 1;
+                phases[p].top_offered += u64::from(b == 1);
+            }
+            ups.push(Upstream {
+                b,
+                u,
+                done: 0,
+                measured,
+            });
+            send(
+                &socket,
+                &mut enc,
+                &mut pending,
+                &mut timeouts,
+                ups.len() - 1,
+                b,
+                u,
+            );
+            let up_rate = rates[phase] / f64::from(k);
+            next_arrival += Duration::from_secs_f64(-(1.0 - rng.f64()).ln() / up_rate);
+            busy = true;
+        }
+        // Answers.
+        loop {
+            let n = match socket.recv(&mut buf) {
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(_) => continue,
+            };
+            busy = true;
+            let Ok(Message::GetHostResp(resp)) = decode(&buf[..n], &Limits::UDP) else {
+                continue;
+            };
+            let Some(up) = pending.remove(&resp.seq()) else {
+                continue; // late: its call already failed
+            };
+            if resp.retcode() != RetCode::Ok {
+                finish(&ups, &mut phases, up, false);
+                continue;
+            }
+            ups[up].done += 1;
+            if ups[up].done == k {
+                finish(&ups, &mut phases, up, true);
+            } else {
+                let (b, u) = (ups[up].b, ups[up].u);
+                send(&socket, &mut enc, &mut pending, &mut timeouts, up, b, u);
+            }
+        }
+        // Deadlines.
+        let now = Instant::now();
+        while let Some(&(deadline, s)) = timeouts.front() {
+            if deadline > now {
+                break;
+            }
+            timeouts.pop_front();
+            if let Some(up) = pending.remove(&s) {
+                finish(&ups, &mut phases, up, false);
+            }
+        }
+        let el = start.elapsed();
+        if el >= total && (pending.is_empty() || el >= total + DEADLINE * 2) {
+            break;
+        }
+        if !busy {
+            let until_next = next_arrival.saturating_sub(el);
+            std::thread::sleep(until_next.min(Duration::from_micros(200)));
+        }
+    }
+    while snaps.len() < marks.len() {
+        snaps.push(snapshot(counters));
+    }
+    for (i, p) in phases.iter_mut().enumerate() {
+        let (a, z) = (snaps[2 * i], snaps[2 * i + 1]);
+        p.arrived = z[0] - a[0];
+        p.rejected = z[1] - a[1];
+        p.queue_full = z[2] - a[2];
+        p.started = z[3] - a[3];
+        p.queuing_us_sum = z[4] - a[4];
+    }
+    phases
+}
+
+/// One feed of one call shape, in the three modes.
+struct Row {
+    feed: f64,
+    k: u32,
+    dagor: Phase,
+    random: Phase,
+    off: Phase,
+}
+
+impl Row {
+    fn optimum(&self) -> f64 {
+        (1.0 / self.feed).min(1.0)
+    }
+
+    fn line(&self) -> String {
+        format!(
+            "M{} feed {:.1}x: optimum {:.3}  DAGOR {:.3} ({:.1}% of optimum, class 1 {:.3}, \
+             rejected {:.3}, queuing {:.1} ms)  random {:.3} (class 1 {:.3})  off {:.3} \
+             (queue full {}, queuing {:.0} ms)",
+            self.k,
+            self.feed,
+            self.optimum(),
+            self.dagor.success(),
+            100.0 * self.dagor.success() / self.optimum(),
+            self.dagor.top_success(),
+            self.dagor.rejected_fraction(),
+            self.dagor.avg_queuing_ms(),
+            self.random.success(),
+            self.random.top_success(),
+            self.off.success(),
+            self.off.queue_full,
+            self.off.avg_queuing_ms(),
+        )
+    }
+}
+
+fn find(rows: &[Row], feed: f64, k: u32) -> Option<&Row> {
+    rows.iter().find(|r| r.feed == feed && r.k == k)
+}
+
+fn tables(rows: &[Row], opts: &Opts) -> String {
+    let mut s = String::new();
+    s.push_str("Success rate (upstream requests answered Ok within 500 ms / offered):\n\n");
+    s.push_str(
+        "| feed | optimum | DAGOR M1 | DAGOR M2 | DAGOR M4 | random M1 | random M2 | random M4 \
+         | no control M1 | no control M2 | no control M4 | collaborative |\n",
+    );
+    s.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    for &feed in &FEEDS {
+        let cell = |k: u32, f: fn(&Row) -> f64| {
+            find(rows, feed, k).map_or("-".to_string(), |r| format!("{:.3}", f(r)))
+        };
+        s.push_str(&format!("| {feed:.1}x | {:.3} ", (1.0 / feed).min(1.0)));
+        for f in [
+            (|r: &Row| r.dagor.success()) as fn(&Row) -> f64,
+            |r: &Row| r.random.success(),
+            |r: &Row| r.off.success(),
+        ] {
+            for k in SHAPES {
+                s.push_str(&format!("| {} ", cell(k, f)));
+            }
+        }
+        s.push_str("| not yet available |\n");
+    }
+    s.push_str(
+        "\nDAGOR in detail (M1 / M2 / M4): success as a share of the optimum, business \
+         class 1's success, the share of calls the service rejected (random shedding used \
+         the same share), the service's average queuing time:\n\n",
+    );
+    s.push_str("| feed | % of optimum | class 1 success | rejected | avg queuing (ms) | random: class 1 success |\n");
+    s.push_str("|---|---|---|---|---|---|\n");
+    for &feed in &FEEDS {
+        let join = |f: &dyn Fn(&Row) -> String| {
+            SHAPES
+                .iter()
+                .map(|&k| find(rows, feed, k).map_or("-".into(), f))
+                .collect::<Vec<_>>()
+                .join(" / ")
+        };
+        s.push_str(&format!(
+            "| {feed:.1}x | {} | {} | {} | {} | {} |\n",
+            join(&|r| format!("{:.1}", 100.0 * r.dagor.success() / r.optimum())),
+            join(&|r| format!("{:.3}", r.dagor.top_success())),
+            join(&|r| format!("{:.3}", r.dagor.rejected_fraction())),
+            join(&|r| format!("{:.1}", r.dagor.avg_queuing_ms())),
+            join(&|r| format!("{:.3}", r.random.top_success())),
+        ));
+    }
+    s.push_str(&format!(
+        "\nService {WORKERS} workers x {SERVICE_US} us = {:.0} requests/s, queue {QUEUE}; \
+         business priorities 1..={CLASSES} uniform, {USERS} users; warm-up {} ms and \
+         measure {} ms per feed; Poisson arrivals.{}\n",
+        f64::from(WORKERS) * 1e6 / SERVICE_US as f64,
+        opts.warmup.as_millis(),
+        opts.measure.as_millis(),
+        if opts.collaborative {
+            " Collaborative mode requested: not yet available (no numbers)."
+        } else {
+            ""
+        }
+    ));
+    s
+}
+
+/// Loads a TrueType font for the plot's text.
+fn font() -> Result<&'static [u8], String> {
+    let candidates: Vec<PathBuf> = std::env::var_os("LBAGENT_PLOT_FONT")
+        .map(PathBuf::from)
+        .into_iter()
+        .chain(
+            [
+                "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+                "/usr/share/fonts/TTF/DejaVuSans.ttf",
+                "/usr/share/fonts/dejavu/DejaVuSans.ttf",
+            ]
+            .map(PathBuf::from),
+        )
+        .collect();
+    for p in &candidates {
+        if let Ok(bytes) = std::fs::read(p) {
+            return Ok(Box::leak(bytes.into_boxed_slice()));
+        }
+    }
+    Err("no TrueType font found: install fonts-dejavu-core or set LBAGENT_PLOT_FONT".into())
+}
+
+fn plot(rows: &[Row], path: &Path) -> Result<(), String> {
+    use plotters::prelude::*;
+    let bytes = font()?;
+    plotters::style::register_font("sans-serif", FontStyle::Normal, bytes)
+        .map_err(|_| "the font file is not a usable TrueType font".to_string())?;
+    let root = BitMapBackend::new(path, (1400, 560)).into_drawing_area();
+    let err = |e: DrawingAreaErrorKind<_>| e.to_string();
+    root.fill(&WHITE).map_err(err)?;
+    let panels = root.split_evenly((1, 2));
+    let blue = |k: u32| match k {
+        1 => RGBColor(20, 60, 200),
+        2 => RGBColor(60, 120, 230),
+        _ => RGBColor(120, 170, 250),
+    };
+    let orange = |k: u32| match k {
+        1 => RGBColor(220, 100, 0),
+        2 => RGBColor(240, 150, 40),
+        _ => RGBColor(250, 190, 110),
+    };
+    type Series<'a> = (String, RGBColor, Box<dyn Fn(&Row) -> f64 + 'a>, u32);
+    let simple: Vec<Series> = vec![
+        (
+            "DAGOR (service only)".into(),
+            blue(1),
+            Box::new(|r: &Row| r.dagor.success()),
+            1,
+        ),
+        (
+            "DAGOR class 1".into(),
+            RGBColor(0, 150, 70),
+            Box::new(|r: &Row| r.dagor.top_success()),
+            1,
+        ),
+        (
+            "random shedding, same rate".into(),
+            orange(1),
+            Box::new(|r: &Row| r.random.success()),
+            1,
+        ),
+        (
+            "no control".into(),
+            RGBColor(200, 0, 0),
+            Box::new(|r: &Row| r.off.success()),
+            1,
+        ),
+    ];
+    let composite: Vec<Series> = SHAPES
+        .iter()
+        .map(|&k| {
+            (
+                format!("DAGOR M{k}"),
+                blue(k),
+                Box::new(|r: &Row| r.dagor.success()) as Box<dyn Fn(&Row) -> f64>,
+                k,
+            )
+        })
+        .chain(SHAPES.iter().map(|&k| {
+            (
+                format!("random M{k}"),
+                orange(k),
+                Box::new(|r: &Row| r.random.success()) as Box<dyn Fn(&Row) -> f64>,
+                k,
+            )
+        }))
+        .collect();
+    for (area, (title, series)) in panels.iter().zip([
+        ("Simple calls (M1): success rate vs feed", simple),
+        (
+            "Composite calls (M1, M2, M4): success rate vs feed",
+            composite,
+        ),
+    ]) {
+        let mut chart = ChartBuilder::on(area)
+            .caption(title, ("sans-serif", 22))
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(50)
+            .build_cartesian_2d(0.9f64..4.1f64, 0f64..1.05f64)
+            .map_err(err)?;
+        chart
+            .configure_mesh()
+            .x_desc("feed rate / capacity")
+            .y_desc("success rate")
+            .label_style(("sans-serif", 15))
+            .draw()
+            .map_err(err)?;
+        chart
+            .draw_series(LineSeries::new(
+                (90..=410).map(|x| {
+                    let f = f64::from(x) / 100.0;
+                    (f, (1.0 / f).min(1.0))
+                }),
+                BLACK.stroke_width(2),
+            ))
+            .map_err(err)?
+            .label("optimum = capacity / feed")
+            .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], BLACK.stroke_width(2)));
+        for (name, color, f, k) in series {
+            let points: Vec<(f64, f64)> = FEEDS
+                .iter()
+                .filter_map(|&feed| find(rows, feed, k).map(|r| (feed, f(r))))
+                .collect();
+            chart
+                .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))
+                .map_err(err)?
+                .label(name)
+                .legend(move |(x, y)| {
+                    PathElement::new([(x, y), (x + 20, y)], color.stroke_width(2))
+                });
+            chart
+                .draw_series(points.iter().map(|&p| Circle::new(p, 4, color.filled())))
+                .map_err(err)?;
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperRight)
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .label_font(("sans-serif", 15))
+            .draw()
+            .map_err(err)?;
+    }
+    root.present().map_err(|e| e.to_string())?;
+    Ok(())
+}
