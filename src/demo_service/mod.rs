@@ -3,7 +3,7 @@
 //! the DAGOR experiment (`bench/dagor.rs`) and an example of embedding the
 //! core in a service.
 //!
-//! - [`core`]: the logic, sans-IO: a FIFO queue in front of `W` workers of
+//! - [`core`](self::core): the logic, sans-IO: a FIFO queue in front of `W` workers of
 //!   service time `S` (capacity `W / S`), each request's queuing time, and
 //!   the shedding policy at arrival ([`Shedding`]: DAGOR, off, random).
 //! - [`serve`](mod@serve): the thin socket shell on a blocking
