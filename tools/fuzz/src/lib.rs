@@ -616,6 +616,18 @@ fn round_trip(c: &Config) {
     assert_eq!(&again, c, "changed in a TOML round trip");
 }
 
+/// What a target runs on one input: returns, or panics on a finding.
+pub type Check = fn(&[u8]);
+
+/// Every target by name, with its check.
+pub const TARGETS: [(&str, Check); 5] = [
+    ("datagram", datagram),
+    ("frame", frame),
+    ("heartbeat", heartbeat),
+    ("snapshot", snapshot),
+    ("config", config),
+];
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -630,12 +642,3 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
-
-/// Every target by name, with its check.
-pub const TARGETS: [(&str, fn(&[u8])); 5] = [
-    ("datagram", datagram),
-    ("frame", frame),
-    ("heartbeat", heartbeat),
-    ("snapshot", snapshot),
-    ("config", config),
-];
