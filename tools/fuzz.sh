@@ -70,7 +70,7 @@ rm -rf "$seeds"
 export AFL_NO_UI=1 AFL_NO_AFFINITY=1 AFL_SKIP_CPUFREQ=1
 export AFL_I_DONT_CARE_ABOUT_MISSING_CRASHES=1 AFL_QUIET=1
 
-stat() { sed -n "s/^$1 *: *//p" "$2" | head -n 1; }
+field() { sed -n "s/^$1 *: *//p" "$2" | head -n 1; }
 
 failed=0
 for t in "${run[@]}"; do
@@ -86,11 +86,11 @@ for t in "${run[@]}"; do
     continue
   fi
   stats="$dir/default/fuzzer_stats"
-  execs="$(stat execs_done "$stats")"
-  crashes="$(stat saved_crashes "$stats")"
-  hangs="$(stat saved_hangs "$stats")"
-  paths="$(stat corpus_count "$stats")"
-  speed="$(stat execs_per_sec "$stats")"
+  execs="$(field execs_done "$stats")"
+  crashes="$(field saved_crashes "$stats")"
+  hangs="$(field saved_hangs "$stats")"
+  paths="$(field corpus_count "$stats")"
+  speed="$(field execs_per_sec "$stats")"
   echo "fuzz $t: ${seconds} s, ${execs} executions (${speed}/s), ${paths} corpus entries, ${crashes} unique crashes, ${hangs} hangs"
   if [[ "${crashes:-0}" != 0 ]]; then
     echo "fuzz.sh: $t crashed; inputs in $dir/default/crashes/:" >&2
