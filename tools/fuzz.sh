@@ -74,6 +74,14 @@ export AFL_I_DONT_CARE_ABOUT_MISSING_CRASHES=1 AFL_QUIET=1
 
 field() { sed -n "s/^$1 *: *//p" "$2" | head -n 1; }
 
+# The targets' scratch files (heartbeat, snapshot, config), on tmpfs when
+# there is one, removed whatever happens.
+scratch_base=/dev/shm
+[[ -d "$scratch_base" && -w "$scratch_base" ]] || scratch_base="${TMPDIR:-/tmp}"
+LBAGENT_FUZZ_SCRATCH="$(mktemp -d "$scratch_base/lbagent-fuzz.XXXXXX")"
+export LBAGENT_FUZZ_SCRATCH
+trap 'rm -rf "$LBAGENT_FUZZ_SCRATCH"' EXIT
+
 failed=0
 for t in "${run[@]}"; do
   dir="$out/$t"

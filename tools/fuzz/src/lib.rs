@@ -25,11 +25,15 @@ use lbagent::wire::{
 };
 
 /// A scratch directory for the targets that need files, one per process
-/// (AFL runs one process per fuzzer instance), on tmpfs when there is one.
+/// (AFL runs one process per fuzzer instance): under `$LBAGENT_FUZZ_SCRATCH`
+/// when set (tools/fuzz.sh sets it and removes it after the run), else on
+/// tmpfs when there is one.
 fn scratch() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
-        let base = if Path::new("/dev/shm").is_dir() {
+        let base = if let Some(dir) = std::env::var_os("LBAGENT_FUZZ_SCRATCH") {
+            PathBuf::from(dir)
+        } else if Path::new("/dev/shm").is_dir() {
             PathBuf::from("/dev/shm")
         } else {
             std::env::temp_dir()
