@@ -459,6 +459,225 @@ fn a_missing_truncated_or_corrupt_route_file_is_a_static_routes_error_never_a_ho
     assert_eq!(c.report(M.modid, M.cmdid, node(1), 0, 1), Ok(()));
 }
 
+// === hostile files: the client never aborts, never hangs past its timeout ===
+
+/// A heartbeat beaten now that names `shards` shards from `base_port`, and
+/// a static route file holding module M.
+fn hostile_heartbeat(dir: &Path, shards: u32, base_port: u16) -> (HeartbeatWriter, Client) {
+    let snap = dir.join("routes.snapshot");
+    write_snapshot(&snap, M, 1);
+    let hb = dir.join("heartbeat");
+    let w = HeartbeatWriter::create(
+        &hb,
+        &AgentInfo {
+            shards,
+            base_port,
+            bind: Ipv4Addr::LOCALHOST,
+            pid: 1,
+            snapshot_path: snap,
+        },
+    )
+    .unwrap();
+    w.beat(unix_ms());
+    let c = Client::with_options(ClientOptions {
+        heartbeat_path: hb,
+        ..ClientOptions::default()
+    })
+    .unwrap();
+    (w, c)
+}
+
+#[test]
+fn a_heartbeat_with_an_impossible_shard_count_is_agent_down_and_static_answers() {
+    // u32::MAX and 2^32 - 9000 wrap `base_port + shards - 1` past the port
+    // check in u32; 1025 is past the agent's own bound. None may size a
+    // table or pick a port.
+    for (shards, base_port) in [(u32::MAX, 9000), (u32::MAX - 8999, 9000), (1_025, 1)] {
+        let dir = tempfile::tempdir().unwrap();
+        let (_w, mut c) = hostile_heartbeat(dir.path(), shards, base_port);
+        let e = c.agent().unwrap_err();
+        assert!(
+            matches!(&e, ClientError::AgentDown(m) if m.contains(&format!("{shards} shards, at most 1024"))),
+            "{shards} shards: {e}"
+        );
+        let h = c.get_host(M.modid, M.cmdid, T).unwrap();
+        assert_eq!((h.addr, h.source), (node(1), HostSource::StaticRoutes));
+        assert_eq!(
+            c.get_route(M.modid, M.cmdid, T).unwrap_err().kind(),
+            "agent_down"
+        );
+        assert_eq!(c.report(M.modid, M.cmdid, node(1), 0, 1), Ok(()));
+    }
+}
+
+#[test]
+fn a_heartbeat_base_port_above_65535_is_corruption_not_another_port() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_w, mut c) = hostile_heartbeat(dir.path(), 1, 9000);
+    // Read once while sound: the client learns the static route file.
+    assert_eq!(c.agent().unwrap().base_port, 9000);
+    // The base port's word at offset 28: 0x1_2345 would truncate to 0x2345.
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(dir.path().join("heartbeat"))
+        .unwrap();
+    f.write_all_at(&0x1_2345u32.to_ne_bytes(), 28).unwrap();
+    // The header is re-read when the beat moves.
+    _w.beat(unix_ms() + 1);
+    let e = c.agent().unwrap_err();
+    assert!(
+        matches!(&e, ClientError::AgentDown(m) if m.contains("base port is 74565")),
+        "{e}"
+    );
+    let h = c.get_host(M.modid, M.cmdid, T).unwrap();
+    assert_eq!(h.source, HostSource::StaticRoutes);
+}
+
+fn mkfifo(path: &Path) {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo");
+}
+
+/// Runs `f` on a thread and fails the test if it takes more than `limit`
+/// (a FIFO open used to block forever: the thread is then unblocked by
+/// opening `fifo` for writing, so the test ends either way).
+fn within<R: Send + 'static>(
+    limit: Duration,
+    fifo: &Path,
+    f: impl FnOnce() -> R + Send + 'static,
+) -> (R, Duration) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let t = std::thread::spawn(move || {
+        let t0 = Instant::now();
+        let r = f();
+        let _ = tx.send((r, t0.elapsed()));
+    });
+    match rx.recv_timeout(limit) {
+        Ok(r) => {
+            t.join().unwrap();
+            r
+        }
+        Err(_) => {
+            use std::os::unix::fs::OpenOptionsExt;
+            let _w = std::fs::OpenOptions::new()
+                .write(true)
+                .custom_flags(libc::O_NONBLOCK)
+                .open(fifo);
+            panic!("still blocked after {limit:?} (the call's timeout is {T:?})");
+        }
+    }
+}
+
+#[test]
+fn a_fifo_at_the_route_file_path_fails_within_the_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("routes.snapshot");
+    mkfifo(&fifo);
+    let opts = ClientOptions {
+        heartbeat_path: dir.path().join("no-heartbeat"),
+        snapshot_path: fifo.clone(),
+        ..ClientOptions::default()
+    };
+    let (r, took) = within(T * 4, &fifo, move || {
+        let mut c = Client::with_options(opts).unwrap();
+        c.get_host(M.modid, M.cmdid, T)
+    });
+    assert!(
+        matches!(&r, Err(ClientError::StaticRoutes(m)) if m.contains("is a FIFO, not a regular file")),
+        "{r:?}"
+    );
+    assert!(took < T, "took {took:?}, timeout {T:?}");
+}
+
+#[test]
+fn a_fifo_at_the_heartbeat_path_is_agent_down_within_the_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("heartbeat");
+    mkfifo(&fifo);
+    let snap = dir.path().join("routes.snapshot");
+    write_snapshot(&snap, M, 1);
+    let opts = ClientOptions {
+        heartbeat_path: fifo.clone(),
+        snapshot_path: snap,
+        ..ClientOptions::default()
+    };
+    let (r, took) = within(T * 4, &fifo, move || {
+        let mut c = Client::with_options(opts).unwrap();
+        (c.get_host(M.modid, M.cmdid, T), c.agent())
+    });
+    let h = r.0.unwrap();
+    assert_eq!((h.addr, h.source), (node(1), HostSource::StaticRoutes));
+    assert!(
+        matches!(&r.1, Err(ClientError::AgentDown(m)) if m.contains("is a FIFO")),
+        "{:?}",
+        r.1
+    );
+    assert!(took < T * 2, "took {took:?} for two calls, timeout {T:?}");
+}
+
+#[test]
+fn a_directory_a_device_or_a_huge_file_at_either_path_is_a_typed_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let huge = dir.path().join("huge");
+    // Sparse: past the bound without using the disk.
+    std::fs::File::create(&huge)
+        .unwrap()
+        .set_len(snapshot::MAX_LEN + 1)
+        .unwrap();
+    // A valid header that claims a 4 GiB payload.
+    let claims = dir.path().join("claims");
+    write_snapshot(&claims, M, 1);
+    let mut bytes = std::fs::read(&claims).unwrap();
+    bytes[24..28].copy_from_slice(&u32::MAX.to_le_bytes());
+    std::fs::write(&claims, &bytes).unwrap();
+    let cases: [(PathBuf, &str); 4] = [
+        (
+            dir.path().to_path_buf(),
+            "is a directory, not a regular file",
+        ),
+        (
+            PathBuf::from("/dev/zero"),
+            "is a character device, not a regular file",
+        ),
+        (huge, "too large"),
+        (claims, "too large"),
+    ];
+    for (path, says) in cases {
+        let mut c = Client::with_options(ClientOptions {
+            heartbeat_path: dir.path().join("no-heartbeat"),
+            snapshot_path: path.clone(),
+            ..ClientOptions::default()
+        })
+        .unwrap();
+        let r = c.get_host(M.modid, M.cmdid, T);
+        assert!(
+            matches!(&r, Err(ClientError::StaticRoutes(m)) if m.contains(says)),
+            "{}: {r:?}",
+            path.display()
+        );
+    }
+    for (path, says) in [
+        (dir.path().to_path_buf(), "is a directory"),
+        (PathBuf::from("/dev/zero"), "is a character device"),
+    ] {
+        let mut c = Client::with_options(ClientOptions {
+            heartbeat_path: path.clone(),
+            static_fallback: false,
+            ..ClientOptions::default()
+        })
+        .unwrap();
+        let r = c.get_host(M.modid, M.cmdid, T);
+        assert!(
+            matches!(&r, Err(ClientError::AgentDown(m)) if m.contains(says)),
+            "{}: {r:?}",
+            path.display()
+        );
+    }
+}
+
 #[test]
 fn a_stale_heartbeat_names_the_route_file_to_use() {
     let dir = tempfile::tempdir().unwrap();

@@ -177,6 +177,28 @@ pub enum HeartbeatError {
         /// The path's length in bytes.
         len: usize,
     },
+    /// The path names something other than a regular file (a FIFO, a
+    /// device, a directory, a socket): nothing is mapped from it.
+    #[error("heartbeat file {path} is a {kind}, not a regular file")]
+    NotAFile {
+        /// The path.
+        path: PathBuf,
+        /// What it is: "directory", "FIFO", "character device", ...
+        kind: &'static str,
+    },
+    /// A header field holds a value the writer never stores (a corrupt or
+    /// foreign file).
+    #[error("heartbeat file {path} is corrupt: {field} is {value}, {allowed}")]
+    BadField {
+        /// The heartbeat file.
+        path: PathBuf,
+        /// The field.
+        field: &'static str,
+        /// The value found.
+        value: u64,
+        /// What the field may hold.
+        allowed: &'static str,
+    },
     /// The writer kept changing the header for every attempt: it is most
     /// likely dead mid-write.
     #[error("heartbeat file {path} is unstable: no consistent read in {attempts} attempts")]
@@ -372,12 +394,19 @@ impl RawHeader {
                 len,
             });
         }
+        // The writer stores a u16: a high half that is not 0 is corruption,
+        // not a port to truncate into another one.
+        let base_port = u16::try_from(self.base_port).map_err(|_| HeartbeatError::BadField {
+            path: file.to_path_buf(),
+            field: "the base port",
+            value: u64::from(self.base_port),
+            allowed: "a port is at most 65535",
+        })?;
         let bytes: Vec<u8> = self.path.iter().flat_map(|w| w.to_ne_bytes()).collect();
         Ok(Heartbeat {
             info: AgentInfo {
                 shards: self.shards,
-                // The writer stores a u16; a corrupt high half is dropped.
-                base_port: self.base_port as u16,
+                base_port,
                 bind: Ipv4Addr::from(self.bind),
                 pid: self.pid,
                 snapshot_path: PathBuf::from(OsStr::from_bytes(&bytes[..len])),
@@ -401,6 +430,28 @@ fn check_format(file: &Path, magic: u32, version: u32) -> Result<(), HeartbeatEr
         });
     }
     Ok(())
+}
+
+/// What a file type that is not a regular file is, for an error message.
+pub(crate) fn file_kind(t: &std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if t.is_dir() {
+        "directory"
+    } else if t.is_fifo() {
+        "FIFO"
+    } else if t.is_char_device() {
+        "character device"
+    } else if t.is_block_device() {
+        "block device"
+    } else if t.is_socket() {
+        "socket"
+    } else if t.is_symlink() {
+        "symbolic link"
+    } else if t.is_file() {
+        "regular file"
+    } else {
+        "special file"
+    }
 }
 
 fn io_error<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> HeartbeatError + 'a {
@@ -505,15 +556,31 @@ impl HeartbeatReader {
     /// [`HeartbeatError::Truncated`] when it is shorter than [`HEADER_LEN`],
     /// [`HeartbeatError::BadMagic`], [`HeartbeatError::UnsupportedVersion`],
     /// [`HeartbeatError::Unstable`] (as for [`beat_unix_ms`](Self::beat_unix_ms)),
+    /// [`HeartbeatError::NotAFile`] for a FIFO, device, directory or socket
+    /// (opened without blocking, never mapped),
     /// [`HeartbeatError::Io`] when it cannot be opened or mapped.
     pub fn open(path: &Path) -> Result<Self, HeartbeatError> {
-        let file = std::fs::File::open(path).map_err(|source| match source.kind() {
-            io::ErrorKind::NotFound => HeartbeatError::Missing {
+        // Non-blocking: opening a FIFO for reading would otherwise wait for
+        // a writer, past any timeout of the caller. What is opened is then
+        // judged by fstat, so a file swapped in between cannot slip through.
+        let file = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+            .open(path)
+            .map_err(|source| match source.kind() {
+                io::ErrorKind::NotFound => HeartbeatError::Missing {
+                    path: path.to_path_buf(),
+                },
+                _ => io_error("open", path)(source),
+            })?;
+        let meta = file.metadata().map_err(io_error("stat", path))?;
+        if !meta.is_file() {
+            return Err(HeartbeatError::NotAFile {
                 path: path.to_path_buf(),
-            },
-            _ => io_error("open", path)(source),
-        })?;
-        let len = file.metadata().map_err(io_error("stat", path))?.len();
+                kind: file_kind(&meta.file_type()),
+            });
+        }
+        let len = meta.len();
         if len < HEADER_LEN as u64 {
             return Err(HeartbeatError::Truncated {
                 path: path.to_path_buf(),
@@ -535,6 +602,7 @@ impl HeartbeatReader {
     /// # Errors
     /// [`HeartbeatError::BadMagic`], [`HeartbeatError::UnsupportedVersion`],
     /// [`HeartbeatError::PathTooLong`] (a corrupt path length),
+    /// [`HeartbeatError::BadField`] (a base port above 65535),
     /// [`HeartbeatError::Unstable`] when no consistent read succeeded.
     pub fn read(&self) -> Result<Heartbeat, HeartbeatError> {
         self.shm
@@ -765,6 +833,48 @@ mod tests {
             matches!(err, HeartbeatError::PathTooLong { len: 10_000, .. }),
             "{err}"
         );
+    }
+
+    #[test]
+    fn a_base_port_above_65535_is_corrupt_not_truncated() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("hb");
+        HeartbeatWriter::create(&path, &info(1, "/s")).unwrap();
+        let reader = HeartbeatReader::open(&path).unwrap();
+        poke_u32(&path, OFF_BASE_PORT as u64, 0x1_22b8);
+        let err = reader.read().unwrap_err();
+        assert!(
+            matches!(
+                err,
+                HeartbeatError::BadField {
+                    value: 0x1_22b8,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn special_files_are_refused_without_blocking() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("fifo");
+        let c = std::ffi::CString::new(fifo.as_os_str().as_bytes()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        // Without O_NONBLOCK this open would wait for a writer forever.
+        for (path, kind) in [
+            (fifo.as_path(), "FIFO"),
+            (dir.path(), "directory"),
+            (Path::new("/dev/zero"), "character device"),
+        ] {
+            let err = HeartbeatReader::open(path).unwrap_err();
+            assert!(
+                matches!(err, HeartbeatError::NotAFile { kind: k, .. } if k == kind),
+                "{}: {err}",
+                path.display()
+            );
+        }
     }
 
     #[test]

@@ -53,6 +53,11 @@ pub const FORMAT_VERSION: u32 = 1;
 /// The header's length in bytes.
 pub const HEADER_LEN: usize = 32;
 
+/// The largest file [`read`] accepts (and [`write()`] writes): 256 MiB,
+/// about 26 million nodes. A client reads at most this much, whatever the
+/// file's size or its header claim.
+pub const MAX_LEN: u64 = 256 << 20;
+
 const ROUTE_LEN: usize = 20;
 const NODE_LEN: usize = 10;
 /// Bytes of the header the checksum covers (all but the checksum itself).
@@ -119,6 +124,23 @@ pub enum SnapshotError {
         path: PathBuf,
         /// The system's error.
         source: io::Error,
+    },
+    /// The path names something other than a regular file (a FIFO, a
+    /// device, a directory, a socket): nothing is read from it.
+    #[error("snapshot file {path} is a {kind}, not a regular file")]
+    NotAFile {
+        /// The path.
+        path: PathBuf,
+        /// What it is: "directory", "FIFO", "character device", ...
+        kind: &'static str,
+    },
+    /// Larger than [`MAX_LEN`], or declares a payload that would make it so.
+    #[error("snapshot file {path} is too large: {len} bytes, at most {MAX_LEN}")]
+    TooLarge {
+        /// The snapshot file.
+        path: PathBuf,
+        /// Its length, or the length its header declares.
+        len: u64,
     },
     /// Shorter than its header, or than the payload length it declares.
     #[error("snapshot file {path} is truncated: {len} bytes, expected {expected}")]
@@ -222,6 +244,12 @@ fn encode(written_unix_s: u64, routes: &[SnapshotRoute]) -> Result<Vec<u8>, Stri
         .iter()
         .map(|r| ROUTE_LEN + NODE_LEN * r.nodes.len())
         .sum();
+    if (HEADER_LEN + payload_len) as u64 > MAX_LEN {
+        return Err(format!(
+            "{} bytes, a snapshot file is at most {MAX_LEN}",
+            HEADER_LEN + payload_len
+        ));
+    }
     let payload_len32 = u32::try_from(payload_len)
         .map_err(|_| format!("payload of {payload_len} bytes, at most {}", u32::MAX))?;
 
@@ -327,19 +355,43 @@ fn create_temp(dir: &Path, name: &std::ffi::OsStr) -> Result<(PathBuf, File), Sn
 
 // === read ===
 
-/// Reads and validates the snapshot at `path`. Memory use is bounded by the
-/// file's length (at most the header plus the declared payload plus one byte).
+/// Reads and validates the snapshot at `path`. Only a regular file is read
+/// (opened without blocking, so a FIFO at the path fails at once instead of
+/// waiting for a writer), and at most [`MAX_LEN`] bytes of it: memory use is
+/// bounded by the file's length (at most the header plus the declared
+/// payload plus one byte).
 ///
 /// # Errors
-/// [`SnapshotError::Missing`] when there is no file, [`SnapshotError::Io`]
-/// when it cannot be read, and every error of [`decode`].
+/// [`SnapshotError::Missing`] when there is no file,
+/// [`SnapshotError::NotAFile`] for a FIFO, device, directory or socket,
+/// [`SnapshotError::TooLarge`] above [`MAX_LEN`] (its size or its header's
+/// claim), [`SnapshotError::Io`] when it cannot be read, and every error of
+/// [`decode`].
 pub fn read(path: &Path) -> Result<Snapshot, SnapshotError> {
-    let file = File::open(path).map_err(|e| match e.kind() {
-        io::ErrorKind::NotFound => SnapshotError::Missing {
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|e| match e.kind() {
+            io::ErrorKind::NotFound => SnapshotError::Missing {
+                path: path.to_path_buf(),
+            },
+            _ => io_error("open", path)(e),
+        })?;
+    // Judge what was opened, not what the path named a moment before.
+    let meta = file.metadata().map_err(io_error("stat", path))?;
+    if !meta.is_file() {
+        return Err(SnapshotError::NotAFile {
             path: path.to_path_buf(),
-        },
-        _ => io_error("open", path)(e),
-    })?;
+            kind: crate::agent::heartbeat::file_kind(&meta.file_type()),
+        });
+    }
+    if meta.len() > MAX_LEN {
+        return Err(SnapshotError::TooLarge {
+            path: path.to_path_buf(),
+            len: meta.len(),
+        });
+    }
     let mut bytes = Vec::with_capacity(HEADER_LEN);
     let reader = &file;
     reader
@@ -347,11 +399,17 @@ pub fn read(path: &Path) -> Result<Snapshot, SnapshotError> {
         .read_to_end(&mut bytes)
         .map_err(io_error("read", path))?;
     if bytes.len() == HEADER_LEN {
-        // One byte past the declared payload, to notice trailing bytes; the
-        // vector grows only as data actually arrives.
-        let payload_len = u64::from(le_u32(&bytes, 24));
+        let declared = HEADER_LEN as u64 + u64::from(le_u32(&bytes, 24));
+        if declared > MAX_LEN {
+            return Err(SnapshotError::TooLarge {
+                path: path.to_path_buf(),
+                len: declared,
+            });
+        }
+        // One byte past the declared payload, to notice trailing bytes (a
+        // file still growing); the vector grows only as data arrives.
         reader
-            .take(payload_len + 1)
+            .take(declared - HEADER_LEN as u64 + 1)
             .read_to_end(&mut bytes)
             .map_err(io_error("read", path))?;
     }
@@ -504,6 +562,45 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
     use std::net::Ipv4Addr;
+
+    #[test]
+    fn special_and_oversized_files_are_refused_without_reading_them() {
+        use std::os::unix::ffi::OsStrExt;
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("fifo");
+        let c = std::ffi::CString::new(fifo.as_os_str().as_bytes()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        for (path, kind) in [
+            (fifo.as_path(), "FIFO"),
+            (dir.path(), "directory"),
+            (Path::new("/dev/zero"), "character device"),
+        ] {
+            let err = read(path).unwrap_err();
+            assert!(
+                matches!(err, SnapshotError::NotAFile { kind: k, .. } if k == kind),
+                "{}: {err}",
+                path.display()
+            );
+        }
+        let huge = dir.path().join("huge");
+        File::create(&huge).unwrap().set_len(MAX_LEN + 1).unwrap();
+        let err = read(&huge).unwrap_err();
+        assert!(
+            matches!(err, SnapshotError::TooLarge { len, .. } if len == MAX_LEN + 1),
+            "{err}"
+        );
+        // A small file whose header claims more than the bound.
+        let claims = dir.path().join("claims");
+        let mut bytes = sealed(0, &[]);
+        bytes[24..28].copy_from_slice(&u32::MAX.to_le_bytes());
+        fs::write(&claims, &bytes).unwrap();
+        let err = read(&claims).unwrap_err();
+        assert!(
+            matches!(err, SnapshotError::TooLarge { len, .. } if len == HEADER_LEN as u64 + u64::from(u32::MAX)),
+            "{err}"
+        );
+    }
 
     fn node(last: u8, port: u16, weight: u32) -> RouteNode {
         RouteNode {
@@ -756,10 +853,19 @@ mod tests {
     }
 
     #[test]
-    fn a_directory_is_an_io_error() {
+    fn a_directory_is_not_a_file() {
         let dir = tempfile::tempdir().unwrap();
         let err = read(dir.path()).unwrap_err();
-        assert!(matches!(err, SnapshotError::Io { op: "read", .. }), "{err}");
+        assert!(
+            matches!(
+                err,
+                SnapshotError::NotAFile {
+                    kind: "directory",
+                    ..
+                }
+            ),
+            "{err}"
+        );
     }
 
     #[test]

@@ -27,20 +27,34 @@ pub(crate) struct Endpoints {
     pub shards: u32,
 }
 
+/// The most shards a heartbeat header may name: the agent's own bound
+/// (`agent.shards` is at most 1024). A larger count is a corrupt header,
+/// and the client sizes per-shard tables from it.
+pub(crate) const MAX_SHARDS: u32 = 1_024;
+
 impl Endpoints {
-    /// The endpoints of a header, or why the header cannot be used.
+    /// The endpoints of a header, or why the header cannot be used. Every
+    /// field is checked before anything is sized or computed from it.
     pub fn from_info(info: &AgentInfo) -> Result<Endpoints, String> {
         if info.shards == 0 {
             return Err("the heartbeat header says the agent runs 0 shards".into());
         }
+        if info.shards > MAX_SHARDS {
+            return Err(format!(
+                "the heartbeat header says the agent runs {} shards, at most {MAX_SHARDS} \
+                 (a corrupt or foreign heartbeat file?)",
+                info.shards
+            ));
+        }
         if info.base_port == 0 {
             return Err("the heartbeat header says the agent listens on port 0".into());
         }
-        if u32::from(info.base_port) + info.shards - 1 > u32::from(u16::MAX) {
+        // In u64: no shard count can wrap the sum.
+        let last = u64::from(info.base_port) + u64::from(info.shards) - 1;
+        if last > u64::from(u16::MAX) {
             return Err(format!(
-                "the heartbeat header's ports {}..{} do not fit in 65535",
+                "the heartbeat header's ports {}..{last} do not fit in 65535",
                 info.base_port,
-                u32::from(info.base_port) + info.shards - 1
             ));
         }
         let ip = if info.bind.is_unspecified() {
@@ -284,6 +298,16 @@ mod tests {
         assert!(Endpoints::from_info(&info(0, 9000, "/s")).is_err());
         assert!(Endpoints::from_info(&info(1, 0, "/s")).is_err());
         assert!(Endpoints::from_info(&info(2, 65535, "/s")).is_err());
+        // Counts that would wrap `base_port + shards - 1` in u32.
+        for shards in [u32::MAX, u32::MAX - 8999, 1 << 31] {
+            let e = Endpoints::from_info(&info(shards, 9000, "/s")).unwrap_err();
+            assert!(e.contains("shards, at most 1024"), "{e}");
+        }
+        let e = Endpoints::from_info(&info(1_025, 1, "/s")).unwrap_err();
+        assert!(e.contains("1025 shards"), "{e}");
+        assert!(Endpoints::from_info(&info(MAX_SHARDS, 64_512, "/s")).is_ok());
+        let e = Endpoints::from_info(&info(MAX_SHARDS, 64_513, "/s")).unwrap_err();
+        assert!(e.contains("64513..65536"), "{e}");
         let e = Endpoints::from_info(&info(2, 65534, "/s")).unwrap();
         assert_eq!(e.ip, Ipv4Addr::LOCALHOST, "0.0.0.0 is reached on loopback");
         assert_eq!(e.shard_addr(1), "127.0.0.1:65535".parse().unwrap());
