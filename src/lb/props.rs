@@ -5,6 +5,7 @@
 use super::*;
 use crate::model::{NodeAddr, RouteNode};
 use proptest::prelude::*;
+use proptest::test_runner::FileFailurePersistence;
 use std::net::Ipv4Addr;
 
 fn addr(i: u8) -> NodeAddr {
@@ -91,7 +92,13 @@ fn run(ops: &[Op], p: &LbParams) -> (ModuleLb, Millis) {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(512))]
+    // Failure seeds live beside this file (src/lb/props.proptest-regressions),
+    // not in a top-level folder: the top level is fixed by the design card.
+    #![proptest_config(ProptestConfig {
+        cases: 512,
+        failure_persistence: Some(Box::new(FileFailurePersistence::WithSource("proptest-regressions"))),
+        ..ProptestConfig::default()
+    })]
 
     #[test]
     fn every_node_is_in_exactly_the_list_its_state_names(p in params(), ops in proptest::collection::vec(op(), 0..300)) {
