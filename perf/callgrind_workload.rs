@@ -73,12 +73,10 @@ fn requests() -> Requests {
 fn shard() -> ShardCore {
     let config = Config::default();
     let mut shard = ShardCore::new(ShardSetup {
-        id: 0,
-        shards: 1,
-        base_port: 8888,
         params: config.lb.params(),
         update_timeout_ms: config.lb.update_timeout * 1000,
         report_timeout_ms: config.lb.report_timeout * 1000,
+        ..ShardSetup::new(0, 1, 8888)
     });
     let released = shard.apply(
         ToShard::Route {

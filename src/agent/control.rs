@@ -6,13 +6,13 @@
 //! It talks to the shards only through the SPSC rings; it must not touch a
 //! shard's state.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, VecDeque};
 use std::net::TcpListener as StdTcpListener;
 use std::os::fd::{FromRawFd, IntoRawFd};
 use std::path::PathBuf;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -25,8 +25,10 @@ use super::clock;
 use super::heartbeat::HeartbeatWriter;
 use super::messages::{ToControl, ToShard};
 use super::metrics::{render, ControlMetrics, ShardMetrics};
-use super::routeclient::{self, RouteClientConfig, RouteClientEvent, RouteClientStatus};
+use super::routeclient::{self, RouteClientConfig, RouteClientEvent, RouteClientStatus, Want};
+use super::shard_rt;
 use super::snapshot::{self, SnapshotRoute};
+use super::snapshot_thread::SnapshotThread;
 use super::statsclient::{self, StatsClientConfig, StatsClientEvent, StatsClientStatus};
 use crate::lb::NodeCallStats;
 use crate::metrics_http;
@@ -50,7 +52,7 @@ pub struct ControlParts {
     pub routes: Vec<SnapshotRoute>,
     /// The heartbeat file, created by the caller.
     pub heartbeat: HeartbeatWriter,
-    /// The static route file.
+    /// The static route file (written by its own thread).
     pub snapshot_path: PathBuf,
     /// Seconds between snapshots.
     pub snapshot_interval: Duration,
@@ -60,7 +62,13 @@ pub struct ControlParts {
     pub stop: Arc<AtomicBool>,
     /// Counts the main loop's turns (the systemd watchdog).
     pub beat: super::liveness::Beat,
+    /// Shards ready to serve; the first heartbeat waits for all of them, so
+    /// that a client that sees a beat gets an answer.
+    pub ready: Arc<AtomicU32>,
 }
+
+/// How long shutdown waits for the final snapshot to be written.
+const SNAPSHOT_FINAL_WAIT: Duration = Duration::from_secs(5);
 
 /// The routes the control core holds: module → (version, nodes).
 type RouteTable = HashMap<ModuleId, (u64, Vec<RouteNode>)>;
@@ -91,6 +99,7 @@ pub async fn run(parts: ControlParts) {
         metrics_listener,
         stop,
         beat,
+        ready,
     } = parts;
     let state = Rc::new(RefCell::new(State {
         routes: routes
@@ -102,7 +111,6 @@ pub async fn run(parts: ControlParts) {
         backlog: (0..shards).map(|_| VecDeque::new()).collect(),
         last_beat: Instant::now(),
     }));
-    heartbeat.beat(clock::unix_ms());
 
     let stopped = {
         let stop = stop.clone();
@@ -116,8 +124,8 @@ pub async fn run(parts: ControlParts) {
         }
     };
 
-    // The route client, fed by the shards' pulls.
-    let (wants_tx, wants_rx) = local_channel::new_unbounded::<ModuleId>();
+    // The route client, fed by the shards' pulls and forgets.
+    let (wants_tx, wants_rx) = local_channel::new_unbounded::<Want>();
     let (events_tx, events_rx) = local_channel::new_bounded::<RouteClientEvent>(1024);
     let route_status = RouteClientStatus::default();
     let route_task = glommio::spawn_local(routeclient::run(
@@ -129,18 +137,31 @@ pub async fn run(parts: ControlParts) {
     ));
     // Subscribe to every module the snapshot knows.
     for r in &routes {
-        let _ = wants_tx.try_send(r.module);
+        let _ = wants_tx.try_send(Want::Pull(r.module));
     }
 
     // The statistics client, fed by the shards' statistics.
     let (stats_tx, stats_rx) = local_channel::new_unbounded::<(ModuleId, Vec<NodeCallStats>)>();
     let (stats_events_tx, stats_events_rx) = local_channel::new_bounded::<StatsClientEvent>(1024);
     let stats_status = StatsClientStatus::default();
+    // The statistics client stops only once every shard has handed over
+    // what it held (or FLUSH_WAIT passed), so that SIGTERM loses nothing
+    // that was counted.
+    let drained = Rc::new(Cell::new(0u32));
+    let stats_stop = Rc::new(Cell::new(false));
+    let stats_stopped = {
+        let stats_stop = stats_stop.clone();
+        async move {
+            while !stats_stop.get() {
+                glommio::timer::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    };
     let stats_task = glommio::spawn_local(statsclient::run(
         stats_client,
         stats_rx,
         stats_events_tx,
-        stopped(),
+        stats_stopped,
         stats_status.clone(),
     ));
 
@@ -150,16 +171,25 @@ pub async fn run(parts: ControlParts) {
     for rx in from_shards {
         let wants_tx = wants_tx.clone();
         let stats_tx = stats_tx.clone();
+        let state = state.clone();
+        let drained = drained.clone();
         tasks.push(glommio::spawn_local(async move {
             let rx = rx.connect().await;
             while let Some(msg) = rx.recv().await {
                 match msg {
                     ToControl::Pull(m) => {
-                        let _ = wants_tx.try_send(m);
+                        let _ = wants_tx.try_send(Want::Pull(m));
+                    }
+                    ToControl::Forget(m) => {
+                        let mut st = state.borrow_mut();
+                        st.routes.remove(&m);
+                        st.control.modules_forgotten += 1;
+                        let _ = wants_tx.try_send(Want::Forget(m));
                     }
                     ToControl::Stats { module, nodes } => {
                         let _ = stats_tx.try_send((module, nodes));
                     }
+                    ToControl::Drained => drained.set(drained.get() + 1),
                 }
             }
         }));
@@ -268,31 +298,68 @@ pub async fn run(parts: ControlParts) {
         })
     });
 
-    // Heartbeat every second, snapshot every interval, until stop.
+    // Heartbeat every second, snapshot every interval, until stop. The
+    // snapshot is written by its own thread: a slow disk never delays the
+    // heartbeat, a route or the metrics.
+    let snapshots = SnapshotThread::spawn(move |routes: &[SnapshotRoute]| {
+        snapshot::write(&snapshot_path, clock::unix_ms() / 1000, routes).map_err(|e| e.to_string())
+    });
     let mut last_snapshot = Instant::now();
+    let mut serving = false;
     while !stop.load(Ordering::Relaxed) {
-        glommio::timer::sleep(Duration::from_millis(50)).await;
+        if !serving && ready.load(Ordering::SeqCst) >= shards {
+            // Every shard reads its socket: clients may come now.
+            serving = true;
+            heartbeat.beat(clock::unix_ms());
+            state.borrow_mut().last_beat = Instant::now();
+        }
+        glommio::timer::sleep(Duration::from_millis(if serving { 50 } else { 5 })).await;
         beat.beat();
         let mut st = state.borrow_mut();
-        if st.last_beat.elapsed() >= Duration::from_secs(1) {
+        if serving && st.last_beat.elapsed() >= Duration::from_secs(1) {
             heartbeat.beat(clock::unix_ms());
             st.last_beat = Instant::now();
         }
+        let (written, failed) = snapshots.counts();
+        st.control.snapshots_written = written;
+        st.control.snapshot_errors = failed;
         if last_snapshot.elapsed() >= snapshot_interval {
             last_snapshot = Instant::now();
-            write_snapshot(&mut st, &snapshot_path);
+            if !snapshots.offer(snapshot_routes(&st.routes)) {
+                st.control.snapshots_skipped += 1;
+            }
         }
     }
 
-    // Shutdown: the clients see `stop` and finish (the stats client makes
-    // one bounded attempt to flush), then the final snapshot.
+    // Shutdown: every shard hands over its statistics and says Drained
+    // (each waits at most FLUSH_WAIT for room in its ring); then the stats
+    // client makes one bounded attempt to deliver everything, and the
+    // route client finishes; then the final snapshot.
+    let t0 = Instant::now();
+    while drained.get() < shards && t0.elapsed() < shard_rt::FLUSH_WAIT + Duration::from_millis(200)
+    {
+        glommio::timer::sleep(Duration::from_millis(5)).await;
+    }
+    if drained.get() < shards {
+        eprintln!(
+            "lbagent: {} of {shards} shards did not hand over their statistics in time",
+            shards - drained.get()
+        );
+    }
+    // Let the shards' rings be read to the end before the clients stop.
+    glommio::yield_if_needed().await;
+    stats_stop.set(true);
     drop(wants_tx);
     drop(stats_tx);
     let _ = route_task.await;
     let _ = stats_task.await;
-    let mut st = state.borrow_mut();
-    write_snapshot(&mut st, &snapshot_path);
-    drop(st);
+    let routes = snapshot_routes(&state.borrow().routes);
+    if !snapshots.finish(routes, SNAPSHOT_FINAL_WAIT) {
+        eprintln!(
+            "lbagent: the final route snapshot was not written within {} s (slow disk?); the last one written stays",
+            SNAPSHOT_FINAL_WAIT.as_secs()
+        );
+    }
     for t in tasks {
         drop(t);
     }
@@ -329,9 +396,9 @@ fn refresh_control(st: &mut State, route: &RouteClientStatus, stats: &StatsClien
     st.control.heartbeat_age_s = st.last_beat.elapsed().as_secs_f64();
 }
 
-fn write_snapshot(st: &mut State, path: &std::path::Path) {
-    let mut routes: Vec<SnapshotRoute> = st
-        .routes
+/// The control core's table as the snapshot's sorted list.
+fn snapshot_routes(routes: &RouteTable) -> Vec<SnapshotRoute> {
+    let mut routes: Vec<SnapshotRoute> = routes
         .iter()
         .map(|(m, (v, nodes))| SnapshotRoute {
             module: *m,
@@ -340,13 +407,7 @@ fn write_snapshot(st: &mut State, path: &std::path::Path) {
         })
         .collect();
     routes.sort_by_key(|r| r.module);
-    match snapshot::write(path, clock::unix_ms() / 1000, &routes) {
-        Ok(()) => st.control.snapshots_written += 1,
-        Err(e) => {
-            st.control.snapshot_errors += 1;
-            eprintln!("lbagent: cannot write the route snapshot: {e}");
-        }
-    }
+    routes
 }
 
 /// Answers one HTTP request: `GET /metrics` gets the text, anything else 404.

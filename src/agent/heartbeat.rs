@@ -208,6 +208,15 @@ pub enum HeartbeatError {
         /// The attempts made.
         attempts: u32,
     },
+    /// Another live process holds the file's lock: one agent per
+    /// heartbeat path.
+    #[error("heartbeat file {path} is owned by another agent ({holder}): stop it, or give this one another agent.heartbeat_path")]
+    Locked {
+        /// The heartbeat file.
+        path: PathBuf,
+        /// Who holds it: `pid N` as its header says, or why that is unknown.
+        holder: String,
+    },
     /// A system call failed.
     #[error("cannot {op} heartbeat file {path}: {source}")]
     Io {
@@ -469,7 +478,42 @@ fn io_error<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> H
 pub struct HeartbeatWriter {
     shm: Shm,
     path: PathBuf,
+    /// The open file whose `flock` says this agent owns the path.
+    _lock: std::fs::File,
     _not_sync: PhantomData<Cell<()>>,
+}
+
+/// The heartbeat file opened and locked ([`HeartbeatLock::take`]), not
+/// written yet: an agent takes it before anything else, so that a second
+/// agent on the same path stops at once, naming the first.
+#[derive(Debug)]
+pub struct HeartbeatLock {
+    file: std::fs::File,
+    path: PathBuf,
+}
+
+impl HeartbeatLock {
+    /// Opens (creating if needed) the heartbeat file at `path` and takes
+    /// its exclusive lock, without writing it.
+    ///
+    /// # Errors
+    /// [`HeartbeatError::Locked`] naming the holder's pid when another
+    /// process holds it; [`HeartbeatError::Io`] when it cannot be opened.
+    pub fn take(path: &Path) -> Result<Self, HeartbeatError> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o644)
+            .open(path)
+            .map_err(io_error("open", path))?;
+        lock(&file, path)?;
+        Ok(HeartbeatLock {
+            file,
+            path: path.to_path_buf(),
+        })
+    }
 }
 
 impl HeartbeatWriter {
@@ -483,15 +527,18 @@ impl HeartbeatWriter {
     /// than [`SNAPSHOT_PATH_MAX`] bytes (the file is then not touched);
     /// [`HeartbeatError::Io`] when the file cannot be opened, sized or mapped.
     pub fn create(path: &Path, info: &AgentInfo) -> Result<Self, HeartbeatError> {
+        RawHeader::from_info(path, info)?;
+        Self::create_locked(HeartbeatLock::take(path)?, info)
+    }
+
+    /// [`HeartbeatWriter::create`] on a file already locked.
+    ///
+    /// # Errors
+    /// As [`HeartbeatWriter::create`], but for the lock.
+    pub fn create_locked(lock: HeartbeatLock, info: &AgentInfo) -> Result<Self, HeartbeatError> {
+        let HeartbeatLock { file, path } = lock;
+        let path = path.as_path();
         let header = RawHeader::from_info(path, info)?;
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o644)
-            .open(path)
-            .map_err(io_error("open", path))?;
         let len = file.metadata().map_err(io_error("stat", path))?.len();
         if len < FILE_LEN {
             file.set_len(FILE_LEN).map_err(io_error("size", path))?;
@@ -501,6 +548,7 @@ impl HeartbeatWriter {
         Ok(HeartbeatWriter {
             shm,
             path: path.to_path_buf(),
+            _lock: file,
             _not_sync: PhantomData,
         })
     }
@@ -536,6 +584,35 @@ impl std::fmt::Debug for HeartbeatWriter {
             .field("path", &self.path)
             .finish_non_exhaustive()
     }
+}
+
+/// Takes the exclusive `flock` on the heartbeat file, held for as long as
+/// `file` is open (the writer's lifetime; the kernel releases it when the
+/// process dies, even by `kill -9`). Held: [`HeartbeatError::Locked`]
+/// naming the pid in the holder's header.
+fn lock(file: &std::fs::File, path: &Path) -> Result<(), HeartbeatError> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: flock on a descriptor we own; no memory is involved.
+    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if rc == 0 {
+        return Ok(());
+    }
+    let e = io::Error::last_os_error();
+    if e.kind() != io::ErrorKind::WouldBlock {
+        return Err(HeartbeatError::Io {
+            op: "lock",
+            path: path.to_path_buf(),
+            source: e,
+        });
+    }
+    let holder = match HeartbeatReader::open(path).and_then(|r| r.read()) {
+        Ok(h) => format!("pid {}", h.info.pid),
+        Err(e) => format!("pid unknown: {e}"),
+    };
+    Err(HeartbeatError::Locked {
+        path: path.to_path_buf(),
+        holder,
+    })
 }
 
 // === impl HeartbeatReader ===
@@ -1005,5 +1082,43 @@ mod tests {
                 "reader saw only one state in {ok} reads"
             );
         }
+    }
+
+    #[test]
+    fn a_second_writer_on_the_same_path_is_refused_naming_the_holder() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("hb");
+        let first = HeartbeatWriter::create(&path, &info(2, "/a")).unwrap();
+        first.beat(1_000);
+        let e = HeartbeatWriter::create(&path, &info(3, "/b")).unwrap_err();
+        assert!(matches!(e, HeartbeatError::Locked { .. }), "{e}");
+        assert!(e.to_string().contains("pid 4242"), "{e}");
+        // The holder's header is untouched.
+        let h = HeartbeatReader::open(&path).unwrap().read().unwrap();
+        assert_eq!((h.info.shards, h.beat_unix_ms), (2, 1_000));
+        // Gone (the kernel drops the lock with the descriptor): free again.
+        drop(first);
+        HeartbeatWriter::create(&path, &info(3, "/b")).unwrap();
+    }
+
+    #[test]
+    fn the_lock_is_taken_before_anything_is_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("hb");
+        let lock = HeartbeatLock::take(&path).unwrap();
+        assert!(matches!(
+            HeartbeatLock::take(&path),
+            Err(HeartbeatError::Locked { .. })
+        ));
+        let w = HeartbeatWriter::create_locked(lock, &info(1, "/a")).unwrap();
+        w.beat(5);
+        assert_eq!(
+            HeartbeatReader::open(&path)
+                .unwrap()
+                .read()
+                .unwrap()
+                .beat_unix_ms,
+            5
+        );
     }
 }

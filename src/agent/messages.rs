@@ -17,6 +17,11 @@ pub enum ToControl {
         /// Per-node counts and overload flags.
         nodes: Vec<NodeCallStats>,
     },
+    /// The shard forgot this module (unused or unknown past its time): drop
+    /// the control core's copy and the route server subscription.
+    Forget(ModuleId),
+    /// The shard stopped and sent everything it held (the last message).
+    Drained,
 }
 
 /// Control core → shard.

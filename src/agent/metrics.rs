@@ -85,8 +85,25 @@ pub struct ShardMetrics {
     pub misrouted_updates: u64,
     /// Messages to the control core dropped because the ring was full.
     pub ring_drops: u64,
-    /// Unknown modules refused because the shard holds MAX_MODULES.
+    /// Unknown modules refused because the shard holds `agent.max_modules`.
     pub module_limit_hits: u64,
+    /// Requests for unknown modules refused because the shard already
+    /// remembers `agent.max_unknown_modules` of them.
+    pub unknown_refused: u64,
+    /// Register requests refused because `MAX_WAITERS` already wait.
+    pub registers_refused: u64,
+    /// Modules forgotten: unused past `agent.module_idle_timeout`, or
+    /// unknown past `agent.unknown_module_ttl_ms`.
+    pub modules_expired: u64,
+    /// Statistics the ring refused, kept in the shard for the next send.
+    pub stats_kept: u64,
+    /// Routes for modules the shard did not hold (the snapshot's at start,
+    /// or one that expired while its route was on the way).
+    pub unheld_routes: u64,
+    /// Unknown modules remembered: asked for, absent or unanswered (gauge).
+    pub unknown_modules: u64,
+    /// Register requests waiting for a route (gauge).
+    pub waiting_registers: u64,
     /// Answers that could not be sent.
     pub send_errors: u64,
     /// Modules with a route (gauge).
@@ -119,6 +136,13 @@ impl ShardMetrics {
             misrouted_updates: 0,
             ring_drops: 0,
             module_limit_hits: 0,
+            unknown_refused: 0,
+            registers_refused: 0,
+            modules_expired: 0,
+            stats_kept: 0,
+            unheld_routes: 0,
+            unknown_modules: 0,
+            waiting_registers: 0,
             send_errors: 0,
             modules: 0,
             nodes_idle: 0,
@@ -202,6 +226,12 @@ pub struct ControlMetrics {
     pub snapshots_written: u64,
     /// Snapshot writes that failed.
     pub snapshot_errors: u64,
+    /// Snapshots not started because the previous one was still being
+    /// written (a slow disk).
+    pub snapshots_skipped: u64,
+    /// Modules the shards forgot (expired): dropped from the control core's
+    /// table and unsubscribed at the route server.
+    pub modules_forgotten: u64,
 }
 
 /// A per-shard figure: name, type, help, and how to read it.
@@ -264,7 +294,7 @@ pub fn render(shards: &[ShardMetrics], control: &ControlMetrics) -> String {
             );
         }
     }
-    let per_shard: [Figure; 15] = [
+    let per_shard: [Figure; 22] = [
         (
             "lbagent_unexpected_messages_total",
             "counter",
@@ -316,8 +346,38 @@ pub fn render(shards: &[ShardMetrics], control: &ControlMetrics) -> String {
         (
             "lbagent_module_limit_hits_total",
             "counter",
-            "Unknown modules refused at the per-shard module limit.",
+            "Unknown modules refused at the per-shard module limit (agent.max_modules).",
             |m| m.module_limit_hits,
+        ),
+        (
+            "lbagent_unknown_modules_refused_total",
+            "counter",
+            "Requests for unknown modules refused: the shard already remembers agent.max_unknown_modules.",
+            |m| m.unknown_refused,
+        ),
+        (
+            "lbagent_registers_refused_total",
+            "counter",
+            "Register requests refused: too many already wait for a route.",
+            |m| m.registers_refused,
+        ),
+        (
+            "lbagent_modules_expired_total",
+            "counter",
+            "Modules forgotten after agent.module_idle_timeout unused, or agent.unknown_module_ttl_ms unknown.",
+            |m| m.modules_expired,
+        ),
+        (
+            "lbagent_stats_kept_total",
+            "counter",
+            "Statistics messages the full ring refused, kept in the shard and sent later.",
+            |m| m.stats_kept,
+        ),
+        (
+            "lbagent_unheld_routes_total",
+            "counter",
+            "Routes for modules the shard did not hold (the snapshot at start, or expired meanwhile).",
+            |m| m.unheld_routes,
         ),
         (
             "lbagent_send_errors_total",
@@ -348,6 +408,18 @@ pub fn render(shards: &[ShardMetrics], control: &ControlMetrics) -> String {
             "gauge",
             "Overloaded nodes.",
             |m| m.nodes_overloaded,
+        ),
+        (
+            "lbagent_unknown_modules",
+            "gauge",
+            "Unknown modules remembered (asked for, absent or unanswered).",
+            |m| m.unknown_modules,
+        ),
+        (
+            "lbagent_waiting_registers",
+            "gauge",
+            "Register requests waiting for a route.",
+            |m| m.waiting_registers,
         ),
     ];
     for (name, kind, help, get) in per_shard {
@@ -412,7 +484,7 @@ pub fn render(shards: &[ShardMetrics], control: &ControlMetrics) -> String {
         &[("addr", c.reporter.as_deref().unwrap_or(""))],
         c.reporter.is_some() as u8 as f64,
     );
-    let control_figs: [(&str, &str, &str, f64); 8] = [
+    let control_figs: [(&str, &str, &str, f64); 10] = [
         (
             "lbagent_pulls_sent_total",
             "counter",
@@ -460,6 +532,18 @@ pub fn render(shards: &[ShardMetrics], control: &ControlMetrics) -> String {
             "counter",
             "Route snapshot writes that failed.",
             c.snapshot_errors as f64,
+        ),
+        (
+            "lbagent_snapshots_skipped_total",
+            "counter",
+            "Snapshots skipped: the previous write was still running (slow disk).",
+            c.snapshots_skipped as f64,
+        ),
+        (
+            "lbagent_modules_forgotten_total",
+            "counter",
+            "Modules expired by the shards, dropped from the control core and unsubscribed.",
+            c.modules_forgotten as f64,
         ),
     ];
     for (name, kind, help, v) in control_figs {

@@ -6,9 +6,11 @@
 //!
 //! - [`heartbeat`]: the shared-memory heartbeat file (writer and reader).
 //! - [`snapshot`]: the static route file, written atomically, read back.
+//! - [`snapshot_thread`]: the thread that writes it, off the control core.
 //! - [`routeclient`]: the connection to the route servers: pulls, answers,
 //!   pushes, reconnect with back-off and fail-over.
 //! - [`shard`]: one shard's request handling, sans-IO.
+//! - [`timers`]: the shard's deadlines, a min-heap with lazy deletion.
 //! - [`messages`]: what crosses the rings between shards and the control core.
 //! - [`metrics`]: counters, the service-time histogram, Prometheus text.
 //! - [`liveness`]: per-loop turn counters and the systemd watchdog.
@@ -29,5 +31,7 @@ pub mod runtime;
 pub mod shard;
 pub mod shard_rt;
 pub mod snapshot;
+pub mod snapshot_thread;
 pub mod statsclient;
+pub mod timers;
 pub mod udp;

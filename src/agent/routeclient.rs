@@ -296,8 +296,11 @@ pub struct RouteClientStats {
     pub modules_pulled: u64,
     /// RouteAnswers accepted.
     pub answers: u64,
-    /// RouteAnswers dropped: no pull of that module and sequence in flight.
+    /// RouteAnswers dropped (no pull of that module and sequence in
+    /// flight), and RoutePushes of modules no longer followed.
     pub stale_answers: u64,
+    /// Modules named in Unsubscribe frames sent.
+    pub unsubscribed: u64,
     /// RoutePushes received.
     pub pushes: u64,
     /// ErrorResps received.
@@ -363,6 +366,9 @@ pub struct RouteClientCore {
     /// Modules answered: the server subscribed us to them, and a new
     /// connection must subscribe again.
     subscribed: BTreeSet<ModuleId>,
+    /// Modules forgotten while the server held (or was about to hold) a
+    /// subscription on this connection: sent in the next Unsubscribe.
+    unsubscribe: Vec<ModuleId>,
     next_seq: u64,
     next_keepalive_at: u64,
     /// The KeepAlive sent last, while unanswered.
@@ -391,6 +397,7 @@ impl RouteClientCore {
             queue: VecDeque::new(),
             batches: BTreeMap::new(),
             subscribed: BTreeSet::new(),
+            unsubscribe: Vec::new(),
             next_seq: 1,
             next_keepalive_at: 0,
             keepalive_due: None,
@@ -417,16 +424,28 @@ impl RouteClientCore {
     }
 
     /// Stops following `module`: no re-subscription after reconnecting,
-    /// and a pull queued or in flight is dropped (its answer, if it still
-    /// comes, is stale). Pushes the server sends on this connection are
-    /// still delivered. Returns whether the module was known.
+    /// a pull queued or in flight is dropped (its answer, if it still
+    /// comes, is stale), and when the server holds a subscription on this
+    /// connection (or will, answering a pull in flight) an Unsubscribe
+    /// goes with the next [`Self::poll_transmit`]. Pushes for it that
+    /// still arrive are dropped. Returns whether the module was known.
     pub fn forget(&mut self, module: ModuleId) -> bool {
         let subscribed = self.subscribed.remove(&module);
         let pull = self.pulls.remove(&module);
+        let in_flight = matches!(pull, Some(Pull::InFlight { .. }));
         if let Some(Pull::InFlight { seq }) = pull {
             self.close_batch_if_done(seq);
         }
+        if self.link == Link::Connected && (subscribed || in_flight) {
+            self.unsubscribe.push(module);
+        }
         subscribed || pull.is_some()
+    }
+
+    /// Whether the client follows `module` (subscribed, or a pull queued
+    /// or in flight).
+    pub fn follows(&self, module: ModuleId) -> bool {
+        self.subscribed.contains(&module) || self.pulls.contains_key(&module)
     }
 
     /// Whether a pull of `module` is queued or in flight.
@@ -490,6 +509,8 @@ impl RouteClientCore {
     /// half.
     pub fn on_disconnected(&mut self, now: u64) {
         self.requeue_in_flight();
+        // A new connection starts without subscriptions.
+        self.unsubscribe.clear();
         let delay = self.backoff();
         self.failures = self.failures.saturating_add(1);
         self.index = (self.index + 1) % self.config.addrs.len();
@@ -524,15 +545,25 @@ impl RouteClientCore {
         }
     }
 
-    /// Appends to `out` every frame due now: PullReqs for the queued
-    /// modules ([`RouteClientConfig::max_modules_per_pull`] each) and a
-    /// KeepAlive when one is due. Returns the number of frames appended;
+    /// Appends to `out` every frame due now: an Unsubscribe for modules
+    /// forgotten, PullReqs for the queued modules
+    /// ([`RouteClientConfig::max_modules_per_pull`] each) and a KeepAlive when one is due. Returns the number of frames appended;
     /// none while not connected.
     pub fn poll_transmit(&mut self, now: u64, out: &mut Vec<u8>) -> usize {
         if self.link != Link::Connected {
             return 0;
         }
         let mut frames = 0;
+        // Unsubscribes first: a module forgotten and wanted again since
+        // must end subscribed.
+        for chunk in self.unsubscribe.chunks(MAX_PULL_MODULES) {
+            let frame = self.encoder.unsubscribe(chunk);
+            write_frame(out, frame)
+                .expect("an Unsubscribe of at most MAX_PULL_MODULES modules fits");
+            self.stats.unsubscribed += chunk.len() as u64;
+            frames += 1;
+        }
+        self.unsubscribe.clear();
         while self.fill_batch() {
             let seq = self.take_seq();
             for &module in &self.scratch {
@@ -614,6 +645,11 @@ impl RouteClientCore {
                         pushed: false,
                     }))
                 }
+            }
+            Message::RoutePush(m) if !self.follows(ModuleId::new(m.modid(), m.cmdid())) => {
+                // Forgotten: the server has not read our Unsubscribe yet.
+                self.stats.stale_answers += 1;
+                None
             }
             Message::RoutePush(m) => {
                 let module = ModuleId::new(m.modid(), m.cmdid());
@@ -713,6 +749,22 @@ impl RouteClientCore {
 
 // === the glommio shell ===
 
+/// What the caller asks of [`run`] over its `wants` channel. A bare
+/// [`ModuleId`] is a pull.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Want {
+    /// Pull this module and follow it ([`RouteClientCore::want`]).
+    Pull(ModuleId),
+    /// Stop following it ([`RouteClientCore::forget`]).
+    Forget(ModuleId),
+}
+
+impl From<ModuleId> for Want {
+    fn from(module: ModuleId) -> Want {
+        Want::Pull(module)
+    }
+}
+
 /// The connection state for metrics, shared between [`run`] and its
 /// caller on the same executor (an `Rc`, not `Send`).
 #[derive(Clone, Debug, Default)]
@@ -757,9 +809,9 @@ impl RouteClientStatus {
 /// # Errors
 /// [`RouteConfigError`] when `config` is invalid; nothing else: connection
 /// failures are reported as events and retried.
-pub async fn run(
+pub async fn run<W: Into<Want>>(
     config: RouteClientConfig,
-    wants: LocalReceiver<ModuleId>,
+    wants: LocalReceiver<W>,
     events: LocalSender<RouteClientEvent>,
     shutdown: impl Future<Output = ()>,
     status: RouteClientStatus,
@@ -789,18 +841,18 @@ enum Stop {
     Failed(RouteClientError),
 }
 
-struct Shell {
+struct Shell<W> {
     core: RouteClientCore,
     clock: Instant,
     connect_timeout: Duration,
     write_timeout: Duration,
-    wants: LocalReceiver<ModuleId>,
+    wants: LocalReceiver<W>,
     wants_open: bool,
     events: LocalSender<RouteClientEvent>,
     status: RouteClientStatus,
 }
 
-impl Shell {
+impl<W: Into<Want>> Shell<W> {
     fn now(&self) -> u64 {
         self.clock.elapsed().as_millis() as u64
     }
@@ -924,7 +976,7 @@ impl Shell {
         &mut self,
         shutdown: Pin<&mut impl Future<Output = ()>>,
         stream: Option<(&mut TcpStream, &mut [u8])>,
-    ) -> Woken<ModuleId> {
+    ) -> Woken<W> {
         let now = self.now();
         let deadline = match self.core.poll_timeout(now) {
             Wake::At(at) => Some(Duration::from_millis(at.saturating_sub(now))),
@@ -935,11 +987,16 @@ impl Shell {
         conn::wait(shutdown, wants, stream, deadline).await
     }
 
-    fn on_woken(&mut self, woken: Woken<ModuleId>) {
+    fn on_woken(&mut self, woken: Woken<W>) {
         match woken {
-            Woken::Input(Some(module)) => {
-                self.core.want(module);
-            }
+            Woken::Input(Some(want)) => match want.into() {
+                Want::Pull(module) => {
+                    self.core.want(module);
+                }
+                Want::Forget(module) => {
+                    self.core.forget(module);
+                }
+            },
             Woken::Input(None) => self.wants_open = false,
             Woken::Shutdown | Woken::Read(_) | Woken::Timer => {}
         }
@@ -1209,8 +1266,11 @@ mod tests {
     }
 
     #[test]
-    fn a_push_arrives_unasked_and_settles_a_pull_in_flight() {
+    fn a_push_arrives_unasked_for_a_subscribed_module_and_settles_a_pull_in_flight() {
         let mut core = connected(&config(), 0);
+        core.want(A);
+        transmit(&mut core, 0);
+        core.on_frame(&answer(1, A, 3, &[node(1)]), 0).unwrap();
         let push = Encoder::new().route_push(A, true, 4, &[node(3)]).to_vec();
         let r = route(core.on_frame(&push, 1).unwrap());
         assert!(r.pushed && r.version == 4 && r.nodes == vec![node(3)]);
@@ -1222,10 +1282,74 @@ mod tests {
         assert!(r.pushed && !r.exists);
         assert!(!core.is_pending(B));
         assert!(
-            core.on_frame(&answer(1, B, 5, &[]), 4).unwrap().is_none(),
+            core.on_frame(&answer(2, B, 5, &[]), 4).unwrap().is_none(),
             "stale"
         );
         assert_eq!(core.poll_timeout(4), Wake::At(1000), "nothing awaited");
+    }
+
+    #[test]
+    fn a_push_for_a_module_not_followed_is_dropped() {
+        let mut core = connected(&config(), 0);
+        let push = Encoder::new().route_push(C, true, 4, &[node(3)]).to_vec();
+        assert!(core.on_frame(&push, 1).unwrap().is_none());
+        assert_eq!(core.stats().stale_answers, 1);
+    }
+
+    fn unsubscribed(core: &mut RouteClientCore, now: u64) -> (Vec<ModuleId>, Vec<u64>) {
+        let mut out = Vec::new();
+        core.poll_transmit(now, &mut out);
+        let mut frames = FrameDecoder::default();
+        frames.feed(&out);
+        let (mut gone, mut pulls) = (Vec::new(), Vec::new());
+        while let Some(frame) = frames.next_frame().unwrap() {
+            match decode(frame, &Limits::TCP_FRAME).unwrap() {
+                Message::Unsubscribe(m) => gone.extend(
+                    m.modules()
+                        .unwrap()
+                        .iter()
+                        .map(|m| ModuleId::new(m.modid(), m.cmdid())),
+                ),
+                Message::PullReq(m) => pulls.push(m.seq()),
+                _ => {}
+            }
+        }
+        (gone, pulls)
+    }
+
+    #[test]
+    fn forgetting_a_subscribed_module_unsubscribes_it_before_any_new_pull() {
+        let mut core = connected(&config(), 0);
+        core.want(A);
+        core.want(B);
+        transmit(&mut core, 0);
+        core.on_frame(&answer(1, A, 1, &[node(1)]), 1).unwrap();
+        // A answered (subscribed), B in flight (the server subscribed it).
+        core.forget(A);
+        core.forget(B);
+        // A wanted again at once: the Unsubscribe goes first.
+        core.want(A);
+        let (gone, pulls) = unsubscribed(&mut core, 2);
+        assert_eq!(gone, vec![A, B]);
+        assert_eq!(pulls.len(), 1);
+        assert_eq!(core.stats().unsubscribed, 2);
+        // A push for B, sent before the server read the Unsubscribe: dropped.
+        let push = Encoder::new().route_push(B, true, 2, &[node(2)]).to_vec();
+        assert!(core.on_frame(&push, 3).unwrap().is_none());
+    }
+
+    #[test]
+    fn a_module_forgotten_while_disconnected_is_neither_unsubscribed_nor_pulled_again() {
+        let mut core = connected(&config(), 0);
+        core.want(A);
+        transmit(&mut core, 0);
+        core.on_frame(&answer(1, A, 1, &[node(1)]), 1).unwrap();
+        core.on_disconnected(2);
+        core.forget(A);
+        core.poll_connect(10_000).unwrap();
+        core.on_connected(10_000);
+        let (gone, pulls) = unsubscribed(&mut core, 10_000);
+        assert!(gone.is_empty() && pulls.is_empty());
     }
 
     #[test]

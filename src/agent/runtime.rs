@@ -5,7 +5,7 @@
 //! `lbagent agent` command.
 
 use std::net::{SocketAddr, TcpListener, ToSocketAddrs, UdpSocket};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -14,7 +14,7 @@ use glommio::channels::shared_channel;
 use glommio::{ExecutorJoinHandle, LocalExecutorBuilder, Placement};
 
 use super::control::{self, ControlParts};
-use super::heartbeat::{AgentInfo, HeartbeatWriter};
+use super::heartbeat::{AgentInfo, HeartbeatLock, HeartbeatWriter};
 use super::liveness::{self, Liveness};
 use super::messages::ToShard;
 use super::routeclient::RouteClientConfig;
@@ -50,6 +50,13 @@ impl Agent {
     /// -l` too small for `agent.io_memory_kib`).
     pub fn start(config: &Config) -> anyhow::Result<Agent> {
         let a = &config.agent;
+        // One agent per heartbeat path: take its lock before anything else.
+        let heartbeat_lock = HeartbeatLock::take(&a.heartbeat_path).with_context(|| {
+            format!(
+                "cannot own the heartbeat file agent.heartbeat_path = {}",
+                a.heartbeat_path.display()
+            )
+        })?;
         let ncpu = std::thread::available_parallelism().map_or(1, |n| n.get());
         let shards = if a.shards == 0 {
             (ncpu.saturating_sub(1)).max(1) as u32
@@ -72,8 +79,8 @@ impl Agent {
         let metrics_addr = metrics.local_addr()?;
 
         let routes = load_snapshot(&a.snapshot_path);
-        let heartbeat = HeartbeatWriter::create(
-            &a.heartbeat_path,
+        let heartbeat = HeartbeatWriter::create_locked(
+            heartbeat_lock,
             &AgentInfo {
                 shards,
                 base_port: ports[0],
@@ -92,6 +99,7 @@ impl Agent {
         let route_addrs = resolve("agent.route_servers", &a.route_servers)?;
         let stats_addrs = resolve("agent.reporters", &a.reporters)?;
         let stop = Arc::new(AtomicBool::new(false));
+        let ready = Arc::new(AtomicU32::new(0));
         let io_memory = a.io_memory_kib as usize * 1024;
         let control_core = ncpu - 1;
         let live = Liveness::new(shards);
@@ -125,6 +133,10 @@ impl Agent {
                     params: config.lb.params(),
                     update_timeout_ms: config.lb.update_timeout * 1000,
                     report_timeout_ms: config.lb.report_timeout * 1000,
+                    module_idle_ms: a.module_idle_timeout * 1000,
+                    unknown_ttl_ms: a.unknown_module_ttl_ms,
+                    max_modules: a.max_modules as usize,
+                    max_unknown: a.max_unknown_modules as usize,
                 },
                 socket,
                 initial,
@@ -133,6 +145,7 @@ impl Agent {
                 metrics_out,
                 stop: stop.clone(),
                 beat: live.shard(i as u32),
+                ready: ready.clone(),
             };
             let core = i % ncpu.max(1);
             let h = LocalExecutorBuilder::new(Placement::Fixed(core))
@@ -166,6 +179,7 @@ impl Agent {
             metrics_listener: metrics,
             stop: stop.clone(),
             beat: live.control(),
+            ready,
         };
         let control = LocalExecutorBuilder::new(Placement::Fixed(control_core))
             .name("lbagent-control")

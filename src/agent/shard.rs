@@ -5,20 +5,52 @@
 //!
 //! It must not touch sockets, clocks or rings: the runtime shell
 //! ([`super::runtime`]) moves the bytes and the messages.
+//!
+//! # Bounds and background work
+//!
+//! The module table holds two kinds of entries. Modules *with a route* (in
+//! use) stay until unused for [`ShardSetup::module_idle_ms`]; modules
+//! *without one* (asked for and unanswered, or absent at the route server)
+//! are remembered for [`ShardSetup::unknown_ttl_ms`] and at most
+//! [`ShardSetup::max_unknown`] at once. Past that bound a request for a
+//! further unknown module is refused (ErrorResp `Unavailable`, counted in
+//! `unknown_refused`) without a pull, so a flood of made-up ids can neither
+//! grow the table nor displace a module in use. A forgotten module is
+//! reported to the control core ([`ToControl::Forget`]), which drops its
+//! copy and the route server subscription.
+//!
+//! Every deadline (register timeouts, statistics sends, expiry) lives in one
+//! [`Timers`] heap: [`ShardCore::expire`] costs the work that is due, never
+//! a walk over the modules. Re-pulls and the overload windows need no timer:
+//! they are checked, O(1), by the request that uses the module.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
 
 use super::messages::{ToControl, ToShard};
 use super::metrics::{Kind, ShardMetrics};
-use crate::lb::{LbParams, Millis, ModuleLb, NodeState, Outcome, Pick};
+use super::timers::Timers;
+use crate::lb::{LbParams, Millis, ModuleLb, NodeCallStats, NodeState, Outcome, Pick};
 use crate::model::{ModuleId, RouteNode};
 use crate::wire::{self, CacheRoute, Encoder, Limits, Message, NodeStatus, RetCode};
 
-/// The most modules one shard tracks; getHosts for further unknown modules
-/// answer "no such module" without a pull (bounds memory under a flood of
-/// made-up module ids).
+/// The default most modules one shard tracks (`agent.max_modules`).
 pub const MAX_MODULES: usize = 1 << 20;
+
+/// The most register requests one shard keeps waiting for routes; further
+/// ones are refused (`Unavailable`).
+pub const MAX_WAITERS: usize = 4096;
+
+/// How long statistics the ring refused wait before the shard offers them
+/// again, ms.
+pub const STATS_RETRY_MS: Millis = 100;
+
+/// The answer to a request for an unknown module past the bound.
+const REFUSED_UNKNOWN: &str = "too many unknown modules on this shard (agent.max_unknown_modules): not looked up; retry later";
+/// The answer to a request for a new module past `agent.max_modules`.
+const REFUSED_FULL: &str = "this shard holds agent.max_modules modules: not looked up; retry later";
+/// The answer to a register past [`MAX_WAITERS`].
+const REFUSED_WAITERS: &str = "too many register requests wait on this shard; retry later";
 
 /// How a shard is set up.
 #[derive(Clone, Debug)]
@@ -35,7 +67,49 @@ pub struct ShardSetup {
     pub update_timeout_ms: u64,
     /// Send a module's statistics after a report at most this often, ms.
     pub report_timeout_ms: u64,
+    /// Forget a module with a route after this long without a request, ms.
+    pub module_idle_ms: u64,
+    /// Forget a module without a route after this long, ms.
+    pub unknown_ttl_ms: u64,
+    /// The most modules the shard holds.
+    pub max_modules: usize,
+    /// The most modules without a route the shard remembers at once.
+    pub max_unknown: usize,
 }
+
+impl ShardSetup {
+    /// A setup with the default bounds and timers (tests, tools).
+    pub fn new(id: u32, shards: u32, base_port: u16) -> Self {
+        ShardSetup {
+            id,
+            shards,
+            base_port,
+            params: LbParams::default(),
+            update_timeout_ms: 15_000,
+            report_timeout_ms: 15_000,
+            module_idle_ms: 600_000,
+            unknown_ttl_ms: 1_000,
+            max_modules: MAX_MODULES,
+            max_unknown: 1024,
+        }
+    }
+}
+
+/// What a timer entry is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Due {
+    /// The earliest deadline of the module's waiting registers.
+    Waiters,
+    /// The module's statistics are due.
+    Stats,
+    /// The module may have expired.
+    Expiry,
+    /// Statistics the ring refused are offered again.
+    Unsent,
+}
+
+/// No timer armed.
+const NONE: Millis = Millis::MAX;
 
 /// Where a module's route stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -61,10 +135,17 @@ struct ModuleEntry {
     route: RouteState,
     /// When the last pull was asked for (None: never, or answered).
     pull_sent: Option<Millis>,
-    /// When the route last arrived.
+    /// When the route last arrived (or the entry was made).
     last_update: Millis,
     last_stats: Millis,
+    /// When a request last named the module.
+    last_used: Millis,
     waiters: Vec<Waiter>,
+    /// The deadlines armed in the shard's timers ([`NONE`]: none); a timer
+    /// entry with another deadline is stale.
+    waiters_at: Millis,
+    stats_at: Millis,
+    expiry_at: Millis,
 }
 
 /// A datagram to send: the bytes and where to.
@@ -74,6 +155,17 @@ pub type Reply = (SocketAddr, Vec<u8>);
 pub struct ShardCore {
     setup: ShardSetup,
     modules: HashMap<ModuleId, ModuleEntry>,
+    timers: Timers<(ModuleId, Due)>,
+    /// Modules without a route (Unknown or Absent).
+    unknown: usize,
+    /// Register requests waiting.
+    waiting: usize,
+    /// Statistics the ring refused, per module, merged; sent with the
+    /// module's next statistics or offered again after [`STATS_RETRY_MS`].
+    unsent: HashMap<ModuleId, Vec<NodeCallStats>>,
+    /// Forget messages the ring refused.
+    forgets: Vec<ModuleId>,
+    unsent_at: Millis,
     enc: Encoder,
     statuses: Vec<NodeStatus>,
     /// Messages for the control core, drained by the shell.
@@ -90,6 +182,12 @@ impl ShardCore {
             metrics: ShardMetrics::new(setup.id),
             setup,
             modules: HashMap::new(),
+            timers: Timers::new(),
+            unknown: 0,
+            waiting: 0,
+            unsent: HashMap::new(),
+            forgets: Vec::new(),
+            unsent_at: NONE,
             enc: Encoder::with_capacity(1024),
             statuses: Vec::new(),
             outbox: Vec::new(),
@@ -165,12 +263,13 @@ impl ShardCore {
                 ),
             },
             Message::GetRouteReq(r) => {
-                self.get_route(r.seq(), ModuleId::new(r.modid(), r.cmdid()), now)
+                self.get_route(r.seq(), ModuleId::new(r.modid(), r.cmdid()), r.part(), now)
             }
             Message::CacheGetRouteReq(r) => self.cache_get_route(
                 r.seq(),
                 ModuleId::new(r.modid(), r.cmdid()),
                 r.known_version(),
+                r.part(),
                 now,
             ),
             // Answers and TCP messages have no business on a shard's port.
@@ -182,7 +281,10 @@ impl ShardCore {
     }
 
     /// Applies a message from the control core; returns the register
-    /// answers it releases.
+    /// answers it releases. A route for a module the shard does not hold
+    /// (from the snapshot at start, or one that expired while its route
+    /// was on the way) makes an entry, as if just used, within
+    /// `max_modules`; it expires as any other.
     pub fn apply(&mut self, msg: ToShard, now: Millis) -> Vec<Reply> {
         let ToShard::Route {
             module,
@@ -194,21 +296,19 @@ impl ShardCore {
             self.metrics.misrouted_updates += 1;
             return Vec::new();
         }
-        let p = &self.setup.params;
-        let entry = match self.modules.get_mut(&module) {
-            Some(e) => e,
-            None => {
-                if !exists || nodes.is_empty() || self.modules.len() >= MAX_MODULES {
-                    return Vec::new();
-                }
-                self.modules
-                    .entry(module)
-                    .or_insert_with(|| new_entry(now, p))
+        if !self.modules.contains_key(&module) {
+            if !exists || nodes.is_empty() || self.modules.len() >= self.setup.max_modules {
+                return Vec::new();
             }
-        };
+            self.metrics.unheld_routes += 1;
+            self.create(module, now);
+        }
+        let p = &self.setup.params;
+        let entry = self.modules.get_mut(&module).expect("held or made above");
         self.metrics.route_updates += 1;
         entry.pull_sent = None;
         entry.last_update = now;
+        let was_unknown = entry.route != RouteState::Present;
         if exists && !nodes.is_empty() {
             entry.lb.update_route(&nodes, version, now, p);
             entry.route = RouteState::Present;
@@ -216,7 +316,17 @@ impl ShardCore {
             entry.lb.update_route(&[], version, now, p);
             entry.route = RouteState::Absent;
         }
+        let is_unknown = entry.route != RouteState::Present;
+        match (was_unknown, is_unknown) {
+            (true, false) => self.unknown -= 1,
+            (false, true) => self.unknown += 1,
+            _ => {}
+        }
+        // The expiry timer (armed at the entry's making) reads
+        // `last_update` / `last_used` when it fires: nothing to move here.
         let waiters = std::mem::take(&mut entry.waiters);
+        entry.waiters_at = NONE;
+        self.waiting -= waiters.len();
         let (retcode, version) = match entry.route {
             RouteState::Present => (RetCode::Ok, entry.lb.version()),
             _ => (RetCode::NoSuchModule, 0),
@@ -234,37 +344,108 @@ impl ShardCore {
             .collect()
     }
 
-    /// Answers every register request whose deadline has passed with
-    /// Timeout; returns the answers.
+    /// Runs every timer due at `now`: register requests past their
+    /// deadline are answered Timeout (the answers are returned), statistics
+    /// due are sent, expired modules are forgotten. Costs the work due.
     pub fn expire(&mut self, now: Millis) -> Vec<Reply> {
         let mut out = Vec::new();
-        for (&module, entry) in self.modules.iter_mut() {
-            if entry.waiters.is_empty() {
+        while let Some((at, (module, due))) = self.timers.pop_due(now) {
+            if due == Due::Unsent {
+                if at == self.unsent_at {
+                    self.unsent_at = NONE;
+                    self.offer_unsent(now);
+                }
                 continue;
             }
-            entry.waiters.retain(|w| {
-                if w.deadline <= now {
-                    out.push((
-                        w.peer,
-                        self.enc
-                            .register_resp(w.seq, module, RetCode::Timeout, 0)
-                            .to_vec(),
-                    ));
-                    false
-                } else {
-                    true
+            let Some(entry) = self.modules.get_mut(&module) else {
+                continue;
+            };
+            match due {
+                Due::Waiters if entry.waiters_at == at => {
+                    entry.waiters_at = NONE;
+                    let before = entry.waiters.len();
+                    let enc = &mut self.enc;
+                    entry.waiters.retain(|w| {
+                        if w.deadline <= now {
+                            out.push((
+                                w.peer,
+                                enc.register_resp(w.seq, module, RetCode::Timeout, 0)
+                                    .to_vec(),
+                            ));
+                            false
+                        } else {
+                            true
+                        }
+                    });
+                    self.waiting -= before - entry.waiters.len();
+                    if let Some(next) = entry.waiters.iter().map(|w| w.deadline).min() {
+                        entry.waiters_at = next;
+                        self.timers.schedule(next, (module, Due::Waiters));
+                    }
                 }
-            });
+                Due::Stats if entry.stats_at == at => {
+                    entry.stats_at = NONE;
+                    self.send_stats(module, now);
+                }
+                Due::Expiry if entry.expiry_at == at => {
+                    let due_at = expiry_due(entry, &self.setup);
+                    if due_at <= now && entry.waiters.is_empty() {
+                        self.forget(module, now);
+                    } else {
+                        let later = entry.waiters.iter().map(|w| w.deadline).max();
+                        let at = due_at.max(later.unwrap_or(0)).max(now + 1);
+                        entry.expiry_at = at;
+                        self.timers.schedule(at, (module, Due::Expiry));
+                    }
+                }
+                _ => {} // stale
+            }
         }
+        let live = self.modules.len() * 3 + 1;
+        let modules = &self.modules;
+        let unsent_at = self.unsent_at;
+        self.timers
+            .compact_if_stale(live, |at, (m, due)| match (due, modules.get(&m)) {
+                (Due::Unsent, _) => at == unsent_at,
+                (_, None) => false,
+                (Due::Waiters, Some(e)) => e.waiters_at == at,
+                (Due::Stats, Some(e)) => e.stats_at == at,
+                (Due::Expiry, Some(e)) => e.expiry_at == at,
+            });
         out
     }
 
-    /// The earliest deadline of a waiting register request.
+    /// The earliest deadline of any timer (a stale one may come first:
+    /// [`ShardCore::expire`] then does nothing).
     pub fn next_deadline(&self) -> Option<Millis> {
-        self.modules
-            .values()
-            .flat_map(|e| e.waiters.iter().map(|w| w.deadline))
-            .min()
+        self.timers.next_deadline()
+    }
+
+    /// Everything the shard holds for the reporter, now: every module's
+    /// counts since its last statistics and every kept statistics message
+    /// (at shutdown). Modules without calls are skipped.
+    pub fn flush_stats(&mut self, now: Millis) {
+        let modules: Vec<ModuleId> = self.modules.keys().copied().collect();
+        for m in modules {
+            self.send_stats(m, now);
+        }
+        self.offer_unsent(now);
+    }
+
+    /// Statistics the ring refused: kept, merged per node, for the module's
+    /// next send (or offered again after [`STATS_RETRY_MS`]). No count is lost.
+    pub fn stats_refused(&mut self, module: ModuleId, nodes: Vec<NodeCallStats>, now: Millis) {
+        self.metrics.stats_kept += 1;
+        merge_stats(self.unsent.entry(module).or_default(), nodes);
+        if self.unsent_at == NONE {
+            self.unsent_at = now + STATS_RETRY_MS;
+            self.timers.schedule(self.unsent_at, (module, Due::Unsent));
+        }
+    }
+
+    /// How many modules' statistics wait in the shard after a full ring.
+    pub fn unsent_stats(&self) -> usize {
+        self.unsent.len()
     }
 
     /// Refreshes the module and node gauges of [`ShardCore::metrics`].
@@ -278,11 +459,9 @@ impl ShardCore {
                 }
             }
         }
-        self.metrics.modules = self
-            .modules
-            .values()
-            .filter(|e| e.route == RouteState::Present)
-            .count() as u64;
+        self.metrics.modules = (self.modules.len() - self.unknown) as u64;
+        self.metrics.unknown_modules = self.unknown as u64;
+        self.metrics.waiting_registers = self.waiting as u64;
         self.metrics.nodes_idle = idle;
         self.metrics.nodes_overloaded = overloaded;
     }
@@ -331,17 +510,18 @@ impl ShardCore {
         if !self.admit(Kind::GetHost, u64::from(seq), module) {
             return Some(self.enc.finished());
         }
+        if let Err(why) = self.ensure(module, now) {
+            return Some(self.refuse(Kind::GetHost, u64::from(seq), module, why));
+        }
         let Self {
             modules,
             outbox,
-            metrics,
             setup,
             ..
         } = self;
-        let pick = match touch(modules, outbox, metrics, setup, module, now) {
-            Some(entry) => entry.lb.get_host(&setup.params),
-            None => Pick::NoSuchModule,
-        };
+        let pick = touch(modules, outbox, setup, module, now)
+            .lb
+            .get_host(&setup.params);
         let (retcode, host) = match pick {
             Pick::Idle(a) => (RetCode::Ok, Some(a)),
             Pick::Probe(a) => {
@@ -378,6 +558,7 @@ impl ShardCore {
             self.metrics.unknown_module_reports += 1;
             return None;
         };
+        entry.last_used = now;
         match entry.lb.report(host, outcome, now, p) {
             Ok(Some(t)) => self.metrics.count_transition(t.to),
             Ok(None) => {}
@@ -404,6 +585,7 @@ impl ShardCore {
             self.metrics.unknown_module_reports += 1;
             return None;
         };
+        entry.last_used = now;
         let metrics = &mut self.metrics;
         for (addr, count) in b.successes() {
             if entry
@@ -429,20 +611,17 @@ impl ShardCore {
         if !self.admit(Kind::Register, u64::from(seq), module) {
             return Some(self.enc.finished());
         }
+        if let Err(why) = self.ensure(module, now) {
+            return Some(self.refuse(Kind::Register, u64::from(seq), module, why));
+        }
+        let full = self.waiting >= MAX_WAITERS;
         let Self {
             modules,
             outbox,
-            metrics,
             setup,
             ..
         } = self;
-        let Some(entry) = touch(modules, outbox, metrics, setup, module, now) else {
-            self.metrics.count_error(Kind::Register);
-            return Some(
-                self.enc
-                    .register_resp(seq, module, RetCode::NoSuchModule, 0),
-            );
-        };
+        let entry = touch(modules, outbox, setup, module, now);
         match entry.route {
             RouteState::Present => {
                 let v = entry.lb.version();
@@ -455,45 +634,67 @@ impl ShardCore {
                         .register_resp(seq, module, RetCode::NoSuchModule, 0),
                 )
             }
+            _ if full => {
+                self.metrics.registers_refused += 1;
+                Some(self.refuse(Kind::Register, u64::from(seq), module, REFUSED_WAITERS))
+            }
             _ => {
+                let deadline = now + u64::from(timeout_ms);
                 entry.waiters.push(Waiter {
                     seq,
                     peer,
-                    deadline: now + u64::from(timeout_ms),
+                    deadline,
                 });
+                if deadline < entry.waiters_at {
+                    entry.waiters_at = deadline;
+                    self.timers.schedule(deadline, (module, Due::Waiters));
+                }
+                self.waiting += 1;
                 None
             }
         }
     }
 
-    fn get_route(&mut self, seq: u32, module: ModuleId, now: Millis) -> Option<&[u8]> {
+    fn get_route(&mut self, seq: u32, module: ModuleId, part: u32, now: Millis) -> Option<&[u8]> {
         if !self.admit(Kind::GetRoute, u64::from(seq), module) {
             return Some(self.enc.finished());
+        }
+        if let Err(why) = self.ensure(module, now) {
+            return Some(self.refuse(Kind::GetRoute, u64::from(seq), module, why));
         }
         self.statuses.clear();
         let Self {
             modules,
             outbox,
-            metrics,
             setup,
             statuses,
             ..
         } = self;
-        let (retcode, version) = match touch(modules, outbox, metrics, setup, module, now) {
-            Some(entry) if entry.route == RouteState::Present => {
-                let version = entry.lb.version();
-                statuses.extend(entry.lb.nodes().iter().map(|n| node_status(n, now)));
-                (RetCode::Ok, version)
+        let (retcode, version, parts) = match touch(modules, outbox, setup, module, now) {
+            entry if entry.route == RouteState::Present => {
+                let nodes = entry.lb.nodes();
+                let parts = wire::route_parts(nodes.len(), wire::GETROUTE_PART_NODES);
+                let first = (part as usize).saturating_mul(wire::GETROUTE_PART_NODES);
+                let these = nodes.iter().skip(first).take(wire::GETROUTE_PART_NODES);
+                statuses.extend(these.map(|n| node_status(n, now)));
+                (RetCode::Ok, entry.lb.version(), parts)
             }
-            _ => (RetCode::NoSuchModule, 0),
+            _ => (RetCode::NoSuchModule, 0, 1),
         };
+        if retcode == RetCode::Ok && part >= parts {
+            return Some(self.no_such_part(Kind::GetRoute, seq, module, part, parts));
+        }
         if retcode != RetCode::Ok {
             self.metrics.count_error(Kind::GetRoute);
         }
-        Some(
-            self.enc
-                .get_route_resp(seq, module, retcode, version, &self.statuses),
-        )
+        Some(self.enc.get_route_resp_part(
+            seq,
+            module,
+            retcode,
+            version,
+            &self.statuses,
+            (part.min(parts - 1), parts),
+        ))
     }
 
     fn cache_get_route(
@@ -501,10 +702,14 @@ impl ShardCore {
         seq: u32,
         module: ModuleId,
         known: u64,
+        part: u32,
         now: Millis,
     ) -> Option<&[u8]> {
         if !self.admit(Kind::CacheGetRoute, u64::from(seq), module) {
             return Some(self.enc.finished());
+        }
+        if let Err(why) = self.ensure(module, now) {
+            return Some(self.refuse(Kind::CacheGetRoute, u64::from(seq), module, why));
         }
         let mut nodes: Vec<RouteNode> = Vec::new();
         let mut resp = CacheRoute {
@@ -516,14 +721,14 @@ impl ShardCore {
             any_overloaded: false,
             nodes: &[],
         };
+        let mut parts = 1;
         let Self {
             modules,
             outbox,
-            metrics,
             setup,
             ..
         } = self;
-        if let Some(entry) = touch(modules, outbox, metrics, setup, module, now)
+        if let Some(entry) = Some(touch(modules, outbox, setup, module, now))
             .filter(|e| e.route == RouteState::Present)
         {
             resp.retcode = RetCode::Ok;
@@ -531,7 +736,11 @@ impl ShardCore {
             resp.any_overloaded = entry.lb.any_overloaded();
             resp.unchanged = known == resp.version;
             if !resp.unchanged {
-                nodes.extend(entry.lb.nodes().iter().map(|n| RouteNode {
+                let all = entry.lb.nodes();
+                parts = wire::route_parts(all.len(), wire::CACHE_ROUTE_PART_NODES);
+                let first = (part as usize).saturating_mul(wire::CACHE_ROUTE_PART_NODES);
+                let these = all.iter().skip(first).take(wire::CACHE_ROUTE_PART_NODES);
+                nodes.extend(these.map(|n| RouteNode {
                     addr: n.addr(),
                     weight: n.weight(),
                 }));
@@ -539,23 +748,140 @@ impl ShardCore {
         } else {
             self.metrics.count_error(Kind::CacheGetRoute);
         }
+        if part >= parts {
+            return Some(self.no_such_part(Kind::CacheGetRoute, seq, module, part, parts));
+        }
         resp.nodes = &nodes;
-        Some(self.enc.cache_get_route_resp(&resp))
+        Some(self.enc.cache_get_route_resp_part(&resp, (part, parts)))
+    }
+
+    /// The answer to a request for a part past the last (the route shrank
+    /// between parts, or a broken client): BadRequest, so the client starts
+    /// again from part 0.
+    fn no_such_part(
+        &mut self,
+        kind: Kind,
+        seq: u32,
+        module: ModuleId,
+        part: u32,
+        parts: u32,
+    ) -> &[u8] {
+        self.metrics.count_error(kind);
+        self.metrics.invalid += 1;
+        let msg =
+            format!("part {part} asked, the answer has {parts} part(s) now: ask again from part 0");
+        self.enc
+            .error_resp(u64::from(seq), module, RetCode::BadRequest, &msg)
     }
 
     // === module lifecycle ===
 
+    /// Makes sure the shard holds `module`, creating an unknown entry
+    /// within the bounds; the refusal's message otherwise (counted).
+    fn ensure(&mut self, module: ModuleId, now: Millis) -> Result<(), &'static str> {
+        if self.modules.contains_key(&module) {
+            return Ok(());
+        }
+        if self.modules.len() >= self.setup.max_modules {
+            self.metrics.module_limit_hits += 1;
+            return Err(REFUSED_FULL);
+        }
+        if self.unknown >= self.setup.max_unknown {
+            self.metrics.unknown_refused += 1;
+            return Err(REFUSED_UNKNOWN);
+        }
+        self.create(module, now);
+        Ok(())
+    }
+
+    /// A new entry without a route, its expiry armed.
+    fn create(&mut self, module: ModuleId, now: Millis) {
+        let mut entry = new_entry(now, &self.setup.params);
+        let at = now + self.setup.unknown_ttl_ms;
+        entry.expiry_at = at;
+        self.timers.schedule(at, (module, Due::Expiry));
+        self.modules.insert(module, entry);
+        self.unknown += 1;
+    }
+
+    /// Forgets `module`: its statistics go out first, then the control
+    /// core is told to drop its copy and the subscription.
+    fn forget(&mut self, module: ModuleId, now: Millis) {
+        self.send_stats(module, now);
+        let Some(entry) = self.modules.remove(&module) else {
+            return;
+        };
+        if entry.route != RouteState::Present {
+            self.unknown -= 1;
+        }
+        self.metrics.modules_expired += 1;
+        self.outbox.push(ToControl::Forget(module));
+    }
+
+    /// An error answer for a request the shard refuses (a bound was hit).
+    fn refuse(&mut self, kind: Kind, seq: u64, module: ModuleId, why: &str) -> &[u8] {
+        self.metrics.count_error(kind);
+        self.enc.error_resp(seq, module, RetCode::Unavailable, why)
+    }
+
+    /// After a report: sends the module's statistics when `report_timeout`
+    /// has passed since the last send, as the original does (the period
+    /// ends with the first report after it, so one message carries it).
+    /// Otherwise arms a timer at twice the period: the counts of a module
+    /// whose reports stop go out then, without a further report.
     fn maybe_stats(&mut self, module: ModuleId, now: Millis) {
         let Some(entry) = self.modules.get_mut(&module) else {
             return;
         };
-        if now.saturating_sub(entry.last_stats) < self.setup.report_timeout_ms {
-            return;
+        let timeout = self.setup.report_timeout_ms;
+        if now >= entry.last_stats + timeout {
+            self.send_stats(module, now);
+        } else if entry.stats_at == NONE {
+            let at = entry.last_stats + 2 * timeout;
+            entry.stats_at = at;
+            self.timers.schedule(at, (module, Due::Stats));
         }
-        entry.last_stats = now;
-        let mut nodes = Vec::with_capacity(entry.lb.nodes().len());
-        entry.lb.take_stats(&mut nodes);
-        self.outbox.push(ToControl::Stats { module, nodes });
+    }
+
+    /// Takes the module's counts (and any kept after a full ring) into a
+    /// statistics message; nothing when there are none.
+    fn send_stats(&mut self, module: ModuleId, now: Millis) {
+        let kept = self.unsent.remove(&module);
+        let mut nodes = Vec::new();
+        if let Some(entry) = self.modules.get_mut(&module) {
+            entry.last_stats = now;
+            entry.stats_at = NONE;
+            entry.lb.take_stats(&mut nodes);
+            if nodes.iter().all(|n| n.succ == 0 && n.err == 0) {
+                nodes.clear();
+            }
+        }
+        if let Some(kept) = kept {
+            merge_stats(&mut nodes, kept);
+        }
+        if !nodes.is_empty() {
+            self.outbox.push(ToControl::Stats { module, nodes });
+        }
+    }
+
+    /// Offers again every message the ring refused.
+    fn offer_unsent(&mut self, _now: Millis) {
+        for (module, nodes) in self.unsent.drain() {
+            self.outbox.push(ToControl::Stats { module, nodes });
+        }
+        for module in self.forgets.drain(..) {
+            self.outbox.push(ToControl::Forget(module));
+        }
+    }
+
+    /// A Forget the ring refused: offered again after [`STATS_RETRY_MS`].
+    pub fn forget_refused(&mut self, module: ModuleId, now: Millis) {
+        self.metrics.ring_drops += 1;
+        self.forgets.push(module);
+        if self.unsent_at == NONE {
+            self.unsent_at = now + STATS_RETRY_MS;
+            self.timers.schedule(self.unsent_at, (module, Due::Unsent));
+        }
     }
 
     /// Marks a pull as not sent (the ring was full): the next getHost asks again.
@@ -567,27 +893,21 @@ impl ShardCore {
     }
 }
 
-/// Finds or creates the module's entry and asks for a pull when it is new,
-/// or when its route is older than `update_timeout` and no pull is
-/// outstanding (a pull unanswered for that long counts as lost). A free
-/// function over the fields it needs, so callers keep the other fields.
+/// Records a request naming `module` (held: see [`ShardCore::ensure`]) and
+/// asks for a pull when it has no route yet, or when its route is older
+/// than `update_timeout` and no pull is outstanding (a pull unanswered for
+/// that long counts as lost). A free function over the fields it needs, so
+/// callers keep the other fields.
 fn touch<'m>(
     modules: &'m mut HashMap<ModuleId, ModuleEntry>,
     outbox: &mut Vec<ToControl>,
-    metrics: &mut ShardMetrics,
     setup: &ShardSetup,
     module: ModuleId,
     now: Millis,
-) -> Option<&'m mut ModuleEntry> {
+) -> &'m mut ModuleEntry {
     let timeout = setup.update_timeout_ms;
-    if !modules.contains_key(&module) {
-        if modules.len() >= MAX_MODULES {
-            metrics.module_limit_hits += 1;
-            return None;
-        }
-        modules.insert(module, new_entry(now, &setup.params));
-    }
-    let entry = modules.get_mut(&module).expect("inserted above");
+    let entry = modules.get_mut(&module).expect("held: ensure() ran first");
+    entry.last_used = now;
     let stale =
         entry.route == RouteState::Unknown || now.saturating_sub(entry.last_update) >= timeout;
     let outstanding = entry
@@ -597,7 +917,30 @@ fn touch<'m>(
         entry.pull_sent = Some(now);
         outbox.push(ToControl::Pull(module));
     }
-    Some(entry)
+    entry
+}
+
+/// When `entry` expires: unused for `module_idle_ms` with a route,
+/// `unknown_ttl_ms` after its last answer (or its making) without one.
+fn expiry_due(entry: &ModuleEntry, setup: &ShardSetup) -> Millis {
+    match entry.route {
+        RouteState::Present => entry.last_used.saturating_add(setup.module_idle_ms),
+        _ => entry.last_update.saturating_add(setup.unknown_ttl_ms),
+    }
+}
+
+/// Adds `more` into `into`, node by node (counts summed, the later
+/// overload flag kept).
+fn merge_stats(into: &mut Vec<NodeCallStats>, more: Vec<NodeCallStats>) {
+    for m in more {
+        match into.iter_mut().find(|n| n.addr == m.addr) {
+            Some(n) => {
+                n.succ = n.succ.saturating_add(m.succ);
+                n.err = n.err.saturating_add(m.err);
+            }
+            None => into.push(m),
+        }
+    }
 }
 
 fn new_entry(now: Millis, p: &LbParams) -> ModuleEntry {
@@ -607,7 +950,11 @@ fn new_entry(now: Millis, p: &LbParams) -> ModuleEntry {
         pull_sent: None,
         last_update: now,
         last_stats: now,
+        last_used: now,
         waiters: Vec::new(),
+        waiters_at: NONE,
+        stats_at: NONE,
+        expiry_at: NONE,
     }
 }
 

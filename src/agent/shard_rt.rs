@@ -11,11 +11,11 @@ use std::cell::RefCell;
 use std::net::UdpSocket as StdUdpSocket;
 use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd};
 use std::rc::Rc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use glommio::channels::shared_channel::{SharedReceiver, SharedSender};
+use glommio::channels::shared_channel::{ConnectedSender, SharedReceiver, SharedSender};
 use glommio::net::UdpSocket;
 
 use super::clock;
@@ -52,6 +52,10 @@ pub struct ShardParts {
     pub stop: Arc<AtomicBool>,
     /// Counts the request loop's turns (the systemd watchdog).
     pub beat: super::liveness::Beat,
+    /// Counts the shards ready to serve (rings connected, about to read
+    /// the socket): the control core writes the first heartbeat only when
+    /// every shard is.
+    pub ready: Arc<AtomicU32>,
 }
 
 /// Runs a shard until `stop` is set. Call inside its glommio executor.
@@ -65,6 +69,7 @@ pub async fn run(parts: ShardParts) {
         metrics_out,
         stop,
         beat,
+        ready,
     } = parts;
     let fd = socket.into_raw_fd();
     // SAFETY: fd is a bound UDP socket we own; glommio takes it over.
@@ -77,7 +82,7 @@ pub async fn run(parts: ShardParts) {
         }
         c.outbox.clear();
     }
-    let to_control = to_control.connect().await;
+    let to_control = Rc::new(to_control.connect().await);
     let from_control = from_control.connect().await;
     let metrics_out = metrics_out.connect().await;
 
@@ -102,6 +107,7 @@ pub async fn run(parts: ShardParts) {
     let tick_task = {
         let core = core.clone();
         let socket = socket.clone();
+        let to_control = to_control.clone();
         let stop = stop.clone();
         glommio::spawn_local(async move {
             let mut out = SendBatch::new();
@@ -116,6 +122,7 @@ pub async fn run(parts: ShardParts) {
                     }
                     let failed = out.flush(socket.as_raw_fd());
                     c.metrics.send_errors += failed as u64;
+                    offer(&mut c, &to_control, now);
                 }
                 if last_metrics.elapsed() >= METRICS_EVERY {
                     last_metrics = Instant::now();
@@ -131,6 +138,7 @@ pub async fn run(parts: ShardParts) {
     let mut rx = RecvBatch::new(BATCH);
     let mut tx = SendBatch::new();
     let mut peek = [0u8; 1];
+    ready.fetch_add(1, Ordering::SeqCst);
     while !stop.load(Ordering::Relaxed) {
         beat.beat();
         // A receive error (e.g. an ICMP error queued on the socket) is
@@ -166,23 +174,61 @@ pub async fn run(parts: ShardParts) {
             }
             let failed = tx.flush(socket.as_raw_fd());
             c.metrics.send_errors += failed as u64;
-            // Ring messages: never block the request loop on a full ring.
-            let outbox = std::mem::take(&mut c.outbox);
-            for msg in outbox {
-                let pull = match &msg {
-                    ToControl::Pull(m) => Some(*m),
-                    ToControl::Stats { .. } => None,
-                };
-                if to_control.try_send(msg).is_err() {
-                    match pull {
-                        Some(m) => c.pull_dropped(m),
-                        None => c.metrics.ring_drops += 1,
-                    }
-                }
+            if !c.outbox.is_empty() {
+                offer(&mut c, &to_control, now);
             }
         }
         glommio::yield_if_needed().await;
     }
     drop(ring_task);
     drop(tick_task);
+
+    // Shutdown: hand every count the shard holds to the control core,
+    // waiting for room in the ring (bounded), then say so.
+    let last = {
+        let mut c = core.borrow_mut();
+        c.flush_stats(clock::now_ms());
+        std::mem::take(&mut c.outbox)
+    };
+    let deliver = async {
+        for msg in last {
+            if to_control.send(msg).await.is_err() {
+                return;
+            }
+        }
+        let _ = to_control.send(ToControl::Drained).await;
+    };
+    let _ = glommio::timer::timeout(FLUSH_WAIT, async {
+        deliver.await;
+        Ok(())
+    })
+    .await;
+}
+
+/// How long a stopping shard waits for room in the ring for its last
+/// statistics.
+pub const FLUSH_WAIT: Duration = Duration::from_millis(1000);
+
+/// Hands the outbox to the control core without blocking the request
+/// loop: what a full ring refuses stays in the shard (statistics, forgets)
+/// or is asked again by the next request (pulls).
+fn offer(c: &mut ShardCore, to_control: &ConnectedSender<ToControl>, now: u64) {
+    let outbox = std::mem::take(&mut c.outbox);
+    for msg in outbox {
+        if let Err(e) = to_control.try_send(msg) {
+            match into_inner(e) {
+                Some(ToControl::Pull(m)) => c.pull_dropped(m),
+                Some(ToControl::Stats { module, nodes }) => c.stats_refused(module, nodes, now),
+                Some(ToControl::Forget(m)) => c.forget_refused(m, now),
+                Some(ToControl::Drained) | None => c.metrics.ring_drops += 1,
+            }
+        }
+    }
+}
+
+fn into_inner<T>(e: glommio::GlommioError<T>) -> Option<T> {
+    match e {
+        glommio::GlommioError::WouldBlock(glommio::ResourceType::Channel(t)) => Some(t),
+        _ => None,
+    }
 }

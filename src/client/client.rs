@@ -272,11 +272,11 @@ impl Client {
         check_timeout(timeout)?;
         let started = Instant::now();
         self.locate().map_err(ClientError::AgentDown)?;
-        let r = self.exchange(
+        let r = self.exchange_parts(
             module,
             started + timeout,
-            |e, seq| {
-                e.get_route_req(seq, module);
+            |e, seq, part| {
+                e.get_route_req_part(seq, module, part);
             },
             |msg| match msg {
                 Message::GetRouteResp(r) => {
@@ -289,10 +289,11 @@ impl Client {
                                 .nodes()
                                 .map(|v| v.iter().map(NodeStatus::from).collect())
                                 .unwrap_or_default();
-                            Reply::Done(Ok(RouteView {
-                                module,
+                            Reply::Done(Ok(Part {
                                 version: r.version(),
-                                nodes,
+                                part: r.part(),
+                                parts: r.parts().max(1),
+                                body: nodes,
                             }))
                         }
                         rc => retcode_reply(module, rc, ""),
@@ -301,7 +302,75 @@ impl Client {
                 other => other_reply(module, other, "GetRouteReq"),
             },
         );
-        r.map_err(|t| self.not_answered(module, started, t))
+        match r {
+            Ok((version, parts)) => Ok(RouteView {
+                module,
+                version,
+                nodes: parts.into_iter().flatten().collect(),
+            }),
+            Err(t) => Err(self.not_answered(module, started, t)),
+        }
+    }
+
+    /// Asks for every part of an answer the agent splits across datagrams
+    /// (a module too large for one): part 0 says how many there are, then
+    /// each further part is its own exchange, all within `deadline`. Every
+    /// part must carry part 0's version and part count; when the route
+    /// changes between parts the whole answer is asked again (at most
+    /// [`PART_RESTARTS`] times). Returns the version and the parts' bodies
+    /// in order.
+    fn exchange_parts<P>(
+        &mut self,
+        module: ModuleId,
+        deadline: Instant,
+        build: impl Fn(&mut Encoder, u32, u32),
+        answer: impl Fn(Message<'_>) -> Reply<Part<P>>,
+    ) -> Result<(u64, Vec<P>), Trouble> {
+        let mut restarts = 0;
+        'whole: loop {
+            let first = self.exchange(module, deadline, |e, seq| build(e, seq, 0), &answer)?;
+            let (version, parts) = (first.version, first.parts);
+            if parts > crate::wire::MAX_ROUTE_PARTS || first.part != 0 {
+                return Err(Trouble::Error(ClientError::BadResponse(format!(
+                    "the route of module {module} comes as part {} of {parts}: at most {} parts are accepted",
+                    first.part,
+                    crate::wire::MAX_ROUTE_PARTS
+                ))));
+            }
+            let mut bodies = Vec::with_capacity(parts as usize);
+            bodies.push(first.body);
+            for k in 1..parts {
+                let next = match self.exchange(module, deadline, |e, seq| build(e, seq, k), &answer)
+                {
+                    Ok(p) => p,
+                    // The route shrank between parts: this part is gone.
+                    Err(Trouble::Error(ClientError::BadRequest(_))) if restarts < PART_RESTARTS => {
+                        restarts += 1;
+                        continue 'whole;
+                    }
+                    Err(Trouble::Unreachable { why, timed_out }) => {
+                        return Err(Trouble::Unreachable {
+                            why: format!(
+                                "{why} (after {k} of {parts} parts of the route of module {module})"
+                            ),
+                            timed_out,
+                        })
+                    }
+                    Err(t) => return Err(t),
+                };
+                if next.version != version || next.parts != parts || next.part != k {
+                    if restarts < PART_RESTARTS {
+                        restarts += 1;
+                        continue 'whole;
+                    }
+                    return Err(Trouble::Error(ClientError::BadResponse(format!(
+                        "the route of module {module} kept changing while its {parts} parts were read"
+                    ))));
+                }
+                bodies.push(next.body);
+            }
+            return Ok((version, bodies));
+        }
     }
 
     /// Sends every success the route cache holds, one batch report per
@@ -581,17 +650,26 @@ impl Client {
         let shard = module.shard(self.locator.endpoints().map_or(1, |e| e.shards));
         self.send_batch(module, shard);
 
-        let r = self.exchange(
-            module,
-            deadline,
-            |e, seq| {
-                e.cache_get_route_req(seq, module, known_version);
-            },
-            |msg| match msg {
-                Message::CacheGetRouteResp(r) => cache_route_reply(module, r),
-                other => other_reply(module, other, "CacheGetRouteReq"),
-            },
-        );
+        let r = self
+            .exchange_parts(
+                module,
+                deadline,
+                |e, seq, part| {
+                    e.cache_get_route_req_part(seq, module, known_version, part);
+                },
+                |msg| match msg {
+                    Message::CacheGetRouteResp(r) => cache_route_reply(module, r),
+                    other => other_reply(module, other, "CacheGetRouteReq"),
+                },
+            )
+            .map(|(version, parts)| {
+                // Every part says unchanged / overloaded alike, but for a
+                // node turning overloaded between parts: any says so.
+                let unchanged = parts.iter().all(|p| p.1);
+                let any_overloaded = parts.iter().any(|p| p.2);
+                let nodes: Vec<RouteNode> = parts.into_iter().flat_map(|p| p.3).collect();
+                (version, unchanged, any_overloaded, nodes)
+            });
         let Some(cache) = &mut self.cache else {
             return self.agent_get_host(module, started, deadline);
         };
@@ -674,7 +752,19 @@ impl Drop for Client {
 /// A cache route answer as `(version, unchanged, any_overloaded, nodes)`.
 type CacheAnswer = (u64, bool, bool, Vec<RouteNode>);
 
-fn cache_route_reply(module: ModuleId, r: fb::CacheGetRouteResp<'_>) -> Reply<CacheAnswer> {
+/// One part of an answer split across datagrams.
+struct Part<P> {
+    version: u64,
+    part: u32,
+    parts: u32,
+    body: P,
+}
+
+/// How often a split answer is asked again from part 0 because the route
+/// changed between its parts.
+const PART_RESTARTS: u32 = 3;
+
+fn cache_route_reply(module: ModuleId, r: fb::CacheGetRouteResp<'_>) -> Reply<Part<CacheAnswer>> {
     if let Some(e) = other_module(module, r.modid(), r.cmdid(), "CacheGetRouteResp") {
         return Reply::Done(Err(e));
     }
@@ -691,7 +781,12 @@ fn cache_route_reply(module: ModuleId, r: fb::CacheGetRouteResp<'_>) -> Reply<Ca
             n.addr
         ))));
     }
-    Reply::Done(Ok((r.version(), r.unchanged(), r.any_overloaded(), nodes)))
+    Reply::Done(Ok(Part {
+        version: r.version(),
+        part: r.part(),
+        parts: r.parts().max(1),
+        body: (r.version(), r.unchanged(), r.any_overloaded(), nodes),
+    }))
 }
 
 /// The error for an answer about another module than the one asked.

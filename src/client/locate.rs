@@ -341,10 +341,11 @@ mod tests {
         assert_eq!(l.endpoints().unwrap().base_port, 9000);
         let g = l.generation();
         assert!(matches!(l.check(12_001), Liveness::Down(ref w) if w.contains("2001 ms ago")));
-        // The agent restarts in place on other ports and beats again.
+        // The agent restarts in place on other ports and beats again (the
+        // old one gone: it held the file's lock).
+        drop(w);
         let w2 = HeartbeatWriter::create(&path, &info(3, 9100, "/snap2")).unwrap();
         w2.beat(13_000);
-        drop(w);
         assert_eq!(l.check(13_100), Liveness::Alive { beat: 13_000 });
         assert_eq!(l.endpoints().unwrap().shards, 3);
         assert!(l.generation() > g);

@@ -137,6 +137,17 @@ pub struct AgentConfig {
     pub metrics_addr: SocketAddr,
     /// glommio registered I/O memory per executor, KiB.
     pub io_memory_kib: u32,
+    /// Seconds a module with a route may go without a request before the
+    /// shard forgets it (and unsubscribes it at the route server).
+    pub module_idle_timeout: u64,
+    /// Milliseconds a shard remembers a module without a route (asked for
+    /// and unanswered, or absent at the route server).
+    pub unknown_module_ttl_ms: u64,
+    /// The most modules one shard holds.
+    pub max_modules: u32,
+    /// The most modules without a route one shard remembers at once;
+    /// requests for further unknown modules are refused.
+    pub max_unknown_modules: u32,
 }
 
 impl Default for AgentConfig {
@@ -152,6 +163,10 @@ impl Default for AgentConfig {
             snapshot_interval: 60,
             metrics_addr: SocketAddr::from((Ipv4Addr::LOCALHOST, 9888)),
             io_memory_kib: 512,
+            module_idle_timeout: 600,
+            unknown_module_ttl_ms: 1000,
+            max_modules: 1 << 20,
+            max_unknown_modules: 1024,
         }
     }
 }
@@ -297,6 +312,19 @@ pub enum ConfigError {
         /// What is wrong with it.
         why: String,
     },
+    /// A value of the wrong type, or outside what its type can hold (e.g.
+    /// `agent.base_port = 99999`).
+    #[error("{origin}: {field} = {value} is not accepted: expected {expected}")]
+    BadValue {
+        /// The file, or `command line (--set)`.
+        origin: String,
+        /// `section.field`.
+        field: String,
+        /// The value given, as TOML.
+        value: String,
+        /// What the field takes, with its range for numbers.
+        expected: String,
+    },
     /// A value is outside its allowed range.
     #[error("{field} = {value} is out of range: allowed {allowed}")]
     Invalid {
@@ -344,9 +372,15 @@ impl Config {
             None => ("defaults".to_string(), String::new()),
         };
         // The file alone first, so that its errors carry a line and column.
-        let _: Config = toml::from_str(&text).map_err(|e| parse_error(&origin, &text, &e))?;
         let file: toml::Table =
             toml::from_str(&text).map_err(|e| parse_error(&origin, &text, &e))?;
+        if let Err(e) = toml::from_str::<Config>(&text) {
+            let at = match parse_error(&origin, &text, &e) {
+                ConfigError::Parse { location, .. } => format!("{origin}{location}"),
+                _ => origin.clone(),
+            };
+            return Err(bad_value(&at, &file).unwrap_or_else(|| parse_error(&origin, &text, &e)));
+        }
         let mut table = toml::Table::try_from(base).map_err(|e| ConfigError::Parse {
             origin: "base configuration".into(),
             location: String::new(),
@@ -363,8 +397,19 @@ impl Config {
         for arg in overrides {
             apply_override(&mut table, arg)?;
         }
-        let config = Config::deserialize(toml::Value::Table(table))
-            .map_err(|e| parse_error("command line (--set)", "", &e))?;
+        let origin = if overrides.is_empty() {
+            origin
+        } else {
+            "command line (--set)".to_string()
+        };
+        let config = match Config::deserialize(toml::Value::Table(table.clone())) {
+            Ok(c) => c,
+            Err(e) => {
+                return Err(
+                    bad_value(&origin, &table).unwrap_or_else(|| parse_error(&origin, "", &e))
+                )
+            }
+        };
         config.validate()?;
         Ok(config)
     }
@@ -374,7 +419,11 @@ impl Config {
     /// # Errors
     /// [`ConfigError::Parse`] or [`ConfigError::Invalid`].
     pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
-        let config: Config = toml::from_str(text).map_err(|e| parse_error("config", text, &e))?;
+        let table: toml::Table =
+            toml::from_str(text).map_err(|e| parse_error("config", text, &e))?;
+        let config = Config::deserialize(toml::Value::Table(table.clone())).map_err(|e| {
+            bad_value("config", &table).unwrap_or_else(|| parse_error("config", text, &e))
+        })?;
         config.validate()?;
         Ok(config)
     }
@@ -417,6 +466,25 @@ impl Config {
         in_range("agent.snapshot_interval", a.snapshot_interval, 1, 3_600)?;
         loopback("agent.metrics_addr", a.metrics_addr)?;
         in_range("agent.io_memory_kib", a.io_memory_kib, 64, 1_048_576)?;
+        in_range(
+            "agent.module_idle_timeout",
+            a.module_idle_timeout,
+            1,
+            86_400 * 7,
+        )?;
+        in_range(
+            "agent.unknown_module_ttl_ms",
+            a.unknown_module_ttl_ms,
+            10,
+            600_000,
+        )?;
+        in_range("agent.max_modules", a.max_modules, 1, 1 << 24)?;
+        in_range(
+            "agent.max_unknown_modules",
+            a.max_unknown_modules,
+            1,
+            1 << 20,
+        )?;
 
         if let Err(e) = self.store.url.parse::<crate::store::StoreUrl>() {
             return Err(ConfigError::Invalid {
@@ -594,6 +662,61 @@ fn apply_override(table: &mut toml::Table, arg: &str) -> Result<(), ConfigError>
         .ok_or_else(|| bad("that section is not a table in the config file"))?;
     section_table.insert(field.to_string(), value);
     Ok(())
+}
+
+/// Finds which `section.field` of `table` the deserializer refused (it
+/// does not say: "invalid value: integer `99999`, expected u16"), by trying
+/// each field alone over the defaults, and says what that field takes. None
+/// when no single field is at fault (an unknown key, a section of the wrong
+/// type: the parser's own message names those).
+fn bad_value(origin: &str, table: &toml::Table) -> Option<ConfigError> {
+    let defaults = toml::Table::try_from(Config::default()).ok()?;
+    for (section, fields) in table {
+        let toml::Value::Table(fields) = fields else {
+            continue;
+        };
+        for (field, value) in fields {
+            let mut one = defaults.clone();
+            let Some(toml::Value::Table(into)) = one.get_mut(section) else {
+                continue;
+            };
+            if !into.contains_key(field) {
+                continue; // an unknown key: the parser's message names it
+            }
+            into.insert(field.clone(), value.clone());
+            let Err(e) = Config::deserialize(toml::Value::Table(one)) else {
+                continue;
+            };
+            return Some(ConfigError::BadValue {
+                origin: origin.to_string(),
+                field: format!("{section}.{field}"),
+                value: value.to_string(),
+                expected: expected(&e.to_string()),
+            });
+        }
+    }
+    None
+}
+
+/// What serde says a field expects, in words with the range for integers.
+fn expected(message: &str) -> String {
+    // "... expected u16 in `agent.base_port`": the type, without the path.
+    let what = message.rsplit_once("expected ").map_or(message, |(_, w)| w);
+    let what = what
+        .split_whitespace()
+        .take_while(|w| *w != "in")
+        .collect::<Vec<_>>()
+        .join(" ");
+    let range = match what.as_str() {
+        "u8" => "an integer in 0..=255",
+        "u16" => "an integer in 0..=65535",
+        "u32" => "an integer in 0..=4294967295",
+        "u64" => "an integer in 0..=18446744073709551615",
+        "i64" => "an integer",
+        "f64" => "a number",
+        _ => return what,
+    };
+    range.to_string()
 }
 
 fn parse_error(origin: &str, text: &str, e: &toml::de::Error) -> ConfigError {

@@ -80,7 +80,12 @@ fn an_unknown_section_is_refused() {
 #[test]
 fn a_wrong_type_is_refused() {
     let e = Config::from_toml("[lb]\nprobe_num = \"ten\"\n").unwrap_err();
-    assert!(matches!(e, ConfigError::Parse { .. }), "{e}");
+    assert!(matches!(e, ConfigError::BadValue { .. }), "{e}");
+    let msg = e.to_string();
+    assert!(
+        msg.contains("lb.probe_num = \"ten\"") && msg.contains("an integer"),
+        "{msg}"
+    );
 }
 
 #[test]
@@ -211,4 +216,58 @@ fn load_onto_keeps_base_fields_the_file_does_not_set() {
     let bad = file("[dnsserver]\nthreads = \"x\"\n");
     let e = Config::load_onto(&base, Some(bad.path()), &[]).unwrap_err();
     assert!(e.to_string().contains(":2:"), "{e}");
+}
+
+#[test]
+fn a_value_its_type_cannot_hold_names_the_field_and_its_range() {
+    let set = |s: &str| vec![s.to_string()];
+    let e = Config::load(None, &set("agent.base_port=99999")).unwrap_err();
+    let msg = e.to_string();
+    assert!(matches!(e, ConfigError::BadValue { .. }), "{msg}");
+    assert!(msg.contains("agent.base_port = 99999"), "{msg}");
+    assert!(msg.contains("0..=65535"), "{msg}");
+    let e = Config::load(None, &set("lb.probe_num=-1"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("lb.probe_num") && e.contains("0..=4294967295"),
+        "{e}"
+    );
+    let e = Config::load(None, &set("agent.max_unknown_modules=abc"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("agent.max_unknown_modules"), "{e}");
+    // In a file: the line and column too.
+    let f = file("[agent]\nshards = 2\nbase_port = 70000\n");
+    let e = Config::load(Some(f.path()), &[]).unwrap_err().to_string();
+    assert!(
+        e.contains(":3:") && e.contains("agent.base_port = 70000"),
+        "{e}"
+    );
+    assert!(e.contains("0..=65535"), "{e}");
+    // from_toml too.
+    let e = Config::from_toml("[agent]\nbase_port = 99999\n")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("agent.base_port") && e.contains("0..=65535"),
+        "{e}"
+    );
+}
+
+#[test]
+fn the_module_bounds_are_checked() {
+    let set = |s: &str| vec![s.to_string()];
+    for (arg, field) in [
+        ("agent.max_unknown_modules=0", "agent.max_unknown_modules"),
+        (
+            "agent.unknown_module_ttl_ms=1",
+            "agent.unknown_module_ttl_ms",
+        ),
+        ("agent.module_idle_timeout=0", "agent.module_idle_timeout"),
+        ("agent.max_modules=0", "agent.max_modules"),
+    ] {
+        let e = Config::load(None, &set(arg)).unwrap_err().to_string();
+        assert!(e.starts_with(field) && e.contains("allowed"), "{arg}: {e}");
+    }
 }

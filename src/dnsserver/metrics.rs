@@ -47,6 +47,8 @@ pub struct Counters {
     pub subscriptions_refused_total_bound: u64,
     /// Connections refused: `dnsserver.max_connections` were open.
     pub connections_refused: u64,
+    /// Subscriptions dropped by an agent's Unsubscribe.
+    pub unsubscribes: u64,
     /// Open connections (gauge).
     pub connections: u64,
     /// Subscriptions of open connections (gauge).
@@ -208,6 +210,7 @@ impl Board {
             t.subscriptions_refused += c.subscriptions_refused;
             t.subscriptions_refused_total_bound += c.subscriptions_refused_total_bound;
             t.connections_refused += c.connections_refused;
+            t.unsubscribes += c.unsubscribes;
             t.connections += c.connections;
             t.subscriptions += c.subscriptions;
         }
@@ -361,6 +364,8 @@ fn render(
     m.family("subscriptions_refused_total", "counter", help, &refused);
     let help = "Connections refused: dnsserver.max_connections were open.";
     m.counter("connections_refused_total", help, t.connections_refused);
+    let help = "Subscriptions dropped by an agent's Unsubscribe (the agent forgot the module).";
+    m.counter("unsubscribes_total", help, t.unsubscribes);
 
     let help = "1 when the last store operation succeeded, 0 when the store is \
                 unreachable or refusing.";

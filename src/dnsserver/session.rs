@@ -13,6 +13,8 @@
 //!   store the answers are held instead: the connection subscribes, and
 //!   the first load pushes every subscribed module.
 //! - `KeepAlive{seq}`: a KeepAliveAck echoing `seq`.
+//! - `Unsubscribe{modules}`: the connection's subscriptions to them are
+//!   dropped (the agent forgot the modules); no answer.
 //! - A PullReq with no modules, or too many: an ErrorResp (BadRequest);
 //!   the connection stays.
 //! - Anything else closes the connection after an ErrorResp saying why: a
@@ -255,6 +257,15 @@ fn handle<T>(
                     .enc
                     .error_resp(seq, module, RetCode::Unavailable, &message);
                 write(out, frame);
+            }
+            Ok(())
+        }
+        Message::Unsubscribe(m) => {
+            for module in m.modules().into_iter().flatten() {
+                let module = ModuleId::new(module.modid(), module.cmdid());
+                if ctx.registry.unsubscribe(id, module) {
+                    ctx.counters.unsubscribes += 1;
+                }
             }
             Ok(())
         }

@@ -211,6 +211,26 @@ impl<T> Registry<T> {
         Subscribed::New
     }
 
+    /// Drops connection `id`'s subscription to `module` (the agent forgot
+    /// it). Returns whether there was one.
+    pub fn unsubscribe(&mut self, id: ConnId, module: ModuleId) -> bool {
+        let Some(slot) = self.slots.get_mut(id as usize) else {
+            return false;
+        };
+        if slot.state != State::Open || !slot.modules.remove(&module) {
+            return false;
+        }
+        self.subscriptions -= 1;
+        self.total.give(1);
+        if let Some(ids) = self.subscribers.get_mut(&module) {
+            ids.remove(&id);
+            if ids.is_empty() {
+                self.subscribers.remove(&module);
+            }
+        }
+        true
+    }
+
     /// Whether connection `id` is subscribed to `module`.
     pub fn is_subscribed(&self, id: ConnId, module: ModuleId) -> bool {
         self.slot(id, State::Open)
@@ -345,6 +365,25 @@ mod tests {
         let mut v: Vec<&str> = r.subscribers(m).map(|(_, v)| *v).collect();
         v.sort();
         v
+    }
+
+    #[test]
+    fn an_unsubscribe_drops_one_subscription_and_gives_its_budget_back() {
+        let budget = Arc::new(Budget::new(2));
+        let mut r = Registry::with_budget(30_000, 100, budget.clone());
+        let a = r.open((), 0);
+        let (m1, m2) = (ModuleId::new(1, 0), ModuleId::new(2, 0));
+        assert_eq!(r.subscribe(a, m1), Subscribed::New);
+        assert_eq!(r.subscribe(a, m2), Subscribed::New);
+        assert_eq!(budget.used(), 2);
+        assert!(r.unsubscribe(a, m1));
+        assert!(!r.unsubscribe(a, m1), "only once");
+        assert!(!r.is_subscribed(a, m1) && r.is_subscribed(a, m2));
+        assert_eq!(
+            (r.subscriptions(), r.subscribed_modules(), budget.used()),
+            (1, 1, 1)
+        );
+        assert_eq!(r.subscribers(m1).count(), 0);
     }
 
     #[test]

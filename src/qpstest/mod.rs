@@ -157,6 +157,9 @@ pub fn run(opts: &QpsOptions, out: &mut dyn Write) -> anyhow::Result<Summary> {
     server.stop()?;
     if opts.json {
         writeln!(out, "{}", summary.to_json())?;
+        if let Some(w) = &summary.warning {
+            eprintln!("lbagent qpstest: WARNING: {w}");
+        }
     } else {
         writeln!(out, "{summary}")?;
     }

@@ -238,6 +238,10 @@ pub struct Summary {
     /// `get_hosts` per server CPU-second: the figure that is fair on a
     /// machine where the load generator competes for the cores.
     pub get_hosts_per_server_cpu_second: Option<f64>,
+    /// Set when the agent served nothing, or some getHosts came from the
+    /// static route file: the figures then do not measure the agent.
+    /// Printed as a `WARNING:` line.
+    pub warning: Option<String>,
 }
 
 impl Summary {
@@ -270,6 +274,7 @@ impl Summary {
             latency_us: Latency::of(&tally.latency),
             server_cpu,
             get_hosts_per_server_cpu_second: per_cpu,
+            warning: warning(tally),
         }
     }
 
@@ -277,6 +282,25 @@ impl Summary {
     pub fn to_json(&self) -> String {
         serde_json::to_string(self).expect("a summary always serializes")
     }
+}
+
+/// What must not go unnoticed: an agent that served nothing, or answers
+/// that came from the static route file instead.
+fn warning(t: &Tally) -> Option<String> {
+    let errors: u64 = t.errors.values().sum();
+    if t.counted() == 0 {
+        return Some(format!(
+            "the agent served nothing: 0 getHosts from the agent or its cache \
+             ({} from the static route file, {errors} errors)",
+            t.static_route_answers
+        ));
+    }
+    (t.static_route_answers > 0).then(|| {
+        format!(
+            "{} getHosts were answered from the static route file, not the agent",
+            t.static_route_answers
+        )
+    })
 }
 
 /// `kind N, kind N` or `none`.
@@ -293,6 +317,9 @@ fn kinds(m: &BTreeMap<String, u64>) -> String {
 impl fmt::Display for Summary {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let i = &self.info;
+        if let Some(w) = &self.warning {
+            writeln!(f, "WARNING: {w}")?;
+        }
         writeln!(
             f,
             "qpstest {} ({}): {} threads, {} module{}, getHost{}{}, {:.2} s",
@@ -456,6 +483,38 @@ mod tests {
         let text = s.to_string();
         assert!(text.contains("errors 5: agent_down 5"), "{text}");
         assert!(text.contains("no getHost was answered"), "{text}");
+    }
+
+    #[test]
+    fn a_run_the_agent_served_nothing_says_so_loudly_in_text_and_json() {
+        let mut t = Tally::new();
+        for _ in 0..7 {
+            t.answer(Answer::StaticRoutes, 1_000);
+        }
+        let s = Summary::new(info(), &t, 1.0, None);
+        let w = s.warning.clone().expect("a warning");
+        assert!(
+            w.contains("served nothing") && w.contains("7 from the static route file"),
+            "{w}"
+        );
+        assert!(
+            s.to_string()
+                .starts_with("WARNING: the agent served nothing"),
+            "{s}"
+        );
+        let json: serde_json::Value = serde_json::from_str(&s.to_json()).unwrap();
+        assert_eq!(json["warning"], serde_json::Value::String(w));
+        // Some static answers among agent ones: a warning too; none: no warning.
+        t.answer(Answer::Agent, 1_000);
+        assert!(Summary::new(info(), &t, 1.0, None)
+            .warning
+            .unwrap()
+            .contains("7 getHosts"));
+        let mut clean = Tally::new();
+        clean.answer(Answer::Agent, 1_000);
+        let s = Summary::new(info(), &clean, 1.0, None);
+        assert_eq!(s.warning, None);
+        assert!(s.to_json().contains("\"warning\":null"));
     }
 
     #[test]

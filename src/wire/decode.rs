@@ -190,6 +190,8 @@ messages! {
     StatsReport => body_as_stats_report,
     /// reporter -> agent: a StatsReport was accepted.
     StatsAck => body_as_stats_ack,
+    /// agent -> route server: drop these modules' subscriptions.
+    Unsubscribe => body_as_unsubscribe,
 }
 
 #[cfg(test)]
@@ -472,6 +474,7 @@ mod tests {
             e.keep_alive_ack(1).to_vec(),
             e.stats_report(1, 2, 3, &modules).to_vec(),
             e.stats_ack(1).to_vec(),
+            e.unsubscribe(&[M, M]).to_vec(),
         ]
     }
 

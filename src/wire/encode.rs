@@ -202,19 +202,26 @@ impl Encoder {
         self.finish(fb::Body::RegisterResp, body)
     }
 
-    /// GetRouteReq: ask for the agent's view of `module`.
+    /// GetRouteReq: ask for the agent's view of `module` (its first part).
     pub fn get_route_req(&mut self, seq: u32, module: ModuleId) -> &[u8] {
+        self.get_route_req_part(seq, module, 0)
+    }
+
+    /// GetRouteReq for part `part` of an answer split across datagrams.
+    pub fn get_route_req_part(&mut self, seq: u32, module: ModuleId, part: u32) -> &[u8] {
         self.fbb.reset();
         let args = fb::GetRouteReqArgs {
             seq,
             modid: module.modid,
             cmdid: module.cmdid,
+            part,
         };
         let body = fb::GetRouteReq::create(&mut self.fbb, &args);
         self.finish(fb::Body::GetRouteReq, body)
     }
 
-    /// GetRouteResp: every node of `module` with its state and counters.
+    /// GetRouteResp: every node of `module` with its state and counters,
+    /// in one datagram.
     pub fn get_route_resp(
         &mut self,
         seq: u32,
@@ -222,6 +229,19 @@ impl Encoder {
         retcode: RetCode,
         version: u64,
         nodes: &[NodeStatus],
+    ) -> &[u8] {
+        self.get_route_resp_part(seq, module, retcode, version, nodes, (0, 1))
+    }
+
+    /// GetRouteResp carrying `nodes`, part `part.0` of `part.1`.
+    pub fn get_route_resp_part(
+        &mut self,
+        seq: u32,
+        module: ModuleId,
+        retcode: RetCode,
+        version: u64,
+        nodes: &[NodeStatus],
+        part: (u32, u32),
     ) -> &[u8] {
         self.fbb.reset();
         self.offsets.clear();
@@ -252,6 +272,8 @@ impl Encoder {
             retcode,
             version,
             nodes,
+            part: part.0,
+            parts: part.1,
         };
         let body = fb::GetRouteResp::create(&mut self.fbb, &args);
         self.finish(fb::Body::GetRouteResp, body)
@@ -260,19 +282,36 @@ impl Encoder {
     /// CacheGetRouteReq: ask for `module`'s route, holding `known_version`
     /// (0 = none).
     pub fn cache_get_route_req(&mut self, seq: u32, module: ModuleId, known_version: u64) -> &[u8] {
+        self.cache_get_route_req_part(seq, module, known_version, 0)
+    }
+
+    /// CacheGetRouteReq for part `part` of an answer split across datagrams.
+    pub fn cache_get_route_req_part(
+        &mut self,
+        seq: u32,
+        module: ModuleId,
+        known_version: u64,
+        part: u32,
+    ) -> &[u8] {
         self.fbb.reset();
         let args = fb::CacheGetRouteReqArgs {
             seq,
             modid: module.modid,
             cmdid: module.cmdid,
             known_version,
+            part,
         };
         let body = fb::CacheGetRouteReq::create(&mut self.fbb, &args);
         self.finish(fb::Body::CacheGetRouteReq, body)
     }
 
-    /// CacheGetRouteResp: the route for a route cache.
+    /// CacheGetRouteResp: the route for a route cache, in one datagram.
     pub fn cache_get_route_resp(&mut self, resp: &CacheRoute<'_>) -> &[u8] {
+        self.cache_get_route_resp_part(resp, (0, 1))
+    }
+
+    /// CacheGetRouteResp carrying `resp.nodes` as part `part.0` of `part.1`.
+    pub fn cache_get_route_resp_part(&mut self, resp: &CacheRoute<'_>, part: (u32, u32)) -> &[u8] {
         self.fbb.reset();
         let nodes = self.structs(resp.nodes, fb::RouteNode::from);
         let args = fb::CacheGetRouteRespArgs {
@@ -284,6 +323,8 @@ impl Encoder {
             unchanged: resp.unchanged,
             any_overloaded: resp.any_overloaded,
             nodes,
+            part: part.0,
+            parts: part.1,
         };
         let body = fb::CacheGetRouteResp::create(&mut self.fbb, &args);
         self.finish(fb::Body::CacheGetRouteResp, body)
@@ -316,6 +357,15 @@ impl Encoder {
         let modules = self.structs(modules, fb::ModuleId::from);
         let body = fb::PullReq::create(&mut self.fbb, &fb::PullReqArgs { seq, modules });
         self.finish(fb::Body::PullReq, body)
+    }
+
+    /// Unsubscribe: the agent no longer follows `modules` (at most
+    /// [`super::MAX_PULL_MODULES`] per frame, as a PullReq).
+    pub fn unsubscribe(&mut self, modules: &[ModuleId]) -> &[u8] {
+        self.fbb.reset();
+        let modules = self.structs(modules, fb::ModuleId::from);
+        let body = fb::Unsubscribe::create(&mut self.fbb, &fb::UnsubscribeArgs { modules });
+        self.finish(fb::Body::Unsubscribe, body)
     }
 
     /// RouteAnswer: `module`'s route for PullReq `seq` (`exists` false and no

@@ -39,5 +39,23 @@ pub use validate::{
 };
 pub use values::{AdmissionLevel, CacheRoute, ModuleStats, NodeStats, NodeStatus, Report};
 
+/// Nodes per GetRouteResp part: a module with more is answered in parts,
+/// one datagram each, asked for by `GetRouteReq.part`. A part of this many
+/// nodes with every field at its largest stays under [`Limits::UDP`] (a
+/// test checks it).
+pub const GETROUTE_PART_NODES: usize = 512;
+
+/// Nodes per CacheGetRouteResp part (as [`GETROUTE_PART_NODES`]).
+pub const CACHE_ROUTE_PART_NODES: usize = 4096;
+
+/// The most parts a client accepts for one answer: 2 M nodes for getRoute,
+/// 16 M for the route cache. An agent's answer claiming more is refused.
+pub const MAX_ROUTE_PARTS: u32 = 4096;
+
+/// How many parts `nodes` nodes make at `per_part` nodes each (at least 1).
+pub fn route_parts(nodes: usize, per_part: usize) -> u32 {
+    u32::try_from(nodes.div_ceil(per_part).max(1)).unwrap_or(u32::MAX)
+}
+
 /// The schema's `file_identifier`: bytes 4..8 of every buffer.
 pub const FILE_IDENTIFIER: &str = fb::ENVELOPE_IDENTIFIER;

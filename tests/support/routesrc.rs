@@ -1,6 +1,6 @@
 //! A test route source: a small route server that speaks the real protocol
 //! (PullReq -> RouteAnswer per module, KeepAlive -> KeepAliveAck, RoutePush
-//! to subscribed connections), for the route client's integration tests.
+//! to subscribed connections, Unsubscribe), for the route client's integration tests.
 //!
 //! Owns only test plumbing: std threads on `127.0.0.1`, routes in a
 //! `HashMap` behind one `Mutex`. It is not the route server (that is
@@ -381,6 +381,12 @@ fn handle_frames(frames: &mut FrameDecoder, shared: &Shared, id: u64) -> bool {
                     conn.send(shared, frame);
                 }
             },
+            Message::Unsubscribe(m) => {
+                for module in m.modules().into_iter().flatten() {
+                    conn.subscribed
+                        .remove(&ModuleId::new(module.modid(), module.cmdid()));
+                }
+            }
             Message::KeepAlive(m) => {
                 state.keepalives += 1;
                 if !mute {

@@ -1,6 +1,6 @@
 //! A UDP client of one agent shard that speaks the wire format directly
 //! (no client library: these tests check the agent itself). Every wait is
-//! bounded: three sends, 500 ms each. Include it with
+//! bounded: three sends, 500 ms each (or `per_try`). Include it with
 //! `#[path = "support/udpclient.rs"] mod udpclient;` beside
 //! `support/common.rs` as `mod common`.
 #![allow(dead_code)]
@@ -25,9 +25,14 @@ pub struct Client {
 impl Client {
     /// A client of the shard on `127.0.0.1:port`.
     pub fn new(port: u16) -> Client {
+        Self::patient(port, Duration::from_millis(500))
+    }
+
+    /// A client that waits `per_try` for each of its three tries (for an
+    /// agent that just started on a loaded machine).
+    pub fn patient(port: u16, per_try: Duration) -> Client {
         let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
-        sock.set_read_timeout(Some(Duration::from_millis(500)))
-            .unwrap();
+        sock.set_read_timeout(Some(per_try)).unwrap();
         Client {
             sock,
             to: SocketAddr::from((Ipv4Addr::LOCALHOST, port)),

@@ -8,14 +8,7 @@ const PEER: SocketAddr = SocketAddr::V4(std::net::SocketAddrV4::new(Ipv4Addr::LO
 const M: ModuleId = ModuleId::new(3, 1);
 
 fn shard() -> ShardCore {
-    ShardCore::new(ShardSetup {
-        id: 0,
-        shards: 2,
-        base_port: 8888,
-        params: LbParams::default(),
-        update_timeout_ms: 15_000,
-        report_timeout_ms: 15_000,
-    })
+    ShardCore::new(ShardSetup::new(0, 2, 8888))
 }
 
 fn node(i: u8) -> NodeAddr {
@@ -335,4 +328,415 @@ fn garbage_is_counted_and_dropped() {
         ),
         (1, 1, 1)
     );
+}
+
+// === bounds, expiry, timers (issue 10 item 1, issue 11) ===
+
+fn bounded(max_unknown: usize) -> ShardCore {
+    ShardCore::new(ShardSetup {
+        max_unknown,
+        module_idle_ms: 60_000,
+        unknown_ttl_ms: 1_000,
+        ..ShardSetup::new(0, 1, 8888)
+    })
+}
+
+fn module_route(module: ModuleId, n: u32, version: u64) -> ToShard {
+    ToShard::Route {
+        module,
+        exists: true,
+        version,
+        nodes: (1..=n)
+            .map(|i| RouteNode {
+                addr: NodeAddr::new(Ipv4Addr::from(0x0a00_0000 + i), 80),
+                weight: 1,
+            })
+            .collect(),
+    }
+}
+
+fn absent(module: ModuleId) -> ToShard {
+    ToShard::Route {
+        module,
+        exists: false,
+        version: 0,
+        nodes: vec![],
+    }
+}
+
+fn error_of(s: &mut ShardCore, req: &[u8], now: Millis) -> (RetCode, String) {
+    let resp = s.handle(req, PEER, now).expect("an answer").to_vec();
+    match decode(&resp, &Limits::UDP).unwrap() {
+        Message::ErrorResp(e) => (e.retcode(), e.message().unwrap_or_default().to_string()),
+        other => panic!("expected an ErrorResp, got {}", other.name()),
+    }
+}
+
+#[test]
+fn unknown_modules_past_the_bound_are_refused_clearly_without_a_pull() {
+    let mut s = bounded(4);
+    for i in 0..4 {
+        assert_eq!(
+            get_host(&mut s, ModuleId::new(100 + i, 0), 0).0,
+            RetCode::NoSuchModule
+        );
+    }
+    assert_eq!(s.outbox.len(), 4);
+    s.outbox.clear();
+    let mut enc = Encoder::new();
+    let req = enc.get_host_req(1, ModuleId::new(999, 0), 0, 0).to_vec();
+    let (rc, msg) = error_of(&mut s, &req, 1);
+    assert_eq!(rc, RetCode::Unavailable);
+    assert!(msg.contains("agent.max_unknown_modules"), "{msg}");
+    assert!(s.outbox.is_empty(), "a refused module is not pulled");
+    assert_eq!(s.metrics.unknown_refused, 1);
+    s.refresh_gauges();
+    assert_eq!((s.metrics.unknown_modules, s.metrics.modules), (4, 0));
+}
+
+#[test]
+fn unknown_modules_are_forgotten_after_their_ttl_and_the_control_core_is_told() {
+    let mut s = bounded(4);
+    let a = ModuleId::new(100, 0);
+    get_host(&mut s, a, 0);
+    s.apply(absent(a), 10);
+    s.outbox.clear();
+    assert!(s.expire(1_009).is_empty());
+    assert!(
+        s.outbox.is_empty(),
+        "remembered for the TTL after the answer"
+    );
+    s.expire(1_010);
+    assert_eq!(s.outbox, vec![ToControl::Forget(a)]);
+    assert_eq!(s.metrics.modules_expired, 1);
+    s.refresh_gauges();
+    assert_eq!(s.metrics.unknown_modules, 0);
+}
+
+#[test]
+fn a_flood_of_unknown_ids_never_displaces_a_module_in_use_and_a_later_module_answers() {
+    let mut s = bounded(1024);
+    let used = ModuleId::new(1, 1);
+    get_host(&mut s, used, 0);
+    s.apply(module_route(used, 3, 1), 0);
+    s.outbox.clear();
+    let mut enc = Encoder::new();
+    // 200,000 made-up ids over 10 s of shard time, the module in use
+    // asked for all along; the route server answers "absent" to every pull.
+    // (The end-to-end test in tests/agent.rs sends over a million.)
+    let mut refused = 0u64;
+    for i in 0..200_000u32 {
+        let now = Millis::from(i / 20);
+        let m = ModuleId::new(1_000_000 + i, 7);
+        let req = enc.get_host_req(i, m, 0, 0).to_vec();
+        let resp = s.handle(&req, PEER, now).unwrap().to_vec();
+        if let Message::ErrorResp(_) = decode(&resp, &Limits::UDP).unwrap() {
+            refused += 1;
+        }
+        for msg in std::mem::take(&mut s.outbox) {
+            if let ToControl::Pull(p) = msg {
+                s.apply(absent(p), now);
+            }
+        }
+        if i % 20 == 0 {
+            s.expire(now);
+            assert_eq!(get_host(&mut s, used, now).0, RetCode::Ok, "at {i}");
+        }
+        assert!(s.modules.len() <= 1 + 1024);
+    }
+    assert!(refused > 180_000, "{refused} refused");
+    assert_eq!(s.metrics.unknown_refused, refused);
+    // After the flood: the made-up ids age out, a new module is looked up.
+    let end = 10_000 + 1_000;
+    s.expire(end);
+    s.outbox.clear();
+    let new = ModuleId::new(42, 42);
+    assert_eq!(get_host(&mut s, new, end).0, RetCode::NoSuchModule);
+    assert_eq!(s.outbox, vec![ToControl::Pull(new)]);
+    s.apply(module_route(new, 2, 1), end + 1);
+    assert_eq!(get_host(&mut s, new, end + 2).0, RetCode::Ok);
+    assert_eq!(get_host(&mut s, used, end + 2).0, RetCode::Ok);
+}
+
+#[test]
+fn a_module_unused_past_the_idle_time_expires_and_one_in_use_does_not() {
+    let mut s = bounded(16);
+    let (idle, busy) = (ModuleId::new(1, 0), ModuleId::new(2, 0));
+    for m in [idle, busy] {
+        get_host(&mut s, m, 0);
+        s.apply(module_route(m, 2, 1), 0);
+    }
+    s.outbox.clear();
+    for t in (0..=60_000).step_by(10_000) {
+        get_host(&mut s, busy, t);
+        s.expire(t);
+    }
+    // (The busy module is re-pulled every update_timeout meanwhile.)
+    s.outbox.retain(|m| matches!(m, ToControl::Forget(_)));
+    assert_eq!(s.outbox, vec![ToControl::Forget(idle)]);
+    s.outbox.clear();
+    assert_eq!(get_host(&mut s, busy, 60_001).0, RetCode::Ok);
+    // The forgotten module is looked up again on its next request.
+    assert_eq!(get_host(&mut s, idle, 60_002).0, RetCode::NoSuchModule);
+    assert_eq!(s.outbox, vec![ToControl::Pull(idle)]);
+}
+
+#[test]
+fn an_expiring_module_hands_over_its_statistics_first() {
+    let mut s = bounded(16);
+    get_host(&mut s, M, 0);
+    s.apply(route(1), 0);
+    report(&mut s, node(1), 0, 5);
+    s.outbox.clear();
+    s.expire(60_005);
+    assert_eq!(s.outbox.len(), 2, "{:?}", s.outbox);
+    assert!(
+        matches!(&s.outbox[0], ToControl::Stats { module, nodes } if *module == M && nodes[0].succ == 1)
+    );
+    assert_eq!(s.outbox[1], ToControl::Forget(M));
+}
+
+#[test]
+fn an_idle_shard_with_many_modules_has_nothing_due() {
+    let mut s = bounded(16);
+    for i in 0..100_000u32 {
+        s.apply(module_route(ModuleId::new(i, 0), 1, 1), 0);
+    }
+    // Each entry's first expiry check (at its making + the unknown TTL)
+    // re-arms it at the idle expiry, once.
+    assert_eq!(s.next_deadline(), Some(1_000));
+    s.expire(1_000);
+    assert!(s.outbox.is_empty());
+    // Every deadline is now the idle expiry: nothing is due before it, so
+    // a tick takes nothing from the heap and walks no module.
+    assert_eq!(s.next_deadline(), Some(60_000));
+    assert!(s.expire(59_999).is_empty());
+    assert_eq!(s.next_deadline(), Some(60_000));
+    assert!(s.outbox.is_empty());
+}
+
+#[test]
+fn a_module_made_by_a_route_expires_after_the_idle_time_from_its_making() {
+    let mut s = bounded(16);
+    s.apply(module_route(M, 1, 1), 0);
+    s.expire(1_000);
+    assert!(s.outbox.is_empty());
+    s.expire(60_000);
+    assert_eq!(s.outbox, vec![ToControl::Forget(M)]);
+}
+
+#[test]
+fn statistics_are_sent_by_the_timer_without_a_further_report() {
+    let mut s = shard();
+    get_host(&mut s, M, 0);
+    s.apply(route(1), 0);
+    s.outbox.clear();
+    report(&mut s, node(1), 0, 100);
+    assert!(s.outbox.is_empty());
+    // No report after report_timeout: the timer sends at twice the period.
+    s.expire(29_999);
+    assert!(s.outbox.is_empty());
+    s.expire(30_000);
+    let ToControl::Stats { nodes, .. } = &s.outbox[0] else {
+        panic!("{:?}", s.outbox)
+    };
+    assert_eq!(nodes[0].succ, 1);
+}
+
+#[test]
+fn statistics_refused_by_a_full_ring_keep_exact_counts_for_the_next_send() {
+    let mut s = shard();
+    get_host(&mut s, M, 0);
+    s.apply(route(2), 0);
+    s.outbox.clear();
+    for _ in 0..3 {
+        report(&mut s, node(1), 0, 10);
+    }
+    report(&mut s, node(2), 1, 10);
+    report(&mut s, node(1), 0, 15_000);
+    let Some(ToControl::Stats { module, nodes }) = s.outbox.pop() else {
+        panic!("{:?}", s.outbox)
+    };
+    // The ring is full: the shell hands the message back.
+    s.stats_refused(module, nodes, 15_000);
+    assert_eq!(s.unsent_stats(), 1);
+    report(&mut s, node(2), 0, 20_000);
+    report(&mut s, node(1), 1, 30_000);
+    let Some(ToControl::Stats { nodes, .. }) = s.outbox.pop() else {
+        panic!("{:?}", s.outbox)
+    };
+    let count = |a: NodeAddr| {
+        nodes
+            .iter()
+            .filter(|n| n.addr == a)
+            .map(|n| (n.succ, n.err))
+            .fold((0, 0), |x, y| (x.0 + y.0, x.1 + y.1))
+    };
+    assert_eq!(count(node(1)), (4, 1));
+    assert_eq!(count(node(2)), (1, 1));
+    assert_eq!(s.unsent_stats(), 0);
+    assert_eq!(s.metrics.stats_kept, 1);
+}
+
+#[test]
+fn kept_statistics_are_offered_again_by_the_timer() {
+    let mut s = shard();
+    get_host(&mut s, M, 0);
+    s.apply(route(1), 0);
+    s.outbox.clear();
+    report(&mut s, node(1), 0, 15_000);
+    let Some(ToControl::Stats { module, nodes }) = s.outbox.pop() else {
+        panic!()
+    };
+    s.stats_refused(module, nodes, 15_000);
+    s.expire(15_000 + STATS_RETRY_MS);
+    assert!(matches!(&s.outbox[..], [ToControl::Stats { nodes, .. }] if nodes[0].succ == 1));
+}
+
+#[test]
+fn flush_stats_hands_over_every_count_held() {
+    let mut s = shard();
+    get_host(&mut s, M, 0);
+    s.apply(route(2), 0);
+    s.outbox.clear();
+    report(&mut s, node(1), 0, 10);
+    report(&mut s, node(2), 1, 11);
+    s.flush_stats(12);
+    let ToControl::Stats { nodes, .. } = &s.outbox[0] else {
+        panic!("{:?}", s.outbox)
+    };
+    let total: u32 = nodes.iter().map(|n| n.succ + n.err).sum();
+    assert_eq!(total, 2);
+    s.outbox.clear();
+    s.flush_stats(13);
+    assert!(s.outbox.is_empty(), "nothing left: nothing sent");
+}
+
+#[test]
+fn register_requests_past_the_bound_are_refused() {
+    let mut s = bounded(MAX_WAITERS + 1);
+    let mut enc = Encoder::new();
+    for i in 0..MAX_WAITERS as u32 {
+        let req = enc.register_req(i, ModuleId::new(i, 0), 5_000).to_vec();
+        assert!(s.handle(&req, PEER, 0).is_none());
+    }
+    let req = enc.register_req(1, ModuleId::new(1, 0), 5_000).to_vec();
+    let (rc, _) = error_of(&mut s, &req, 1);
+    assert_eq!(rc, RetCode::Unavailable);
+    assert_eq!(s.metrics.registers_refused, 1);
+    // Their deadlines pass: every one is answered, the count goes back to 0.
+    assert_eq!(s.expire(5_000).len(), MAX_WAITERS);
+    s.refresh_gauges();
+    assert_eq!(s.metrics.waiting_registers, 0);
+}
+
+// === getRoute of modules larger than a datagram (issue 10 item 3) ===
+
+#[test]
+fn get_route_of_a_10000_node_module_comes_in_parts_that_each_fit_a_datagram() {
+    let mut s = bounded(16);
+    let big = ModuleId::new(7, 7);
+    s.apply(module_route(big, 10_000, 3), 0);
+    let mut enc = Encoder::new();
+    let mut seen = Vec::new();
+    let parts = wire::route_parts(10_000, wire::GETROUTE_PART_NODES);
+    assert_eq!(parts, 20);
+    for part in 0..parts {
+        let req = enc.get_route_req_part(part, big, part).to_vec();
+        let resp = s.handle(&req, PEER, 1).unwrap().to_vec();
+        assert!(resp.len() <= 65_507, "part {part}: {} bytes", resp.len());
+        let Message::GetRouteResp(r) = decode(&resp, &Limits::UDP).unwrap() else {
+            panic!()
+        };
+        assert_eq!((r.part(), r.parts(), r.version()), (part, parts, 3));
+        seen.extend(
+            r.nodes()
+                .unwrap()
+                .iter()
+                .map(|n| NodeAddr::from(n.host().unwrap())),
+        );
+    }
+    let want: Vec<NodeAddr> = s.modules[&big]
+        .lb
+        .nodes()
+        .iter()
+        .map(|n| n.addr())
+        .collect();
+    assert_eq!(seen, want);
+    // A part past the last: a clear BadRequest.
+    let req = enc.get_route_req_part(1, big, parts).to_vec();
+    let (rc, msg) = error_of(&mut s, &req, 2);
+    assert_eq!(rc, RetCode::BadRequest);
+    assert!(msg.contains("20 part"), "{msg}");
+}
+
+#[test]
+fn the_largest_get_route_part_fits_a_datagram() {
+    let mut enc = Encoder::new();
+    let worst = NodeStatus {
+        addr: NodeAddr::new(Ipv4Addr::BROADCAST, u16::MAX),
+        weight: u32::MAX,
+        overloaded: true,
+        vsucc: u32::MAX,
+        verr: u32::MAX,
+        rsucc: u32::MAX,
+        rerr: u32::MAX,
+        contin_succ: u32::MAX,
+        contin_err: u32::MAX,
+        bad_windows: u32::MAX,
+        window_age_ms: u64::MAX,
+        overload_age_ms: u64::MAX,
+    };
+    let nodes = vec![worst; wire::GETROUTE_PART_NODES];
+    let m = ModuleId::new(u32::MAX, u32::MAX);
+    let len = enc
+        .get_route_resp_part(
+            u32::MAX,
+            m,
+            RetCode::Ok,
+            u64::MAX,
+            &nodes,
+            (u32::MAX, u32::MAX),
+        )
+        .len();
+    assert!(len <= 65_507, "{len} bytes");
+    let route = vec![
+        RouteNode {
+            addr: NodeAddr::new(Ipv4Addr::BROADCAST, u16::MAX),
+            weight: u32::MAX
+        };
+        wire::CACHE_ROUTE_PART_NODES
+    ];
+    let resp = CacheRoute {
+        seq: u32::MAX,
+        module: m,
+        retcode: RetCode::Ok,
+        version: u64::MAX,
+        unchanged: false,
+        any_overloaded: true,
+        nodes: &route,
+    };
+    let len = enc
+        .cache_get_route_resp_part(&resp, (u32::MAX, u32::MAX))
+        .len();
+    assert!(len <= 65_507, "{len} bytes");
+}
+
+#[test]
+fn cache_get_route_of_a_10000_node_module_comes_in_parts() {
+    let mut s = bounded(16);
+    let big = ModuleId::new(7, 7);
+    s.apply(module_route(big, 10_000, 3), 0);
+    let mut enc = Encoder::new();
+    let mut total = 0;
+    for part in 0..3 {
+        let req = enc.cache_get_route_req_part(1, big, 0, part).to_vec();
+        let resp = s.handle(&req, PEER, 1).unwrap().to_vec();
+        let Message::CacheGetRouteResp(r) = decode(&resp, &Limits::UDP).unwrap() else {
+            panic!()
+        };
+        assert_eq!((r.part(), r.parts()), (part, 3));
+        total += r.nodes().unwrap().len();
+    }
+    assert_eq!(total, 10_000);
 }

@@ -149,10 +149,10 @@ impl flatbuffers::SimpleToVerifyInSlice for RetCode {}
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 pub const ENUM_MIN_BODY: u8 = 0;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
-pub const ENUM_MAX_BODY: u8 = 18;
+pub const ENUM_MAX_BODY: u8 = 19;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 #[allow(non_camel_case_types)]
-pub const ENUM_VALUES_BODY: [Body; 19] = [
+pub const ENUM_VALUES_BODY: [Body; 20] = [
   Body::NONE,
   Body::GetHostReq,
   Body::GetHostResp,
@@ -172,6 +172,7 @@ pub const ENUM_VALUES_BODY: [Body; 19] = [
   Body::KeepAliveAck,
   Body::StatsReport,
   Body::StatsAck,
+  Body::Unsubscribe,
 ];
 
 /// Which message an Envelope carries. Append only.
@@ -199,9 +200,10 @@ impl Body {
   pub const KeepAliveAck: Self = Self(16);
   pub const StatsReport: Self = Self(17);
   pub const StatsAck: Self = Self(18);
+  pub const Unsubscribe: Self = Self(19);
 
   pub const ENUM_MIN: u8 = 0;
-  pub const ENUM_MAX: u8 = 18;
+  pub const ENUM_MAX: u8 = 19;
   pub const ENUM_VALUES: &'static [Self] = &[
     Self::NONE,
     Self::GetHostReq,
@@ -222,6 +224,7 @@ impl Body {
     Self::KeepAliveAck,
     Self::StatsReport,
     Self::StatsAck,
+    Self::Unsubscribe,
   ];
   /// Returns the variant's name or "" if unknown.
   pub fn variant_name(self) -> Option<&'static str> {
@@ -245,6 +248,7 @@ impl Body {
       Self::KeepAliveAck => Some("KeepAliveAck"),
       Self::StatsReport => Some("StatsReport"),
       Self::StatsAck => Some("StatsAck"),
+      Self::Unsubscribe => Some("Unsubscribe"),
       _ => None,
     }
   }
@@ -2113,6 +2117,7 @@ impl<'a> GetRouteReq<'a> {
   pub const VT_SEQ: flatbuffers::VOffsetT = 4;
   pub const VT_MODID: flatbuffers::VOffsetT = 6;
   pub const VT_CMDID: flatbuffers::VOffsetT = 8;
+  pub const VT_PART: flatbuffers::VOffsetT = 10;
 
   #[inline]
   pub unsafe fn init_from_table(table: flatbuffers::Table<'a>) -> Self {
@@ -2124,6 +2129,7 @@ impl<'a> GetRouteReq<'a> {
     args: &'args GetRouteReqArgs
   ) -> flatbuffers::WIPOffset<GetRouteReq<'bldr>> {
     let mut builder = GetRouteReqBuilder::new(_fbb);
+    builder.add_part(args.part);
     builder.add_cmdid(args.cmdid);
     builder.add_modid(args.modid);
     builder.add_seq(args.seq);
@@ -2152,6 +2158,15 @@ impl<'a> GetRouteReq<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<u32>(GetRouteReq::VT_CMDID, Some(0)).unwrap()}
   }
+  /// Which part of an answer too large for one datagram (0: the first,
+  /// which says how many there are; see GetRouteResp.parts).
+  #[inline]
+  pub fn part(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(GetRouteReq::VT_PART, Some(0)).unwrap()}
+  }
 }
 
 impl flatbuffers::Verifiable for GetRouteReq<'_> {
@@ -2164,6 +2179,7 @@ impl flatbuffers::Verifiable for GetRouteReq<'_> {
      .visit_field::<u32>("seq", Self::VT_SEQ, false)?
      .visit_field::<u32>("modid", Self::VT_MODID, false)?
      .visit_field::<u32>("cmdid", Self::VT_CMDID, false)?
+     .visit_field::<u32>("part", Self::VT_PART, false)?
      .finish();
     Ok(())
   }
@@ -2172,6 +2188,7 @@ pub struct GetRouteReqArgs {
     pub seq: u32,
     pub modid: u32,
     pub cmdid: u32,
+    pub part: u32,
 }
 impl<'a> Default for GetRouteReqArgs {
   #[inline]
@@ -2180,6 +2197,7 @@ impl<'a> Default for GetRouteReqArgs {
       seq: 0,
       modid: 0,
       cmdid: 0,
+      part: 0,
     }
   }
 }
@@ -2202,6 +2220,10 @@ impl<'a: 'b, 'b> GetRouteReqBuilder<'a, 'b> {
     self.fbb_.push_slot::<u32>(GetRouteReq::VT_CMDID, cmdid, 0);
   }
   #[inline]
+  pub fn add_part(&mut self, part: u32) {
+    self.fbb_.push_slot::<u32>(GetRouteReq::VT_PART, part, 0);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut flatbuffers::FlatBufferBuilder<'a>) -> GetRouteReqBuilder<'a, 'b> {
     let start = _fbb.start_table();
     GetRouteReqBuilder {
@@ -2222,6 +2244,7 @@ impl core::fmt::Debug for GetRouteReq<'_> {
       ds.field("seq", &self.seq());
       ds.field("modid", &self.modid());
       ds.field("cmdid", &self.cmdid());
+      ds.field("part", &self.part());
       ds.finish()
   }
 }
@@ -2538,6 +2561,8 @@ impl<'a> GetRouteResp<'a> {
   pub const VT_RETCODE: flatbuffers::VOffsetT = 10;
   pub const VT_VERSION: flatbuffers::VOffsetT = 12;
   pub const VT_NODES: flatbuffers::VOffsetT = 14;
+  pub const VT_PART: flatbuffers::VOffsetT = 16;
+  pub const VT_PARTS: flatbuffers::VOffsetT = 18;
 
   #[inline]
   pub unsafe fn init_from_table(table: flatbuffers::Table<'a>) -> Self {
@@ -2550,6 +2575,8 @@ impl<'a> GetRouteResp<'a> {
   ) -> flatbuffers::WIPOffset<GetRouteResp<'bldr>> {
     let mut builder = GetRouteRespBuilder::new(_fbb);
     builder.add_version(args.version);
+    builder.add_parts(args.parts);
+    builder.add_part(args.part);
     if let Some(x) = args.nodes { builder.add_nodes(x); }
     builder.add_cmdid(args.cmdid);
     builder.add_modid(args.modid);
@@ -2601,6 +2628,25 @@ impl<'a> GetRouteResp<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<flatbuffers::ForwardsUOffset<flatbuffers::Vector<'a, flatbuffers::ForwardsUOffset<NodeStatus>>>>(GetRouteResp::VT_NODES, None)}
   }
+  /// A module too large for one datagram is answered in `parts` parts,
+  /// one datagram each, asked for one at a time (GetRouteReq.part);
+  /// `nodes` holds part `part`'s nodes, in the module's node order. A
+  /// client checks that every part has the same `version` (the route may
+  /// change between parts: start again). 0 (an older agent) means 1.
+  #[inline]
+  pub fn part(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(GetRouteResp::VT_PART, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn parts(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(GetRouteResp::VT_PARTS, Some(0)).unwrap()}
+  }
 }
 
 impl flatbuffers::Verifiable for GetRouteResp<'_> {
@@ -2616,6 +2662,8 @@ impl flatbuffers::Verifiable for GetRouteResp<'_> {
      .visit_field::<RetCode>("retcode", Self::VT_RETCODE, false)?
      .visit_field::<u64>("version", Self::VT_VERSION, false)?
      .visit_field::<flatbuffers::ForwardsUOffset<flatbuffers::Vector<'_, flatbuffers::ForwardsUOffset<NodeStatus>>>>("nodes", Self::VT_NODES, false)?
+     .visit_field::<u32>("part", Self::VT_PART, false)?
+     .visit_field::<u32>("parts", Self::VT_PARTS, false)?
      .finish();
     Ok(())
   }
@@ -2627,6 +2675,8 @@ pub struct GetRouteRespArgs<'a> {
     pub retcode: RetCode,
     pub version: u64,
     pub nodes: Option<flatbuffers::WIPOffset<flatbuffers::Vector<'a, flatbuffers::ForwardsUOffset<NodeStatus<'a>>>>>,
+    pub part: u32,
+    pub parts: u32,
 }
 impl<'a> Default for GetRouteRespArgs<'a> {
   #[inline]
@@ -2638,6 +2688,8 @@ impl<'a> Default for GetRouteRespArgs<'a> {
       retcode: RetCode::Ok,
       version: 0,
       nodes: None,
+      part: 0,
+      parts: 0,
     }
   }
 }
@@ -2672,6 +2724,14 @@ impl<'a: 'b, 'b> GetRouteRespBuilder<'a, 'b> {
     self.fbb_.push_slot_always::<flatbuffers::WIPOffset<_>>(GetRouteResp::VT_NODES, nodes);
   }
   #[inline]
+  pub fn add_part(&mut self, part: u32) {
+    self.fbb_.push_slot::<u32>(GetRouteResp::VT_PART, part, 0);
+  }
+  #[inline]
+  pub fn add_parts(&mut self, parts: u32) {
+    self.fbb_.push_slot::<u32>(GetRouteResp::VT_PARTS, parts, 0);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut flatbuffers::FlatBufferBuilder<'a>) -> GetRouteRespBuilder<'a, 'b> {
     let start = _fbb.start_table();
     GetRouteRespBuilder {
@@ -2695,6 +2755,8 @@ impl core::fmt::Debug for GetRouteResp<'_> {
       ds.field("retcode", &self.retcode());
       ds.field("version", &self.version());
       ds.field("nodes", &self.nodes());
+      ds.field("part", &self.part());
+      ds.field("parts", &self.parts());
       ds.finish()
   }
 }
@@ -2719,6 +2781,7 @@ impl<'a> CacheGetRouteReq<'a> {
   pub const VT_MODID: flatbuffers::VOffsetT = 6;
   pub const VT_CMDID: flatbuffers::VOffsetT = 8;
   pub const VT_KNOWN_VERSION: flatbuffers::VOffsetT = 10;
+  pub const VT_PART: flatbuffers::VOffsetT = 12;
 
   #[inline]
   pub unsafe fn init_from_table(table: flatbuffers::Table<'a>) -> Self {
@@ -2731,6 +2794,7 @@ impl<'a> CacheGetRouteReq<'a> {
   ) -> flatbuffers::WIPOffset<CacheGetRouteReq<'bldr>> {
     let mut builder = CacheGetRouteReqBuilder::new(_fbb);
     builder.add_known_version(args.known_version);
+    builder.add_part(args.part);
     builder.add_cmdid(args.cmdid);
     builder.add_modid(args.modid);
     builder.add_seq(args.seq);
@@ -2767,6 +2831,14 @@ impl<'a> CacheGetRouteReq<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<u64>(CacheGetRouteReq::VT_KNOWN_VERSION, Some(0)).unwrap()}
   }
+  /// Which part of an answer too large for one datagram (as GetRouteReq).
+  #[inline]
+  pub fn part(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(CacheGetRouteReq::VT_PART, Some(0)).unwrap()}
+  }
 }
 
 impl flatbuffers::Verifiable for CacheGetRouteReq<'_> {
@@ -2780,6 +2852,7 @@ impl flatbuffers::Verifiable for CacheGetRouteReq<'_> {
      .visit_field::<u32>("modid", Self::VT_MODID, false)?
      .visit_field::<u32>("cmdid", Self::VT_CMDID, false)?
      .visit_field::<u64>("known_version", Self::VT_KNOWN_VERSION, false)?
+     .visit_field::<u32>("part", Self::VT_PART, false)?
      .finish();
     Ok(())
   }
@@ -2789,6 +2862,7 @@ pub struct CacheGetRouteReqArgs {
     pub modid: u32,
     pub cmdid: u32,
     pub known_version: u64,
+    pub part: u32,
 }
 impl<'a> Default for CacheGetRouteReqArgs {
   #[inline]
@@ -2798,6 +2872,7 @@ impl<'a> Default for CacheGetRouteReqArgs {
       modid: 0,
       cmdid: 0,
       known_version: 0,
+      part: 0,
     }
   }
 }
@@ -2824,6 +2899,10 @@ impl<'a: 'b, 'b> CacheGetRouteReqBuilder<'a, 'b> {
     self.fbb_.push_slot::<u64>(CacheGetRouteReq::VT_KNOWN_VERSION, known_version, 0);
   }
   #[inline]
+  pub fn add_part(&mut self, part: u32) {
+    self.fbb_.push_slot::<u32>(CacheGetRouteReq::VT_PART, part, 0);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut flatbuffers::FlatBufferBuilder<'a>) -> CacheGetRouteReqBuilder<'a, 'b> {
     let start = _fbb.start_table();
     CacheGetRouteReqBuilder {
@@ -2845,6 +2924,7 @@ impl core::fmt::Debug for CacheGetRouteReq<'_> {
       ds.field("modid", &self.modid());
       ds.field("cmdid", &self.cmdid());
       ds.field("known_version", &self.known_version());
+      ds.field("part", &self.part());
       ds.finish()
   }
 }
@@ -2874,6 +2954,8 @@ impl<'a> CacheGetRouteResp<'a> {
   pub const VT_UNCHANGED: flatbuffers::VOffsetT = 14;
   pub const VT_ANY_OVERLOADED: flatbuffers::VOffsetT = 16;
   pub const VT_NODES: flatbuffers::VOffsetT = 18;
+  pub const VT_PART: flatbuffers::VOffsetT = 20;
+  pub const VT_PARTS: flatbuffers::VOffsetT = 22;
 
   #[inline]
   pub unsafe fn init_from_table(table: flatbuffers::Table<'a>) -> Self {
@@ -2886,6 +2968,8 @@ impl<'a> CacheGetRouteResp<'a> {
   ) -> flatbuffers::WIPOffset<CacheGetRouteResp<'bldr>> {
     let mut builder = CacheGetRouteRespBuilder::new(_fbb);
     builder.add_version(args.version);
+    builder.add_parts(args.parts);
+    builder.add_part(args.part);
     if let Some(x) = args.nodes { builder.add_nodes(x); }
     builder.add_cmdid(args.cmdid);
     builder.add_modid(args.modid);
@@ -2955,6 +3039,21 @@ impl<'a> CacheGetRouteResp<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<flatbuffers::ForwardsUOffset<flatbuffers::Vector<'a, RouteNode>>>(CacheGetRouteResp::VT_NODES, None)}
   }
+  /// As GetRouteResp: this datagram is part `part` of `parts` (0 means 1).
+  #[inline]
+  pub fn part(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(CacheGetRouteResp::VT_PART, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn parts(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(CacheGetRouteResp::VT_PARTS, Some(0)).unwrap()}
+  }
 }
 
 impl flatbuffers::Verifiable for CacheGetRouteResp<'_> {
@@ -2972,6 +3071,8 @@ impl flatbuffers::Verifiable for CacheGetRouteResp<'_> {
      .visit_field::<bool>("unchanged", Self::VT_UNCHANGED, false)?
      .visit_field::<bool>("any_overloaded", Self::VT_ANY_OVERLOADED, false)?
      .visit_field::<flatbuffers::ForwardsUOffset<flatbuffers::Vector<'_, RouteNode>>>("nodes", Self::VT_NODES, false)?
+     .visit_field::<u32>("part", Self::VT_PART, false)?
+     .visit_field::<u32>("parts", Self::VT_PARTS, false)?
      .finish();
     Ok(())
   }
@@ -2985,6 +3086,8 @@ pub struct CacheGetRouteRespArgs<'a> {
     pub unchanged: bool,
     pub any_overloaded: bool,
     pub nodes: Option<flatbuffers::WIPOffset<flatbuffers::Vector<'a, RouteNode>>>,
+    pub part: u32,
+    pub parts: u32,
 }
 impl<'a> Default for CacheGetRouteRespArgs<'a> {
   #[inline]
@@ -2998,6 +3101,8 @@ impl<'a> Default for CacheGetRouteRespArgs<'a> {
       unchanged: false,
       any_overloaded: false,
       nodes: None,
+      part: 0,
+      parts: 0,
     }
   }
 }
@@ -3040,6 +3145,14 @@ impl<'a: 'b, 'b> CacheGetRouteRespBuilder<'a, 'b> {
     self.fbb_.push_slot_always::<flatbuffers::WIPOffset<_>>(CacheGetRouteResp::VT_NODES, nodes);
   }
   #[inline]
+  pub fn add_part(&mut self, part: u32) {
+    self.fbb_.push_slot::<u32>(CacheGetRouteResp::VT_PART, part, 0);
+  }
+  #[inline]
+  pub fn add_parts(&mut self, parts: u32) {
+    self.fbb_.push_slot::<u32>(CacheGetRouteResp::VT_PARTS, parts, 0);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut flatbuffers::FlatBufferBuilder<'a>) -> CacheGetRouteRespBuilder<'a, 'b> {
     let start = _fbb.start_table();
     CacheGetRouteRespBuilder {
@@ -3065,6 +3178,8 @@ impl core::fmt::Debug for CacheGetRouteResp<'_> {
       ds.field("unchanged", &self.unchanged());
       ds.field("any_overloaded", &self.any_overloaded());
       ds.field("nodes", &self.nodes());
+      ds.field("part", &self.part());
+      ds.field("parts", &self.parts());
       ds.finish()
   }
 }
@@ -3899,6 +4014,106 @@ impl core::fmt::Debug for KeepAliveAck<'_> {
       ds.finish()
   }
 }
+pub enum UnsubscribeOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// The agent no longer follows these modules (they expired from its
+/// table): the route server drops their subscriptions on this connection.
+/// No answer.
+pub struct Unsubscribe<'a> {
+  pub _tab: flatbuffers::Table<'a>,
+}
+
+impl<'a> flatbuffers::Follow<'a> for Unsubscribe<'a> {
+  type Inner = Unsubscribe<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: flatbuffers::Table::new(buf, loc) }
+  }
+}
+
+impl<'a> Unsubscribe<'a> {
+  pub const VT_MODULES: flatbuffers::VOffsetT = 4;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: flatbuffers::Table<'a>) -> Self {
+    Unsubscribe { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr>(
+    _fbb: &'mut_bldr mut flatbuffers::FlatBufferBuilder<'bldr>,
+    args: &'args UnsubscribeArgs<'args>
+  ) -> flatbuffers::WIPOffset<Unsubscribe<'bldr>> {
+    let mut builder = UnsubscribeBuilder::new(_fbb);
+    if let Some(x) = args.modules { builder.add_modules(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn modules(&self) -> Option<flatbuffers::Vector<'a, ModuleId>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<flatbuffers::ForwardsUOffset<flatbuffers::Vector<'a, ModuleId>>>(Unsubscribe::VT_MODULES, None)}
+  }
+}
+
+impl flatbuffers::Verifiable for Unsubscribe<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut flatbuffers::Verifier, pos: usize
+  ) -> Result<(), flatbuffers::InvalidFlatbuffer> {
+    use self::flatbuffers::Verifiable;
+    v.visit_table(pos)?
+     .visit_field::<flatbuffers::ForwardsUOffset<flatbuffers::Vector<'_, ModuleId>>>("modules", Self::VT_MODULES, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct UnsubscribeArgs<'a> {
+    pub modules: Option<flatbuffers::WIPOffset<flatbuffers::Vector<'a, ModuleId>>>,
+}
+impl<'a> Default for UnsubscribeArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    UnsubscribeArgs {
+      modules: None,
+    }
+  }
+}
+
+pub struct UnsubscribeBuilder<'a: 'b, 'b> {
+  fbb_: &'b mut flatbuffers::FlatBufferBuilder<'a>,
+  start_: flatbuffers::WIPOffset<flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b> UnsubscribeBuilder<'a, 'b> {
+  #[inline]
+  pub fn add_modules(&mut self, modules: flatbuffers::WIPOffset<flatbuffers::Vector<'b , ModuleId>>) {
+    self.fbb_.push_slot_always::<flatbuffers::WIPOffset<_>>(Unsubscribe::VT_MODULES, modules);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut flatbuffers::FlatBufferBuilder<'a>) -> UnsubscribeBuilder<'a, 'b> {
+    let start = _fbb.start_table();
+    UnsubscribeBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> flatbuffers::WIPOffset<Unsubscribe<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl core::fmt::Debug for Unsubscribe<'_> {
+  fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+    let mut ds = f.debug_struct("Unsubscribe");
+      ds.field("modules", &self.modules());
+      ds.finish()
+  }
+}
 pub enum ModuleStatsOffset {}
 #[derive(Copy, Clone, PartialEq)]
 
@@ -4601,6 +4816,21 @@ impl<'a> Envelope<'a> {
     }
   }
 
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn body_as_unsubscribe(&self) -> Option<Unsubscribe<'a>> {
+    if self.body_type() == Body::Unsubscribe {
+      self.body().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { Unsubscribe::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
 }
 
 impl flatbuffers::Verifiable for Envelope<'_> {
@@ -4630,6 +4860,7 @@ impl flatbuffers::Verifiable for Envelope<'_> {
           Body::KeepAliveAck => v.verify_union_variant::<flatbuffers::ForwardsUOffset<KeepAliveAck>>("Body::KeepAliveAck", pos),
           Body::StatsReport => v.verify_union_variant::<flatbuffers::ForwardsUOffset<StatsReport>>("Body::StatsReport", pos),
           Body::StatsAck => v.verify_union_variant::<flatbuffers::ForwardsUOffset<StatsAck>>("Body::StatsAck", pos),
+          Body::Unsubscribe => v.verify_union_variant::<flatbuffers::ForwardsUOffset<Unsubscribe>>("Body::Unsubscribe", pos),
           _ => Ok(()),
         }
      })?
@@ -4805,6 +5036,13 @@ impl core::fmt::Debug for Envelope<'_> {
         },
         Body::StatsAck => {
           if let Some(x) = self.body_as_stats_ack() {
+            ds.field("body", &x)
+          } else {
+            ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        Body::Unsubscribe => {
+          if let Some(x) = self.body_as_unsubscribe() {
             ds.field("body", &x)
           } else {
             ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
