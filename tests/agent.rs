@@ -567,8 +567,16 @@ fn a_flood_of_a_million_unknown_modules_is_refused_and_the_agent_recovers() {
         .collect();
     let sent: u32 = senders.into_iter().map(|t| t.join().unwrap()).sum();
     assert!(sent > 1_000_000, "sent only {sent} in 120 s");
-    // The module in use kept its place and answers.
-    assert_eq!(c.get_host(M).0, RetCode::Ok);
+    // The module in use kept its place and answers (once the agent has
+    // drained the flood still queued on its socket: on a loaded machine a
+    // debug build may take a few seconds, during which the kernel drops
+    // what does not fit in the socket's buffer).
+    let in_use = wait_for(Duration::from_secs(15), || c.try_get_host(M));
+    assert_eq!(
+        in_use.map(|a| a.0),
+        Some(RetCode::Ok),
+        "the module in use answers after the flood"
+    );
 
     // A module added afterwards answers within 2 s of being asked for.
     // (The test route source, a debug build on a loaded machine, may still

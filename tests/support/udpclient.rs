@@ -44,6 +44,14 @@ impl Client {
     /// Sends the request `build` makes (with the next sequence number) up to
     /// three times and returns the answer that echoes it.
     pub fn ask(&mut self, build: impl FnOnce(&mut Encoder, u32) -> Vec<u8>) -> Vec<u8> {
+        let seq = self.seq + 1;
+        self.try_ask(build)
+            .unwrap_or_else(|| panic!("no answer to request {seq}"))
+    }
+
+    /// As [`Client::ask`], but `None` when the three tries go unanswered
+    /// (an agent still draining a flood, say).
+    pub fn try_ask(&mut self, build: impl FnOnce(&mut Encoder, u32) -> Vec<u8>) -> Option<Vec<u8>> {
         self.seq += 1;
         let seq = self.seq;
         let req = build(&mut self.enc, seq);
@@ -60,21 +68,28 @@ impl Client {
                     other => panic!("unexpected answer {}", other.name()),
                 };
                 if s == u64::from(seq) {
-                    return answer;
+                    return Some(answer);
                 }
             }
         }
-        panic!("no answer to request {seq}");
+        None
     }
 
     /// One getHost: the retcode and the host when there is one.
     pub fn get_host(&mut self, m: ModuleId) -> (RetCode, Option<NodeAddr>) {
-        let a = self.ask(|e, seq| e.get_host_req(seq, m, 0, 0).to_vec());
-        match decode(&a, &Limits::UDP).unwrap() {
+        let seq = self.seq + 1;
+        self.try_get_host(m)
+            .unwrap_or_else(|| panic!("no answer to request {seq}"))
+    }
+
+    /// As [`Client::get_host`], but `None` when it goes unanswered.
+    pub fn try_get_host(&mut self, m: ModuleId) -> Option<(RetCode, Option<NodeAddr>)> {
+        let a = self.try_ask(|e, seq| e.get_host_req(seq, m, 0, 0).to_vec())?;
+        Some(match decode(&a, &Limits::UDP).unwrap() {
             Message::GetHostResp(r) => (r.retcode(), r.host().map(NodeAddr::from)),
             Message::ErrorResp(r) => (r.retcode(), None),
             _ => unreachable!(),
-        }
+        })
     }
 
     /// One report (no answer is expected).
