@@ -815,3 +815,47 @@ fn get_route_and_the_route_cache_work_for_a_10000_node_module() {
     }
     assert!(from_cache >= 49, "{from_cache} of 50 from the cache");
 }
+
+#[test]
+fn silent_metrics_connections_are_bounded_and_closed_by_their_timeout() {
+    use std::io::Read;
+    let dir = tempfile::tempdir().unwrap();
+    let source = RouteSource::start();
+    let agent = AgentProc::start(dir.path(), source.addr(), 1);
+    // A scrape works, then 32 connections that never send a request
+    // (lbagent::metrics_http::MAX_CONNECTIONS) fill the endpoint.
+    wait_for(Duration::from_secs(10), || {
+        http_get(agent.metrics, "/metrics")
+    })
+    .expect("the metrics endpoint answers");
+    let held: Vec<std::net::TcpStream> = (0..lbagent::metrics_http::MAX_CONNECTIONS)
+        .map(|_| std::net::TcpStream::connect(agent.metrics).unwrap())
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    // One more is told so at once instead of being held.
+    let mut extra = std::net::TcpStream::connect(agent.metrics).unwrap();
+    extra
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let mut answer = String::new();
+    let _ = extra.read_to_string(&mut answer);
+    assert!(
+        answer.starts_with("HTTP/1.1 503"),
+        "past the bound: {answer:?}"
+    );
+    // The silent ones are closed at their 2 s timeout, and scrapes work again.
+    for mut s in held {
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut rest = Vec::new();
+        let closed = s.read_to_end(&mut rest).is_ok();
+        assert!(closed, "a silent connection is closed by the endpoint");
+    }
+    assert!(
+        wait_for(Duration::from_secs(5), || http_get(
+            agent.metrics,
+            "/metrics"
+        ))
+        .is_some(),
+        "scrapes work once the silent connections are gone"
+    );
+}

@@ -287,13 +287,34 @@ pub async fn run(parts: ControlParts) {
         let route_status = route_status.clone();
         let stats_status = stats_status.clone();
         glommio::spawn_local(async move {
-            while let Ok(stream) = listener.accept().await {
+            // Connections being served; past metrics_http::MAX_CONNECTIONS
+            // one more is told so and closed (each closes by itself at
+            // metrics_http::REQUEST_TIMEOUT, so silent ones cannot pile up).
+            let open = Rc::new(Cell::new(0usize));
+            while let Ok(mut stream) = listener.accept().await {
+                if open.get() >= metrics_http::MAX_CONNECTIONS {
+                    glommio::spawn_local(async move {
+                        let _ = glommio::timer::timeout(metrics_http::REQUEST_TIMEOUT, async {
+                            Ok(stream.write_all(metrics_http::BUSY_RESPONSE).await?)
+                        })
+                        .await;
+                        let _ = stream.close().await;
+                    })
+                    .detach();
+                    continue;
+                }
                 let body = {
                     let mut st = state.borrow_mut();
                     refresh_control(&mut st, &route_status, &stats_status);
                     render(&st.shard_metrics, &st.control)
                 };
-                glommio::spawn_local(serve_metrics(stream, body)).detach();
+                open.set(open.get() + 1);
+                let open = open.clone();
+                glommio::spawn_local(async move {
+                    serve_metrics(stream, body).await;
+                    open.set(open.get() - 1);
+                })
+                .detach();
             }
         })
     });
@@ -414,7 +435,7 @@ fn snapshot_routes(routes: &RouteTable) -> Vec<SnapshotRoute> {
 async fn serve_metrics(mut stream: TcpStream, body: String) {
     let mut req = Vec::with_capacity(512);
     let mut buf = [0u8; 512];
-    let deadline = Instant::now() + Duration::from_secs(2);
+    let deadline = Instant::now() + metrics_http::REQUEST_TIMEOUT;
     while !metrics_http::head_complete(&req) && Instant::now() < deadline {
         let left = deadline.saturating_duration_since(Instant::now());
         let read = glommio::timer::timeout(left, async { Ok(stream.read(&mut buf).await?) }).await;
@@ -424,6 +445,10 @@ async fn serve_metrics(mut stream: TcpStream, body: String) {
         }
     }
     let resp = metrics_http::response(&req, || body);
-    let _ = stream.write_all(resp.as_bytes()).await;
+    let left = deadline.saturating_duration_since(Instant::now());
+    let _ = glommio::timer::timeout(left.max(Duration::from_millis(100)), async {
+        Ok(stream.write_all(resp.as_bytes()).await?)
+    })
+    .await;
     let _ = stream.close().await;
 }
