@@ -341,6 +341,9 @@ pub trait Store: Send {
     }
 }
 
+/// One row of a route table: a module and one of its nodes.
+pub type TableRow = (ModuleId, RouteNode);
+
 /// What [`Store::import_routes`] applied.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Imported {
@@ -463,7 +466,7 @@ pub fn check_imported_node(module: ModuleId, node: RouteNode) -> Result<RouteNod
 /// the distinct modules they name, sorted.
 pub(crate) fn prepare_import(
     rows: &[(ModuleId, RouteNode)],
-) -> Result<(Vec<(ModuleId, RouteNode)>, Vec<ModuleId>), StoreError> {
+) -> Result<(Vec<TableRow>, Vec<ModuleId>), StoreError> {
     let mut seen = HashSet::with_capacity(rows.len());
     let mut out = Vec::with_capacity(rows.len());
     for &(module, node) in rows {
