@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand};
 use lbagent::config::{Config, DEFAULT_TOML};
 use lbagent::model::{ModuleId, NodeAddr, RouteNode};
+use lbagent::store::table::{self, TableFormat};
 use lbagent::store::{self, ModuleRoute, StoreError, StoreUrl};
 
 /// Exit status of a configuration that cannot be used (sysexits EX_CONFIG).
@@ -54,7 +55,8 @@ enum Command {
     /// `route add --create` asks (or standalone's first start made it).
     /// Exit status: 0 done; 1 store unavailable or missing; 2 bad command
     /// line (an unparseable or non-unicast address, port 0 or above 65535,
-    /// a weight outside 1..=1000000); 65 refused (a duplicate node,
+    /// a weight outside 1..=1000000; an import table with bad rows, or
+    /// unreadable); 65 refused (a duplicate node,
     /// deleting what is not there), nothing changed.
     #[command(subcommand)]
     Route(RouteCommand),
@@ -177,6 +179,50 @@ enum RouteCommand {
         cmdid: u32,
         /// The node, A.B.C.D:PORT.
         node: NodeAddr,
+        /// The store: `sqlite:PATH` or a `postgres://` URL (default as for add).
+        #[arg(long, value_name = "URL")]
+        store: Option<String>,
+        /// A configuration file whose store.url to use.
+        #[arg(long, value_name = "FILE")]
+        config: Option<PathBuf>,
+    },
+    /// Apply a whole route table from FILE in one transaction and one
+    /// route version: CSV with a header (modid,cmdid,ip,port,weight) or
+    /// JSON lines ({"modid":..,"cmdid":..,"ip":"A.B.C.D","port":..,"weight":..}),
+    /// picked by the extension (.csv; .jsonl, .ndjson, .json), else by the
+    /// first line ({ means JSON lines). Every row is checked first with
+    /// route add's rules; any bad row: all of them are named by line (exit
+    /// 2) and nothing changes. Without --replace the nodes are added, and
+    /// a node a module has already refuses the whole table (exit 65), as
+    /// route add does.
+    Import {
+        /// The table file (`-`: standard input).
+        file: PathBuf,
+        /// Each module named in the file ends with exactly the file's
+        /// nodes (its other nodes are deleted); modules not named are
+        /// untouched.
+        #[arg(long)]
+        replace: bool,
+        /// The file's format, instead of detecting it.
+        #[arg(long, value_name = "csv|jsonl")]
+        format: Option<TableFormat>,
+        /// The store: `sqlite:PATH` or a `postgres://` URL (default as for add).
+        #[arg(long, value_name = "URL")]
+        store: Option<String>,
+        /// A configuration file whose store.url to use.
+        #[arg(long, value_name = "FILE")]
+        config: Option<PathBuf>,
+        /// Create the SQLite store when its file does not exist.
+        #[arg(long)]
+        create: bool,
+    },
+    /// Write every route to standard output as a table that `route
+    /// import` reads back unchanged (one row per node, in module and node
+    /// order).
+    Export {
+        /// csv (with its header) or jsonl.
+        #[arg(long, value_name = "csv|jsonl", default_value = "csv")]
+        format: TableFormat,
         /// The store: `sqlite:PATH` or a `postgres://` URL (default as for add).
         #[arg(long, value_name = "URL")]
         store: Option<String>,
@@ -350,13 +396,27 @@ fn route(cmd: RouteCommand) -> ExitCode {
     let (store_arg, config) = match &cmd {
         RouteCommand::Add { store, config, .. }
         | RouteCommand::Del { store, config, .. }
+        | RouteCommand::Import { store, config, .. }
+        | RouteCommand::Export { store, config, .. }
         | RouteCommand::List { store, config, .. } => (store.clone(), config.clone()),
+    };
+    // An import's table is read and checked before the store is opened:
+    // a bad table never touches (or creates) a store.
+    let rows = match &cmd {
+        RouteCommand::Import { file, format, .. } => match read_table(file, *format) {
+            Ok(rows) => Some(rows),
+            Err(code) => return code,
+        },
+        _ => None,
     };
     let (_, url) = match server_config("route", config.as_deref(), store_arg.as_deref(), &[]) {
         Ok(c) => c,
         Err(code) => return code,
     };
-    let create = matches!(cmd, RouteCommand::Add { create: true, .. });
+    let create = matches!(
+        cmd,
+        RouteCommand::Add { create: true, .. } | RouteCommand::Import { create: true, .. }
+    );
     let opened = if create {
         store::open(&url)
     } else {
@@ -365,7 +425,9 @@ fn route(cmd: RouteCommand) -> ExitCode {
     let mut db = match opened {
         Ok(s) => s,
         Err(e @ StoreError::Missing { .. }) => {
-            eprintln!("lbagent route: {e} (`route add --create` makes a new store)");
+            eprintln!(
+                "lbagent route: {e} (`route add --create` or `route import --create` makes a new store)"
+            );
             return ExitCode::FAILURE;
         }
         Err(e) => {
@@ -415,6 +477,44 @@ fn route(cmd: RouteCommand) -> ExitCode {
                 Err(e) => refused(e),
             }
         }
+        RouteCommand::Import { replace, .. } => {
+            let rows = rows.unwrap_or_default();
+            match db.import_routes(&rows, replace) {
+                Ok(i) => {
+                    println!(
+                        "imported {} nodes of {} modules{}; route version {}",
+                        i.nodes,
+                        i.modules,
+                        if replace { " (replaced)" } else { "" },
+                        i.version
+                    );
+                    ExitCode::SUCCESS
+                }
+                Err(e @ StoreError::BadInput(_)) => {
+                    eprintln!("lbagent route import: {e}");
+                    ExitCode::from(EXIT_USAGE)
+                }
+                Err(e) => refused(e),
+            }
+        }
+        RouteCommand::Export { format, .. } => {
+            let routes = match db.load_all() {
+                Ok(r) => r.modules,
+                Err(e) => return refused(e),
+            };
+            let stdout = std::io::stdout();
+            let mut out = std::io::BufWriter::with_capacity(1 << 16, stdout.lock());
+            match table::write(&mut out, &routes, format).and_then(|()| {
+                use std::io::Write;
+                out.flush()
+            }) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("lbagent route export: cannot write: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         RouteCommand::List {
             modid, cmdid, json, ..
         } => {
@@ -442,6 +542,29 @@ fn route(cmd: RouteCommand) -> ExitCode {
             ExitCode::SUCCESS
         }
     }
+}
+
+/// `route import`'s table: read, its format detected (unless given) and
+/// every row checked. Bad rows or an unreadable file: one message, exit 2.
+fn read_table(
+    file: &std::path::Path,
+    format: Option<TableFormat>,
+) -> Result<Vec<(ModuleId, RouteNode)>, ExitCode> {
+    let read = if file.as_os_str() == "-" {
+        let mut s = String::new();
+        std::io::Read::read_to_string(&mut std::io::stdin(), &mut s).map(|_| s)
+    } else {
+        std::fs::read_to_string(file)
+    };
+    let text = read.map_err(|e| {
+        eprintln!("lbagent route import: cannot read {}: {e}", file.display());
+        ExitCode::from(EXIT_USAGE)
+    })?;
+    let format = format.unwrap_or_else(|| TableFormat::detect(file, &text));
+    table::parse(&text, format).map_err(|bad| {
+        eprintln!("lbagent route import: {}: {bad}", file.display());
+        ExitCode::from(EXIT_USAGE)
+    })
 }
 
 /// A node address that can be a node: [`NodeAddr`]'s syntax, and a

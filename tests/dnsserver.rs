@@ -80,6 +80,14 @@ impl Store for Flaky {
         self.check()?;
         self.inner.del_node(module, node)
     }
+    fn import_routes(
+        &mut self,
+        rows: &[(ModuleId, RouteNode)],
+        replace: bool,
+    ) -> Result<lbagent::store::Imported, StoreError> {
+        self.check()?;
+        self.inner.import_routes(rows, replace)
+    }
     fn list(&mut self, module: Option<ModuleId>) -> Result<Vec<ModuleRoute>, StoreError> {
         self.check()?;
         self.inner.list(module)

@@ -315,6 +315,15 @@ impl Store for MemConn {
             "the test store keeps no routes".into(),
         ))
     }
+    fn import_routes(
+        &mut self,
+        _: &[(ModuleId, RouteNode)],
+        _: bool,
+    ) -> Result<lbagent::store::Imported, StoreError> {
+        Err(StoreError::BadInput(
+            "the test store keeps no routes".into(),
+        ))
+    }
     fn list(&mut self, _: Option<ModuleId>) -> Result<Vec<ModuleRoute>, StoreError> {
         Ok(Vec::new())
     }

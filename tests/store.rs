@@ -15,7 +15,8 @@ use std::time::{Duration, Instant};
 
 use lbagent::model::{ModuleId, NodeAddr, RouteNode};
 use lbagent::store::{
-    self, CallStatus, Store, StoreError, StoreUrl, DEFAULT_WEIGHT, MAX_WEIGHT, SCHEMA_VERSION,
+    self, CallStatus, Imported, Store, StoreError, StoreUrl, DEFAULT_WEIGHT, MAX_WEIGHT,
+    SCHEMA_VERSION,
 };
 
 const PG_ENV: &str = "LBAGENT_TEST_POSTGRES_URL";
@@ -162,7 +163,167 @@ suite!(
     upsert_status_writes_thousands_in_one_call,
     bad_rows_are_skipped_not_fatal,
     a_newer_schema_is_refused,
+    import_is_one_version_and_logs_every_module,
+    import_replace_replaces_named_modules_only,
+    import_refusals_change_nothing,
+    import_of_a_large_table,
 );
+
+// === bulk import ===
+
+fn import_is_one_version_and_logs_every_module(db: &Db) {
+    let mut s = db.open();
+    s.add_node(m(9, 9), node("10.0.0.9:80", 1)).unwrap();
+    let rows = vec![
+        (m(1, 1), node("10.0.0.1:80", 2)),
+        (m(1, 1), node("10.0.0.2:80", 3)),
+        (m(2, 5), node("10.0.0.3:81", 1)),
+        (m(9, 9), node("10.0.0.10:80", 1)),
+    ];
+    let got = s.import_routes(&rows, false).unwrap();
+    assert_eq!(
+        got,
+        Imported {
+            version: 2,
+            modules: 3,
+            nodes: 4
+        }
+    );
+    assert_eq!(s.route_version().unwrap(), 2);
+    // Added to what the module had.
+    assert_eq!(
+        nodes_of(s.as_mut(), m(9, 9)),
+        vec![node("10.0.0.9:80", 1), node("10.0.0.10:80", 1)]
+    );
+    let changes = s.changes_since(1).unwrap();
+    assert_eq!(changes.version, 2);
+    let changed: Vec<(ModuleId, u64)> = changes
+        .modules
+        .iter()
+        .map(|r| (r.module, r.version))
+        .collect();
+    assert_eq!(changed, vec![(m(1, 1), 2), (m(2, 5), 2), (m(9, 9), 2)]);
+    assert_eq!(
+        db.count("SELECT COUNT(*) FROM route_change WHERE version = 2"),
+        3
+    );
+    // Older log rows of a touched module are dropped, as route add does.
+    assert_eq!(db.count("SELECT COUNT(*) FROM route_change"), 3);
+    // An empty table changes nothing.
+    let got = s.import_routes(&[], true).unwrap();
+    assert_eq!(
+        got,
+        Imported {
+            version: 2,
+            modules: 0,
+            nodes: 0
+        }
+    );
+}
+
+fn import_replace_replaces_named_modules_only(db: &Db) {
+    let mut s = db.open();
+    s.add_node(m(1, 1), node("10.0.0.1:80", 1)).unwrap();
+    s.add_node(m(1, 1), node("10.0.0.2:80", 1)).unwrap();
+    s.add_node(m(3, 3), node("10.0.0.3:80", 1)).unwrap();
+    let rows = vec![
+        (m(1, 1), node("10.0.0.2:80", 7)),
+        (m(1, 1), node("10.0.0.4:80", 1)),
+        (m(4, 4), node("10.0.0.5:80", 1)),
+    ];
+    let got = s.import_routes(&rows, true).unwrap();
+    assert_eq!(got.version, 4);
+    assert_eq!(
+        nodes_of(s.as_mut(), m(1, 1)),
+        vec![node("10.0.0.2:80", 7), node("10.0.0.4:80", 1)]
+    );
+    assert_eq!(nodes_of(s.as_mut(), m(3, 3)), vec![node("10.0.0.3:80", 1)]);
+    assert_eq!(nodes_of(s.as_mut(), m(4, 4)), vec![node("10.0.0.5:80", 1)]);
+    let changed: Vec<ModuleId> = s
+        .changes_since(3)
+        .unwrap()
+        .modules
+        .iter()
+        .map(|r| r.module)
+        .collect();
+    assert_eq!(changed, vec![m(1, 1), m(4, 4)]);
+    // The same table again: the same routes, one more version.
+    assert_eq!(s.import_routes(&rows, true).unwrap().version, 5);
+    assert_eq!(
+        nodes_of(s.as_mut(), m(1, 1)),
+        vec![node("10.0.0.2:80", 7), node("10.0.0.4:80", 1)]
+    );
+}
+
+fn import_refusals_change_nothing(db: &Db) {
+    let mut s = db.open();
+    s.add_node(m(1, 1), node("10.0.0.1:80", 1)).unwrap();
+    let before = s.load_all().unwrap();
+    // A node the module has: the whole table is refused.
+    let rows = vec![
+        (m(2, 2), node("10.0.0.2:80", 1)),
+        (m(1, 1), node("10.0.0.1:80", 5)),
+    ];
+    match s.import_routes(&rows, false) {
+        Err(StoreError::Duplicate { module, node: n }) => {
+            assert_eq!((module, n), (m(1, 1), addr("10.0.0.1:80")))
+        }
+        other => panic!("{other:?}"),
+    }
+    // Rows the checks refuse.
+    for bad in [
+        vec![(m(2, 2), node("10.0.0.2:80", 0))],
+        vec![(m(2, 2), node("10.0.0.2:80", 1_000_001))],
+        vec![(m(2, 2), node("255.255.255.255:80", 1))],
+        vec![
+            (m(2, 2), node("10.0.0.2:80", 1)),
+            (m(2, 2), node("10.0.0.2:80", 2)),
+        ],
+    ] {
+        for replace in [false, true] {
+            match s.import_routes(&bad, replace) {
+                Err(StoreError::BadInput(_)) => {}
+                other => panic!("{bad:?}: {other:?}"),
+            }
+        }
+    }
+    assert_eq!(s.load_all().unwrap(), before);
+    assert_eq!(db.count("SELECT COUNT(*) FROM route_change"), 1);
+}
+
+fn import_of_a_large_table(db: &Db) {
+    let mut s = db.open();
+    const MODULES: u32 = 10_000;
+    let rows: Vec<(ModuleId, RouteNode)> = (0..MODULES)
+        .flat_map(|k| {
+            (1..=10u8).map(move |i| {
+                let [_, _, a, b] = k.to_be_bytes();
+                (m(k, 1), node(&format!("10.{a}.{b}.{i}:8080"), 1))
+            })
+        })
+        .collect();
+    let got = s.import_routes(&rows, false).unwrap();
+    assert_eq!(
+        got,
+        Imported {
+            version: 1,
+            modules: MODULES as usize,
+            nodes: rows.len()
+        }
+    );
+    let all = s.load_all().unwrap();
+    assert_eq!(all.modules.len(), MODULES as usize);
+    assert!(all
+        .modules
+        .iter()
+        .all(|r| r.nodes.len() == 10 && r.version == 1));
+    // Replacing it whole is one more version.
+    assert_eq!(s.import_routes(&rows, true).unwrap().version, 2);
+    assert_eq!(
+        db.count("SELECT COUNT(*) FROM route_data"),
+        rows.len() as i64
+    );
+}
 
 // === helpers ===
 

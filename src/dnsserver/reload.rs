@@ -448,6 +448,33 @@ pub(crate) mod tests {
             Ok(v)
         }
 
+        fn import_routes(
+            &mut self,
+            rows: &[(ModuleId, RouteNode)],
+            _replace: bool,
+        ) -> Result<crate::store::Imported, StoreError> {
+            self.check()?;
+            let mut data = self.data.lock().unwrap();
+            data.version += 1;
+            let v = data.version;
+            let mut modules = std::collections::BTreeSet::new();
+            for (module, node) in rows {
+                data.routes
+                    .entry(*module)
+                    .or_default()
+                    .insert(node.addr, node.weight);
+                modules.insert(*module);
+            }
+            for m in &modules {
+                data.log.push((v, *m));
+            }
+            Ok(crate::store::Imported {
+                version: v,
+                modules: modules.len(),
+                nodes: rows.len(),
+            })
+        }
+
         fn del_node(&mut self, module: ModuleId, node: NodeAddr) -> Result<u64, StoreError> {
             self.check()?;
             let mut data = self.data.lock().unwrap();

@@ -279,14 +279,14 @@ const FIRST_BEAT_WAIT: Duration = Duration::from_secs(10);
 fn add_demo_routes(opts: &QpsOptions, data_dir: &Path) -> anyhow::Result<()> {
     let url = StoreUrl::Sqlite(data_dir.join(crate::standalone::STORE_FILE));
     let mut store = store::open(&url).with_context(|| format!("cannot open the store {url}"))?;
-    for k in 0..opts.modules {
-        let module = opts.module(k);
-        for node in demo_nodes(k) {
-            store
-                .add_node(module, node)
-                .with_context(|| format!("cannot add {} to module {module}", node.addr))?;
-        }
-    }
+    // One transaction and one route version for the whole table.
+    let rows: Vec<_> = (0..opts.modules)
+        .flat_map(|k| demo_nodes(k).into_iter().map(move |n| (k, n)))
+        .map(|(k, n)| (opts.module(k), n))
+        .collect();
+    store
+        .import_routes(&rows, true)
+        .with_context(|| format!("cannot import the demo routes into {url}"))?;
     Ok(())
 }
 

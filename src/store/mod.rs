@@ -60,6 +60,7 @@ use crate::model::{ModuleId, NodeAddr, RouteNode};
 mod migrations;
 mod postgres;
 mod sqlite;
+pub mod table;
 
 pub use migrations::LATEST as SCHEMA_VERSION;
 
@@ -297,6 +298,25 @@ pub trait Store: Send {
     /// changes nothing.
     fn del_node(&mut self, module: ModuleId, node: NodeAddr) -> Result<u64, StoreError>;
 
+    /// Applies a whole route table in one transaction that bumps the
+    /// route version once and logs every module of `rows` with that
+    /// version. Without `replace` it adds the nodes to what the modules
+    /// have; with `replace` each module named in `rows` ends with exactly
+    /// its rows (modules not named are untouched). No rows: nothing
+    /// changes. Returns what was applied. Batched: one prepared statement
+    /// (SQLite) or array statements (PostgreSQL), not a round trip a row.
+    ///
+    /// # Errors
+    /// [`StoreError::BadInput`] when a row fails [`check_node`], has
+    /// weight 0, or repeats a (module, node) of `rows`;
+    /// [`StoreError::Duplicate`] (without `replace`) when a module already
+    /// has a node of `rows`. Either changes nothing.
+    fn import_routes(
+        &mut self,
+        rows: &[(ModuleId, RouteNode)],
+        replace: bool,
+    ) -> Result<Imported, StoreError>;
+
     /// Every route, or one module's, sorted by module and node.
     fn list(&mut self, module: Option<ModuleId>) -> Result<Vec<ModuleRoute>, StoreError>;
 
@@ -319,6 +339,20 @@ pub trait Store: Send {
     fn bad_rows(&self) -> u64 {
         0
     }
+}
+
+/// One row of a route table: a module and one of its nodes.
+pub type TableRow = (ModuleId, RouteNode);
+
+/// What [`Store::import_routes`] applied.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Imported {
+    /// The route version now (unchanged for an empty table).
+    pub version: u64,
+    /// The modules touched (each logged in the change log).
+    pub modules: usize,
+    /// The nodes written.
+    pub nodes: usize,
 }
 
 // === open ===
@@ -411,6 +445,42 @@ pub fn check_node(module: ModuleId, node: RouteNode) -> Result<RouteNode, StoreE
         node.weight
     };
     Ok(RouteNode { weight, ..node })
+}
+
+/// A node of an imported table: [`check_node`], and weight 0 refused
+/// (as `route add --weight` refuses it: a table states its weights).
+///
+/// # Errors
+/// [`StoreError::BadInput`] saying what is wrong.
+pub fn check_imported_node(module: ModuleId, node: RouteNode) -> Result<RouteNode, StoreError> {
+    if node.weight == 0 {
+        return Err(StoreError::BadInput(format!(
+            "module {module} node {}: weight 0 is out of range: use 1..={MAX_WEIGHT}",
+            node.addr
+        )));
+    }
+    check_node(module, node)
+}
+
+/// The rows of an import checked as [`Store::import_routes`] says, and
+/// the distinct modules they name, sorted.
+pub(crate) fn prepare_import(
+    rows: &[(ModuleId, RouteNode)],
+) -> Result<(Vec<TableRow>, Vec<ModuleId>), StoreError> {
+    let mut seen = HashSet::with_capacity(rows.len());
+    let mut out = Vec::with_capacity(rows.len());
+    for &(module, node) in rows {
+        let node = check_imported_node(module, node)?;
+        if !seen.insert((module, node.addr)) {
+            return Err(StoreError::BadInput(format!(
+                "module {module} node {} is listed twice",
+                node.addr
+            )));
+        }
+        out.push((module, node));
+    }
+    let modules: std::collections::BTreeSet<ModuleId> = out.iter().map(|r| r.0).collect();
+    Ok((out, modules.into_iter().collect()))
 }
 
 fn check_addr(module: ModuleId, addr: NodeAddr) -> Result<(), StoreError> {

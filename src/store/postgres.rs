@@ -25,8 +25,9 @@ use ::postgres::{Client, Config, IsolationLevel, NoTls, Transaction};
 
 use super::migrations::{self, MIGRATIONS, POSTGRES_SCHEMA_VERSION_TABLE};
 use super::{
-    assemble, check_node, prepare_status, redact, version_of, BadRows, CallStatus, ChangeRow,
-    Changes, ModuleRoute, RouteRow, RouteSet, StatusRow, Store, StoreError, CONNECT_TIMEOUT,
+    assemble, check_node, prepare_import, prepare_status, redact, version_of, BadRows, CallStatus,
+    ChangeRow, Changes, Imported, ModuleRoute, RouteRow, RouteSet, StatusRow, Store, StoreError,
+    CONNECT_TIMEOUT,
 };
 use crate::model::{ModuleId, NodeAddr, RouteNode};
 
@@ -247,6 +248,45 @@ impl PostgresStore {
         Ok((version, assemble(version, &latest, nodes, keep)))
     }
 
+    /// The error for an import refused because the store has one of
+    /// `rows`' nodes already: [`StoreError::Duplicate`] naming one.
+    fn duplicate_of(&mut self, rows: &[(ModuleId, RouteNode)]) -> StoreError {
+        let (url, lost) = (self.url.clone(), self.lost.clone());
+        let un = |e: ::postgres::Error| unavailable(&url, &lost, &e);
+        let modid: Vec<i64> = rows.iter().map(|r| i64::from(r.0.modid)).collect();
+        let cmdid: Vec<i64> = rows.iter().map(|r| i64::from(r.0.cmdid)).collect();
+        let ip: Vec<i64> = rows.iter().map(|r| i64::from(r.1.addr.ip)).collect();
+        let port: Vec<i32> = rows.iter().map(|r| i32::from(r.1.addr.port)).collect();
+        let found = self.client().and_then(|c| {
+            c.query_opt(
+                "SELECT d.modid, d.cmdid, d.ip, d.port FROM route_data d
+                   JOIN UNNEST($1::BIGINT[], $2::BIGINT[], $3::BIGINT[], $4::INTEGER[])
+                        AS u(modid, cmdid, ip, port)
+                     ON d.modid = u.modid AND d.cmdid = u.cmdid AND d.ip = u.ip AND d.port = u.port
+                  ORDER BY 1, 2, 3, 4 LIMIT 1",
+                &[&modid, &cmdid, &ip, &port],
+            )
+            .map_err(un)
+        });
+        match found {
+            Ok(Some(r)) => {
+                let (modid, cmdid, ip, port) = (int(&r, 0), int(&r, 1), int(&r, 2), int(&r, 3));
+                StoreError::Duplicate {
+                    module: ModuleId::new(modid as u32, cmdid as u32),
+                    node: NodeAddr {
+                        ip: ip as u32,
+                        port: port as u16,
+                    },
+                }
+            }
+            Ok(None) => StoreError::BadInput(
+                "another admin added a node of this table meanwhile: nothing was imported; import again"
+                    .to_string(),
+            ),
+            Err(e) => e,
+        }
+    }
+
     /// Bumps the route version (taking its row lock until commit) and logs
     /// `module` as changed, in `tx`.
     fn bump(tx: &mut Transaction<'_>, module: ModuleId) -> Result<u64, ::postgres::Error> {
@@ -274,6 +314,9 @@ impl PostgresStore {
 /// Connects within the configured timeout, counting the whole start-up
 /// (TCP, authentication), not only the TCP handshake that the crate's
 /// `connect_timeout` bounds.
+/// Rows per array statement of an import.
+const IMPORT_CHUNK: usize = 50_000;
+
 fn connect(config: &Config, shown: &str) -> Result<Client, StoreError> {
     let fail = |why: String| StoreError::Unavailable {
         url: shown.to_string(),
@@ -434,6 +477,88 @@ impl Store for PostgresStore {
         }
         tx.commit().map_err(un)?;
         Ok(v)
+    }
+
+    fn import_routes(
+        &mut self,
+        rows: &[(ModuleId, RouteNode)],
+        replace: bool,
+    ) -> Result<Imported, StoreError> {
+        let (rows, modules) = prepare_import(rows)?;
+        if rows.is_empty() {
+            let version = self.route_version()?;
+            return Ok(Imported {
+                version,
+                modules: 0,
+                nodes: 0,
+            });
+        }
+        let m_modid: Vec<i64> = modules.iter().map(|m| i64::from(m.modid)).collect();
+        let m_cmdid: Vec<i64> = modules.iter().map(|m| i64::from(m.cmdid)).collect();
+        let (url, lost) = (self.url.clone(), self.lost.clone());
+        let un = |e: ::postgres::Error| unavailable(&url, &lost, &e);
+        let mut tx = self.client()?.transaction().map_err(un)?;
+        // The version row first: admins queue here, whole.
+        let row = tx
+            .query_one(
+                "INSERT INTO route_version (id, version)
+                      VALUES (1, (SELECT COALESCE(MAX(version), 0) FROM route_change) + 1)
+                 ON CONFLICT (id) DO UPDATE SET version = route_version.version + 1
+                 RETURNING version",
+                &[],
+            )
+            .map_err(un)?;
+        let v = int(&row, 0);
+        if replace {
+            tx.execute(
+                "DELETE FROM route_data d USING UNNEST($1::BIGINT[], $2::BIGINT[]) AS u(modid, cmdid)
+                  WHERE d.modid = u.modid AND d.cmdid = u.cmdid",
+                &[&m_modid, &m_cmdid],
+            )
+            .map_err(un)?;
+        }
+        // Array statements in chunks: a few round trips for a million rows.
+        for chunk in rows.chunks(IMPORT_CHUNK) {
+            let col =
+                |f: fn(&(ModuleId, RouteNode)) -> i64| chunk.iter().map(f).collect::<Vec<i64>>();
+            let modid = col(|r| i64::from(r.0.modid));
+            let cmdid = col(|r| i64::from(r.0.cmdid));
+            let ip = col(|r| i64::from(r.1.addr.ip));
+            let port: Vec<i32> = chunk.iter().map(|r| i32::from(r.1.addr.port)).collect();
+            let weight = col(|r| i64::from(r.1.weight));
+            let inserted = tx
+                .execute(
+                    "INSERT INTO route_data (modid, cmdid, ip, port, weight)
+                     SELECT * FROM UNNEST($1::BIGINT[], $2::BIGINT[], $3::BIGINT[], $4::INTEGER[], $5::BIGINT[])
+                     ON CONFLICT (modid, cmdid, ip, port) DO NOTHING",
+                    &[&modid, &cmdid, &ip, &port, &weight],
+                )
+                .map_err(un)?;
+            if inserted < chunk.len() as u64 {
+                // Only without replace (the rows are distinct): a node the
+                // store has. Roll back, then name one.
+                drop(tx);
+                return Err(self.duplicate_of(&rows));
+            }
+        }
+        tx.execute(
+            "INSERT INTO route_change (version, modid, cmdid)
+             SELECT $1, * FROM UNNEST($2::BIGINT[], $3::BIGINT[])",
+            &[&v, &m_modid, &m_cmdid],
+        )
+        .map_err(un)?;
+        tx.execute(
+            "DELETE FROM route_change c USING UNNEST($1::BIGINT[], $2::BIGINT[]) AS u(modid, cmdid)
+              WHERE c.modid = u.modid AND c.cmdid = u.cmdid AND c.version < $3",
+            &[&m_modid, &m_cmdid, &v],
+        )
+        .map_err(un)?;
+        tx.commit().map_err(un)?;
+        Ok(Imported {
+            version: v as u64,
+            modules: modules.len(),
+            nodes: rows.len(),
+        })
     }
 
     fn list(&mut self, module: Option<ModuleId>) -> Result<Vec<ModuleRoute>, StoreError> {

@@ -19,8 +19,9 @@ use rusqlite::{
 
 use super::migrations::{self, MIGRATIONS, SQLITE_SCHEMA_VERSION_TABLE};
 use super::{
-    assemble, check_node, prepare_status, version_of, BadRows, CallStatus, ChangeRow, Changes,
-    ModuleRoute, RouteRow, RouteSet, StatusRow, Store, StoreError, SQLITE_BUSY_TIMEOUT,
+    assemble, check_node, prepare_import, prepare_status, version_of, BadRows, CallStatus,
+    ChangeRow, Changes, Imported, ModuleRoute, RouteRow, RouteSet, StatusRow, Store, StoreError,
+    SQLITE_BUSY_TIMEOUT,
 };
 use crate::model::{ModuleId, NodeAddr, RouteNode};
 
@@ -332,24 +333,34 @@ impl SqliteStore {
 
     /// Bumps the route version and logs `module` as changed, in `tx`.
     fn bump(tx: &Transaction<'_>, module: ModuleId) -> rusqlite::Result<u64> {
-        let v: i64 = tx.query_row(
+        let v = Self::next_version(tx)?;
+        Self::log_change(tx, v, module)?;
+        Ok(v as u64)
+    }
+
+    /// Bumps the route version, in `tx`; returns the new one.
+    fn next_version(tx: &Transaction<'_>) -> rusqlite::Result<i64> {
+        tx.query_row(
             "INSERT INTO route_version (id, version)
                   VALUES (1, (SELECT COALESCE(MAX(version), 0) FROM route_change) + 1)
              ON CONFLICT (id) DO UPDATE SET version = route_version.version + 1
              RETURNING version",
             [],
             |r| r.get(0),
-        )?;
+        )
+    }
+
+    /// Logs `module` as changed at version `v` (dropping its older
+    /// entries), in `tx`.
+    fn log_change(tx: &Transaction<'_>, v: i64, module: ModuleId) -> rusqlite::Result<()> {
         let (modid, cmdid) = (i64::from(module.modid), i64::from(module.cmdid));
-        tx.execute(
-            "INSERT INTO route_change (version, modid, cmdid) VALUES (?1, ?2, ?3)",
-            params![v, modid, cmdid],
-        )?;
-        tx.execute(
+        tx.prepare_cached("INSERT INTO route_change (version, modid, cmdid) VALUES (?1, ?2, ?3)")?
+            .execute(params![v, modid, cmdid])?;
+        tx.prepare_cached(
             "DELETE FROM route_change WHERE modid = ?1 AND cmdid = ?2 AND version < ?3",
-            params![modid, cmdid, v],
-        )?;
-        Ok(v as u64)
+        )?
+        .execute(params![modid, cmdid, v])?;
+        Ok(())
     }
 }
 
@@ -462,6 +473,66 @@ impl Store for SqliteStore {
         let v = Self::bump(&tx, module).map_err(un)?;
         tx.commit().map_err(un)?;
         Ok(v)
+    }
+
+    fn import_routes(
+        &mut self,
+        rows: &[(ModuleId, RouteNode)],
+        replace: bool,
+    ) -> Result<Imported, StoreError> {
+        let (rows, modules) = prepare_import(rows)?;
+        if rows.is_empty() {
+            let version = self.route_version()?;
+            return Ok(Imported {
+                version,
+                modules: 0,
+                nodes: 0,
+            });
+        }
+        let url = self.url.clone();
+        let un = |e: rusqlite::Error| StoreError::Unavailable {
+            url: url.clone(),
+            why: super::why(&e),
+        };
+        let tx = self.write_tx()?;
+        let v = Self::next_version(&tx).map_err(un)?;
+        if replace {
+            let mut del = tx
+                .prepare_cached("DELETE FROM route_data WHERE modid = ?1 AND cmdid = ?2")
+                .map_err(un)?;
+            for m in &modules {
+                del.execute(params![m.modid, m.cmdid]).map_err(un)?;
+            }
+        }
+        {
+            let mut ins = tx
+                .prepare_cached(
+                    "INSERT INTO route_data (modid, cmdid, ip, port, weight) VALUES (?1, ?2, ?3, ?4, ?5)
+                     ON CONFLICT (modid, cmdid, ip, port) DO NOTHING",
+                )
+                .map_err(un)?;
+            for (m, n) in &rows {
+                let inserted = ins
+                    .execute(params![m.modid, m.cmdid, n.addr.ip, n.addr.port, n.weight])
+                    .map_err(un)?;
+                if inserted == 0 {
+                    // Only without replace: the rows are distinct.
+                    return Err(StoreError::Duplicate {
+                        module: *m,
+                        node: n.addr,
+                    }); // rolls back
+                }
+            }
+        }
+        for m in &modules {
+            Self::log_change(&tx, v, *m).map_err(un)?;
+        }
+        tx.commit().map_err(un)?;
+        Ok(Imported {
+            version: v as u64,
+            modules: modules.len(),
+            nodes: rows.len(),
+        })
     }
 
     fn list(&mut self, module: Option<ModuleId>) -> Result<Vec<ModuleRoute>, StoreError> {
