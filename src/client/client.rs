@@ -890,10 +890,19 @@ mod tests {
     fn set_priorities_checks_the_range_and_keeps_the_old_ones_on_error() {
         let mut c = Client::with_options(ClientOptions::default()).unwrap();
         c.set_priorities(3, 128).unwrap();
-        assert_eq!((c.options().business_priority, c.options().user_priority), (3, 128));
+        assert_eq!(
+            (c.options().business_priority, c.options().user_priority),
+            (3, 128)
+        );
         let e = c.set_priorities(1, 129).unwrap_err();
-        assert!(matches!(&e, ClientError::BadRequest(m) if m.contains("user_priority")), "{e}");
-        assert_eq!((c.options().business_priority, c.options().user_priority), (3, 128));
+        assert!(
+            matches!(&e, ClientError::BadRequest(m) if m.contains("user_priority")),
+            "{e}"
+        );
+        assert_eq!(
+            (c.options().business_priority, c.options().user_priority),
+            (3, 128)
+        );
     }
 
     #[test]

@@ -592,18 +592,43 @@ mod tests {
             );
             let msg = CStr::from_ptr(lb_last_error()).to_str().unwrap();
             assert!(msg.contains("business_priority"), "{msg}");
-            assert_eq!(lb_register(c, 1, 2, 50, std::ptr::null_mut()), LB_ERR_AGENT_DOWN);
+            assert_eq!(
+                lb_register(c, 1, 2, 50, std::ptr::null_mut()),
+                LB_ERR_AGENT_DOWN
+            );
             let mut n = 0usize;
             assert_eq!(
-                lb_get_route(c, 1, 2, 50, std::ptr::null_mut(), 0, &mut n, std::ptr::null_mut()),
+                lb_get_route(
+                    c,
+                    1,
+                    2,
+                    50,
+                    std::ptr::null_mut(),
+                    0,
+                    &mut n,
+                    std::ptr::null_mut()
+                ),
                 LB_ERR_AGENT_DOWN
             );
             assert_eq!(
-                lb_get_route(c, 1, 2, 50, std::ptr::null_mut(), 3, &mut n, std::ptr::null_mut()),
+                lb_get_route(
+                    c,
+                    1,
+                    2,
+                    50,
+                    std::ptr::null_mut(),
+                    3,
+                    &mut n,
+                    std::ptr::null_mut()
+                ),
                 LB_ERR_BAD_ARGUMENT
             );
             // Dropped while the agent is down, as in the original.
-            let host = LbHost { ip: 0x0a00_0001, port: 80, source: 0 };
+            let host = LbHost {
+                ip: 0x0a00_0001,
+                port: 80,
+                source: 0,
+            };
             assert_eq!(lb_report(c, 1, 2, host, 0, 5), LB_OK);
             let zero = LbHost { port: 0, ..host };
             assert_eq!(lb_report(c, 1, 2, zero, 0, 5), LB_ERR_BAD_ARGUMENT);
@@ -616,7 +641,11 @@ mod tests {
         let codes = [0, 1, 3, 4, 5, 6, 7, 8, 9, 10, 11];
         let mut names: Vec<&str> = codes
             .iter()
-            .map(|&c| unsafe { CStr::from_ptr(lb_status_name(c)) }.to_str().unwrap())
+            .map(|&c| {
+                unsafe { CStr::from_ptr(lb_status_name(c)) }
+                    .to_str()
+                    .unwrap()
+            })
             .collect();
         assert!(!names.contains(&"unknown"));
         names.sort_unstable();
