@@ -23,50 +23,50 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 create_exception!(
-    _native,
+    lbagent,
     LbError,
     PyException,
     "Base class of every lbagent client error; `code` is the tool commands' exit status."
 );
 create_exception!(
-    _native,
+    lbagent,
     NoSuchModule,
     LbError,
     "The agent has no route for the module (3)."
 );
 create_exception!(
-    _native,
+    lbagent,
     Overloaded,
     LbError,
     "Every node of the module is overloaded (4)."
 );
 create_exception!(
-    _native,
+    lbagent,
     Rejected,
     LbError,
     "The agent's admission control rejected the call (5)."
 );
-create_exception!(_native, AgentDown, LbError, "The local agent is down (6).");
+create_exception!(lbagent, AgentDown, LbError, "The local agent is down (6).");
 create_exception!(
-    _native,
+    lbagent,
     StaticRoutes,
     LbError,
     "The agent is down and the static route file cannot answer (7)."
 );
 create_exception!(
-    _native,
+    lbagent,
     Timeout,
     LbError,
     "The agent did not answer in time (8)."
 );
 create_exception!(
-    _native,
+    lbagent,
     BadResponse,
     LbError,
     "Something that is not the agent answered (9)."
 );
 create_exception!(
-    _native,
+    lbagent,
     BadArgument,
     LbError,
     "A bad argument, or a request the agent refused (10)."

@@ -49,6 +49,8 @@ class System:
             "agent.heartbeat_path=" + self.heartbeat,
             # Counters never restart during a test session.
             "lb.clear_timeout=3600",
+            # The static route file appears within a second of a route.
+            "agent.snapshot_interval=1",
         ]
         args = [self.bin, "standalone", "--data", str(d / "data")]
         for s in sets:

@@ -1,7 +1,6 @@
 """The Python package against a real lbagent standalone system."""
 
 import os
-import tempfile
 import time
 
 import pytest
@@ -97,6 +96,10 @@ def test_without_an_agent(tmp_path):
 
 
 def test_the_static_route_file_answers_when_the_agent_is_down(system, tmp_path):
+    # The agent writes the file every second (agent.snapshot_interval=1).
+    end = time.monotonic() + 10
+    while not os.path.exists(system.snapshot) and time.monotonic() < end:
+        time.sleep(0.05)
     c = lbagent.Client(heartbeat=str(tmp_path / "none"), snapshot=system.snapshot)
     ip, port, source = c.get_host_source(*MODULE, timeout=0.1)
     assert "%s:%d" % (ip, port) in NODES
