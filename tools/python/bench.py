@@ -13,7 +13,9 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "tests"))
+# Not this directory: its lbagent/ is the package's source, without the
+# native half that `pip install .` built.
+sys.path[0] = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tests")
 import lbagent  # noqa: E402
 from standalone import MODULE, System  # noqa: E402
 
