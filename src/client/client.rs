@@ -104,6 +104,29 @@ impl Client {
         &self.opts
     }
 
+    /// Sets the DAGOR priorities sent with the following getHost requests
+    /// ([`ClientOptions::business_priority`] and
+    /// [`ClientOptions::user_priority`]: 0 = unset, else 1..=128), for a
+    /// caller whose priorities change from call to call (the C ABI and the
+    /// Python package pass them per call).
+    ///
+    /// # Errors
+    /// [`ClientError::BadRequest`] naming the priority out of range; the
+    /// previous priorities stay.
+    pub fn set_priorities(&mut self, business: u8, user: u8) -> Result<(), ClientError> {
+        for (name, p) in [("business_priority", business), ("user_priority", user)] {
+            if p > crate::wire::MAX_PRIORITY {
+                return Err(ClientError::BadRequest(format!(
+                    "{name} {p} is out of range: 0 (unset) or 1..={}",
+                    crate::wire::MAX_PRIORITY
+                )));
+            }
+        }
+        self.opts.business_priority = business;
+        self.opts.user_priority = user;
+        Ok(())
+    }
+
     /// Asks for a node of module `(modid, cmdid)`, waiting at most `timeout`
     /// for the agent (re-sending the request within it). While the agent is
     /// down the node comes from the static route file (see the module
@@ -861,6 +884,25 @@ mod tests {
     #[test]
     fn a_client_can_move_to_another_thread() {
         assert_send::<Client>();
+    }
+
+    #[test]
+    fn set_priorities_checks_the_range_and_keeps_the_old_ones_on_error() {
+        let mut c = Client::with_options(ClientOptions::default()).unwrap();
+        c.set_priorities(3, 128).unwrap();
+        assert_eq!(
+            (c.options().business_priority, c.options().user_priority),
+            (3, 128)
+        );
+        let e = c.set_priorities(1, 129).unwrap_err();
+        assert!(
+            matches!(&e, ClientError::BadRequest(m) if m.contains("user_priority")),
+            "{e}"
+        );
+        assert_eq!(
+            (c.options().business_priority, c.options().user_priority),
+            (3, 128)
+        );
     }
 
     #[test]

@@ -1,0 +1,146 @@
+"""The Python package against a real lbagent standalone system."""
+
+import os
+import time
+
+import pytest
+
+import lbagent
+from standalone import MODULE, NODES, SINGLE, SINGLE_NODE
+
+
+def counts(client, module, node):
+    """(rsucc, rerr) of `node` in the agent's view of `module`."""
+    ip, port = node.split(":")
+    for n in client.get_route(*module):
+        if (n["ip"], n["port"]) == (ip, int(port)):
+            return n["rsucc"], n["rerr"]
+    raise AssertionError("%s not in the route of %s" % (node, module))
+
+
+def wait_counts(client, module, node, want, seconds=5.0):
+    """Polls until the node's counters are `want` (reports are fire and forget)."""
+    end = time.monotonic() + seconds
+    got = counts(client, module, node)
+    while got != want and time.monotonic() < end:
+        time.sleep(0.02)
+        got = counts(client, module, node)
+    assert got == want, "counters of %s: %s, want %s" % (node, got, want)
+
+
+def test_get_host_report_register_get_route(system):
+    c = lbagent.Client(heartbeat=system.heartbeat)
+    assert c.register(*MODULE) >= 1
+    seen = set()
+    for _ in range(4):
+        ip, port = c.get_host(*MODULE, timeout=1.0)
+        assert "%s:%d" % (ip, port) in NODES
+        seen.add((ip, port))
+        c.report(*MODULE, (ip, port), 0, 3)
+    assert len(seen) == 2, "round robin over both nodes: %s" % seen
+    route = c.get_route(*MODULE)
+    assert sorted("%s:%d" % (n["ip"], n["port"]) for n in route) == sorted(NODES)
+    for n in route:
+        assert set(n) >= {"ip", "port", "weight", "overloaded", "vsucc", "verr", "rsucc", "rerr", "version"}
+        assert n["overloaded"] is False
+    c.flush()
+
+
+def test_call_reports_success_and_failure_with_tcost(system):
+    c = lbagent.Client(heartbeat=system.heartbeat)
+    before = counts(c, SINGLE, SINGLE_NODE)
+    with c.call(*SINGLE) as host:
+        assert "%s:%d" % host == SINGLE_NODE
+    wait_counts(c, SINGLE, SINGLE_NODE, (before[0] + 1, before[1]))
+
+    class Boom(Exception):
+        pass
+
+    with pytest.raises(Boom):
+        with c.call(*SINGLE) as host:
+            time.sleep(0.01)
+            raise Boom()
+    # A failure is reported, and the exception went through untouched.
+    wait_counts(c, SINGLE, SINGLE_NODE, (before[0] + 1, before[1] + 1))
+
+
+def test_errors_are_typed_under_one_base_class(system):
+    c = lbagent.Client(heartbeat=system.heartbeat)
+    with pytest.raises(lbagent.NoSuchModule) as e:
+        c.get_host(999999, 1, timeout=1.0)
+    assert isinstance(e.value, lbagent.LbError)
+    assert (e.value.code, e.value.kind) == (3, "no_such_module")
+    with pytest.raises(lbagent.BadArgument) as e:
+        c.get_host(*MODULE, timeout=0)
+    assert e.value.code == 10
+    with pytest.raises(lbagent.BadArgument):
+        c.get_host(*MODULE, business_priority=200)
+    with pytest.raises(lbagent.BadArgument):
+        c.report(*MODULE, ("not-an-ip", 80))
+    with pytest.raises(lbagent.BadArgument):
+        c.report(*MODULE, ("10.7.0.1", 0))
+    with pytest.raises(OverflowError):
+        c.get_host(-1, 1)
+
+
+def test_without_an_agent(tmp_path):
+    c = lbagent.Client(heartbeat=str(tmp_path / "none"), snapshot=str(tmp_path / "none.snapshot"))
+    with pytest.raises(lbagent.AgentDown) as e:
+        c.register(*MODULE, timeout=0.1)
+    assert e.value.code == 6
+    with pytest.raises(lbagent.StaticRoutes) as e:
+        c.get_host(*MODULE, timeout=0.1)
+    assert e.value.code == 7
+    # Reports are dropped while the agent is down, as in the original.
+    c.report(*MODULE, ("10.7.0.1", 80), 0, 1)
+
+
+def test_the_static_route_file_answers_when_the_agent_is_down(system, tmp_path):
+    c = lbagent.Client(heartbeat=str(tmp_path / "none"), snapshot=system.snapshot)
+    # The agent rewrites the file every second (agent.snapshot_interval=1):
+    # the first one may predate the module.
+    end = time.monotonic() + 10
+    while True:
+        try:
+            ip, port, source = c.get_host_source(*MODULE, timeout=0.1)
+            break
+        except lbagent.StaticRoutes:
+            if time.monotonic() > end:
+                raise
+            time.sleep(0.05)
+    assert "%s:%d" % (ip, port) in NODES
+    assert source == "static_routes"
+
+
+def test_the_cache_answers_in_process(system):
+    c = lbagent.Client(heartbeat=system.heartbeat, cache=True)
+    sources = set()
+    for _ in range(20):
+        ip, port, source = c.get_host_source(*MODULE)
+        assert "%s:%d" % (ip, port) in NODES
+        sources.add(source)
+        c.report(*MODULE, (ip, port), 0, 1)
+    assert "cache" in sources, sources
+    c.flush()
+
+
+def test_a_client_is_usable_from_several_threads(system):
+    import threading
+
+    c = lbagent.Client(heartbeat=system.heartbeat)
+    errors = []
+
+    def work():
+        try:
+            for _ in range(50):
+                host = c.get_host(*MODULE)
+                c.report(*MODULE, host)
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
