@@ -23,7 +23,7 @@ use lbagent::agent::snapshot::{self, SnapshotRoute};
 use lbagent::client::tools::{
     self, AgentConnArgs, GethostArgs, GetrouteArgs, ReportArgs, ToolOutcome, EXIT_AGENT_DOWN,
     EXIT_BAD_ARGUMENT, EXIT_BAD_RESPONSE, EXIT_NO_SUCH_MODULE, EXIT_OK, EXIT_OVERLOADED,
-    EXIT_STATIC_ROUTES, EXIT_TIMEOUT,
+    EXIT_REJECTED, EXIT_STATIC_ROUTES, EXIT_TIMEOUT,
 };
 use lbagent::model::{ModuleId, NodeAddr, RouteNode};
 use lbagent::wire::{decode, Encoder, Limits, Message, RetCode};
@@ -58,6 +58,9 @@ fn gethost(dir: &Path, m: ModuleId, json: bool) -> ToolOutcome {
         modid: m.modid,
         cmdid: m.cmdid,
         json,
+        priority: None,
+        user: None,
+        user_hash_seed: 0,
         conn: conn(dir, 500),
     })
 }
@@ -78,6 +81,7 @@ fn report(dir: &Path, m: ModuleId, n: NodeAddr, retcode: i32, json: bool) -> Too
         node: n,
         retcode,
         tcost: 250,
+        downstream_level: None,
         json,
         conn: conn(dir, 500),
     })
@@ -129,6 +133,55 @@ impl Drop for AgentProc {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
+}
+
+/// `lbagent ARGS... --heartbeat .. --snapshot ..`: the binary's exit code
+/// and stdout.
+fn tool_binary(dir: &Path, args: &[&str]) -> (i32, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_lbagent"))
+        .args(args)
+        .arg("--heartbeat")
+        .arg(dir.join("heartbeat"))
+        .arg("--snapshot")
+        .arg(dir.join("routes.snapshot"))
+        .args(["--timeout-ms", "2000"])
+        .output()
+        .expect("run lbagent");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+#[test]
+fn a_reported_downstream_level_makes_the_real_agent_reject_lower_priorities() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let source = RouteSource::start();
+    source.set_route(M, &nodes(1));
+    let _agent = AgentProc::start(d, &source);
+    let (modid, cmdid) = (M.modid.to_string(), M.cmdid.to_string());
+    let (m, c) = (modid.as_str(), cmdid.as_str());
+    // gethost registers on first use; the route arrives within the wait.
+    wait_for(Duration::from_secs(10), || {
+        (tool_binary(d, &["gethost", m, c]).0 == i32::from(EXIT_OK)).then_some(())
+    })
+    .expect("the route arrives");
+    let n = node(1).to_string();
+    let (code, out) = tool_binary(
+        d,
+        &["report", m, c, &n, "0", "--downstream-level", "10,128"],
+    );
+    assert_eq!(code, i32::from(EXIT_OK), "{out}");
+    // The level lives admission.level_timeout_ms (3 s): both asks come
+    // well within it on any machine, each a single short exchange.
+    let (code, out) = tool_binary(d, &["gethost", m, c, "--priority", "20", "--user", "u1"]);
+    assert_eq!(code, i32::from(EXIT_REJECTED), "{out}");
+    let (code, out) = tool_binary(d, &["gethost", m, c, "--priority", "5", "--user", "u1"]);
+    assert_eq!((code, out.trim()), (i32::from(EXIT_OK), n.as_str()));
+    // A bad level is refused by the argument parser.
+    let (code, _) = tool_binary(d, &["report", m, c, &n, "0", "--downstream-level", "0,7"]);
+    assert_ne!(code, i32::from(EXIT_OK));
 }
 
 #[test]

@@ -75,6 +75,13 @@ pub struct ShardMetrics {
     pub unknown_node_reports: u64,
     /// getHosts answered by a probe of an overloaded node.
     pub probes: u64,
+    /// getHosts answered Rejected: every idle node's downstream level
+    /// refuses the request's priorities (DAGOR collaborative admission).
+    pub rejected: u64,
+    /// Reports that carried a downstream admission level.
+    pub levels_reported: u64,
+    /// Nodes with a downstream admission level held (gauge).
+    pub nodes_levelled: u64,
     /// Nodes that became overloaded.
     pub to_overloaded: u64,
     /// Nodes that became idle.
@@ -130,6 +137,9 @@ impl ShardMetrics {
             unknown_module_reports: 0,
             unknown_node_reports: 0,
             probes: 0,
+            rejected: 0,
+            levels_reported: 0,
+            nodes_levelled: 0,
             to_overloaded: 0,
             to_idle: 0,
             route_updates: 0,
@@ -294,7 +304,7 @@ pub fn render(shards: &[ShardMetrics], control: &ControlMetrics) -> String {
             );
         }
     }
-    let per_shard: [Figure; 22] = [
+    let per_shard: [Figure; 25] = [
         (
             "lbagent_unexpected_messages_total",
             "counter",
@@ -330,6 +340,18 @@ pub fn render(shards: &[ShardMetrics], control: &ControlMetrics) -> String {
             "counter",
             "getHosts answered by probing an overloaded node.",
             |m| m.probes,
+        ),
+        (
+            "lbagent_gethost_rejected_total",
+            "counter",
+            "getHosts answered Rejected by the downstream admission levels (DAGOR).",
+            |m| m.rejected,
+        ),
+        (
+            "lbagent_downstream_levels_reported_total",
+            "counter",
+            "Reports that carried a downstream admission level.",
+            |m| m.levels_reported,
         ),
         (
             "lbagent_route_updates_total",
@@ -408,6 +430,12 @@ pub fn render(shards: &[ShardMetrics], control: &ControlMetrics) -> String {
             "gauge",
             "Overloaded nodes.",
             |m| m.nodes_overloaded,
+        ),
+        (
+            "lbagent_nodes_levelled",
+            "gauge",
+            "Nodes with a downstream admission level held (DAGOR).",
+            |m| m.nodes_levelled,
         ),
         (
             "lbagent_unknown_modules",

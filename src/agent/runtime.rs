@@ -137,6 +137,7 @@ impl Agent {
                     unknown_ttl_ms: a.unknown_module_ttl_ms,
                     max_modules: a.max_modules as usize,
                     max_unknown: a.max_unknown_modules as usize,
+                    level_timeout_ms: config.admission.level_timeout_ms,
                 },
                 socket,
                 initial,

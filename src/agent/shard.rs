@@ -37,6 +37,10 @@ use crate::wire::{self, CacheRoute, Encoder, Limits, Message, NodeStatus, RetCod
 /// The default most modules one shard tracks (`agent.max_modules`).
 pub const MAX_MODULES: usize = 1 << 20;
 
+/// The default `admission.level_timeout_ms`: a downstream level not
+/// refreshed by a report within three 1 s windows is forgotten.
+pub const LEVEL_TIMEOUT_MS: u64 = 3_000;
+
 /// The most register requests one shard keeps waiting for routes; further
 /// ones are refused (`Unavailable`).
 pub const MAX_WAITERS: usize = 4096;
@@ -75,6 +79,9 @@ pub struct ShardSetup {
     pub max_modules: usize,
     /// The most modules without a route the shard remembers at once.
     pub max_unknown: usize,
+    /// A node's downstream admission level (DAGOR), as a report carried
+    /// it, is forgotten when no report refreshes it within this long, ms.
+    pub level_timeout_ms: u64,
 }
 
 impl ShardSetup {
@@ -91,6 +98,7 @@ impl ShardSetup {
             unknown_ttl_ms: 1_000,
             max_modules: MAX_MODULES,
             max_unknown: 1024,
+            level_timeout_ms: LEVEL_TIMEOUT_MS,
         }
     }
 }
@@ -221,7 +229,7 @@ impl ShardCore {
         };
         match msg {
             Message::GetHostReq(r) => match r.validate() {
-                Ok(g) => self.get_host(g.seq, g.module, now),
+                Ok(g) => self.get_host(g, now),
                 Err(e) => self.bad_request(
                     Kind::GetHost,
                     u64::from(r.seq()),
@@ -230,13 +238,7 @@ impl ShardCore {
                 ),
             },
             Message::ReportReq(r) => match r.validate() {
-                Ok(rep) => self.report(
-                    rep.seq,
-                    rep.module,
-                    rep.host,
-                    Outcome::from_retcode(rep.retcode, rep.tcost_ms),
-                    now,
-                ),
+                Ok(rep) => self.report(&rep, now),
                 Err(e) => self.bad_request(
                     Kind::Report,
                     u64::from(r.seq()),
@@ -464,6 +466,11 @@ impl ShardCore {
         self.metrics.waiting_registers = self.waiting as u64;
         self.metrics.nodes_idle = idle;
         self.metrics.nodes_overloaded = overloaded;
+        self.metrics.nodes_levelled = self
+            .modules
+            .values()
+            .map(|e| e.lb.levels_held() as u64)
+            .sum();
     }
 
     // === requests ===
@@ -506,7 +513,8 @@ impl ShardCore {
         )
     }
 
-    fn get_host(&mut self, seq: u32, module: ModuleId, now: Millis) -> Option<&[u8]> {
+    fn get_host(&mut self, g: wire::GetHost, now: Millis) -> Option<&[u8]> {
+        let (seq, module) = (g.seq, g.module);
         if !self.admit(Kind::GetHost, u64::from(seq), module) {
             return Some(self.enc.finished());
         }
@@ -519,11 +527,18 @@ impl ShardCore {
             setup,
             ..
         } = self;
-        let pick = touch(modules, outbox, setup, module, now)
-            .lb
-            .get_host(&setup.params);
+        let pick = touch(modules, outbox, setup, module, now).lb.get_host_for(
+            &setup.params,
+            g.business_priority,
+            g.user_priority,
+            now,
+        );
         let (retcode, host) = match pick {
             Pick::Idle(a) => (RetCode::Ok, Some(a)),
+            Pick::Rejected => {
+                self.metrics.rejected += 1;
+                (RetCode::Rejected, None)
+            }
             Pick::Probe(a) => {
                 self.metrics.probes += 1;
                 (RetCode::Ok, Some(a))
@@ -537,14 +552,9 @@ impl ShardCore {
         Some(self.enc.get_host_resp(seq, module, retcode, host, None))
     }
 
-    fn report(
-        &mut self,
-        seq: u32,
-        module: ModuleId,
-        host: crate::model::NodeAddr,
-        outcome: Outcome,
-        now: Millis,
-    ) -> Option<&[u8]> {
+    fn report(&mut self, rep: &wire::Report, now: Millis) -> Option<&[u8]> {
+        let (seq, module, host) = (rep.seq, rep.module, rep.host);
+        let outcome = Outcome::from_retcode(rep.retcode, rep.tcost_ms);
         if !self.admit(Kind::Report, u64::from(seq), module) {
             return Some(self.enc.finished());
         }
@@ -560,8 +570,17 @@ impl ShardCore {
         };
         entry.last_used = now;
         match entry.lb.report(host, outcome, now, p) {
-            Ok(Some(t)) => self.metrics.count_transition(t.to),
-            Ok(None) => {}
+            Ok(t) => {
+                if let Some(t) = t {
+                    self.metrics.count_transition(t.to);
+                }
+                if let Some(level) = rep.downstream_level {
+                    let expires = now + self.setup.level_timeout_ms;
+                    // The node is in the route: report() just found it.
+                    let _ = entry.lb.set_level(host, Some(level), expires);
+                    self.metrics.levels_reported += 1;
+                }
+            }
             Err(_) => {
                 self.metrics.count_error(Kind::Report);
                 self.metrics.unknown_node_reports += 1;
@@ -733,7 +752,10 @@ impl ShardCore {
         {
             resp.retcode = RetCode::Ok;
             resp.version = entry.lb.version();
-            resp.any_overloaded = entry.lb.any_overloaded();
+            // A node with a downstream level reads as overloaded to the
+            // route cache: it then passes every getHost (and report)
+            // through the agent, which applies the levels.
+            resp.any_overloaded = entry.lb.any_overloaded() || entry.lb.levelled_nodes(now) > 0;
             resp.unchanged = known == resp.version;
             if !resp.unchanged {
                 let all = entry.lb.nodes();

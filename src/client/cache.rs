@@ -21,7 +21,10 @@
 //!   [`HOLD_LIMIT`] at a report, when [`MAX_HELD_NODES`] nodes are held,
 //!   before any failure report of the module (so the agent sees them in the
 //!   order they happened), and on [`super::Client::flush`] or drop.
-//! - Failures are never held.
+//! - Failures are never held, nor reports that carry a downstream
+//!   admission level ([`RouteCache::refresh_soon`]); the agent reads a
+//!   module any of whose nodes has a live level as overloaded, so the cache
+//!   passes its getHosts through the agent, which applies the levels.
 //! - A success reported for a node that is not in the cached route is
 //!   dropped (neither held nor sent), and a route change drops the held
 //!   successes of the nodes that left, as the original's cache does: they
@@ -253,6 +256,16 @@ impl RouteCache {
             None => e.held.push((host, 1)),
         }
         false
+    }
+
+    /// Makes the next getHost of `module` refresh the route (a report
+    /// carried a downstream admission level: the agent's answer then says
+    /// whether to pass getHosts through it). Issue 12, collaborative
+    /// admission: the agent reads a module with levels as overloaded.
+    pub fn refresh_soon(&mut self, module: ModuleId) {
+        if let Some(e) = self.modules.get_mut(&module) {
+            e.refresh_now = true;
+        }
     }
 
     /// Moves `module`'s held successes into `out` (before a refresh).

@@ -9,11 +9,13 @@ use super::cache::{Pick, Refreshed, RouteCache};
 use super::link::{Failure, Link};
 use super::locate::{Endpoints, Liveness, Locator};
 use super::statics::StaticRoutes;
-use super::{ClientError, ClientOptions, Host, HostSource, RouteView};
+use super::{ClientError, ClientOptions, Host, HostSource, Priority, RouteView};
 use crate::agent::clock;
 use crate::agent::heartbeat::AgentInfo;
 use crate::model::{ModuleId, NodeAddr, RouteNode};
-use crate::wire::{fb, Encoder, Message, NodeStatus, Report, RetCode, MAX_REGISTER_TIMEOUT_MS};
+use crate::wire::{
+    fb, AdmissionLevel, Encoder, Message, NodeStatus, Report, RetCode, MAX_REGISTER_TIMEOUT_MS,
+};
 
 /// One application thread's handle on the local agent. `Send`, not meant
 /// to be shared: give each thread its own (they are cheap: a few sockets and
@@ -147,8 +149,29 @@ impl Client {
         cmdid: u32,
         timeout: Duration,
     ) -> Result<Host, ClientError> {
+        let prio = Priority::new(self.opts.business_priority, self.opts.user_priority);
+        self.get_host_with(modid, cmdid, prio, timeout)
+    }
+
+    /// [`Client::get_host`] for a call of DAGOR priorities `prio` (instead
+    /// of [`ClientOptions::business_priority`] / `user_priority`): the
+    /// agent answers [`ClientError::Rejected`] when the downstream level of
+    /// every idle node refuses them (see [`Priority::of_user`] to hash a
+    /// user id).
+    ///
+    /// # Errors
+    /// As [`Client::get_host`]; [`ClientError::BadRequest`] for a priority
+    /// above 128.
+    pub fn get_host_with(
+        &mut self,
+        modid: u32,
+        cmdid: u32,
+        prio: Priority,
+        timeout: Duration,
+    ) -> Result<Host, ClientError> {
         let module = ModuleId::new(modid, cmdid);
         check_timeout(timeout)?;
+        prio.validate()?;
         let started = Instant::now();
         let endpoints = match self.locate() {
             Ok(e) => e,
@@ -165,9 +188,9 @@ impl Client {
         }
         let deadline = started + timeout;
         if self.cache.is_some() {
-            return self.cached_get_host(module, started, deadline);
+            return self.cached_get_host(module, prio, started, deadline);
         }
-        self.agent_get_host(module, started, deadline)
+        self.agent_get_host(module, prio, started, deadline)
     }
 
     /// Reports the result of a call to `host` of module `(modid, cmdid)`:
@@ -187,6 +210,36 @@ impl Client {
         retcode: i32,
         tcost_ms: u32,
     ) -> Result<(), ClientError> {
+        self.report_with_level(modid, cmdid, host, retcode, tcost_ms, None)
+    }
+
+    /// [`Client::report`] passing on the admission level the downstream
+    /// attached to its response (DAGOR collaborative admission): the agent
+    /// keeps it for the node, for `admission.level_timeout_ms`, and rejects
+    /// the getHosts it refuses. A report with a level is never held by the
+    /// route cache (held successes go first), and the cache refreshes at
+    /// the next getHost, so it learns to pass getHosts through the agent.
+    ///
+    /// # Errors
+    /// As [`Client::report`]; [`ClientError::BadRequest`] for a level
+    /// outside 1..=128.
+    pub fn report_with_level(
+        &mut self,
+        modid: u32,
+        cmdid: u32,
+        host: NodeAddr,
+        retcode: i32,
+        tcost_ms: u32,
+        downstream_level: Option<AdmissionLevel>,
+    ) -> Result<(), ClientError> {
+        if let Some(l) = downstream_level {
+            if !(1..=128).contains(&l.business) || !(1..=128).contains(&l.user) {
+                return Err(ClientError::BadRequest(format!(
+                    "downstream level ({}, {}) is out of range: each part is 1..=128",
+                    l.business, l.user
+                )));
+            }
+        }
         let module = ModuleId::new(modid, cmdid);
         if host.port == 0 {
             return Err(ClientError::BadRequest(format!(
@@ -204,10 +257,17 @@ impl Client {
         let shard = module.shard(endpoints.shards);
         if let Some(cache) = &mut self.cache {
             self.batch.clear();
-            let now_send = cache.report(module, host, retcode, clock::now_ms(), &mut self.batch);
-            self.send_batch(module, shard);
-            if !now_send {
-                return Ok(());
+            if downstream_level.is_some() {
+                cache.take_held(module, &mut self.batch);
+                cache.refresh_soon(module);
+                self.send_batch(module, shard);
+            } else {
+                let now_send =
+                    cache.report(module, host, retcode, clock::now_ms(), &mut self.batch);
+                self.send_batch(module, shard);
+                if !now_send {
+                    return Ok(());
+                }
             }
         }
         let report = Report {
@@ -216,7 +276,7 @@ impl Client {
             host,
             retcode,
             tcost_ms,
-            downstream_level: None,
+            downstream_level,
         };
         let sent = self.link.send(shard, |e, seq| {
             e.report_req(&Report { seq, ..report });
@@ -560,10 +620,11 @@ impl Client {
     fn agent_get_host(
         &mut self,
         module: ModuleId,
+        prio: Priority,
         started: Instant,
         deadline: Instant,
     ) -> Result<Host, ClientError> {
-        let (b, u) = (self.opts.business_priority, self.opts.user_priority);
+        let (b, u) = (prio.business, prio.user);
         let r = self.exchange(
             module,
             deadline,
@@ -649,11 +710,12 @@ impl Client {
     fn cached_get_host(
         &mut self,
         module: ModuleId,
+        prio: Priority,
         started: Instant,
         deadline: Instant,
     ) -> Result<Host, ClientError> {
         let Some(cache) = &mut self.cache else {
-            return self.agent_get_host(module, started, deadline);
+            return self.agent_get_host(module, prio, started, deadline);
         };
         let now = clock::now_ms();
         let known_version = match cache.pick(module, now) {
@@ -663,7 +725,7 @@ impl Client {
                     source: HostSource::Cache,
                 })
             }
-            Pick::PassThrough => return self.agent_get_host(module, started, deadline),
+            Pick::PassThrough => return self.agent_get_host(module, prio, started, deadline),
             Pick::Refresh { known_version } => known_version,
         };
         // Held successes go out before the refresh: the agent's view is
@@ -694,7 +756,7 @@ impl Client {
                 (version, unchanged, any_overloaded, nodes)
             });
         let Some(cache) = &mut self.cache else {
-            return self.agent_get_host(module, started, deadline);
+            return self.agent_get_host(module, prio, started, deadline);
         };
         let (version, unchanged, any_overloaded, nodes) = match r {
             Ok(answer) => answer,
@@ -736,7 +798,7 @@ impl Client {
                 source: HostSource::Cache,
             }),
             Pick::PassThrough | Pick::Refresh { .. } => {
-                self.agent_get_host(module, started, deadline)
+                self.agent_get_host(module, prio, started, deadline)
             }
         }
     }

@@ -77,6 +77,7 @@ mod client;
 pub mod error;
 mod link;
 mod locate;
+mod priority;
 mod statics;
 pub mod tools;
 
@@ -86,6 +87,7 @@ use std::time::Duration;
 pub use client::Client;
 pub use error::ClientError;
 pub use link::{resend_interval, MAX_RESEND, MIN_RESEND};
+pub use priority::Priority;
 
 use crate::model::{ModuleId, NodeAddr};
 use crate::wire::NodeStatus;

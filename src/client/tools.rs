@@ -33,8 +33,24 @@ use clap::Args;
 use serde_json::{json, Value};
 
 use super::{Client, ClientError, ClientOptions, HostSource, RouteView};
+use crate::admission::UserPriorities;
 use crate::model::NodeAddr;
-use crate::wire::NodeStatus;
+use crate::wire::{AdmissionLevel, NodeStatus};
+
+/// Parses `B,U` (each 1..=128) as an admission level.
+fn parse_level(s: &str) -> Result<AdmissionLevel, String> {
+    let part = |p: Option<&str>, name: &str| -> Result<u8, String> {
+        let p = p.ok_or_else(|| format!("{s:?}: expected B,U (two numbers 1..=128)"))?;
+        match p.trim().parse::<u8>() {
+            Ok(v @ 1..=128) => Ok(v),
+            _ => Err(format!("{s:?}: {name} {p:?} is not a number 1..=128")),
+        }
+    };
+    let mut it = s.splitn(2, ',');
+    let b = part(it.next(), "B")?;
+    let u = part(it.next(), "U")?;
+    Ok(AdmissionLevel::new(b, u))
+}
 
 /// Exit status: success.
 pub const EXIT_OK: u8 = 0;
@@ -130,6 +146,20 @@ pub struct GethostArgs {
     /// "source": "agent" | "static_routes"}.
     #[arg(long)]
     pub json: bool,
+    /// DAGOR business priority of the call, 1..=128 (1 = most important);
+    /// unset counts as 128. Exit 5 when the agent rejects it (every idle
+    /// node's downstream level refuses it).
+    #[arg(long, value_name = "B", value_parser = clap::value_parser!(u8).range(1..=128))]
+    pub priority: Option<u8>,
+    /// The user the call is for: its user priority U is the keyed hash of
+    /// this id (the admission core's hourly rotating key under
+    /// --user-hash-seed); unset, U counts as 128.
+    #[arg(long, value_name = "ID")]
+    pub user: Option<String>,
+    /// The seed of the user-priority hash (admission.user_hash_seed of the
+    /// services that assign user priorities).
+    #[arg(long, value_name = "SEED", default_value_t = crate::config::AdmissionConfig::default().user_hash_seed)]
+    pub user_hash_seed: u64,
     /// Finding the agent.
     #[command(flatten)]
     pub conn: AgentConnArgs,
@@ -152,6 +182,11 @@ pub struct ReportArgs {
     /// max(1, MS / 100) errors).
     #[arg(long, value_name = "MS", default_value_t = 0)]
     pub tcost: u32,
+    /// The admission level the downstream attached to its response
+    /// (DAGOR), passed on to the agent: it keeps it for the node for
+    /// admission.level_timeout_ms and rejects getHosts it refuses.
+    #[arg(long, value_name = "B,U", value_parser = parse_level)]
+    pub downstream_level: Option<AdmissionLevel>,
     /// Print one JSON object: the report and the node's state after it.
     #[arg(long)]
     pub json: bool,
@@ -244,7 +279,15 @@ pub fn gethost(args: &GethostArgs) -> ToolOutcome {
         Err(e) => return fail(&e),
     };
     let timeout = args.conn.timeout();
-    let host = match client.get_host(args.modid, args.cmdid, timeout) {
+    let unix_s = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let user = args.user.as_deref().map_or(0, |id| {
+        let mut keys = UserPriorities::new(args.user_hash_seed, 3600);
+        keys.priority(id.as_bytes(), unix_s)
+    });
+    let prio = super::Priority::new(args.priority.unwrap_or(0), user);
+    let host = match client.get_host_with(args.modid, args.cmdid, prio, timeout) {
         Ok(h) => h,
         // A one-shot command is always a first use: the agent may not have
         // pulled the module yet. Register (pull and wait, within the same
@@ -252,7 +295,7 @@ pub fn gethost(args: &GethostArgs) -> ToolOutcome {
         Err(ClientError::NoSuchModule { .. }) => {
             match client
                 .register(args.modid, args.cmdid, timeout)
-                .and_then(|_| client.get_host(args.modid, args.cmdid, timeout))
+                .and_then(|_| client.get_host_with(args.modid, args.cmdid, prio, timeout))
             {
                 Ok(h) => h,
                 Err(e) => return fail(&e),
@@ -298,7 +341,14 @@ pub fn report(args: &ReportArgs) -> ToolOutcome {
     if let Err(e) = client.agent() {
         return fail(&e);
     }
-    if let Err(e) = client.report(args.modid, args.cmdid, args.node, args.retcode, args.tcost) {
+    if let Err(e) = client.report_with_level(
+        args.modid,
+        args.cmdid,
+        args.node,
+        args.retcode,
+        args.tcost,
+        args.downstream_level,
+    ) {
         return fail(&e);
     }
     let view = match client.get_route(args.modid, args.cmdid, args.conn.timeout()) {

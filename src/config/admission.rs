@@ -31,6 +31,9 @@ pub struct AdmissionConfig {
     pub user_hash_seed: u64,
     /// Seconds between rotations of the user-priority hash key.
     pub user_key_period_s: u64,
+    /// The agent forgets a node's downstream level (collaborative
+    /// admission) when no report refreshes it within this many ms.
+    pub level_timeout_ms: u64,
 }
 
 impl Default for AdmissionConfig {
@@ -46,6 +49,7 @@ impl Default for AdmissionConfig {
             min_user: p.floor.user,
             user_hash_seed: 0x1bad_b002_dead_beef,
             user_key_period_s: 3600,
+            level_timeout_ms: crate::agent::shard::LEVEL_TIMEOUT_MS,
         }
     }
 }
@@ -97,6 +101,12 @@ impl AdmissionConfig {
             self.user_key_period_s,
             1,
             31_536_000,
+        )?;
+        in_range(
+            "admission.level_timeout_ms",
+            self.level_timeout_ms,
+            100,
+            3_600_000,
         )?;
         Ok(())
     }

@@ -28,6 +28,10 @@
 //!   applied at once, like a failure of `errcnt` N: an overloaded node
 //!   becomes idle at most once, the rest carry into `vsucc`, then one
 //!   window / timeout check.
+//! - **downstream levels** ([`ModuleLb::set_level`],
+//!   [`ModuleLb::get_host_for`]): DAGOR collaborative admission; a node's
+//!   level, as reports carry it, filters among the idle nodes L5 would
+//!   choose, until it times out ([`Pick::Rejected`] when none admits).
 //! - **route update** ([`ModuleLb::update_route`]) keeps the nodes that stay,
 //!   in O(n log n).
 //!
@@ -38,6 +42,7 @@
 //! caller's `now` in milliseconds.
 
 pub mod balance;
+mod levels;
 mod module;
 mod node;
 mod params;

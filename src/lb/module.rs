@@ -4,9 +4,12 @@
 
 use std::collections::VecDeque;
 
+use super::levels::Levels;
 use super::node::{Millis, Node, NodeState, Outcome, Transition};
 use super::params::LbParams;
+use crate::admission::{admits, clamp_priority, OPEN};
 use crate::model::{NodeAddr, RouteNode};
+use crate::wire::AdmissionLevel;
 
 /// What getHost answers for a module.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -19,6 +22,9 @@ pub enum Pick {
     Overloaded,
     /// The module's route is empty.
     NoSuchModule,
+    /// Idle nodes exist, but the downstream level of every one refuses the
+    /// request's priorities (DAGOR collaborative admission).
+    Rejected,
 }
 
 impl Pick {
@@ -26,7 +32,7 @@ impl Pick {
     pub fn addr(self) -> Option<NodeAddr> {
         match self {
             Pick::Idle(a) | Pick::Probe(a) => Some(a),
-            Pick::Overloaded | Pick::NoSuchModule => None,
+            Pick::Overloaded | Pick::NoSuchModule | Pick::Rejected => None,
         }
     }
 }
@@ -64,6 +70,9 @@ pub struct ModuleLb {
     /// getHosts since the last probe, counted only while some node is overloaded.
     access_cnt: u32,
     version: u64,
+    /// The nodes' live downstream admission levels; None while no node has
+    /// one (the common case: no memory, one test on getHost).
+    levels: Option<Box<Levels>>,
 }
 
 impl ModuleLb {
@@ -77,6 +86,7 @@ impl ModuleLb {
             overload: VecDeque::new(),
             access_cnt: 0,
             version,
+            levels: None,
         };
         m.update_route(route, version, now, p);
         m
@@ -137,6 +147,116 @@ impl ModuleLb {
             Some(i) => Pick::Idle(self.nodes[i as usize].addr()),
             None => Pick::Overloaded,
         }
+    }
+
+    /// Chooses a node for a request of DAGOR priorities `(business, user)`
+    /// (0 = unset, counted as the least important, 128) at `now`. Without
+    /// live downstream levels this is [`ModuleLb::get_host`]. With them, the
+    /// levels only filter among the nodes L5 would choose:
+    ///
+    /// - a probe goes as [`ModuleLb::get_host`] sends it, whatever the
+    ///   probed node's level: its purpose is to learn whether the node
+    ///   recovered, and an overloaded node stays overloaded;
+    /// - otherwise the idle list is walked from its head to the first node
+    ///   whose level admits the request (a node without a level admits
+    ///   everything), and the list is rotated past it, so round robin goes
+    ///   on among the admitting nodes;
+    /// - no idle node: [`Pick::Overloaded`] as before; idle nodes, none of
+    ///   which admits: [`Pick::Rejected`].
+    ///
+    /// Levels not refreshed by `now` are forgotten here first.
+    pub fn get_host_for(&mut self, p: &LbParams, business: u8, user: u8, now: Millis) -> Pick {
+        if self.levels.is_none() {
+            return self.get_host(p);
+        }
+        if !self.levels.as_mut().is_some_and(|l| l.expire(now)) {
+            self.levels = None;
+            return self.get_host(p);
+        }
+        if !self.overload.is_empty() {
+            if self.access_cnt >= p.probe_num {
+                return self.get_host(p);
+            }
+            self.access_cnt += 1;
+        } else {
+            self.access_cnt = 0;
+        }
+        if self.idle.is_empty() {
+            return if self.nodes.is_empty() {
+                Pick::NoSuchModule
+            } else {
+                Pick::Overloaded
+            };
+        }
+        let (b, u) = (clamp_priority(business), clamp_priority(user));
+        let levels = self.levels.as_deref().expect("checked above");
+        let nodes = &self.nodes;
+        let found = self.idle.iter().position(|&i| {
+            levels
+                .get(nodes[i as usize].addr().key())
+                .is_none_or(|l| admits(l, b, u))
+        });
+        match found {
+            Some(k) => {
+                self.idle.rotate_left(k + 1);
+                let i = *self.idle.back().expect("not empty");
+                Pick::Idle(self.nodes[i as usize].addr())
+            }
+            None => Pick::Rejected,
+        }
+    }
+
+    /// Sets `addr`'s downstream admission level, as a report carried it,
+    /// until `expires`: None or the open level (128, 128) clears it.
+    ///
+    /// # Errors
+    /// [`UnknownNode`] when `addr` is not in the route; nothing changes.
+    pub fn set_level(
+        &mut self,
+        addr: NodeAddr,
+        level: Option<AdmissionLevel>,
+        expires: Millis,
+    ) -> Result<(), UnknownNode> {
+        self.find(addr).ok_or(UnknownNode(addr))?;
+        match level.filter(|&l| l != OPEN) {
+            Some(l) => self
+                .levels
+                .get_or_insert_with(Box::default)
+                .set(addr.key(), l, expires),
+            None => {
+                if let Some(levels) = &mut self.levels {
+                    levels.clear(addr.key());
+                    if levels.len() == 0 {
+                        self.levels = None;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// How many nodes have a downstream level live at `now` (expired ones
+    /// are forgotten first).
+    pub fn levelled_nodes(&mut self, now: Millis) -> usize {
+        let live = self
+            .levels
+            .as_mut()
+            .map_or(0, |l| if l.expire(now) { l.len() } else { 0 });
+        if live == 0 {
+            self.levels = None;
+        }
+        live
+    }
+
+    /// How many nodes have a downstream level held, without forgetting the
+    /// expired ones (a gauge's view: they go at the next getHost).
+    pub fn levels_held(&self) -> usize {
+        self.levels.as_ref().map_or(0, |l| l.len())
+    }
+
+    /// `addr`'s downstream level, if it has one (expired or not).
+    pub fn level_of(&self, addr: NodeAddr) -> Option<AdmissionLevel> {
+        self.levels.as_ref()?.get(addr.key())
     }
 
     /// Applies one reported call to `addr` at `now`: a success counts 1, a

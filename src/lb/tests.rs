@@ -689,3 +689,105 @@ fn a_10000_node_route_change_keeps_the_state_of_every_node_that_stays() {
         assert_eq!(m.report(a(i), OK, T0, &p), Err(UnknownNode(a(i))));
     }
 }
+
+// === downstream admission levels (DAGOR collaborative admission) ===
+
+use crate::wire::AdmissionLevel;
+
+const TTL: Millis = 3_000;
+
+#[test]
+fn without_levels_get_host_for_is_get_host() {
+    let (mut a, p) = module(3);
+    let mut b = a.clone();
+    overload(&mut a, &p, addr(2), T0);
+    overload(&mut b, &p, addr(2), T0);
+    for _ in 0..25 {
+        assert_eq!(a.get_host_for(&p, 20, 7, T0), b.get_host(&p));
+    }
+    assert_eq!(a.levelled_nodes(T0), 0);
+}
+
+#[test]
+fn a_level_filters_idle_nodes_by_the_admission_rule() {
+    let (mut m, p) = module(2);
+    m.set_level(addr(1), Some(AdmissionLevel::new(10, 128)), T0 + TTL)
+        .unwrap();
+    assert_eq!(m.levelled_nodes(T0), 1);
+    // Priority 20 is refused by node 1: every answer is node 2.
+    for _ in 0..4 {
+        assert_eq!(m.get_host_for(&p, 20, 1, T0), Pick::Idle(addr(2)));
+    }
+    // Priority 5 (and b == B* with u <= U*) is admitted by both: round robin.
+    let picks: Vec<_> = (0..4).map(|_| m.get_host_for(&p, 10, 128, T0)).collect();
+    assert!(picks.contains(&Pick::Idle(addr(1))) && picks.contains(&Pick::Idle(addr(2))));
+    m.check_invariants().unwrap();
+}
+
+#[test]
+fn no_admitting_idle_node_answers_rejected_and_unset_priority_is_the_least() {
+    let (mut m, p) = module(2);
+    for i in 1..=2 {
+        m.set_level(addr(i), Some(AdmissionLevel::new(10, 50)), T0 + TTL)
+            .unwrap();
+    }
+    assert_eq!(m.get_host_for(&p, 20, 1, T0), Pick::Rejected);
+    assert_eq!(m.get_host_for(&p, 10, 51, T0), Pick::Rejected);
+    assert_eq!(m.get_host_for(&p, 0, 0, T0), Pick::Rejected);
+    assert!(matches!(m.get_host_for(&p, 10, 50, T0), Pick::Idle(_)));
+    assert!(matches!(m.get_host_for(&p, 9, 128, T0), Pick::Idle(_)));
+}
+
+#[test]
+fn a_level_not_refreshed_is_forgotten_and_the_open_level_clears_it() {
+    let (mut m, p) = module(1);
+    let l = Some(AdmissionLevel::new(10, 128));
+    m.set_level(addr(1), l, T0 + TTL).unwrap();
+    assert_eq!(m.get_host_for(&p, 20, 1, T0 + TTL - 1), Pick::Rejected);
+    assert_eq!(m.get_host_for(&p, 20, 1, T0 + TTL), Pick::Idle(addr(1)));
+    assert_eq!(m.levelled_nodes(T0 + TTL), 0);
+    m.set_level(addr(1), l, T0 + 2 * TTL).unwrap();
+    assert_eq!(m.levelled_nodes(T0), 1);
+    m.set_level(addr(1), Some(AdmissionLevel::new(128, 128)), T0 + 2 * TTL)
+        .unwrap();
+    assert_eq!(m.levelled_nodes(T0), 0);
+    assert!(
+        m.set_level(addr(9), l, T0 + TTL).is_err(),
+        "not in the route"
+    );
+}
+
+#[test]
+fn probes_go_whatever_the_level_and_overloaded_nodes_stay_out() {
+    let (mut m, p) = module(2);
+    overload(&mut m, &p, addr(2), T0);
+    m.set_level(addr(2), Some(AdmissionLevel::new(1, 1)), T0 + TTL)
+        .unwrap();
+    m.set_level(addr(1), Some(AdmissionLevel::new(1, 1)), T0 + TTL)
+        .unwrap();
+    for _ in 0..p.probe_num {
+        assert_eq!(m.get_host_for(&p, 20, 1, T0), Pick::Rejected);
+    }
+    assert_eq!(m.get_host_for(&p, 20, 1, T0), Pick::Probe(addr(2)));
+    // An admitting level does not bring an overloaded node back.
+    m.set_level(addr(1), None, T0 + TTL).unwrap();
+    m.set_level(addr(2), None, T0 + TTL).unwrap();
+    m.set_level(addr(1), Some(AdmissionLevel::new(100, 1)), T0 + TTL)
+        .unwrap();
+    for _ in 0..p.probe_num {
+        assert_eq!(m.get_host_for(&p, 20, 1, T0), Pick::Idle(addr(1)));
+    }
+    m.check_invariants().unwrap();
+}
+
+#[test]
+fn levels_survive_a_route_update_by_address() {
+    let (mut m, p) = module(2);
+    m.set_level(addr(2), Some(AdmissionLevel::new(3, 3)), T0 + TTL)
+        .unwrap();
+    m.update_route(&route(3), 2, T0, &p);
+    assert_eq!(m.level_of(addr(2)), Some(AdmissionLevel::new(3, 3)));
+    for _ in 0..6 {
+        assert_ne!(m.get_host_for(&p, 50, 1, T0), Pick::Idle(addr(2)));
+    }
+}

@@ -740,3 +740,79 @@ fn cache_get_route_of_a_10000_node_module_comes_in_parts() {
     }
     assert_eq!(total, 10_000);
 }
+
+// === downstream admission levels (issue 12 item 3) ===
+
+fn get_host_as(s: &mut ShardCore, b: u8, u: u8, now: Millis) -> (RetCode, Option<NodeAddr>) {
+    let mut enc = Encoder::new();
+    let req = enc.get_host_req(9, M, b, u).to_vec();
+    let resp = s.handle(&req, PEER, now).expect("an answer").to_vec();
+    match decode(&resp, &Limits::UDP).unwrap() {
+        Message::GetHostResp(r) => (r.retcode(), r.host().map(NodeAddr::from)),
+        other => panic!("unexpected {}", other.name()),
+    }
+}
+
+fn report_level(s: &mut ShardCore, host: NodeAddr, level: wire::AdmissionLevel, now: Millis) {
+    let mut enc = Encoder::new();
+    let req = enc
+        .report_req(&Report {
+            seq: 1,
+            module: M,
+            host,
+            retcode: 0,
+            tcost_ms: 0,
+            downstream_level: Some(level),
+        })
+        .to_vec();
+    assert!(s.handle(&req, PEER, now).is_none());
+}
+
+fn cache_says_overloaded(s: &mut ShardCore, now: Millis) -> bool {
+    let req = Encoder::new().cache_get_route_req(1, M, 7).to_vec();
+    let resp = s.handle(&req, PEER, now).unwrap().to_vec();
+    let Message::CacheGetRouteResp(r) = decode(&resp, &Limits::UDP).unwrap() else {
+        panic!()
+    };
+    r.any_overloaded()
+}
+
+#[test]
+fn a_reported_level_rejects_lower_priorities_until_it_times_out() {
+    let mut s = shard();
+    get_host(&mut s, M, 0);
+    s.apply(route(1), 0);
+    assert!(!cache_says_overloaded(&mut s, 1));
+    report_level(&mut s, node(1), wire::AdmissionLevel::new(10, 128), 10);
+    assert_eq!(get_host_as(&mut s, 20, 1, 11), (RetCode::Rejected, None));
+    assert_eq!(get_host_as(&mut s, 5, 1, 12), (RetCode::Ok, Some(node(1))));
+    assert_eq!(
+        get_host_as(&mut s, 10, 128, 13),
+        (RetCode::Ok, Some(node(1)))
+    );
+    assert_eq!(s.metrics.rejected, 1);
+    assert_eq!(s.metrics.levels_reported, 1);
+    s.refresh_gauges();
+    assert_eq!(s.metrics.nodes_levelled, 1);
+    assert!(
+        cache_says_overloaded(&mut s, 14),
+        "the cache must pass through"
+    );
+    let later = 10 + LEVEL_TIMEOUT_MS;
+    assert_eq!(
+        get_host_as(&mut s, 20, 1, later),
+        (RetCode::Ok, Some(node(1)))
+    );
+    assert!(!cache_says_overloaded(&mut s, later));
+}
+
+#[test]
+fn a_level_reported_for_a_node_not_in_the_route_is_ignored() {
+    let mut s = shard();
+    get_host(&mut s, M, 0);
+    s.apply(route(1), 0);
+    report_level(&mut s, node(9), wire::AdmissionLevel::new(1, 1), 10);
+    assert_eq!(s.metrics.levels_reported, 0);
+    assert_eq!(s.metrics.unknown_node_reports, 1);
+    assert_eq!(get_host_as(&mut s, 20, 1, 11), (RetCode::Ok, Some(node(1))));
+}
