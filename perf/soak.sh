@@ -175,6 +175,7 @@ start_agent() {
     AGENT_STARTS=$((AGENT_STARTS + 1))
     "$BIN" agent --config "$CONFIG" >>"$DIR/agent.log" 2>&1 &
     AGENT_PID=$!
+    disown "$AGENT_PID" # no "Killed" notice from bash after a kill -9 restart
 }
 
 # Waits until a getHost is answered by the agent (not the static route
