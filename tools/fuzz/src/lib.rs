@@ -340,8 +340,20 @@ fn walk(msg: &Message<'_>) -> String {
         Message::StatsAck(m) => {
             let _ = write!(w, "StatsAck {}", m.seq());
         }
+        Message::Unsubscribe(m) => {
+            let _ = write!(w, "Unsubscribe {:?}", unsubscribed(m));
+        }
     }
     s
+}
+
+/// The modules an Unsubscribe names (an absent vector as none).
+fn unsubscribed(m: &lbagent::wire::fb::Unsubscribe<'_>) -> Vec<ModuleId> {
+    m.modules()
+        .into_iter()
+        .flatten()
+        .map(|x| module(x.modid(), x.cmdid()))
+        .collect()
 }
 
 /// `msg` encoded again by the [`Encoder`], from its fields; `None` where
@@ -466,6 +478,7 @@ fn reencode<'e>(msg: &Message<'_>, enc: &'e mut Encoder) -> Option<&'e [u8]> {
             enc.stats_report(m.seq(), m.caller(), m.time_s(), &modules)
         }
         Message::StatsAck(m) => enc.stats_ack(m.seq()),
+        Message::Unsubscribe(m) => enc.unsubscribe(&unsubscribed(m)),
     })
 }
 
