@@ -4,7 +4,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
-use lbagent::config::{Config, DEFAULT_TOML};
+use lbagent::config::reload::Role;
+use lbagent::config::{Config, ConfigSource, DEFAULT_TOML};
 use lbagent::model::{ModuleId, NodeAddr, RouteNode};
 use lbagent::store::table::{self, TableFormat};
 use lbagent::store::{self, ModuleRoute, StoreError, StoreUrl};
@@ -84,6 +85,33 @@ enum Command {
     DemoService(lbagent::demo_service::DemoServiceArgs),
 }
 
+/// The log's flags, shared by the long-running subcommands.
+#[derive(Args, Debug, Clone)]
+struct LogArgs {
+    /// The least severe level logged: off, error, warn, info, debug, trace
+    /// (overrides log.level; a reload keeps it).
+    #[arg(long, value_name = "LEVEL")]
+    log_level: Option<String>,
+    /// text (one line per event) or json (one object per line) (overrides
+    /// log.format).
+    #[arg(long, value_name = "text|json")]
+    log_format: Option<String>,
+}
+
+impl LogArgs {
+    /// The flags as `--set` overrides (after the file, so they win).
+    fn overrides(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if let Some(l) = &self.log_level {
+            out.push(format!("log.level={}", toml_string(l)));
+        }
+        if let Some(f) = &self.log_format {
+            out.push(format!("log.format={}", toml_string(f)));
+        }
+        out
+    }
+}
+
 #[derive(Args, Debug)]
 struct AgentArgs {
     /// The TOML configuration file (without it: the built-in defaults).
@@ -106,6 +134,8 @@ struct AgentArgs {
     /// Override agent.shards (0 = one per core but the last).
     #[arg(long, value_name = "N")]
     shards: Option<u32>,
+    #[command(flatten)]
+    log: LogArgs,
 }
 
 #[derive(Args, Debug)]
@@ -125,6 +155,8 @@ struct ServerArgs {
     /// 78 invalid.
     #[arg(long)]
     check: bool,
+    #[command(flatten)]
+    log: LogArgs,
 }
 
 #[derive(Args, Debug)]
@@ -140,6 +172,8 @@ struct StandaloneArgs {
     /// Override one field: SECTION.FIELD=VALUE (repeatable).
     #[arg(long = "set", value_name = "SECTION.FIELD=VALUE")]
     set: Vec<String>,
+    #[command(flatten)]
+    log: LogArgs,
 }
 
 #[derive(Subcommand, Debug)]
@@ -276,7 +310,9 @@ fn agent(args: AgentArgs) -> ExitCode {
     if let Some(shards) = args.shards {
         overrides.push(format!("agent.shards={shards}"));
     }
-    let config = match Config::load(args.config.as_deref(), &overrides) {
+    overrides.extend(args.log.overrides());
+    let source = ConfigSource::new(args.config.clone(), overrides);
+    let config = match source.load() {
         Ok(c) => c,
         Err(e) => {
             eprintln!("lbagent agent: {e}");
@@ -301,29 +337,32 @@ fn agent(args: AgentArgs) -> ExitCode {
         );
         return ExitCode::SUCCESS;
     }
-    match lbagent::agent::runtime::run(&config) {
+    lbagent::logging::init(&config.log);
+    match lbagent::agent::runtime::run(&config, source) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("lbagent agent: {e:#}");
+            tracing::error!("lbagent agent: {e:#}");
             ExitCode::FAILURE
         }
     }
 }
 
 /// Loads the configuration for a server subcommand: the file, then
-/// `--store`, then the `--set` overrides.
+/// `--store`, then the `--set` overrides (and where it came from, for a
+/// reload).
 fn server_config(
     what: &str,
     config: Option<&std::path::Path>,
     store: Option<&str>,
     set: &[String],
-) -> Result<(Config, StoreUrl), ExitCode> {
+) -> Result<(Config, StoreUrl, ConfigSource), ExitCode> {
     let mut overrides = Vec::new();
     if let Some(url) = store {
         overrides.push(format!("store.url={}", toml_string(url)));
     }
     overrides.extend_from_slice(set);
-    let config = Config::load(config, &overrides).map_err(|e| {
+    let source = ConfigSource::new(config.map(|p| p.to_path_buf()), overrides);
+    let config = source.load().map_err(|e| {
         eprintln!("lbagent {what}: {e}");
         ExitCode::from(EXIT_CONFIG)
     })?;
@@ -331,7 +370,7 @@ fn server_config(
         eprintln!("lbagent {what}: {e}");
         ExitCode::from(EXIT_CONFIG)
     })?;
-    Ok((config, url))
+    Ok((config, url, source))
 }
 
 /// A TOML basic string holding `s`.
@@ -340,15 +379,13 @@ fn toml_string(s: &str) -> String {
 }
 
 fn server(what: &str, args: ServerArgs) -> ExitCode {
-    let (config, url) = match server_config(
-        what,
-        args.config.as_deref(),
-        args.store.as_deref(),
-        &args.set,
-    ) {
-        Ok(c) => c,
-        Err(code) => return code,
-    };
+    let mut set = args.set.clone();
+    set.extend(args.log.overrides());
+    let (config, url, source) =
+        match server_config(what, args.config.as_deref(), args.store.as_deref(), &set) {
+            Ok(c) => c,
+            Err(code) => return code,
+        };
     if args.check {
         let listen = if what == "dnsserver" {
             config.dnsserver.listen
@@ -358,6 +395,23 @@ fn server(what: &str, args: ServerArgs) -> ExitCode {
         println!("config ok: {what} on {listen}, store {url}");
         return ExitCode::SUCCESS;
     }
+    lbagent::logging::init(&config.log);
+    let _span = if what == "dnsserver" {
+        tracing::info_span!("dnsserver").entered()
+    } else {
+        tracing::info_span!("reporter").entered()
+    };
+    // A reload changes the log level live; the server's own fields need a
+    // restart (refused, named).
+    let role = if what == "dnsserver" {
+        Role::Dnsserver
+    } else {
+        Role::Reporter
+    };
+    let mut current = config.clone();
+    lbagent::signal::on_reload(move || {
+        lbagent::reload::reload(role, &source, &mut current, |_, _, _| Ok(()))
+    });
     let result = if what == "dnsserver" {
         lbagent::dnsserver::run(&config.dnsserver, url)
     } else {
@@ -366,7 +420,7 @@ fn server(what: &str, args: ServerArgs) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("lbagent {what}: {e:#}");
+            tracing::error!("lbagent {what}: {e:#}");
             ExitCode::FAILURE
         }
     }
@@ -376,17 +430,21 @@ fn standalone(args: StandaloneArgs) -> ExitCode {
     let mut opts = lbagent::standalone::StandaloneOptions::new(&args.data);
     // The standalone defaults (loopback listeners) under the file and the
     // overrides.
-    opts.config = match Config::load_onto(&opts.config, args.config.as_deref(), &args.set) {
+    let mut set = args.set.clone();
+    set.extend(args.log.overrides());
+    opts.config = match Config::load_onto(&opts.config, args.config.as_deref(), &set) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("lbagent standalone: {e}");
             return ExitCode::from(EXIT_CONFIG);
         }
     };
+    lbagent::logging::init(&opts.config.log);
+    let _span = tracing::info_span!("standalone").entered();
     match lbagent::standalone::run(opts) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("lbagent standalone: {e:#}");
+            tracing::error!("lbagent standalone: {e:#}");
             ExitCode::FAILURE
         }
     }
@@ -409,7 +467,7 @@ fn route(cmd: RouteCommand) -> ExitCode {
         },
         _ => None,
     };
-    let (_, url) = match server_config("route", config.as_deref(), store_arg.as_deref(), &[]) {
+    let (_, url, _) = match server_config("route", config.as_deref(), store_arg.as_deref(), &[]) {
         Ok(c) => c,
         Err(code) => return code,
     };

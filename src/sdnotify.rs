@@ -96,11 +96,11 @@ impl Notifier {
         Ok(())
     }
 
-    /// [`Self::notify`], logging a failure on standard error instead of
+    /// [`Self::notify`], logging a failure (a warning) instead of
     /// returning it: a service must keep serving when systemd cannot hear it.
     pub fn notify_or_log(&self, who: &str, state: &str) {
         if let Err(e) = self.notify(state) {
-            eprintln!(
+            tracing::warn!(
                 "{who}: cannot notify systemd ({state:?} to {:?}): {e}",
                 self.target
             );

@@ -216,8 +216,8 @@ pub fn run(opts: StandaloneOptions) -> anyhow::Result<()> {
     let s = Standalone::start(opts)?;
     let ports = s.agent_ports();
     let [am, dm, rm] = s.metrics_addrs();
-    eprintln!(
-        "lbagent standalone: store {}; route server on {}, reporter on {}, agent on {}:{}..={} ({} shards); \
+    tracing::info!(
+        "store {}; route server on {}, reporter on {}, agent on {}:{}..={} ({} shards); \
          metrics on {am}, {dm}, {rm}; heartbeat {}",
         s.store_url(),
         s.dnsserver_addr(),
@@ -228,14 +228,14 @@ pub fn run(opts: StandaloneOptions) -> anyhow::Result<()> {
         ports.len(),
         s.heartbeat_path().display()
     );
-    eprintln!(
-        "lbagent standalone: add a route with `lbagent route add MODID CMDID IP:PORT --store {}`, \
+    tracing::info!(
+        "add a route with `lbagent route add MODID CMDID IP:PORT --store {}`, \
          then `lbagent gethost MODID CMDID`",
         s.store_url()
     );
     crate::signal::wait();
     s.stop()?;
-    eprintln!("lbagent standalone: stopped");
+    tracing::info!("stopped");
     Ok(())
 }
 

@@ -31,6 +31,7 @@ use super::snapshot::{self, SnapshotRoute};
 use super::snapshot_thread::SnapshotThread;
 use super::statsclient::{self, StatsClientConfig, StatsClientEvent, StatsClientStatus};
 use crate::lb::NodeCallStats;
+use crate::logging::{self, Verdict};
 use crate::metrics_http;
 use crate::model::{ModuleId, RouteNode};
 
@@ -65,7 +66,13 @@ pub struct ControlParts {
     /// Shards ready to serve; the first heartbeat waits for all of them, so
     /// that a client that sees a beat gets an answer.
     pub ready: Arc<AtomicU32>,
+    /// Reloaded configurations to apply (SIGHUP).
+    pub live: super::live::LiveSlot,
 }
+
+/// How often a link that stays down (connection attempts failing) is
+/// logged again, with the count of the attempts in between.
+const RELOG_MS: u64 = 60_000;
 
 /// How long shutdown waits for the final snapshot to be written.
 const SNAPSHOT_FINAL_WAIT: Duration = Duration::from_secs(5);
@@ -100,7 +107,9 @@ pub async fn run(parts: ControlParts) {
         stop,
         beat,
         ready,
+        live,
     } = parts;
+    let mut snapshot_interval = snapshot_interval;
     let state = Rc::new(RefCell::new(State {
         routes: routes
             .iter()
@@ -221,6 +230,9 @@ pub async fn run(parts: ControlParts) {
         let state = state.clone();
         let senders = senders.clone();
         glommio::spawn_local(async move {
+            // A reconnect loop logs its state changes, and while the server
+            // stays unreachable one line per RELOG_MS with the count.
+            let mut link = logging::Gate::new(RELOG_MS);
             while let Some(ev) = events_rx.recv().await {
                 match ev {
                     RouteClientEvent::Route(r) => {
@@ -236,22 +248,53 @@ pub async fn run(parts: ControlParts) {
                         deliver(&mut st, &senders, shard, msg);
                     }
                     RouteClientEvent::ServerError(e) => {
-                        eprintln!("lbagent: route server refused a request: {} ({:?}) for {}", e.message, e.retcode, e.module);
+                        tracing::warn!("route server refused a request: {} ({:?}) for {}", e.message, e.retcode, e.module);
                     }
-                    RouteClientEvent::Connected(addr) => eprintln!("lbagent: connected to route server {addr}"),
+                    RouteClientEvent::Connected(addr) => {
+                        let n = link.check(true, clock::now_ms()).suppressed();
+                        tracing::info!("connected to route server {addr}{}", logging::left_out(n));
+                    }
                     RouteClientEvent::ConnectFailed { addr, error } => {
-                        eprintln!("lbagent: cannot connect to route server {addr}: {error}; retrying with back-off")
+                        if let Verdict::Log { suppressed } = link.check(false, clock::now_ms()) {
+                            tracing::warn!("cannot connect to route server {addr}: {error}; retrying with back-off{}", logging::left_out(suppressed));
+                        }
                     }
                     RouteClientEvent::Disconnected { addr, error } => {
-                        eprintln!("lbagent: lost route server {addr}: {error}; pulls in flight will be re-issued")
+                        let n = link.check(false, clock::now_ms()).suppressed();
+                        tracing::warn!("lost route server {addr}: {error}; pulls in flight will be re-issued{}", logging::left_out(n));
                     }
                 }
             }
         })
     });
     tasks.push(glommio::spawn_local(async move {
+        // As for the route server: the link's state changes, and a line per
+        // RELOG_MS (with the count) while it stays down or keeps dropping.
+        let mut link = logging::Gate::new(RELOG_MS);
+        let mut trouble = logging::Gate::new(RELOG_MS);
         while let Some(ev) = stats_events_rx.recv().await {
-            eprintln!("lbagent: reporter: {ev}");
+            let now = clock::now_ms();
+            match &ev {
+                StatsClientEvent::Connected(_) => {
+                    let n = link.check(true, now).suppressed();
+                    tracing::info!("reporter: {ev}{}", logging::left_out(n));
+                }
+                StatsClientEvent::ConnectFailed { .. } => {
+                    if let Verdict::Log { suppressed } = link.check(false, now) {
+                        tracing::warn!("reporter: {ev}{}", logging::left_out(suppressed));
+                    }
+                }
+                StatsClientEvent::Disconnected { .. } => {
+                    let n = link.check(false, now).suppressed();
+                    tracing::warn!("reporter: {ev}{}", logging::left_out(n));
+                }
+                StatsClientEvent::Dropped { .. } | StatsClientEvent::ServerError(_) => {
+                    let kind = matches!(ev, StatsClientEvent::Dropped { .. });
+                    if let Verdict::Log { suppressed } = trouble.check(kind, now) {
+                        tracing::warn!("reporter: {ev}{}", logging::left_out(suppressed));
+                    }
+                }
+            }
         }
     }));
 
@@ -306,7 +349,7 @@ pub async fn run(parts: ControlParts) {
                 let body = {
                     let mut st = state.borrow_mut();
                     refresh_control(&mut st, &route_status, &stats_status);
-                    render(&st.shard_metrics, &st.control)
+                    render(&st.shard_metrics, &st.control) + &crate::reload::metrics_text()
                 };
                 open.set(open.get() + 1);
                 let open = open.clone();
@@ -337,6 +380,26 @@ pub async fn run(parts: ControlParts) {
         glommio::timer::sleep(Duration::from_millis(if serving { 50 } else { 5 })).await;
         beat.beat();
         let mut st = state.borrow_mut();
+        if let Some(update) = live.take() {
+            // A reload: every shard gets the parameters through its ring
+            // (queued behind the routes already waiting), the clients their
+            // new lists.
+            for shard in 0..senders.len() {
+                deliver(
+                    &mut st,
+                    &senders,
+                    shard,
+                    ToShard::Params(update.shard.clone()),
+                );
+            }
+            if let Some(addrs) = update.route_servers {
+                route_status.set_addrs(addrs);
+            }
+            if let Some(addrs) = update.reporters {
+                stats_status.set_addrs(addrs);
+            }
+            snapshot_interval = update.snapshot_interval;
+        }
         if serving && st.last_beat.elapsed() >= Duration::from_secs(1) {
             heartbeat.beat(clock::unix_ms());
             st.last_beat = Instant::now();
@@ -362,8 +425,8 @@ pub async fn run(parts: ControlParts) {
         glommio::timer::sleep(Duration::from_millis(5)).await;
     }
     if drained.get() < shards {
-        eprintln!(
-            "lbagent: {} of {shards} shards did not hand over their statistics in time",
+        tracing::warn!(
+            "{} of {shards} shards did not hand over their statistics in time",
             shards - drained.get()
         );
     }
@@ -376,8 +439,8 @@ pub async fn run(parts: ControlParts) {
     let _ = stats_task.await;
     let routes = snapshot_routes(&state.borrow().routes);
     if !snapshots.finish(routes, SNAPSHOT_FINAL_WAIT) {
-        eprintln!(
-            "lbagent: the final route snapshot was not written within {} s (slow disk?); the last one written stays",
+        tracing::warn!(
+            "the final route snapshot was not written within {} s (slow disk?); the last one written stays",
             SNAPSHOT_FINAL_WAIT.as_secs()
         );
     }

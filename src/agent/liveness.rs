@@ -214,8 +214,8 @@ pub fn spawn_watchdog(
                 match progress.stalled(&live.counts()) {
                     None => {
                         if let Some(since) = stalled_since.take() {
-                            eprintln!(
-                                "lbagent: every loop turns again after {} ms; watchdog pings resume",
+                            tracing::info!(
+                                "every loop turns again after {} ms; watchdog pings resume",
                                 since.elapsed().as_millis()
                             );
                         }
@@ -224,8 +224,8 @@ pub fn spawn_watchdog(
                     Some(i) => {
                         if stalled_since.is_none() {
                             stalled_since = Some(Instant::now());
-                            eprintln!(
-                                "lbagent: {} has not turned its loop for {} ms; withholding the systemd watchdog ping",
+                            tracing::error!(
+                                "{} has not turned its loop for {} ms; withholding the systemd watchdog ping",
                                 live.name(i),
                                 check.as_millis()
                             );

@@ -1,7 +1,7 @@
 //! What crosses the SPSC rings between a shard and the control core. These
 //! are messages, not shared state: each side owns what it receives.
 
-use crate::lb::NodeCallStats;
+use crate::lb::{LbParams, NodeCallStats};
 use crate::model::{ModuleId, RouteNode};
 
 /// Shard → control core.
@@ -40,4 +40,18 @@ pub enum ToShard {
         /// The nodes (empty when `exists` is false).
         nodes: Vec<RouteNode>,
     },
+    /// The `[lb]` parameters changed (a configuration reload): use these
+    /// from now on, for every module the shard holds.
+    Params(LiveParams),
+}
+
+/// The shard's part of a reloaded configuration.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LiveParams {
+    /// The overload algorithm's parameters.
+    pub params: LbParams,
+    /// Re-pull a module in use after this long, ms (`lb.update_timeout`).
+    pub update_timeout_ms: u64,
+    /// Send a module's statistics at most this often, ms (`lb.report_timeout`).
+    pub report_timeout_ms: u64,
 }

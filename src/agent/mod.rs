@@ -23,6 +23,7 @@ pub mod clock;
 pub(crate) mod conn;
 pub mod control;
 pub mod heartbeat;
+pub mod live;
 pub mod liveness;
 pub mod messages;
 pub mod metrics;

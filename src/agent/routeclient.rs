@@ -463,6 +463,18 @@ impl RouteClientCore {
         self.config.addrs[self.index]
     }
 
+    /// Replaces the address list (a configuration reload). The next attempt
+    /// goes to the current address if the new list has it, else to the
+    /// list's first; a connection up now is not touched. Empty: ignored.
+    pub fn set_addrs(&mut self, addrs: Vec<SocketAddr>) {
+        if addrs.is_empty() {
+            return;
+        }
+        let current = self.current_addr();
+        self.index = addrs.iter().position(|a| *a == current).unwrap_or(0);
+        self.config.addrs = addrs;
+    }
+
     /// The connected server, if any.
     pub fn connected(&self) -> Option<SocketAddr> {
         (self.link == Link::Connected).then(|| self.current_addr())
@@ -775,6 +787,8 @@ pub struct RouteClientStatus {
 #[derive(Debug, Default)]
 struct StatusInner {
     connected: Cell<Option<SocketAddr>>,
+    /// A new address list from a configuration reload, for [`run`] to take.
+    new_addrs: std::cell::RefCell<Option<Vec<SocketAddr>>>,
     stats: Cell<RouteClientStats>,
 }
 
@@ -787,6 +801,15 @@ impl RouteClientStatus {
     /// The counters, as of the last I/O.
     pub fn stats(&self) -> RouteClientStats {
         self.inner.stats.get()
+    }
+
+    /// Replaces the route servers (a configuration reload): taken when the client
+    /// next chooses where to connect; a connection up now is kept until it
+    /// ends. An empty list is ignored.
+    pub fn set_addrs(&self, addrs: Vec<SocketAddr>) {
+        if !addrs.is_empty() {
+            *self.inner.new_addrs.borrow_mut() = Some(addrs);
+        }
     }
 
     fn publish(&self, core: &RouteClientCore) {
@@ -859,6 +882,9 @@ impl<W: Into<Want>> Shell<W> {
 
     async fn run(&mut self, mut shutdown: Pin<&mut impl Future<Output = ()>>) {
         loop {
+            if let Some(addrs) = self.status.inner.new_addrs.take() {
+                self.core.set_addrs(addrs);
+            }
             let Some(addr) = self.core.poll_connect(self.now()) else {
                 let stream = None;
                 match self.wait(shutdown.as_mut(), stream).await {

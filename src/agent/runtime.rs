@@ -15,6 +15,7 @@ use glommio::{ExecutorJoinHandle, LocalExecutorBuilder, Placement};
 
 use super::control::{self, ControlParts};
 use super::heartbeat::{AgentInfo, HeartbeatLock, HeartbeatWriter};
+use super::live::{LiveSlot, LiveUpdate};
 use super::liveness::{self, Liveness};
 use super::messages::ToShard;
 use super::routeclient::RouteClientConfig;
@@ -22,7 +23,8 @@ use super::shard::ShardSetup;
 use super::shard_rt::{self, ShardParts};
 use super::snapshot::{self, SnapshotError, SnapshotRoute};
 use super::statsclient::StatsClientConfig;
-use crate::config::Config;
+use crate::config::reload::Role;
+use crate::config::{Config, ConfigSource};
 
 /// Slots of each ring between a shard and the control core.
 pub const RING_CAPACITY: usize = 4096;
@@ -36,6 +38,7 @@ pub struct Agent {
     metrics_addr: SocketAddr,
     routes_loaded: usize,
     liveness: Arc<Liveness>,
+    live: LiveSlot,
 }
 
 impl Agent {
@@ -103,6 +106,7 @@ impl Agent {
         let io_memory = a.io_memory_kib as usize * 1024;
         let control_core = ncpu - 1;
         let live = Liveness::new(shards);
+        let live_slot = LiveSlot::default();
 
         let mut from_shards = Vec::new();
         let mut to_shards = Vec::new();
@@ -152,7 +156,11 @@ impl Agent {
             let h = LocalExecutorBuilder::new(Placement::Fixed(core))
                 .name(&format!("lbagent-shard-{i}"))
                 .io_memory(io_memory)
-                .spawn(move || shard_rt::run(parts))
+                .spawn(move || async move {
+                    // Every line this executor logs names its shard.
+                    let _span = tracing::info_span!("shard", id = i).entered();
+                    shard_rt::run(parts).await
+                })
                 .map_err(|e| {
                     anyhow::anyhow!(
                         "cannot start shard {i}'s executor: {e} (agent.io_memory_kib = {}; check `ulimit -l`)",
@@ -181,11 +189,15 @@ impl Agent {
             stop: stop.clone(),
             beat: live.control(),
             ready,
+            live: live_slot.clone(),
         };
         let control = LocalExecutorBuilder::new(Placement::Fixed(control_core))
             .name("lbagent-control")
             .io_memory(io_memory)
-            .spawn(move || control::run(parts))
+            .spawn(move || async move {
+                let _span = tracing::info_span!("control").entered();
+                control::run(parts).await
+            })
             .map_err(|e| {
                 anyhow::anyhow!("cannot start the control core's executor: {e} (check `ulimit -l` against agent.io_memory_kib)")
             })?;
@@ -197,7 +209,19 @@ impl Agent {
             metrics_addr,
             routes_loaded,
             liveness: live,
+            live: live_slot,
         })
+    }
+
+    /// Applies the live part of `new`, a reloaded configuration that
+    /// followed `old` ([`crate::config::reload::plan`] said it changes only
+    /// live fields): the `[lb]` parameters reach every shard through its
+    /// ring, the server lists their clients.
+    ///
+    /// # Errors
+    /// A changed server list that does not resolve (nothing is applied).
+    pub fn apply_live(&self, old: &Config, new: &Config) -> anyhow::Result<()> {
+        apply_live(&self.live, old, new)
     }
 
     /// The loops' turn counters (what the systemd watchdog checks).
@@ -255,16 +279,38 @@ impl Drop for Agent {
     }
 }
 
+fn apply_live(slot: &LiveSlot, old: &Config, new: &Config) -> anyhow::Result<()> {
+    let (a, b) = (&old.agent, &new.agent);
+    let route_servers = (a.route_servers != b.route_servers)
+        .then(|| resolve("agent.route_servers", &b.route_servers))
+        .transpose()?;
+    let reporters = (a.reporters != b.reporters)
+        .then(|| resolve("agent.reporters", &b.reporters))
+        .transpose()?;
+    slot.put(LiveUpdate::new(new, route_servers, reporters));
+    Ok(())
+}
+
 /// Runs the agent until SIGTERM or SIGINT, then shuts down cleanly (stop
-/// accepting, flush statistics, write the snapshot) and returns.
+/// accepting, flush statistics, write the snapshot) and returns. SIGHUP
+/// reads the configuration again from `source` and applies what may change
+/// live ([`crate::reload`]).
 ///
 /// # Errors
 /// The agent could not start, or an executor failed.
-pub fn run(config: &Config) -> anyhow::Result<()> {
+pub fn run(config: &Config, source: ConfigSource) -> anyhow::Result<()> {
     crate::signal::install();
+    let _span = tracing::info_span!("agent").entered();
     let agent = Agent::start(config)?;
-    eprintln!(
-        "lbagent: serving on {}:{:?} ({} shards), metrics on http://{}/metrics, {} routes from the snapshot",
+    let slot = agent.live.clone();
+    let mut current = config.clone();
+    crate::signal::on_reload(move || {
+        crate::reload::reload(Role::Agent, &source, &mut current, |old, new, _| {
+            apply_live(&slot, old, new).map_err(|e| format!("{e:#}"))
+        })
+    });
+    tracing::info!(
+        "serving on {}:{:?} ({} shards), metrics on http://{}/metrics, {} routes from the snapshot",
         config.agent.bind,
         agent.ports(),
         agent.ports().len(),
@@ -276,7 +322,7 @@ pub fn run(config: &Config) -> anyhow::Result<()> {
     systemd.stopping();
     let t0 = Instant::now();
     agent.stop()?;
-    eprintln!("lbagent: stopped in {} ms", t0.elapsed().as_millis());
+    tracing::info!("stopped in {} ms", t0.elapsed().as_millis());
     Ok(())
 }
 
@@ -365,7 +411,7 @@ fn load_snapshot(path: &std::path::Path) -> Vec<SnapshotRoute> {
         Ok(s) => s.routes,
         Err(SnapshotError::Missing { .. }) => Vec::new(),
         Err(e) => {
-            eprintln!("lbagent: ignoring the route snapshot: {e}");
+            tracing::warn!("ignoring the route snapshot: {e}");
             Vec::new()
         }
     }

@@ -288,12 +288,21 @@ impl ShardCore {
     /// was on the way) makes an entry, as if just used, within
     /// `max_modules`; it expires as any other.
     pub fn apply(&mut self, msg: ToShard, now: Millis) -> Vec<Reply> {
-        let ToShard::Route {
-            module,
-            exists,
-            version,
-            nodes,
-        } = msg;
+        let (module, exists, version, nodes) = match msg {
+            ToShard::Route {
+                module,
+                exists,
+                version,
+                nodes,
+            } => (module, exists, version, nodes),
+            ToShard::Params(live) => {
+                // Read at each use: every module follows them from now on.
+                self.setup.params = live.params;
+                self.setup.update_timeout_ms = live.update_timeout_ms;
+                self.setup.report_timeout_ms = live.report_timeout_ms;
+                return Vec::new();
+            }
+        };
         if module.shard(self.setup.shards) != self.setup.id {
             self.metrics.misrouted_updates += 1;
             return Vec::new();

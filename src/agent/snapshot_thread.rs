@@ -43,7 +43,7 @@ impl SnapshotThread {
                         }
                         Err(e) => {
                             f.fetch_add(1, Ordering::Relaxed);
-                            eprintln!("lbagent: cannot write the route snapshot: {e}");
+                            tracing::error!("cannot write the route snapshot: {e}");
                         }
                     }
                 }

@@ -582,6 +582,18 @@ impl StatsClientCore {
         self.config.addrs[self.index]
     }
 
+    /// Replaces the address list (a configuration reload). The next attempt
+    /// goes to the current address if the new list has it, else to the
+    /// list's first; a connection up now is not touched. Empty: ignored.
+    pub fn set_addrs(&mut self, addrs: Vec<SocketAddr>) {
+        if addrs.is_empty() {
+            return;
+        }
+        let current = self.current_addr();
+        self.index = addrs.iter().position(|a| *a == current).unwrap_or(0);
+        self.config.addrs = addrs;
+    }
+
     /// The connected reporter, if any.
     pub fn connected(&self) -> Option<SocketAddr> {
         (self.link == Link::Connected).then(|| self.current_addr())
@@ -825,6 +837,8 @@ pub struct StatsClientStatus {
 #[derive(Debug, Default)]
 struct StatusInner {
     connected: Cell<Option<SocketAddr>>,
+    /// A new address list from a configuration reload, for [`run`] to take.
+    new_addrs: std::cell::RefCell<Option<Vec<SocketAddr>>>,
     stats: Cell<StatsClientStats>,
 }
 
@@ -839,6 +853,15 @@ impl StatsClientStatus {
     /// could not deliver.
     pub fn stats(&self) -> StatsClientStats {
         self.inner.stats.get()
+    }
+
+    /// Replaces the reporters (a configuration reload): taken when the client
+    /// next chooses where to connect; a connection up now is kept until it
+    /// ends. An empty list is ignored.
+    pub fn set_addrs(&self, addrs: Vec<SocketAddr>) {
+        if !addrs.is_empty() {
+            *self.inner.new_addrs.borrow_mut() = Some(addrs);
+        }
     }
 
     fn publish(&self, core: &StatsClientCore) {
@@ -926,6 +949,9 @@ impl Shell {
 
     async fn run(&mut self, mut shutdown: Pin<&mut impl Future<Output = ()>>) {
         loop {
+            if let Some(addrs) = self.status.inner.new_addrs.take() {
+                self.core.set_addrs(addrs);
+            }
             let Some(addr) = self.core.poll_connect(self.now()) else {
                 let woken = self.wait(shutdown.as_mut(), None).await;
                 if matches!(woken, Woken::Shutdown) || !self.on_woken(woken).await {

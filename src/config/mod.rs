@@ -1,6 +1,7 @@
 //! The configuration: one TOML file with `[lb]`, `[agent]`, `[store]`,
-//! `[dnsserver]`, `[reporter]` and `[admission]` tables, command-line overrides, and
-//! [`Config::validate`].
+//! `[dnsserver]`, `[reporter]`, `[admission]` and `[log]` tables, command-line
+//! overrides, [`Config::validate`], and what a reload may change
+//! ([`reload::plan`]).
 //!
 //! Every field has a default equal to the original agent's `lbagent.ini`
 //! (see `lbagent.toml` beside this file, which `lbagent agent
@@ -15,6 +16,7 @@ use serde::{Deserialize, Serialize};
 use crate::lb::LbParams;
 
 mod admission;
+pub mod reload;
 pub use admission::AdmissionConfig;
 
 /// The documented default configuration file.
@@ -36,6 +38,80 @@ pub struct Config {
     pub reporter: ReporterConfig,
     /// DAGOR admission control (`[admission]`).
     pub admission: AdmissionConfig,
+    /// The log (`[log]`).
+    pub log: LogConfig,
+}
+
+/// The `[log]` table: what the agent and the servers log, and how.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LogConfig {
+    /// The least severe level written; a reload changes it live.
+    pub level: LogLevel,
+    /// One line of text per event, or one JSON object per line.
+    pub format: LogFormat,
+}
+
+/// A log level (`[log] level`, `--log-level`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogLevel {
+    /// Nothing.
+    Off,
+    /// Failures only.
+    Error,
+    /// Failures and what may need attention.
+    Warn,
+    /// Start, stop, connections, reloads (the default).
+    #[default]
+    Info,
+    /// Details for debugging.
+    Debug,
+    /// Everything.
+    Trace,
+}
+
+/// The log's format (`[log] format`, `--log-format`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// `TIME LEVEL SPANS: TARGET: MESSAGE` (the default).
+    #[default]
+    Text,
+    /// One JSON object per line: timestamp, level, target, spans, fields.
+    Json,
+}
+
+/// Where a process's configuration comes from, so that a reload reads it
+/// the same way: the file (or the defaults) under `base`, then the
+/// command line's overrides (which keep winning over the file).
+#[derive(Clone, Debug)]
+pub struct ConfigSource {
+    /// What the file's missing fields default to.
+    pub base: Config,
+    /// The file, if any.
+    pub path: Option<PathBuf>,
+    /// `SECTION.FIELD=VALUE` overrides, in order.
+    pub overrides: Vec<String>,
+}
+
+impl ConfigSource {
+    /// The built-in defaults under `path` and `overrides`.
+    pub fn new(path: Option<PathBuf>, overrides: Vec<String>) -> Self {
+        ConfigSource {
+            base: Config::default(),
+            path,
+            overrides,
+        }
+    }
+
+    /// Reads and validates the configuration.
+    ///
+    /// # Errors
+    /// As [`Config::load`].
+    pub fn load(&self) -> Result<Config, ConfigError> {
+        Config::load_onto(&self.base, self.path.as_deref(), &self.overrides)
+    }
 }
 
 /// The `[lb]` table: the overload algorithm's knobs and the module

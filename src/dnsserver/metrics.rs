@@ -422,9 +422,9 @@ fn render(
 /// within the bounds of [`metrics_http::serve_blocking`] (counted in
 /// `board.http`).
 pub fn serve(listener: TcpListener, board: Arc<Board>, stop: Arc<AtomicBool>) {
-    let body = || board.render(Instant::now());
+    let body = || board.render(Instant::now()) + &crate::reload::metrics_text();
     if let Err(e) = metrics_http::serve_blocking(&listener, &stop, &board.http, &body) {
-        eprintln!("lbagent dnsserver: the metrics endpoint stopped: {e}");
+        tracing::error!("the metrics endpoint stopped: {e}");
     }
 }
 

@@ -188,8 +188,8 @@ impl DnsServer {
             }
             // The store thread logged why; pulls are held until it loads.
             Ok(Err(_)) => {}
-            Err(RecvTimeoutError::Timeout) => eprintln!(
-                "lbagent dnsserver: store {label} has not answered in {} s: serving without routes (pulls held) until it does",
+            Err(RecvTimeoutError::Timeout) => tracing::warn!(
+                "store {label} has not answered in {} s: serving without routes (pulls held) until it does",
                 START_WAIT.as_secs()
             ),
             Err(RecvTimeoutError::Disconnected) => bail!("the route server's store thread ended at start"),
@@ -277,8 +277,8 @@ impl DnsServer {
                     failed.push("the store thread panicked".into());
                 }
             } else {
-                eprintln!(
-                    "lbagent dnsserver: a store call has not returned in {} s; leaving it behind",
+                tracing::warn!(
+                    "a store call has not returned in {} s; leaving it behind",
                     STORE_STOP_WAIT.as_secs()
                 );
             }
@@ -314,8 +314,8 @@ pub fn run(cfg: &DnsServerConfig, store: StoreUrl) -> anyhow::Result<()> {
     let label = store.to_string();
     let server = DnsServer::start(cfg, store)?;
     let threads = server.board.executors();
-    eprintln!(
-        "lbagent dnsserver: serving pulls on {} ({threads} executors), metrics on http://{}/metrics, store {label}",
+    tracing::info!(
+        "serving pulls on {} ({threads} executors), metrics on http://{}/metrics, store {label}",
         server.addr(),
         server.metrics_addr(),
     );
@@ -323,10 +323,7 @@ pub fn run(cfg: &DnsServerConfig, store: StoreUrl) -> anyhow::Result<()> {
     crate::signal::wait();
     let t0 = Instant::now();
     server.stop()?;
-    eprintln!(
-        "lbagent dnsserver: stopped in {} ms",
-        t0.elapsed().as_millis()
-    );
+    tracing::info!("stopped in {} ms", t0.elapsed().as_millis());
     Ok(())
 }
 

@@ -299,7 +299,7 @@ pub fn run(
     loop {
         let polled = poller.poll(Instant::now());
         for note in &polled.notes {
-            eprintln!("lbagent dnsserver: {note}");
+            tracing::warn!("{note}");
         }
         if let Some(update) = polled.update {
             for tx in &executors {

@@ -345,9 +345,7 @@ async fn accept_loop(
             Err(e) => {
                 exec.borrow_mut().counters.accept_errors += 1;
                 if last_error_log.is_none_or(|t| t.elapsed() >= Duration::from_secs(10)) {
-                    eprintln!(
-                        "lbagent dnsserver: accept failed: {e} (raise `ulimit -n`?); retrying"
-                    );
+                    tracing::warn!("accept failed: {e} (raise `ulimit -n`?); retrying");
                     last_error_log = Some(Instant::now());
                 }
                 glommio::timer::sleep(Duration::from_millis(10)).await;

@@ -428,7 +428,9 @@ async fn serve_metrics(mut stream: TcpStream, shared: &Shared) {
             Ok(n) => req.extend_from_slice(&buf[..n]),
         }
     }
-    let resp = metrics_http::response(&req, || super::metrics::render(&shared.stats()));
+    let resp = metrics_http::response(&req, || {
+        super::metrics::render(&shared.stats()) + &crate::reload::metrics_text()
+    });
     let _ = stream.write_all(resp.as_bytes()).await;
     let _ = stream.close().await;
 }

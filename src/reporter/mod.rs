@@ -78,9 +78,10 @@ pub type OpenStore = Arc<dyn Fn() -> Result<Box<dyn Store>, StoreError> + Send +
 pub struct Log(Arc<dyn Fn(&str) + Send + Sync>);
 
 impl Log {
-    /// Lines to standard error, prefixed `lbagent reporter: `.
+    /// Lines to the process's log (`tracing` warnings, target
+    /// `lbagent::reporter`).
     pub fn stderr() -> Self {
-        Log::new(|line| eprintln!("lbagent reporter: {line}"))
+        Log::new(|line| tracing::warn!("{line}"))
     }
 
     /// Lines to `f`.
@@ -327,8 +328,8 @@ pub fn run(cfg: &ReporterConfig, store: StoreUrl) -> anyhow::Result<()> {
     crate::signal::install();
     let url = store.to_string();
     let reporter = Reporter::start(cfg, store)?;
-    eprintln!(
-        "lbagent reporter: listening for agents on {}, metrics at http://{}/metrics, store {url}, {} writers, up to {} rows buffered",
+    tracing::info!(
+        "listening for agents on {}, metrics at http://{}/metrics, store {url}, {} writers, up to {} rows buffered",
         reporter.addr(),
         reporter.metrics_addr(),
         cfg.writers,
@@ -336,8 +337,8 @@ pub fn run(cfg: &ReporterConfig, store: StoreUrl) -> anyhow::Result<()> {
     );
     crate::sdnotify::ready("lbagent reporter");
     crate::signal::wait();
-    eprintln!(
-        "lbagent reporter: stopping; writing {} buffered rows",
+    tracing::info!(
+        "stopping; writing {} buffered rows",
         reporter.stats().rows_buffered
     );
     reporter.stop()

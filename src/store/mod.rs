@@ -689,7 +689,7 @@ impl BadRows {
         self.last += 1;
         // Once per row per connection: a route server re-reads every few seconds.
         if self.reported.len() < 10_000 && self.reported.insert(row.clone()) {
-            eprintln!("lbagent: store {}: skipping bad {row}: {why}", self.url);
+            tracing::warn!("store {}: skipping bad {row}: {why}", self.url);
         }
     }
 
