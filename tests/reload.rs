@@ -1,0 +1,286 @@
+//! Reloading a running agent's configuration (SIGHUP): the real binary, a
+//! test route source, a UDP client; the log read from the agent's standard
+//! error (JSON lines). Every wait is bounded.
+
+#[path = "support/common.rs"]
+mod common;
+#[path = "support/routesrc.rs"]
+mod routesrc;
+#[path = "support/udpclient.rs"]
+mod udpclient;
+
+use common::{free_tcp_port, wait_for};
+use std::io::Read;
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use lbagent::agent::heartbeat::HeartbeatReader;
+use lbagent::model::{ModuleId, NodeAddr, RouteNode};
+use routesrc::RouteSource;
+use udpclient::Client;
+
+const M: ModuleId = ModuleId::new(300, 1);
+
+fn node(i: u8) -> NodeAddr {
+    NodeAddr::new(Ipv4Addr::new(10, 3, 0, i), 9000)
+}
+
+/// An agent process whose config file the test rewrites, and whose
+/// standard error goes to a file.
+struct Agent {
+    child: Child,
+    config: PathBuf,
+    log: PathBuf,
+    metrics: SocketAddr,
+    port: u16,
+}
+
+/// The config: `lb` is the `[lb]` table's extra lines, `agent` the
+/// `[agent]` table's. Consecutive failures never overload (contin_err_lim
+/// 1000) and windows never end within a test (clear_timeout 3600): only
+/// `err_rate` decides.
+fn config_text(
+    dir: &Path,
+    route_server: SocketAddr,
+    metrics: SocketAddr,
+    lb: &str,
+    agent: &str,
+) -> String {
+    format!(
+        "[lb]\ncontin_err_lim = 1000\nclear_timeout = 3600\n{lb}\n\
+         [agent]\nbase_port = 0\nshards = 1\nroute_servers = [\"{route_server}\"]\nreporters = [\"127.0.0.1:1\"]\n\
+         heartbeat_path = \"{}\"\nsnapshot_path = \"{}\"\nmetrics_addr = \"{metrics}\"\n{agent}\n\
+         [log]\nformat = \"json\"\n",
+        dir.join("heartbeat").display(),
+        dir.join("routes.snapshot").display()
+    )
+}
+
+impl Agent {
+    fn start(dir: &Path, route_server: SocketAddr, lb: &str) -> Agent {
+        let metrics: SocketAddr = format!("127.0.0.1:{}", free_tcp_port()).parse().unwrap();
+        let config = dir.join("lbagent.toml");
+        std::fs::write(&config, config_text(dir, route_server, metrics, lb, "")).unwrap();
+        let log = dir.join("agent.log");
+        let child = Command::new(env!("CARGO_BIN_EXE_lbagent"))
+            .args(["agent", "--config", config.to_str().unwrap()])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("start lbagent agent");
+        let pid = child.id();
+        let hb = wait_for(Duration::from_secs(10), || {
+            let h = HeartbeatReader::open(&dir.join("heartbeat"))
+                .ok()?
+                .read()
+                .ok()?;
+            (h.info.pid == pid && h.beat_unix_ms > 0).then_some(h)
+        })
+        .expect("the agent writes its heartbeat within 10 s");
+        Agent {
+            child,
+            config,
+            log,
+            metrics,
+            port: hb.info.base_port,
+        }
+    }
+
+    /// Rewrites the config file and sends SIGHUP; waits until the agent
+    /// counted one more reload with `result` (ok or failed).
+    fn reload(&self, text: &str, result: &str) {
+        let before = self.reloads(result);
+        std::fs::write(&self.config, text).unwrap();
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGHUP) };
+        wait_for(Duration::from_secs(10), || {
+            (self.reloads(result) > before).then_some(())
+        })
+        .unwrap_or_else(|| panic!("the agent counts a {result} reload within 10 s"));
+    }
+
+    fn reloads(&self, result: &str) -> u64 {
+        let text = http_get(self.metrics, "/metrics").unwrap_or_default();
+        let key = format!("lbagent_config_reloads_total{{result=\"{result}\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&key))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// The log lines so far, each parsed as JSON (panics on one that is not).
+    fn log_lines(&self) -> Vec<serde_json::Value> {
+        std::fs::read_to_string(&self.log)
+            .unwrap()
+            .lines()
+            .map(|l| {
+                serde_json::from_str(l).unwrap_or_else(|e| panic!("not a JSON line ({e}): {l}"))
+            })
+            .collect()
+    }
+
+    fn messages(&self) -> Vec<String> {
+        self.log_lines()
+            .iter()
+            .filter_map(|v| v["message"].as_str().map(str::to_string))
+            .collect()
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn http_get(addr: SocketAddr, path: &str) -> Option<String> {
+    use std::io::Write;
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    Some(out)
+}
+
+/// Reports `n` failures of node 1, then whether getRoute shows it
+/// overloaded, and its verr.
+fn fail(c: &mut Client, n: u32) -> (bool, u32) {
+    for _ in 0..n {
+        c.report(M, node(1), 1);
+    }
+    let (_, _, nodes) = c.get_route(M);
+    let n1 = nodes.iter().find(|v| v.0 == node(1)).expect("node 1 held");
+    (n1.1, n1.3)
+}
+
+fn routed(dir: &Path, lb: &str) -> (RouteSource, Agent, Client) {
+    let source = RouteSource::start();
+    source.set_route(
+        M,
+        &[1, 2].map(|i| RouteNode {
+            addr: node(i),
+            weight: 1,
+        }),
+    );
+    let agent = Agent::start(dir, source.addr(), lb);
+    let mut c = Client::new(agent.port);
+    c.get_host(M);
+    c.wait_route(M);
+    (source, agent, c)
+}
+
+#[test]
+fn sighup_changes_err_rate_live_and_a_node_overloads_at_the_new_rate() {
+    let dir = tempfile::tempdir().unwrap();
+    // err_rate 0.5: with init_succ_cnt 180, a node overloads past 180
+    // failures. 30 leave it idle (30 / 210 = 0.14).
+    let (source, agent, mut c) = routed(dir.path(), "err_rate = 0.5");
+    assert_eq!(fail(&mut c, 30), (false, 30), "idle at err_rate 0.5");
+
+    // err_rate 0.1: the next failure (31 / 211 = 0.147) overloads it. The
+    // parameters reach the shard through its ring after the reload is
+    // counted; until then a failure only adds to verr, so report one at a
+    // time until it overloads, far below the 181 the old rate needs.
+    let text = config_text(
+        dir.path(),
+        source.addr(),
+        agent.metrics,
+        "err_rate = 0.1",
+        "",
+    );
+    agent.reload(&text, "ok");
+    // One failure per 50 ms: the old rate would need 151 more (7.5 s).
+    let mut failures = 30;
+    let mut overloaded_at = None;
+    while failures < 180 {
+        let (overloaded, verr) = fail(&mut c, 1);
+        failures += 1;
+        if overloaded {
+            // Overload sets verr to ovld_err_cnt.
+            assert_eq!(verr, 5, "overloaded: verr = ovld_err_cnt");
+            overloaded_at = Some(failures);
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let at = overloaded_at.expect("node 1 overloads before the old err_rate's 181 failures");
+    assert!(at < 180, "overloaded after {at} failures");
+    let msgs = agent.messages();
+    assert!(
+        msgs.iter().any(|m| m == "reload: applied lb.err_rate"),
+        "{msgs:?}"
+    );
+    assert_eq!(agent.reloads("failed"), 0);
+    drop(source);
+}
+
+#[test]
+fn an_invalid_or_refused_reload_keeps_the_old_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let (source, agent, mut c) = routed(dir.path(), "err_rate = 0.5");
+    assert_eq!(fail(&mut c, 30), (false, 30));
+
+    // Not TOML: refused, one line naming the file and the place.
+    agent.reload("[lb\nerr_rate = 0.1\n", "failed");
+    // Out of range: refused, naming the field.
+    let bad = config_text(
+        dir.path(),
+        source.addr(),
+        agent.metrics,
+        "err_rate = 7",
+        "",
+    );
+    agent.reload(&bad, "failed");
+    // A field that cannot change live beside a live one: refused whole.
+    let fixed = config_text(
+        dir.path(),
+        source.addr(),
+        agent.metrics,
+        "err_rate = 0.1",
+        "max_modules = 5000",
+    );
+    agent.reload(&fixed, "failed");
+
+    // The old err_rate holds: 30 more failures (60 / 240 = 0.25 < 0.5)
+    // leave the node idle.
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(fail(&mut c, 30), (false, 60), "err_rate 0.5 still");
+    assert_eq!(agent.reloads("ok"), 0);
+
+    let msgs = agent.messages();
+    let refused: Vec<&String> = msgs
+        .iter()
+        .filter(|m| m.starts_with("reload refused"))
+        .collect();
+    assert_eq!(refused.len(), 3, "one line per refused reload: {msgs:?}");
+    let config = agent.config.display().to_string();
+    assert!(
+        refused[0].contains(&config),
+        "the parse error names the file: {}",
+        refused[0]
+    );
+    assert!(refused[1].contains("lb.err_rate"), "{}", refused[1]);
+    assert!(
+        refused[2].contains("agent.max_modules cannot change without a restart"),
+        "{}",
+        refused[2]
+    );
+    // Every line is JSON with a time, a level and the component; the
+    // reload lines come from the main thread's `agent` span.
+    for v in agent.log_lines() {
+        assert!(v["timestamp"].is_string(), "{v}");
+        assert!(v["level"].is_string(), "{v}");
+        assert!(v["target"].as_str().unwrap().starts_with("lbagent"), "{v}");
+    }
+    let line = agent
+        .log_lines()
+        .into_iter()
+        .find(|v| v["message"].as_str().unwrap().starts_with("reload refused"))
+        .unwrap();
+    assert_eq!(line["level"], "ERROR", "{line}");
+    assert_eq!(line["spans"][0]["name"], "agent", "{line}");
+    drop(source);
+}
