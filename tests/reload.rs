@@ -27,10 +27,12 @@ fn node(i: u8) -> NodeAddr {
     NodeAddr::new(Ipv4Addr::new(10, 3, 0, i), 9000)
 }
 
-/// An agent process whose config file the test rewrites, and whose
-/// standard error goes to a file.
+/// An agent (or server) process whose config file the test rewrites, and
+/// whose standard error goes to a file.
 struct Agent {
-    child: Child,
+    /// None: the test owns the child.
+    child: Option<Child>,
+    pid: u32,
     config: PathBuf,
     log: PathBuf,
     metrics: SocketAddr,
@@ -80,11 +82,24 @@ impl Agent {
         })
         .expect("the agent writes its heartbeat within 10 s");
         Agent {
-            child,
+            child: Some(child),
+            pid,
             config,
             log,
             metrics,
             port: hb.info.base_port,
+        }
+    }
+
+    /// A process the caller started.
+    fn attach(pid: u32, config: &Path, log: &Path, metrics: SocketAddr) -> Agent {
+        Agent {
+            child: None,
+            pid,
+            config: config.to_path_buf(),
+            log: log.to_path_buf(),
+            metrics,
+            port: 0,
         }
     }
 
@@ -93,7 +108,7 @@ impl Agent {
     fn reload(&self, text: &str, result: &str) {
         let before = self.reloads(result);
         std::fs::write(&self.config, text).unwrap();
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGHUP) };
+        unsafe { libc::kill(self.pid as i32, libc::SIGHUP) };
         wait_for(Duration::from_secs(10), || {
             (self.reloads(result) > before).then_some(())
         })
@@ -130,8 +145,10 @@ impl Agent {
 
 impl Drop for Agent {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        if let Some(c) = self.child.as_mut() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
     }
 }
 
@@ -226,13 +243,7 @@ fn an_invalid_or_refused_reload_keeps_the_old_config() {
     // Not TOML: refused, one line naming the file and the place.
     agent.reload("[lb\nerr_rate = 0.1\n", "failed");
     // Out of range: refused, naming the field.
-    let bad = config_text(
-        dir.path(),
-        source.addr(),
-        agent.metrics,
-        "err_rate = 7",
-        "",
-    );
+    let bad = config_text(dir.path(), source.addr(), agent.metrics, "err_rate = 7", "");
     agent.reload(&bad, "failed");
     // A field that cannot change live beside a live one: refused whole.
     let fixed = config_text(
@@ -283,4 +294,61 @@ fn an_invalid_or_refused_reload_keeps_the_old_config() {
     assert_eq!(line["level"], "ERROR", "{line}");
     assert_eq!(line["spans"][0]["name"], "agent", "{line}");
     drop(source);
+}
+
+/// The route server and the reporter: a reload changes the log level live,
+/// ignores the agent's fields, and refuses a change to their own section,
+/// naming the field.
+#[test]
+fn the_servers_reload_the_log_level_and_refuse_their_own_fields() {
+    for role in ["dnsserver", "reporter"] {
+        let dir = tempfile::tempdir().unwrap();
+        let metrics: SocketAddr = format!("127.0.0.1:{}", free_tcp_port()).parse().unwrap();
+        let text = |extra: &str, level: &str| {
+            format!(
+                "[store]\nurl = \"sqlite:{}\"\n[{role}]\nlisten = \"127.0.0.1:0\"\nmetrics_addr = \"{metrics}\"\n{extra}\n\
+                 [log]\nformat = \"json\"\nlevel = \"{level}\"\n",
+                dir.path().join("lbagent.db").display()
+            )
+        };
+        let config = dir.path().join("lbagent.toml");
+        std::fs::write(&config, text("", "info")).unwrap();
+        let log = dir.path().join("server.log");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_lbagent"))
+            .args([role, "--config", config.to_str().unwrap()])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let server = Agent::attach(child.id(), &config, &log, metrics);
+        wait_for(Duration::from_secs(15), || http_get(metrics, "/metrics"))
+            .unwrap_or_else(|| panic!("{role} serves its metrics within 15 s"));
+
+        server.reload(&text("", "debug"), "ok");
+        // An agent's field: not the server's business.
+        server.reload(
+            &format!("{}[lb]\nerr_rate = 0.3\n", text("", "debug")),
+            "ok",
+        );
+        server.reload(&text("idle_timeout = 77", "debug"), "failed");
+        assert_eq!(server.reloads("ok"), 2, "{role}");
+
+        let msgs = server.messages();
+        assert!(
+            msgs.iter().any(|m| m == "reload: applied log.level"),
+            "{role}: {msgs:?}"
+        );
+        assert!(
+            msgs.iter().any(|m| m == "reload: nothing to change"),
+            "{role}: {msgs:?}"
+        );
+        let want = format!("reload refused: {role}.idle_timeout cannot change without a restart");
+        assert!(
+            msgs.iter().any(|m| m.starts_with(&want)),
+            "{role}: {msgs:?}"
+        );
+        drop(server);
+        let _ = child.kill();
+        let _ = child.wait();
+    }
 }
