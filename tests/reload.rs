@@ -352,3 +352,36 @@ fn the_servers_reload_the_log_level_and_refuse_their_own_fields() {
         let _ = child.wait();
     }
 }
+
+/// A reload that replaces the route server list: an agent started with a
+/// dead route server gets its routes from the new one.
+#[test]
+fn sighup_moves_the_agent_to_a_new_route_server_list() {
+    let dir = tempfile::tempdir().unwrap();
+    let dead: SocketAddr = format!("127.0.0.1:{}", free_tcp_port()).parse().unwrap();
+    let agent = Agent::start(dir.path(), dead, "");
+    let mut c = Client::new(agent.port);
+    assert_eq!(c.get_host(M).0, lbagent::wire::RetCode::NoSuchModule);
+
+    let source = RouteSource::start();
+    source.set_route(
+        M,
+        &[RouteNode {
+            addr: node(7),
+            weight: 1,
+        }],
+    );
+    let text = config_text(dir.path(), source.addr(), agent.metrics, "", "");
+    agent.reload(&text, "ok");
+    // Taken at the next connection attempt (back-off at most 5 s).
+    wait_for(Duration::from_secs(20), || {
+        (c.get_host(M) == (lbagent::wire::RetCode::Ok, Some(node(7)))).then_some(())
+    })
+    .expect("the route comes from the new route server within 20 s");
+    let msgs = agent.messages();
+    assert!(
+        msgs.iter()
+            .any(|m| m == "reload: applied agent.route_servers"),
+        "{msgs:?}"
+    );
+}
