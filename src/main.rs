@@ -289,11 +289,19 @@ fn main() -> ExitCode {
         Command::Dnsserver(args) => server("dnsserver", args),
         Command::Reporter(args) => server("reporter", args),
         Command::Standalone(args) => standalone(args),
-        Command::Route(cmd) => route(cmd),
+        Command::Route(cmd) => {
+            // The store's warnings (a bad row skipped) reach standard error.
+            lbagent::logging::init(&Default::default());
+            route(cmd)
+        }
         Command::Gethost(args) => lbagent::client::tools::gethost(&args).emit(),
         Command::Report(args) => lbagent::client::tools::report(&args).emit(),
         Command::Getroute(args) => lbagent::client::tools::getroute(&args).emit(),
-        Command::Qpstest(args) => lbagent::qpstest::command(&args),
+        Command::Qpstest(args) => {
+            // What an embedded standalone system logs (--standalone).
+            lbagent::logging::init(&Default::default());
+            lbagent::qpstest::command(&args)
+        }
         Command::DemoService(args) => lbagent::demo_service::command(&args),
     }
 }
