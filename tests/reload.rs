@@ -385,3 +385,37 @@ fn sighup_moves_the_agent_to_a_new_route_server_list() {
         "{msgs:?}"
     );
 }
+
+/// `--log-level` and `--log-format` are checked like the file's fields:
+/// a bad value is one line naming the field, exit 78.
+#[test]
+fn bad_log_flags_name_the_field() {
+    for (args, field) in [
+        (["agent", "--check", "--log-level", "loud"], "log.level"),
+        (
+            ["dnsserver", "--check", "--log-format", "xml"],
+            "log.format",
+        ),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_lbagent"))
+            .args(args)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(78), "{args:?}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        assert!(err.contains(field), "{err}");
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_lbagent"))
+        .args([
+            "agent",
+            "--check",
+            "--log-level",
+            "debug",
+            "--log-format",
+            "json",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+}
