@@ -7,6 +7,7 @@ use std::fmt::Write;
 
 use hdrhistogram::Histogram;
 
+use crate::admission::{clamp_priority, AdmissionLevel, OPEN};
 use crate::lb::NodeState;
 use crate::wire::DecodeError;
 
@@ -50,6 +51,25 @@ impl Kind {
         ][self as usize]
     }
 }
+
+/// Priority classes of the per-class getHost counts: business priority
+/// 1, 2-3, 4-7, ... 64-127, 128 (unset counts as 128).
+pub const CLASSES: usize = 8;
+
+/// The `class` label of each priority class.
+pub const CLASS_LABELS: [&str; CLASSES] =
+    ["1", "2-3", "4-7", "8-15", "16-31", "32-63", "64-127", "128"];
+
+/// The priority class of business priority `b` (an index into
+/// [`CLASS_LABELS`]).
+pub fn priority_class(b: u8) -> usize {
+    clamp_priority(b).ilog2() as usize
+}
+
+/// Upper bounds of the queuing-time histogram's buckets, µs (then +Inf).
+pub const QUEUING_BUCKETS_US: [u64; 12] = [
+    10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 100_000,
+];
 
 /// One shard's counters and gauges.
 #[derive(Clone, Debug)]
@@ -121,6 +141,21 @@ pub struct ShardMetrics {
     pub nodes_overloaded: u64,
     /// getHost service time in nanoseconds, decode to encoded answer.
     pub gethost_ns: Histogram<u64>,
+    /// The shard's own admission level (DAGOR self-protection; open when
+    /// it does not shed).
+    pub self_level: AdmissionLevel,
+    /// getHosts let through by the shard's own admission and the
+    /// downstream levels, by priority class.
+    pub admitted: [u64; CLASSES],
+    /// getHosts the shard shed itself (its own level), by priority class.
+    pub self_rejected: [u64; CLASSES],
+    /// getHosts rejected by the downstream levels, by priority class.
+    pub downstream_rejected: [u64; CLASSES],
+    /// Datagrams by queuing time (kernel receive timestamp to handling):
+    /// one count per bucket of [`QUEUING_BUCKETS_US`], then +Inf.
+    pub queuing_buckets: [u64; QUEUING_BUCKETS_US.len() + 1],
+    /// Sum of the queuing times counted, µs.
+    pub queuing_sum_us: u64,
 }
 
 impl ShardMetrics {
@@ -159,6 +194,12 @@ impl ShardMetrics {
             nodes_overloaded: 0,
             gethost_ns: Histogram::new_with_bounds(1, 10_000_000_000, 2)
                 .expect("valid histogram bounds"),
+            self_level: OPEN,
+            admitted: [0; CLASSES],
+            self_rejected: [0; CLASSES],
+            downstream_rejected: [0; CLASSES],
+            queuing_buckets: [0; QUEUING_BUCKETS_US.len() + 1],
+            queuing_sum_us: 0,
         }
     }
 
@@ -193,7 +234,17 @@ impl ShardMetrics {
         }
     }
 
-    /// Records one getHost service time.
+    /// Records one datagram's queuing time, µs.
+    pub fn record_queuing_us(&mut self, us: u64) {
+        let i = QUEUING_BUCKETS_US
+            .iter()
+            .position(|&b| us <= b)
+            .unwrap_or(QUEUING_BUCKETS_US.len());
+        self.queuing_buckets[i] += 1;
+        self.queuing_sum_us = self.queuing_sum_us.saturating_add(us);
+    }
+
+    /// Records one getHost's service time, ns.
     pub fn record_gethost_ns(&mut self, ns: u64) {
         self.gethost_ns.saturating_record(ns.max(1));
     }
@@ -487,6 +538,7 @@ pub fn render(shards: &[ShardMetrics], control: &ControlMetrics) -> String {
             m.gethost_ns.len() as f64,
         );
     }
+    render_admission(o, shards);
     let c = control;
     family(
         o,
@@ -581,6 +633,88 @@ pub fn render(shards: &[ShardMetrics], control: &ControlMetrics) -> String {
     out
 }
 
+/// The DAGOR figures: each shard's own level, getHosts by priority class
+/// and outcome, and the queuing-time histogram.
+fn render_admission(o: &mut String, shards: &[ShardMetrics]) {
+    family(
+        o,
+        "lbagent_admission_level",
+        "gauge",
+        "The shard's own admission level (B*, U*): 128,128 admits every getHost.",
+    );
+    for m in shards {
+        let s = m.shard.to_string();
+        for (part, v) in [
+            ("business", m.self_level.business),
+            ("user", m.self_level.user),
+        ] {
+            sample(
+                o,
+                "lbagent_admission_level",
+                &[("shard", &s), ("part", part)],
+                f64::from(v),
+            );
+        }
+    }
+    family(
+        o,
+        "lbagent_gethost_priority_total",
+        "counter",
+        "getHosts by business-priority class and outcome: admitted, rejected_self (the shard's own level), rejected_downstream (the nodes' levels).",
+    );
+    for m in shards {
+        let s = m.shard.to_string();
+        for (c, class) in CLASS_LABELS.iter().enumerate() {
+            for (outcome, v) in [
+                ("admitted", m.admitted[c]),
+                ("rejected_self", m.self_rejected[c]),
+                ("rejected_downstream", m.downstream_rejected[c]),
+            ] {
+                sample(
+                    o,
+                    "lbagent_gethost_priority_total",
+                    &[("shard", &s), ("class", class), ("outcome", outcome)],
+                    v as f64,
+                );
+            }
+        }
+    }
+    family(
+        o,
+        "lbagent_queuing_seconds",
+        "histogram",
+        "Datagrams by queuing time in the shard's socket: kernel receive timestamp to handling.",
+    );
+    for m in shards {
+        let s = m.shard.to_string();
+        let mut cumulative = 0u64;
+        for (i, &n) in m.queuing_buckets.iter().enumerate() {
+            cumulative += n;
+            let le = QUEUING_BUCKETS_US
+                .get(i)
+                .map_or_else(|| "+Inf".to_string(), |&us| (us as f64 / 1e6).to_string());
+            sample(
+                o,
+                "lbagent_queuing_seconds_bucket",
+                &[("shard", &s), ("le", &le)],
+                cumulative as f64,
+            );
+        }
+        sample(
+            o,
+            "lbagent_queuing_seconds_sum",
+            &[("shard", &s)],
+            m.queuing_sum_us as f64 / 1e6,
+        );
+        sample(
+            o,
+            "lbagent_queuing_seconds_count",
+            &[("shard", &s)],
+            cumulative as f64,
+        );
+    }
+}
+
 fn family(o: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}");
 }
@@ -611,6 +745,43 @@ mod tests {
     use super::*;
 
     #[test]
+    fn admission_figures_render_by_class_and_bucket() {
+        let mut m = ShardMetrics::new(0);
+        m.self_level = AdmissionLevel::new(20, 7);
+        m.admitted[priority_class(5)] += 2;
+        m.self_rejected[priority_class(0)] += 1;
+        m.downstream_rejected[priority_class(1)] += 3;
+        for us in [5, 10, 11, 3_000, 1_000_000] {
+            m.record_queuing_us(us);
+        }
+        let text = render(&[m], &ControlMetrics::default());
+        for want in [
+            "lbagent_admission_level{shard=\"0\",part=\"business\"} 20\n",
+            "lbagent_admission_level{shard=\"0\",part=\"user\"} 7\n",
+            "lbagent_gethost_priority_total{shard=\"0\",class=\"4-7\",outcome=\"admitted\"} 2\n",
+            "lbagent_gethost_priority_total{shard=\"0\",class=\"128\",outcome=\"rejected_self\"} 1\n",
+            "lbagent_gethost_priority_total{shard=\"0\",class=\"1\",outcome=\"rejected_downstream\"} 3\n",
+            "lbagent_queuing_seconds_bucket{shard=\"0\",le=\"0.00001\"} 2\n",
+            "lbagent_queuing_seconds_bucket{shard=\"0\",le=\"0.000025\"} 3\n",
+            "lbagent_queuing_seconds_bucket{shard=\"0\",le=\"0.005\"} 4\n",
+            "lbagent_queuing_seconds_bucket{shard=\"0\",le=\"+Inf\"} 5\n",
+            "lbagent_queuing_seconds_count{shard=\"0\"} 5\n",
+            "lbagent_queuing_seconds_sum{shard=\"0\"} 1.003026\n",
+        ] {
+            assert!(text.contains(want), "missing {want}");
+        }
+    }
+
+    #[test]
+    fn priority_classes_are_powers_of_two() {
+        let got: Vec<usize> = [1u8, 2, 3, 4, 7, 8, 64, 127, 128, 0, 200]
+            .iter()
+            .map(|&b| priority_class(b))
+            .collect();
+        assert_eq!(got, [0, 1, 1, 2, 2, 3, 6, 6, 7, 7, 7]);
+    }
+
+    #[test]
     fn renders_every_family_with_help_and_type() {
         let mut m = ShardMetrics::new(1);
         m.count_request(Kind::GetHost);
@@ -625,7 +796,10 @@ mod tests {
         assert!(text.contains("lbagent_gethost_service_seconds_count{shard=\"1\"} 1\n"));
         for line in text.lines().filter(|l| !l.starts_with('#')) {
             let name = line.split(['{', ' ']).next().unwrap();
-            let base = name.trim_end_matches("_sum").trim_end_matches("_count");
+            let base = name
+                .trim_end_matches("_sum")
+                .trim_end_matches("_count")
+                .trim_end_matches("_bucket");
             assert!(
                 text.contains(&format!("# TYPE {base} ")),
                 "{name} has no TYPE line"

@@ -151,6 +151,7 @@ impl Agent {
                 stop: stop.clone(),
                 beat: live.shard(i as u32),
                 ready: ready.clone(),
+                shedding: config.admission.agent_params(),
             };
             let core = i % ncpu.max(1);
             let h = LocalExecutorBuilder::new(Placement::Fixed(core))

@@ -28,8 +28,10 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 
 use super::messages::{ToControl, ToShard};
+use super::metrics::priority_class;
 use super::metrics::{Kind, ShardMetrics};
 use super::timers::Timers;
+use crate::admission::{Admission, AdmissionLevel, AdmissionParams, Micros, OPEN};
 use crate::lb::{LbParams, Millis, ModuleLb, NodeCallStats, NodeState, Outcome, Pick};
 use crate::model::{ModuleId, RouteNode};
 use crate::wire::{self, CacheRoute, Encoder, Limits, Message, NodeStatus, RetCode};
@@ -179,8 +181,21 @@ pub struct ShardCore {
     /// Messages for the control core, drained by the shell.
     pub outbox: Vec<ToControl>,
     last_kind: Option<Kind>,
+    /// The shard's own DAGOR admission control (`admission.agent_shedding`):
+    /// fed with each datagram's queuing time, it sheds getHosts below its
+    /// level. None when off.
+    shedding: Option<Box<Admission>>,
     /// Counters for the metrics endpoint.
     pub metrics: ShardMetrics,
+}
+
+/// How long a datagram waited in the socket before the shard handled it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Queued {
+    /// When handling starts, µs on the clock the arrival was stamped by.
+    pub now_us: Micros,
+    /// Arrival (the kernel's receive timestamp) to now, µs.
+    pub waited_us: Micros,
 }
 
 impl ShardCore {
@@ -200,6 +215,32 @@ impl ShardCore {
             statuses: Vec::new(),
             outbox: Vec::new(),
             last_kind: None,
+            shedding: None,
+        }
+    }
+
+    /// Turns the shard's own admission control on (`Some`) or off. While
+    /// on, [`ShardCore::handle_queued`] feeds it each datagram's queuing
+    /// time and a getHost its level does not admit is answered `Rejected`
+    /// with the shard's level attached.
+    pub fn set_shedding(&mut self, params: Option<AdmissionParams>) {
+        self.shedding = params.map(|p| Box::new(Admission::new(p)));
+        self.metrics.self_level = OPEN;
+    }
+
+    /// The shard's own admission level (open when shedding is off).
+    pub fn self_level(&self) -> AdmissionLevel {
+        self.shedding.as_ref().map_or(OPEN, |a| a.level())
+    }
+
+    /// Ends the shard's admission window by time when it is due, so that
+    /// the level moves even while no datagram arrives (the shell calls it
+    /// every few milliseconds).
+    pub fn tick_shedding(&mut self, now_us: Micros) {
+        if let Some(a) = self.shedding.as_mut() {
+            if let Some(o) = a.tick(now_us) {
+                self.metrics.self_level = o.after;
+            }
         }
     }
 
@@ -219,7 +260,32 @@ impl ShardCore {
     /// register requests that must wait return nothing now and are answered
     /// by [`ShardCore::apply`] or [`ShardCore::expire`].
     pub fn handle(&mut self, datagram: &[u8], peer: SocketAddr, now: Millis) -> Option<&[u8]> {
+        self.handle_queued(datagram, peer, now, None)
+    }
+
+    /// [`ShardCore::handle`] for a datagram that waited `queued` in the
+    /// socket (from the kernel's receive timestamp): the queuing time is
+    /// counted, and with shedding on it feeds the shard's admission window
+    /// and a getHost below the shard's level is answered `Rejected`.
+    /// Without `queued` nothing is shed.
+    pub fn handle_queued(
+        &mut self,
+        datagram: &[u8],
+        peer: SocketAddr,
+        now: Millis,
+        queued: Option<Queued>,
+    ) -> Option<&[u8]> {
         self.last_kind = None;
+        let mut shed = false;
+        if let Some(q) = queued {
+            self.metrics.record_queuing_us(q.waited_us);
+            if let Some(a) = self.shedding.as_mut() {
+                if let Some(o) = a.started(q.now_us, q.waited_us) {
+                    self.metrics.self_level = o.after;
+                }
+                shed = true;
+            }
+        }
         let msg = match wire::decode(datagram, &Limits::UDP) {
             Ok(m) => m,
             Err(e) => {
@@ -229,7 +295,7 @@ impl ShardCore {
         };
         match msg {
             Message::GetHostReq(r) => match r.validate() {
-                Ok(g) => self.get_host(g, now),
+                Ok(g) => self.get_host(g, now, shed),
                 Err(e) => self.bad_request(
                     Kind::GetHost,
                     u64::from(r.seq()),
@@ -522,10 +588,27 @@ impl ShardCore {
         )
     }
 
-    fn get_host(&mut self, g: wire::GetHost, now: Millis) -> Option<&[u8]> {
+    fn get_host(&mut self, g: wire::GetHost, now: Millis, shed: bool) -> Option<&[u8]> {
         let (seq, module) = (g.seq, g.module);
         if !self.admit(Kind::GetHost, u64::from(seq), module) {
             return Some(self.enc.finished());
+        }
+        let class = priority_class(g.business_priority);
+        if shed {
+            if let Some(a) = self.shedding.as_mut() {
+                if !a.admit(g.business_priority, g.user_priority) {
+                    let level = a.level();
+                    self.metrics.self_rejected[class] += 1;
+                    self.metrics.count_error(Kind::GetHost);
+                    return Some(self.enc.get_host_resp(
+                        seq,
+                        module,
+                        RetCode::Rejected,
+                        None,
+                        Some(level),
+                    ));
+                }
+            }
         }
         if let Err(why) = self.ensure(module, now) {
             return Some(self.refuse(Kind::GetHost, u64::from(seq), module, why));
@@ -546,6 +629,7 @@ impl ShardCore {
             Pick::Idle(a) => (RetCode::Ok, Some(a)),
             Pick::Rejected => {
                 self.metrics.rejected += 1;
+                self.metrics.downstream_rejected[class] += 1;
                 (RetCode::Rejected, None)
             }
             Pick::Probe(a) => {
@@ -558,7 +642,14 @@ impl ShardCore {
         if retcode != RetCode::Ok {
             self.metrics.count_error(Kind::GetHost);
         }
-        Some(self.enc.get_host_resp(seq, module, retcode, host, None))
+        if retcode != RetCode::Rejected {
+            self.metrics.admitted[class] += 1;
+        }
+        // While the shard sheds, every answer carries its level, so that a
+        // caller can shed below it before sending (collaborative admission
+        // with the agent itself).
+        let level = Some(self.self_level()).filter(|&l| l != OPEN);
+        Some(self.enc.get_host_resp(seq, module, retcode, host, level))
     }
 
     fn report(&mut self, rep: &wire::Report, now: Millis) -> Option<&[u8]> {

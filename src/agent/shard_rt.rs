@@ -6,6 +6,11 @@
 //! `sendmmsg` on the socket's descriptor; only when nothing is queued does it
 //! park on one io_uring peek until a datagram arrives (or a tick passes, to
 //! notice shutdown). Under load every system call moves a batch.
+//!
+//! The kernel stamps each datagram's arrival (`SO_TIMESTAMPNS`); the loop
+//! reads the clock once per batch and hands the core each datagram's
+//! queuing time, which feeds the queuing-time histogram and, with
+//! `admission.agent_shedding`, the shard's own admission level.
 
 use std::cell::RefCell;
 use std::net::UdpSocket as StdUdpSocket;
@@ -21,8 +26,9 @@ use glommio::net::UdpSocket;
 use super::clock;
 use super::messages::{ToControl, ToShard};
 use super::metrics::{Kind, ShardMetrics};
-use super::shard::{ShardCore, ShardSetup};
-use super::udp::{RecvBatch, SendBatch};
+use super::shard::{Queued, ShardCore, ShardSetup};
+use super::udp::{self, RecvBatch, SendBatch};
+use crate::admission::AdmissionParams;
 use crate::wire::DecodeError;
 
 /// Datagrams moved per system call.
@@ -56,6 +62,9 @@ pub struct ShardParts {
     /// the socket): the control core writes the first heartbeat only when
     /// every shard is.
     pub ready: Arc<AtomicU32>,
+    /// The shard's own admission control (`admission.agent_shedding`),
+    /// None when off.
+    pub shedding: Option<AdmissionParams>,
 }
 
 /// Runs a shard until `stop` is set. Call inside its glommio executor.
@@ -70,13 +79,26 @@ pub async fn run(parts: ShardParts) {
         stop,
         beat,
         ready,
+        shedding,
     } = parts;
     let fd = socket.into_raw_fd();
+    // Without the kernel's receive timestamps nothing is measured or shed.
+    let stamped = match udp::enable_timestamps(fd) {
+        Ok(_) => true,
+        Err(e) => {
+            eprintln!(
+                "lbagent: shard {}: no receive timestamps ({e}): queuing time not measured, nothing shed",
+                setup.id
+            );
+            false
+        }
+    };
     // SAFETY: fd is a bound UDP socket we own; glommio takes it over.
     let socket = Rc::new(unsafe { UdpSocket::from_raw_fd(fd) });
     let core = Rc::new(RefCell::new(ShardCore::new(setup)));
     {
         let mut c = core.borrow_mut();
+        c.set_shedding(shedding);
         for msg in initial {
             c.apply(msg, clock::now_ms());
         }
@@ -116,6 +138,7 @@ pub async fn run(parts: ShardParts) {
                 glommio::timer::sleep(Duration::from_millis(5)).await;
                 let now = clock::now_ms();
                 let mut c = core.borrow_mut();
+                c.tick_shedding(udp::realtime_ns() / 1000);
                 if c.next_deadline().is_some_and(|d| d <= now) {
                     for (peer, bytes) in c.expire(now) {
                         out.push(peer, &bytes);
@@ -153,8 +176,19 @@ pub async fn run(parts: ShardParts) {
         {
             let mut c = core.borrow_mut();
             let now = clock::now_ms();
+            // One clock read per batch: a datagram's queuing time is the
+            // batch's receive time minus its arrival stamp.
+            let now_ns = if stamped { udp::realtime_ns() } else { 0 };
             for i in 0..n {
                 let (bytes, peer, truncated) = rx.get(i);
+                let queued = if stamped {
+                    rx.arrived_ns(i).map(|at| Queued {
+                        now_us: now_ns / 1000,
+                        waited_us: now_ns.saturating_sub(at) / 1000,
+                    })
+                } else {
+                    None
+                };
                 if truncated {
                     c.metrics.count_malformed(&DecodeError::Oversized {
                         len: bytes.len() + 1,
@@ -163,7 +197,7 @@ pub async fn run(parts: ShardParts) {
                     continue;
                 }
                 let t0 = Instant::now();
-                let answer = c.handle(bytes, peer, now);
+                let answer = c.handle_queued(bytes, peer, now, queued);
                 if let Some(a) = answer {
                     tx.push(peer, a);
                 }

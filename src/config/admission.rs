@@ -34,7 +34,21 @@ pub struct AdmissionConfig {
     /// The agent forgets a node's downstream level (collaborative
     /// admission) when no report refreshes it within this many ms.
     pub level_timeout_ms: u64,
+    /// The agent protects itself: each shard measures every datagram's
+    /// queuing time (kernel receive timestamp to handling) and sheds the
+    /// getHosts below its own level with `Rejected` (window, alpha, beta
+    /// and floor as above). Off by default: unset priorities count as the
+    /// least important, so callers that set none are shed first.
+    pub agent_shedding: bool,
+    /// The agent's shard is overloaded when a window's average queuing
+    /// time exceeds this many microseconds.
+    pub agent_queuing_threshold_us: u64,
 }
+
+/// The default `admission.agent_queuing_threshold_us`: a shard answers in
+/// microseconds, and its socket's default receive buffer holds about a
+/// millisecond of datagrams at saturation.
+pub const AGENT_QUEUING_THRESHOLD_US: u64 = 500;
 
 impl Default for AdmissionConfig {
     fn default() -> Self {
@@ -50,6 +64,8 @@ impl Default for AdmissionConfig {
             user_hash_seed: 0x1bad_b002_dead_beef,
             user_key_period_s: 3600,
             level_timeout_ms: crate::agent::shard::LEVEL_TIMEOUT_MS,
+            agent_shedding: false,
+            agent_queuing_threshold_us: AGENT_QUEUING_THRESHOLD_US,
         }
     }
 }
@@ -65,6 +81,15 @@ impl AdmissionConfig {
             beta: self.beta,
             floor: AdmissionLevel::new(self.min_business, self.min_user),
         }
+    }
+
+    /// The parameters of the agent's own admission control, None when
+    /// `agent_shedding` is off.
+    pub fn agent_params(&self) -> Option<AdmissionParams> {
+        self.agent_shedding.then(|| AdmissionParams {
+            queuing_threshold_us: self.agent_queuing_threshold_us,
+            ..self.params()
+        })
     }
 
     /// Checks every field against its allowed range.
@@ -107,6 +132,12 @@ impl AdmissionConfig {
             self.level_timeout_ms,
             100,
             3_600_000,
+        )?;
+        in_range(
+            "admission.agent_queuing_threshold_us",
+            self.agent_queuing_threshold_us,
+            1,
+            60_000_000,
         )?;
         Ok(())
     }
@@ -176,6 +207,10 @@ mod tests {
                 "admission.min_user = 0 is out of range: allowed 1..=128",
             ),
             (
+                "agent_queuing_threshold_us = 0",
+                "admission.agent_queuing_threshold_us = 0 is out of range: allowed 1..=60000000",
+            ),
+            (
                 "user_key_period_s = 0",
                 "admission.user_key_period_s = 0 is out of range: allowed 1..=31536000",
             ),
@@ -199,5 +234,17 @@ mod tests {
         assert_eq!(c.admission.window_ms, 100);
         assert_eq!(c.admission.params().window_us, 100_000);
         assert_eq!(c.admission.alpha, 0.1);
+        assert_eq!(c.admission.agent_params(), None, "off by default");
+        let c = Config::load(
+            None,
+            &[
+                "admission.agent_shedding=true".into(),
+                "admission.agent_queuing_threshold_us=750".into(),
+            ],
+        )
+        .unwrap();
+        let p = c.admission.agent_params().expect("on");
+        assert_eq!(p.queuing_threshold_us, 750);
+        assert_eq!(p.window_us, 1_000_000);
     }
 }

@@ -816,3 +816,101 @@ fn a_level_reported_for_a_node_not_in_the_route_is_ignored() {
     assert_eq!(s.metrics.unknown_node_reports, 1);
     assert_eq!(get_host_as(&mut s, 20, 1, 11), (RetCode::Ok, Some(node(1))));
 }
+
+// === the shard's own admission control (issue 12 item 4) ===
+
+/// A getHost of priorities `(b, u)` that waited `waited_us` in the socket,
+/// handled at `now_us`: its retcode and the level the answer carries.
+fn queued_get_host(
+    s: &mut ShardCore,
+    b: u8,
+    u: u8,
+    now_us: Micros,
+    waited_us: Micros,
+) -> (RetCode, Option<wire::AdmissionLevel>) {
+    let req = Encoder::new().get_host_req(9, M, b, u).to_vec();
+    let q = Queued { now_us, waited_us };
+    let resp = s
+        .handle_queued(&req, PEER, now_us / 1000, Some(q))
+        .expect("an answer")
+        .to_vec();
+    match decode(&resp, &Limits::UDP).unwrap() {
+        Message::GetHostResp(r) => (
+            r.retcode(),
+            r.admission_level()
+                .map(|l| wire::AdmissionLevel::new(l.business(), l.user())),
+        ),
+        other => panic!("unexpected {}", other.name()),
+    }
+}
+
+#[test]
+fn an_overloaded_shard_sheds_low_priorities_and_keeps_high_ones() {
+    let mut s = shard();
+    get_host(&mut s, M, 0);
+    s.apply(route(2), 0);
+    s.set_shedding(Some(AdmissionParams {
+        window_us: 1_000_000,
+        window_requests: 100,
+        queuing_threshold_us: 500,
+        ..AdmissionParams::default()
+    }));
+    // Calm: short queuing, everything admitted, no level on the answers.
+    let mut t = 1_000_000;
+    for i in 0..200u32 {
+        t += 10;
+        let b = if i % 2 == 0 { 5 } else { 60 };
+        assert_eq!(queued_get_host(&mut s, b, 1, t, 50), (RetCode::Ok, None));
+    }
+    assert_eq!(s.self_level(), crate::admission::OPEN);
+    // Overloaded (2 ms queuing) while class 60 is admitted at all: the
+    // level falls until class 60 is shed, while class 5 keeps its answers
+    // (but for the odd -5% step that cuts into it when little of class 60
+    // was left to cut).
+    let (mut shed60, mut shed5) = (0, 0);
+    for i in 0..4000u32 {
+        t += 10;
+        let b = if i % 2 == 0 { 5 } else { 60 };
+        let waited = if s.self_level().business >= 60 {
+            2_000
+        } else {
+            100
+        };
+        let (rc, level) = queued_get_host(&mut s, b, (i % 128) as u8 + 1, t, waited);
+        if b == 5 {
+            shed5 += u64::from(rc == RetCode::Rejected);
+        } else if rc == RetCode::Rejected {
+            shed60 += 1;
+            let l = level.expect("a shed answer carries the shard's level");
+            assert!(!crate::admission::admits(l, 60, (i % 128) as u8 + 1));
+        }
+    }
+    assert!(shed60 > 1500, "class 60 shed {shed60} of 2000");
+    assert!(shed5 < 100, "class 5 shed {shed5} of 2000");
+    assert!(s.self_level().business <= 60);
+    let class60 = super::priority_class(60);
+    assert_eq!(s.metrics.self_rejected[class60], shed60);
+    assert_eq!(s.metrics.self_rejected[super::priority_class(5)], shed5);
+    assert_eq!(s.metrics.self_level, s.self_level());
+    // A getHost without a queuing time (no kernel stamp) is never shed.
+    assert_eq!(get_host_as(&mut s, 60, 128, t / 1000).0, RetCode::Ok);
+    // Calm again: the time-ended windows raise the level back to open.
+    for k in 0..2000u64 {
+        t += 1_000_000;
+        s.tick_shedding(t);
+        queued_get_host(&mut s, 60, 128, t + 1, 10);
+        if s.self_level() == crate::admission::OPEN {
+            assert!(k > 0);
+            break;
+        }
+    }
+    assert_eq!(s.self_level(), crate::admission::OPEN);
+    // Off: nothing is shed whatever the queuing time.
+    s.set_shedding(None);
+    assert_eq!(
+        queued_get_host(&mut s, 128, 128, t + 5, 60_000).0,
+        RetCode::Ok
+    );
+    let total: u64 = s.metrics.queuing_buckets.iter().sum();
+    assert!(total > 4200, "every queued datagram is counted: {total}");
+}
