@@ -67,6 +67,13 @@ pub struct QpstestArgs {
     /// modules first, and measure them.
     #[arg(long)]
     pub standalone: bool,
+    /// getHosts carry DAGOR priorities: `B:SHARE,...` (e.g. `5:0.2,60:0.8`),
+    /// each getHost's business priority B drawn by share (shares are
+    /// normalized), its user priority uniform in 1..=128. The summary then
+    /// counts each class apart: calls, answered, Rejected, other errors,
+    /// latency.
+    #[arg(long, value_name = "B:SHARE,...")]
+    pub priority_mix: Option<super::mix::PriorityMix>,
 }
 
 impl QpstestArgs {
@@ -93,6 +100,7 @@ impl QpstestArgs {
             cache: self.cache,
             timeout: Duration::from_millis(self.timeout_ms),
             json: self.json,
+            priority_mix: self.priority_mix.clone(),
         }
     }
 }
@@ -169,6 +177,9 @@ mod tests {
         let o = parse(&["--heartbeat", "/x/hb"]).unwrap();
         assert_eq!(o.target, Target::Heartbeat("/x/hb".into()));
         assert_eq!(parse(&["--standalone"]).unwrap().target, Target::Standalone);
+        let o = parse(&["--priority-mix", "5:0.2,60:0.8"]).unwrap();
+        assert_eq!(o.priority_mix.unwrap().classes(), &[(5, 0.2), (60, 0.8)]);
+        assert!(parse(&["--priority-mix", "200:1"]).is_err());
     }
 
     #[test]

@@ -24,9 +24,12 @@
 //! - [`summary`]: counting and reporting, no sockets.
 //! - [`cpu`]: CPU time of processes and threads from `/proc`.
 //! - [`args`]: the command line ([`QpstestArgs`]) and [`command`].
+//! - [`mix`]: `--priority-mix`, DAGOR priorities per getHost and the
+//!   per-class counts.
 
 pub mod args;
 pub mod cpu;
+pub mod mix;
 pub mod summary;
 
 use std::io::Write;
@@ -89,6 +92,9 @@ pub struct QpsOptions {
     /// Print the summary as one JSON object (the live lines then go to
     /// stderr, so that `out` holds only the object).
     pub json: bool,
+    /// getHosts carry DAGOR priorities drawn from this mix, and the
+    /// summary counts each class apart (None: no priorities).
+    pub priority_mix: Option<mix::PriorityMix>,
 }
 
 impl Default for QpsOptions {
@@ -103,6 +109,7 @@ impl Default for QpsOptions {
             cache: false,
             timeout: Duration::from_millis(1000),
             json: false,
+            priority_mix: None,
         }
     }
 }
@@ -430,6 +437,8 @@ fn measure(opts: &QpsOptions, server: &Server, live: &mut dyn Write) -> anyhow::
             gate: gate.clone(),
             ready: ready_tx.clone(),
             shared,
+            mix: opts.priority_mix.clone(),
+            rng: mix::Rng::new(u64::from(i) + 1),
         };
         let spawned = std::thread::Builder::new()
             .name(format!("qpstest-{i}"))
@@ -516,7 +525,11 @@ fn measure(opts: &QpsOptions, server: &Server, live: &mut dyn Write) -> anyhow::
         cache: opts.cache,
         timeout_ms: opts.timeout.as_millis() as u64,
     };
-    Ok(Summary::new(info, &total, seconds, server_cpu))
+    let mut summary = Summary::new(info, &total, seconds, server_cpu);
+    if let Some(m) = &opts.priority_mix {
+        summary.priority_classes = mix::summarize(m, &total.classes);
+    }
+    Ok(summary)
 }
 
 /// Takes every worker's tally into `interval` (emptied first) and `total`.
@@ -541,6 +554,9 @@ struct Worker {
     gate: Arc<Gate>,
     ready: mpsc::Sender<()>,
     shared: Shared,
+    /// The priority mix the getHosts draw from, if any.
+    mix: Option<mix::PriorityMix>,
+    rng: mix::Rng,
 }
 
 /// Where the workers wait for the clock to start.
@@ -568,7 +584,7 @@ impl Gate {
 }
 
 impl Worker {
-    fn run(self) {
+    fn run(mut self) {
         // A client that cannot be built (its heartbeat unreadable, say)
         // counts as a failed getHost each time it is tried, like any call
         // that cannot reach the agent.
@@ -587,12 +603,23 @@ impl Worker {
             };
             let m = self.modules[turn];
             turn = (turn + 1) % self.modules.len();
+            let drawn = self.mix.as_ref().map(|x| x.draw(self.rng.next_u64()));
             let t = Instant::now();
-            let got = c.get_host(m.modid, m.cmdid, self.timeout);
+            let got = match drawn {
+                Some((_, p)) => c.get_host_with(m.modid, m.cmdid, p, self.timeout),
+                None => c.get_host(m.modid, m.cmdid, self.timeout),
+            };
             let ns = t.elapsed().as_nanos() as u64;
             if self.stop.load(Ordering::Acquire) {
                 // Finished after the clock stopped: not part of the run.
                 break;
+            }
+            if let Some((class, _)) = drawn {
+                let mut t = lock(&self.shared);
+                if t.classes.len() <= class {
+                    t.classes.resize_with(class + 1, Default::default);
+                }
+                t.classes[class].count(got.as_ref().map(|_| ()).map_err(|e| e.kind()), ns);
             }
             let host = match got {
                 Ok(h) => {

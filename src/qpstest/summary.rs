@@ -14,6 +14,8 @@ use std::fmt;
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
+use super::mix::{merge_classes, ClassSummary, ClassTally};
+
 /// The longest latency a histogram holds, ns (60 s); longer ones are
 /// recorded as 60 s.
 pub const MAX_LATENCY_NS: u64 = 60_000_000_000;
@@ -54,6 +56,8 @@ pub struct Tally {
     pub report_errors: BTreeMap<&'static str, u64>,
     /// Round-trip latency of the getHosts counted in QPS, ns.
     pub latency: Histogram<u64>,
+    /// Per priority class of `--priority-mix` (empty without one).
+    pub classes: Vec<ClassTally>,
 }
 
 impl Default for Tally {
@@ -66,6 +70,7 @@ impl Default for Tally {
             reports: 0,
             report_errors: BTreeMap::new(),
             latency: latency_histogram(),
+            classes: Vec::new(),
         }
     }
 }
@@ -127,6 +132,7 @@ impl Tally {
         }
         // Same bounds on both sides: addition cannot fail.
         let _ = self.latency.add(&other.latency);
+        merge_classes(&mut self.classes, &other.classes);
     }
 
     /// Empties the tally, keeping its allocations.
@@ -138,6 +144,9 @@ impl Tally {
         self.reports = 0;
         self.report_errors.clear();
         self.latency.reset();
+        for c in &mut self.classes {
+            c.reset();
+        }
     }
 }
 
@@ -242,6 +251,9 @@ pub struct Summary {
     /// static route file: the figures then do not measure the agent.
     /// Printed as a `WARNING:` line.
     pub warning: Option<String>,
+    /// Per priority class, with `--priority-mix` (absent without).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub priority_classes: Vec<ClassSummary>,
 }
 
 impl Summary {
@@ -275,6 +287,7 @@ impl Summary {
             server_cpu,
             get_hosts_per_server_cpu_second: per_cpu,
             warning: warning(tally),
+            priority_classes: Vec::new(),
         }
     }
 
@@ -359,6 +372,9 @@ impl fmt::Display for Summary {
                 l.p50, l.p90, l.p99, l.p999, l.max, l.mean
             )?,
             None => writeln!(f, "latency: no getHost was answered")?,
+        }
+        for c in &self.priority_classes {
+            writeln!(f, "{c}")?;
         }
         match (&self.server_cpu, self.get_hosts_per_server_cpu_second) {
             (Some(c), Some(per)) => write!(
