@@ -1,7 +1,7 @@
 //! The adaptive admission level of one service instance: the histogram of
 //! the current window, its queuing-time window, and the level they move.
 
-use super::histogram::{level_index, Histogram};
+use super::histogram::{level_index, level_of_index, Histogram, LEVELS};
 use super::window::{Window, WindowEnd};
 use super::{admits, clamp_priority, AdmissionLevel, Micros, OPEN};
 
@@ -164,10 +164,16 @@ impl Admission {
     }
 }
 
+/// How many levels (user priorities) the level rises after a calm window
+/// that saw no request above it: 1/4 of a business class.
+pub const CENSORED_STEP: usize = 32;
+
 /// The level after a window: on overload the highest level admitting at
 /// most `(1 − α)·N_adm` of the window's requests (never above the old
 /// one); otherwise the lowest admitting at least `(1 + β)·N_adm` and at
-/// least one request more (open when no level does). Never below the floor.
+/// least one request more (open when no level does, or
+/// [`CENSORED_STEP`] levels up when the window saw nothing above the
+/// level). Never below the floor.
 fn next_level(
     h: &Histogram,
     level: AdmissionLevel,
@@ -184,7 +190,16 @@ fn next_level(
         }
     } else {
         let target = ((1.0 + p.beta) * admitted as f64).ceil() as u64;
-        h.lowest_at_least(target.max(admitted + 1)).unwrap_or(OPEN)
+        match h.lowest_at_least(target.max(admitted + 1)) {
+            Some(l) => l,
+            // Requests above the level arrived, all admissible (or none
+            // at all: nothing to protect): open.
+            None if h.total() > admitted || admitted == 0 => OPEN,
+            // None arrived above the level: the callers shed them before
+            // sending (collaborative admission), so the histogram cannot
+            // say where +β lies. Step up blindly, a little.
+            None => level_of_index((level_index(level) + CENSORED_STEP).min(LEVELS - 1)),
+        }
     };
     if level_index(moved) < level_index(p.floor) {
         p.floor
@@ -196,7 +211,6 @@ fn next_level(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::admission::histogram::{level_of_index, LEVELS};
     use proptest::prelude::*;
 
     const MS: Micros = 1000;
@@ -294,6 +308,27 @@ mod tests {
     }
 
     #[test]
+    fn a_calm_window_that_saw_nothing_above_the_level_steps_up_a_little() {
+        // The callers shed below the level themselves (collaborative
+        // admission): only admissible requests arrive.
+        let mut a = Admission::new(params());
+        window(&mut a, 0, 50 * MS);
+        assert_eq!(a.level(), lv(10, 50));
+        a.tick(1000 * MS);
+        for b in 1..=9u8 {
+            for u in 1..=100u8 {
+                a.admit(b, u);
+            }
+        }
+        for u in 1..=50u8 {
+            assert!(a.admit(10, u));
+        }
+        let o = a.tick(2000 * MS).unwrap();
+        assert!(!o.window.overloaded);
+        assert_eq!(o.after, lv(10, 50 + CENSORED_STEP as u8));
+    }
+
+    #[test]
     fn an_empty_overloaded_window_keeps_the_level() {
         let mut a = Admission::new(params());
         window(&mut a, 0, 50 * MS);
@@ -345,7 +380,12 @@ mod tests {
                     "n {} m {} level {:?} next {:?}", n, m, level, next);
             } else {
                 prop_assert!(level_index(next) > level_index(level) || level == OPEN);
-                prop_assert!(m as f64 >= 1.01 * n as f64 || next == OPEN, "n {} m {}", n, m);
+                let censored = h.total() == n && n > 0 && level != OPEN;
+                if censored {
+                    prop_assert_eq!(level_index(next), (level_index(level) + CENSORED_STEP).min(LEVELS - 1));
+                } else {
+                    prop_assert!(m as f64 >= 1.01 * n as f64 || next == OPEN, "n {} m {}", n, m);
+                }
             }
         }
     }

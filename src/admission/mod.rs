@@ -30,7 +30,7 @@ pub mod priority;
 mod window;
 
 pub use crate::wire::AdmissionLevel;
-pub use controller::{Admission, AdmissionParams, WindowOutcome};
+pub use controller::{Admission, AdmissionParams, WindowOutcome, CENSORED_STEP};
 pub use histogram::{level_index, level_of_index, Histogram, LEVELS};
 pub use priority::{user_priority, UserPriorities};
 pub use window::{Window, WindowEnd};
