@@ -2,6 +2,11 @@
 //! loopback: `lbagent`'s demo service at a fixed capacity, driven at 1x,
 //! 1.5x, 2x, 3x and 4x of it with mixed priorities, for
 //!
+//! - DAGOR with collaborative admission through the real agent: each call
+//!   asks an embedded agent (route server + agent, `Standalone`) for a host
+//!   with its priorities, calls the service only when the agent answers a
+//!   host, and reports the call with the level the service attached
+//!   (`downstream_level`), so the agent answers `Rejected` below it;
 //! - DAGOR at the service only (the level adapts across the feeds, as in a
 //!   live system: one service for the five feeds);
 //! - random shedding at the rate DAGOR rejected at the same feed (a fresh
@@ -13,11 +18,11 @@
 //! Success rate = upstream requests answered Ok within the deadline /
 //! upstream requests offered, against the optimum min(1, capacity / feed).
 //!
-//! Collaborative admission (through the agent) is not built yet: with
-//! `--collaborative` the bench says so and reports no numbers for it.
+//! Random shedding rejects at the share of calls DAGOR (service only) kept
+//! from the service at the same feed, rejections at the agent included.
 //!
 //! ```text
-//! cargo bench --bench dagor -- [--warmup-ms 1000] [--measure-ms 2000] [--out DIR] [--collaborative]
+//! cargo bench --bench dagor -- [--warmup-ms 1000] [--measure-ms 2000] [--out DIR]
 //! ```
 //! writes DIR/dagor.md (the tables) and DIR/dagor.png (the plot; needs a
 //! TrueType font: DejaVu Sans from Debian's fonts-dejavu-core, or the file
@@ -30,10 +35,12 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::time::{Duration, Instant, SystemTime};
 
-use lbagent::admission::{AdmissionParams, UserPriorities};
+use lbagent::admission::{piggyback, AdmissionParams, UserPriorities};
 use lbagent::demo_service::{serve, Counters, ServiceParams, Shedding};
-use lbagent::model::ModuleId;
-use lbagent::wire::{decode, Encoder, Limits, Message, RetCode};
+use lbagent::model::{ModuleId, NodeAddr, RouteNode};
+use lbagent::standalone::{Standalone, StandaloneOptions};
+use lbagent::store::{self, StoreUrl};
+use lbagent::wire::{decode, Encoder, Limits, Message, Report, RetCode};
 
 /// Feed rates, as multiples of the capacity.
 const FEEDS: [f64; 5] = [1.0, 1.5, 2.0, 3.0, 4.0];
@@ -58,13 +65,6 @@ fn main() {
             std::process::exit(2);
         }
     };
-    if opts.collaborative {
-        println!(
-            "collaborative mode (DAGOR through the agent): NOT YET AVAILABLE. It needs the agent \
-             to keep per-node levels from reports and answer Rejected (issue #12, part 3); this \
-             bench reports no numbers for it."
-        );
-    }
     let capacity = service(Shedding::Off).capacity();
     let params = service(Shedding::Dagor);
     println!(
@@ -84,7 +84,12 @@ fn main() {
         let seed = 1000 + si as u64;
         let rates: Vec<f64> = FEEDS.iter().map(|f| f * capacity).collect();
         let dagor = with_service(service(Shedding::Dagor), |addr, c| {
-            drive(addr, c, k, &rates, &opts, seed)
+            drive(addr, None, c, k, &rates, &opts, seed)
+        });
+        let collab = with_service(service(Shedding::Dagor), |addr, c| {
+            with_agent(addr, |agent| {
+                drive(addr, Some(agent), c, k, &rates, &opts, seed)
+            })
         });
         let mut random = Vec::new();
         let mut off = Vec::new();
@@ -93,12 +98,12 @@ fn main() {
             let shedding = Shedding::Random { rate: reject };
             random.push(
                 with_service(service(shedding), |addr, c| {
-                    drive(addr, c, k, &[rate], &opts, seed)
+                    drive(addr, None, c, k, &[rate], &opts, seed)
                 })[0],
             );
             off.push(
                 with_service(service(Shedding::Off), |addr, c| {
-                    drive(addr, c, k, &[rate], &opts, seed)
+                    drive(addr, None, c, k, &[rate], &opts, seed)
                 })[0],
             );
         }
@@ -107,6 +112,7 @@ fn main() {
                 feed: FEEDS[i],
                 k,
                 dagor: dagor[i],
+                collab: collab[i],
                 random: random[i],
                 off: off[i],
             };
@@ -137,7 +143,6 @@ struct Opts {
     warmup: Duration,
     measure: Duration,
     out: PathBuf,
-    collaborative: bool,
 }
 
 impl Opts {
@@ -146,7 +151,6 @@ impl Opts {
             warmup: Duration::from_millis(1000),
             measure: Duration::from_millis(2000),
             out: PathBuf::from("target/dagor"),
-            collaborative: false,
         };
         let ms = |v: Option<String>, flag: &str| -> Result<Duration, String> {
             v.and_then(|v| v.parse::<u64>().ok())
@@ -159,7 +163,6 @@ impl Opts {
                 "--warmup-ms" => o.warmup = ms(args.next(), "--warmup-ms")?,
                 "--measure-ms" => o.measure = ms(args.next(), "--measure-ms")?,
                 "--out" => o.out = args.next().ok_or("--out takes a directory")?.into(),
-                "--collaborative" => o.collaborative = true,
                 // cargo bench passes --bench; other harness flags mean nothing here.
                 "--bench" => {}
                 other => return Err(format!("unknown argument `{other}`")),
@@ -205,6 +208,62 @@ fn with_service<R>(params: ServiceParams, f: impl FnOnce(SocketAddr, &Counters) 
     })
 }
 
+/// The module the callers ask the agent for; its route is the service.
+const MODULE: ModuleId = ModuleId::new(1, 1);
+
+/// Runs an embedded route server, reporter and agent (`Standalone`, every
+/// port picked by the OS) whose route for [`MODULE`] is the service at
+/// `service`, while `f` drives it with the agent's shard address.
+fn with_agent<R>(service: SocketAddr, f: impl FnOnce(SocketAddr) -> R) -> R {
+    let SocketAddr::V4(v4) = service else {
+        panic!("the service binds IPv4")
+    };
+    let dir = std::env::temp_dir().join(format!("lbagent-dagor-bench-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("scratch directory");
+    let url = StoreUrl::Sqlite(dir.join(lbagent::standalone::STORE_FILE));
+    let node = RouteNode {
+        addr: NodeAddr::new(*v4.ip(), v4.port()),
+        weight: 1,
+    };
+    store::open(&url)
+        .and_then(|mut s| s.import_routes(&[(MODULE, node)], true))
+        .expect("the route into the store");
+    let system = Standalone::start(StandaloneOptions::ephemeral(&dir)).expect("standalone agent");
+    let ports = system.agent_ports().to_vec();
+    let port = ports[MODULE.shard(ports.len() as u32) as usize];
+    let agent = SocketAddr::from(([127, 0, 0, 1], port));
+    wait_for_route(agent);
+    let r = f(agent);
+    system.stop().expect("stop the standalone agent");
+    let _ = std::fs::remove_dir_all(&dir);
+    r
+}
+
+/// Asks the agent for a host until its first pull of the route is
+/// answered (10 s at most).
+fn wait_for_route(agent: SocketAddr) {
+    let socket = UdpSocket::bind("127.0.0.1:0").expect("bind");
+    socket
+        .set_read_timeout(Some(Duration::from_millis(50)))
+        .expect("timeout");
+    let mut enc = Encoder::new();
+    let mut buf = vec![0u8; 65_536];
+    let until = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < until {
+        let _ = socket.send_to(enc.get_host_req(1, MODULE, 1, 1), agent);
+        if let Ok(n) = socket.recv(&mut buf) {
+            if let Ok(Message::GetHostResp(r)) = decode(&buf[..n], &Limits::UDP) {
+                if r.retcode() == RetCode::Ok {
+                    return;
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("the agent at {agent} found no route for {MODULE} within 10 s");
+}
+
 /// What one feed phase measured.
 #[derive(Clone, Copy, Debug, Default)]
 struct Phase {
@@ -221,6 +280,10 @@ struct Phase {
     queue_full: u64,
     started: u64,
     queuing_us_sum: u64,
+    /// getHosts the agent answered Rejected (collaborative mode).
+    agent_rejected: u64,
+    /// getHosts asked of the agent (collaborative mode).
+    agent_asked: u64,
 }
 
 impl Phase {
@@ -230,8 +293,16 @@ impl Phase {
     fn top_success(&self) -> f64 {
         ratio(self.top_ok, self.top_offered)
     }
+    /// The share of calls kept from the service's workers: rejected by the
+    /// service, or by the agent before they were sent.
     fn rejected_fraction(&self) -> f64 {
-        ratio(self.rejected, self.arrived)
+        ratio(
+            self.rejected + self.agent_rejected,
+            self.arrived + self.agent_rejected,
+        )
+    }
+    fn agent_rejected_fraction(&self) -> f64 {
+        ratio(self.agent_rejected, self.agent_asked)
     }
     fn avg_queuing_ms(&self) -> f64 {
         ratio(self.queuing_us_sum, self.started) / 1000.0
@@ -267,9 +338,13 @@ struct Upstream {
 
 /// Drives the service at `rates` (calls per second) one after the other,
 /// each for warm-up + measure, with upstream requests of `k` sequential
-/// calls arriving as a Poisson process of rate `rate / k`.
+/// calls arriving as a Poisson process of rate `rate / k`. With `agent`,
+/// each call first asks the agent for a host (its priorities in the
+/// getHost), is given up when the agent answers otherwise, and is reported
+/// to the agent with the service's level once answered.
 fn drive(
     addr: SocketAddr,
+    agent: Option<SocketAddr>,
     counters: &Counters,
     k: u32,
     rates: &[f64],
@@ -279,12 +354,22 @@ fn drive(
     let socket = UdpSocket::bind("127.0.0.1:0").expect("bind the caller");
     socket.connect(addr).expect("connect");
     socket.set_nonblocking(true).expect("non-blocking");
+    let agent_socket = agent.map(|a| {
+        let s = UdpSocket::bind("127.0.0.1:0").expect("bind the agent's caller");
+        s.connect(a).expect("connect");
+        s.set_nonblocking(true).expect("non-blocking");
+        s
+    });
+    let SocketAddr::V4(service_v4) = addr else {
+        panic!("the service binds IPv4")
+    };
+    let service_node = NodeAddr::new(*service_v4.ip(), service_v4.port());
     let mut rng = fastrand::Rng::with_seed(seed);
     let mut users = UserPriorities::new(0x5eed, 3600);
     let unix_s = SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
-    let module = ModuleId::new(1, 1);
+    let module = MODULE;
     let mut enc = Encoder::new();
     let mut buf = vec![0u8; 65_536];
 
@@ -298,25 +383,30 @@ fn drive(
     let mut snaps = Vec::with_capacity(marks.len());
 
     let mut ups: Vec<Upstream> = Vec::new();
-    let mut pending: HashMap<u32, usize> = HashMap::new();
+    // seq -> (upstream request, asked of the agent rather than the service).
+    let mut pending: HashMap<u32, (usize, bool)> = HashMap::new();
     let mut timeouts: VecDeque<(Instant, u32)> = VecDeque::new();
     let mut seq = 0u32;
     let start = Instant::now();
     let mut next_arrival = Duration::ZERO;
 
-    let mut send = |socket: &UdpSocket,
+    let mut send = |to: &UdpSocket,
                     enc: &mut Encoder,
-                    pending: &mut HashMap<u32, usize>,
+                    pending: &mut HashMap<u32, (usize, bool)>,
                     timeouts: &mut VecDeque<(Instant, u32)>,
                     up: usize,
                     b: u8,
-                    u: u8| {
+                    u: u8,
+                    at_agent: bool| {
         seq = seq.wrapping_add(1);
         // A send that fails (buffer full) is a call that is never answered.
-        let _ = socket.send(enc.get_host_req(seq, module, b, u));
-        pending.insert(seq, up);
+        let _ = to.send(enc.get_host_req(seq, module, b, u));
+        pending.insert(seq, (up, at_agent));
         timeouts.push_back((Instant::now() + DEADLINE, seq));
     };
+    // The first hop of a call: the agent when there is one, else the service.
+    let first = agent_socket.as_ref().unwrap_or(&socket);
+    let via_agent = agent_socket.is_some();
     let finish = |ups: &[Upstream], phases: &mut [Phase], up: usize, ok: bool| {
         if let (true, Some(p)) = (ok, ups[up].measured) {
             phases[p].ok += 1;
@@ -349,20 +439,57 @@ fn drive(
                 done: 0,
                 measured,
             });
+            if let Some(p) = measured.filter(|_| via_agent) {
+                phases[p].agent_asked += 1;
+            }
             send(
-                &socket,
+                first,
                 &mut enc,
                 &mut pending,
                 &mut timeouts,
                 ups.len() - 1,
                 b,
                 u,
+                via_agent,
             );
             let up_rate = rates[phase] / f64::from(k);
             next_arrival += Duration::from_secs_f64(-(1.0 - rng.f64()).ln() / up_rate);
             busy = true;
         }
-        // Answers.
+        // The agent's answers: a host (call the service) or not (give up).
+        while let Some(a) = &agent_socket {
+            let n = match a.recv(&mut buf) {
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(_) => continue,
+            };
+            busy = true;
+            let Ok(Message::GetHostResp(resp)) = decode(&buf[..n], &Limits::UDP) else {
+                continue;
+            };
+            let Some((up, true)) = pending.remove(&resp.seq()) else {
+                continue; // late: its call already failed
+            };
+            if resp.retcode() != RetCode::Ok || resp.host().is_none() {
+                if let (RetCode::Rejected, Some(p)) = (resp.retcode(), ups[up].measured) {
+                    phases[p].agent_rejected += 1;
+                }
+                finish(&ups, &mut phases, up, false);
+                continue;
+            }
+            let (b, u) = (ups[up].b, ups[up].u);
+            send(
+                &socket,
+                &mut enc,
+                &mut pending,
+                &mut timeouts,
+                up,
+                b,
+                u,
+                false,
+            );
+        }
+        // The service's answers.
         loop {
             let n = match socket.recv(&mut buf) {
                 Ok(n) => n,
@@ -373,9 +500,23 @@ fn drive(
             let Ok(Message::GetHostResp(resp)) = decode(&buf[..n], &Limits::UDP) else {
                 continue;
             };
-            let Some(up) = pending.remove(&resp.seq()) else {
+            let Some((up, false)) = pending.remove(&resp.seq()) else {
                 continue; // late: its call already failed
             };
+            if let Some(a) = &agent_socket {
+                // The call completed (answered or shed by level): the node
+                // is alive, so retcode 0; the level is the point.
+                let level = piggyback::from_fb(resp.admission_level()).unwrap_or(None);
+                let report = Report {
+                    seq: resp.seq(),
+                    module,
+                    host: service_node,
+                    retcode: 0,
+                    tcost_ms: 0,
+                    downstream_level: level,
+                };
+                let _ = a.send(enc.report_req(&report));
+            }
             if resp.retcode() != RetCode::Ok {
                 finish(&ups, &mut phases, up, false);
                 continue;
@@ -385,7 +526,16 @@ fn drive(
                 finish(&ups, &mut phases, up, true);
             } else {
                 let (b, u) = (ups[up].b, ups[up].u);
-                send(&socket, &mut enc, &mut pending, &mut timeouts, up, b, u);
+                send(
+                    first,
+                    &mut enc,
+                    &mut pending,
+                    &mut timeouts,
+                    up,
+                    b,
+                    u,
+                    via_agent,
+                );
             }
         }
         // Deadlines.
@@ -395,7 +545,7 @@ fn drive(
                 break;
             }
             timeouts.pop_front();
-            if let Some(up) = pending.remove(&s) {
+            if let Some((up, _)) = pending.remove(&s) {
                 finish(&ups, &mut phases, up, false);
             }
         }
@@ -427,6 +577,7 @@ struct Row {
     feed: f64,
     k: u32,
     dagor: Phase,
+    collab: Phase,
     random: Phase,
     off: Phase,
 }
@@ -438,12 +589,20 @@ impl Row {
 
     fn line(&self) -> String {
         format!(
-            "M{} feed {:.1}x: optimum {:.3}  DAGOR {:.3} ({:.1}% of optimum, class 1 {:.3}, \
+            "M{} feed {:.1}x: optimum {:.3}  collaborative {:.3} ({:.1}% of optimum, class 1 {:.3}, \
+             agent rejected {:.3}, service rejected {}, queuing {:.1} ms)  \
+             DAGOR {:.3} ({:.1}% of optimum, class 1 {:.3}, \
              rejected {:.3}, queuing {:.1} ms)  random {:.3} (class 1 {:.3})  off {:.3} \
              (queue full {}, queuing {:.0} ms)",
             self.k,
             self.feed,
             self.optimum(),
+            self.collab.success(),
+            100.0 * self.collab.success() / self.optimum(),
+            self.collab.top_success(),
+            self.collab.agent_rejected_fraction(),
+            self.collab.rejected,
+            self.collab.avg_queuing_ms(),
             self.dagor.success(),
             100.0 * self.dagor.success() / self.optimum(),
             self.dagor.top_success(),
@@ -466,17 +625,19 @@ fn tables(rows: &[Row], opts: &Opts) -> String {
     let mut s = String::new();
     s.push_str("Success rate (upstream requests answered Ok within 500 ms / offered):\n\n");
     s.push_str(
-        "| feed | optimum | DAGOR M1 | DAGOR M2 | DAGOR M4 | random M1 | random M2 | random M4 \
-         | no control M1 | no control M2 | no control M4 | collaborative |\n",
+        "| feed | optimum | collaborative M1 | collaborative M2 | collaborative M4 \
+         | DAGOR M1 | DAGOR M2 | DAGOR M4 | random M1 | random M2 | random M4 \
+         | no control M1 | no control M2 | no control M4 |\n",
     );
-    s.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    s.push_str("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for &feed in &FEEDS {
         let cell = |k: u32, f: fn(&Row) -> f64| {
             find(rows, feed, k).map_or("-".to_string(), |r| format!("{:.3}", f(r)))
         };
         s.push_str(&format!("| {feed:.1}x | {:.3} ", (1.0 / feed).min(1.0)));
         for f in [
-            (|r: &Row| r.dagor.success()) as fn(&Row) -> f64,
+            (|r: &Row| r.collab.success()) as fn(&Row) -> f64,
+            |r: &Row| r.dagor.success(),
             |r: &Row| r.random.success(),
             |r: &Row| r.off.success(),
         ] {
@@ -484,10 +645,36 @@ fn tables(rows: &[Row], opts: &Opts) -> String {
                 s.push_str(&format!("| {} ", cell(k, f)));
             }
         }
-        s.push_str("| not yet available |\n");
+        s.push_str("|\n");
     }
     s.push_str(
-        "\nDAGOR in detail (M1 / M2 / M4): success as a share of the optimum, business \
+        "\nCollaborative admission in detail (M1 / M2 / M4): success as a share of the \
+         optimum, business class 1's success, the share of getHosts the agent answered \
+         Rejected, calls the service itself rejected, the service's average queuing time:\n\n",
+    );
+    s.push_str(
+        "| feed | % of optimum | class 1 success | agent rejected | service rejected | avg queuing (ms) |\n",
+    );
+    s.push_str("|---|---|---|---|---|---|\n");
+    for &feed in &FEEDS {
+        let join = |f: &dyn Fn(&Row) -> String| {
+            SHAPES
+                .iter()
+                .map(|&k| find(rows, feed, k).map_or("-".into(), f))
+                .collect::<Vec<_>>()
+                .join(" / ")
+        };
+        s.push_str(&format!(
+            "| {feed:.1}x | {} | {} | {} | {} | {} |\n",
+            join(&|r| format!("{:.1}", 100.0 * r.collab.success() / r.optimum())),
+            join(&|r| format!("{:.3}", r.collab.top_success())),
+            join(&|r| format!("{:.3}", r.collab.agent_rejected_fraction())),
+            join(&|r| r.collab.rejected.to_string()),
+            join(&|r| format!("{:.1}", r.collab.avg_queuing_ms())),
+        ));
+    }
+    s.push_str(
+        "\nDAGOR at the service only in detail (M1 / M2 / M4): success as a share of the optimum, business \
          class 1's success, the share of calls the service rejected (random shedding used \
          the same share), the service's average queuing time:\n\n",
     );
@@ -513,15 +700,10 @@ fn tables(rows: &[Row], opts: &Opts) -> String {
     s.push_str(&format!(
         "\nService {WORKERS} workers x {SERVICE_US} us = {:.0} requests/s, queue {QUEUE}; \
          business priorities 1..={CLASSES} uniform, {USERS} users; warm-up {} ms and \
-         measure {} ms per feed; Poisson arrivals.{}\n",
+         measure {} ms per feed; Poisson arrivals.\n",
         f64::from(WORKERS) * 1e6 / SERVICE_US as f64,
         opts.warmup.as_millis(),
         opts.measure.as_millis(),
-        if opts.collaborative {
-            " Collaborative mode requested: not yet available (no numbers)."
-        } else {
-            ""
-        }
     ));
     s
 }
@@ -570,6 +752,12 @@ fn plot(rows: &[Row], path: &Path) -> Result<(), String> {
     type Series<'a> = (String, RGBColor, Box<dyn Fn(&Row) -> f64 + 'a>, u32);
     let simple: Vec<Series> = vec![
         (
+            "DAGOR collaborative (through the agent)".into(),
+            RGBColor(120, 0, 160),
+            Box::new(|r: &Row| r.collab.success()),
+            1,
+        ),
+        (
             "DAGOR (service only)".into(),
             blue(1),
             Box::new(|r: &Row| r.dagor.success()),
@@ -594,16 +782,29 @@ fn plot(rows: &[Row], path: &Path) -> Result<(), String> {
             1,
         ),
     ];
+    let purple = |k: u32| match k {
+        1 => RGBColor(120, 0, 160),
+        2 => RGBColor(160, 60, 200),
+        _ => RGBColor(200, 130, 230),
+    };
     let composite: Vec<Series> = SHAPES
         .iter()
         .map(|&k| {
+            (
+                format!("collaborative M{k}"),
+                purple(k),
+                Box::new(|r: &Row| r.collab.success()) as Box<dyn Fn(&Row) -> f64>,
+                k,
+            )
+        })
+        .chain(SHAPES.iter().map(|&k| {
             (
                 format!("DAGOR M{k}"),
                 blue(k),
                 Box::new(|r: &Row| r.dagor.success()) as Box<dyn Fn(&Row) -> f64>,
                 k,
             )
-        })
+        }))
         .chain(SHAPES.iter().map(|&k| {
             (
                 format!("random M{k}"),
