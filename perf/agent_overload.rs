@@ -1,0 +1,451 @@
+//! The agent's self-protection (issue 12 item 4, DAGOR on the agent's own
+//! shards), measured on loopback against an embedded agent with one shard.
+//!
+//! 1. Saturation: open-loop senders flood the shard as fast as they can
+//!    (shedding off); the answered rate is the shard's saturation rate S.
+//! 2. At 2·S, open loop, with the priority mix (business priority 5 for
+//!    20% of the getHosts, 60 for 80%; user priorities uniform), three
+//!    runs: shedding off; `admission.agent_shedding` on; on, with callers
+//!    that honour the level the shard attaches to its answers (they shed
+//!    below it before sending, as DAGOR's collaborative admission does
+//!    between services).
+//!
+//! Per class: answered / Rejected / unanswered shares and the round trip
+//! of the answered getHosts; and the shard's own queuing-time histogram
+//! (`lbagent_queuing_seconds`, all datagrams), read from its /metrics.
+//!
+//! ```text
+//! cargo bench --bench agent_overload -- [--seconds 3] [--senders 4] [--threshold-us 500]
+//! ```
+
+use std::io::{Read, Write as _};
+use std::net::{SocketAddr, TcpStream, UdpSocket};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use lbagent::admission::{admits, AdmissionLevel, OPEN};
+use lbagent::agent::udp::{RecvBatch, SendBatch};
+use lbagent::model::{ModuleId, NodeAddr, RouteNode};
+use lbagent::standalone::{Standalone, StandaloneOptions};
+use lbagent::store::{self, StoreUrl};
+use lbagent::wire::{decode, Encoder, Limits, Message, RetCode};
+
+const MODULE: ModuleId = ModuleId::new(10_000, 1);
+/// (business priority, share of the getHosts).
+const MIX: [(u8, f64); 2] = [(5, 0.2), (60, 0.8)];
+/// Send times are kept for this many outstanding getHosts per sender.
+const RING: usize = 1 << 20;
+
+struct Opts {
+    seconds: u64,
+    senders: usize,
+    threshold_us: u64,
+}
+
+fn main() {
+    let mut o = Opts {
+        seconds: 3,
+        senders: 4,
+        threshold_us: 500,
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        let mut num = |flag: &str| -> u64 {
+            args.next()
+                .and_then(|v| v.parse().ok())
+                .filter(|&v| v > 0)
+                .unwrap_or_else(|| {
+                    eprintln!("agent_overload: {flag} takes a number above 0");
+                    std::process::exit(2)
+                })
+        };
+        match a.as_str() {
+            "--seconds" => o.seconds = num("--seconds"),
+            "--senders" => o.senders = num("--senders") as usize,
+            "--threshold-us" => o.threshold_us = num("--threshold-us"),
+            "--bench" => {}
+            other => {
+                eprintln!("agent_overload: unknown argument `{other}`");
+                std::process::exit(2);
+            }
+        }
+    }
+    let sat = run(&o, Mode::Off, None);
+    let s = sat.answered_rate();
+    println!(
+        "saturation (shedding off, senders flat out): offered {:.0}/s, answered {:.0}/s",
+        sat.sent_rate(),
+        s
+    );
+    println!(
+        "\nat 2x saturation ({:.0}/s offered), mix {MIX:?}, threshold {} us:\n",
+        2.0 * s,
+        o.threshold_us
+    );
+    println!(
+        "| run | class | offered/s | answered | rejected | unanswered | RTT p50 (µs) | RTT p99 (µs) | shard queuing p50 / p99 (µs, all datagrams) |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|");
+    for mode in [Mode::Off, Mode::Shedding, Mode::Honouring] {
+        let r = run(&o, mode, Some(2.0 * s));
+        for (c, &(b, _)) in MIX.iter().enumerate() {
+            let k = &r.classes[c];
+            let offered = (k.sent + k.held_back).max(1) as f64;
+            let (p50, p99) = if k.rtt.is_empty() {
+                (f64::NAN, f64::NAN)
+            } else {
+                (
+                    k.rtt.value_at_quantile(0.5) as f64 / 1e3,
+                    k.rtt.value_at_quantile(0.99) as f64 / 1e3,
+                )
+            };
+            println!(
+                "| {} | {b} | {:.0} | {:.3} | {:.3} | {:.3} | {p50:.0} | {p99:.0} | {} |",
+                mode.name(),
+                offered / r.seconds,
+                k.ok as f64 / offered,
+                (k.rejected + k.held_back) as f64 / offered,
+                k.sent.saturating_sub(k.ok + k.rejected) as f64 / offered,
+                r.queuing,
+            );
+        }
+    }
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Mode {
+    Off,
+    Shedding,
+    Honouring,
+}
+
+impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Off => "shedding off",
+            Mode::Shedding => "agent sheds",
+            Mode::Honouring => "agent sheds, callers honour its level",
+        }
+    }
+}
+
+struct Class {
+    sent: u64,
+    /// Not sent: the caller shed it below the agent's level.
+    held_back: u64,
+    ok: u64,
+    rejected: u64,
+    rtt: Histogram<u64>,
+}
+
+impl Default for Class {
+    fn default() -> Self {
+        Class {
+            sent: 0,
+            held_back: 0,
+            ok: 0,
+            rejected: 0,
+            rtt: Histogram::new_with_bounds(1, 60_000_000_000, 2).expect("bounds"),
+        }
+    }
+}
+
+struct Run {
+    seconds: f64,
+    classes: Vec<Class>,
+    queuing: String,
+}
+
+impl Run {
+    fn sent_rate(&self) -> f64 {
+        self.classes.iter().map(|c| c.sent).sum::<u64>() as f64 / self.seconds
+    }
+    fn answered_rate(&self) -> f64 {
+        self.classes.iter().map(|c| c.ok + c.rejected).sum::<u64>() as f64 / self.seconds
+    }
+}
+
+/// One run against a fresh agent: `rate` getHosts per second in all
+/// (None: as fast as the senders can), for the measured seconds after a
+/// 1 s warm-up.
+fn run(o: &Opts, mode: Mode, rate: Option<f64>) -> Run {
+    let dir = std::env::temp_dir().join(format!("lbagent-overload-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("scratch");
+    let url = StoreUrl::Sqlite(dir.join(lbagent::standalone::STORE_FILE));
+    let nodes: Vec<(ModuleId, RouteNode)> = (1..=10u8)
+        .map(|i| {
+            let addr = NodeAddr::new(std::net::Ipv4Addr::new(10, 0, 0, i), 80);
+            (MODULE, RouteNode { addr, weight: 1 })
+        })
+        .collect();
+    store::open(&url)
+        .and_then(|mut s| s.import_routes(&nodes, true))
+        .expect("routes");
+    let mut so = StandaloneOptions::ephemeral(&dir);
+    so.config.agent.shards = 1;
+    so.config.admission.agent_shedding = mode != Mode::Off;
+    so.config.admission.agent_queuing_threshold_us = o.threshold_us;
+    // Windows of 100 ms / 2000 datagrams: at hundreds of thousands per
+    // second the count ends them every few milliseconds.
+    so.config.admission.window_ms = 100;
+    let system = Standalone::start(so).expect("standalone");
+    let agent = SocketAddr::from(([127, 0, 0, 1], system.agent_ports()[0]));
+    let metrics = system.metrics_addrs()[0];
+    warm(agent);
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let measuring = Arc::new(AtomicBool::new(false));
+    let level = Arc::new(AtomicU64::new(level_bits(OPEN)));
+    let results = Arc::new(Mutex::new(
+        (0..MIX.len()).map(|_| Class::default()).collect::<Vec<_>>(),
+    ));
+    let mut threads = Vec::new();
+    for t in 0..o.senders {
+        let socket = UdpSocket::bind("127.0.0.1:0").expect("bind");
+        socket.connect(agent).expect("connect");
+        let rx = socket.try_clone().expect("clone");
+        let sent_at: Arc<Vec<AtomicU64>> = Arc::new((0..RING).map(|_| AtomicU64::new(0)).collect());
+        let per_sender = rate.map(|r| r / o.senders as f64);
+        let (stop_s, meas_s, level_s, res_s, sent_s) = (
+            stop.clone(),
+            measuring.clone(),
+            level.clone(),
+            results.clone(),
+            sent_at.clone(),
+        );
+        threads.push(std::thread::spawn(move || {
+            send_loop(&socket, agent, t as u64, per_sender, mode, &stop_s, &meas_s, &level_s, &sent_s, &res_s)
+        }));
+        let (stop_r, meas_r, level_r, res_r) =
+            (stop.clone(), measuring.clone(), level.clone(), results.clone());
+        threads.push(std::thread::spawn(move || {
+            recv_loop(&rx, &stop_r, &meas_r, &level_r, &sent_at, &res_r)
+        }));
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    let q0 = queuing_buckets(metrics);
+    measuring.store(true, Relaxed);
+    let t0 = Instant::now();
+    std::thread::sleep(Duration::from_secs(o.seconds));
+    measuring.store(false, Relaxed);
+    let seconds = t0.elapsed().as_secs_f64();
+    let q1 = queuing_buckets(metrics);
+    stop.store(true, Relaxed);
+    for t in threads {
+        t.join().expect("thread");
+    }
+    system.stop().expect("stop");
+    let _ = std::fs::remove_dir_all(&dir);
+    let classes = std::mem::take(&mut *results.lock().unwrap());
+    Run {
+        seconds,
+        classes,
+        queuing: quantiles(&q0, &q1),
+    }
+}
+
+fn level_bits(l: AdmissionLevel) -> u64 {
+    u64::from(l.business) << 8 | u64::from(l.user)
+}
+
+/// Asks for a host until the agent has the route.
+fn warm(agent: SocketAddr) {
+    let s = UdpSocket::bind("127.0.0.1:0").expect("bind");
+    s.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+    let mut enc = Encoder::new();
+    let mut buf = [0u8; 2048];
+    for _ in 0..200 {
+        let _ = s.send_to(enc.get_host_req(1, MODULE, 1, 1), agent);
+        if let Ok(n) = s.recv(&mut buf) {
+            if let Ok(Message::GetHostResp(r)) = decode(&buf[..n], &Limits::UDP) {
+                if r.retcode() == RetCode::Ok {
+                    return;
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("the agent found no route");
+}
+
+#[allow(clippy::too_many_arguments)]
+fn send_loop(
+    socket: &UdpSocket,
+    agent: SocketAddr,
+    seed: u64,
+    rate: Option<f64>,
+    mode: Mode,
+    stop: &AtomicBool,
+    measuring: &AtomicBool,
+    level: &AtomicU64,
+    sent_at: &[AtomicU64],
+    results: &Mutex<Vec<Class>>,
+) {
+    let mut rng = fastrand::Rng::with_seed(seed + 1);
+    let mut enc = Encoder::new();
+    let mut out = SendBatch::new();
+    let start = Instant::now();
+    let mut seq = 0u32;
+    let mut due = 0f64;
+    let mut local: Vec<(u64, u64)> = vec![(0, 0); MIX.len()];
+    while !stop.load(Relaxed) {
+        let batch = match rate {
+            None => 32,
+            Some(r) => {
+                let now = start.elapsed().as_secs_f64();
+                let n = ((now * r) - due).floor().clamp(0.0, 256.0);
+                if n < 1.0 {
+                    std::thread::sleep(Duration::from_micros(50));
+                    continue;
+                }
+                due += n;
+                n as usize
+            }
+        };
+        let l = level.load(Relaxed);
+        let l = AdmissionLevel::new((l >> 8) as u8, l as u8);
+        let m = measuring.load(Relaxed);
+        for _ in 0..batch {
+            let x = rng.f64();
+            let class = if x < MIX[0].1 { 0 } else { 1 };
+            let (b, u) = (MIX[class].0, rng.u8(1..=128));
+            if mode == Mode::Honouring && !admits(l, b, u) {
+                if m {
+                    local[class].1 += 1;
+                }
+                continue;
+            }
+            seq = seq.wrapping_add(1);
+            // seq's top bit holds the class; its ring slot the send time.
+            let tagged = (seq & 0x7fff_ffff) | ((class as u32) << 31);
+            let ns = clock_ns() | 1;
+            sent_at[(tagged & 0x7fff_ffff) as usize % RING].store(if m { ns } else { 0 }, Relaxed);
+            out.push(agent, enc.get_host_req(tagged, MODULE, b, u));
+            if m {
+                local[class].0 += 1;
+            }
+        }
+        out.flush(socket.as_raw_fd());
+    }
+    let mut r = results.lock().unwrap();
+    for (c, (sent, held)) in local.into_iter().enumerate() {
+        r[c].sent += sent;
+        r[c].held_back += held;
+    }
+}
+
+fn recv_loop(
+    socket: &UdpSocket,
+    stop: &AtomicBool,
+    measuring: &AtomicBool,
+    level: &AtomicU64,
+    sent_at: &[AtomicU64],
+    results: &Mutex<Vec<Class>>,
+) {
+    let mut rx = RecvBatch::new(32);
+    let mut local: Vec<Class> = (0..MIX.len()).map(|_| Class::default()).collect();
+    let fd = socket.as_raw_fd();
+    while !stop.load(Relaxed) {
+        let n = rx.recv(fd).unwrap_or(0);
+        if n == 0 {
+            std::thread::sleep(Duration::from_micros(20));
+            continue;
+        }
+        for i in 0..n {
+            let (bytes, _, _) = rx.get(i);
+            let Ok(Message::GetHostResp(r)) = decode(bytes, &Limits::UDP) else {
+                continue;
+            };
+            if let Some(l) = r.admission_level() {
+                level.store(u64::from(l.business()) << 8 | u64::from(l.user()), Relaxed);
+            } else {
+                level.store(level_bits(OPEN), Relaxed);
+            }
+            let tagged = r.seq();
+            let class = (tagged >> 31) as usize;
+            let slot = &sent_at[(tagged & 0x7fff_ffff) as usize % RING];
+            let at = slot.swap(0, Relaxed);
+            if at == 0 || !measuring.load(Relaxed) {
+                continue;
+            }
+            let c = &mut local[class];
+            match r.retcode() {
+                RetCode::Ok => {
+                    c.ok += 1;
+                    c.rtt.saturating_record(rtt_ns(at));
+                }
+                RetCode::Rejected => c.rejected += 1,
+                _ => {}
+            }
+        }
+    }
+    let mut r = results.lock().unwrap();
+    for (a, b) in r.iter_mut().zip(local) {
+        a.ok += b.ok;
+        a.rejected += b.rejected;
+        let _ = a.rtt.add(&b.rtt);
+    }
+}
+
+/// Nanoseconds since a send stamped `at` on the process-wide clock.
+fn rtt_ns(at: u64) -> u64 {
+    clock_ns().saturating_sub(at).max(1)
+}
+
+fn clock_ns() -> u64 {
+    static ORIGIN: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    ORIGIN.get_or_init(Instant::now).elapsed().as_nanos() as u64
+}
+
+/// The shard's `lbagent_queuing_seconds_bucket` counts (le in µs, count).
+fn queuing_buckets(metrics: SocketAddr) -> Vec<(f64, u64)> {
+    let Ok(mut s) = TcpStream::connect(metrics) else {
+        return Vec::new();
+    };
+    let _ = s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n");
+    let mut text = String::new();
+    let _ = s.read_to_string(&mut text);
+    text.lines()
+        .filter(|l| l.starts_with("lbagent_queuing_seconds_bucket"))
+        .filter_map(|l| {
+            let le = l.split("le=\"").nth(1)?.split('"').next()?;
+            let le = if le == "+Inf" {
+                f64::INFINITY
+            } else {
+                le.parse::<f64>().ok()? * 1e6
+            };
+            let v = l.rsplit(' ').next()?.parse::<f64>().ok()? as u64;
+            Some((le, v))
+        })
+        .collect()
+}
+
+/// The p50 / p99 bucket bounds of the queuing times counted between two
+/// readings.
+fn quantiles(a: &[(f64, u64)], b: &[(f64, u64)]) -> String {
+    if a.len() != b.len() || b.is_empty() {
+        return "-".into();
+    }
+    let d: Vec<(f64, u64)> = a.iter().zip(b).map(|(x, y)| (y.0, y.1 - x.1)).collect();
+    let total = d.last().map_or(0, |x| x.1);
+    if total == 0 {
+        return "-".into();
+    }
+    let q = |p: f64| {
+        let want = (p * total as f64).ceil() as u64;
+        d.iter()
+            .find(|x| x.1 >= want)
+            .map_or("?".to_string(), |x| {
+                if x.0.is_infinite() {
+                    "> 100000".into()
+                } else {
+                    format!("≤ {:.0}", x.0)
+                }
+            })
+    };
+    format!("{} / {}", q(0.5), q(0.99))
+}
