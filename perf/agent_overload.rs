@@ -218,10 +218,17 @@ fn run(o: &Opts, mode: Mode, rate: Option<f64>) -> Run {
             sent_at.clone(),
         );
         threads.push(std::thread::spawn(move || {
-            send_loop(&socket, agent, t as u64, per_sender, mode, &stop_s, &meas_s, &level_s, &sent_s, &res_s)
+            send_loop(
+                &socket, agent, t as u64, per_sender, mode, &stop_s, &meas_s, &level_s, &sent_s,
+                &res_s,
+            )
         }));
-        let (stop_r, meas_r, level_r, res_r) =
-            (stop.clone(), measuring.clone(), level.clone(), results.clone());
+        let (stop_r, meas_r, level_r, res_r) = (
+            stop.clone(),
+            measuring.clone(),
+            level.clone(),
+            results.clone(),
+        );
         threads.push(std::thread::spawn(move || {
             recv_loop(&rx, &stop_r, &meas_r, &level_r, &sent_at, &res_r)
         }));
@@ -437,15 +444,13 @@ fn quantiles(a: &[(f64, u64)], b: &[(f64, u64)]) -> String {
     }
     let q = |p: f64| {
         let want = (p * total as f64).ceil() as u64;
-        d.iter()
-            .find(|x| x.1 >= want)
-            .map_or("?".to_string(), |x| {
-                if x.0.is_infinite() {
-                    "> 100000".into()
-                } else {
-                    format!("≤ {:.0}", x.0)
-                }
-            })
+        d.iter().find(|x| x.1 >= want).map_or("?".to_string(), |x| {
+            if x.0.is_infinite() {
+                "> 100000".into()
+            } else {
+                format!("≤ {:.0}", x.0)
+            }
+        })
     };
     format!("{} / {}", q(0.5), q(0.99))
 }
