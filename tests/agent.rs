@@ -424,9 +424,19 @@ fn metrics_are_served_in_prometheus_text_format() {
         "lbagent_reporter_connected",
         "lbagent_heartbeat_age_seconds",
         "lbagent_gethost_service_seconds{shard=\"0\",quantile=\"0.99\"}",
+        "lbagent_admission_level{shard=\"0\",part=\"business\"} 128",
+        "lbagent_gethost_priority_total{shard=\"0\",class=\"128\",outcome=\"admitted\"}",
+        "lbagent_queuing_seconds_bucket{shard=\"0\",le=\"+Inf\"}",
     ] {
         assert!(text.contains(family), "missing {family}");
     }
+    // The kernel stamped the datagrams: their queuing times were counted.
+    let queued: f64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("lbagent_queuing_seconds_count{shard=\"0\"} "))
+        .and_then(|v| v.parse().ok())
+        .expect("a queuing-time count");
+    assert!(queued >= 1.0, "no datagram's queuing time was counted");
     assert!(http_get(agent.metrics, "/nope")
         .unwrap_or_default()
         .is_empty());
