@@ -156,7 +156,13 @@ pub struct ShardMetrics {
     pub queuing_buckets: [u64; QUEUING_BUCKETS_US.len() + 1],
     /// Sum of the queuing times counted, µs.
     pub queuing_sum_us: u64,
+    /// Modules with downstream levels and the most permissive one (gauge;
+    /// at most [`MODULE_LEVELS_SHOWN`], by module).
+    pub module_levels: Vec<(crate::model::ModuleId, AdmissionLevel)>,
 }
+
+/// The most modules per shard whose downstream level is exported.
+pub const MODULE_LEVELS_SHOWN: usize = 64;
 
 impl ShardMetrics {
     /// Zeroed metrics for shard `shard`.
@@ -200,6 +206,7 @@ impl ShardMetrics {
             downstream_rejected: [0; CLASSES],
             queuing_buckets: [0; QUEUING_BUCKETS_US.len() + 1],
             queuing_sum_us: 0,
+            module_levels: Vec::new(),
         }
     }
 
@@ -658,6 +665,31 @@ fn render_admission(o: &mut String, shards: &[ShardMetrics]) {
     }
     family(
         o,
+        "lbagent_module_admission_level",
+        "gauge",
+        "Per module with downstream levels (DAGOR, reported by callers): the most permissive node level; at most 64 modules per shard.",
+    );
+    for m in shards {
+        let s = m.shard.to_string();
+        for (module, level) in &m.module_levels {
+            let (modid, cmdid) = (module.modid.to_string(), module.cmdid.to_string());
+            for (part, v) in [("business", level.business), ("user", level.user)] {
+                sample(
+                    o,
+                    "lbagent_module_admission_level",
+                    &[
+                        ("shard", &s),
+                        ("modid", &modid),
+                        ("cmdid", &cmdid),
+                        ("part", part),
+                    ],
+                    f64::from(v),
+                );
+            }
+        }
+    }
+    family(
+        o,
         "lbagent_gethost_priority_total",
         "counter",
         "getHosts by business-priority class and outcome: admitted, rejected_self (the shard's own level), rejected_downstream (the nodes' levels).",
@@ -751,6 +783,10 @@ mod tests {
         m.admitted[priority_class(5)] += 2;
         m.self_rejected[priority_class(0)] += 1;
         m.downstream_rejected[priority_class(1)] += 3;
+        m.module_levels.push((
+            crate::model::ModuleId::new(7, 9),
+            AdmissionLevel::new(10, 128),
+        ));
         for us in [5, 10, 11, 3_000, 1_000_000] {
             m.record_queuing_us(us);
         }
@@ -758,6 +794,7 @@ mod tests {
         for want in [
             "lbagent_admission_level{shard=\"0\",part=\"business\"} 20\n",
             "lbagent_admission_level{shard=\"0\",part=\"user\"} 7\n",
+            "lbagent_module_admission_level{shard=\"0\",modid=\"7\",cmdid=\"9\",part=\"business\"} 10\n",
             "lbagent_gethost_priority_total{shard=\"0\",class=\"4-7\",outcome=\"admitted\"} 2\n",
             "lbagent_gethost_priority_total{shard=\"0\",class=\"128\",outcome=\"rejected_self\"} 1\n",
             "lbagent_gethost_priority_total{shard=\"0\",class=\"1\",outcome=\"rejected_downstream\"} 3\n",

@@ -546,6 +546,27 @@ impl ShardCore {
             .values()
             .map(|e| e.lb.levels_held() as u64)
             .sum();
+        // Per module with downstream levels: the most permissive one (the
+        // level a request must pass at some node), at most
+        // MODULE_LEVELS_SHOWN modules.
+        self.metrics.module_levels.clear();
+        for (m, e) in &self.modules {
+            if e.lb.levels_held() == 0 {
+                continue;
+            }
+            if self.metrics.module_levels.len() >= super::metrics::MODULE_LEVELS_SHOWN {
+                break;
+            }
+            let most =
+                e.lb.nodes()
+                    .iter()
+                    .filter_map(|n| e.lb.level_of(n.addr()))
+                    .max_by_key(|&l| crate::admission::level_index(l));
+            if let Some(l) = most {
+                self.metrics.module_levels.push((*m, l));
+            }
+        }
+        self.metrics.module_levels.sort_unstable_by_key(|x| x.0);
     }
 
     // === requests ===

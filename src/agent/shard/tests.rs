@@ -794,6 +794,10 @@ fn a_reported_level_rejects_lower_priorities_until_it_times_out() {
     assert_eq!(s.metrics.levels_reported, 1);
     s.refresh_gauges();
     assert_eq!(s.metrics.nodes_levelled, 1);
+    assert_eq!(
+        s.metrics.module_levels,
+        vec![(M, wire::AdmissionLevel::new(10, 128))]
+    );
     assert!(
         cache_says_overloaded(&mut s, 14),
         "the cache must pass through"
