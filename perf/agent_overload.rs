@@ -6,9 +6,10 @@
 //! 2. At 2·S, open loop, with the priority mix (business priority 5 for
 //!    20% of the getHosts, 60 for 80%; user priorities uniform), three
 //!    runs: shedding off; `admission.agent_shedding` on; on, with callers
-//!    that honour the level the shard attaches to its answers (they shed
-//!    below it before sending, as DAGOR's collaborative admission does
-//!    between services).
+//!    that honour the level the shard attaches to its answers for 100 ms
+//!    (they shed below it before sending, as DAGOR's collaborative
+//!    admission does between services; the client library does not do
+//!    this yet). A getHost a caller sheds itself counts as rejected.
 //!
 //! Per class: answered / Rejected / unanswered shares and the round trip
 //! of the answered getHosts; and the shard's own queuing-time histogram
@@ -36,6 +37,9 @@ use lbagent::wire::{decode, Encoder, Limits, Message, RetCode};
 const MODULE: ModuleId = ModuleId::new(10_000, 1);
 /// (business priority, share of the getHosts).
 const MIX: [(u8, f64); 2] = [(5, 0.2), (60, 0.8)];
+/// A caller honours the agent's level for this long after the answer
+/// that carried it, ns.
+const LEVEL_FRESH_NS: u64 = 100_000_000;
 /// Send times are kept for this many outstanding getHosts per sender.
 const RING: usize = 1 << 20;
 
@@ -313,8 +317,16 @@ fn send_loop(
                 n as usize
             }
         };
+        // The level the last answer carried, honoured for LEVEL_FRESH_NS
+        // only: a caller that sheds everything hears nothing new, so a
+        // stale level must lapse (as the agent forgets a downstream level).
         let l = level.load(Relaxed);
-        let l = AdmissionLevel::new((l >> 8) as u8, l as u8);
+        let fresh = clock_ns().saturating_sub(l >> 16) < LEVEL_FRESH_NS;
+        let l = if fresh {
+            AdmissionLevel::new((l >> 8) as u8, l as u8)
+        } else {
+            OPEN
+        };
         let m = measuring.load(Relaxed);
         for _ in 0..batch {
             let x = rng.f64();
@@ -367,11 +379,10 @@ fn recv_loop(
             let Ok(Message::GetHostResp(r)) = decode(bytes, &Limits::UDP) else {
                 continue;
             };
-            if let Some(l) = r.admission_level() {
-                level.store(u64::from(l.business()) << 8 | u64::from(l.user()), Relaxed);
-            } else {
-                level.store(level_bits(OPEN), Relaxed);
-            }
+            let l = r
+                .admission_level()
+                .map_or(OPEN, |l| AdmissionLevel::new(l.business(), l.user()));
+            level.store(clock_ns() << 16 | level_bits(l), Relaxed);
             let tagged = r.seq();
             let class = (tagged >> 31) as usize;
             let slot = &sent_at[(tagged & 0x7fff_ffff) as usize % RING];
