@@ -86,10 +86,8 @@ pub async fn run(parts: ShardParts) {
     let stamped = match udp::enable_timestamps(fd) {
         Ok(_) => true,
         Err(e) => {
-            eprintln!(
-                "lbagent: shard {}: no receive timestamps ({e}): queuing time not measured, nothing shed",
-                setup.id
-            );
+            // The shard's span names the shard.
+            tracing::warn!("no receive timestamps ({e}): queuing time not measured, nothing shed");
             false
         }
     };
