@@ -297,28 +297,33 @@ impl SqliteStore {
             },
         )
         .map_err(un)?;
-        let nodes_sql = if since.is_some() {
-            "SELECT d.modid, d.cmdid, d.ip, d.port, d.weight FROM route_data d
-              WHERE d.modid BETWEEN ?1 AND ?2 AND d.cmdid BETWEEN ?3 AND ?4
-                AND EXISTS (SELECT 1 FROM route_change c
-                             WHERE c.modid = d.modid AND c.cmdid = d.cmdid AND c.version > ?5)"
+        let nodes = if since.is_some() {
+            // Each changed module's rows through the primary key: the cost
+            // is the change's, not the table's.
+            let mut nodes = Vec::new();
+            for c in &changes {
+                nodes.extend(
+                    query(
+                        &tx,
+                        "SELECT modid, cmdid, ip, port, weight FROM route_data
+                          WHERE modid = ?1 AND cmdid = ?2",
+                        params![c.modid, c.cmdid],
+                        route_row,
+                    )
+                    .map_err(un)?,
+                );
+            }
+            nodes
         } else {
-            "SELECT modid, cmdid, ip, port, weight FROM route_data
-              WHERE modid BETWEEN ?1 AND ?2 AND cmdid BETWEEN ?3 AND ?4 AND ?5 = ?5"
+            query(
+                &tx,
+                "SELECT modid, cmdid, ip, port, weight FROM route_data
+                  WHERE modid BETWEEN ?1 AND ?2 AND cmdid BETWEEN ?3 AND ?4",
+                params![m_lo, m_hi, c_lo, c_hi],
+                route_row,
+            )
+            .map_err(un)?
         };
-        let nodes = query(
-            &tx,
-            nodes_sql,
-            params![m_lo, m_hi, c_lo, c_hi, since_v],
-            |v| RouteRow {
-                modid: v[0],
-                cmdid: v[1],
-                ip: v[2],
-                port: v[3],
-                weight: v[4],
-            },
-        )
-        .map_err(un)?;
         tx.commit().map_err(un)?;
         let version = version_of(&self.url, version)?;
         let latest = self.bad.changes(changes);
@@ -361,6 +366,16 @@ impl SqliteStore {
         )?
         .execute(params![modid, cmdid, v])?;
         Ok(())
+    }
+}
+
+fn route_row(v: &[i64]) -> RouteRow {
+    RouteRow {
+        modid: v[0],
+        cmdid: v[1],
+        ip: v[2],
+        port: v[3],
+        weight: v[4],
     }
 }
 
@@ -408,12 +423,12 @@ impl Store for SqliteStore {
 
     fn route_version(&mut self) -> Result<u64, StoreError> {
         self.same_file()?;
+        // Through a statement prepared once per connection: the route
+        // server calls this every poll (tens of milliseconds).
         let v: Option<i64> = self
             .conn
-            .query_row("SELECT version FROM route_version WHERE id = 1", [], |r| {
-                r.get(0)
-            })
-            .optional()
+            .prepare_cached("SELECT version FROM route_version WHERE id = 1")
+            .and_then(|mut stmt| stmt.query_row([], |r| r.get(0)).optional())
             .map_err(|e| self.unavailable(e))?;
         version_of(&self.url, v)
     }
