@@ -350,7 +350,6 @@ fn notify(tx: &mut Transaction<'_>, v: i64) -> Result<(), ::postgres::Error> {
 /// Connects within the configured timeout, counting the whole start-up
 /// (TCP, authentication), not only the TCP handshake that the crate's
 /// `connect_timeout` bounds.
-
 fn connect(config: &Config, shown: &str) -> Result<Client, StoreError> {
     let fail = |why: String| StoreError::Unavailable {
         url: shown.to_string(),
