@@ -202,19 +202,27 @@ impl PostgresStore {
             Some(m) => (Some(i64::from(m.modid)), Some(i64::from(m.cmdid))),
             None => (None, None),
         };
-        let since_v = since.map_or(-1, |v| i64::try_from(v).unwrap_or(i64::MAX));
         let mut tx = self.read_tx()?;
         let version: Option<i64> = tx
             .query_opt("SELECT version FROM route_version WHERE id = 1", &[])
             .map_err(un)?
             .map(|r| int(&r, 0));
-        let changes: Vec<ChangeRow> = tx
-            .query(
+        let changes = match since {
+            // The log's rows after `since` (a module has one row: its
+            // latest change), in version order: through the primary key,
+            // which leads with the version.
+            Some(v) => tx.query(
+                "SELECT modid, cmdid, version FROM route_change WHERE version > $1 ORDER BY version",
+                &[&i64::try_from(v).unwrap_or(i64::MAX)],
+            ),
+            None => tx.query(
                 "SELECT modid, cmdid, MAX(version) FROM route_change
-                  WHERE ($1::BIGINT IS NULL OR (modid = $1 AND cmdid = $2)) AND version > $3
+                  WHERE $1::BIGINT IS NULL OR (modid = $1 AND cmdid = $2)
                   GROUP BY modid, cmdid",
-                &[&modid, &cmdid, &since_v],
-            )
+                &[&modid, &cmdid],
+            ),
+        };
+        let changes: Vec<ChangeRow> = changes
             .map_err(un)?
             .iter()
             .map(|r| ChangeRow {
@@ -226,8 +234,11 @@ impl PostgresStore {
         let rows = if since.is_some() {
             // The changed modules' rows through the primary key: the cost
             // is the change's, not the table's.
-            let modids: Vec<i64> = changes.iter().map(|c| c.modid).collect();
-            let cmdids: Vec<i64> = changes.iter().map(|c| c.cmdid).collect();
+            let mut modules: Vec<(i64, i64)> = changes.iter().map(|c| (c.modid, c.cmdid)).collect();
+            modules.sort_unstable();
+            modules.dedup();
+            let modids: Vec<i64> = modules.iter().map(|m| m.0).collect();
+            let cmdids: Vec<i64> = modules.iter().map(|m| m.1).collect();
             tx.query(
                 "SELECT d.modid, d.cmdid, d.ip, d.port, d.weight
                    FROM UNNEST($1::BIGINT[], $2::BIGINT[]) AS u(modid, cmdid)

@@ -283,31 +283,46 @@ impl SqliteStore {
             ),
             None => (i64::MIN, i64::MAX, i64::MIN, i64::MAX),
         };
-        let since_v = since.map_or(-1, |v| i64::try_from(v).unwrap_or(i64::MAX));
-        let changes = query(
-            &tx,
-            "SELECT modid, cmdid, MAX(version) FROM route_change
-              WHERE modid BETWEEN ?1 AND ?2 AND cmdid BETWEEN ?3 AND ?4 AND version > ?5
-              GROUP BY modid, cmdid",
-            params![m_lo, m_hi, c_lo, c_hi, since_v],
-            |v| ChangeRow {
-                modid: v[0],
-                cmdid: v[1],
-                version: v[2],
-            },
-        )
+        let change_row = |v: &[i64]| ChangeRow {
+            modid: v[0],
+            cmdid: v[1],
+            version: v[2],
+        };
+        let changes = match since {
+            // The log's rows after `since` through its primary key, which
+            // leads with the version (a module has one row: its latest
+            // change). No GROUP BY: SQLite would then walk the module
+            // index, every row of the log, to avoid a sort.
+            Some(v) => query(
+                &tx,
+                "SELECT modid, cmdid, version FROM route_change WHERE version > ?1",
+                params![i64::try_from(v).unwrap_or(i64::MAX)],
+                change_row,
+            ),
+            None => query(
+                &tx,
+                "SELECT modid, cmdid, MAX(version) FROM route_change
+                  WHERE modid BETWEEN ?1 AND ?2 AND cmdid BETWEEN ?3 AND ?4
+                  GROUP BY modid, cmdid",
+                params![m_lo, m_hi, c_lo, c_hi],
+                change_row,
+            ),
+        }
         .map_err(un)?;
         let nodes = if since.is_some() {
             // Each changed module's rows through the primary key: the cost
             // is the change's, not the table's.
+            let mut modules: Vec<(i64, i64)> = changes.iter().map(|c| (c.modid, c.cmdid)).collect();
+            modules.sort_unstable();
+            modules.dedup();
             let mut nodes = Vec::new();
-            for c in &changes {
+            for (modid, cmdid) in modules {
                 nodes.extend(
                     query(
                         &tx,
                         "SELECT modid, cmdid, ip, port, weight FROM route_data
                           WHERE modid = ?1 AND cmdid = ?2",
-                        params![c.modid, c.cmdid],
+                        params![modid, cmdid],
                         route_row,
                     )
                     .map_err(un)?,
