@@ -394,8 +394,8 @@ pub fn run(
                     notified = false;
                     if !wait_failed {
                         wait_failed = true;
-                        eprintln!(
-                            "lbagent dnsserver: waiting for change notifications failed: {e}; connecting again"
+                        tracing::warn!(
+                            "waiting for change notifications failed: {e}; connecting again"
                         );
                     }
                     // Poll soon: it connects again (and listens again), or
