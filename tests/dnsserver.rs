@@ -940,3 +940,113 @@ fn silent_metrics_connections_do_not_delay_a_scrape() {
     drop(silent);
     server.stop().unwrap();
 }
+
+// === PostgreSQL: changes announced by NOTIFY ===
+
+/// A fresh schema in the database `LBAGENT_TEST_POSTGRES_URL` names
+/// (dropped on drop), or `None` with a note when it is not set.
+struct PgSchema {
+    base: String,
+    name: String,
+}
+
+impl PgSchema {
+    fn new(case: &str) -> Option<PgSchema> {
+        let Ok(base) = std::env::var("LBAGENT_TEST_POSTGRES_URL") else {
+            println!("LBAGENT_TEST_POSTGRES_URL not set: skipping the PostgreSQL case {case}");
+            return None;
+        };
+        let name = format!("lbagent_test_dns_{case}_{}", std::process::id());
+        let mut c = ::postgres::Client::connect(&base, ::postgres::NoTls).unwrap();
+        c.batch_execute(&format!(
+            "DROP SCHEMA IF EXISTS {name} CASCADE; CREATE SCHEMA {name};"
+        ))
+        .unwrap();
+        Some(PgSchema { base, name })
+    }
+
+    /// The store's URL, its connections named `app`.
+    fn url(&self, app: &str) -> StoreUrl {
+        let sep = if self.base.contains('?') { '&' } else { '?' };
+        StoreUrl::Postgres(format!(
+            "{}{sep}options=-csearch_path%3D{}&application_name={app}",
+            self.base, self.name
+        ))
+    }
+
+    /// Runs `sql`, which returns one integer.
+    fn count(&self, sql: &str) -> i64 {
+        let mut c = ::postgres::Client::connect(&self.base, ::postgres::NoTls).unwrap();
+        c.query_one(sql, &[]).unwrap().get(0)
+    }
+}
+
+impl Drop for PgSchema {
+    fn drop(&mut self) {
+        if let Ok(mut c) = ::postgres::Client::connect(&self.base, ::postgres::NoTls) {
+            let _ = c.batch_execute(&format!("DROP SCHEMA IF EXISTS {} CASCADE", self.name));
+        }
+    }
+}
+
+/// With the poll a minute apart, a change is pushed within seconds: it was
+/// announced by NOTIFY. The same after the server's connection is cut: it
+/// connects and listens again.
+#[test]
+fn on_postgres_a_notify_pushes_the_change_without_waiting_for_the_poll() {
+    let Some(pg) = PgSchema::new("notify") else {
+        return;
+    };
+    let server_app = format!("{}_srv", pg.name);
+    let mut admin = store::open(&pg.url(&format!("{}_admin", pg.name))).unwrap();
+    let v1 = admin.add_node(A, node(1)).unwrap();
+    let cfg = DnsServerConfig {
+        notify_poll_interval_ms: 60_000,
+        full_reload_interval: 0,
+        ..test_config(1, 300)
+    };
+    let server = DnsServer::start(&cfg, pg.url(&server_app)).unwrap();
+    let mut c = Client::connect(server.addr());
+    c.pull(1, &[A]);
+    assert_eq!(c.next(), answer(1, A, v1, &[node(1)]));
+    // Far below the one-minute poll, with room for a busy machine.
+    let prompt = Duration::from_secs(20);
+
+    // The first wait listens; give it a moment so that the change below is
+    // announced rather than found by the wait's first look.
+    std::thread::sleep(Duration::from_millis(300));
+    let t0 = Instant::now();
+    let v2 = admin.add_node(A, node(2)).unwrap();
+    assert_eq!(
+        c.next_within(prompt),
+        Some(push(A, v2, &[node(1), node(2)]))
+    );
+    println!("pushed {:?} after the commit", t0.elapsed());
+
+    // Cut the server's connection; it connects and listens again.
+    let ours = format!("application_name = '{server_app}'");
+    assert_eq!(
+        pg.count(&format!(
+            "SELECT COUNT(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE {ours}"
+        )),
+        1
+    );
+    // The first change after the cut reaches the server whichever way (it
+    // may meet the dead connection first, then poll); once it is pushed the
+    // server runs on a new connection, which listens at its first wait.
+    let v3 = admin.del_node(A, node(1).addr).unwrap();
+    assert_eq!(c.next_within(prompt), Some(push(A, v3, &[node(2)])));
+    std::thread::sleep(Duration::from_millis(300));
+    // This one only a notification can bring before the poll.
+    let t0 = Instant::now();
+    let v4 = admin.add_node(A, node(3)).unwrap();
+    assert_eq!(
+        c.next_within(prompt),
+        Some(push(A, v4, &[node(2), node(3)]))
+    );
+    println!(
+        "pushed {:?} after the commit, on the new connection",
+        t0.elapsed()
+    );
+    server.stop().unwrap();
+}

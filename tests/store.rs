@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use lbagent::model::{ModuleId, NodeAddr, RouteNode};
 use lbagent::store::{
-    self, CallStatus, Imported, Store, StoreError, StoreUrl, DEFAULT_WEIGHT, MAX_WEIGHT,
+    self, CallStatus, Imported, Store, StoreError, StoreUrl, Wake, DEFAULT_WEIGHT, MAX_WEIGHT,
     SCHEMA_VERSION,
 };
 
@@ -167,7 +167,114 @@ suite!(
     import_replace_replaces_named_modules_only,
     import_refusals_change_nothing,
     import_of_a_large_table,
+    changes_since_reads_exactly_the_changed_modules,
+    route_version_sees_another_connections_commit,
+    wait_for_change_wakes_on_another_connections_commit,
 );
+
+fn changes_since_reads_exactly_the_changed_modules(db: &Db) {
+    let mut s = db.open();
+    let rows: Vec<(ModuleId, RouteNode)> = (0..2_000u32)
+        .flat_map(|k| {
+            (1..=3u8).map(move |i| {
+                let [_, _, a, b] = k.to_be_bytes();
+                (m(k, 1), node(&format!("10.{a}.{b}.{i}:80"), 1))
+            })
+        })
+        .collect();
+    assert_eq!(s.import_routes(&rows, false).unwrap().version, 1);
+    // Three changes: a node added, a node deleted, a module emptied.
+    s.add_node(m(5, 1), node("192.168.0.1:80", 2)).unwrap();
+    s.del_node(m(700, 1), addr("10.2.188.1:80")).unwrap();
+    for i in 1..=3 {
+        s.del_node(m(1999, 1), addr(&format!("10.7.207.{i}:80")))
+            .unwrap();
+    }
+    let c = s.changes_since(1).unwrap();
+    assert_eq!(c.version, 6);
+    let got: Vec<(ModuleId, u64, usize)> = c
+        .modules
+        .iter()
+        .map(|r| (r.module, r.version, r.nodes.len()))
+        .collect();
+    assert_eq!(
+        got,
+        vec![(m(5, 1), 2, 4), (m(700, 1), 3, 2), (m(1999, 1), 6, 0)]
+    );
+    assert_eq!(
+        c.modules[0].nodes,
+        nodes_of(s.as_mut(), m(5, 1)),
+        "the module's current nodes"
+    );
+    // Only what came after the version asked about.
+    let got: Vec<ModuleId> = s
+        .changes_since(3)
+        .unwrap()
+        .modules
+        .iter()
+        .map(|r| r.module)
+        .collect();
+    assert_eq!(got, vec![m(1999, 1)]);
+    assert!(s.changes_since(6).unwrap().modules.is_empty());
+}
+
+/// The route server's cheap check (SQLite: a prepared statement, which
+/// must not answer from a stale snapshot) sees a commit made by another
+/// connection, as a change made by another process would be.
+fn route_version_sees_another_connections_commit(db: &Db) {
+    let mut server = db.open();
+    let mut admin = db.open();
+    assert_eq!(server.route_version().unwrap(), 0);
+    for v in 1..=3u64 {
+        admin
+            .add_node(m(1, 1), node(&format!("10.0.0.{v}:80"), 1))
+            .unwrap();
+        assert_eq!(server.route_version().unwrap(), v);
+        assert_eq!(server.route_version().unwrap(), v, "asked twice");
+    }
+}
+
+fn wait_for_change_wakes_on_another_connections_commit(db: &Db) {
+    let mut server = db.open();
+    let mut admin = db.open();
+    match server.wait_for_change(Duration::from_millis(10)).unwrap() {
+        Wake::Unsupported => {
+            assert_eq!(server.backend(), "sqlite", "only SQLite cannot announce");
+            return;
+        }
+        // The first call listens, and cannot know what it missed.
+        Wake::Changed => {}
+        Wake::Quiet => panic!("the first wait must say a change may have been missed"),
+    }
+    assert_eq!(
+        server.wait_for_change(Duration::from_millis(50)).unwrap(),
+        Wake::Quiet
+    );
+    let waiter = std::thread::spawn(move || {
+        let t0 = Instant::now();
+        let woke = server.wait_for_change(Duration::from_secs(60)).unwrap();
+        (woke, t0.elapsed(), server)
+    });
+    std::thread::sleep(Duration::from_millis(100));
+    admin.add_node(m(1, 1), node("10.0.0.1:80", 1)).unwrap();
+    let (woke, waited, mut server) = waiter.join().unwrap();
+    assert_eq!(woke, Wake::Changed);
+    assert!(waited < Duration::from_secs(30), "woke after {waited:?}");
+    // A failed transaction announces nothing.
+    assert!(admin.add_node(m(1, 1), node("10.0.0.1:80", 1)).is_err());
+    assert_eq!(
+        server.wait_for_change(Duration::from_millis(200)).unwrap(),
+        Wake::Quiet
+    );
+    // An import announces itself too.
+    admin
+        .import_routes(&[(m(2, 2), node("10.0.0.2:80", 1))], false)
+        .unwrap();
+    assert_eq!(
+        server.wait_for_change(Duration::from_secs(60)).unwrap(),
+        Wake::Changed
+    );
+}
 
 // === bulk import ===
 

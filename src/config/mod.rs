@@ -271,9 +271,17 @@ pub struct DnsServerConfig {
     pub listen: SocketAddr,
     /// Executors serving connections, each pinned to a core; 0 = one per core.
     pub threads: u32,
-    /// Milliseconds between checks of the store's route version.
+    /// Milliseconds between checks of the store's route version when the
+    /// store cannot announce its changes (SQLite: the check is one
+    /// prepared statement on a local file).
     pub poll_interval_ms: u64,
-    /// Seconds between full reloads of every route.
+    /// Milliseconds between checks of the route version when the store
+    /// announces its changes (PostgreSQL `LISTEN`/`NOTIFY`): the fallback
+    /// for a lost notification; also the shortest wait between attempts
+    /// to reach a store that failed.
+    pub notify_poll_interval_ms: u64,
+    /// Seconds between full reloads of every route, a safety net for rows
+    /// changed behind the change log's back; 0 (the default) turns it off.
     pub full_reload_interval: u64,
     /// Seconds a connection may stay silent before it is closed and loses
     /// its subscriptions.
@@ -298,8 +306,9 @@ impl Default for DnsServerConfig {
         DnsServerConfig {
             listen: SocketAddr::from((Ipv4Addr::UNSPECIFIED, 7777)),
             threads: 1,
-            poll_interval_ms: 1000,
-            full_reload_interval: 10,
+            poll_interval_ms: 25,
+            notify_poll_interval_ms: 1000,
+            full_reload_interval: 0,
             idle_timeout: 30,
             metrics_addr: SocketAddr::from((Ipv4Addr::LOCALHOST, 9777)),
             io_memory_kib: 512,
@@ -574,10 +583,16 @@ impl Config {
         in_range("dnsserver.threads", d.threads, 0, 1_024)?;
         in_range("dnsserver.poll_interval_ms", d.poll_interval_ms, 10, 60_000)?;
         in_range(
+            "dnsserver.notify_poll_interval_ms",
+            d.notify_poll_interval_ms,
+            10,
+            60_000,
+        )?;
+        in_range(
             "dnsserver.full_reload_interval",
             d.full_reload_interval,
-            1,
-            86_400,
+            0,
+            604_800,
         )?;
         in_range("dnsserver.idle_timeout", d.idle_timeout, 1, 86_400)?;
         loopback("dnsserver.metrics_addr", d.metrics_addr)?;

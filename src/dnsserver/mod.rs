@@ -6,6 +6,8 @@
 //! - [`table`]: the route table, immutable, with each module's answer and
 //!   push frames encoded once per version; full-reload and change-log
 //!   diffs. Pure.
+//! - [`module_map`]: the table's persistent module map: a change copies
+//!   the path to the changed modules, nothing else. Pure.
 //! - [`subs`]: one executor's connections, their subscriptions and the
 //!   idle supervisor (one low-precision timer for every timeout). Pure.
 //! - [`session`]: one connection's protocol: bytes in, answers out. Pure.
@@ -54,6 +56,7 @@
 //! to an instance.
 
 pub mod metrics;
+pub mod module_map;
 pub mod reload;
 mod serve;
 pub mod session;
@@ -74,8 +77,8 @@ use glommio::{ExecutorJoinHandle, LocalExecutorBuilder, Placement};
 use crate::config::DnsServerConfig;
 use crate::store::{StoreError, StoreUrl};
 use metrics::Board;
-use reload::Poller;
 pub use reload::StoreOpener;
+use reload::{Intervals, Poller};
 use subs::Budget;
 
 /// How long a start waits for the first load before serving without it.
@@ -172,8 +175,12 @@ impl DnsServer {
         let poller = Poller::new(
             open,
             label.clone(),
-            Duration::from_millis(cfg.poll_interval_ms),
-            Duration::from_secs(cfg.full_reload_interval),
+            Intervals {
+                poll: Duration::from_millis(cfg.poll_interval_ms),
+                notified_poll: Duration::from_millis(cfg.notify_poll_interval_ms),
+                full_reload: (cfg.full_reload_interval > 0)
+                    .then(|| Duration::from_secs(cfg.full_reload_interval)),
+            },
         );
         let b = board.clone();
         let handle = std::thread::Builder::new()
@@ -330,10 +337,16 @@ pub fn run(cfg: &DnsServerConfig, store: StoreUrl) -> anyhow::Result<()> {
 /// Refuses values the route server cannot run with (the same ranges as
 /// `Config::validate`, for callers that build the table by hand).
 fn check(cfg: &DnsServerConfig) -> anyhow::Result<()> {
-    let checks: [(&str, u64, u64, u64); 8] = [
+    let checks: [(&str, u64, u64, u64); 9] = [
         ("threads", u64::from(cfg.threads), 0, 1024),
         ("poll_interval_ms", cfg.poll_interval_ms, 10, 60_000),
-        ("full_reload_interval", cfg.full_reload_interval, 1, 86_400),
+        (
+            "notify_poll_interval_ms",
+            cfg.notify_poll_interval_ms,
+            10,
+            60_000,
+        ),
+        ("full_reload_interval", cfg.full_reload_interval, 0, 604_800),
         ("idle_timeout", cfg.idle_timeout, 1, 86_400),
         ("io_memory_kib", u64::from(cfg.io_memory_kib), 64, 1_048_576),
         (

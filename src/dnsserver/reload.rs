@@ -2,15 +2,21 @@
 //! read, what changed, what to log) and the thread that runs it.
 //!
 //! The poller runs on its own thread, never on a serving executor: store
-//! calls block. Every `dnsserver.poll_interval_ms` it reads the route
-//! version; when it moved, it reads the changes since the served version
-//! ([`Store::changes_since`]) and applies them; every
-//! `dnsserver.full_reload_interval` seconds (and until the first load
-//! succeeds) it reads every route instead and diffs the whole table. A
-//! version that went backwards (a store restored or replaced) also forces
-//! a full reload. Every new table goes to the executors with the modules
-//! that changed, as one [`Update`] on each executor's channel; readers never
-//! wait for it.
+//! calls block. It reads the route version when the store announces a
+//! change ([`Store::wait_for_change`]: PostgreSQL's `LISTEN`/`NOTIFY`),
+//! and otherwise every `dnsserver.notify_poll_interval_ms` on a store that
+//! announces changes (a safety net for a lost notification) or every
+//! `dnsserver.poll_interval_ms` on one that cannot (SQLite, where the check
+//! is one prepared statement on a local file). When the version moved, it
+//! reads the changes since the served version ([`Store::changes_since`]:
+//! the changed modules only, through indexes) and applies them: the new
+//! table shares every unchanged module. Until the first load succeeds, and
+//! every `dnsserver.full_reload_interval` seconds when that is set (0, the
+//! default, turns it off), it reads every route instead and diffs the
+//! whole table. A version that went backwards (a store restored or
+//! replaced) also forces a full reload. Every new table goes to the
+//! executors with the modules that changed, as one [`Update`] on each
+//! executor's channel; readers never wait for it.
 //!
 //! When the store fails, the poller keeps the table it has (the executors
 //! go on serving it), drops the connection (the next poll opens a new one:
@@ -25,14 +31,14 @@
 //! routes stay, one line says why, and the refusal counts as a failed full
 //! reload; the first write to the store (version 1 and up) ends it.
 
-use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, SyncSender};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, SyncSender, TryRecvError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::metrics::{Board, StoreStatus};
 use super::table::{Change, Reloaded, RouteTable};
 use crate::model::ModuleId;
-use crate::store::{Store, StoreError};
+use crate::store::{Store, StoreError, Wake};
 use crate::wire::Encoder;
 
 /// Opens a connection to the store; called at start and after every
@@ -64,6 +70,29 @@ pub struct Polled {
     pub error: Option<StoreError>,
 }
 
+/// How often the poller looks at the store.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Intervals {
+    /// Between route version checks on a store that announces no change.
+    pub poll: Duration,
+    /// Between route version checks on a store that announces its
+    /// changes: the fallback for a lost notification. Also the shortest
+    /// wait between attempts to reach a store that failed.
+    pub notified_poll: Duration,
+    /// Between full reloads; `None`: only the first load (and a version
+    /// that went back) reads every route.
+    pub full_reload: Option<Duration>,
+}
+
+impl Intervals {
+    /// Between attempts to reach a store that failed: the longer of the
+    /// two poll intervals, so that a store that is down is not asked tens
+    /// of times a second.
+    pub fn retry(&self) -> Duration {
+        self.poll.max(self.notified_poll)
+    }
+}
+
 /// The store poller: see the module docs.
 pub struct Poller {
     open: StoreOpener,
@@ -71,8 +100,7 @@ pub struct Poller {
     table: Arc<RouteTable>,
     enc: Encoder,
     label: String,
-    poll_interval: Duration,
-    full_interval: Duration,
+    intervals: Intervals,
     next_full: Option<Instant>,
     status: StoreStatus,
     /// Since when the store fails (None: it answers, or was never tried).
@@ -85,22 +113,16 @@ pub struct Poller {
 
 impl Poller {
     /// A poller that reaches the store through `open` (`label` names the
-    /// store in logs: a URL with its password redacted), checks it every
-    /// `poll_interval` and reloads everything every `full_interval`.
-    pub fn new(
-        open: StoreOpener,
-        label: String,
-        poll_interval: Duration,
-        full_interval: Duration,
-    ) -> Self {
+    /// store in logs: a URL with its password redacted) and looks at it as
+    /// often as `intervals` say.
+    pub fn new(open: StoreOpener, label: String, intervals: Intervals) -> Self {
         Poller {
             open,
             store: None,
             table: Arc::new(RouteTable::unloaded()),
             enc: Encoder::new(),
             label,
-            poll_interval,
-            full_interval,
+            intervals,
             next_full: None,
             status: StoreStatus::default(),
             down_since: None,
@@ -119,10 +141,33 @@ impl Poller {
         &self.status
     }
 
+    /// How often it looks at the store.
+    pub fn intervals(&self) -> Intervals {
+        self.intervals
+    }
+
+    /// Waits at most `timeout` for the store to announce a change (see
+    /// [`Store::wait_for_change`]). [`Wake::Unsupported`] when no
+    /// connection is open; on an error the connection is dropped (the
+    /// next poll opens one, and says so if that fails).
+    ///
+    /// # Errors
+    /// The store's, as it waited.
+    pub fn wait_for_change(&mut self, timeout: Duration) -> Result<Wake, StoreError> {
+        let Some(store) = self.store.as_mut() else {
+            return Ok(Wake::Unsupported);
+        };
+        let woke = store.wait_for_change(timeout);
+        if woke.is_err() {
+            self.store = None;
+        }
+        woke
+    }
+
     /// Polls the store once, at `now`.
     pub fn poll(&mut self, now: Instant) -> Polled {
         self.status.polls += 1;
-        let full = !self.table.is_loaded() || self.next_full.is_none_or(|at| now >= at);
+        let full = !self.table.is_loaded() || self.next_full.is_some_and(|at| now >= at);
         let mut polled = Polled::default();
         match self.try_poll(full, now, &mut polled.notes) {
             Ok(reloaded) => {
@@ -171,7 +216,7 @@ impl Poller {
     }
 
     fn down_note(&self, e: &StoreError) -> String {
-        let every = self.poll_interval.as_millis();
+        let every = self.intervals.retry().as_millis();
         if self.table.is_loaded() {
             format!(
                 "store unreachable: {e}; serving the last routes ({} modules, route version {}) and retrying every {every} ms",
@@ -223,7 +268,6 @@ impl Poller {
             // created anew on open). Pushing every module's deletion to
             // every agent would take the fleet down; keep serving.
             self.status.full_reload_failures += 1;
-            self.next_full = Some(now + self.full_interval);
             if !self.empty_noted {
                 self.empty_noted = true;
                 notes.push(format!(
@@ -236,7 +280,7 @@ impl Poller {
         self.empty_noted = false;
         self.status.full_reloads += 1;
         self.status.last_full_reload = Some(now);
-        self.next_full = Some(now + self.full_interval);
+        self.next_full = self.intervals.full_reload.map(|every| now + every);
         Ok(Some(self.table.replace_all(set, &mut self.enc)))
     }
 
@@ -285,9 +329,14 @@ impl Poller {
 /// The outcome of the first poll, for [`super::DnsServer::start`].
 pub type FirstPoll = Result<(), StoreError>;
 
-/// Runs `poller` every poll interval until `stop` is closed (or sent to):
-/// logs its notes, sends its updates to every executor, publishes its
-/// status on `board`, and reports the first poll's outcome on `first`.
+/// The longest one wait for a notification lasts before the thread looks
+/// at `stop`: how long a stop may wait for it.
+const WAIT_SLICE: Duration = Duration::from_millis(100);
+
+/// Runs `poller` until `stop` is closed (or sent to): polls when the store
+/// announces a change or the poll interval passed, logs its notes, sends
+/// its updates to every executor, publishes its status on `board`, and
+/// reports the first poll's outcome on `first`.
 pub fn run(
     mut poller: Poller,
     executors: Vec<Sender<Arc<Update>>>,
@@ -296,8 +345,12 @@ pub fn run(
     first: SyncSender<FirstPoll>,
 ) {
     let mut first = Some(first);
+    // Whether the store announced changes at the last wait, and whether a
+    // failed wait was logged (once per episode).
+    let (mut notified, mut wait_failed) = (false, false);
     loop {
         let polled = poller.poll(Instant::now());
+        let failed = polled.error.is_some();
         for note in &polled.notes {
             tracing::warn!("{note}");
         }
@@ -311,11 +364,63 @@ pub fn run(
         if let Some(tx) = first.take() {
             let _ = tx.send(polled.error.map_or(Ok(()), Err));
         }
-        match stop.recv_timeout(poller.poll_interval) {
-            Err(RecvTimeoutError::Timeout) => {}
-            Ok(()) | Err(RecvTimeoutError::Disconnected) => return,
+        let every = if failed {
+            poller.intervals().retry()
+        } else if notified {
+            poller.intervals().notified_poll
+        } else {
+            poller.intervals().poll
+        };
+        let deadline = Instant::now() + every;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            match poller.wait_for_change(left.min(WAIT_SLICE)) {
+                Ok(Wake::Changed) => {
+                    (notified, wait_failed) = (true, false);
+                    break;
+                }
+                Ok(Wake::Quiet) => {
+                    (notified, wait_failed) = (true, false);
+                    match stop.try_recv() {
+                        Err(TryRecvError::Empty) => continue,
+                        Ok(()) | Err(TryRecvError::Disconnected) => return,
+                    }
+                }
+                Ok(Wake::Unsupported) => notified = false,
+                Err(e) => {
+                    notified = false;
+                    if !wait_failed {
+                        wait_failed = true;
+                        tracing::warn!(
+                            "waiting for change notifications failed: {e}; connecting again"
+                        );
+                    }
+                    // Poll soon: it connects again (and listens again), or
+                    // says that the store is down.
+                    let soon = left.min(poller.intervals().poll);
+                    match stop.recv_timeout(soon) {
+                        Err(RecvTimeoutError::Timeout) => break,
+                        Ok(()) | Err(RecvTimeoutError::Disconnected) => return,
+                    }
+                }
+            }
+            match stop.recv_timeout(left) {
+                Err(RecvTimeoutError::Timeout) => break,
+                Ok(()) | Err(RecvTimeoutError::Disconnected) => return,
+            }
+        }
+        if stop_requested(&stop) {
+            return;
         }
     }
+}
+
+/// Whether `stop` was sent to or closed.
+fn stop_requested(stop: &Receiver<()>) -> bool {
+    !matches!(stop.try_recv(), Err(TryRecvError::Empty))
 }
 
 #[cfg(test)]
@@ -528,8 +633,11 @@ pub(crate) mod tests {
         Poller::new(
             store.opener(),
             "mem:".into(),
-            Duration::from_millis(100),
-            Duration::from_secs(10),
+            Intervals {
+                poll: Duration::from_millis(100),
+                notified_poll: Duration::from_secs(1),
+                full_reload: Some(Duration::from_secs(10)),
+            },
         )
     }
 
@@ -614,6 +722,35 @@ pub(crate) mod tests {
         assert_eq!(pushed(&update), vec![(A, true, 1)]);
         assert_eq!(update.table.get(A).unwrap().nodes.len(), 2);
         assert_eq!(p.status().full_reloads, 2);
+    }
+
+    #[test]
+    fn without_a_full_reload_interval_only_the_first_load_reads_everything() {
+        let store = MemStore::default();
+        let mut s = store.clone();
+        s.add_node(A, node(1)).unwrap();
+        let mut p = Poller::new(
+            store.opener(),
+            "mem:".into(),
+            Intervals {
+                full_reload: None,
+                ..p_intervals()
+            },
+        );
+        let t0 = Instant::now();
+        p.poll(t0);
+        for h in 1..=48 {
+            assert!(p.poll(t0 + Duration::from_secs(3600 * h)).update.is_none());
+        }
+        s.add_node(B, node(2)).unwrap();
+        let update = p.poll(t0 + Duration::from_secs(3600 * 49)).update.unwrap();
+        assert_eq!(pushed(&update), vec![(B, true, 2)]);
+        assert_eq!(p.status().full_reloads, 1, "the first load only");
+        assert_eq!(p.status().change_reloads, 1);
+    }
+
+    fn p_intervals() -> Intervals {
+        poller(&MemStore::default()).intervals()
     }
 
     #[test]

@@ -17,8 +17,9 @@
 //! default) makes sure the builder wrote it. The offset is read back from
 //! the verified buffer, not guessed.
 
-use std::collections::HashMap;
 use std::sync::Arc;
+
+use super::module_map::ModuleMap;
 
 use crate::model::{ModuleId, RouteNode};
 use crate::store::{Changes, ModuleRoute, RouteSet};
@@ -145,12 +146,14 @@ pub struct Change {
 }
 
 /// Every module's route at one route version. Immutable: a change builds a
-/// new table that shares the unchanged modules.
+/// new table that shares the unchanged modules, and copies only the small
+/// part of the module map that leads to the changed ones (see
+/// [`ModuleMap`]).
 #[derive(Clone, Debug, Default)]
 pub struct RouteTable {
     version: u64,
     loaded: bool,
-    modules: HashMap<ModuleId, Arc<ModuleEntry>>,
+    modules: ModuleMap<ModuleEntry>,
 }
 
 /// What a reload produced: the new table, the modules that changed and the
@@ -194,7 +197,7 @@ impl RouteTable {
 
     /// `module`'s route, if it has one.
     pub fn get(&self, module: ModuleId) -> Option<&Arc<ModuleEntry>> {
-        self.modules.get(&module)
+        self.modules.get(module)
     }
 
     /// Every module's entry, in no order.
@@ -202,11 +205,17 @@ impl RouteTable {
         self.modules.values()
     }
 
+    /// Whether this table and `other` hold `module` in the same leaf of
+    /// their module maps (nothing of it was copied): for tests.
+    pub fn shares_leaf_of(&self, other: &RouteTable, module: ModuleId) -> bool {
+        self.modules.shares_leaf_of(&other.modules, module)
+    }
+
     /// The table after a full reload that read `set`: every module of
     /// `set`, and a [`Change`] for each module added, modified (nodes or
     /// version) or gone. Unchanged modules keep their entries (and frames).
     pub fn replace_all(&self, set: RouteSet, enc: &mut Encoder) -> Reloaded {
-        let mut modules = HashMap::with_capacity(set.modules.len());
+        let mut modules = Vec::with_capacity(set.modules.len());
         let mut changes = Vec::new();
         let mut refused = Vec::new();
         for route in set.modules {
@@ -215,27 +224,26 @@ impl RouteTable {
                 continue;
             }
             match self.updated(route, enc) {
-                Ok(Updated::Same(entry)) => {
-                    modules.insert(module, entry);
-                }
+                Ok(Updated::Same(entry)) => modules.push((module, entry)),
                 Ok(Updated::New(entry)) => {
                     changes.push(Change {
                         module,
                         push: entry.push.clone(),
                     });
-                    modules.insert(module, entry);
+                    modules.push((module, entry));
                 }
                 Err(e) => {
                     // Keep serving what we had: the refusal is logged.
                     refused.push(e);
-                    if let Some(old) = self.modules.get(&module) {
-                        modules.insert(module, old.clone());
+                    if let Some(old) = self.modules.get(module) {
+                        modules.push((module, old.clone()));
                     }
                 }
             }
         }
-        for &module in self.modules.keys() {
-            if !modules.contains_key(&module) {
+        let modules: ModuleMap<ModuleEntry> = modules.into_iter().collect();
+        for (module, _) in self.modules.iter() {
+            if modules.get(module).is_none() {
                 changes.push(deleted(module, set.version, enc));
             }
         }
@@ -255,7 +263,9 @@ impl RouteTable {
     /// module takes its current route (none: deleted), and a [`Change`] is
     /// reported for each module whose route differs from this table's.
     /// A module listed with no nodes that this table does not hold is no
-    /// change.
+    /// change. The cost is that of the listed modules: the new table
+    /// shares every other module, and the map's nodes that lead only to
+    /// them, with this one.
     pub fn apply(&self, changes: Changes, enc: &mut Encoder) -> Reloaded {
         let mut modules = self.modules.clone();
         let mut out = Vec::new();
@@ -263,7 +273,7 @@ impl RouteTable {
         for route in changes.modules {
             let module = route.module;
             if route.nodes.is_empty() {
-                if modules.remove(&module).is_some() {
+                if modules.remove(module).is_some() {
                     out.push(deleted(module, route.version, enc));
                 }
                 continue;
@@ -302,7 +312,7 @@ impl RouteTable {
             mut nodes,
         } = route;
         nodes.sort_by_key(|n| n.addr.key());
-        if let Some(old) = self.modules.get(&module) {
+        if let Some(old) = self.modules.get(module) {
             if old.same_route(version, &nodes) {
                 return Ok(Updated::Same(old.clone()));
             }
@@ -507,6 +517,39 @@ mod tests {
             "a module created and deleted in between"
         );
         assert_eq!(old.len(), 2, "the old table is untouched");
+    }
+
+    #[test]
+    fn applying_a_change_shares_every_unchanged_module_and_copies_little() {
+        let modules: Vec<ModuleRoute> = (0..20_000)
+            .map(|i| route(ModuleId::new(i, 1), 1, &[node(1, 80)]))
+            .collect();
+        let old = loaded(modules, 1);
+        let moved = ModuleId::new(7, 1);
+        let gone = ModuleId::new(8, 1);
+        let changes = Changes {
+            version: 3,
+            modules: vec![route(moved, 2, &[node(2, 80)]), route(gone, 3, &[])],
+        };
+        let r = old.apply(changes, &mut Encoder::new());
+        assert_eq!(changed(&r), vec![(moved, true, 2), (gone, false, 3)]);
+        let mut copied = 0;
+        for i in 0..20_000 {
+            let m = ModuleId::new(i, 1);
+            if m == moved || m == gone {
+                continue;
+            }
+            assert!(
+                Arc::ptr_eq(r.table.get(m).unwrap(), old.get(m).unwrap()),
+                "module {m} is shared"
+            );
+            copied += usize::from(!r.table.shares_leaf_of(&old, m));
+        }
+        // Only the two changed modules' leaves (a few modules each) were copied.
+        assert!(
+            copied <= 20,
+            "{copied} unchanged modules sit in copied leaves"
+        );
     }
 
     #[test]

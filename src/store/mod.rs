@@ -339,6 +339,36 @@ pub trait Store: Send {
     fn bad_rows(&self) -> u64 {
         0
     }
+
+    /// Waits at most `timeout` for the store to announce a route change
+    /// (PostgreSQL: `LISTEN`/`NOTIFY`; every admin change and import
+    /// announces itself when it commits). The first call on a connection
+    /// starts listening and answers [`Wake::Changed`] at once, since a
+    /// change may have committed before it listened; a connection made
+    /// again after a loss listens again.
+    ///
+    /// The default, for stores that cannot announce changes (SQLite),
+    /// answers [`Wake::Unsupported`] at once: the caller polls.
+    ///
+    /// # Errors
+    /// [`StoreError::Unavailable`] when the connection fails while it
+    /// listens or waits.
+    fn wait_for_change(&mut self, timeout: std::time::Duration) -> Result<Wake, StoreError> {
+        let _ = timeout;
+        Ok(Wake::Unsupported)
+    }
+}
+
+/// What [`Store::wait_for_change`] saw.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Wake {
+    /// A change was announced (or may have been missed): read the route
+    /// version now.
+    Changed,
+    /// No change was announced within the timeout.
+    Quiet,
+    /// This store announces no change: poll it.
+    Unsupported,
 }
 
 /// One row of a route table: a module and one of its nodes.

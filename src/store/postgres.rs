@@ -21,13 +21,14 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
+use ::postgres::fallible_iterator::FallibleIterator;
 use ::postgres::{Client, Config, IsolationLevel, NoTls, Transaction};
 
 use super::migrations::{self, MIGRATIONS, POSTGRES_SCHEMA_VERSION_TABLE};
 use super::{
     assemble, check_node, prepare_import, prepare_status, redact, version_of, BadRows, CallStatus,
     ChangeRow, Changes, Imported, ModuleRoute, RouteRow, RouteSet, StatusRow, Store, StoreError,
-    CONNECT_TIMEOUT,
+    Wake, CONNECT_TIMEOUT,
 };
 use crate::model::{ModuleId, NodeAddr, RouteNode};
 
@@ -47,6 +48,10 @@ pub(crate) struct PostgresStore {
     /// Set by an error that means the connection is gone: the next call
     /// connects afresh instead of trying the dead one again.
     lost: Arc<AtomicBool>,
+    /// The schema whose changes this connection listens to (`LISTEN`
+    /// issued on it); `None` until [`Store::wait_for_change`] first runs,
+    /// and again after every new connection.
+    listening: Option<String>,
 }
 
 /// `e` as [`StoreError::Unavailable`]; marks the connection `lost` when
@@ -103,6 +108,7 @@ impl PostgresStore {
             bad: BadRows::new(shown.clone()),
             url: shown,
             lost: Arc::new(AtomicBool::new(false)),
+            listening: None,
         };
         store.migrate()?;
         Ok(Box::new(store))
@@ -118,6 +124,8 @@ impl PostgresStore {
         if self.lost.load(Ordering::Acquire) || self.client.is_closed() {
             self.client = connect(&self.config, &self.url)?;
             self.lost.store(false, Ordering::Release);
+            // A new session listens to nothing.
+            self.listening = None;
         }
         Ok(&mut self.client)
     }
@@ -194,19 +202,27 @@ impl PostgresStore {
             Some(m) => (Some(i64::from(m.modid)), Some(i64::from(m.cmdid))),
             None => (None, None),
         };
-        let since_v = since.map_or(-1, |v| i64::try_from(v).unwrap_or(i64::MAX));
         let mut tx = self.read_tx()?;
         let version: Option<i64> = tx
             .query_opt("SELECT version FROM route_version WHERE id = 1", &[])
             .map_err(un)?
             .map(|r| int(&r, 0));
-        let changes = tx
-            .query(
+        let changes = match since {
+            // The log's rows after `since` (a module has one row: its
+            // latest change), in version order: through the primary key,
+            // which leads with the version.
+            Some(v) => tx.query(
+                "SELECT modid, cmdid, version FROM route_change WHERE version > $1 ORDER BY version",
+                &[&i64::try_from(v).unwrap_or(i64::MAX)],
+            ),
+            None => tx.query(
                 "SELECT modid, cmdid, MAX(version) FROM route_change
-                  WHERE ($1::BIGINT IS NULL OR (modid = $1 AND cmdid = $2)) AND version > $3
+                  WHERE $1::BIGINT IS NULL OR (modid = $1 AND cmdid = $2)
                   GROUP BY modid, cmdid",
-                &[&modid, &cmdid, &since_v],
-            )
+                &[&modid, &cmdid],
+            ),
+        };
+        let changes: Vec<ChangeRow> = changes
             .map_err(un)?
             .iter()
             .map(|r| ChangeRow {
@@ -215,17 +231,28 @@ impl PostgresStore {
                 version: int(r, 2),
             })
             .collect();
-        let nodes_sql = if since.is_some() {
-            "SELECT d.modid, d.cmdid, d.ip, d.port, d.weight FROM route_data d
-              WHERE ($1::BIGINT IS NULL OR (d.modid = $1 AND d.cmdid = $2))
-                AND EXISTS (SELECT 1 FROM route_change c
-                             WHERE c.modid = d.modid AND c.cmdid = d.cmdid AND c.version > $3)"
+        let rows = if since.is_some() {
+            // The changed modules' rows through the primary key: the cost
+            // is the change's, not the table's.
+            let mut modules: Vec<(i64, i64)> = changes.iter().map(|c| (c.modid, c.cmdid)).collect();
+            modules.sort_unstable();
+            modules.dedup();
+            let modids: Vec<i64> = modules.iter().map(|m| m.0).collect();
+            let cmdids: Vec<i64> = modules.iter().map(|m| m.1).collect();
+            tx.query(
+                "SELECT d.modid, d.cmdid, d.ip, d.port, d.weight
+                   FROM UNNEST($1::BIGINT[], $2::BIGINT[]) AS u(modid, cmdid)
+                   JOIN route_data d ON d.modid = u.modid AND d.cmdid = u.cmdid",
+                &[&modids, &cmdids],
+            )
         } else {
-            "SELECT modid, cmdid, ip, port, weight FROM route_data
-              WHERE ($1::BIGINT IS NULL OR (modid = $1 AND cmdid = $2)) AND $3::BIGINT IS NOT NULL"
+            tx.query(
+                "SELECT modid, cmdid, ip, port, weight FROM route_data
+                  WHERE $1::BIGINT IS NULL OR (modid = $1 AND cmdid = $2)",
+                &[&modid, &cmdid],
+            )
         };
-        let nodes = tx
-            .query(nodes_sql, &[&modid, &cmdid, &since_v])
+        let nodes = rows
             .map_err(un)?
             .iter()
             .map(|r| RouteRow {
@@ -307,16 +334,33 @@ impl PostgresStore {
             "DELETE FROM route_change WHERE modid = $1 AND cmdid = $2 AND version < $3",
             &[&modid, &cmdid, &v],
         )?;
+        notify(tx, v)?;
         Ok(v as u64)
     }
+}
+
+/// Rows per array statement of an import.
+const IMPORT_CHUNK: usize = 50_000;
+
+/// The channel every route change is announced on (`NOTIFY`), with the
+/// store's schema and the new route version as payload (`SCHEMA VERSION`).
+/// Route servers `LISTEN` on it; the payload lets one ignore the changes
+/// of stores in other schemas of the same database.
+pub(crate) const CHANNEL: &str = "lbagent_route_change";
+
+/// Announces route version `v` on [`CHANNEL`], in `tx`: PostgreSQL sends
+/// it to the listeners when (and only if) the transaction commits.
+fn notify(tx: &mut Transaction<'_>, v: i64) -> Result<(), ::postgres::Error> {
+    tx.execute(
+        "SELECT pg_notify($1, COALESCE(current_schema(), '') || ' ' || $2::BIGINT::TEXT)",
+        &[&CHANNEL, &v],
+    )?;
+    Ok(())
 }
 
 /// Connects within the configured timeout, counting the whole start-up
 /// (TCP, authentication), not only the TCP handshake that the crate's
 /// `connect_timeout` bounds.
-/// Rows per array statement of an import.
-const IMPORT_CHUNK: usize = 50_000;
-
 fn connect(config: &Config, shown: &str) -> Result<Client, StoreError> {
     let fail = |why: String| StoreError::Unavailable {
         url: shown.to_string(),
@@ -553,6 +597,7 @@ impl Store for PostgresStore {
             &[&m_modid, &m_cmdid, &v],
         )
         .map_err(un)?;
+        notify(&mut tx, v).map_err(un)?;
         tx.commit().map_err(un)?;
         Ok(Imported {
             version: v as u64,
@@ -635,5 +680,56 @@ impl Store for PostgresStore {
 
     fn bad_rows(&self) -> u64 {
         self.bad.count()
+    }
+
+    fn wait_for_change(&mut self, timeout: Duration) -> Result<Wake, StoreError> {
+        let (url, lost) = (self.url.clone(), self.lost.clone());
+        let un = |e: ::postgres::Error| unavailable(&url, &lost, &e);
+        self.client()?; // connected again first if it was lost
+        let Some(schema) = self.listening.clone() else {
+            self.client
+                .batch_execute(&format!("LISTEN {CHANNEL}"))
+                .map_err(un)?;
+            let schema: String = self
+                .client
+                .query_one("SELECT COALESCE(current_schema(), '')::TEXT", &[])
+                .map_err(un)?
+                .get(0);
+            self.listening = Some(schema);
+            // A change may have committed before LISTEN took effect.
+            return Ok(Wake::Changed);
+        };
+        let ours = |payload: &str| {
+            payload
+                .strip_prefix(schema.as_str())
+                .is_some_and(|rest| rest.starts_with(' '))
+        };
+        let deadline = std::time::Instant::now() + timeout;
+        let mut changed = false;
+        {
+            let mut notes = self.client.notifications();
+            // Everything already buffered first, without waiting; then wait.
+            while let Some(n) = notes.iter().next().map_err(un)? {
+                changed |= ours(n.payload());
+            }
+            while !changed {
+                let left = deadline.saturating_duration_since(std::time::Instant::now());
+                if left.is_zero() {
+                    break;
+                }
+                match notes.timeout_iter(left).next().map_err(un)? {
+                    Some(n) => changed = ours(n.payload()),
+                    None => break,
+                }
+            }
+        }
+        if self.client.is_closed() {
+            self.lost.store(true, Ordering::Release);
+            return Err(StoreError::Unavailable {
+                url: self.url.clone(),
+                why: "the connection closed while waiting for change notifications".into(),
+            });
+        }
+        Ok(if changed { Wake::Changed } else { Wake::Quiet })
     }
 }

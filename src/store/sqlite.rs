@@ -283,42 +283,62 @@ impl SqliteStore {
             ),
             None => (i64::MIN, i64::MAX, i64::MIN, i64::MAX),
         };
-        let since_v = since.map_or(-1, |v| i64::try_from(v).unwrap_or(i64::MAX));
-        let changes = query(
-            &tx,
-            "SELECT modid, cmdid, MAX(version) FROM route_change
-              WHERE modid BETWEEN ?1 AND ?2 AND cmdid BETWEEN ?3 AND ?4 AND version > ?5
-              GROUP BY modid, cmdid",
-            params![m_lo, m_hi, c_lo, c_hi, since_v],
-            |v| ChangeRow {
-                modid: v[0],
-                cmdid: v[1],
-                version: v[2],
-            },
-        )
-        .map_err(un)?;
-        let nodes_sql = if since.is_some() {
-            "SELECT d.modid, d.cmdid, d.ip, d.port, d.weight FROM route_data d
-              WHERE d.modid BETWEEN ?1 AND ?2 AND d.cmdid BETWEEN ?3 AND ?4
-                AND EXISTS (SELECT 1 FROM route_change c
-                             WHERE c.modid = d.modid AND c.cmdid = d.cmdid AND c.version > ?5)"
-        } else {
-            "SELECT modid, cmdid, ip, port, weight FROM route_data
-              WHERE modid BETWEEN ?1 AND ?2 AND cmdid BETWEEN ?3 AND ?4 AND ?5 = ?5"
+        let change_row = |v: &[i64]| ChangeRow {
+            modid: v[0],
+            cmdid: v[1],
+            version: v[2],
         };
-        let nodes = query(
-            &tx,
-            nodes_sql,
-            params![m_lo, m_hi, c_lo, c_hi, since_v],
-            |v| RouteRow {
-                modid: v[0],
-                cmdid: v[1],
-                ip: v[2],
-                port: v[3],
-                weight: v[4],
-            },
-        )
+        let changes = match since {
+            // The log's rows after `since` through its primary key, which
+            // leads with the version (a module has one row: its latest
+            // change). No GROUP BY: SQLite would then walk the module
+            // index, every row of the log, to avoid a sort.
+            Some(v) => query(
+                &tx,
+                "SELECT modid, cmdid, version FROM route_change WHERE version > ?1",
+                params![i64::try_from(v).unwrap_or(i64::MAX)],
+                change_row,
+            ),
+            None => query(
+                &tx,
+                "SELECT modid, cmdid, MAX(version) FROM route_change
+                  WHERE modid BETWEEN ?1 AND ?2 AND cmdid BETWEEN ?3 AND ?4
+                  GROUP BY modid, cmdid",
+                params![m_lo, m_hi, c_lo, c_hi],
+                change_row,
+            ),
+        }
         .map_err(un)?;
+        let nodes = if since.is_some() {
+            // Each changed module's rows through the primary key: the cost
+            // is the change's, not the table's.
+            let mut modules: Vec<(i64, i64)> = changes.iter().map(|c| (c.modid, c.cmdid)).collect();
+            modules.sort_unstable();
+            modules.dedup();
+            let mut nodes = Vec::new();
+            for (modid, cmdid) in modules {
+                nodes.extend(
+                    query(
+                        &tx,
+                        "SELECT modid, cmdid, ip, port, weight FROM route_data
+                          WHERE modid = ?1 AND cmdid = ?2",
+                        params![modid, cmdid],
+                        route_row,
+                    )
+                    .map_err(un)?,
+                );
+            }
+            nodes
+        } else {
+            query(
+                &tx,
+                "SELECT modid, cmdid, ip, port, weight FROM route_data
+                  WHERE modid BETWEEN ?1 AND ?2 AND cmdid BETWEEN ?3 AND ?4",
+                params![m_lo, m_hi, c_lo, c_hi],
+                route_row,
+            )
+            .map_err(un)?
+        };
         tx.commit().map_err(un)?;
         let version = version_of(&self.url, version)?;
         let latest = self.bad.changes(changes);
@@ -361,6 +381,16 @@ impl SqliteStore {
         )?
         .execute(params![modid, cmdid, v])?;
         Ok(())
+    }
+}
+
+fn route_row(v: &[i64]) -> RouteRow {
+    RouteRow {
+        modid: v[0],
+        cmdid: v[1],
+        ip: v[2],
+        port: v[3],
+        weight: v[4],
     }
 }
 
@@ -408,12 +438,12 @@ impl Store for SqliteStore {
 
     fn route_version(&mut self) -> Result<u64, StoreError> {
         self.same_file()?;
+        // Through a statement prepared once per connection: the route
+        // server calls this every poll (tens of milliseconds).
         let v: Option<i64> = self
             .conn
-            .query_row("SELECT version FROM route_version WHERE id = 1", [], |r| {
-                r.get(0)
-            })
-            .optional()
+            .prepare_cached("SELECT version FROM route_version WHERE id = 1")
+            .and_then(|mut stmt| stmt.query_row([], |r| r.get(0)).optional())
             .map_err(|e| self.unavailable(e))?;
         version_of(&self.url, v)
     }
