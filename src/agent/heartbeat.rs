@@ -687,6 +687,15 @@ impl HeartbeatReader {
             .into_heartbeat(&self.path)
     }
 
+    /// The header's seqlock sequence word. Every write of the agent (every
+    /// beat) changes it, so the same even value twice means the header and
+    /// the beat did not change in between: one atomic load, the client's
+    /// per-call check (a full [`beat_unix_ms`](Self::beat_unix_ms) when it
+    /// moved).
+    pub fn sequence(&self) -> u64 {
+        self.shm.u64(OFF_SEQ).load(Ordering::Acquire)
+    }
+
     /// The last beat, unix milliseconds (0: not beaten yet). Called before
     /// every getHost: a few loads, no allocation and no system call unless
     /// the writer is stuck mid-write.
