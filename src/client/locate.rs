@@ -116,6 +116,9 @@ pub(crate) struct Locator {
     endpoints: Result<Endpoints, String>,
     /// The beat at which the header was last read.
     header_beat: u64,
+    /// [`HeartbeatReader::header_stamp`] when the header was last read: at
+    /// a new beat the header is read again only when it changed.
+    stamp: Option<u64>,
     /// Bumped whenever `endpoints` changes (sockets must be rebuilt).
     generation: u64,
     /// The static route file while no header names one.
@@ -145,6 +148,7 @@ impl Locator {
             info: None,
             endpoints: Err("no heartbeat read yet".into()),
             header_beat: 0,
+            stamp: None,
             generation: 0,
             default_snapshot,
             fast: None,
@@ -219,10 +223,17 @@ impl Locator {
         self.alive(beat)
     }
 
-    /// The agent beat at `beat`: re-reads the header if the beat moved.
+    /// The agent beat at `beat`: re-reads the header if the beat moved and
+    /// the header's stamp changed (a new agent in place).
     fn alive(&mut self, beat: u64) -> Liveness {
         if beat != self.header_beat {
-            self.read_header();
+            let stamp = self
+                .reader
+                .as_ref()
+                .and_then(|(r, _)| r.header_stamp().ok());
+            if stamp.is_none() || stamp != self.stamp {
+                self.read_header();
+            }
             self.header_beat = beat;
         }
         match &self.endpoints {
@@ -292,6 +303,7 @@ impl Locator {
         let Some((reader, _)) = &self.reader else {
             return;
         };
+        self.stamp = reader.header_stamp().ok();
         let endpoints = match reader.read() {
             Ok(hb) => {
                 let e = Endpoints::from_info(&hb.info);
@@ -464,5 +476,30 @@ mod tests {
         // A request failed: re-read, and check again before trusting it.
         l.reread();
         assert!(!l.fresh(800_002));
+    }
+
+    #[test]
+    fn the_header_stamp_ignores_beats_and_sees_every_other_field() {
+        use crate::agent::heartbeat::HeartbeatReader;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("hb");
+        let w = HeartbeatWriter::create(&path, &info(1, 9000, "/a")).unwrap();
+        let r = HeartbeatReader::open(&path).unwrap();
+        let s0 = r.header_stamp().unwrap();
+        w.beat(5_000);
+        assert_eq!(r.header_stamp().unwrap(), s0);
+        drop(w);
+        let mut seen = vec![s0];
+        for i in [
+            info(1, 9000, "/b"),
+            info(2, 9000, "/a"),
+            info(1, 9001, "/a"),
+        ] {
+            let w = HeartbeatWriter::create(&path, &i).unwrap();
+            let s = r.header_stamp().unwrap();
+            assert!(!seen.contains(&s), "{i:?}");
+            seen.push(s);
+            drop(w);
+        }
     }
 }
