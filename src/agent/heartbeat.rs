@@ -711,6 +711,7 @@ impl HeartbeatReader {
     /// the beat did not change in between: one atomic load, the client's
     /// per-call check (a full [`beat_unix_ms`](Self::beat_unix_ms) when it
     /// moved).
+    #[inline(always)]
     pub fn sequence(&self) -> u64 {
         self.shm.u64(OFF_SEQ).load(Ordering::Acquire)
     }

@@ -174,7 +174,7 @@ impl Entry {
 
     /// The position of `host` in the route: the node given last, else
     /// found by binary search.
-    #[inline]
+    #[inline(always)]
     fn position(&self, host: NodeAddr) -> Option<usize> {
         if self.nodes.get(self.last) == Some(&host) {
             return Some(self.last);
@@ -186,7 +186,7 @@ impl Entry {
     }
 
     /// The next node, round robin. The route must not be empty.
-    #[inline]
+    #[inline(always)]
     fn next_host(&mut self) -> NodeAddr {
         let i = self.next;
         self.next = if i + 1 >= self.nodes.len() { 0 } else { i + 1 };
@@ -264,7 +264,7 @@ impl RouteCache {
     }
 
     /// The index of `module`'s entry, if it has one.
-    #[inline]
+    #[inline(always)]
     fn find(&mut self, module: ModuleId) -> Option<usize> {
         match self.memo {
             Some((m, i)) if m == module => Some(i),
@@ -298,7 +298,7 @@ impl RouteCache {
     /// The cached path of a getHost: the next node of `module`'s route,
     /// round robin, when the cache answers it at `now_ms` (a route cached,
     /// no node overloaded, no refresh due); None: ask [`RouteCache::pick`].
-    #[inline]
+    #[inline(always)]
     pub fn pick_cached(&mut self, module: ModuleId, now_ms: u64) -> Option<NodeAddr> {
         let i = self.find(module)?;
         let e = &mut self.entries[i];
@@ -389,7 +389,7 @@ impl RouteCache {
     /// true when `module` holds successes at `now_ms` and this node is of
     /// its route and already held (no batch is due); false: ask
     /// [`RouteCache::report`], which decides in every case.
-    #[inline]
+    #[inline(always)]
     pub fn hold(&mut self, module: ModuleId, host: NodeAddr, now_ms: u64) -> bool {
         let Some(i) = self.find(module) else {
             return false;

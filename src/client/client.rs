@@ -156,14 +156,16 @@ impl Client {
     /// is down and static fallback is off; [`ClientError::Timeout`];
     /// [`ClientError::BadResponse`]; [`ClientError::BadRequest`] for a
     /// timeout under 1 ms or a request the agent refused.
+    #[inline(always)]
     pub fn get_host(
         &mut self,
         modid: u32,
         cmdid: u32,
         timeout: Duration,
     ) -> Result<Host, ClientError> {
+        // The options' priorities were checked when they were set.
         let prio = Priority::new(self.opts.business_priority, self.opts.user_priority);
-        self.get_host_with(modid, cmdid, prio, timeout)
+        self.get_host_checked(ModuleId::new(modid, cmdid), prio, timeout)
     }
 
     /// [`Client::get_host`] for a call of DAGOR priorities `prio` (instead
@@ -175,6 +177,7 @@ impl Client {
     /// # Errors
     /// As [`Client::get_host`]; [`ClientError::BadRequest`] for a priority
     /// above 128.
+    #[inline]
     pub fn get_host_with(
         &mut self,
         modid: u32,
@@ -182,9 +185,22 @@ impl Client {
         prio: Priority,
         timeout: Duration,
     ) -> Result<Host, ClientError> {
-        let module = ModuleId::new(modid, cmdid);
         check_timeout(timeout)?;
         prio.validate()?;
+        self.get_host_checked(ModuleId::new(modid, cmdid), prio, timeout)
+    }
+
+    /// A getHost whose priorities are valid. The cached path is inlined
+    /// into the caller (a few dozen instructions); everything else is
+    /// [`Client::get_host_slow`].
+    #[inline(always)]
+    fn get_host_checked(
+        &mut self,
+        module: ModuleId,
+        prio: Priority,
+        timeout: Duration,
+    ) -> Result<Host, ClientError> {
+        check_timeout(timeout)?;
         let now = self.clock.now_ms();
         // The cached path: memory only, the one clock read above.
         if let Some(cache) = &mut self.cache {
@@ -239,6 +255,7 @@ impl Client {
     ///
     /// # Errors
     /// [`ClientError::BadRequest`] when `host` has port 0 (no node has).
+    #[inline(always)]
     pub fn report(
         &mut self,
         modid: u32,
@@ -260,6 +277,7 @@ impl Client {
     /// # Errors
     /// As [`Client::report`]; [`ClientError::BadRequest`] for a level
     /// outside 1..=128.
+    #[inline(always)]
     pub fn report_with_level(
         &mut self,
         modid: u32,
@@ -271,17 +289,12 @@ impl Client {
     ) -> Result<(), ClientError> {
         if let Some(l) = downstream_level {
             if !(1..=128).contains(&l.business) || !(1..=128).contains(&l.user) {
-                return Err(ClientError::BadRequest(format!(
-                    "downstream level ({}, {}) is out of range: each part is 1..=128",
-                    l.business, l.user
-                )));
+                return Err(bad_level(l));
             }
         }
         let module = ModuleId::new(modid, cmdid);
         if host.port == 0 {
-            return Err(ClientError::BadRequest(format!(
-                "cannot report a call to {host}: port 0 names no node (report the host getHost returned)"
-            )));
+            return Err(bad_host(host));
         }
         let now = self.clock.now_ms();
         // The cached path: a success counted, memory only.
@@ -1006,13 +1019,39 @@ fn retcode_reply<T>(module: ModuleId, rc: RetCode, message: &str) -> Reply<T> {
 }
 
 /// A timeout under 1 ms cannot be waited for.
+#[inline(always)]
 fn check_timeout(timeout: Duration) -> Result<(), ClientError> {
     if timeout < Duration::from_millis(1) {
-        return Err(ClientError::BadRequest(format!(
-            "timeout {timeout:?} is under 1 ms: give the agent time to answer (e.g. 100 ms)"
-        )));
+        return Err(bad_timeout(timeout));
     }
     Ok(())
+}
+
+// The errors of the inlined paths, out of line.
+
+#[cold]
+#[inline(never)]
+fn bad_timeout(timeout: Duration) -> ClientError {
+    ClientError::BadRequest(format!(
+        "timeout {timeout:?} is under 1 ms: give the agent time to answer (e.g. 100 ms)"
+    ))
+}
+
+#[cold]
+#[inline(never)]
+fn bad_level(l: AdmissionLevel) -> ClientError {
+    ClientError::BadRequest(format!(
+        "downstream level ({}, {}) is out of range: each part is 1..=128",
+        l.business, l.user
+    ))
+}
+
+#[cold]
+#[inline(never)]
+fn bad_host(host: NodeAddr) -> ClientError {
+    ClientError::BadRequest(format!(
+        "cannot report a call to {host}: port 0 names no node (report the host getHost returned)"
+    ))
 }
 
 #[cfg(test)]

@@ -40,7 +40,7 @@ impl Clock {
     }
 
     /// Monotonic milliseconds (coarse: the kernel's last tick).
-    #[inline]
+    #[inline(always)]
     pub fn now_ms(&self) -> u64 {
         #[cfg(test)]
         if let Some(m) = &self.manual {
@@ -60,7 +60,7 @@ impl Clock {
 }
 
 /// `CLOCK_MONOTONIC_COARSE` in milliseconds.
-#[inline]
+#[inline(always)]
 fn coarse_monotonic_ms() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,

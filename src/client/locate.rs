@@ -159,7 +159,7 @@ impl Locator {
     /// monotonic clock) by the last [`Locator::check`], and the heartbeat
     /// has not been written since: the endpoints are those of that check.
     /// One atomic load. False means "ask [`Locator::check`]", not "down".
-    #[inline]
+    #[inline(always)]
     pub fn fresh(&self, now_mono_ms: u64) -> bool {
         match (&self.fast, &self.reader) {
             (Some(f), Some((r, _))) => now_mono_ms <= f.alive_until && r.sequence() == f.seq,
