@@ -18,16 +18,40 @@
 //!
 //! Run: `target/release/examples/callgrind_workload [N]` (N of each, default
 //! 1000000); under callgrind: `perf/check --callgrind-only`.
+//!
+//! # The cached client path (`--client`)
+//!
+//! `callgrind_workload --client [N]` counts [`cached_client`] instead: N
+//! getHosts and N success reports through [`Client`] with the route cache
+//! on (issue 14's path: the application's own thread, no datagram), on one
+//! 10-node module, against a heartbeat file and a fake agent on loopback
+//! (a thread of this process) that answers the cache's route requests. The
+//! route is fetched before the counted function starts; the function runs
+//! in chunks of [`CLIENT_CHUNK`] pairs, and the heartbeat is beaten between
+//! them (valgrind runs one thread at a time: a beating thread could fall
+//! more than 2 s behind, and the client would rightly see the agent down). Time
+//! is real here: the route is asked for again (version only) every 2 s and
+//! held successes go out as a batch when 2 s old, so a run that takes
+//! longer under valgrind counts those few exchanges too (a few thousand
+//! instructions each, under 0.1% of the count). The program checks that
+//! every getHost was answered by the cache and every report accepted.
 
 use std::hint::black_box;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::process::ExitCode;
 
+use std::net::UdpSocket;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use lbagent::agent::heartbeat::{AgentInfo, HeartbeatWriter};
 use lbagent::agent::messages::ToShard;
 use lbagent::agent::shard::{ShardCore, ShardSetup};
+use lbagent::client::{Client, ClientOptions, HostSource};
 use lbagent::config::Config;
 use lbagent::model::{ModuleId, NodeAddr, RouteNode};
-use lbagent::wire::{decode, Encoder, Limits, Message, Report, RetCode};
+use lbagent::wire::{decode, CacheRoute, Encoder, Limits, Message, Report, RetCode};
 
 /// The module: shard 0 of 1 owns every module.
 const MODULE: ModuleId = ModuleId::new(10_000, 1);
@@ -133,15 +157,179 @@ fn workload(shard: &mut ShardCore, reqs: &Requests, n: u64) -> Seen {
     seen
 }
 
+// === the cached client path ===
+
+/// What [`cached_client`] saw.
+#[derive(Debug, Default)]
+struct ClientSeen {
+    from_cache: u64,
+    other_hosts: u64,
+    errors: u64,
+    reported: u64,
+}
+
+const CLIENT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Pairs per call of [`cached_client`]; the heartbeat is beaten between.
+const CLIENT_CHUNK: u64 = 10_000;
+
+/// The counted part of `--client`: `n` getHosts through the route cache,
+/// each followed by a success report of the host it gave.
+#[inline(never)]
+fn cached_client(client: &mut Client, n: u64) -> ClientSeen {
+    let mut seen = ClientSeen::default();
+    for _ in 0..n {
+        match client.get_host(MODULE.modid, MODULE.cmdid, black_box(CLIENT_TIMEOUT)) {
+            Ok(h) => {
+                if h.source == HostSource::Cache {
+                    seen.from_cache += 1;
+                } else {
+                    seen.other_hosts += 1;
+                }
+                if client
+                    .report(MODULE.modid, MODULE.cmdid, h.addr, 0, 40)
+                    .is_ok()
+                {
+                    seen.reported += 1;
+                }
+            }
+            Err(_) => seen.errors += 1,
+        }
+    }
+    seen
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Sets up a heartbeat, a beating thread and a fake agent, fetches the
+/// route, then runs [`cached_client`].
+fn client_main(n: u64) -> ExitCode {
+    let dir = match tempfile::tempdir() {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("callgrind workload: no temporary directory: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let sock = UdpSocket::bind("127.0.0.1:0").expect("bind a loopback port");
+    sock.set_read_timeout(Some(Duration::from_millis(50)))
+        .expect("set a receive timeout");
+    let port = sock.local_addr().expect("local address").port();
+    let hb_path = dir.path().join("heartbeat");
+    let hb = HeartbeatWriter::create(
+        &hb_path,
+        &AgentInfo {
+            shards: 1,
+            base_port: port,
+            bind: Ipv4Addr::LOCALHOST,
+            pid: std::process::id(),
+            snapshot_path: dir.path().join("snapshot"),
+        },
+    )
+    .expect("create the heartbeat file");
+    hb.beat(unix_ms());
+    let stop = Arc::new(AtomicBool::new(false));
+    let s = stop.clone();
+    // The agent: answers the cache's route requests (version 1, unchanged
+    // when the client names it), absorbs reports.
+    let agent = std::thread::spawn(move || {
+        let route: Vec<RouteNode> = (1..=NODES)
+            .map(|i| RouteNode {
+                addr: node(i),
+                weight: 1,
+            })
+            .collect();
+        let mut enc = Encoder::new();
+        let mut buf = vec![0u8; 65_536];
+        while !s.load(Ordering::Relaxed) {
+            let Ok((len, peer)) = sock.recv_from(&mut buf) else {
+                continue;
+            };
+            if let Ok(Message::CacheGetRouteReq(q)) = decode(&buf[..len], &Limits::UDP) {
+                let unchanged = q.known_version() == 1;
+                let resp = CacheRoute {
+                    seq: q.seq(),
+                    module: ModuleId::new(q.modid(), q.cmdid()),
+                    retcode: RetCode::Ok,
+                    version: 1,
+                    unchanged,
+                    any_overloaded: false,
+                    nodes: if unchanged { &[] } else { &route },
+                };
+                let _ = sock.send_to(enc.cache_get_route_resp(&resp), peer);
+            }
+        }
+    });
+    let mut client = Client::with_options(ClientOptions {
+        heartbeat_path: hb_path,
+        cache: true,
+        static_fallback: false,
+        ..ClientOptions::default()
+    })
+    .expect("valid client options");
+    // Warm up, not counted: the route is fetched, every node holds a success.
+    let warm = cached_client_warm_up(&mut client);
+    let mut seen = ClientSeen::default();
+    let mut left = n;
+    while left > 0 {
+        hb.beat(unix_ms());
+        let chunk = left.min(CLIENT_CHUNK);
+        let s = cached_client(&mut client, chunk);
+        seen.from_cache += s.from_cache;
+        seen.other_hosts += s.other_hosts;
+        seen.errors += s.errors;
+        seen.reported += s.reported;
+        left -= chunk;
+    }
+    stop.store(true, Ordering::Relaxed);
+    let _ = agent.join();
+    println!(
+        "callgrind workload: cached client: {n} getHosts ({} from the cache, {} elsewhere, {} errors), {} reports accepted (warm-up: {warm})",
+        seen.from_cache, seen.other_hosts, seen.errors, seen.reported
+    );
+    if seen.from_cache != n || seen.reported != n || !warm {
+        eprintln!("callgrind workload: the cache did not answer as expected: the count would mean nothing");
+        return ExitCode::FAILURE;
+    }
+    ExitCode::SUCCESS
+}
+
+/// Fetches the route and holds a success for every node; true when the
+/// cache answered.
+fn cached_client_warm_up(client: &mut Client) -> bool {
+    (0..u64::from(NODES) * 2).all(|_| {
+        client
+            .get_host(MODULE.modid, MODULE.cmdid, CLIENT_TIMEOUT)
+            .is_ok_and(|h| {
+                h.source == HostSource::Cache
+                    && client
+                        .report(MODULE.modid, MODULE.cmdid, h.addr, 0, 40)
+                        .is_ok()
+            })
+    })
+}
+
 fn main() -> ExitCode {
-    let n: u64 = match std::env::args().nth(1).map(|s| s.parse()) {
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    let client = args.first().is_some_and(|a| a == "--client");
+    if client {
+        args.remove(0);
+    }
+    let n: u64 = match args.first().map(|s| s.parse()) {
         None => 1_000_000,
         Some(Ok(n)) if n > 0 => n,
         Some(_) => {
-            eprintln!("usage: callgrind_workload [N > 0 getHosts and N reports]");
+            eprintln!("usage: callgrind_workload [--client] [N > 0 getHosts and N reports]");
             return ExitCode::from(2);
         }
     };
+    if client {
+        return client_main(n);
+    }
     let reqs = requests();
     let mut shard = shard();
     let seen = workload(&mut shard, &reqs, n);

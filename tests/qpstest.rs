@@ -171,3 +171,28 @@ fn a_standalone_run_benchmarks_the_whole_system_with_the_demo_modules() {
     let cpu = s.server_cpu.as_ref().expect("the agent's CPU is known");
     assert!(cpu.what.contains("agent threads"), "{text}");
 }
+
+#[test]
+fn a_cached_run_counts_every_call_and_times_one_in_64() {
+    let mut out = Vec::new();
+    let s = qpstest::run(
+        &QpsOptions {
+            cache: true,
+            modules: 3,
+            threads: 2,
+            ..short(Target::Standalone)
+        },
+        &mut out,
+    )
+    .expect("the cached run completes");
+    let text = String::from_utf8(out).unwrap();
+    assert!(s.info.cache, "{text}");
+    assert!(s.from_cache > 0, "{text}");
+    assert_eq!((s.error_total, s.static_route_answers), (0, 0), "{text}");
+    // Every answered getHost was reported, and every count reached the
+    // summary (the threads hand theirs over in steps).
+    assert_eq!(s.reports, s.get_hosts, "{text}");
+    assert!(s.report_errors.is_empty(), "{text}");
+    assert!(s.latency_us.is_some(), "{text}");
+    assert!(text.contains("one in 64 timed"), "{text}");
+}

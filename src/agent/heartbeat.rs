@@ -687,6 +687,35 @@ impl HeartbeatReader {
             .into_heartbeat(&self.path)
     }
 
+    /// A 64-bit digest of the header without the beat (every field and the
+    /// path's bytes), read consistently and without allocating: the client
+    /// reads the whole header (which allocates the path) only when this
+    /// changed since it last did, not at every beat.
+    ///
+    /// # Errors
+    /// As [`beat_unix_ms`](Self::beat_unix_ms).
+    pub fn header_stamp(&self) -> Result<u64, HeartbeatError> {
+        let raw = self.shm.stable(&self.path, RawHeader::load)?;
+        check_format(&self.path, raw.magic, raw.version)?;
+        let fixed = [raw.shards, raw.bind, raw.pid, raw.base_port, raw.path_len];
+        let words = fixed.iter().map(|&w| u64::from(w)).chain(raw.path);
+        // FNV-1a over words: a different header gives another stamp but
+        // with odds of 2^-64 (a request that fails re-reads anyway).
+        Ok(words.fold(0xcbf2_9ce4_8422_2325, |h, w| {
+            (h ^ w).wrapping_mul(0x0000_0100_0000_01b3)
+        }))
+    }
+
+    /// The header's seqlock sequence word. Every write of the agent (every
+    /// beat) changes it, so the same even value twice means the header and
+    /// the beat did not change in between: one atomic load, the client's
+    /// per-call check (a full [`beat_unix_ms`](Self::beat_unix_ms) when it
+    /// moved).
+    #[inline(always)]
+    pub fn sequence(&self) -> u64 {
+        self.shm.u64(OFF_SEQ).load(Ordering::Acquire)
+    }
+
     /// The last beat, unix milliseconds (0: not beaten yet). Called before
     /// every getHost: a few loads, no allocation and no system call unless
     /// the writer is stuck mid-write.

@@ -34,8 +34,23 @@
 //!   keeps answering ([`RouteCache::pick_unrefreshed`]), as the original
 //!   does; the next getHost tries the refresh again. The static route file
 //!   is for when no route is cached, or the agent's heartbeat is stale.
+//!
+//! # Speed
+//!
+//! A getHost the cache answers and a success it holds are memory work
+//! only ([`RouteCache::pick_cached`], [`RouteCache::hold`]): the module is
+//! found through a one-entry memo of the last module asked (else a
+//! foldhash map, seeded per process, to an index into a vector of
+//! entries); "serve" and "hold" are each one comparison with a precomputed
+//! deadline; round robin is an increment and a compare; held successes are
+//! counts in a vector indexed by the node's position in the route (the
+//! report's node is found as the node last given, else by binary search),
+//! with the positions held listed in the order first held. Nothing
+//! allocates there.
 
 use std::collections::HashMap;
+
+use foldhash::fast::RandomState;
 
 use crate::model::{ModuleId, NodeAddr, RouteNode};
 
@@ -88,22 +103,59 @@ pub struct Refreshed<'a> {
     pub nodes: &'a [RouteNode],
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Entry {
     version: u64,
+    /// The route, in the agent's order. Kept when the route is forgotten
+    /// (the held counts still name their nodes by position).
     nodes: Vec<NodeAddr>,
-    /// `nodes`, sorted: the report path's membership test.
-    sorted: Vec<NodeAddr>,
+    /// `(node, position)` sorted by node: the report path's lookup.
+    sorted: Vec<(NodeAddr, u32)>,
+    /// The position round robin gives next (< `nodes.len()` when any).
     next: usize,
+    /// The position given last: a report is usually about that node.
+    last: usize,
     any_overloaded: bool,
     /// When the route was last refreshed; None: never (or forgotten).
     refreshed_at: Option<u64>,
     /// Refresh at the next getHost (a failure was reported).
     refresh_now: bool,
-    /// Successes held, per node, in the order the nodes were first held.
-    held: Vec<(NodeAddr, u32)>,
+    /// getHost is answered here while `now < serve_until` (0: not now):
+    /// a route cached, no node overloaded, no refresh due.
+    serve_until: u64,
+    /// A route is cached and no node of it is overloaded: successes are
+    /// held.
+    holds: bool,
+    /// Successes held per position of `nodes`.
+    counts: Vec<u32>,
+    /// The positions whose count is not 0, in the order first held.
+    held: Vec<u32>,
     /// When the oldest held success was reported.
     held_since: u64,
+    /// `held_since + HOLD_LIMIT_MS` while anything is held, else `u64::MAX`:
+    /// a report at or after it sends the batch.
+    hold_until: u64,
+}
+
+impl Default for Entry {
+    fn default() -> Self {
+        Entry {
+            version: 0,
+            nodes: Vec::new(),
+            sorted: Vec::new(),
+            next: 0,
+            last: 0,
+            any_overloaded: false,
+            refreshed_at: None,
+            refresh_now: false,
+            serve_until: 0,
+            holds: false,
+            counts: Vec::new(),
+            held: Vec::new(),
+            held_since: 0,
+            hold_until: u64::MAX,
+        }
+    }
 }
 
 impl Entry {
@@ -111,21 +163,98 @@ impl Entry {
         self.refreshed_at.is_some() && !self.nodes.is_empty()
     }
 
-    fn in_route(&self, host: NodeAddr) -> bool {
-        self.sorted.binary_search(&host).is_ok()
+    /// Recomputes `serve_until` and `holds` after any change of state.
+    fn update(&mut self) {
+        self.holds = self.cached() && !self.any_overloaded;
+        self.serve_until = match self.refreshed_at {
+            Some(t) if self.holds && !self.refresh_now => t.saturating_add(REFRESH_INTERVAL_MS),
+            _ => 0,
+        };
     }
 
+    /// The position of `host` in the route: the node given last, else
+    /// found by binary search.
+    #[inline(always)]
+    fn position(&self, host: NodeAddr) -> Option<usize> {
+        if self.nodes.get(self.last) == Some(&host) {
+            return Some(self.last);
+        }
+        self.sorted
+            .binary_search_by(|(a, _)| a.cmp(&host))
+            .ok()
+            .map(|k| self.sorted[k].1 as usize)
+    }
+
+    /// The next node, round robin. The route must not be empty.
+    #[inline(always)]
     fn next_host(&mut self) -> NodeAddr {
-        let i = self.next % self.nodes.len();
-        self.next = (i + 1) % self.nodes.len();
+        let i = self.next;
+        self.next = if i + 1 >= self.nodes.len() { 0 } else { i + 1 };
+        self.last = i;
         self.nodes[i]
+    }
+
+    /// Moves the held successes into `out`, in the order first held.
+    fn take_held(&mut self, out: &mut Vec<(NodeAddr, u32)>) {
+        for &p in &self.held {
+            let p = p as usize;
+            out.push((self.nodes[p], self.counts[p]));
+            self.counts[p] = 0;
+        }
+        self.held.clear();
+        self.hold_until = u64::MAX;
+    }
+
+    /// Counts one more success of the node at `p`; `now` starts the hold
+    /// when nothing was held.
+    fn add_held(&mut self, p: usize, n: u32, now: u64) {
+        if self.held.is_empty() {
+            self.held_since = now;
+            self.hold_until = now.saturating_add(HOLD_LIMIT_MS);
+        }
+        if self.counts[p] == 0 {
+            self.held.push(p as u32);
+        }
+        self.counts[p] = self.counts[p].saturating_add(n);
+    }
+
+    /// Takes a new route; keeps the held successes of the nodes still in
+    /// it, in the order first held.
+    fn set_route(&mut self, nodes: &[RouteNode], start: usize) {
+        let kept: Vec<(NodeAddr, u32)> = self
+            .held
+            .iter()
+            .map(|&p| (self.nodes[p as usize], self.counts[p as usize]))
+            .collect();
+        let held_since = self.held_since;
+        self.nodes.clear();
+        self.nodes.extend(nodes.iter().map(|n| n.addr));
+        self.sorted.clear();
+        self.sorted
+            .extend(self.nodes.iter().enumerate().map(|(p, a)| (*a, p as u32)));
+        self.sorted.sort_unstable();
+        self.counts.clear();
+        self.counts.resize(self.nodes.len(), 0);
+        self.held.clear();
+        self.hold_until = u64::MAX;
+        self.next = start % self.nodes.len();
+        self.last = self.next;
+        for (addr, n) in kept {
+            if let Some(p) = self.position(addr) {
+                self.add_held(p, n, held_since);
+            }
+        }
     }
 }
 
 /// Every module's cached route and held successes.
 #[derive(Debug, Default)]
 pub struct RouteCache {
-    modules: HashMap<ModuleId, Entry>,
+    /// Module to index in `entries` (entries are never removed).
+    index: HashMap<ModuleId, u32, RandomState>,
+    entries: Vec<Entry>,
+    /// The module last looked up, and its index.
+    memo: Option<(ModuleId, usize)>,
 }
 
 impl RouteCache {
@@ -134,12 +263,57 @@ impl RouteCache {
         Self::default()
     }
 
+    /// The index of `module`'s entry, if it has one.
+    #[inline(always)]
+    fn find(&mut self, module: ModuleId) -> Option<usize> {
+        match self.memo {
+            Some((m, i)) if m == module => Some(i),
+            _ => self.find_in_index(module),
+        }
+    }
+
+    #[inline(never)]
+    fn find_in_index(&mut self, module: ModuleId) -> Option<usize> {
+        let i = *self.index.get(&module)? as usize;
+        self.memo = Some((module, i));
+        Some(i)
+    }
+
+    /// The index of `module`'s entry, created if there is room for it
+    /// (`bounded`) or in any case.
+    fn find_or_insert(&mut self, module: ModuleId, bounded: bool) -> Option<usize> {
+        if let Some(i) = self.find(module) {
+            return Some(i);
+        }
+        if bounded && self.entries.len() >= MAX_MODULES {
+            return None;
+        }
+        let i = self.entries.len();
+        self.entries.push(Entry::default());
+        self.index.insert(module, i as u32);
+        self.memo = Some((module, i));
+        Some(i)
+    }
+
+    /// The cached path of a getHost: the next node of `module`'s route,
+    /// round robin, when the cache answers it at `now_ms` (a route cached,
+    /// no node overloaded, no refresh due); None: ask [`RouteCache::pick`].
+    #[inline(always)]
+    pub fn pick_cached(&mut self, module: ModuleId, now_ms: u64) -> Option<NodeAddr> {
+        let i = self.find(module)?;
+        let e = &mut self.entries[i];
+        (now_ms < e.serve_until).then(|| e.next_host())
+    }
+
     /// What to do for a getHost of `module` at `now_ms` (monotonic).
     pub fn pick(&mut self, module: ModuleId, now_ms: u64) -> Pick {
-        if !self.modules.contains_key(&module) && self.modules.len() >= MAX_MODULES {
+        let Some(i) = self.find_or_insert(module, true) else {
             return Pick::PassThrough;
+        };
+        let e = &mut self.entries[i];
+        if now_ms < e.serve_until {
+            return Pick::Host(e.next_host());
         }
-        let e = self.modules.entry(module).or_default();
         let due = match e.refreshed_at {
             None => true,
             Some(t) => e.refresh_now || now_ms.saturating_sub(t) >= REFRESH_INTERVAL_MS,
@@ -149,10 +323,8 @@ impl RouteCache {
                 known_version: if e.cached() { e.version } else { 0 },
             };
         }
-        if e.any_overloaded || e.nodes.is_empty() {
-            return Pick::PassThrough;
-        }
-        Pick::Host(e.next_host())
+        // Not due and not served: a node is overloaded (or no nodes).
+        Pick::PassThrough
     }
 
     /// A refresh of `module` went unanswered: the next node of the cached
@@ -161,8 +333,9 @@ impl RouteCache {
     /// the caller falls back as without the cache). The refresh stays due,
     /// so the next getHost asks again.
     pub fn pick_unrefreshed(&mut self, module: ModuleId) -> Option<NodeAddr> {
-        let e = self.modules.get_mut(&module)?;
-        (e.cached() && !e.any_overloaded).then(|| e.next_host())
+        let i = self.find(module)?;
+        let e = &mut self.entries[i];
+        e.holds.then(|| e.next_host())
     }
 
     /// Applies the agent's answer to a cache getRoute of `module`;
@@ -177,7 +350,10 @@ impl RouteCache {
         now_ms: u64,
         start: usize,
     ) -> bool {
-        let e = self.modules.entry(module).or_default();
+        let Some(i) = self.find_or_insert(module, false) else {
+            return false;
+        };
+        let e = &mut self.entries[i];
         if r.unchanged {
             if !e.cached() || e.version != r.version {
                 return false;
@@ -186,30 +362,51 @@ impl RouteCache {
             if r.nodes.is_empty() {
                 return false;
             }
-            e.nodes.clear();
-            e.nodes.extend(r.nodes.iter().map(|n| n.addr));
-            e.sorted.clone_from(&e.nodes);
-            e.sorted.sort_unstable();
-            e.next = start % e.nodes.len();
+            e.set_route(r.nodes, start);
             e.version = r.version;
-            let Entry { held, sorted, .. } = e;
-            held.retain(|(a, _)| sorted.binary_search(a).is_ok());
         }
         e.any_overloaded = r.any_overloaded;
         e.refreshed_at = Some(now_ms);
         e.refresh_now = false;
+        e.update();
         true
     }
 
     /// The agent knows no route for `module` (or the refresh failed): drop
-    /// the route, so that the next getHost asks again.
+    /// the route, so that the next getHost asks again. Held successes stay
+    /// until they are sent.
     pub fn forget(&mut self, module: ModuleId) {
-        if let Some(e) = self.modules.get_mut(&module) {
-            e.nodes.clear();
-            e.sorted.clear();
+        if let Some(i) = self.find(module) {
+            let e = &mut self.entries[i];
             e.version = 0;
             e.refreshed_at = None;
             e.any_overloaded = false;
+            e.update();
+        }
+    }
+
+    /// The cached path of a success report: counts it, held, and returns
+    /// true when `module` holds successes at `now_ms` and this node is of
+    /// its route and already held (no batch is due); false: ask
+    /// [`RouteCache::report`], which decides in every case.
+    #[inline(always)]
+    pub fn hold(&mut self, module: ModuleId, host: NodeAddr, now_ms: u64) -> bool {
+        let Some(i) = self.find(module) else {
+            return false;
+        };
+        let e = &mut self.entries[i];
+        if !e.holds || now_ms >= e.hold_until {
+            return false;
+        }
+        let Some(p) = e.position(host) else {
+            return false;
+        };
+        match e.counts.get_mut(p) {
+            Some(n) if *n != 0 && *n != u32::MAX => {
+                *n += 1;
+                true
+            }
+            _ => false,
         }
     }
 
@@ -226,35 +423,31 @@ impl RouteCache {
         now_ms: u64,
         out: &mut Vec<(NodeAddr, u32)>,
     ) -> bool {
-        let Some(e) = self.modules.get_mut(&module) else {
+        let Some(i) = self.find(module) else {
             return true;
         };
+        let e = &mut self.entries[i];
         if retcode != 0 {
-            out.append(&mut e.held);
+            e.take_held(out);
             e.refresh_now = true;
+            e.update();
             return true;
         }
-        if !e.cached() || e.any_overloaded {
-            out.append(&mut e.held);
+        if !e.holds {
+            e.take_held(out);
             return true;
         }
-        if !e.in_route(host) {
+        let Some(p) = e.position(host) else {
             return false;
-        }
-        let slot = e.held.iter().position(|(a, _)| *a == host);
-        let full = slot.is_none() && e.held.len() >= MAX_HELD_NODES;
-        let old = !e.held.is_empty() && now_ms.saturating_sub(e.held_since) >= HOLD_LIMIT_MS;
-        let overflow = slot.is_some_and(|i| e.held[i].1 == u32::MAX);
+        };
+        let count = e.counts[p];
+        let full = count == 0 && e.held.len() >= MAX_HELD_NODES;
+        let old = now_ms >= e.hold_until;
+        let overflow = count == u32::MAX;
         if full || old || overflow {
-            out.append(&mut e.held);
+            e.take_held(out);
         }
-        if e.held.is_empty() {
-            e.held_since = now_ms;
-        }
-        match e.held.iter_mut().find(|(a, _)| *a == host) {
-            Some((_, n)) => *n += 1,
-            None => e.held.push((host, 1)),
-        }
+        e.add_held(p, 1, now_ms);
         false
     }
 
@@ -263,23 +456,25 @@ impl RouteCache {
     /// whether to pass getHosts through it). Issue 12, collaborative
     /// admission: the agent reads a module with levels as overloaded.
     pub fn refresh_soon(&mut self, module: ModuleId) {
-        if let Some(e) = self.modules.get_mut(&module) {
+        if let Some(i) = self.find(module) {
+            let e = &mut self.entries[i];
             e.refresh_now = true;
+            e.update();
         }
     }
 
     /// Moves `module`'s held successes into `out` (before a refresh).
     pub fn take_held(&mut self, module: ModuleId, out: &mut Vec<(NodeAddr, u32)>) {
-        if let Some(e) = self.modules.get_mut(&module) {
-            out.append(&mut e.held);
+        if let Some(i) = self.find(module) {
+            self.entries[i].take_held(out);
         }
     }
 
     /// The modules that hold successes, for a flush of everything.
     pub fn modules_holding(&self) -> Vec<ModuleId> {
-        self.modules
+        self.index
             .iter()
-            .filter(|(_, e)| !e.held.is_empty())
+            .filter(|(_, &i)| !self.entries[i as usize].held.is_empty())
             .map(|(m, _)| *m)
             .collect()
     }

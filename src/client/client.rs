@@ -6,11 +6,11 @@
 use std::time::{Duration, Instant};
 
 use super::cache::{Pick, Refreshed, RouteCache};
+use super::clock::Clock;
 use super::link::{Failure, Link};
 use super::locate::{Endpoints, Liveness, Locator};
 use super::statics::StaticRoutes;
 use super::{ClientError, ClientOptions, Host, HostSource, Priority, RouteView};
-use crate::agent::clock;
 use crate::agent::heartbeat::AgentInfo;
 use crate::model::{ModuleId, NodeAddr, RouteNode};
 use crate::wire::{
@@ -34,8 +34,14 @@ pub struct Client {
     suspect_generation: u64,
     /// The beat seen by the last successful [`Client::locate`].
     beat: u64,
+    /// The beat at which a shard was last marked in `suspect` (None since
+    /// the table was reset): while it is the current beat, getHost takes
+    /// the path that looks at `suspect`.
+    suspect_marked: Option<u64>,
     /// Held successes on their way out (scratch).
     batch: Vec<(NodeAddr, u32)>,
+    /// Coarse monotonic milliseconds, read once per call.
+    clock: Clock,
 }
 
 impl std::fmt::Debug for Client {
@@ -82,6 +88,11 @@ impl Client {
     /// [`ClientError::BadRequest`] when an option is invalid
     /// ([`ClientOptions::validate`]).
     pub fn with_options(opts: ClientOptions) -> Result<Client, ClientError> {
+        Self::with_clock(opts, Clock::real())
+    }
+
+    /// [`Client::with_options`] on `clock` (tests drive time).
+    pub(crate) fn with_clock(opts: ClientOptions, clock: Clock) -> Result<Client, ClientError> {
         opts.validate()?;
         let max_age_ms = u64::try_from(opts.max_heartbeat_age.as_millis()).unwrap_or(u64::MAX);
         Ok(Client {
@@ -96,7 +107,9 @@ impl Client {
             suspect: Vec::new(),
             suspect_generation: 0,
             beat: 0,
+            suspect_marked: None,
             batch: Vec::new(),
+            clock,
             opts,
         })
     }
@@ -143,14 +156,16 @@ impl Client {
     /// is down and static fallback is off; [`ClientError::Timeout`];
     /// [`ClientError::BadResponse`]; [`ClientError::BadRequest`] for a
     /// timeout under 1 ms or a request the agent refused.
+    #[inline(always)]
     pub fn get_host(
         &mut self,
         modid: u32,
         cmdid: u32,
         timeout: Duration,
     ) -> Result<Host, ClientError> {
+        // The options' priorities were checked when they were set.
         let prio = Priority::new(self.opts.business_priority, self.opts.user_priority);
-        self.get_host_with(modid, cmdid, prio, timeout)
+        self.get_host_checked(ModuleId::new(modid, cmdid), prio, timeout)
     }
 
     /// [`Client::get_host`] for a call of DAGOR priorities `prio` (instead
@@ -162,6 +177,7 @@ impl Client {
     /// # Errors
     /// As [`Client::get_host`]; [`ClientError::BadRequest`] for a priority
     /// above 128.
+    #[inline]
     pub fn get_host_with(
         &mut self,
         modid: u32,
@@ -169,11 +185,48 @@ impl Client {
         prio: Priority,
         timeout: Duration,
     ) -> Result<Host, ClientError> {
-        let module = ModuleId::new(modid, cmdid);
         check_timeout(timeout)?;
         prio.validate()?;
+        self.get_host_checked(ModuleId::new(modid, cmdid), prio, timeout)
+    }
+
+    /// A getHost whose priorities are valid. The cached path is inlined
+    /// into the caller (a few dozen instructions); everything else is
+    /// [`Client::get_host_slow`].
+    #[inline(always)]
+    fn get_host_checked(
+        &mut self,
+        module: ModuleId,
+        prio: Priority,
+        timeout: Duration,
+    ) -> Result<Host, ClientError> {
+        check_timeout(timeout)?;
+        let now = self.clock.now_ms();
+        // The cached path: memory only, the one clock read above.
+        if let Some(cache) = &mut self.cache {
+            if self.locator.fresh(now) && self.suspect_marked != Some(self.beat) {
+                if let Some(addr) = cache.pick_cached(module, now) {
+                    return Ok(Host {
+                        addr,
+                        source: HostSource::Cache,
+                    });
+                }
+            }
+        }
+        self.get_host_slow(module, prio, timeout, now)
+    }
+
+    /// Every getHost the cached path did not answer.
+    #[inline(never)]
+    fn get_host_slow(
+        &mut self,
+        module: ModuleId,
+        prio: Priority,
+        timeout: Duration,
+        now: u64,
+    ) -> Result<Host, ClientError> {
         let started = Instant::now();
-        let endpoints = match self.locate() {
+        let endpoints = match self.locate_at(now) {
             Ok(e) => e,
             Err(why) => return self.static_host(module, why),
         };
@@ -188,7 +241,7 @@ impl Client {
         }
         let deadline = started + timeout;
         if self.cache.is_some() {
-            return self.cached_get_host(module, prio, started, deadline);
+            return self.cached_get_host(module, prio, started, deadline, now);
         }
         self.agent_get_host(module, prio, started, deadline)
     }
@@ -202,6 +255,7 @@ impl Client {
     ///
     /// # Errors
     /// [`ClientError::BadRequest`] when `host` has port 0 (no node has).
+    #[inline(always)]
     pub fn report(
         &mut self,
         modid: u32,
@@ -223,6 +277,7 @@ impl Client {
     /// # Errors
     /// As [`Client::report`]; [`ClientError::BadRequest`] for a level
     /// outside 1..=128.
+    #[inline(always)]
     pub fn report_with_level(
         &mut self,
         modid: u32,
@@ -234,19 +289,39 @@ impl Client {
     ) -> Result<(), ClientError> {
         if let Some(l) = downstream_level {
             if !(1..=128).contains(&l.business) || !(1..=128).contains(&l.user) {
-                return Err(ClientError::BadRequest(format!(
-                    "downstream level ({}, {}) is out of range: each part is 1..=128",
-                    l.business, l.user
-                )));
+                return Err(bad_level(l));
             }
         }
         let module = ModuleId::new(modid, cmdid);
         if host.port == 0 {
-            return Err(ClientError::BadRequest(format!(
-                "cannot report a call to {host}: port 0 names no node (report the host getHost returned)"
-            )));
+            return Err(bad_host(host));
         }
-        let Ok(endpoints) = self.locate() else {
+        let now = self.clock.now_ms();
+        // The cached path: a success counted, memory only.
+        if let Some(cache) = &mut self.cache {
+            if retcode == 0
+                && downstream_level.is_none()
+                && self.locator.fresh(now)
+                && cache.hold(module, host, now)
+            {
+                return Ok(());
+            }
+        }
+        self.report_slow(module, host, retcode, tcost_ms, downstream_level, now)
+    }
+
+    /// Every report the cached path did not hold.
+    #[inline(never)]
+    fn report_slow(
+        &mut self,
+        module: ModuleId,
+        host: NodeAddr,
+        retcode: i32,
+        tcost_ms: u32,
+        downstream_level: Option<AdmissionLevel>,
+        now: u64,
+    ) -> Result<(), ClientError> {
+        let Ok(endpoints) = self.locate_at(now) else {
             if let Some(cache) = &mut self.cache {
                 // Successes of an agent that is gone are dropped with it.
                 cache.take_held(module, &mut self.batch);
@@ -262,8 +337,7 @@ impl Client {
                 cache.refresh_soon(module);
                 self.send_batch(module, shard);
             } else {
-                let now_send =
-                    cache.report(module, host, retcode, clock::now_ms(), &mut self.batch);
+                let now_send = cache.report(module, host, retcode, now, &mut self.batch);
                 self.send_batch(module, shard);
                 if !now_send {
                     return Ok(());
@@ -513,7 +587,19 @@ impl Client {
     /// Checks the heartbeat; when the agent is alive, points the link at it
     /// and returns its endpoints, else the reason it is down.
     fn locate(&mut self) -> Result<Endpoints, String> {
-        match self.locator.check(clock::unix_ms()) {
+        let now = self.clock.now_ms();
+        self.locate_at(now)
+    }
+
+    /// [`Client::locate`] at `now` (the client's monotonic clock): without
+    /// looking at Unix time when the heartbeat did not change.
+    fn locate_at(&mut self, now: u64) -> Result<Endpoints, String> {
+        if self.locator.fresh(now) {
+            if let Some(e) = self.locator.endpoints() {
+                return Ok(e);
+            }
+        }
+        match self.locator.check(self.clock.unix_ms(), now) {
             Liveness::Alive { beat } => {
                 let endpoints = self
                     .locator
@@ -533,6 +619,7 @@ impl Client {
         if self.suspect_generation != generation || self.suspect.len() != endpoints.shards as usize
         {
             self.suspect_generation = generation;
+            self.suspect_marked = None;
             self.suspect.clear();
             self.suspect.resize(endpoints.shards as usize, None);
         }
@@ -596,9 +683,7 @@ impl Client {
             if attempt == 1 && !remaining.is_zero() && self.follow() {
                 continue;
             }
-            if let Some(s) = self.suspect.get_mut(shard as usize) {
-                *s = Some(self.beat);
-            }
+            self.mark_suspect(shard);
             return Err(Trouble::Unreachable { why, timed_out });
         }
     }
@@ -713,11 +798,11 @@ impl Client {
         prio: Priority,
         started: Instant,
         deadline: Instant,
+        now: u64,
     ) -> Result<Host, ClientError> {
         let Some(cache) = &mut self.cache else {
             return self.agent_get_host(module, prio, started, deadline);
         };
-        let now = clock::now_ms();
         let known_version = match cache.pick(module, now) {
             Pick::Host(addr) => {
                 return Ok(Host {
@@ -820,9 +905,15 @@ impl Client {
     /// the shard as not answering.
     fn note_send(&mut self, shard: u32, sent: Result<(), Failure>) {
         if let Err(Failure::Refused) = sent {
-            if let Some(s) = self.suspect.get_mut(shard as usize) {
-                *s = Some(self.beat);
-            }
+            self.mark_suspect(shard);
+        }
+    }
+
+    /// `shard` did not answer at the current beat.
+    fn mark_suspect(&mut self, shard: u32) {
+        if let Some(s) = self.suspect.get_mut(shard as usize) {
+            *s = Some(self.beat);
+            self.suspect_marked = Some(self.beat);
         }
     }
 }
@@ -928,13 +1019,39 @@ fn retcode_reply<T>(module: ModuleId, rc: RetCode, message: &str) -> Reply<T> {
 }
 
 /// A timeout under 1 ms cannot be waited for.
+#[inline(always)]
 fn check_timeout(timeout: Duration) -> Result<(), ClientError> {
     if timeout < Duration::from_millis(1) {
-        return Err(ClientError::BadRequest(format!(
-            "timeout {timeout:?} is under 1 ms: give the agent time to answer (e.g. 100 ms)"
-        )));
+        return Err(bad_timeout(timeout));
     }
     Ok(())
+}
+
+// The errors of the inlined paths, out of line.
+
+#[cold]
+#[inline(never)]
+fn bad_timeout(timeout: Duration) -> ClientError {
+    ClientError::BadRequest(format!(
+        "timeout {timeout:?} is under 1 ms: give the agent time to answer (e.g. 100 ms)"
+    ))
+}
+
+#[cold]
+#[inline(never)]
+fn bad_level(l: AdmissionLevel) -> ClientError {
+    ClientError::BadRequest(format!(
+        "downstream level ({}, {}) is out of range: each part is 1..=128",
+        l.business, l.user
+    ))
+}
+
+#[cold]
+#[inline(never)]
+fn bad_host(host: NodeAddr) -> ClientError {
+    ClientError::BadRequest(format!(
+        "cannot report a call to {host}: port 0 names no node (report the host getHost returned)"
+    ))
 }
 
 #[cfg(test)]

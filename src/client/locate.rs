@@ -3,11 +3,19 @@
 //! where its static route file is.
 //!
 //! Owns the client's [`HeartbeatReader`] and what it last read. Before every
-//! request [`Locator::check`] loads the beat (a few atomic loads) and
-//! compares it with the clock; the whole header is re-read only when the
-//! beat moved (once a second while the agent runs), when the file was
-//! replaced, or when a request failed ([`Locator::reread`]). It must not
-//! touch sockets or the static route file.
+//! request the client asks [`Locator::fresh`]: one atomic load of the
+//! header's sequence word and one comparison with the client's coarse
+//! monotonic clock. While the sequence has not moved since the last full
+//! check, the beat is the one seen then, and its age is that age plus the
+//! monotonic time since, so "alive" holds until a precomputed instant
+//! (`alive_until`, at most [`DEFAULT_MAX_AGE_MS`] after the beat). When the
+//! sequence moved (every beat: once a second) or that instant passed,
+//! [`Locator::check`] loads the beat and compares it with Unix time, as
+//! before; the whole header is re-read only when the beat moved, when the
+//! file was replaced, or when a request failed ([`Locator::reread`]). It
+//! must not touch sockets or the static route file.
+//!
+//! [`DEFAULT_MAX_AGE_MS`]: crate::agent::heartbeat::DEFAULT_MAX_AGE_MS
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::os::unix::fs::MetadataExt;
@@ -108,10 +116,25 @@ pub(crate) struct Locator {
     endpoints: Result<Endpoints, String>,
     /// The beat at which the header was last read.
     header_beat: u64,
+    /// [`HeartbeatReader::header_stamp`] when the header was last read: at
+    /// a new beat the header is read again only when it changed.
+    stamp: Option<u64>,
     /// Bumped whenever `endpoints` changes (sockets must be rebuilt).
     generation: u64,
     /// The static route file while no header names one.
     default_snapshot: PathBuf,
+    /// What [`Locator::fresh`] compares with: set by a [`Locator::check`]
+    /// that found the agent alive, cleared by anything else.
+    fast: Option<Fast>,
+}
+
+/// The last full check that found the agent alive.
+#[derive(Clone, Copy, Debug)]
+struct Fast {
+    /// The header's sequence word then (even).
+    seq: u64,
+    /// The monotonic millisecond until which that beat is young enough.
+    alive_until: u64,
 }
 
 impl Locator {
@@ -125,15 +148,50 @@ impl Locator {
             info: None,
             endpoints: Err("no heartbeat read yet".into()),
             header_beat: 0,
+            stamp: None,
             generation: 0,
             default_snapshot,
+            fast: None,
+        }
+    }
+
+    /// True when the agent is alive at `now_mono_ms` (the client's
+    /// monotonic clock) by the last [`Locator::check`], and the heartbeat
+    /// has not been written since: the endpoints are those of that check.
+    /// One atomic load. False means "ask [`Locator::check`]", not "down".
+    #[inline(always)]
+    pub fn fresh(&self, now_mono_ms: u64) -> bool {
+        match (&self.fast, &self.reader) {
+            (Some(f), Some((r, _))) => now_mono_ms <= f.alive_until && r.sequence() == f.seq,
+            _ => false,
         }
     }
 
     /// Whether the agent is alive at `now_unix_ms`. Opens the file when it
     /// is not open yet (or was replaced), and re-reads the header when the
-    /// beat moved since it was last read.
-    pub fn check(&mut self, now_unix_ms: u64) -> Liveness {
+    /// beat moved since it was last read. `now_mono_ms` (the client's
+    /// monotonic clock, read at the same moment) dates the answer for
+    /// [`Locator::fresh`].
+    pub fn check(&mut self, now_unix_ms: u64, now_mono_ms: u64) -> Liveness {
+        self.fast = None;
+        let live = self.check_slow(now_unix_ms);
+        if let (Liveness::Alive { beat }, Some((r, _))) = (&live, &self.reader) {
+            // The sequence is loaded after the beat: if the agent beat in
+            // between, the next `fresh` sees another value and checks again.
+            let seq = r.sequence();
+            if seq & 1 == 0 {
+                let until = i128::from(now_mono_ms) + i128::from(self.max_age_ms)
+                    - (i128::from(now_unix_ms) - i128::from(*beat));
+                self.fast = Some(Fast {
+                    seq,
+                    alive_until: until.clamp(0, i128::from(u64::MAX)) as u64,
+                });
+            }
+        }
+        live
+    }
+
+    fn check_slow(&mut self, now_unix_ms: u64) -> Liveness {
         if self.reader.is_none() {
             if let Err(why) = self.open() {
                 return Liveness::Down(why);
@@ -165,10 +223,17 @@ impl Locator {
         self.alive(beat)
     }
 
-    /// The agent beat at `beat`: re-reads the header if the beat moved.
+    /// The agent beat at `beat`: re-reads the header if the beat moved and
+    /// the header's stamp changed (a new agent in place).
     fn alive(&mut self, beat: u64) -> Liveness {
         if beat != self.header_beat {
-            self.read_header();
+            let stamp = self
+                .reader
+                .as_ref()
+                .and_then(|(r, _)| r.header_stamp().ok());
+            if stamp.is_none() || stamp != self.stamp {
+                self.read_header();
+            }
             self.header_beat = beat;
         }
         match &self.endpoints {
@@ -180,6 +245,7 @@ impl Locator {
     /// Re-reads the header now (after a failed request: the agent may have
     /// restarted on other ports). True when the endpoints changed.
     pub fn reread(&mut self) -> bool {
+        self.fast = None;
         let before = self.generation;
         if self.replaced() {
             self.reader = None;
@@ -237,6 +303,7 @@ impl Locator {
         let Some((reader, _)) = &self.reader else {
             return;
         };
+        self.stamp = reader.header_stamp().ok();
         let endpoints = match reader.read() {
             Ok(hb) => {
                 let e = Endpoints::from_info(&hb.info);
@@ -317,7 +384,7 @@ mod tests {
     fn a_missing_file_is_down_and_the_default_snapshot_is_used() {
         let dir = tempfile::tempdir().unwrap();
         let mut l = Locator::new(dir.path().join("hb"), 2000, "/default".into());
-        match l.check(10_000) {
+        match l.check(10_000, 10_000) {
             Liveness::Down(why) => assert!(why.contains("does not exist"), "{why}"),
             other => panic!("{other:?}"),
         }
@@ -330,23 +397,27 @@ mod tests {
         let path = dir.path().join("hb");
         let w = HeartbeatWriter::create(&path, &info(2, 9000, "/snap")).unwrap();
         let mut l = Locator::new(path.clone(), 2000, "/default".into());
-        assert!(matches!(l.check(10_000), Liveness::Down(ref w) if w.contains("not been beaten")));
+        assert!(
+            matches!(l.check(10_000, 10_000), Liveness::Down(ref w) if w.contains("not been beaten"))
+        );
         assert_eq!(
             l.snapshot_path(),
             Path::new("/snap"),
             "a stale header still names the file"
         );
         w.beat(10_000);
-        assert_eq!(l.check(11_000), Liveness::Alive { beat: 10_000 });
+        assert_eq!(l.check(11_000, 11_000), Liveness::Alive { beat: 10_000 });
         assert_eq!(l.endpoints().unwrap().base_port, 9000);
         let g = l.generation();
-        assert!(matches!(l.check(12_001), Liveness::Down(ref w) if w.contains("2001 ms ago")));
+        assert!(
+            matches!(l.check(12_001, 12_001), Liveness::Down(ref w) if w.contains("2001 ms ago"))
+        );
         // The agent restarts in place on other ports and beats again (the
         // old one gone: it held the file's lock).
         drop(w);
         let w2 = HeartbeatWriter::create(&path, &info(3, 9100, "/snap2")).unwrap();
         w2.beat(13_000);
-        assert_eq!(l.check(13_100), Liveness::Alive { beat: 13_000 });
+        assert_eq!(l.check(13_100, 13_100), Liveness::Alive { beat: 13_000 });
         assert_eq!(l.endpoints().unwrap().shards, 3);
         assert!(l.generation() > g);
         assert_eq!(l.snapshot_path(), Path::new("/snap2"));
@@ -359,12 +430,12 @@ mod tests {
         let w = HeartbeatWriter::create(&path, &info(1, 9000, "/a")).unwrap();
         w.beat(1_000);
         let mut l = Locator::new(path.clone(), 2000, "/default".into());
-        assert_eq!(l.check(1_500), Liveness::Alive { beat: 1_000 });
+        assert_eq!(l.check(1_500, 1_500), Liveness::Alive { beat: 1_000 });
         drop(w);
         std::fs::remove_file(&path).unwrap();
         let w = HeartbeatWriter::create(&path, &info(1, 9200, "/b")).unwrap();
         w.beat(5_000);
-        assert_eq!(l.check(5_100), Liveness::Alive { beat: 5_000 });
+        assert_eq!(l.check(5_100, 5_100), Liveness::Alive { beat: 5_000 });
         assert_eq!(l.endpoints().unwrap().base_port, 9200);
     }
 
@@ -375,6 +446,60 @@ mod tests {
         let w = HeartbeatWriter::create(&path, &info(0, 9000, "/a")).unwrap();
         w.beat(1_000);
         let mut l = Locator::new(path, 2000, "/default".into());
-        assert!(matches!(l.check(1_000), Liveness::Down(ref w) if w.contains("0 shards")));
+        assert!(matches!(l.check(1_000, 1_000), Liveness::Down(ref w) if w.contains("0 shards")));
+    }
+
+    #[test]
+    fn fresh_holds_until_the_beat_is_too_old_on_the_monotonic_clock_and_stops_at_a_new_beat() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("hb");
+        let w = HeartbeatWriter::create(&path, &info(1, 9000, "/a")).unwrap();
+        let mut l = Locator::new(path, 2000, "/default".into());
+        assert!(!l.fresh(0), "nothing checked yet");
+        w.beat(10_000);
+        // Unix 10_500 (the beat is 500 ms old) is monotonic 700_000 here.
+        assert_eq!(l.check(10_500, 700_000), Liveness::Alive { beat: 10_000 });
+        assert!(l.fresh(700_000));
+        assert!(l.fresh(701_500), "1500 ms later the beat is 2000 ms old");
+        assert!(!l.fresh(701_501), "2001 ms old: ask check");
+        assert!(matches!(l.check(12_001, 701_501), Liveness::Down(_)));
+        assert!(!l.fresh(701_501), "down is never fresh");
+        // A beat from the future (the clocks disagree by 1 s) ages from there.
+        w.beat(13_000);
+        assert_eq!(l.check(12_000, 800_000), Liveness::Alive { beat: 13_000 });
+        assert!(l.fresh(803_000) && !l.fresh(803_001));
+        // Any write of the agent (a beat) makes it look again.
+        w.beat(13_000);
+        assert!(!l.fresh(800_001));
+        assert_eq!(l.check(12_001, 800_001), Liveness::Alive { beat: 13_000 });
+        assert!(l.fresh(800_002));
+        // A request failed: re-read, and check again before trusting it.
+        l.reread();
+        assert!(!l.fresh(800_002));
+    }
+
+    #[test]
+    fn the_header_stamp_ignores_beats_and_sees_every_other_field() {
+        use crate::agent::heartbeat::HeartbeatReader;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("hb");
+        let w = HeartbeatWriter::create(&path, &info(1, 9000, "/a")).unwrap();
+        let r = HeartbeatReader::open(&path).unwrap();
+        let s0 = r.header_stamp().unwrap();
+        w.beat(5_000);
+        assert_eq!(r.header_stamp().unwrap(), s0);
+        drop(w);
+        let mut seen = vec![s0];
+        for i in [
+            info(1, 9000, "/b"),
+            info(2, 9000, "/a"),
+            info(1, 9001, "/a"),
+        ] {
+            let w = HeartbeatWriter::create(&path, &i).unwrap();
+            let s = r.header_stamp().unwrap();
+            assert!(!seen.contains(&s), "{i:?}");
+            seen.push(s);
+            drop(w);
+        }
     }
 }

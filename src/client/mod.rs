@@ -64,6 +64,7 @@
 //! # Layout
 //!
 //! - [`error`]: the one error type, [`ClientError`].
+//! - `clock`: coarse monotonic milliseconds, one read per call.
 //! - `locate`: the heartbeat as the client reads it.
 //! - `link`: the UDP sockets, sequence numbers, re-sends.
 //! - `statics`: the static route file, re-read only when it changed.
@@ -74,11 +75,14 @@
 pub mod cache;
 #[allow(clippy::module_inception)]
 mod client;
+mod clock;
 pub mod error;
 mod link;
 mod locate;
 mod priority;
 mod statics;
+#[cfg(test)]
+mod timed_tests;
 pub mod tools;
 
 use std::path::PathBuf;

@@ -31,14 +31,21 @@ impl Priority {
     ///
     /// # Errors
     /// [`ClientError::BadRequest`] naming the value out of range.
+    #[inline]
     pub fn validate(&self) -> Result<(), ClientError> {
         if self.business > 128 || self.user > 128 {
-            return Err(ClientError::BadRequest(format!(
-                "priorities ({}, {}) are out of range: each is 0 (unset) or 1..=128",
-                self.business, self.user
-            )));
+            return Err(self.out_of_range());
         }
         Ok(())
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn out_of_range(&self) -> ClientError {
+        ClientError::BadRequest(format!(
+            "priorities ({}, {}) are out of range: each is 0 (unset) or 1..=128",
+            self.business, self.user
+        ))
     }
 }
 

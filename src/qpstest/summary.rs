@@ -368,7 +368,12 @@ impl fmt::Display for Summary {
         match &self.latency_us {
             Some(l) => writeln!(
                 f,
-                "latency (µs, getHosts answered): p50 {:.1}  p90 {:.1}  p99 {:.1}  p99.9 {:.1}  max {:.1}  mean {:.1}",
+                "latency (µs, getHosts answered{}): p50 {:.1}  p90 {:.1}  p99 {:.1}  p99.9 {:.1}  max {:.1}  mean {:.1}",
+                if i.cache {
+                    ", one in 64 timed"
+                } else {
+                    ""
+                },
                 l.p50, l.p90, l.p99, l.p999, l.max, l.mean
             )?,
             None => writeln!(f, "latency: no getHost was answered")?,
