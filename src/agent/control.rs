@@ -144,9 +144,10 @@ pub async fn run(parts: ControlParts) {
         stopped(),
         route_status.clone(),
     ));
-    // Subscribe to every module the snapshot knows.
+    // Subscribe to every module the snapshot knows, at the version held:
+    // those still current are confirmed without their nodes.
     for r in &routes {
-        let _ = wants_tx.try_send(Want::Pull(r.module));
+        let _ = wants_tx.try_send(Want::PullKnown(r.module, r.version));
     }
 
     // The statistics client, fed by the shards' statistics.

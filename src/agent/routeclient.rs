@@ -69,10 +69,11 @@ use glommio::channels::local_channel::{LocalReceiver, LocalSender};
 use glommio::net::TcpStream;
 
 use super::conn::{self, backoff_delay, race, Either, Woken};
+use super::timers::Timers;
 use crate::model::{ModuleId, RouteNode};
 use crate::wire::{
     decode, write_frame, DecodeError, Encoder, FrameDecoder, FrameError, Limits, Message, RetCode,
-    MAX_PULL_MODULES,
+    ValidationError, MAX_PULL_MODULES,
 };
 
 // === config ===
@@ -100,6 +101,13 @@ pub struct RouteClientConfig {
     /// The most modules one PullReq names (default 1024; at most
     /// [`MAX_PULL_MODULES`]).
     pub max_modules_per_pull: usize,
+    /// How often each module followed is pulled again, carrying the
+    /// version held, as a safety net under the pushes (default 15000, the
+    /// seed's update_timeout; 0: never). Each module's next re-pull is due
+    /// this long after its last answer, jittered down by up to a quarter
+    /// and rounded up to [`REFRESH_TICK_MS`], so that modules answered
+    /// together drift apart and every tick's due modules share PullReqs.
+    pub refresh_ms: u64,
     /// Seed of the back-off jitter. [`RouteClientConfig::new`] draws it at
     /// random so that a fleet's agents do not reconnect in step; tests fix it.
     pub jitter_seed: u64,
@@ -116,6 +124,7 @@ impl RouteClientConfig {
             backoff_initial_ms: 100,
             backoff_max_ms: 5000,
             max_modules_per_pull: 1024,
+            refresh_ms: 15_000,
             jitter_seed: fastrand::u64(..),
         }
     }
@@ -268,8 +277,12 @@ pub enum RouteClientError {
     /// A frame is not a valid message.
     #[error("undecodable message from the route server: {0}")]
     Decode(#[from] DecodeError),
+    /// A message whose fields break the protocol's rules (a RouteUnchanged
+    /// whose versions are not one per module).
+    #[error("invalid message from the route server: {0}")]
+    Invalid(#[from] ValidationError),
     /// A valid message that a route server never sends to an agent.
-    #[error("unexpected {0} from the route server: only RouteAnswer, RoutePush, KeepAliveAck and ErrorResp belong on this connection")]
+    #[error("unexpected {0} from the route server: only RouteAnswer, RouteUnchanged, RoutePush, KeepAliveAck and ErrorResp belong on this connection")]
     Unexpected(&'static str),
     /// Nothing arrived for `idle_timeout_ms` while answers were due.
     #[error("route server silent for {0} ms while answers were due")]
@@ -294,8 +307,14 @@ pub struct RouteClientStats {
     pub pull_reqs: u64,
     /// Modules named in PullReqs sent (re-issues included).
     pub modules_pulled: u64,
+    /// Modules pulled again by the refresh timer ([`RouteClientConfig::refresh_ms`]).
+    pub refreshes: u64,
     /// RouteAnswers accepted.
     pub answers: u64,
+    /// Nodes received in accepted RouteAnswers and RoutePushes.
+    pub nodes_received: u64,
+    /// Modules a RouteUnchanged confirmed at the version held (no nodes sent).
+    pub unchanged: u64,
     /// RouteAnswers dropped (no pull of that module and sequence in
     /// flight), and RoutePushes of modules no longer followed.
     pub stale_answers: u64,
@@ -325,6 +344,24 @@ pub enum Wake {
 }
 
 // === the core ===
+
+/// The granularity of re-pull deadlines, ms: a low-precision timer (seed
+/// 003), so that the modules due within one tick leave in one PullReq.
+pub const REFRESH_TICK_MS: u64 = 250;
+
+/// No re-pull scheduled.
+const NO_REFRESH: u64 = u64::MAX;
+
+/// What the client knows of a module it follows: the newest version it
+/// delivered (or was told the caller holds), and its re-pull deadline.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Held {
+    version: u64,
+    /// When the module is pulled again ([`NO_REFRESH`]: not scheduled,
+    /// e.g. while a pull is queued or in flight). A [`Timers`] entry whose
+    /// deadline is not this one is stale.
+    refresh_at: u64,
+}
 
 /// Where one wanted module stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -366,6 +403,10 @@ pub struct RouteClientCore {
     /// Modules answered: the server subscribed us to them, and a new
     /// connection must subscribe again.
     subscribed: BTreeSet<ModuleId>,
+    /// The version held of every module followed with one, and its re-pull.
+    held: HashMap<ModuleId, Held>,
+    /// Re-pull deadlines (lazy deletion: see [`Held::refresh_at`]).
+    refresh: Timers<ModuleId>,
     /// Modules forgotten while the server held (or was about to hold) a
     /// subscription on this connection: sent in the next Unsubscribe.
     unsubscribe: Vec<ModuleId>,
@@ -377,6 +418,8 @@ pub struct RouteClientCore {
     waiting_since: Option<u64>,
     encoder: Encoder,
     scratch: Vec<ModuleId>,
+    /// The versions held of `scratch`'s modules, one each (0: none).
+    scratch_versions: Vec<u64>,
     stats: RouteClientStats,
 }
 
@@ -397,6 +440,8 @@ impl RouteClientCore {
             queue: VecDeque::new(),
             batches: BTreeMap::new(),
             subscribed: BTreeSet::new(),
+            held: HashMap::new(),
+            refresh: Timers::new(),
             unsubscribe: Vec::new(),
             next_seq: 1,
             next_keepalive_at: 0,
@@ -404,6 +449,7 @@ impl RouteClientCore {
             waiting_since: None,
             encoder: Encoder::new(),
             scratch: Vec::new(),
+            scratch_versions: Vec::new(),
             stats: RouteClientStats::default(),
         })
     }
@@ -418,7 +464,72 @@ impl RouteClientCore {
             Entry::Vacant(slot) => {
                 slot.insert(Pull::Wanted);
                 self.queue.push_back(module);
+                // The pull's answer schedules the next re-pull.
+                if let Some(h) = self.held.get_mut(&module) {
+                    h.refresh_at = NO_REFRESH;
+                }
                 true
+            }
+        }
+    }
+
+    /// As [`Self::want`], for a module whose route the caller already holds
+    /// at `version` (from the snapshot at start): the pull carries it, and a
+    /// route server that still has that version answers without nodes.
+    pub fn want_known(&mut self, module: ModuleId, version: u64) -> bool {
+        let held = self.held.entry(module).or_insert(Held {
+            version,
+            refresh_at: NO_REFRESH,
+        });
+        held.version = held.version.max(version);
+        self.want(module)
+    }
+
+    /// The version of `module` the client holds (0: none), as its pulls
+    /// carry it.
+    pub fn held_version(&self, module: ModuleId) -> u64 {
+        self.held.get(&module).map_or(0, |h| h.version)
+    }
+
+    /// When `module` is pulled again by the refresh timer, if scheduled.
+    pub fn refresh_due(&self, module: ModuleId) -> Option<u64> {
+        let at = self.held.get(&module)?.refresh_at;
+        (at != NO_REFRESH).then_some(at)
+    }
+
+    /// Records that the caller now holds `module` at `version` (an answer,
+    /// a push or a RouteUnchanged delivered) and, when the answer settled a
+    /// pull, schedules its next re-pull from `now`.
+    fn hold(&mut self, module: ModuleId, version: u64, now: u64, reschedule: bool) {
+        let held = self.held.entry(module).or_insert(Held {
+            version,
+            refresh_at: NO_REFRESH,
+        });
+        held.version = held.version.max(version);
+        if reschedule && self.config.refresh_ms > 0 && held.refresh_at == NO_REFRESH {
+            let every = self.config.refresh_ms;
+            let at = now
+                .saturating_add(every - self.rng.u64(0..=every / 4))
+                .div_ceil(REFRESH_TICK_MS)
+                .saturating_mul(REFRESH_TICK_MS);
+            held.refresh_at = at;
+            self.refresh.schedule(at, module);
+        }
+    }
+
+    /// Queues every module whose re-pull is due at `now` (stale timer
+    /// entries are dropped on the way).
+    fn queue_due_refreshes(&mut self, now: u64) {
+        while let Some((at, module)) = self.refresh.pop_due(now) {
+            let due = match self.held.get_mut(&module) {
+                Some(h) if h.refresh_at == at => {
+                    h.refresh_at = NO_REFRESH;
+                    true
+                }
+                _ => false,
+            };
+            if due && self.want(module) {
+                self.stats.refreshes += 1;
             }
         }
     }
@@ -430,6 +541,7 @@ impl RouteClientCore {
     /// goes with the next [`Self::poll_transmit`]. Pushes for it that
     /// still arrive are dropped. Returns whether the module was known.
     pub fn forget(&mut self, module: ModuleId) -> bool {
+        self.held.remove(&module);
         let subscribed = self.subscribed.remove(&module);
         let pull = self.pulls.remove(&module);
         let in_flight = matches!(pull, Some(Pull::InFlight { .. }));
@@ -503,6 +615,12 @@ impl RouteClientCore {
     /// before, is pulled on it.
     pub fn on_connected(&mut self, now: u64) {
         self.requeue_in_flight();
+        // Every module followed is pulled now (carrying its version), and
+        // its answer schedules its next re-pull: drop the old deadlines.
+        self.refresh = Timers::new();
+        for h in self.held.values_mut() {
+            h.refresh_at = NO_REFRESH;
+        }
         let subscribed = std::mem::take(&mut self.subscribed);
         for &module in &subscribed {
             self.want(module);
@@ -576,12 +694,12 @@ impl RouteClientCore {
             frames += 1;
         }
         self.unsubscribe.clear();
-        while self.fill_batch() {
+        self.queue_due_refreshes(now);
+        while self.fill_batch(self.next_seq) {
             let seq = self.take_seq();
-            for &module in &self.scratch {
-                self.pulls.insert(module, Pull::InFlight { seq });
-            }
-            let frame = self.encoder.pull_req(seq, &self.scratch);
+            let frame = self
+                .encoder
+                .pull_req_known(seq, &self.scratch, &self.scratch_versions);
             write_frame(out, frame).expect("a PullReq of at most MAX_PULL_MODULES modules fits");
             self.stats.pull_reqs += 1;
             self.stats.modules_pulled += self.scratch.len() as u64;
@@ -601,17 +719,22 @@ impl RouteClientCore {
         frames
     }
 
-    /// Moves up to one PullReq's worth of queued modules into `scratch`;
-    /// false when none is queued.
-    fn fill_batch(&mut self) -> bool {
+    /// Moves up to one PullReq's worth of queued modules into `scratch`,
+    /// each marked in flight in PullReq `seq`; false when none is queued.
+    fn fill_batch(&mut self, seq: u64) -> bool {
         self.scratch.clear();
+        self.scratch_versions.clear();
         while self.scratch.len() < self.config.max_modules_per_pull {
             let Some(module) = self.queue.pop_front() else {
                 break;
             };
-            // Skip entries forgotten or already re-queued (sent) since.
-            if self.pulls.get(&module) == Some(&Pull::Wanted) && !self.scratch.contains(&module) {
+            // Skip entries forgotten or already taken (sent, or in this
+            // batch) since they were queued.
+            if let Some(pull @ Pull::Wanted) = self.pulls.get_mut(&module) {
+                *pull = Pull::InFlight { seq };
                 self.scratch.push(module);
+                let version = self.held.get(&module).map_or(0, |h| h.version);
+                self.scratch_versions.push(version);
             }
         }
         !self.scratch.is_empty()
@@ -647,13 +770,16 @@ impl RouteClientCore {
                     None
                 } else {
                     self.answered(module, m.seq());
+                    self.hold(module, m.version(), now, true);
                     self.stats.answers += 1;
                     let nodes = m.nodes().unwrap_or_default().iter().map(RouteNode::from);
+                    let nodes: Vec<RouteNode> = nodes.collect();
+                    self.stats.nodes_received += nodes.len() as u64;
                     Some(RouteClientEvent::Route(RouteEvent {
                         module,
                         exists: m.exists(),
                         version: m.version(),
-                        nodes: nodes.collect(),
+                        nodes,
                         pushed: false,
                     }))
                 }
@@ -665,19 +791,40 @@ impl RouteClientCore {
             }
             Message::RoutePush(m) => {
                 let module = ModuleId::new(m.modid(), m.cmdid());
-                if let Some(&Pull::InFlight { seq }) = self.pulls.get(&module) {
+                let settles = match self.pulls.get(&module) {
+                    Some(&Pull::InFlight { seq }) => Some(seq),
+                    _ => None,
+                };
+                if let Some(seq) = settles {
                     // The push carries a route at least as new as the answer.
                     self.answered(module, seq);
                 }
+                self.hold(module, m.version(), now, settles.is_some());
                 self.stats.pushes += 1;
                 let nodes = m.nodes().unwrap_or_default().iter().map(RouteNode::from);
+                let nodes: Vec<RouteNode> = nodes.collect();
+                self.stats.nodes_received += nodes.len() as u64;
                 Some(RouteClientEvent::Route(RouteEvent {
                     module,
                     exists: m.exists(),
                     version: m.version(),
-                    nodes: nodes.collect(),
+                    nodes,
                     pushed: true,
                 }))
+            }
+            Message::RouteUnchanged(m) => {
+                let unchanged = m.validate()?;
+                let seq = unchanged.seq;
+                for (module, version) in unchanged.modules() {
+                    if self.pulls.get(&module) != Some(&Pull::InFlight { seq }) {
+                        self.stats.stale_answers += 1;
+                        continue;
+                    }
+                    self.answered(module, seq);
+                    self.hold(module, version, now, true);
+                    self.stats.unchanged += 1;
+                }
+                None
             }
             Message::KeepAliveAck(m) => {
                 if self.keepalive_due == Some(m.seq()) {
@@ -698,6 +845,11 @@ impl RouteClientCore {
                     .collect();
                 for module in &dropped {
                     self.pulls.remove(module);
+                    if self.subscribed.contains(module) {
+                        // A re-pull refused: try again at the next round.
+                        let version = self.held_version(*module);
+                        self.hold(*module, version, now, true);
+                    }
                 }
                 self.stats.server_errors += 1;
                 Some(RouteClientEvent::ServerError(ServerError {
@@ -738,6 +890,12 @@ impl RouteClientCore {
         self.keepalive_due.is_some() || !self.batches.is_empty()
     }
 
+    /// The earliest re-pull deadline held (it may be stale: waking for it
+    /// only drops it).
+    fn next_refresh(&self) -> u64 {
+        self.refresh.next_deadline().unwrap_or(NO_REFRESH)
+    }
+
     /// When the shell must call in again: the next connection attempt, the
     /// next KeepAlive, or the idle deadline, whichever is first; or
     /// [`Wake::Drop`] when the connection is dead.
@@ -751,9 +909,10 @@ impl RouteClientCore {
                 }
                 Some(since) => Wake::At(
                     self.next_keepalive_at
-                        .min(since.saturating_add(self.config.idle_timeout_ms)),
+                        .min(since.saturating_add(self.config.idle_timeout_ms))
+                        .min(self.next_refresh()),
                 ),
-                None => Wake::At(self.next_keepalive_at),
+                None => Wake::At(self.next_keepalive_at.min(self.next_refresh())),
             },
         }
     }
@@ -769,6 +928,9 @@ pub enum Want {
     Pull(ModuleId),
     /// Stop following it ([`RouteClientCore::forget`]).
     Forget(ModuleId),
+    /// Pull this module, whose route the caller holds at this version
+    /// ([`RouteClientCore::want_known`]).
+    PullKnown(ModuleId, u64),
 }
 
 impl From<ModuleId> for Want {
@@ -1022,6 +1184,9 @@ impl<W: Into<Want>> Shell<W> {
                 Want::Forget(module) => {
                     self.core.forget(module);
                 }
+                Want::PullKnown(module, version) => {
+                    self.core.want_known(module, version);
+                }
             },
             Woken::Input(None) => self.wants_open = false,
             Woken::Shutdown | Woken::Read(_) | Woken::Timer => {}
@@ -1067,6 +1232,7 @@ mod tests {
             backoff_initial_ms: 100,
             backoff_max_ms: 5000,
             max_modules_per_pull: 2,
+            refresh_ms: 0,
             jitter_seed: 7,
         }
     }
@@ -1091,6 +1257,8 @@ mod tests {
     struct Sent {
         pulls: Vec<(u64, Vec<ModuleId>)>,
         keepalives: Vec<u64>,
+        /// The versions each PullReq carried, one per module.
+        known: Vec<Vec<u64>>,
     }
 
     fn transmit(core: &mut RouteClientCore, now: u64) -> Sent {
@@ -1104,6 +1272,9 @@ mod tests {
                 Message::PullReq(m) => {
                     let p = m.validate().unwrap();
                     sent.pulls.push((p.seq, p.modules().collect()));
+                    assert!(p.carries_versions(), "every pull carries versions");
+                    sent.known
+                        .push(p.modules_known().map(|(_, v)| v.unwrap()).collect());
                 }
                 Message::KeepAlive(m) => sent.keepalives.push(m.seq()),
                 other => panic!("the client sent {}", other.name()),
@@ -1262,6 +1433,245 @@ mod tests {
         assert!(!core.is_pending(A));
         assert_eq!(core.poll_timeout(10), Wake::At(1000), "no idle deadline");
         assert!(core.on_frame(&answer(1, A, 1, &[]), 11).unwrap().is_none());
+    }
+
+    // --- versions and re-pulls ---
+
+    fn unchanged(seq: u64, modules: &[(ModuleId, u64)]) -> Vec<u8> {
+        let (m, v): (Vec<ModuleId>, Vec<u64>) = modules.iter().copied().unzip();
+        Encoder::new().route_unchanged(seq, &m, &v).to_vec()
+    }
+
+    fn refreshing(refresh_ms: u64) -> RouteClientConfig {
+        let mut c = config();
+        c.refresh_ms = refresh_ms;
+        c.keepalive_ms = 1_000_000;
+        c.idle_timeout_ms = 2_000_000;
+        c.max_modules_per_pull = 1024;
+        c
+    }
+
+    #[test]
+    fn a_pull_carries_the_version_held_and_zero_for_none() {
+        let mut core = connected(&config(), 0);
+        core.want(A);
+        transmit(&mut core, 0);
+        core.on_frame(&answer(1, A, 3, &[node(1)]), 1).unwrap();
+        assert_eq!(core.held_version(A), 3);
+        core.want(A);
+        core.want(B);
+        let sent = transmit(&mut core, 2);
+        assert_eq!(sent.pulls, vec![(2, vec![A, B])]);
+        assert_eq!(sent.known, vec![vec![3, 0]]);
+    }
+
+    #[test]
+    fn a_push_raises_the_version_a_later_pull_carries() {
+        let mut core = connected(&config(), 0);
+        core.want(A);
+        transmit(&mut core, 0);
+        core.on_frame(&answer(1, A, 3, &[node(1)]), 1).unwrap();
+        let push = Encoder::new().route_push(A, true, 9, &[node(2)]).to_vec();
+        core.on_frame(&push, 2).unwrap();
+        // An older push (reordered) does not lower it.
+        let old = Encoder::new().route_push(A, true, 4, &[node(2)]).to_vec();
+        core.on_frame(&old, 3).unwrap();
+        core.want(A);
+        assert_eq!(transmit(&mut core, 4).known, vec![vec![9]]);
+    }
+
+    #[test]
+    fn a_snapshot_route_is_pulled_with_its_version() {
+        let mut core = connected(&config(), 0);
+        assert!(core.want_known(A, 42));
+        assert!(!core.want_known(A, 43), "queued: not wanted again");
+        assert_eq!(transmit(&mut core, 0).known, vec![vec![43]]);
+    }
+
+    #[test]
+    fn an_unchanged_answer_settles_the_pull_with_no_event_and_no_nodes() {
+        let mut core = connected(&config(), 0);
+        core.want_known(A, 5);
+        core.want_known(B, 6);
+        transmit(&mut core, 0);
+        let got = core.on_frame(&unchanged(1, &[(A, 5), (B, 6)]), 1).unwrap();
+        assert!(got.is_none(), "the caller already holds these routes");
+        assert!(!core.is_pending(A) && !core.is_pending(B));
+        assert!(core.follows(A) && core.follows(B), "subscribed as any answer");
+        let st = core.stats();
+        assert_eq!((st.unchanged, st.nodes_received, st.answers), (2, 0, 0));
+        assert_eq!(core.poll_timeout(2), Wake::At(1000), "nothing awaited");
+        // Subscribed: pulled again after reconnecting, with the versions.
+        core.on_disconnected(3);
+        core.poll_connect(10_000).unwrap();
+        core.on_connected(10_000);
+        assert_eq!(transmit(&mut core, 10_000).known, vec![vec![5, 6]]);
+    }
+
+    #[test]
+    fn an_unchanged_answer_for_no_pull_in_flight_is_stale() {
+        let mut core = connected(&config(), 0);
+        core.want(A);
+        transmit(&mut core, 0);
+        assert!(core.on_frame(&unchanged(7, &[(A, 1)]), 1).unwrap().is_none());
+        assert!(core.is_in_flight(A));
+        assert_eq!(core.stats().stale_answers, 1);
+        assert_eq!(core.stats().unchanged, 0);
+    }
+
+    #[test]
+    fn an_unchanged_answer_with_a_version_per_module_missing_closes_the_connection() {
+        let mut fbb = flatbuffers::FlatBufferBuilder::new();
+        let modules = fbb.create_vector(&[crate::wire::fb::ModuleId::from(A)]);
+        let args = crate::wire::fb::RouteUnchangedArgs {
+            seq: 1,
+            modules: Some(modules),
+            versions: None,
+        };
+        let body = crate::wire::fb::RouteUnchanged::create(&mut fbb, &args).as_union_value();
+        let env = crate::wire::fb::Envelope::create(
+            &mut fbb,
+            &crate::wire::fb::EnvelopeArgs {
+                body_type: crate::wire::fb::Body::RouteUnchanged,
+                body: Some(body),
+            },
+        );
+        crate::wire::fb::finish_envelope_buffer(&mut fbb, env);
+        let mut core = connected(&config(), 0);
+        let err = core.on_frame(fbb.finished_data(), 0).unwrap_err();
+        assert!(matches!(err, RouteClientError::Invalid(_)), "{err}");
+        assert!(err.to_string().contains("one version per module"));
+    }
+
+    #[test]
+    fn an_answered_module_is_pulled_again_with_its_version_within_the_refresh_period() {
+        let mut core = connected(&refreshing(10_000), 0);
+        core.want(A);
+        transmit(&mut core, 0);
+        core.on_frame(&answer(1, A, 3, &[node(1)]), 100).unwrap();
+        let at = core.refresh_due(A).expect("scheduled");
+        assert!((7_600..=10_100).contains(&at), "{at}");
+        assert_eq!(at % REFRESH_TICK_MS, 0, "on a tick");
+        assert_eq!(core.poll_timeout(100), Wake::At(at));
+        assert_eq!(transmit(&mut core, at - 1), Sent::default());
+        let sent = transmit(&mut core, at);
+        assert_eq!(sent.pulls, vec![(2, vec![A])]);
+        assert_eq!(sent.known, vec![vec![3]]);
+        assert_eq!(core.stats().refreshes, 1);
+        assert_eq!(core.refresh_due(A), None, "in flight");
+        // Confirmed unchanged: the next round is scheduled from then.
+        core.on_frame(&unchanged(2, &[(A, 3)]), at + 5).unwrap();
+        let next = core.refresh_due(A).unwrap();
+        assert!(next >= at + 7_500 && next <= at + 10_250, "{next}");
+    }
+
+    #[test]
+    fn modules_due_in_the_same_tick_share_one_pull() {
+        let mut core = connected(&refreshing(10_000), 0);
+        let modules: Vec<ModuleId> = (0..200).map(|i| ModuleId::new(i, 0)).collect();
+        for &m in &modules {
+            core.want(m);
+        }
+        transmit(&mut core, 0);
+        for &m in &modules {
+            core.on_frame(&answer(1, m, 1, &[node(1)]), 0).unwrap();
+        }
+        let mut ticks = BTreeMap::<u64, usize>::new();
+        for &m in &modules {
+            *ticks.entry(core.refresh_due(m).unwrap()).or_default() += 1;
+        }
+        let (&first, &n) = ticks.iter().next().unwrap();
+        let sent = transmit(&mut core, first);
+        assert_eq!(sent.pulls.len(), 1, "one PullReq for the whole tick");
+        assert_eq!(sent.pulls[0].1.len(), n);
+        assert!(sent.known[0].iter().all(|&v| v == 1));
+    }
+
+    #[test]
+    fn modules_answered_together_are_re_pulled_spread_over_the_period() {
+        // 10,000 modules answered in the same millisecond: their re-pulls
+        // spread over the last quarter of the period, not one burst, and
+        // every re-pull of a module answered unchanged drifts further.
+        let mut core = connected(&refreshing(15_000), 0);
+        let modules: Vec<ModuleId> = (0..10_000).map(|i| ModuleId::new(i, 0)).collect();
+        for &m in &modules {
+            core.want(m);
+        }
+        let mut out = Vec::new();
+        core.poll_transmit(0, &mut out);
+        let mut seq = 1;
+        for chunk in modules.chunks(1024) {
+            let pairs: Vec<(ModuleId, u64)> = chunk.iter().map(|&m| (m, 1)).collect();
+            core.on_frame(&unchanged(seq, &pairs), 0).unwrap();
+            seq += 1;
+        }
+        let mut ticks = BTreeMap::<u64, usize>::new();
+        for &m in &modules {
+            let at = core.refresh_due(m).unwrap();
+            assert!((11_250..=15_000).contains(&at), "{at}");
+            *ticks.entry(at).or_default() += 1;
+        }
+        assert!(ticks.len() >= 15, "{} ticks", ticks.len());
+        let busiest = ticks.values().max().unwrap();
+        assert!(*busiest < 1_500, "the busiest tick holds {busiest}");
+    }
+
+    #[test]
+    fn no_re_pull_while_disconnected_and_every_module_once_on_reconnecting() {
+        let mut core = connected(&refreshing(10_000), 0);
+        core.want(A);
+        transmit(&mut core, 0);
+        core.on_frame(&answer(1, A, 3, &[node(1)]), 0).unwrap();
+        core.on_disconnected(1);
+        assert!(
+            matches!(core.poll_timeout(1), Wake::At(t) if t < 10_000),
+            "the next attempt, not the re-pull"
+        );
+        core.poll_connect(50_000).unwrap();
+        core.on_connected(50_000);
+        let sent = transmit(&mut core, 50_000);
+        assert_eq!(sent.pulls, vec![(2, vec![A])], "once, not once more for the refresh");
+        assert_eq!(core.stats().refreshes, 0);
+        assert_eq!(transmit(&mut core, 50_001), Sent::default());
+    }
+
+    #[test]
+    fn a_forgotten_module_is_not_re_pulled() {
+        let mut core = connected(&refreshing(10_000), 0);
+        core.want(A);
+        transmit(&mut core, 0);
+        core.on_frame(&answer(1, A, 3, &[node(1)]), 0).unwrap();
+        let at = core.refresh_due(A).unwrap();
+        core.forget(A);
+        let (_, pulls) = unsubscribed(&mut core, at);
+        assert!(pulls.is_empty());
+        assert_eq!(core.held_version(A), 0);
+    }
+
+    #[test]
+    fn a_refused_re_pull_is_tried_again_next_round() {
+        let mut core = connected(&refreshing(10_000), 0);
+        core.want(A);
+        transmit(&mut core, 0);
+        core.on_frame(&answer(1, A, 3, &[node(1)]), 0).unwrap();
+        let at = core.refresh_due(A).unwrap();
+        transmit(&mut core, at);
+        let err = Encoder::new()
+            .error_resp(2, A, RetCode::Unavailable, "busy")
+            .to_vec();
+        core.on_frame(&err, at + 1).unwrap();
+        assert!(!core.is_pending(A));
+        assert!(core.refresh_due(A).unwrap() > at);
+    }
+
+    #[test]
+    fn refresh_off_schedules_nothing() {
+        let mut core = connected(&refreshing(0), 0);
+        core.want(A);
+        transmit(&mut core, 0);
+        core.on_frame(&answer(1, A, 3, &[node(1)]), 0).unwrap();
+        assert_eq!(core.refresh_due(A), None);
+        assert_eq!(core.poll_timeout(1), Wake::At(1_000_000));
     }
 
     // --- frames in ---

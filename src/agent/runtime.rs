@@ -174,7 +174,10 @@ impl Agent {
         let routes_loaded = routes.len();
         let parts = ControlParts {
             shards,
-            route_client: RouteClientConfig::new(route_addrs),
+            route_client: RouteClientConfig {
+                refresh_ms: config.lb.update_timeout * 1000,
+                ..RouteClientConfig::new(route_addrs)
+            },
             stats_client: StatsClientConfig {
                 caller: local_ip_towards(stats_addrs.first().copied()).unwrap_or(a.bind),
                 ..StatsClientConfig::new(stats_addrs)

@@ -69,7 +69,8 @@ pub struct ShardSetup {
     pub base_port: u16,
     /// The overload algorithm's parameters.
     pub params: LbParams,
-    /// Re-pull a module in use after this long, ms.
+    /// A pull unanswered this long is lost and asked for again, ms (the
+    /// route client re-pulls answered modules on the same period).
     pub update_timeout_ms: u64,
     /// Send a module's statistics after a report at most this often, ms.
     pub report_timeout_ms: u64,
@@ -1037,9 +1038,11 @@ impl ShardCore {
 }
 
 /// Records a request naming `module` (held: see [`ShardCore::ensure`]) and
-/// asks for a pull when it has no route yet, or when its route is older
-/// than `update_timeout` and no pull is outstanding (a pull unanswered for
-/// that long counts as lost). A free function over the fields it needs, so
+/// asks for a pull when it has no answer yet and no pull is outstanding (a
+/// pull unanswered for `update_timeout` counts as lost). A module answered
+/// once is kept current by the route client (pushes, and its own versioned
+/// re-pull every `update_timeout`), not by requests: the shard asks again
+/// only after forgetting it. A free function over the fields it needs, so
 /// callers keep the other fields.
 fn touch<'m>(
     modules: &'m mut HashMap<ModuleId, ModuleEntry>,
@@ -1051,8 +1054,7 @@ fn touch<'m>(
     let timeout = setup.update_timeout_ms;
     let entry = modules.get_mut(&module).expect("held: ensure() ran first");
     entry.last_used = now;
-    let stale =
-        entry.route == RouteState::Unknown || now.saturating_sub(entry.last_update) >= timeout;
+    let stale = entry.route == RouteState::Unknown;
     let outstanding = entry
         .pull_sent
         .is_some_and(|t| now.saturating_sub(t) < timeout);

@@ -31,6 +31,13 @@ pub struct Counters {
     pub answers: u64,
     /// RouteAnswers sent with `exists = false`.
     pub answers_unknown: u64,
+    /// Nodes sent in RouteAnswers (pushes not included).
+    pub answer_nodes: u64,
+    /// Modules of versioned pulls found unchanged at the version the agent
+    /// holds: named in a RouteUnchanged, no nodes sent.
+    pub unchanged: u64,
+    /// RouteUnchanged frames sent (at most one per PullReq).
+    pub unchanged_frames: u64,
     /// Module pulls held (not answered) because no route was loaded yet;
     /// they are answered by a push once the first load succeeds.
     pub pulls_held: u64,
@@ -203,6 +210,9 @@ impl Board {
             t.pulls += c.pulls;
             t.answers += c.answers;
             t.answers_unknown += c.answers_unknown;
+            t.answer_nodes += c.answer_nodes;
+            t.unchanged += c.unchanged;
+            t.unchanged_frames += c.unchanged_frames;
             t.pulls_held += c.pulls_held;
             t.bad_requests += c.bad_requests;
             t.pushes += c.pushes;
@@ -344,6 +354,13 @@ fn render(
         ("{exists=\"false\"}", t.answers_unknown as f64),
     ];
     m.family("answers_total", "counter", "RouteAnswers sent.", &answers);
+    let help = "Nodes sent in RouteAnswers (the cost of pulls on the wire).";
+    m.counter("answer_nodes_total", help, t.answer_nodes);
+    let help = "Modules of versioned pulls unchanged at the version the agent holds \
+                (answered in a RouteUnchanged, without nodes).";
+    m.counter("unchanged_total", help, t.unchanged);
+    let help = "RouteUnchanged frames sent (one per PullReq at most).";
+    m.counter("unchanged_frames_total", help, t.unchanged_frames);
     let help = "Module pulls held because no route was loaded yet \
                 (answered by push after the first load).";
     m.counter("pulls_held_total", help, t.pulls_held);

@@ -9,7 +9,11 @@
 //!
 //! - `PullReq{seq, modules}`: one RouteAnswer per module, echoing `seq`
 //!   (`exists = false` for a module the table does not hold), and the
-//!   connection subscribes to each module. Before the first load from the
+//!   connection subscribes to each module. With `known_versions` (the
+//!   versions the agent holds), every module still at the version held is
+//!   left out of the RouteAnswers and named instead in one RouteUnchanged
+//!   echoing `seq`, after them: a re-pull of an unchanged module sends no
+//!   node. Before the first load from the
 //!   store the answers are held instead: the connection subscribes, and
 //!   the first load pushes every subscribed module.
 //! - `KeepAlive{seq}`: a KeepAliveAck echoing `seq`.
@@ -29,6 +33,7 @@ use super::table::RouteTable;
 use crate::model::ModuleId;
 use crate::wire::{
     decode, write_frame, DecodeError, Encoder, FrameDecoder, FrameError, Limits, Message, RetCode,
+    ValidationError,
 };
 
 /// The longest request frame accepted: 1 MiB, twice a PullReq naming the
@@ -187,7 +192,10 @@ fn handle<T>(
                 Ok(pull) => pull,
                 Err(e) => {
                     ctx.counters.bad_requests += 1;
-                    let message = format!("{e}: name 1..=65536 modules per PullReq");
+                    let message = match e {
+                        ValidationError::VersionCount { .. } => e.to_string(),
+                        _ => format!("{e}: name 1..=65536 modules per PullReq"),
+                    };
                     let frame = ctx.enc.error_resp(
                         req.seq(),
                         ModuleId::new(0, 0),
@@ -203,7 +211,9 @@ fn handle<T>(
             let mut unheld = None;
             // The first module not subscribed, the bound it met, how many.
             let mut unsubscribed: Option<(ModuleId, Subscribed, u32)> = None;
-            for module in pull.modules() {
+            // Modules still at the version the agent holds, and that version.
+            let (mut same, mut same_versions) = (Vec::new(), Vec::new());
+            for (module, known) in pull.modules_known() {
                 ctx.counters.pulls += 1;
                 let subscribed = ctx.registry.subscribe(id, module);
                 let refused = matches!(subscribed, Subscribed::Full | Subscribed::TotalFull);
@@ -224,15 +234,26 @@ fn handle<T>(
                     continue;
                 }
                 match ctx.table.get(module) {
+                    Some(entry) if known.is_some_and(|v| v != 0 && v == entry.version) => {
+                        same.push(module);
+                        same_versions.push(entry.version);
+                    }
                     Some(entry) => {
                         entry.write_answer(seq, out);
                         ctx.counters.answers += 1;
+                        ctx.counters.answer_nodes += entry.nodes.len() as u64;
                     }
                     None => {
                         write(out, ctx.enc.route_answer(seq, module, false, 0, &[]));
                         ctx.counters.answers_unknown += 1;
                     }
                 }
+            }
+            if !same.is_empty() {
+                // At most MAX_PULL_MODULES x 16 bytes: far below a frame.
+                write(out, ctx.enc.route_unchanged(seq, &same, &same_versions));
+                ctx.counters.unchanged += same.len() as u64;
+                ctx.counters.unchanged_frames += 1;
             }
             if let Some(module) = unheld {
                 // Neither answered nor subscribed: the agent must hear why.
@@ -370,6 +391,7 @@ mod tests {
         },
         Ack(u64),
         Error(u64, RetCode),
+        Unchanged(u64, Vec<(ModuleId, u64)>),
     }
 
     fn replies(bytes: &[u8]) -> Vec<Reply> {
@@ -387,6 +409,10 @@ mod tests {
                 },
                 Message::KeepAliveAck(k) => Reply::Ack(k.seq()),
                 Message::ErrorResp(e) => Reply::Error(e.seq(), e.retcode()),
+                Message::RouteUnchanged(u) => {
+                    let u = u.validate().unwrap();
+                    Reply::Unchanged(u.seq, u.modules().collect())
+                }
                 other => panic!("unexpected {}", other.name()),
             });
         }
@@ -408,6 +434,91 @@ mod tests {
             version,
             nodes,
         }
+    }
+
+    #[test]
+    fn a_versioned_pull_names_unchanged_modules_in_one_frame_without_nodes() {
+        let mut h = Harness::new(table());
+        let mut out = Vec::new();
+        // A is held at its current version, B at an older one, UNKNOWN at
+        // none: only A is unchanged.
+        let req = frame(Encoder::new().pull_req_known(8, &[A, B, UNKNOWN], &[5, 6, 0]));
+        h.read(&req, &mut out).unwrap();
+        assert_eq!(
+            replies(&out),
+            vec![
+                answer(8, B, 7, 1),
+                Reply::Answer {
+                    seq: 8,
+                    module: UNKNOWN,
+                    exists: false,
+                    version: 0,
+                    nodes: 0
+                },
+                Reply::Unchanged(8, vec![(A, 5)]),
+            ]
+        );
+        assert_eq!(h.counters.unchanged, 1);
+        assert_eq!(h.counters.unchanged_frames, 1);
+        assert_eq!(h.counters.answer_nodes, 1, "B's one node, none of A's three");
+        // Unchanged modules are subscribed as any pull.
+        assert!(h.registry.is_subscribed(h.session.id(), A));
+    }
+
+    #[test]
+    fn a_re_pull_of_unchanged_modules_sends_no_node_at_all() {
+        let mut h = Harness::new(table());
+        let mut out = Vec::new();
+        let req = frame(Encoder::new().pull_req_known(9, &[A, B], &[5, 7]));
+        h.read(&req, &mut out).unwrap();
+        assert_eq!(
+            replies(&out),
+            vec![Reply::Unchanged(9, vec![(A, 5), (B, 7)])]
+        );
+        assert_eq!(h.counters.answer_nodes, 0);
+        assert_eq!(h.counters.answers, 0);
+    }
+
+    #[test]
+    fn an_old_peers_pull_without_versions_is_answered_in_full() {
+        let mut h = Harness::new(table());
+        let mut out = Vec::new();
+        let req = frame(Encoder::new().pull_req(3, &[A, B]));
+        h.read(&req, &mut out).unwrap();
+        assert_eq!(replies(&out), vec![answer(3, A, 5, 3), answer(3, B, 7, 1)]);
+        assert_eq!(h.counters.unchanged_frames, 0);
+        assert_eq!(h.counters.answer_nodes, 4);
+    }
+
+    #[test]
+    fn a_pull_with_a_version_count_that_is_not_the_module_count_is_refused() {
+        use flatbuffers::FlatBufferBuilder;
+        let mut fbb = FlatBufferBuilder::new();
+        let modules = fbb.create_vector(&[crate::wire::fb::ModuleId::from(A)]);
+        let known_versions = fbb.create_vector(&[5u64, 6]);
+        let args = crate::wire::fb::PullReqArgs {
+            seq: 4,
+            modules: Some(modules),
+            known_versions: Some(known_versions),
+        };
+        let body = crate::wire::fb::PullReq::create(&mut fbb, &args).as_union_value();
+        let env = crate::wire::fb::Envelope::create(
+            &mut fbb,
+            &crate::wire::fb::EnvelopeArgs {
+                body_type: crate::wire::fb::Body::PullReq,
+                body: Some(body),
+            },
+        );
+        crate::wire::fb::finish_envelope_buffer(&mut fbb, env);
+        let mut out = Vec::new();
+        h_read_ok(&frame(fbb.finished_data()), &mut out);
+        assert_eq!(replies(&out), vec![Reply::Error(4, RetCode::BadRequest)]);
+    }
+
+    fn h_read_ok(req: &[u8], out: &mut Vec<u8>) {
+        let mut h = Harness::new(table());
+        h.read(req, out).unwrap();
+        assert_eq!(h.counters.bad_requests, 1);
     }
 
     #[test]

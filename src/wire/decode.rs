@@ -192,6 +192,8 @@ messages! {
     StatsAck => body_as_stats_ack,
     /// agent -> route server: drop these modules' subscriptions.
     Unsubscribe => body_as_unsubscribe,
+    /// route server -> agent: modules of a pull unchanged at the versions held.
+    RouteUnchanged => body_as_route_unchanged,
 }
 
 #[cfg(test)]
@@ -467,7 +469,7 @@ mod tests {
             e.cache_get_route_req(1, M, 0).to_vec(),
             e.cache_get_route_resp(&cache).to_vec(),
             e.error_resp(1, M, RetCode::BadRequest, "bad").to_vec(),
-            e.pull_req(1, &[M, M]).to_vec(),
+            e.pull_req_known(1, &[M, M], &[0, 4]).to_vec(),
             e.route_answer(1, M, true, 4, &route).to_vec(),
             e.route_push(M, true, 5, &route).to_vec(),
             e.keep_alive(1).to_vec(),
@@ -475,6 +477,7 @@ mod tests {
             e.stats_report(1, 2, 3, &modules).to_vec(),
             e.stats_ack(1).to_vec(),
             e.unsubscribe(&[M, M]).to_vec(),
+            e.route_unchanged(1, &[M, M], &[4, 5]).to_vec(),
         ]
     }
 
@@ -510,6 +513,12 @@ mod tests {
             Message::PullReq(m) => {
                 if let Ok(p) = m.validate() {
                     let _ = p.modules().count();
+                    let _ = p.modules_known().count();
+                }
+            }
+            Message::RouteUnchanged(m) => {
+                if let Ok(u) = m.validate() {
+                    let _ = u.modules().count();
                 }
             }
             Message::GetRouteResp(m) => {

@@ -355,8 +355,57 @@ impl Encoder {
     pub fn pull_req(&mut self, seq: u64, modules: &[ModuleId]) -> &[u8] {
         self.fbb.reset();
         let modules = self.structs(modules, fb::ModuleId::from);
-        let body = fb::PullReq::create(&mut self.fbb, &fb::PullReqArgs { seq, modules });
+        let args = fb::PullReqArgs {
+            seq,
+            modules,
+            known_versions: None,
+        };
+        let body = fb::PullReq::create(&mut self.fbb, &args);
         self.finish(fb::Body::PullReq, body)
+    }
+
+    /// PullReq carrying the version the agent holds of each module
+    /// (`known_versions[i]` for `modules[i]`, 0: none): a route server that
+    /// reads the field answers the unchanged ones with one RouteUnchanged.
+    ///
+    /// # Panics
+    /// When the two slices differ in length (a caller bug).
+    pub fn pull_req_known(
+        &mut self,
+        seq: u64,
+        modules: &[ModuleId],
+        known_versions: &[u64],
+    ) -> &[u8] {
+        assert_eq!(modules.len(), known_versions.len(), "one version per module");
+        self.fbb.reset();
+        let modules = self.structs(modules, fb::ModuleId::from);
+        let known_versions = Some(self.fbb.create_vector(known_versions));
+        let args = fb::PullReqArgs {
+            seq,
+            modules,
+            known_versions,
+        };
+        let body = fb::PullReq::create(&mut self.fbb, &args);
+        self.finish(fb::Body::PullReq, body)
+    }
+
+    /// RouteUnchanged: the modules of PullReq `seq` still at the versions
+    /// the agent holds (`versions[i]` for `modules[i]`).
+    ///
+    /// # Panics
+    /// When the two slices differ in length (a caller bug).
+    pub fn route_unchanged(&mut self, seq: u64, modules: &[ModuleId], versions: &[u64]) -> &[u8] {
+        assert_eq!(modules.len(), versions.len(), "one version per module");
+        self.fbb.reset();
+        let modules = self.structs(modules, fb::ModuleId::from);
+        let versions = Some(self.fbb.create_vector(versions));
+        let args = fb::RouteUnchangedArgs {
+            seq,
+            modules,
+            versions,
+        };
+        let body = fb::RouteUnchanged::create(&mut self.fbb, &args);
+        self.finish(fb::Body::RouteUnchanged, body)
     }
 
     /// Unsubscribe: the agent no longer follows `modules` (at most

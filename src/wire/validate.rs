@@ -58,6 +58,15 @@ pub enum ValidationError {
         /// The limit.
         max: usize,
     },
+    /// A PullReq's `known_versions`, or a RouteUnchanged's `versions`, has
+    /// not one entry per module.
+    #[error("{modules} modules but {versions} versions: send one version per module")]
+    VersionCount {
+        /// How many modules it names.
+        modules: usize,
+        /// How many versions it carries.
+        versions: usize,
+    },
 }
 
 /// A validated GetHostReq.
@@ -102,18 +111,57 @@ pub struct Register {
     pub timeout_ms: u32,
 }
 
-/// A validated PullReq: 1..=[`MAX_PULL_MODULES`] modules.
+/// A validated PullReq: 1..=[`MAX_PULL_MODULES`] modules, and, when
+/// `known_versions` is present, one version per module.
 #[derive(Clone, Copy, Debug)]
 pub struct Pull<'a> {
     /// Request sequence number, echoed by every RouteAnswer.
     pub seq: u64,
     modules: Vector<'a, fb::ModuleId>,
+    known: Option<Vector<'a, u64>>,
 }
 
 impl<'a> Pull<'a> {
     /// The modules asked for, in message order (never empty).
     pub fn modules(&self) -> impl ExactSizeIterator<Item = ModuleId> + 'a {
         self.modules.iter().map(ModuleId::from)
+    }
+
+    /// Whether the agent sent the versions it holds (a peer that predates
+    /// `known_versions` does not).
+    pub fn carries_versions(&self) -> bool {
+        self.known.is_some()
+    }
+
+    /// Each module with the version the agent holds (`None`: the request
+    /// carries no versions; `Some(0)`: the agent holds none).
+    pub fn modules_known(&self) -> impl ExactSizeIterator<Item = (ModuleId, Option<u64>)> + 'a {
+        let known = self.known;
+        self.modules
+            .iter()
+            .enumerate()
+            .map(move |(i, m)| (ModuleId::from(m), known.map(|k| k.get(i))))
+    }
+}
+
+/// A validated RouteUnchanged: as many versions as modules, at most
+/// [`MAX_PULL_MODULES`].
+#[derive(Clone, Copy, Debug)]
+pub struct Unchanged<'a> {
+    /// The PullReq answered.
+    pub seq: u64,
+    modules: Option<Vector<'a, fb::ModuleId>>,
+    versions: Option<Vector<'a, u64>>,
+}
+
+impl<'a> Unchanged<'a> {
+    /// Each module with the version it is unchanged at, in message order.
+    pub fn modules(&self) -> impl ExactSizeIterator<Item = (ModuleId, u64)> + 'a {
+        let (modules, versions) = (self.modules.unwrap_or_default(), self.versions);
+        modules
+            .iter()
+            .enumerate()
+            .map(move |(i, m)| (ModuleId::from(m), versions.map_or(0, |v| v.get(i))))
     }
 }
 
@@ -230,11 +278,48 @@ impl<'a> fb::PullReq<'a> {
                 count,
                 max: MAX_PULL_MODULES,
             }),
-            _ => Ok(Pull {
-                seq: self.seq(),
-                modules,
-            }),
+            count => match self.known_versions() {
+                Some(known) if known.len() != count => Err(ValidationError::VersionCount {
+                    modules: count,
+                    versions: known.len(),
+                }),
+                known => Ok(Pull {
+                    seq: self.seq(),
+                    modules,
+                    known,
+                }),
+            },
         }
+    }
+}
+
+impl<'a> fb::RouteUnchanged<'a> {
+    /// The answer, with its vectors checked.
+    ///
+    /// # Errors
+    /// [`ValidationError::VersionCount`] when the two vectors differ in
+    /// length, [`ValidationError::TooManyModules`] above [`MAX_PULL_MODULES`].
+    pub fn validate(&self) -> Result<Unchanged<'a>, ValidationError> {
+        let (modules, versions) = (self.modules(), self.versions());
+        let count = modules.map_or(0, |m| m.len());
+        let vcount = versions.map_or(0, |v| v.len());
+        if count != vcount {
+            return Err(ValidationError::VersionCount {
+                modules: count,
+                versions: vcount,
+            });
+        }
+        if count > MAX_PULL_MODULES {
+            return Err(ValidationError::TooManyModules {
+                count,
+                max: MAX_PULL_MODULES,
+            });
+        }
+        Ok(Unchanged {
+            seq: self.seq(),
+            modules,
+            versions,
+        })
     }
 }
 
@@ -416,5 +501,81 @@ mod tests {
             panic!("wrong type")
         };
         assert_eq!(m.validate().unwrap().modules().len(), MAX_PULL_MODULES);
+    }
+
+    #[test]
+    fn a_pull_carries_one_known_version_per_module_or_none() {
+        let mut enc = Encoder::new();
+        let other = ModuleId::new(8, 9);
+        let Ok(Message::PullReq(m)) = decode(enc.pull_req(1, &[M, other]), &Limits::TCP_FRAME)
+        else {
+            panic!("wrong type")
+        };
+        let pull = m.validate().unwrap();
+        assert!(!pull.carries_versions(), "an old peer's pull");
+        assert_eq!(
+            pull.modules_known().collect::<Vec<_>>(),
+            vec![(M, None), (other, None)]
+        );
+        let buf = enc.pull_req_known(2, &[M, other], &[7, 0]).to_vec();
+        let Ok(Message::PullReq(m)) = decode(&buf, &Limits::TCP_FRAME) else {
+            panic!("wrong type")
+        };
+        let pull = m.validate().unwrap();
+        assert!(pull.carries_versions());
+        assert_eq!(
+            pull.modules_known().collect::<Vec<_>>(),
+            vec![(M, Some(7)), (other, Some(0))]
+        );
+    }
+
+    #[test]
+    fn a_version_count_that_is_not_the_module_count_is_refused() {
+        let mut fbb = FlatBufferBuilder::new();
+        let modules = fbb.create_vector(&[fb::ModuleId::from(M), fb::ModuleId::from(M)]);
+        let known_versions = fbb.create_vector(&[1u64]);
+        let args = fb::PullReqArgs {
+            seq: 3,
+            modules: Some(modules),
+            known_versions: Some(known_versions),
+        };
+        let body = fb::PullReq::create(&mut fbb, &args).as_union_value();
+        let env = fb::Envelope::create(
+            &mut fbb,
+            &fb::EnvelopeArgs {
+                body_type: fb::Body::PullReq,
+                body: Some(body),
+            },
+        );
+        fb::finish_envelope_buffer(&mut fbb, env);
+        let Ok(Message::PullReq(m)) = decode(fbb.finished_data(), &Limits::TCP_FRAME) else {
+            panic!("wrong type")
+        };
+        let err = m.validate().unwrap_err();
+        assert_eq!(
+            err,
+            ValidationError::VersionCount {
+                modules: 2,
+                versions: 1
+            }
+        );
+        assert!(err.to_string().contains("one version per module"));
+    }
+
+    #[test]
+    fn an_unchanged_answer_pairs_modules_with_versions() {
+        let mut enc = Encoder::new();
+        let other = ModuleId::new(8, 9);
+        let buf = enc.route_unchanged(5, &[M, other], &[3, 4]).to_vec();
+        let Ok(Message::RouteUnchanged(m)) = decode(&buf, &Limits::TCP_FRAME) else {
+            panic!("wrong type")
+        };
+        let u = m.validate().unwrap();
+        assert_eq!(u.seq, 5);
+        assert_eq!(u.modules().collect::<Vec<_>>(), vec![(M, 3), (other, 4)]);
+        // No node crosses the wire: 16 bytes per module, beyond the envelope.
+        let many: Vec<ModuleId> = (0..100).map(|i| ModuleId::new(i, 0)).collect();
+        let len = enc.route_unchanged(6, &many, &[7; 100]).len();
+        assert!(len <= 100 * 16 + 128, "{len} bytes for 100 modules");
     }
 }

@@ -200,10 +200,24 @@ fn register_times_out_or_learns_the_module_does_not_exist() {
 }
 
 #[test]
-fn a_route_older_than_update_timeout_is_pulled_again_on_its_next_get_host() {
+fn an_answered_module_is_not_pulled_again_by_requests() {
+    // The route client keeps it current (pushes, versioned re-pulls): the
+    // shard's requests cost no ring message, however old the route.
     let mut s = shard();
     get_host(&mut s, M, 0);
     s.apply(route(1), 0);
+    s.outbox.clear();
+    for t in [14_999, 15_000, 15_001, 300_000] {
+        get_host(&mut s, M, t);
+    }
+    assert!(s.outbox.is_empty());
+}
+
+#[test]
+fn a_pull_unanswered_for_update_timeout_is_asked_for_again() {
+    let mut s = shard();
+    get_host(&mut s, M, 0);
+    assert_eq!(s.outbox, vec![ToControl::Pull(M)]);
     s.outbox.clear();
     get_host(&mut s, M, 14_999);
     assert!(s.outbox.is_empty());
@@ -471,7 +485,6 @@ fn a_module_unused_past_the_idle_time_expires_and_one_in_use_does_not() {
         get_host(&mut s, busy, t);
         s.expire(t);
     }
-    // (The busy module is re-pulled every update_timeout meanwhile.)
     s.outbox.retain(|m| matches!(m, ToControl::Forget(_)));
     assert_eq!(s.outbox, vec![ToControl::Forget(idle)]);
     s.outbox.clear();

@@ -149,10 +149,10 @@ impl flatbuffers::SimpleToVerifyInSlice for RetCode {}
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 pub const ENUM_MIN_BODY: u8 = 0;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
-pub const ENUM_MAX_BODY: u8 = 19;
+pub const ENUM_MAX_BODY: u8 = 20;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 #[allow(non_camel_case_types)]
-pub const ENUM_VALUES_BODY: [Body; 20] = [
+pub const ENUM_VALUES_BODY: [Body; 21] = [
   Body::NONE,
   Body::GetHostReq,
   Body::GetHostResp,
@@ -173,6 +173,7 @@ pub const ENUM_VALUES_BODY: [Body; 20] = [
   Body::StatsReport,
   Body::StatsAck,
   Body::Unsubscribe,
+  Body::RouteUnchanged,
 ];
 
 /// Which message an Envelope carries. Append only.
@@ -201,9 +202,10 @@ impl Body {
   pub const StatsReport: Self = Self(17);
   pub const StatsAck: Self = Self(18);
   pub const Unsubscribe: Self = Self(19);
+  pub const RouteUnchanged: Self = Self(20);
 
   pub const ENUM_MIN: u8 = 0;
-  pub const ENUM_MAX: u8 = 19;
+  pub const ENUM_MAX: u8 = 20;
   pub const ENUM_VALUES: &'static [Self] = &[
     Self::NONE,
     Self::GetHostReq,
@@ -225,6 +227,7 @@ impl Body {
     Self::StatsReport,
     Self::StatsAck,
     Self::Unsubscribe,
+    Self::RouteUnchanged,
   ];
   /// Returns the variant's name or "" if unknown.
   pub fn variant_name(self) -> Option<&'static str> {
@@ -249,6 +252,7 @@ impl Body {
       Self::StatsReport => Some("StatsReport"),
       Self::StatsAck => Some("StatsAck"),
       Self::Unsubscribe => Some("Unsubscribe"),
+      Self::RouteUnchanged => Some("RouteUnchanged"),
       _ => None,
     }
   }
@@ -3355,6 +3359,13 @@ pub enum PullReqOffset {}
 
 /// The agent asks for the routes of one or more modules. Every module gets
 /// one RouteAnswer echoing `seq`; the connection subscribes to them.
+///
+/// `known_versions` (optional, appended): when present it has one entry per
+/// module, the version of that module's route the agent holds (0: none).
+/// A module whose current version equals the one held is not answered by a
+/// RouteAnswer: it is named, with every other such module of the request,
+/// in one RouteUnchanged echoing `seq` (no nodes on the wire). A route
+/// server that predates the field ignores it and answers every module.
 pub struct PullReq<'a> {
   pub _tab: flatbuffers::Table<'a>,
 }
@@ -3370,6 +3381,7 @@ impl<'a> flatbuffers::Follow<'a> for PullReq<'a> {
 impl<'a> PullReq<'a> {
   pub const VT_SEQ: flatbuffers::VOffsetT = 4;
   pub const VT_MODULES: flatbuffers::VOffsetT = 6;
+  pub const VT_KNOWN_VERSIONS: flatbuffers::VOffsetT = 8;
 
   #[inline]
   pub unsafe fn init_from_table(table: flatbuffers::Table<'a>) -> Self {
@@ -3382,6 +3394,7 @@ impl<'a> PullReq<'a> {
   ) -> flatbuffers::WIPOffset<PullReq<'bldr>> {
     let mut builder = PullReqBuilder::new(_fbb);
     builder.add_seq(args.seq);
+    if let Some(x) = args.known_versions { builder.add_known_versions(x); }
     if let Some(x) = args.modules { builder.add_modules(x); }
     builder.finish()
   }
@@ -3401,6 +3414,13 @@ impl<'a> PullReq<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<flatbuffers::ForwardsUOffset<flatbuffers::Vector<'a, ModuleId>>>(PullReq::VT_MODULES, None)}
   }
+  #[inline]
+  pub fn known_versions(&self) -> Option<flatbuffers::Vector<'a, u64>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<flatbuffers::ForwardsUOffset<flatbuffers::Vector<'a, u64>>>(PullReq::VT_KNOWN_VERSIONS, None)}
+  }
 }
 
 impl flatbuffers::Verifiable for PullReq<'_> {
@@ -3412,6 +3432,7 @@ impl flatbuffers::Verifiable for PullReq<'_> {
     v.visit_table(pos)?
      .visit_field::<u64>("seq", Self::VT_SEQ, false)?
      .visit_field::<flatbuffers::ForwardsUOffset<flatbuffers::Vector<'_, ModuleId>>>("modules", Self::VT_MODULES, false)?
+     .visit_field::<flatbuffers::ForwardsUOffset<flatbuffers::Vector<'_, u64>>>("known_versions", Self::VT_KNOWN_VERSIONS, false)?
      .finish();
     Ok(())
   }
@@ -3419,6 +3440,7 @@ impl flatbuffers::Verifiable for PullReq<'_> {
 pub struct PullReqArgs<'a> {
     pub seq: u64,
     pub modules: Option<flatbuffers::WIPOffset<flatbuffers::Vector<'a, ModuleId>>>,
+    pub known_versions: Option<flatbuffers::WIPOffset<flatbuffers::Vector<'a, u64>>>,
 }
 impl<'a> Default for PullReqArgs<'a> {
   #[inline]
@@ -3426,6 +3448,7 @@ impl<'a> Default for PullReqArgs<'a> {
     PullReqArgs {
       seq: 0,
       modules: None,
+      known_versions: None,
     }
   }
 }
@@ -3442,6 +3465,10 @@ impl<'a: 'b, 'b> PullReqBuilder<'a, 'b> {
   #[inline]
   pub fn add_modules(&mut self, modules: flatbuffers::WIPOffset<flatbuffers::Vector<'b , ModuleId>>) {
     self.fbb_.push_slot_always::<flatbuffers::WIPOffset<_>>(PullReq::VT_MODULES, modules);
+  }
+  #[inline]
+  pub fn add_known_versions(&mut self, known_versions: flatbuffers::WIPOffset<flatbuffers::Vector<'b , u64>>) {
+    self.fbb_.push_slot_always::<flatbuffers::WIPOffset<_>>(PullReq::VT_KNOWN_VERSIONS, known_versions);
   }
   #[inline]
   pub fn new(_fbb: &'b mut flatbuffers::FlatBufferBuilder<'a>) -> PullReqBuilder<'a, 'b> {
@@ -3463,6 +3490,7 @@ impl core::fmt::Debug for PullReq<'_> {
     let mut ds = f.debug_struct("PullReq");
       ds.field("seq", &self.seq());
       ds.field("modules", &self.modules());
+      ds.field("known_versions", &self.known_versions());
       ds.finish()
   }
 }
@@ -4111,6 +4139,142 @@ impl core::fmt::Debug for Unsubscribe<'_> {
   fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
     let mut ds = f.debug_struct("Unsubscribe");
       ds.field("modules", &self.modules());
+      ds.finish()
+  }
+}
+pub enum RouteUnchangedOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// The route server's answer for the modules of PullReq `seq` whose route
+/// is still the version the agent holds: `modules[i]` is unchanged at
+/// `versions[i]` (the two vectors have the same length). Sent once per
+/// PullReq, after its RouteAnswers, only to an agent that sent
+/// `known_versions`. The connection subscribes to them as to any pull.
+pub struct RouteUnchanged<'a> {
+  pub _tab: flatbuffers::Table<'a>,
+}
+
+impl<'a> flatbuffers::Follow<'a> for RouteUnchanged<'a> {
+  type Inner = RouteUnchanged<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: flatbuffers::Table::new(buf, loc) }
+  }
+}
+
+impl<'a> RouteUnchanged<'a> {
+  pub const VT_SEQ: flatbuffers::VOffsetT = 4;
+  pub const VT_MODULES: flatbuffers::VOffsetT = 6;
+  pub const VT_VERSIONS: flatbuffers::VOffsetT = 8;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: flatbuffers::Table<'a>) -> Self {
+    RouteUnchanged { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr>(
+    _fbb: &'mut_bldr mut flatbuffers::FlatBufferBuilder<'bldr>,
+    args: &'args RouteUnchangedArgs<'args>
+  ) -> flatbuffers::WIPOffset<RouteUnchanged<'bldr>> {
+    let mut builder = RouteUnchangedBuilder::new(_fbb);
+    builder.add_seq(args.seq);
+    if let Some(x) = args.versions { builder.add_versions(x); }
+    if let Some(x) = args.modules { builder.add_modules(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn seq(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(RouteUnchanged::VT_SEQ, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn modules(&self) -> Option<flatbuffers::Vector<'a, ModuleId>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<flatbuffers::ForwardsUOffset<flatbuffers::Vector<'a, ModuleId>>>(RouteUnchanged::VT_MODULES, None)}
+  }
+  #[inline]
+  pub fn versions(&self) -> Option<flatbuffers::Vector<'a, u64>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<flatbuffers::ForwardsUOffset<flatbuffers::Vector<'a, u64>>>(RouteUnchanged::VT_VERSIONS, None)}
+  }
+}
+
+impl flatbuffers::Verifiable for RouteUnchanged<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut flatbuffers::Verifier, pos: usize
+  ) -> Result<(), flatbuffers::InvalidFlatbuffer> {
+    use self::flatbuffers::Verifiable;
+    v.visit_table(pos)?
+     .visit_field::<u64>("seq", Self::VT_SEQ, false)?
+     .visit_field::<flatbuffers::ForwardsUOffset<flatbuffers::Vector<'_, ModuleId>>>("modules", Self::VT_MODULES, false)?
+     .visit_field::<flatbuffers::ForwardsUOffset<flatbuffers::Vector<'_, u64>>>("versions", Self::VT_VERSIONS, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct RouteUnchangedArgs<'a> {
+    pub seq: u64,
+    pub modules: Option<flatbuffers::WIPOffset<flatbuffers::Vector<'a, ModuleId>>>,
+    pub versions: Option<flatbuffers::WIPOffset<flatbuffers::Vector<'a, u64>>>,
+}
+impl<'a> Default for RouteUnchangedArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    RouteUnchangedArgs {
+      seq: 0,
+      modules: None,
+      versions: None,
+    }
+  }
+}
+
+pub struct RouteUnchangedBuilder<'a: 'b, 'b> {
+  fbb_: &'b mut flatbuffers::FlatBufferBuilder<'a>,
+  start_: flatbuffers::WIPOffset<flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b> RouteUnchangedBuilder<'a, 'b> {
+  #[inline]
+  pub fn add_seq(&mut self, seq: u64) {
+    self.fbb_.push_slot::<u64>(RouteUnchanged::VT_SEQ, seq, 0);
+  }
+  #[inline]
+  pub fn add_modules(&mut self, modules: flatbuffers::WIPOffset<flatbuffers::Vector<'b , ModuleId>>) {
+    self.fbb_.push_slot_always::<flatbuffers::WIPOffset<_>>(RouteUnchanged::VT_MODULES, modules);
+  }
+  #[inline]
+  pub fn add_versions(&mut self, versions: flatbuffers::WIPOffset<flatbuffers::Vector<'b , u64>>) {
+    self.fbb_.push_slot_always::<flatbuffers::WIPOffset<_>>(RouteUnchanged::VT_VERSIONS, versions);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut flatbuffers::FlatBufferBuilder<'a>) -> RouteUnchangedBuilder<'a, 'b> {
+    let start = _fbb.start_table();
+    RouteUnchangedBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> flatbuffers::WIPOffset<RouteUnchanged<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl core::fmt::Debug for RouteUnchanged<'_> {
+  fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+    let mut ds = f.debug_struct("RouteUnchanged");
+      ds.field("seq", &self.seq());
+      ds.field("modules", &self.modules());
+      ds.field("versions", &self.versions());
       ds.finish()
   }
 }
@@ -4831,6 +4995,21 @@ impl<'a> Envelope<'a> {
     }
   }
 
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn body_as_route_unchanged(&self) -> Option<RouteUnchanged<'a>> {
+    if self.body_type() == Body::RouteUnchanged {
+      self.body().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { RouteUnchanged::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
 }
 
 impl flatbuffers::Verifiable for Envelope<'_> {
@@ -4861,6 +5040,7 @@ impl flatbuffers::Verifiable for Envelope<'_> {
           Body::StatsReport => v.verify_union_variant::<flatbuffers::ForwardsUOffset<StatsReport>>("Body::StatsReport", pos),
           Body::StatsAck => v.verify_union_variant::<flatbuffers::ForwardsUOffset<StatsAck>>("Body::StatsAck", pos),
           Body::Unsubscribe => v.verify_union_variant::<flatbuffers::ForwardsUOffset<Unsubscribe>>("Body::Unsubscribe", pos),
+          Body::RouteUnchanged => v.verify_union_variant::<flatbuffers::ForwardsUOffset<RouteUnchanged>>("Body::RouteUnchanged", pos),
           _ => Ok(()),
         }
      })?
@@ -5043,6 +5223,13 @@ impl core::fmt::Debug for Envelope<'_> {
         },
         Body::Unsubscribe => {
           if let Some(x) = self.body_as_unsubscribe() {
+            ds.field("body", &x)
+          } else {
+            ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        Body::RouteUnchanged => {
+          if let Some(x) = self.body_as_route_unchanged() {
             ds.field("body", &x)
           } else {
             ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")

@@ -297,8 +297,13 @@ fn walk(msg: &Message<'_>) -> String {
                 .modules()
                 .map(|v| v.iter().map(ModuleId::from).collect())
                 .unwrap_or_default();
-            let valid = m.validate().map(|p| p.seq);
-            let _ = write!(w, "PullReq {} {modules:?} {valid:?}", m.seq());
+            let valid = m.validate().map(|p| (p.seq, p.modules_known().count()));
+            let known: Option<Vec<u64>> = m.known_versions().map(|v| v.iter().collect());
+            let _ = write!(
+                w,
+                "PullReq {} {modules:?} {known:?} {valid:?}",
+                m.seq()
+            );
         }
         Message::RouteAnswer(m) => {
             let _ = write!(
@@ -343,8 +348,29 @@ fn walk(msg: &Message<'_>) -> String {
         Message::Unsubscribe(m) => {
             let _ = write!(w, "Unsubscribe {:?}", unsubscribed(m));
         }
+        Message::RouteUnchanged(m) => {
+            let (modules, versions) = unchanged(m);
+            let valid = m.validate().map(|u| u.modules().collect::<Vec<_>>());
+            let _ = write!(
+                w,
+                "RouteUnchanged {} {modules:?} {versions:?} {valid:?}",
+                m.seq()
+            );
+        }
     }
     s
+}
+
+/// The modules and versions a RouteUnchanged names (absent vectors as none).
+fn unchanged(m: &lbagent::wire::fb::RouteUnchanged<'_>) -> (Vec<ModuleId>, Vec<u64>) {
+    let modules = m
+        .modules()
+        .into_iter()
+        .flatten()
+        .map(|x| module(x.modid(), x.cmdid()))
+        .collect();
+    let versions = m.versions().into_iter().flatten().collect();
+    (modules, versions)
 }
 
 /// The modules an Unsubscribe names (an absent vector as none).
@@ -438,7 +464,12 @@ fn reencode<'e>(msg: &Message<'_>, enc: &'e mut Encoder) -> Option<&'e [u8]> {
                 .modules()
                 .map(|v| v.iter().map(ModuleId::from).collect())
                 .unwrap_or_default();
-            enc.pull_req(m.seq(), &modules)
+            match m.known_versions() {
+                None => enc.pull_req(m.seq(), &modules),
+                // Not one version per module: no sender writes that.
+                Some(v) if v.len() != modules.len() => return None,
+                Some(v) => enc.pull_req_known(m.seq(), &modules, &v.iter().collect::<Vec<_>>()),
+            }
         }
         Message::RouteAnswer(m) => enc.route_answer(
             m.seq(),
@@ -479,6 +510,14 @@ fn reencode<'e>(msg: &Message<'_>, enc: &'e mut Encoder) -> Option<&'e [u8]> {
         }
         Message::StatsAck(m) => enc.stats_ack(m.seq()),
         Message::Unsubscribe(m) => enc.unsubscribe(&unsubscribed(m)),
+        Message::RouteUnchanged(m) => {
+            let (modules, versions) = unchanged(m);
+            if modules.len() != versions.len() {
+                // Not one version per module: no sender writes that.
+                return None;
+            }
+            enc.route_unchanged(m.seq(), &modules, &versions)
+        }
     })
 }
 

@@ -120,6 +120,9 @@ pub fn messages() -> Vec<Vec<u8>> {
         e.stats_report(13, 0x0a00_0001, 1_700_000_000, &modules)
             .to_vec(),
         e.stats_ack(13).to_vec(),
+        e.pull_req_known(14, &[M, ModuleId::new(1, 2)], &[42, 0])
+            .to_vec(),
+        e.route_unchanged(14, &[M], &[42]).to_vec(),
     ]
 }
 
