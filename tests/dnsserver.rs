@@ -202,6 +202,7 @@ enum Got {
     },
     Ack(u64),
     Error(u64, RetCode, String),
+    Unchanged(u64, Vec<(ModuleId, u64)>),
 }
 
 struct Client {
@@ -231,6 +232,12 @@ impl Client {
     fn pull(&mut self, seq: u64, modules: &[ModuleId]) {
         let mut out = Vec::new();
         write_frame(&mut out, self.enc.pull_req(seq, modules)).unwrap();
+        self.send_raw(&out);
+    }
+
+    fn pull_known(&mut self, seq: u64, modules: &[ModuleId], versions: &[u64]) {
+        let mut out = Vec::new();
+        write_frame(&mut out, self.enc.pull_req_known(seq, modules, versions)).unwrap();
         self.send_raw(&out);
     }
 
@@ -325,6 +332,10 @@ fn parse(frame: &[u8]) -> Got {
             e.retcode(),
             e.message().unwrap_or_default().to_string(),
         ),
+        Message::RouteUnchanged(u) => {
+            let u = u.validate().expect("one version per module");
+            Got::Unchanged(u.seq, u.modules().collect())
+        }
         other => panic!("the server sent {}", other.name()),
     }
 }
@@ -376,6 +387,46 @@ fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
 }
 
 // === the tests ===
+
+#[test]
+fn a_re_pull_of_unchanged_modules_costs_no_nodes_and_a_changed_one_comes_whole() {
+    let mut db = Db::new();
+    db.add(A, node(1));
+    let va = db.add(A, node(2));
+    let vb = db.add(B, node(3));
+    let server = db.start(1, 30);
+    let mut c = Client::connect(server.addr());
+    // The first pull: no version held, both answered whole.
+    c.pull_known(1, &[A, B], &[0, 0]);
+    assert_eq!(c.next(), answer(1, A, va, &[node(1), node(2)]));
+    assert_eq!(c.next(), answer(1, B, vb, &[node(3)]));
+    eventually("the first answers counted", || {
+        metric(&server, "lbagent_dnsserver_answer_nodes_total") == 3.0
+    });
+    // The re-pull carries the versions: one frame, no node.
+    c.pull_known(2, &[A, B], &[va, vb]);
+    assert_eq!(c.next(), Got::Unchanged(2, vec![(A, va), (B, vb)]));
+    assert_eq!(c.next_within(Duration::from_millis(200)), None);
+    eventually("the unchanged modules counted", || {
+        metric(&server, "lbagent_dnsserver_unchanged_total") == 2.0
+    });
+    assert_eq!(metric(&server, "lbagent_dnsserver_answer_nodes_total"), 3.0);
+    assert_eq!(
+        metric(&server, "lbagent_dnsserver_unchanged_frames_total"),
+        1.0
+    );
+    // A changes; the pushes go to the subscribed connection, and a re-pull
+    // at the old version gets the whole new route while B stays unchanged.
+    let va2 = db.add(A, node(4));
+    assert_eq!(c.next(), push(A, va2, &[node(1), node(2), node(4)]));
+    c.pull_known(3, &[A, B], &[va, vb]);
+    assert_eq!(c.next(), answer(3, A, va2, &[node(1), node(2), node(4)]));
+    assert_eq!(c.next(), Got::Unchanged(3, vec![(B, vb)]));
+    // A peer that sends no versions (an older agent) is answered whole.
+    c.pull(4, &[B]);
+    assert_eq!(c.next(), answer(4, B, vb, &[node(3)]));
+    server.stop().unwrap();
+}
 
 #[test]
 fn pipelined_pulls_are_answered_in_order_echoing_seq() {

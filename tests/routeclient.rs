@@ -43,6 +43,7 @@ fn config(addrs: Vec<SocketAddr>) -> RouteClientConfig {
         backoff_initial_ms: 20,
         backoff_max_ms: 200,
         max_modules_per_pull: 64,
+        refresh_ms: 0,
         jitter_seed: 1,
     }
 }
