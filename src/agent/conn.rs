@@ -1,5 +1,5 @@
 //! What the route client's and the statistics client's glommio shells
-//! share: the reconnection back-off, racing two futures, waiting for
+//! share: racing two futures, waiting for
 //! whichever of shutdown / an input item / readable bytes / a deadline
 //! comes first, and taking what a local channel already holds.
 //!
@@ -15,17 +15,6 @@ use std::time::Duration;
 use futures_lite::AsyncReadExt;
 use glommio::channels::local_channel::LocalReceiver;
 use glommio::net::TcpStream;
-
-/// The reconnection delay after `failures` consecutive failures:
-/// `min(max, initial * 2^failures)` (no overflow), jittered down by up to
-/// half with `rng`.
-pub(crate) fn backoff_delay(initial: u64, max: u64, failures: u32, rng: &mut fastrand::Rng) -> u64 {
-    let base = 1u64
-        .checked_shl(failures)
-        .and_then(|factor| initial.checked_mul(factor))
-        .map_or(max, |d| d.min(max));
-    base - rng.u64(0..=base / 2)
-}
 
 /// Which of two raced futures completed.
 pub(crate) enum Either<A, B> {

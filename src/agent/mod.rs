@@ -15,7 +15,9 @@
 //! - [`metrics`]: counters, the service-time histogram, Prometheus text.
 //! - [`liveness`]: per-loop turn counters and the systemd watchdog.
 //! - [`udp`]: batched datagram I/O (recvmmsg / sendmmsg).
-//! - `conn`: what the two TCP clients' shells share (back-off, waiting).
+//! - [`reconnect`]: what the two TCP clients' cores share: the server list,
+//!   its rotation, the back-off, replaceable at runtime.
+//! - `conn`: what the two TCP clients' shells share (waiting, racing).
 //! - [`statsclient`]: the connection to the reporters: statistics out,
 //!   acks in, a bounded buffer, reconnect with back-off and fail-over.
 
@@ -27,6 +29,7 @@ pub mod live;
 pub mod liveness;
 pub mod messages;
 pub mod metrics;
+pub mod reconnect;
 pub mod routeclient;
 pub mod runtime;
 pub mod shard;

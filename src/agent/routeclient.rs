@@ -68,7 +68,8 @@ use futures_lite::AsyncWriteExt;
 use glommio::channels::local_channel::{LocalReceiver, LocalSender};
 use glommio::net::TcpStream;
 
-use super::conn::{self, backoff_delay, race, Either, Woken};
+use super::conn::{self, race, Either, Woken};
+use super::reconnect::{LinkState, Reconnect, ReconnectPolicy};
 use super::timers::Timers;
 use crate::model::{ModuleId, RouteNode};
 use crate::wire::{
@@ -183,6 +184,17 @@ impl RouteClientConfig {
                 allowed,
             }),
             None => Ok(()),
+        }
+    }
+}
+
+impl RouteClientConfig {
+    /// The servers and back-off, for [`Reconnect`].
+    fn reconnect_policy(&self) -> ReconnectPolicy {
+        ReconnectPolicy {
+            addrs: self.addrs.clone(),
+            backoff_initial_ms: self.backoff_initial_ms,
+            backoff_max_ms: self.backoff_max_ms,
         }
     }
 }
@@ -372,26 +384,13 @@ enum Pull {
     InFlight { seq: u64 },
 }
 
-/// The connection's state.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Link {
-    /// Not connected; the next attempt is due at this instant.
-    Idle { next_attempt_at: u64 },
-    /// The shell is connecting to `addrs[index]`.
-    Connecting,
-    /// Connected to `addrs[index]`.
-    Connected,
-}
-
 /// The route client's protocol state, without I/O: see the module docs.
 #[derive(Debug)]
 pub struct RouteClientCore {
     config: RouteClientConfig,
-    link: Link,
-    /// Index in `config.addrs` of the current (or next) server.
-    index: usize,
-    /// Consecutive failures since the last connection that delivered a frame.
-    failures: u32,
+    /// The server list, the rotation and the back-off.
+    link: Reconnect,
+    /// The re-pull jitter.
     rng: fastrand::Rng,
     /// Every module wanted and not answered.
     pulls: HashMap<ModuleId, Pull>,
@@ -432,10 +431,8 @@ impl RouteClientCore {
         config.validate()?;
         Ok(RouteClientCore {
             config: config.clone(),
-            link: Link::Idle { next_attempt_at: 0 },
-            index: 0,
-            failures: 0,
-            rng: fastrand::Rng::with_seed(config.jitter_seed),
+            link: Reconnect::new(config.reconnect_policy(), config.jitter_seed),
+            rng: fastrand::Rng::with_seed(config.jitter_seed.rotate_left(17)),
             pulls: HashMap::new(),
             queue: VecDeque::new(),
             batches: BTreeMap::new(),
@@ -548,7 +545,7 @@ impl RouteClientCore {
         if let Some(Pull::InFlight { seq }) = pull {
             self.close_batch_if_done(seq);
         }
-        if self.link == Link::Connected && (subscribed || in_flight) {
+        if self.link.is_connected() && (subscribed || in_flight) {
             self.unsubscribe.push(module);
         }
         subscribed || pull.is_some()
@@ -572,7 +569,7 @@ impl RouteClientCore {
 
     /// The server connected to, or being connected to, or next to try.
     pub fn current_addr(&self) -> SocketAddr {
-        self.config.addrs[self.index]
+        self.link.current_addr()
     }
 
     /// Replaces the address list (a configuration reload). The next attempt
@@ -589,7 +586,7 @@ impl RouteClientCore {
 
     /// The connected server, if any.
     pub fn connected(&self) -> Option<SocketAddr> {
-        (self.link == Link::Connected).then(|| self.current_addr())
+        self.link.connected()
     }
 
     /// The counters.
@@ -601,13 +598,29 @@ impl RouteClientCore {
     /// has elapsed; the core then waits for [`Self::on_connected`] or
     /// [`Self::on_disconnected`].
     pub fn poll_connect(&mut self, now: u64) -> Option<SocketAddr> {
-        match self.link {
-            Link::Idle { next_attempt_at } if now >= next_attempt_at => {
-                self.link = Link::Connecting;
-                Some(self.current_addr())
-            }
-            _ => None,
-        }
+        self.link.poll_connect(now)
+    }
+
+    /// Takes a reloaded configuration: the server list and back-off (from
+    /// the next attempt on; the connection in place is kept), the
+    /// keep-alive, idle and re-pull intervals (from their next use), the
+    /// batch size. The jitter seed is kept.
+    ///
+    /// # Errors
+    /// What [`RouteClientConfig::validate`] returns; nothing changes then.
+    pub fn reconfigure(&mut self, config: &RouteClientConfig) -> Result<(), RouteConfigError> {
+        config.validate()?;
+        self.link.reconfigure(config.reconnect_policy());
+        self.config = RouteClientConfig {
+            jitter_seed: self.config.jitter_seed,
+            ..config.clone()
+        };
+        Ok(())
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &RouteClientConfig {
+        &self.config
     }
 
     /// The connection to [`Self::current_addr`] is up: every module queued
@@ -626,7 +639,7 @@ impl RouteClientCore {
             self.want(module);
         }
         self.subscribed = subscribed;
-        self.link = Link::Connected;
+        self.link.on_connected();
         self.stats.connects += 1;
         self.next_keepalive_at = now.saturating_add(self.config.keepalive_ms);
         self.keepalive_due = None;
@@ -641,21 +654,10 @@ impl RouteClientCore {
         self.requeue_in_flight();
         // A new connection starts without subscriptions.
         self.unsubscribe.clear();
-        let delay = self.backoff();
-        self.failures = self.failures.saturating_add(1);
-        self.index = (self.index + 1) % self.config.addrs.len();
-        self.link = Link::Idle {
-            next_attempt_at: now.saturating_add(delay),
-        };
+        self.link.on_disconnected(now);
         self.keepalive_due = None;
         self.waiting_since = None;
         self.stats.disconnects += 1;
-    }
-
-    /// The delay before the next attempt, for `self.failures` so far.
-    fn backoff(&mut self) -> u64 {
-        let (initial, max) = (self.config.backoff_initial_ms, self.config.backoff_max_ms);
-        backoff_delay(initial, max, self.failures, &mut self.rng)
     }
 
     /// Moves every in-flight pull back to the front of the queue, in the
@@ -680,7 +682,7 @@ impl RouteClientCore {
     /// ([`RouteClientConfig::max_modules_per_pull`] each) and a KeepAlive when one is due. Returns the number of frames appended;
     /// none while not connected.
     pub fn poll_transmit(&mut self, now: u64, out: &mut Vec<u8>) -> usize {
-        if self.link != Link::Connected {
+        if !self.link.is_connected() {
             return 0;
         }
         let mut frames = 0;
@@ -863,7 +865,7 @@ impl RouteClientCore {
             other => return Err(RouteClientError::Unexpected(other.name())),
         };
         // The server is alive and the connection healthy: reset the back-off.
-        self.failures = 0;
+        self.link.on_healthy();
         self.waiting_since = self.awaiting_answers().then_some(now);
         Ok(event)
     }
@@ -900,10 +902,10 @@ impl RouteClientCore {
     /// next KeepAlive, or the idle deadline, whichever is first; or
     /// [`Wake::Drop`] when the connection is dead.
     pub fn poll_timeout(&self, now: u64) -> Wake {
-        match self.link {
-            Link::Idle { next_attempt_at } => Wake::At(next_attempt_at),
-            Link::Connecting => Wake::Never,
-            Link::Connected => match self.waiting_since {
+        match self.link.state() {
+            LinkState::Idle { next_attempt_at } => Wake::At(next_attempt_at),
+            LinkState::Connecting => Wake::Never,
+            LinkState::Connected => match self.waiting_since {
                 Some(since) if now >= since.saturating_add(self.config.idle_timeout_ms) => {
                     Wake::Drop
                 }
@@ -1497,7 +1499,10 @@ mod tests {
         let got = core.on_frame(&unchanged(1, &[(A, 5), (B, 6)]), 1).unwrap();
         assert!(got.is_none(), "the caller already holds these routes");
         assert!(!core.is_pending(A) && !core.is_pending(B));
-        assert!(core.follows(A) && core.follows(B), "subscribed as any answer");
+        assert!(
+            core.follows(A) && core.follows(B),
+            "subscribed as any answer"
+        );
         let st = core.stats();
         assert_eq!((st.unchanged, st.nodes_received, st.answers), (2, 0, 0));
         assert_eq!(core.poll_timeout(2), Wake::At(1000), "nothing awaited");
@@ -1513,7 +1518,10 @@ mod tests {
         let mut core = connected(&config(), 0);
         core.want(A);
         transmit(&mut core, 0);
-        assert!(core.on_frame(&unchanged(7, &[(A, 1)]), 1).unwrap().is_none());
+        assert!(core
+            .on_frame(&unchanged(7, &[(A, 1)]), 1)
+            .unwrap()
+            .is_none());
         assert!(core.is_in_flight(A));
         assert_eq!(core.stats().stale_answers, 1);
         assert_eq!(core.stats().unchanged, 0);
@@ -1630,7 +1638,11 @@ mod tests {
         core.poll_connect(50_000).unwrap();
         core.on_connected(50_000);
         let sent = transmit(&mut core, 50_000);
-        assert_eq!(sent.pulls, vec![(2, vec![A])], "once, not once more for the refresh");
+        assert_eq!(
+            sent.pulls,
+            vec![(2, vec![A])],
+            "once, not once more for the refresh"
+        );
         assert_eq!(core.stats().refreshes, 0);
         assert_eq!(transmit(&mut core, 50_001), Sent::default());
     }
@@ -2017,12 +2029,12 @@ mod tests {
         c.backoff_max_ms = u64::MAX;
         let mut core = RouteClientCore::new(&c).unwrap();
         for failures in [0, 1, 2, 63, 64, 65, 1000, u32::MAX] {
-            core.failures = failures;
-            assert!(core.backoff() >= u64::MAX / 4, "{failures} failures");
+            core.link.set_failures(failures);
+            assert!(core.link.backoff() >= u64::MAX / 4, "{failures} failures");
         }
         let mut core = RouteClientCore::new(&config()).unwrap();
-        core.failures = u32::MAX;
-        assert!((2500..=5000).contains(&core.backoff()));
+        core.link.set_failures(u32::MAX);
+        assert!((2500..=5000).contains(&core.link.backoff()));
         core.poll_connect(u64::MAX).unwrap();
         core.on_disconnected(u64::MAX);
         assert_eq!(core.poll_timeout(u64::MAX), Wake::At(u64::MAX));

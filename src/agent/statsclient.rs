@@ -109,7 +109,8 @@ use glommio::channels::local_channel::{LocalReceiver, LocalSender};
 use glommio::net::TcpStream;
 
 use super::clock;
-use super::conn::{self, backoff_delay, race, Either, Woken};
+use super::conn::{self, race, Either, Woken};
+use super::reconnect::{LinkState, Reconnect, ReconnectPolicy};
 use crate::lb::NodeCallStats;
 use crate::model::ModuleId;
 use crate::wire::{
@@ -253,6 +254,17 @@ impl StatsClientConfig {
                 allowed,
             }),
             None => Ok(()),
+        }
+    }
+}
+
+impl StatsClientConfig {
+    /// The servers and back-off, for [`Reconnect`].
+    fn reconnect_policy(&self) -> ReconnectPolicy {
+        ReconnectPolicy {
+            addrs: self.addrs.clone(),
+            backoff_initial_ms: self.backoff_initial_ms,
+            backoff_max_ms: self.backoff_max_ms,
         }
     }
 }
@@ -454,27 +466,12 @@ struct Batch {
     entries: VecDeque<Entry>,
 }
 
-/// The connection's state.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Link {
-    /// Not connected; the next attempt is due at this instant.
-    Idle { next_attempt_at: u64 },
-    /// The shell is connecting to `addrs[index]`.
-    Connecting,
-    /// Connected to `addrs[index]`.
-    Connected,
-}
-
 /// The stats client's protocol state, without I/O: see the module docs.
 #[derive(Debug)]
 pub struct StatsClientCore {
     config: StatsClientConfig,
-    link: Link,
-    /// Index in `config.addrs` of the current (or next) reporter.
-    index: usize,
-    /// Consecutive failures since the last connection that delivered a frame.
-    failures: u32,
-    rng: fastrand::Rng,
+    /// The server list, the rotation and the back-off.
+    link: Reconnect,
     /// Reports that lost their connection, to send first, oldest first.
     resend: VecDeque<Batch>,
     /// Entries in no report yet, oldest first.
@@ -505,10 +502,7 @@ impl StatsClientCore {
         config.validate()?;
         Ok(StatsClientCore {
             config: config.clone(),
-            link: Link::Idle { next_attempt_at: 0 },
-            index: 0,
-            failures: 0,
-            rng: fastrand::Rng::with_seed(config.jitter_seed),
+            link: Reconnect::new(config.reconnect_policy(), config.jitter_seed),
             resend: VecDeque::new(),
             queue: VecDeque::new(),
             queued: 0,
@@ -579,7 +573,7 @@ impl StatsClientCore {
 
     /// The reporter connected to, or being connected to, or next to try.
     pub fn current_addr(&self) -> SocketAddr {
-        self.config.addrs[self.index]
+        self.link.current_addr()
     }
 
     /// Replaces the address list (a configuration reload). The next attempt
@@ -596,7 +590,7 @@ impl StatsClientCore {
 
     /// The connected reporter, if any.
     pub fn connected(&self) -> Option<SocketAddr> {
-        (self.link == Link::Connected).then(|| self.current_addr())
+        self.link.connected()
     }
 
     /// The counters, gauges included.
@@ -618,19 +612,36 @@ impl StatsClientCore {
     /// has elapsed; the core then waits for [`Self::on_connected`] or
     /// [`Self::on_disconnected`].
     pub fn poll_connect(&mut self, now: u64) -> Option<SocketAddr> {
-        match self.link {
-            Link::Idle { next_attempt_at } if now >= next_attempt_at => {
-                self.link = Link::Connecting;
-                Some(self.current_addr())
-            }
-            _ => None,
-        }
+        self.link.poll_connect(now)
+    }
+
+    /// Takes a reloaded configuration: the server list and back-off (from
+    /// the next attempt on; the connection in place is kept), the caller
+    /// address, the bounds and timeouts (from their next use). The jitter
+    /// seed is kept. A smaller `max_queued` applies at the next push or
+    /// disconnection.
+    ///
+    /// # Errors
+    /// What [`StatsClientConfig::validate`] returns; nothing changes then.
+    pub fn reconfigure(&mut self, config: &StatsClientConfig) -> Result<(), StatsConfigError> {
+        config.validate()?;
+        self.link.reconfigure(config.reconnect_policy());
+        self.config = StatsClientConfig {
+            jitter_seed: self.config.jitter_seed,
+            ..config.clone()
+        };
+        Ok(())
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &StatsClientConfig {
+        &self.config
     }
 
     /// The connection to [`Self::current_addr`] is up: reports that lost
     /// their connection are sent first, then the queue.
     pub fn on_connected(&mut self, _now: u64) {
-        self.link = Link::Connected;
+        self.link.on_connected();
         self.stats.connects += 1;
         self.waiting_since = None;
     }
@@ -646,13 +657,7 @@ impl StatsClientCore {
         }
         self.in_flight_entries = 0;
         self.enforce_bound();
-        let (initial, max) = (self.config.backoff_initial_ms, self.config.backoff_max_ms);
-        let delay = backoff_delay(initial, max, self.failures, &mut self.rng);
-        self.failures = self.failures.saturating_add(1);
-        self.index = (self.index + 1) % self.config.addrs.len();
-        self.link = Link::Idle {
-            next_attempt_at: now.saturating_add(delay),
-        };
+        self.link.on_disconnected(now);
         self.waiting_since = None;
         self.stats.disconnects += 1;
     }
@@ -662,11 +667,7 @@ impl StatsClientCore {
     /// (an attempt under way is taken as abandoned).
     pub fn start_flush(&mut self, now: u64) {
         self.flushing = true;
-        if self.link != Link::Connected {
-            self.link = Link::Idle {
-                next_attempt_at: now,
-            };
-        }
+        self.link.attempt_now(now);
     }
 
     /// Appends to `out` every StatsReport due now: re-sends first, then new
@@ -674,7 +675,7 @@ impl StatsClientCore {
     /// [`StatsClientConfig::max_reports_in_flight`] are in flight. Returns
     /// the number of frames appended; none while not connected.
     pub fn poll_transmit(&mut self, now: u64, out: &mut Vec<u8>) -> usize {
-        if self.link != Link::Connected {
+        if !self.link.is_connected() {
             return 0;
         }
         let mut frames = 0;
@@ -791,7 +792,7 @@ impl StatsClientCore {
             other => return Err(StatsClientError::Unexpected(other.name())),
         };
         // The reporter is alive and the connection healthy: reset the back-off.
-        self.failures = 0;
+        self.link.on_healthy();
         self.waiting_since = (!self.in_flight.is_empty()).then_some(now);
         Ok(event)
     }
@@ -807,10 +808,10 @@ impl StatsClientCore {
     /// When the shell must call in again: the next connection attempt or
     /// the ack deadline; or [`Wake::Drop`] when the connection is dead.
     pub fn poll_timeout(&self, now: u64) -> Wake {
-        match self.link {
-            Link::Idle { next_attempt_at } => Wake::At(next_attempt_at),
-            Link::Connecting => Wake::Never,
-            Link::Connected => match self.waiting_since {
+        match self.link.state() {
+            LinkState::Idle { next_attempt_at } => Wake::At(next_attempt_at),
+            LinkState::Connecting => Wake::Never,
+            LinkState::Connected => match self.waiting_since {
                 Some(since) => {
                     let deadline = since.saturating_add(self.config.ack_timeout_ms);
                     if now >= deadline {

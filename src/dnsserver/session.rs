@@ -460,7 +460,10 @@ mod tests {
         );
         assert_eq!(h.counters.unchanged, 1);
         assert_eq!(h.counters.unchanged_frames, 1);
-        assert_eq!(h.counters.answer_nodes, 1, "B's one node, none of A's three");
+        assert_eq!(
+            h.counters.answer_nodes, 1,
+            "B's one node, none of A's three"
+        );
         // Unchanged modules are subscribed as any pull.
         assert!(h.registry.is_subscribed(h.session.id(), A));
     }

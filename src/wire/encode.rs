@@ -376,7 +376,11 @@ impl Encoder {
         modules: &[ModuleId],
         known_versions: &[u64],
     ) -> &[u8] {
-        assert_eq!(modules.len(), known_versions.len(), "one version per module");
+        assert_eq!(
+            modules.len(),
+            known_versions.len(),
+            "one version per module"
+        );
         self.fbb.reset();
         let modules = self.structs(modules, fb::ModuleId::from);
         let known_versions = Some(self.fbb.create_vector(known_versions));
