@@ -17,7 +17,9 @@
 //! - [`udp`]: batched datagram I/O (recvmmsg / sendmmsg).
 //! - [`reconnect`]: what the two TCP clients' cores share: the server list,
 //!   its rotation, the back-off, replaceable at runtime.
-//! - `conn`: what the two TCP clients' shells share (waiting, racing).
+//! - `link_shell`: the one glommio shell both TCP clients run in (connect,
+//!   frame I/O, deadlines, input, events), around their sans-IO cores.
+//! - `conn`: the shell's waiting and racing primitives.
 //! - [`statsclient`]: the connection to the reporters: statistics out,
 //!   acks in, a bounded buffer, reconnect with back-off and fail-over.
 
@@ -25,6 +27,7 @@ pub mod clock;
 pub(crate) mod conn;
 pub mod control;
 pub mod heartbeat;
+pub(crate) mod link_shell;
 pub mod live;
 pub mod liveness;
 pub mod messages;

@@ -13,6 +13,19 @@
 
 use std::net::SocketAddr;
 
+/// When the shell must call a client's core again (its `poll_timeout`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Wake {
+    /// At this instant (ms) at the latest.
+    At(u64),
+    /// The connection is dead (nothing heard while answers were due):
+    /// close it and call the core's `on_disconnected`.
+    Drop,
+    /// No deadline: only a frame, an input item or the end of a connect
+    /// attempt moves things on.
+    Never,
+}
+
 /// The connection's state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LinkState {

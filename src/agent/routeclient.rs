@@ -54,26 +54,24 @@
 //!     });
 //! ```
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
-use std::pin::{pin, Pin};
+use std::pin::pin;
 use std::rc::Rc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use futures_lite::AsyncWriteExt;
 use glommio::channels::local_channel::{LocalReceiver, LocalSender};
-use glommio::net::TcpStream;
 
-use super::conn::{self, race, Either, Woken};
+use super::link_shell::{LinkCore, LinkShell};
 use super::reconnect::{LinkState, Reconnect, ReconnectPolicy};
 use super::timers::Timers;
 use crate::model::{ModuleId, RouteNode};
 use crate::wire::{
-    decode, write_frame, DecodeError, Encoder, FrameDecoder, FrameError, Limits, Message, RetCode,
+    decode, write_frame, DecodeError, Encoder, FrameError, Limits, Message, RetCode,
     ValidationError, MAX_PULL_MODULES,
 };
 
@@ -342,18 +340,7 @@ pub struct RouteClientStats {
     pub keepalive_acks: u64,
 }
 
-/// When the shell must call the core again, from [`RouteClientCore::poll_timeout`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Wake {
-    /// At this instant (ms) at the latest.
-    At(u64),
-    /// The connection is dead ([`RouteClientError::Idle`]): close it and
-    /// call [`RouteClientCore::on_disconnected`].
-    Drop,
-    /// No deadline: only a frame, a want or the end of a connect attempt
-    /// moves things on.
-    Never,
-}
+pub use super::reconnect::Wake;
 
 // === the core ===
 
@@ -572,16 +559,17 @@ impl RouteClientCore {
         self.link.current_addr()
     }
 
-    /// Replaces the address list (a configuration reload). The next attempt
-    /// goes to the current address if the new list has it, else to the
-    /// list's first; a connection up now is not touched. Empty: ignored.
+    /// Replaces the address list (a configuration reload), as
+    /// [`Reconnect::reconfigure`] says: a connection up now (or an attempt
+    /// under way) is kept and the new list applies when it ends; while
+    /// waiting for an attempt, the next one goes to the current address if
+    /// the new list has it, else to the list's first. Empty: ignored.
     pub fn set_addrs(&mut self, addrs: Vec<SocketAddr>) {
         if addrs.is_empty() {
             return;
         }
-        let current = self.current_addr();
-        self.index = addrs.iter().position(|a| *a == current).unwrap_or(0);
         self.config.addrs = addrs;
+        self.link.reconfigure(self.config.reconnect_policy());
     }
 
     /// The connected server, if any.
@@ -954,6 +942,8 @@ struct StatusInner {
     /// A new address list from a configuration reload, for [`run`] to take.
     new_addrs: std::cell::RefCell<Option<Vec<SocketAddr>>>,
     stats: Cell<RouteClientStats>,
+    /// A configuration to apply at the client's next step.
+    reconfig: RefCell<Option<RouteClientConfig>>,
 }
 
 impl RouteClientStatus {
@@ -968,15 +958,36 @@ impl RouteClientStatus {
     }
 
     /// Replaces the route servers (a configuration reload): taken when the client
-    /// next chooses where to connect; a connection up now is kept until it
-    /// ends. An empty list is ignored.
+    /// next step (see [`Self::reconfigure`] for when); a connection up now is
+    /// kept until it ends. An empty list is ignored.
     pub fn set_addrs(&self, addrs: Vec<SocketAddr>) {
         if !addrs.is_empty() {
             *self.inner.new_addrs.borrow_mut() = Some(addrs);
         }
     }
 
-    fn publish(&self, core: &RouteClientCore) {
+    /// Replaces the running client's configuration (a reload): checked
+    /// now, applied by the client at its next wake-up (at most
+    /// `keepalive_ms` while connected, the back-off while not), as
+    /// [`RouteClientCore::reconfigure`] says.
+    ///
+    /// # Errors
+    /// What [`RouteClientConfig::validate`] returns; nothing changes then.
+    pub fn reconfigure(&self, config: RouteClientConfig) -> Result<(), RouteConfigError> {
+        config.validate()?;
+        *self.inner.reconfig.borrow_mut() = Some(config);
+        Ok(())
+    }
+
+    /// Applies a pending configuration and publishes the core's state.
+    fn sync(&self, core: &mut RouteClientCore) {
+        if let Some(config) = self.inner.reconfig.borrow_mut().take() {
+            // Validated by `reconfigure`.
+            let _ = core.reconfigure(&config);
+        }
+        if let Some(addrs) = self.inner.new_addrs.borrow_mut().take() {
+            core.set_addrs(addrs);
+        }
         self.inner.connected.set(core.connected());
         self.inner.stats.set(core.stats());
     }
@@ -1004,210 +1015,74 @@ pub async fn run<W: Into<Want>>(
     status: RouteClientStatus,
 ) -> Result<(), RouteConfigError> {
     let core = RouteClientCore::new(&config)?;
-    let mut shell = Shell {
-        core,
-        clock: Instant::now(),
-        connect_timeout: Duration::from_millis(config.connect_timeout_ms),
-        write_timeout: Duration::from_millis(config.idle_timeout_ms),
-        wants,
-        wants_open: true,
-        events,
-        status,
+    let sync = {
+        let status = status.clone();
+        Box::new(move |core: &mut RouteClientCore| status.sync(core))
     };
-    let shutdown = pin!(shutdown);
-    shell.run(shutdown).await;
-    shell.status.inner.connected.set(None);
+    let mut shell = LinkShell::new(
+        core,
+        0,
+        Duration::from_millis(config.connect_timeout_ms),
+        Duration::from_millis(config.idle_timeout_ms),
+        wants,
+        events,
+        sync,
+    );
+    shell.run(pin!(shutdown)).await;
+    status.inner.connected.set(None);
     Ok(())
 }
 
-/// Why [`Shell::serve`] or a wait returned.
-enum Stop {
-    /// Shutdown requested, or nobody listens to the events any more.
-    Shutdown,
-    /// The connection failed.
-    Failed(RouteClientError),
-}
+// === impl LinkCore ===
 
-struct Shell<W> {
-    core: RouteClientCore,
-    clock: Instant,
-    connect_timeout: Duration,
-    write_timeout: Duration,
-    wants: LocalReceiver<W>,
-    wants_open: bool,
-    events: LocalSender<RouteClientEvent>,
-    status: RouteClientStatus,
-}
+impl LinkCore for RouteClientCore {
+    type Input = Want;
+    type Event = RouteClientEvent;
+    type Error = RouteClientError;
 
-impl<W: Into<Want>> Shell<W> {
-    fn now(&self) -> u64 {
-        self.clock.elapsed().as_millis() as u64
+    fn poll_connect(&mut self, now: u64) -> Option<SocketAddr> {
+        RouteClientCore::poll_connect(self, now)
     }
-
-    async fn run(&mut self, mut shutdown: Pin<&mut impl Future<Output = ()>>) {
-        loop {
-            if let Some(addrs) = self.status.inner.new_addrs.take() {
-                self.core.set_addrs(addrs);
-            }
-            let Some(addr) = self.core.poll_connect(self.now()) else {
-                let stream = None;
-                match self.wait(shutdown.as_mut(), stream).await {
-                    Woken::Shutdown => return,
-                    woken => self.on_woken(woken),
-                }
-                continue;
-            };
-            let connect = TcpStream::connect_timeout(addr, self.connect_timeout);
-            let mut stream = match race(shutdown.as_mut(), connect).await {
-                Either::Left(()) => return,
-                Either::Right(Ok(stream)) => stream,
-                Either::Right(Err(e)) => {
-                    self.core.on_disconnected(self.now());
-                    self.status.publish(&self.core);
-                    let error = RouteClientError::Io(e.into());
-                    if !self
-                        .emit(RouteClientEvent::ConnectFailed { addr, error })
-                        .await
-                    {
-                        return;
-                    }
-                    continue;
-                }
-            };
-            // Small frames must not wait for Nagle; a write blocked this
-            // long means the server stopped reading.
-            let _ = stream.set_nodelay(true);
-            let _ = stream.set_write_timeout(Some(self.write_timeout));
-            self.core.on_connected(self.now());
-            self.status.publish(&self.core);
-            let stop = if self.emit(RouteClientEvent::Connected(addr)).await {
-                self.serve(&mut stream, shutdown.as_mut()).await
-            } else {
-                Stop::Shutdown
-            };
-            self.core.on_disconnected(self.now());
-            self.status.publish(&self.core);
-            match stop {
-                Stop::Shutdown => return,
-                Stop::Failed(error) => {
-                    if !self
-                        .emit(RouteClientEvent::Disconnected { addr, error })
-                        .await
-                    {
-                        return;
-                    }
-                }
-            }
-        }
+    fn on_connected(&mut self, now: u64) {
+        RouteClientCore::on_connected(self, now)
     }
-
-    /// Moves frames between `stream` and the core until the connection
-    /// fails or shutdown.
-    async fn serve(
+    fn on_disconnected(&mut self, now: u64) {
+        RouteClientCore::on_disconnected(self, now)
+    }
+    fn poll_transmit(&mut self, now: u64, out: &mut Vec<u8>) -> usize {
+        RouteClientCore::poll_transmit(self, now, out)
+    }
+    fn on_frame(
         &mut self,
-        stream: &mut TcpStream,
-        mut shutdown: Pin<&mut impl Future<Output = ()>>,
-    ) -> Stop {
-        let mut frames = FrameDecoder::default();
-        let mut out = Vec::new();
-        let mut buf = vec![0; 16 << 10];
-        loop {
-            self.drain_wants().await;
-            out.clear();
-            if self.core.poll_transmit(self.now(), &mut out) > 0 {
-                if let Err(e) = stream.write_all(&out).await {
-                    return Stop::Failed(e.into());
-                }
-                self.status.publish(&self.core);
-            }
-            if self.core.poll_timeout(self.now()) == Wake::Drop {
-                return Stop::Failed(RouteClientError::Idle(self.core.config.idle_timeout_ms));
-            }
-            let woken = self
-                .wait(shutdown.as_mut(), Some((&mut *stream, &mut buf)))
-                .await;
-            match woken {
-                Woken::Shutdown => return Stop::Shutdown,
-                Woken::Read(Ok(0)) => return Stop::Failed(RouteClientError::Closed),
-                Woken::Read(Ok(n)) => frames.feed(&buf[..n]),
-                Woken::Read(Err(e)) => return Stop::Failed(e.into()),
-                woken => {
-                    self.on_woken(woken);
-                    continue;
-                }
-            }
-            let result = self.deliver(&mut frames).await;
-            self.status.publish(&self.core);
-            match result {
-                Ok(true) => {}
-                Ok(false) => return Stop::Shutdown,
-                Err(e) => return Stop::Failed(e),
-            }
-        }
+        frame: &[u8],
+        now: u64,
+    ) -> Result<Option<RouteClientEvent>, Self::Error> {
+        RouteClientCore::on_frame(self, frame, now)
     }
-
-    /// Feeds every complete frame to the core and emits its events; false
-    /// when the events channel is closed.
-    async fn deliver(&mut self, frames: &mut FrameDecoder) -> Result<bool, RouteClientError> {
-        let now = self.now();
-        while let Some(frame) = frames.next_frame()? {
-            if let Some(event) = self.core.on_frame(frame, now)? {
-                if !self.emit(event).await {
-                    return Ok(false);
-                }
-            }
-        }
-        Ok(true)
+    fn poll_timeout(&self, now: u64) -> Wake {
+        RouteClientCore::poll_timeout(self, now)
     }
-
-    /// Waits for shutdown, a want, bytes read from `stream` into its
-    /// buffer, or the core's deadline.
-    async fn wait(
-        &mut self,
-        shutdown: Pin<&mut impl Future<Output = ()>>,
-        stream: Option<(&mut TcpStream, &mut [u8])>,
-    ) -> Woken<W> {
-        let now = self.now();
-        let deadline = match self.core.poll_timeout(now) {
-            Wake::At(at) => Some(Duration::from_millis(at.saturating_sub(now))),
-            Wake::Drop => Some(Duration::ZERO),
-            Wake::Never => None,
+    fn on_input(&mut self, want: Want, _now: u64) {
+        match want {
+            Want::Pull(module) => self.want(module),
+            Want::PullKnown(module, version) => self.want_known(module, version),
+            Want::Forget(module) => self.forget(module),
         };
-        let wants = self.wants_open.then_some(&self.wants);
-        conn::wait(shutdown, wants, stream, deadline).await
     }
-
-    fn on_woken(&mut self, woken: Woken<W>) {
-        match woken {
-            Woken::Input(Some(want)) => match want.into() {
-                Want::Pull(module) => {
-                    self.core.want(module);
-                }
-                Want::Forget(module) => {
-                    self.core.forget(module);
-                }
-                Want::PullKnown(module, version) => {
-                    self.core.want_known(module, version);
-                }
-            },
-            Woken::Input(None) => self.wants_open = false,
-            Woken::Shutdown | Woken::Read(_) | Woken::Timer => {}
-        }
+    fn timed_out(&self) -> RouteClientError {
+        RouteClientError::Idle(self.config.idle_timeout_ms)
     }
-
-    /// Takes every want already queued, so that they share one PullReq.
-    async fn drain_wants(&mut self) {
-        while self.wants_open {
-            match conn::try_recv(&self.wants).await {
-                Some(w) => self.on_woken(Woken::Input(w)),
-                None => return,
-            }
-        }
+    fn closed(&self) -> RouteClientError {
+        RouteClientError::Closed
     }
-
-    /// Sends `event`; false when the receiver is gone.
-    async fn emit(&self, event: RouteClientEvent) -> bool {
-        self.events.send(event).await.is_ok()
+    fn connected_event(&self, addr: SocketAddr) -> RouteClientEvent {
+        RouteClientEvent::Connected(addr)
+    }
+    fn connect_failed_event(&self, addr: SocketAddr, error: RouteClientError) -> RouteClientEvent {
+        RouteClientEvent::ConnectFailed { addr, error }
+    }
+    fn disconnected_event(&self, addr: SocketAddr, error: RouteClientError) -> RouteClientEvent {
+        RouteClientEvent::Disconnected { addr, error }
     }
 }
 
@@ -1215,6 +1090,7 @@ impl<W: Into<Want>> Shell<W> {
 mod tests {
     use super::*;
     use crate::model::NodeAddr;
+    use crate::wire::FrameDecoder;
     use std::net::Ipv4Addr;
 
     const A: ModuleId = ModuleId::new(1, 1);

@@ -94,13 +94,13 @@
 //!     });
 //! ```
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::fmt;
 use std::future::Future;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
-use std::pin::{pin, Pin};
+use std::pin::pin;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
@@ -109,13 +109,14 @@ use glommio::channels::local_channel::{LocalReceiver, LocalSender};
 use glommio::net::TcpStream;
 
 use super::clock;
-use super::conn::{self, race, Either, Woken};
+use super::conn::{race, Either};
+use super::link_shell::{LinkCore, LinkShell};
 use super::reconnect::{LinkState, Reconnect, ReconnectPolicy};
 use crate::lb::NodeCallStats;
 use crate::model::ModuleId;
 use crate::wire::{
-    decode, write_frame, DecodeError, Encoder, FrameDecoder, FrameError, Limits, Message,
-    ModuleStats, NodeStats, RetCode,
+    decode, write_frame, DecodeError, Encoder, FrameError, Limits, Message, ModuleStats, NodeStats,
+    RetCode,
 };
 
 /// The most entries one StatsReport may carry.
@@ -434,18 +435,7 @@ pub struct StatsClientStats {
     pub server_errors: u64,
 }
 
-/// When the shell must call the core again, from [`StatsClientCore::poll_timeout`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Wake {
-    /// At this instant (ms) at the latest.
-    At(u64),
-    /// The connection is dead ([`StatsClientError::AckTimeout`]): close it
-    /// and call [`StatsClientCore::on_disconnected`].
-    Drop,
-    /// No deadline: only a frame, a push or the end of a connect attempt
-    /// moves things on.
-    Never,
-}
+pub use super::reconnect::Wake;
 
 // === the core ===
 
@@ -576,16 +566,17 @@ impl StatsClientCore {
         self.link.current_addr()
     }
 
-    /// Replaces the address list (a configuration reload). The next attempt
-    /// goes to the current address if the new list has it, else to the
-    /// list's first; a connection up now is not touched. Empty: ignored.
+    /// Replaces the address list (a configuration reload), as
+    /// [`Reconnect::reconfigure`] says: a connection up now (or an attempt
+    /// under way) is kept and the new list applies when it ends; while
+    /// waiting for an attempt, the next one goes to the current address if
+    /// the new list has it, else to the list's first. Empty: ignored.
     pub fn set_addrs(&mut self, addrs: Vec<SocketAddr>) {
         if addrs.is_empty() {
             return;
         }
-        let current = self.current_addr();
-        self.index = addrs.iter().position(|a| *a == current).unwrap_or(0);
         self.config.addrs = addrs;
+        self.link.reconfigure(self.config.reconnect_policy());
     }
 
     /// The connected reporter, if any.
@@ -841,6 +832,8 @@ struct StatusInner {
     /// A new address list from a configuration reload, for [`run`] to take.
     new_addrs: std::cell::RefCell<Option<Vec<SocketAddr>>>,
     stats: Cell<StatsClientStats>,
+    /// A configuration to apply at the client's next step.
+    reconfig: RefCell<Option<StatsClientConfig>>,
 }
 
 impl StatsClientStatus {
@@ -857,15 +850,36 @@ impl StatsClientStatus {
     }
 
     /// Replaces the reporters (a configuration reload): taken when the client
-    /// next chooses where to connect; a connection up now is kept until it
-    /// ends. An empty list is ignored.
+    /// next step (see [`Self::reconfigure`] for when); a connection up now is
+    /// kept until it ends. An empty list is ignored.
     pub fn set_addrs(&self, addrs: Vec<SocketAddr>) {
         if !addrs.is_empty() {
             *self.inner.new_addrs.borrow_mut() = Some(addrs);
         }
     }
 
-    fn publish(&self, core: &StatsClientCore) {
+    /// Replaces the running client's configuration (a reload): checked
+    /// now, applied by the client at its next wake-up (the next statistics
+    /// pushed, an ack, or the back-off), as
+    /// [`StatsClientCore::reconfigure`] says.
+    ///
+    /// # Errors
+    /// What [`StatsClientConfig::validate`] returns; nothing changes then.
+    pub fn reconfigure(&self, config: StatsClientConfig) -> Result<(), StatsConfigError> {
+        config.validate()?;
+        *self.inner.reconfig.borrow_mut() = Some(config);
+        Ok(())
+    }
+
+    /// Applies a pending configuration and publishes the core's state.
+    fn sync(&self, core: &mut StatsClientCore) {
+        if let Some(config) = self.inner.reconfig.borrow_mut().take() {
+            // Validated by `reconfigure`.
+            let _ = core.reconfigure(&config);
+        }
+        if let Some(addrs) = self.inner.new_addrs.borrow_mut().take() {
+            core.set_addrs(addrs);
+        }
         self.inner.connected.set(core.connected());
         self.inner.stats.set(core.stats());
     }
@@ -897,331 +911,166 @@ pub async fn run(
     status: StatsClientStatus,
 ) -> Result<(), StatsConfigError> {
     let core = StatsClientCore::new(&config)?;
-    let mut shell = Shell {
-        core,
-        origin_ms: clock::unix_ms(),
-        clock: Instant::now(),
-        connect_timeout: Duration::from_millis(config.connect_timeout_ms),
-        write_timeout: Duration::from_millis(config.ack_timeout_ms),
-        flush_timeout: Duration::from_millis(config.flush_timeout_ms),
-        input,
-        input_open: true,
-        events,
-        status,
-        frames: FrameDecoder::default(),
+    let sync = {
+        let status = status.clone();
+        Box::new(move |core: &mut StatsClientCore| status.sync(core))
     };
-    let shutdown = pin!(shutdown);
-    shell.run(shutdown).await;
-    shell.status.publish(&shell.core);
-    shell.status.inner.connected.set(None);
+    let mut shell = LinkShell::new(
+        core,
+        clock::unix_ms(),
+        Duration::from_millis(config.connect_timeout_ms),
+        Duration::from_millis(config.ack_timeout_ms),
+        input,
+        events,
+        sync,
+    );
+    let mut stream = shell.run(pin!(shutdown)).await;
+    let flush_timeout = Duration::from_millis(shell.core.config.flush_timeout_ms);
+    flush(&mut shell, stream.as_mut(), flush_timeout).await;
+    shell.publish();
+    status.inner.connected.set(None);
     Ok(())
 }
 
-/// Why [`Shell::serve`] returned.
-enum Stop {
-    /// Shutdown requested, or nobody listens to the events any more.
-    Shutdown,
-    /// The connection failed.
-    Failed(StatsClientError),
-}
+type Shell = LinkShell<StatsClientCore, StatsItem>;
 
-struct Shell {
-    core: StatsClientCore,
-    /// Unix milliseconds at `clock`.
-    origin_ms: u64,
-    clock: Instant,
-    connect_timeout: Duration,
-    write_timeout: Duration,
-    flush_timeout: Duration,
-    input: LocalReceiver<StatsItem>,
-    input_open: bool,
-    events: LocalSender<StatsClientEvent>,
-    status: StatsClientStatus,
-    /// The current connection's frames (kept from serving to flushing).
-    frames: FrameDecoder,
-}
-
-impl Shell {
-    /// Unix milliseconds, advanced monotonically from the start.
-    fn now(&self) -> u64 {
-        self.origin_ms
-            .saturating_add(self.clock.elapsed().as_millis() as u64)
+/// The one bounded attempt on shutdown: takes what the input holds, then,
+/// unless nothing waits, sends everything on `stream` (or on a new
+/// connection to the current address) and waits for the acks, all within
+/// `flush_timeout`. Events go out only where the channel has room.
+async fn flush(shell: &mut Shell, stream: Option<&mut TcpStream>, flush_timeout: Duration) {
+    let deadline = Instant::now() + flush_timeout;
+    shell.drain_input().await;
+    shell.try_emit_pending();
+    shell.publish();
+    if shell.core.is_drained() || flush_timeout.is_zero() {
+        return;
     }
-
-    async fn run(&mut self, mut shutdown: Pin<&mut impl Future<Output = ()>>) {
-        loop {
-            if let Some(addrs) = self.status.inner.new_addrs.take() {
-                self.core.set_addrs(addrs);
-            }
-            let Some(addr) = self.core.poll_connect(self.now()) else {
-                let woken = self.wait(shutdown.as_mut(), None).await;
-                if matches!(woken, Woken::Shutdown) || !self.on_woken(woken).await {
-                    return self.flush(None).await;
-                }
-                continue;
+    let now = shell.now();
+    shell.core.start_flush(now);
+    let mut connected;
+    let stream = match stream {
+        Some(stream) => stream,
+        None => {
+            let Some(addr) = shell.core.poll_connect(shell.now()) else {
+                return;
             };
-            let connect = TcpStream::connect_timeout(addr, self.connect_timeout);
-            let mut stream = match race(shutdown.as_mut(), connect).await {
-                Either::Left(()) => return self.flush(None).await,
-                Either::Right(Ok(stream)) => stream,
-                Either::Right(Err(e)) => {
-                    self.core.on_disconnected(self.now());
-                    self.status.publish(&self.core);
+            let timeout = shell.connect_timeout().min(left(deadline));
+            match TcpStream::connect_timeout(addr, timeout).await {
+                Ok(stream) => {
+                    shell.set_up(&stream);
+                    connected = stream;
+                    &mut connected
+                }
+                Err(e) => {
+                    let now = shell.now();
+                    shell.core.on_disconnected(now);
                     let error = StatsClientError::Io(e.into());
                     let failed = StatsClientEvent::ConnectFailed { addr, error };
-                    if !self.emit(failed).await || !self.emit_drops().await {
-                        return self.flush(None).await;
-                    }
-                    continue;
-                }
-            };
-            self.connected(&stream);
-            let stop = if self.emit(StatsClientEvent::Connected(addr)).await {
-                self.serve(&mut stream, shutdown.as_mut()).await
-            } else {
-                Stop::Shutdown
-            };
-            let error = match stop {
-                Stop::Shutdown => return self.flush(Some(&mut stream)).await,
-                Stop::Failed(error) => error,
-            };
-            let requeued = self.core.stats().in_flight;
-            self.core.on_disconnected(self.now());
-            self.status.publish(&self.core);
-            let lost = StatsClientEvent::Disconnected {
-                addr,
-                error,
-                requeued,
-            };
-            if !self.emit(lost).await || !self.emit_drops().await {
-                return self.flush(None).await;
-            }
-        }
-    }
-
-    /// Sets a new connection up and tells the core.
-    fn connected(&mut self, stream: &TcpStream) {
-        // Small frames must not wait for Nagle; a write blocked this long
-        // means the reporter stopped reading.
-        let _ = stream.set_nodelay(true);
-        let _ = stream.set_write_timeout(Some(self.write_timeout));
-        self.frames = FrameDecoder::default();
-        self.core.on_connected(self.now());
-        self.status.publish(&self.core);
-    }
-
-    /// Moves frames between `stream` and the core until the connection
-    /// fails or shutdown.
-    async fn serve(
-        &mut self,
-        stream: &mut TcpStream,
-        mut shutdown: Pin<&mut impl Future<Output = ()>>,
-    ) -> Stop {
-        let mut out = Vec::new();
-        let mut buf = vec![0; 16 << 10];
-        loop {
-            self.drain_input().await;
-            if !self.emit_drops().await {
-                return Stop::Shutdown;
-            }
-            out.clear();
-            if self.core.poll_transmit(self.now(), &mut out) > 0 {
-                if let Err(e) = stream.write_all(&out).await {
-                    return Stop::Failed(e.into());
-                }
-                self.status.publish(&self.core);
-            }
-            if self.core.poll_timeout(self.now()) == Wake::Drop {
-                let timeout = self.core.config.ack_timeout_ms;
-                return Stop::Failed(StatsClientError::AckTimeout(timeout));
-            }
-            let woken = self
-                .wait(shutdown.as_mut(), Some((&mut *stream, &mut buf)))
-                .await;
-            match woken {
-                Woken::Shutdown => return Stop::Shutdown,
-                Woken::Read(Ok(0)) => return Stop::Failed(StatsClientError::Closed),
-                Woken::Read(Ok(n)) => self.frames.feed(&buf[..n]),
-                Woken::Read(Err(e)) => return Stop::Failed(e.into()),
-                woken => {
-                    if !self.on_woken(woken).await {
-                        return Stop::Shutdown;
-                    }
-                    continue;
-                }
-            }
-            let result = self.deliver().await;
-            self.status.publish(&self.core);
-            match result {
-                Ok(true) => {}
-                Ok(false) => return Stop::Shutdown,
-                Err(e) => return Stop::Failed(e),
-            }
-        }
-    }
-
-    /// Feeds every complete frame to the core and emits its events; false
-    /// when the events channel is closed.
-    async fn deliver(&mut self) -> Result<bool, StatsClientError> {
-        let now = self.now();
-        while let Some(frame) = self.frames.next_frame()? {
-            if let Some(event) = self.core.on_frame(frame, now)? {
-                if !self.emit(event).await {
-                    return Ok(false);
-                }
-            }
-        }
-        Ok(true)
-    }
-
-    /// The one bounded attempt on shutdown: takes what `input` holds, then,
-    /// unless nothing waits, sends everything on `stream` (or on a new
-    /// connection to the current address) and waits for the acks, all
-    /// within `flush_timeout`. Events go out only where the channel has
-    /// room.
-    async fn flush(&mut self, stream: Option<&mut TcpStream>) {
-        let deadline = Instant::now() + self.flush_timeout;
-        self.drain_input().await;
-        self.try_emit_drops();
-        self.status.publish(&self.core);
-        if self.core.is_drained() || self.flush_timeout.is_zero() {
-            return;
-        }
-        self.core.start_flush(self.now());
-        let mut connected;
-        let stream = match stream {
-            Some(stream) => stream,
-            None => {
-                let Some(addr) = self.core.poll_connect(self.now()) else {
-                    return;
-                };
-                let timeout = self.connect_timeout.min(left(deadline));
-                match TcpStream::connect_timeout(addr, timeout).await {
-                    Ok(stream) => {
-                        self.connected(&stream);
-                        connected = stream;
-                        &mut connected
-                    }
-                    Err(e) => {
-                        self.core.on_disconnected(self.now());
-                        let error = StatsClientError::Io(e.into());
-                        let failed = StatsClientEvent::ConnectFailed { addr, error };
-                        let _ = self.events.try_send(failed);
-                        self.try_emit_drops();
-                        self.status.publish(&self.core);
-                        return;
-                    }
-                }
-            }
-        };
-        self.flush_on(stream, deadline).await;
-        self.status.publish(&self.core);
-    }
-
-    /// Sends everything and reads acks until drained, the deadline, or an
-    /// error.
-    async fn flush_on(&mut self, stream: &mut TcpStream, deadline: Instant) {
-        let (mut out, mut buf) = (Vec::new(), vec![0; 16 << 10]);
-        loop {
-            out.clear();
-            if self.core.poll_transmit(self.now(), &mut out) > 0 {
-                let sleep = glommio::timer::sleep(left(deadline));
-                if !matches!(
-                    race(sleep, stream.write_all(&out)).await,
-                    Either::Right(Ok(()))
-                ) {
+                    let _ = shell.events.try_send(failed);
+                    shell.try_emit_pending();
+                    shell.publish();
                     return;
                 }
             }
-            self.status.publish(&self.core);
-            let remaining = left(deadline);
-            if self.core.is_drained() || remaining.is_zero() {
+        }
+    };
+    flush_on(shell, stream, deadline).await;
+    shell.publish();
+}
+
+/// Sends everything and reads acks until drained, the deadline, or an
+/// error.
+async fn flush_on(shell: &mut Shell, stream: &mut TcpStream, deadline: Instant) {
+    let (mut out, mut buf) = (Vec::new(), vec![0; 16 << 10]);
+    loop {
+        out.clear();
+        let now = shell.now();
+        if shell.core.poll_transmit(now, &mut out) > 0 {
+            let sleep = glommio::timer::sleep(left(deadline));
+            if !matches!(
+                race(sleep, stream.write_all(&out)).await,
+                Either::Right(Ok(()))
+            ) {
                 return;
             }
-            let sleep = glommio::timer::sleep(remaining);
-            match race(sleep, stream.read(&mut buf)).await {
-                Either::Right(Ok(n)) if n > 0 => self.frames.feed(&buf[..n]),
-                _ => return,
-            }
-            let now = self.now();
-            while let Ok(Some(frame)) = self.frames.next_frame() {
-                match self.core.on_frame(frame, now) {
-                    Ok(Some(event)) => {
-                        let _ = self.events.try_send(event);
-                    }
-                    Ok(None) => {}
-                    Err(_) => return,
+        }
+        shell.publish();
+        let remaining = left(deadline);
+        if shell.core.is_drained() || remaining.is_zero() {
+            return;
+        }
+        let sleep = glommio::timer::sleep(remaining);
+        match race(sleep, stream.read(&mut buf)).await {
+            Either::Right(Ok(n)) if n > 0 => shell.frames.feed(&buf[..n]),
+            _ => return,
+        }
+        let now = shell.now();
+        while let Ok(Some(frame)) = shell.frames.next_frame() {
+            match shell.core.on_frame(frame, now) {
+                Ok(Some(event)) => {
+                    let _ = shell.events.try_send(event);
                 }
+                Ok(None) => {}
+                Err(_) => return,
             }
         }
     }
+}
 
-    /// Waits for shutdown, an input item, bytes read from `stream` into its
-    /// buffer, or the core's deadline.
-    async fn wait(
+// === impl LinkCore ===
+
+impl LinkCore for StatsClientCore {
+    type Input = StatsItem;
+    type Event = StatsClientEvent;
+    type Error = StatsClientError;
+
+    fn poll_connect(&mut self, now: u64) -> Option<SocketAddr> {
+        StatsClientCore::poll_connect(self, now)
+    }
+    fn on_connected(&mut self, now: u64) {
+        StatsClientCore::on_connected(self, now)
+    }
+    fn on_disconnected(&mut self, now: u64) {
+        StatsClientCore::on_disconnected(self, now)
+    }
+    fn poll_transmit(&mut self, now: u64, out: &mut Vec<u8>) -> usize {
+        StatsClientCore::poll_transmit(self, now, out)
+    }
+    fn on_frame(
         &mut self,
-        shutdown: Pin<&mut impl Future<Output = ()>>,
-        stream: Option<(&mut TcpStream, &mut [u8])>,
-    ) -> Woken<StatsItem> {
-        let now = self.now();
-        let deadline = match self.core.poll_timeout(now) {
-            Wake::At(at) => Some(Duration::from_millis(at.saturating_sub(now))),
-            Wake::Drop => Some(Duration::ZERO),
-            Wake::Never => None,
-        };
-        let input = self.input_open.then_some(&self.input);
-        conn::wait(shutdown, input, stream, deadline).await
+        frame: &[u8],
+        now: u64,
+    ) -> Result<Option<StatsClientEvent>, Self::Error> {
+        StatsClientCore::on_frame(self, frame, now)
     }
-
-    /// Takes an input item (and every other one already queued, so that
-    /// they share reports); false when the events channel is closed.
-    async fn on_woken(&mut self, woken: Woken<StatsItem>) -> bool {
-        if let Woken::Input(item) = woken {
-            self.on_input(item);
-            self.drain_input().await;
+    fn poll_timeout(&self, now: u64) -> Wake {
+        StatsClientCore::poll_timeout(self, now)
+    }
+    fn on_input(&mut self, (module, nodes): StatsItem, now: u64) {
+        self.push(module, nodes, now);
+    }
+    fn poll_event(&mut self) -> Option<StatsClientEvent> {
+        StatsClientCore::poll_event(self)
+    }
+    fn timed_out(&self) -> StatsClientError {
+        StatsClientError::AckTimeout(self.config.ack_timeout_ms)
+    }
+    fn closed(&self) -> StatsClientError {
+        StatsClientError::Closed
+    }
+    fn connected_event(&self, addr: SocketAddr) -> StatsClientEvent {
+        StatsClientEvent::Connected(addr)
+    }
+    fn connect_failed_event(&self, addr: SocketAddr, error: StatsClientError) -> StatsClientEvent {
+        StatsClientEvent::ConnectFailed { addr, error }
+    }
+    fn disconnected_event(&self, addr: SocketAddr, error: StatsClientError) -> StatsClientEvent {
+        StatsClientEvent::Disconnected {
+            addr,
+            error,
+            requeued: self.stats().in_flight,
         }
-        self.status.publish(&self.core);
-        self.emit_drops().await
-    }
-
-    fn on_input(&mut self, item: Option<StatsItem>) {
-        match item {
-            Some((module, nodes)) => {
-                let now = self.now();
-                self.core.push(module, nodes, now);
-            }
-            None => self.input_open = false,
-        }
-    }
-
-    /// Takes every item already queued on `input`, without waiting.
-    async fn drain_input(&mut self) {
-        while self.input_open {
-            match conn::try_recv(&self.input).await {
-                Some(item) => self.on_input(item),
-                None => return,
-            }
-        }
-    }
-
-    /// Emits the core's drop summary, if any; false when the receiver is gone.
-    async fn emit_drops(&mut self) -> bool {
-        match self.core.poll_event() {
-            Some(event) => self.emit(event).await,
-            None => true,
-        }
-    }
-
-    /// Emits the core's drop summary where the channel has room.
-    fn try_emit_drops(&mut self) {
-        if let Some(event) = self.core.poll_event() {
-            let _ = self.events.try_send(event);
-        }
-    }
-
-    /// Sends `event`; false when the receiver is gone.
-    async fn emit(&self, event: StatsClientEvent) -> bool {
-        self.events.send(event).await.is_ok()
     }
 }
 
@@ -1234,6 +1083,7 @@ fn left(deadline: Instant) -> Duration {
 mod tests {
     use super::*;
     use crate::model::NodeAddr;
+    use crate::wire::FrameDecoder;
 
     const A: ModuleId = ModuleId::new(1, 1);
     const B: ModuleId = ModuleId::new(2, 1);
