@@ -62,6 +62,9 @@ pub struct Reconnect {
     /// Consecutive failures since the last connection that proved healthy.
     failures: u32,
     rng: fastrand::Rng,
+    /// A policy given while connected or connecting: applied when that
+    /// connection ends.
+    pending: Option<ReconnectPolicy>,
 }
 
 /// The reconnection delay after `failures` consecutive failures:
@@ -88,6 +91,7 @@ impl Reconnect {
             index: 0,
             failures: 0,
             rng: fastrand::Rng::with_seed(jitter_seed),
+            pending: None,
         }
     }
 
@@ -144,6 +148,18 @@ impl Reconnect {
     /// next server after `min(max, initial * 2^failures)`, jittered down by
     /// up to half.
     pub fn on_disconnected(&mut self, now: u64) {
+        if let Some(policy) = self.pending.take() {
+            // Go on from the server just left when the new list has it,
+            // else start at the new list's first.
+            let current = self.current_addr();
+            let last = policy.addrs.len() - 1;
+            self.index = policy
+                .addrs
+                .iter()
+                .position(|a| *a == current)
+                .unwrap_or(last);
+            self.policy = policy;
+        }
         let delay = self.backoff();
         self.failures = self.failures.saturating_add(1);
         self.index = (self.index + 1) % self.policy.addrs.len();
@@ -170,18 +186,26 @@ impl Reconnect {
         }
     }
 
-    /// Replaces the server list and the back-off bounds (a reload). The
-    /// connection in place, if any, is kept; the rotation restarts at the
-    /// new list's first server when the current one is not in it, else
-    /// stays on it. An attempt waiting on the back-off keeps its time.
+    /// Replaces the server list and the back-off bounds (a reload). A
+    /// connection in place (or an attempt under way) is kept, and the new
+    /// policy applies when it ends: the next attempt goes to the server
+    /// after it in the new list, or to the new list's first when it is not
+    /// in it. While waiting for an attempt, the policy applies at once and
+    /// the attempt keeps its time (to the same server if the new list has
+    /// it, else to the new list's first).
     ///
     /// # Panics
     /// When `policy.addrs` is empty (validate first).
     pub fn reconfigure(&mut self, policy: ReconnectPolicy) {
         assert!(!policy.addrs.is_empty(), "at least one server");
+        if !matches!(self.state, LinkState::Idle { .. }) {
+            self.pending = Some(policy);
+            return;
+        }
         let current = self.current_addr();
         self.index = policy.addrs.iter().position(|a| *a == current).unwrap_or(0);
         self.policy = policy;
+        self.pending = None;
     }
 
     /// The policy in force.

@@ -1775,6 +1775,31 @@ mod tests {
     }
 
     #[test]
+    fn a_reloaded_reporter_list_keeps_what_is_queued_and_is_used_from_the_next_attempt() {
+        let mut core = connected(&config(), T0);
+        core.push(A, nodes(2), T0);
+        let mut c = config();
+        c.addrs = vec![addr(9)];
+        core.reconfigure(&c).unwrap();
+        assert_eq!(core.connected(), Some(addr(1)), "kept");
+        core.on_disconnected(T0 + 1);
+        let Wake::At(at) = core.poll_timeout(T0 + 1) else {
+            panic!()
+        };
+        assert_eq!(core.poll_connect(at), Some(addr(9)));
+        core.on_connected(at);
+        assert_eq!(
+            transmit(&mut core, at).len(),
+            1,
+            "the queued statistics go out"
+        );
+        let mut bad = config();
+        bad.addrs.clear();
+        assert!(core.reconfigure(&bad).is_err());
+        assert_accounted(&core);
+    }
+
+    #[test]
     fn a_lost_connection_moves_to_the_next_address() {
         let mut core = connected(&config(), 0);
         assert_eq!(core.connected(), Some(addr(1)));

@@ -139,7 +139,8 @@ pub struct LbConfig {
     pub wind_err_rate: f64,
     /// Consecutive bad windows that make an idle node overloaded.
     pub wind_err_limit: u32,
-    /// Seconds between route pulls of a module in use.
+    /// Seconds between route re-pulls of a module in use (versioned,
+    /// jittered down by up to a quarter; the route client's `refresh_ms`).
     pub update_timeout: u64,
     /// Seconds in an idle node's window.
     pub clear_timeout: u64,
