@@ -1488,11 +1488,9 @@ mod tests {
         }
         let mut out = Vec::new();
         core.poll_transmit(0, &mut out);
-        let mut seq = 1;
-        for chunk in modules.chunks(1024) {
+        for (seq, chunk) in (1..).zip(modules.chunks(1024)) {
             let pairs: Vec<(ModuleId, u64)> = chunk.iter().map(|&m| (m, 1)).collect();
             core.on_frame(&unchanged(seq, &pairs), 0).unwrap();
-            seq += 1;
         }
         let mut ticks = BTreeMap::<u64, usize>::new();
         for &m in &modules {
