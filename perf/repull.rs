@@ -235,15 +235,31 @@ fn before(server: &DnsServer, all: &[ModuleId], period: Duration, rounds: u32) -
         read_answers(conn, &mut frames, all.len());
     };
     // The first pull: not counted.
+    let base = counters(server).pulls;
     let start = Instant::now();
     round(&mut conn);
-    let (c0, p0) = (counters(server), proxy.sample());
+    let n = all.len() as u64;
+    let (c0, p0) = (published(server, base + n), proxy.sample());
     for r in 1..=rounds {
         sleep_until(start + period * r);
         round(&mut conn);
     }
     sleep_until(start + period * (rounds + 1));
-    cost(c0, counters(server), p0, proxy.sample())
+    let c1 = published(server, c0.pulls + u64::from(rounds) * n);
+    cost(c0, c1, p0, proxy.sample())
+}
+
+/// The route server's counters once they show at least `pulls` modules
+/// pulled (each executor publishes them periodically, not at once).
+fn published(server: &DnsServer, pulls: u64) -> Counters {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let c = counters(server);
+        if c.pulls >= pulls || Instant::now() >= deadline {
+            return c;
+        }
+        thread::sleep(Duration::from_millis(5));
+    }
 }
 
 /// Reads until `n` RouteAnswers have arrived.
@@ -271,6 +287,7 @@ fn sleep_until(t: Instant) {
 // === after: the route client ===
 
 fn after(server: &DnsServer, all: &[ModuleId], period: Duration, rounds: u32) -> Cost {
+    let base = counters(server).pulls;
     let proxy = Proxy::start(server.addr());
     let mut config = RouteClientConfig::new(vec![proxy.addr]);
     config.refresh_ms = period.as_millis() as u64;
@@ -312,7 +329,7 @@ fn after(server: &DnsServer, all: &[ModuleId], period: Duration, rounds: u32) ->
         assert!(Instant::now() < deadline, "the first pull did not complete");
         thread::sleep(Duration::from_millis(5));
     }
-    let (c0, p0) = (counters(server), proxy.sample());
+    let (c0, p0) = (published(server, base + all.len() as u64), proxy.sample());
     thread::sleep(period * rounds);
     let c = cost(c0, counters(server), p0, proxy.sample());
     stop.store(true, Ordering::Relaxed);
