@@ -1,5 +1,6 @@
 //! The route client: the control core's TCP connection to the route servers
-//! ("dnsserver"): pulls, answers, pushes, keep-alives, reconnection with
+//! ("dnsserver"): versioned pulls, answers (whole, or "unchanged at the
+//! version held"), pushes, periodic re-pulls, keep-alives, reconnection with
 //! back-off and fail-over across the configured addresses.
 //!
 //! Two layers, as quinn-proto / quinn:
@@ -7,16 +8,31 @@
 //! - [`RouteClientCore`]: the protocol, pure. Time is an argument (`now`, in
 //!   milliseconds from any fixed origin), bytes go in and out as slices; no
 //!   sockets, no clocks, no randomness but a seeded generator. Everything
-//!   subtle (deduplication, re-issue, back-off, liveness) is decided and
-//!   tested here.
-//! - [`run`]: the glommio shell. It connects, moves bytes between the socket
-//!   and the core, sleeps until the core's next deadline, and hands
+//!   subtle (deduplication, re-issue, versions, the re-pull schedule,
+//!   liveness) is decided and tested here; the server list and back-off are
+//!   [`super::reconnect`]'s.
+//! - [`run`]: the glommio shell (`link_shell`, shared with the
+//!   statistics client). It connects, moves bytes between the socket and the
+//!   core, sleeps until the core's next deadline, and hands
 //!   [`RouteClientEvent`]s to the caller. It decides nothing.
+//!
+//! The rules, in one place:
+//!
+//! - Every PullReq carries, for each module, the version the client holds
+//!   (the newest it delivered, or the caller's via
+//!   [`RouteClientCore::want_known`]; 0 for none). A module still at that
+//!   version comes back in a RouteUnchanged: no event (the caller has the
+//!   route), no nodes on the wire.
+//! - Every module followed is pulled again [`RouteClientConfig::refresh_ms`]
+//!   after its last answer, jittered down by up to a quarter and rounded up
+//!   to [`REFRESH_TICK_MS`], from one heap of deadlines: the cost is the
+//!   modules due, and modules due in one tick share PullReqs.
 //!
 //! Owns the wire conversation with the route server and nothing else: it
 //! keeps no routes (the caller does, from the events), touches no shard and
-//! no LB state, and must not grow policy about which modules to pull or when
-//! to refresh them (the caller says so with [`RouteClientCore::want`]).
+//! no LB state, and must not grow policy about which modules to follow (the
+//! caller says so with [`RouteClientCore::want`] and
+//! [`RouteClientCore::forget`]).
 //!
 //! # Embedding
 //!

@@ -11,7 +11,8 @@
 //!   sockets, no clocks, no randomness but a seeded generator. Batching,
 //!   acknowledgement, re-sending, the buffer bound, back-off and fail-over
 //!   are decided and tested here.
-//! - [`run`]: the glommio shell. It connects, moves bytes between the socket
+//! - [`run`]: the glommio shell (`link_shell`, shared with the route
+//!   client). It connects, moves bytes between the socket
 //!   and the core, sleeps until the core's next deadline, flushes once on
 //!   shutdown, and hands [`StatsClientEvent`]s to the caller. It decides
 //!   nothing.
