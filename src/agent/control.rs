@@ -396,6 +396,7 @@ pub async fn run(parts: ControlParts) {
             if let Some(addrs) = update.route_servers {
                 route_status.set_addrs(addrs);
             }
+            route_status.set_refresh_ms(update.shard.update_timeout_ms);
             if let Some(addrs) = update.reporters {
                 stats_status.set_addrs(addrs);
             }

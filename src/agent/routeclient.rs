@@ -965,6 +965,8 @@ struct StatusInner {
     stats: Cell<RouteClientStats>,
     /// A configuration to apply at the client's next step.
     reconfig: RefCell<Option<RouteClientConfig>>,
+    /// A re-pull period to apply at the client's next step.
+    new_refresh: Cell<Option<u64>>,
 }
 
 impl RouteClientStatus {
@@ -985,6 +987,12 @@ impl RouteClientStatus {
         if !addrs.is_empty() {
             *self.inner.new_addrs.borrow_mut() = Some(addrs);
         }
+    }
+
+    /// Sets the re-pull period (a reload of `lb.update_timeout`): from each
+    /// module's next scheduling on (0: no more re-pulls).
+    pub fn set_refresh_ms(&self, refresh_ms: u64) {
+        self.inner.new_refresh.set(Some(refresh_ms));
     }
 
     /// Replaces the running client's configuration (a reload): checked
@@ -1008,6 +1016,9 @@ impl RouteClientStatus {
         }
         if let Some(addrs) = self.inner.new_addrs.borrow_mut().take() {
             core.set_addrs(addrs);
+        }
+        if let Some(refresh_ms) = self.inner.new_refresh.take() {
+            core.config.refresh_ms = refresh_ms;
         }
         self.inner.connected.set(core.connected());
         self.inner.stats.set(core.stats());
