@@ -33,7 +33,7 @@
 //!   level, as reports carry it, filters among the idle nodes L5 would
 //!   choose, until it times out ([`Pick::Rejected`] when none admits).
 //! - **route update** ([`ModuleLb::update_route`]) keeps the nodes that stay,
-//!   in O(n log n).
+//!   in time linear in the nodes of the route.
 //!
 //! Where this differs from the original on purpose is listed in the README
 //! ("Where we differ from the original, and why").

@@ -58,13 +58,13 @@ pub struct NodeCallStats {
 
 /// The L5 load balancer of one module.
 ///
-/// Nodes live in `nodes`; the two lists hold indices into it. Every node is
-/// in exactly one list, the one its state names.
+/// Nodes live in `nodes`, sorted by address with no address twice, so the
+/// report path finds a node by binary search with no separate index; the
+/// two lists hold indices into it. Every node is in exactly one list, the
+/// one its state names.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ModuleLb {
     nodes: Vec<Node>,
-    /// `(addr.key(), index)` sorted by key: the report path's lookup.
-    index: Vec<(u64, u32)>,
     idle: VecDeque<u32>,
     overload: VecDeque<u32>,
     /// getHosts since the last probe, counted only while some node is overloaded.
@@ -81,7 +81,6 @@ impl ModuleLb {
     pub fn new(route: &[RouteNode], version: u64, now: Millis, p: &LbParams) -> Self {
         let mut m = ModuleLb {
             nodes: Vec::new(),
-            index: Vec::new(),
             idle: VecDeque::new(),
             overload: VecDeque::new(),
             access_cnt: 0,
@@ -102,7 +101,7 @@ impl ModuleLb {
         self.nodes.is_empty()
     }
 
-    /// Every node, in route order.
+    /// Every node, in address order ([`NodeAddr::key`]).
     pub fn nodes(&self) -> &[Node] {
         &self.nodes
     }
@@ -308,58 +307,53 @@ impl ModuleLb {
     /// after the first are ignored. An empty route leaves a module that
     /// answers [`Pick::NoSuchModule`].
     ///
-    /// Cost: one sort of the route's keys and a binary search per node,
-    /// O(n log n) with n the larger of the two routes, no per-node allocation.
+    /// Cost: linear in the nodes of both routes. The route's addresses are
+    /// put in order by a radix sort over the bytes in which they differ
+    /// (none when the route comes sorted, as the route server sends it),
+    /// then merged with the nodes held, which are kept in that order.
     pub fn update_route(&mut self, route: &[RouteNode], version: u64, now: Millis, p: &LbParams) {
         self.version = version;
-        // The wanted keys, sorted, each with its first position in `route`.
-        let mut wanted: Vec<(u64, u32)> = route
-            .iter()
-            .enumerate()
-            .map(|(pos, r)| (r.addr.key(), pos as u32))
-            .collect();
-        wanted.sort_unstable();
-        wanted.dedup_by_key(|&mut (k, _)| k);
-        // The new index of each wanted key, filled below.
-        let mut slot = vec![u32::MAX; wanted.len()];
-        let lookup = |key: u64| wanted.binary_search_by_key(&key, |&(k, _)| k).ok();
-
-        // Surviving nodes keep their relative order; old index -> new index.
-        let mut remap = vec![u32::MAX; self.nodes.len()];
+        // The wanted keys in order, each with its first position in `route`.
+        let wanted = sorted_keys(route);
+        let old = std::mem::take(&mut self.nodes);
+        // Old index -> new index; route position -> new index of a new node.
+        let mut remap = vec![u32::MAX; old.len()];
+        let mut fresh = vec![u32::MAX; route.len()];
         let mut nodes = Vec::with_capacity(wanted.len());
-        for (old, mut node) in std::mem::take(&mut self.nodes).into_iter().enumerate() {
-            if let Some(w) = lookup(node.addr().key()) {
-                node.set_weight(route[wanted[w].1 as usize].weight);
-                remap[old] = nodes.len() as u32;
-                slot[w] = nodes.len() as u32;
-                nodes.push(node);
+        let mut old_iter = old.into_iter().enumerate().peekable();
+        for &(key, pos) in &wanted {
+            // Old nodes before this key are gone.
+            while old_iter.next_if(|(_, n)| n.key() < key).is_some() {}
+            let r = &route[pos as usize];
+            let new_index = nodes.len() as u32;
+            match old_iter.next_if(|(_, n)| n.key() == key) {
+                Some((i, mut node)) => {
+                    node.set_weight(r.weight);
+                    remap[i] = new_index;
+                    nodes.push(node);
+                }
+                None => {
+                    fresh[pos as usize] = new_index;
+                    nodes.push(Node::new(*r, now, p));
+                }
             }
         }
-        let keep = |list: &VecDeque<u32>| -> VecDeque<u32> {
-            list.iter()
-                .map(|&i| remap[i as usize])
-                .filter(|&i| i != u32::MAX)
-                .collect()
+        let keep = |list: &VecDeque<u32>, extra: usize| -> VecDeque<u32> {
+            let mut out = VecDeque::with_capacity(list.len() + extra);
+            out.extend(
+                list.iter()
+                    .map(|&i| remap[i as usize])
+                    .filter(|&i| i != u32::MAX),
+            );
+            out
         };
-        let mut idle = keep(&self.idle);
-        self.overload = keep(&self.overload);
-
-        // New nodes, in the route's own order (each key at its first entry).
-        for (pos, r) in route.iter().enumerate() {
-            let Some(w) = lookup(r.addr.key()) else {
-                continue;
-            };
-            if slot[w] == u32::MAX && wanted[w].1 == pos as u32 {
-                slot[w] = nodes.len() as u32;
-                idle.push_back(nodes.len() as u32);
-                nodes.push(Node::new(*r, now, p));
-            }
-        }
+        let added = fresh.iter().filter(|&&i| i != u32::MAX).count();
+        let mut idle = keep(&self.idle, added);
+        self.overload = keep(&self.overload, 0);
+        // New nodes, in the route's own order.
+        idle.extend(fresh.iter().copied().filter(|&i| i != u32::MAX));
         self.idle = idle;
         self.nodes = nodes;
-        self.index.clear();
-        self.index
-            .extend(wanted.iter().zip(&slot).map(|(&(k, _), &i)| (k, i)));
         if self.overload.is_empty() {
             self.access_cnt = 0;
         }
@@ -408,23 +402,19 @@ impl ModuleLb {
         if let Some(i) = seen.iter().position(|&c| c != 1) {
             return Err(format!("{} is on {} lists", self.nodes[i].addr(), seen[i]));
         }
-        if self.index.len() != self.nodes.len()
-            || self
-                .index
-                .iter()
-                .any(|&(k, i)| self.nodes.get(i as usize).map(|n| n.addr().key()) != Some(k))
-        {
-            return Err("lookup index does not match the nodes".into());
+        if let Some(w) = self.nodes.windows(2).find(|w| w[0].key() >= w[1].key()) {
+            return Err(format!(
+                "nodes out of address order: {} before {}",
+                w[0].addr(),
+                w[1].addr()
+            ));
         }
         Ok(())
     }
 
     fn find(&self, addr: NodeAddr) -> Option<usize> {
         let key = addr.key();
-        self.index
-            .binary_search_by_key(&key, |&(k, _)| k)
-            .ok()
-            .map(|pos| self.index[pos].1 as usize)
+        self.nodes.binary_search_by_key(&key, Node::key).ok()
     }
 
     fn report_at(
@@ -478,4 +468,66 @@ fn rotate(list: &mut VecDeque<u32>) -> Option<u32> {
     let head = list.pop_front()?;
     list.push_back(head);
     Some(head)
+}
+
+/// The keys of `route` in increasing order, each once, with the position
+/// of its first entry in `route`. Linear: a route that comes sorted costs
+/// one pass; otherwise a stable LSD radix sort over only the bytes in which
+/// the keys differ (one or two for a route within one subnet and port),
+/// insertion sort for a handful of nodes.
+fn sorted_keys(route: &[RouteNode]) -> Vec<(u64, u32)> {
+    let mut keys: Vec<(u64, u32)> = route
+        .iter()
+        .enumerate()
+        .map(|(pos, r)| (r.addr.key(), pos as u32))
+        .collect();
+    if !keys.windows(2).all(|w| w[0].0 <= w[1].0) {
+        if keys.len() <= SMALL_SORT {
+            // Stable: among equal keys the first entry stays first.
+            for i in 1..keys.len() {
+                let mut j = i;
+                while j > 0 && keys[j - 1].0 > keys[j].0 {
+                    keys.swap(j - 1, j);
+                    j -= 1;
+                }
+            }
+        } else {
+            radix_sort(&mut keys);
+        }
+    }
+    keys.dedup_by_key(|&mut (k, _)| k);
+    keys
+}
+
+/// Routes of at most this many nodes are put in order by insertion sort.
+const SMALL_SORT: usize = 16;
+
+/// Sorts by key, stably, one counting pass per byte that varies among the
+/// keys (a key is `ip << 16 | port`: 6 bytes).
+fn radix_sort(keys: &mut Vec<(u64, u32)>) {
+    let first = keys[0].0;
+    let varying = keys.iter().fold(0u64, |acc, &(k, _)| acc | (k ^ first));
+    let mut scratch = vec![(0u64, 0u32); keys.len()];
+    for byte in 0..6 {
+        let shift = 8 * byte;
+        if (varying >> shift) & 0xff == 0 {
+            continue;
+        }
+        let mut start = [0usize; 256];
+        for &(k, _) in keys.iter() {
+            start[((k >> shift) & 0xff) as usize] += 1;
+        }
+        let mut sum = 0;
+        for c in start.iter_mut() {
+            let n = *c;
+            *c = sum;
+            sum += n;
+        }
+        for &e in keys.iter() {
+            let d = ((e.0 >> shift) & 0xff) as usize;
+            scratch[start[d]] = e;
+            start[d] += 1;
+        }
+        std::mem::swap(keys, &mut scratch);
+    }
 }

@@ -88,42 +88,53 @@ pub struct Transition {
 ///
 /// Counters saturate instead of wrapping: a flood of reports can pin them,
 /// never make them small again.
+///
+/// 56 bytes (an agent holds one per node of every module in use, a million
+/// of them at scale): the address is stored as its two parts so that the
+/// state and the run's direction fill its padding; the consecutive runs are
+/// one counter, since a call of one outcome resets the other run; and one
+/// timestamp serves both clocks, since an idle node's window and an
+/// overloaded node's timeout are never live at once.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Node {
-    addr: NodeAddr,
-    weight: u32,
+    ip: u32,
+    port: u16,
     state: NodeState,
+    /// Whether `contin` counts consecutive successes (else failures).
+    run_succ: bool,
+    weight: u32,
     vsucc: u32,
     verr: u32,
     rsucc: u32,
     rerr: u32,
-    contin_succ: u32,
-    contin_err: u32,
+    /// The consecutive run: successes when `run_succ`, failures otherwise.
+    contin: u32,
     bad_windows: u32,
-    window_start: Millis,
-    overload_start: Millis,
     stat_succ: u32,
     stat_err: u32,
+    /// Idle: when the current window started. Overloaded: when the node
+    /// became overloaded.
+    since: Millis,
 }
 
 impl Node {
     /// A new node, idle, its window starting at `now`.
     pub fn new(route: RouteNode, now: Millis, p: &LbParams) -> Self {
         let mut n = Node {
-            addr: route.addr,
-            weight: route.weight,
+            ip: route.addr.ip,
+            port: route.addr.port,
             state: NodeState::Idle,
+            run_succ: false,
+            weight: route.weight,
             vsucc: 0,
             verr: 0,
             rsucc: 0,
             rerr: 0,
-            contin_succ: 0,
-            contin_err: 0,
+            contin: 0,
             bad_windows: 0,
-            window_start: now,
-            overload_start: 0,
             stat_succ: 0,
             stat_err: 0,
+            since: now,
         };
         n.reset_window(now, p);
         n
@@ -131,7 +142,15 @@ impl Node {
 
     /// The node's address.
     pub fn addr(&self) -> NodeAddr {
-        self.addr
+        NodeAddr {
+            ip: self.ip,
+            port: self.port,
+        }
+    }
+
+    /// The address's ordering key ([`NodeAddr::key`]).
+    pub(super) fn key(&self) -> u64 {
+        (u64::from(self.ip) << 16) | u64::from(self.port)
     }
     /// The node's weight / capacity from its route entry.
     pub fn weight(&self) -> u32 {
@@ -159,23 +178,37 @@ impl Node {
     }
     /// Consecutive successful calls.
     pub fn contin_succ(&self) -> u32 {
-        self.contin_succ
+        if self.run_succ {
+            self.contin
+        } else {
+            0
+        }
     }
     /// Consecutive failed calls.
     pub fn contin_err(&self) -> u32 {
-        self.contin_err
+        if self.run_succ {
+            0
+        } else {
+            self.contin
+        }
     }
     /// Consecutive idle windows whose real error rate reached `wind_err_rate`.
     pub fn bad_windows(&self) -> u32 {
         self.bad_windows
     }
-    /// When the current idle window started.
+    /// When the current idle window started (0 while overloaded).
     pub fn window_start(&self) -> Millis {
-        self.window_start
+        match self.state {
+            NodeState::Idle => self.since,
+            NodeState::Overloaded => 0,
+        }
     }
-    /// When the node last became overloaded (0 if never).
+    /// When the node became overloaded (0 while idle).
     pub fn overload_start(&self) -> Millis {
-        self.overload_start
+        match self.state {
+            NodeState::Idle => 0,
+            NodeState::Overloaded => self.since,
+        }
     }
     /// Real (successes, failures) since the statistics were last taken.
     pub fn pending_stats(&self) -> (u32, u32) {
@@ -201,9 +234,8 @@ impl Node {
         self.verr = 0;
         self.rsucc = 0;
         self.rerr = 0;
-        self.contin_succ = 0;
-        self.contin_err = 0;
-        self.window_start = now;
+        self.contin = 0;
+        self.since = now;
     }
 
     fn enter_idle(&mut self, now: Millis, p: &LbParams) {
@@ -217,10 +249,9 @@ impl Node {
         self.verr = p.ovld_err_cnt;
         self.rsucc = 0;
         self.rerr = 0;
-        self.contin_succ = 0;
-        self.contin_err = 0;
+        self.contin = 0;
         self.bad_windows = 0;
-        self.overload_start = now;
+        self.since = now;
     }
 
     /// Applies `n` (at least 1) counts of one outcome at once, in the
@@ -250,20 +281,19 @@ impl Node {
     ) -> Option<(NodeState, Reason)> {
         debug_assert!(n >= 1);
         let (vsucc, verr, contin_succ, contin_err) =
-            (self.vsucc, self.verr, self.contin_succ, self.contin_err);
+            (self.vsucc, self.verr, self.contin_succ(), self.contin_err());
         if success {
             self.vsucc = vsucc.saturating_add(n);
             self.rsucc = self.rsucc.saturating_add(n);
             self.stat_succ = self.stat_succ.saturating_add(n);
-            self.contin_succ = contin_succ.saturating_add(n);
-            self.contin_err = 0;
+            self.contin = contin_succ.saturating_add(n);
         } else {
             self.verr = verr.saturating_add(n);
             self.rerr = self.rerr.saturating_add(n);
             self.stat_err = self.stat_err.saturating_add(1);
-            self.contin_err = contin_err.saturating_add(n);
-            self.contin_succ = 0;
+            self.contin = contin_err.saturating_add(n);
         }
+        self.run_succ = success;
         let change = match (self.state, success) {
             (NodeState::Idle, false) => {
                 first_crossing(verr, vsucc, p.err_rate, contin_err, p.contin_err_lim, n).map(
@@ -320,9 +350,7 @@ impl Node {
                 self.reset_window(now, p);
                 None
             }
-            NodeState::Overloaded
-                if now.saturating_sub(self.overload_start) >= p.overload_wait_ms =>
-            {
+            NodeState::Overloaded if now.saturating_sub(self.since) >= p.overload_wait_ms => {
                 Some(self.apply(Reason::OverloadTimeout, now, p))
             }
             _ => None,
@@ -330,7 +358,7 @@ impl Node {
     }
 
     fn window_due(&self, now: Millis, p: &LbParams) -> bool {
-        now.saturating_sub(self.window_start) >= p.clear_timeout_ms
+        now.saturating_sub(self.since) >= p.clear_timeout_ms
     }
 
     fn window_is_bad(&self, p: &LbParams) -> bool {

@@ -791,3 +791,43 @@ fn levels_survive_a_route_update_by_address() {
         assert_ne!(m.get_host_for(&p, 50, 1, T0), Pick::Idle(addr(2)));
     }
 }
+
+// === memory layout ===
+
+#[test]
+fn a_node_takes_56_bytes() {
+    // One per node of every module in use: the agent's memory per node is
+    // mostly this (README "Scale").
+    assert_eq!(std::mem::size_of::<Node>(), 56);
+}
+
+#[test]
+fn update_route_orders_nodes_by_address_whatever_the_route_order() {
+    let p = LbParams::default();
+    // Unsorted, with duplicates, above the insertion-sort size: the radix path.
+    let a = |i: u32| NodeAddr {
+        ip: 0x0a00_0000 + (i * 7919) % 1000,
+        port: 80 + (i % 3) as u16,
+    };
+    let route: Vec<RouteNode> = (0..1000)
+        .map(|i| RouteNode {
+            addr: a(i),
+            weight: i,
+        })
+        .collect();
+    let m = ModuleLb::new(&route, 1, T0, &p);
+    m.check_invariants().unwrap();
+    let mut want: Vec<NodeAddr> = route.iter().map(|r| r.addr).collect();
+    want.sort();
+    want.dedup();
+    assert_eq!(m.nodes().iter().map(|n| n.addr()).collect::<Vec<_>>(), want);
+    // Each address keeps its first entry's weight; the idle list is in
+    // the route's order of first entries.
+    let first = |x: NodeAddr| route.iter().position(|r| r.addr == x).unwrap();
+    for n in m.nodes() {
+        assert_eq!(n.weight(), first(n.addr()) as u32);
+    }
+    let idle: Vec<usize> = m.idle_list().map(first).collect();
+    assert!(idle.windows(2).all(|w| w[0] < w[1]));
+    assert_eq!(idle.len(), want.len());
+}
