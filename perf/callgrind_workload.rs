@@ -16,6 +16,24 @@
 //! was answered with a host and every report absorbed, and exits non-zero
 //! otherwise, so that a broken build cannot pass for a fast one.
 //!
+//! Two more cases, each counted on its own (its own function, its own
+//! baseline line), guard the costs that grow with the table rather than
+//! with the requests:
+//!
+//! - `update_route` ([`update_route_workload`]): 20 route changes of a
+//!   10,000-node module through [`ShardCore::apply`], 10% of the nodes
+//!   leaving and 10% arriving each time, every other route in reverse
+//!   order. Linear today (about 2 million instructions a change); a path
+//!   quadratic in the nodes multiplies the count.
+//! - `many_modules` ([`many_modules_workload`]): a shard holding 20,000
+//!   modules of 10 nodes serves 50,000 getHosts and 50,000 reports spread
+//!   over them, and 2,000 turns of its 5 ms tick (`next_deadline` /
+//!   `expire`, 10 s of time). The cost is the requests' and the due
+//!   timers'; a scan over the modules per tick or per request multiplies it.
+//!
+//! Run them: `target/release/examples/callgrind_workload update_route`,
+//! `... many_modules`.
+//!
 //! Run: `target/release/examples/callgrind_workload [N]` (N of each, default
 //! 1000000); under callgrind: `perf/check --callgrind-only`.
 //!
@@ -313,7 +331,158 @@ fn cached_client_warm_up(client: &mut Client) -> bool {
     })
 }
 
+// === the update_route case ===
+
+/// Nodes of the module the update_route case changes.
+const BIG_ROUTE: u32 = 10_000;
+/// Route changes the update_route case counts.
+const CHANGES: u32 = 20;
+
+/// The route changes, prepared outside the counted part (the messages own
+/// their nodes): version v keeps nodes v*1000 .. v*1000 + 10000, so each
+/// change drops 1,000 and adds 1,000; odd versions come in reverse order.
+fn route_changes() -> Vec<ToShard> {
+    (1..=CHANGES)
+        .map(|v| {
+            let first = v * BIG_ROUTE / 10;
+            let mut nodes: Vec<RouteNode> = (first..first + BIG_ROUTE)
+                .map(|i| RouteNode {
+                    addr: NodeAddr {
+                        ip: 0x0a00_0000 + i,
+                        port: 8080,
+                    },
+                    weight: 1,
+                })
+                .collect();
+            if v % 2 == 1 {
+                nodes.reverse();
+            }
+            ToShard::Route {
+                module: MODULE,
+                exists: true,
+                version: u64::from(v),
+                nodes,
+            }
+        })
+        .collect()
+}
+
+/// The counted part of the update_route case: every change through the
+/// shard's route path. Returns the nodes held after each.
+#[inline(never)]
+fn update_route_workload(shard: &mut ShardCore, changes: Vec<ToShard>, get_host: &[u8]) -> u64 {
+    let mut held = 0;
+    for (i, msg) in changes.into_iter().enumerate() {
+        let released = shard.apply(msg, i as u64);
+        held += released.len() as u64;
+        held += u64::from(shard.handle(black_box(get_host), PEER, 0).is_some());
+    }
+    held
+}
+
+// === the many-modules case ===
+
+/// Modules the many-modules case holds.
+const MANY: u32 = 20_000;
+/// getHosts (and as many reports) it sends, spread over the modules.
+const MANY_REQUESTS: u32 = 50_000;
+/// Turns of the 5 ms tick it runs.
+const TICKS: u32 = 2_000;
+
+fn many_module(k: u32) -> ModuleId {
+    // Shard 0 of 1 owns them all.
+    ModuleId::new(20_000 + k, 1)
+}
+
+/// A shard holding [`MANY`] modules, and per module a getHost and a
+/// success report of one of its nodes, pre-encoded.
+fn many_modules() -> (ShardCore, Vec<(Vec<u8>, Vec<u8>)>) {
+    let mut shard = shard();
+    let mut enc = Encoder::new();
+    let mut reqs = Vec::new();
+    for k in 0..MANY {
+        let m = many_module(k);
+        let nodes: Vec<RouteNode> = (1..=NODES)
+            .map(|i| RouteNode {
+                addr: node(i),
+                weight: 1,
+            })
+            .collect();
+        let _ = shard.apply(
+            ToShard::Route {
+                module: m,
+                exists: true,
+                version: 1,
+                nodes,
+            },
+            0,
+        );
+        let get_host = enc.get_host_req(k, m, 0, 0).to_vec();
+        let report = enc
+            .report_req(&Report {
+                seq: k,
+                module: m,
+                host: node(1 + (k % u32::from(NODES)) as u8),
+                retcode: 0,
+                tcost_ms: 3,
+                downstream_level: None,
+            })
+            .to_vec();
+        reqs.push((get_host, report));
+    }
+    shard.outbox.clear();
+    (shard, reqs)
+}
+
+/// The counted part of the many-modules case: the requests, one tick every
+/// 25 of them, the clock 5 ms a tick. Returns the getHosts answered.
+#[inline(never)]
+fn many_modules_workload(shard: &mut ShardCore, reqs: &[(Vec<u8>, Vec<u8>)]) -> u64 {
+    let mut answered = 0;
+    let per_tick = MANY_REQUESTS / TICKS;
+    for i in 0..MANY_REQUESTS {
+        let now = u64::from(i / per_tick) * 5;
+        let (get_host, report) = &reqs[(i % MANY) as usize];
+        answered += u64::from(shard.handle(black_box(get_host), PEER, now).is_some());
+        let _ = shard.handle(black_box(report), PEER, now);
+        if i % per_tick == per_tick - 1 {
+            if shard.next_deadline().is_some_and(|d| d <= now) {
+                let _ = shard.expire(now);
+            }
+            shard.outbox.clear();
+        }
+    }
+    answered
+}
+
 fn main() -> ExitCode {
+    match std::env::args().nth(1).as_deref() {
+        Some("update_route") => {
+            let mut shard = shard();
+            let changes = route_changes();
+            let get_host = requests().get_host;
+            let held = update_route_workload(&mut shard, changes, &get_host);
+            println!("callgrind workload: update_route: {CHANGES} changes of a {BIG_ROUTE}-node module ({held} getHosts answered)");
+            return if held == u64::from(CHANGES) {
+                ExitCode::SUCCESS
+            } else {
+                eprintln!("callgrind workload: the module did not answer after each change");
+                ExitCode::FAILURE
+            };
+        }
+        Some("many_modules") => {
+            let (mut shard, reqs) = many_modules();
+            let answered = many_modules_workload(&mut shard, &reqs);
+            println!("callgrind workload: many_modules: {MANY} modules, {MANY_REQUESTS} getHosts ({answered} answered) and reports, {TICKS} ticks");
+            return if answered == u64::from(MANY_REQUESTS) {
+                ExitCode::SUCCESS
+            } else {
+                eprintln!("callgrind workload: the shard did not answer every getHost");
+                ExitCode::FAILURE
+            };
+        }
+        _ => {}
+    }
     let mut args: Vec<String> = std::env::args().skip(1).collect();
     let client = args.first().is_some_and(|a| a == "--client");
     if client {

@@ -49,7 +49,9 @@ pub struct ControlParts {
     pub to_shards: Vec<SharedSender<ToShard>>,
     /// Shard metrics rings, one per shard.
     pub metrics_in: Vec<SharedReceiver<Box<ShardMetrics>>>,
-    /// The routes known at start (from the snapshot).
+    /// The routes known at start (from the snapshot). The control core
+    /// makes them its table, moving the nodes: after the start no copy of
+    /// the snapshot is left beside the table and the shards' state.
     pub routes: Vec<SnapshotRoute>,
     /// The heartbeat file, created by the caller.
     pub heartbeat: HeartbeatWriter,
@@ -110,11 +112,14 @@ pub async fn run(parts: ControlParts) {
         live,
     } = parts;
     let mut snapshot_interval = snapshot_interval;
+    // The snapshot's modules, to subscribe to; its routes become our table.
+    let known: Vec<(ModuleId, u64)> = routes.iter().map(|r| (r.module, r.version)).collect();
+    let routes: RouteTable = routes
+        .into_iter()
+        .map(|r| (r.module, (r.version, r.nodes)))
+        .collect();
     let state = Rc::new(RefCell::new(State {
-        routes: routes
-            .iter()
-            .map(|r| (r.module, (r.version, r.nodes.clone())))
-            .collect(),
+        routes,
         shard_metrics: (0..shards).map(ShardMetrics::new).collect(),
         control: ControlMetrics::default(),
         backlog: (0..shards).map(|_| VecDeque::new()).collect(),
@@ -146,8 +151,8 @@ pub async fn run(parts: ControlParts) {
     ));
     // Subscribe to every module the snapshot knows, at the version held:
     // those still current are confirmed without their nodes.
-    for r in &routes {
-        let _ = wants_tx.try_send(Want::PullKnown(r.module, r.version));
+    for (m, v) in known {
+        let _ = wants_tx.try_send(Want::PullKnown(m, v));
     }
 
     // The statistics client, fed by the shards' statistics.

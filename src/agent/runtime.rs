@@ -82,6 +82,19 @@ impl Agent {
         let metrics_addr = metrics.local_addr()?;
 
         let routes = load_snapshot(&a.snapshot_path);
+        // Each shard's share of the snapshot, copied once: the shards
+        // consume theirs at start, the control core keeps `routes` as its
+        // table (moved, not copied).
+        let mut initial: Vec<Vec<ToShard>> = (0..shards).map(|_| Vec::new()).collect();
+        for r in &routes {
+            initial[r.module.shard(shards) as usize].push(ToShard::Route {
+                module: r.module,
+                exists: true,
+                version: r.version,
+                nodes: r.nodes.clone(),
+            });
+        }
+        let mut initial = initial.into_iter();
         let heartbeat = HeartbeatWriter::create_locked(
             heartbeat_lock,
             &AgentInfo {
@@ -119,16 +132,7 @@ impl Agent {
             from_shards.push(from_shard);
             to_shards.push(to_shard);
             metrics_in.push(metrics_rx);
-            let initial: Vec<ToShard> = routes
-                .iter()
-                .filter(|r| r.module.shard(shards) == i as u32)
-                .map(|r| ToShard::Route {
-                    module: r.module,
-                    exists: true,
-                    version: r.version,
-                    nodes: r.nodes.clone(),
-                })
-                .collect();
+            let initial = initial.next().unwrap_or_default();
             let parts = ShardParts {
                 setup: ShardSetup {
                     id: i as u32,
