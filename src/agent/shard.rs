@@ -159,6 +159,17 @@ struct ModuleEntry {
     expiry_at: Millis,
 }
 
+/// The snapshot's routes a shard holds until it has made their modules:
+/// sorted by module; a taken one is None.
+#[derive(Default)]
+struct Preload {
+    routes: Vec<(ModuleId, u64, Option<Vec<RouteNode>>)>,
+    /// The first not yet looked at by [`ShardCore::preload_step`].
+    next: usize,
+    /// How many are still Some.
+    left: usize,
+}
+
 /// A datagram to send: the bytes and where to.
 pub type Reply = (SocketAddr, Vec<u8>);
 
@@ -182,6 +193,8 @@ pub struct ShardCore {
     unsent_at: Millis,
     enc: Encoder,
     statuses: Vec<NodeStatus>,
+    /// The snapshot's routes not yet made modules (see [`ShardCore::preload`]).
+    preload: Preload,
     /// Messages for the control core, drained by the shell.
     pub outbox: Vec<ToControl>,
     last_kind: Option<Kind>,
@@ -215,6 +228,7 @@ impl ShardCore {
             unsent: HashMap::new(),
             forgets: Vec::new(),
             unsent_at: NONE,
+            preload: Preload::default(),
             enc: Encoder::with_capacity(1024),
             statuses: Vec::new(),
             outbox: Vec::new(),
@@ -358,6 +372,17 @@ impl ShardCore {
     /// was on the way) makes an entry, as if just used, within
     /// `max_modules`; it expires as any other.
     pub fn apply(&mut self, msg: ToShard, now: Millis) -> Vec<Reply> {
+        if let ToShard::Route { module, .. } = &msg {
+            if self.preload.left > 0 && module.shard(self.setup.shards) == self.setup.id {
+                // The snapshot's route first, so the new one replaces it
+                // as any update does.
+                self.take_preloaded(*module, now);
+            }
+        }
+        self.apply_route(msg, now)
+    }
+
+    fn apply_route(&mut self, msg: ToShard, now: Millis) -> Vec<Reply> {
         let (module, exists, version, nodes) = match msg {
             ToShard::Route {
                 module,
@@ -423,6 +448,102 @@ impl ShardCore {
                 )
             })
             .collect()
+    }
+
+    /// Takes the snapshot's routes at start without making their modules
+    /// yet, so that the shard serves at once: a request (or a route) for
+    /// one of them makes its module first, and [`ShardCore::preload_step`]
+    /// makes the rest in slices. Once all are made nothing of the
+    /// snapshot is left. `routes` in module order costs no sort.
+    pub fn preload(&mut self, routes: Vec<ToShard>) {
+        let mut routes: Vec<(ModuleId, u64, Option<Vec<RouteNode>>)> = routes
+            .into_iter()
+            .filter_map(|msg| match msg {
+                ToShard::Route {
+                    module,
+                    exists,
+                    version,
+                    nodes,
+                } => Some((
+                    module,
+                    version,
+                    (exists && !nodes.is_empty()).then_some(nodes),
+                )),
+                ToShard::Params(_) => None,
+            })
+            .collect();
+        if !routes.windows(2).all(|w| w[0].0 < w[1].0) {
+            routes.sort_by_key(|r| r.0);
+            routes.dedup_by_key(|r| r.0);
+        }
+        self.preload = Preload {
+            left: routes.iter().filter(|r| r.2.is_some()).count(),
+            next: 0,
+            routes,
+        };
+        if self.preload.left == 0 {
+            self.preload = Preload::default();
+        }
+    }
+
+    /// Makes up to `max` of the preloaded modules at `now`; true while
+    /// some remain.
+    pub fn preload_step(&mut self, now: Millis, max: usize) -> bool {
+        let mut made = 0;
+        while made < max && self.preload.left > 0 {
+            let i = self.preload.next;
+            self.preload.next += 1;
+            let (module, version, nodes) = &mut self.preload.routes[i];
+            if let Some(nodes) = nodes.take() {
+                let (module, version) = (*module, *version);
+                self.preload.left -= 1;
+                self.make_preloaded(module, version, nodes, now);
+                made += 1;
+            }
+        }
+        if self.preload.left == 0 && !self.preload.routes.is_empty() {
+            self.preload = Preload::default();
+        }
+        self.preload.left > 0
+    }
+
+    /// How many of the snapshot's modules are not made yet.
+    pub fn preloading(&self) -> usize {
+        self.preload.left
+    }
+
+    /// Makes `module` from its preloaded route, if it has one waiting.
+    fn take_preloaded(&mut self, module: ModuleId, now: Millis) {
+        let Ok(i) = self.preload.routes.binary_search_by_key(&module, |r| r.0) else {
+            return;
+        };
+        let (_, version, nodes) = &mut self.preload.routes[i];
+        if let Some(nodes) = nodes.take() {
+            let version = *version;
+            self.preload.left -= 1;
+            self.make_preloaded(module, version, nodes, now);
+        }
+        if self.preload.left == 0 {
+            self.preload = Preload::default();
+        }
+    }
+
+    fn make_preloaded(
+        &mut self,
+        module: ModuleId,
+        version: u64,
+        nodes: Vec<RouteNode>,
+        now: Millis,
+    ) {
+        let msg = ToShard::Route {
+            module,
+            exists: true,
+            version,
+            nodes,
+        };
+        // No register can wait on a module not yet made: nothing released.
+        let released = self.apply_route(msg, now);
+        debug_assert!(released.is_empty());
     }
 
     /// Runs every timer due at `now`: register requests past their
@@ -578,11 +699,14 @@ impl ShardCore {
     /// Counts a request of `kind` and checks that this shard owns
     /// `module`. When it does not, the wrong-shard answer is encoded (read it
     /// with `self.enc.finished()`) and the result is false.
-    fn admit(&mut self, kind: Kind, seq: u64, module: ModuleId) -> bool {
+    fn admit(&mut self, kind: Kind, seq: u64, module: ModuleId, now: Millis) -> bool {
         self.last_kind = Some(kind);
         self.metrics.count_request(kind);
         let owner = module.shard(self.setup.shards);
         if owner == self.setup.id {
+            if self.preload.left > 0 {
+                self.take_preloaded(module, now);
+            }
             return true;
         }
         self.metrics.count_error(kind);
@@ -615,7 +739,7 @@ impl ShardCore {
 
     fn get_host(&mut self, g: wire::GetHost, now: Millis, shed: bool) -> Option<&[u8]> {
         let (seq, module) = (g.seq, g.module);
-        if !self.admit(Kind::GetHost, u64::from(seq), module) {
+        if !self.admit(Kind::GetHost, u64::from(seq), module, now) {
             return Some(self.enc.finished());
         }
         let class = priority_class(g.business_priority);
@@ -680,7 +804,7 @@ impl ShardCore {
     fn report(&mut self, rep: &wire::Report, now: Millis) -> Option<&[u8]> {
         let (seq, module, host) = (rep.seq, rep.module, rep.host);
         let outcome = Outcome::from_retcode(rep.retcode, rep.tcost_ms);
-        if !self.admit(Kind::Report, u64::from(seq), module) {
+        if !self.admit(Kind::Report, u64::from(seq), module, now) {
             return Some(self.enc.finished());
         }
         let p = &self.setup.params;
@@ -716,7 +840,7 @@ impl ShardCore {
     }
 
     fn batch_report(&mut self, b: wire::BatchReport<'_>, now: Millis) -> Option<&[u8]> {
-        if !self.admit(Kind::BatchReport, u64::from(b.seq), b.module) {
+        if !self.admit(Kind::BatchReport, u64::from(b.seq), b.module, now) {
             return Some(self.enc.finished());
         }
         let p = &self.setup.params;
@@ -752,7 +876,7 @@ impl ShardCore {
         peer: SocketAddr,
         now: Millis,
     ) -> Option<&[u8]> {
-        if !self.admit(Kind::Register, u64::from(seq), module) {
+        if !self.admit(Kind::Register, u64::from(seq), module, now) {
             return Some(self.enc.finished());
         }
         if let Err(why) = self.ensure(module, now) {
@@ -800,7 +924,7 @@ impl ShardCore {
     }
 
     fn get_route(&mut self, seq: u32, module: ModuleId, part: u32, now: Millis) -> Option<&[u8]> {
-        if !self.admit(Kind::GetRoute, u64::from(seq), module) {
+        if !self.admit(Kind::GetRoute, u64::from(seq), module, now) {
             return Some(self.enc.finished());
         }
         if let Err(why) = self.ensure(module, now) {
@@ -849,7 +973,7 @@ impl ShardCore {
         part: u32,
         now: Millis,
     ) -> Option<&[u8]> {
-        if !self.admit(Kind::CacheGetRoute, u64::from(seq), module) {
+        if !self.admit(Kind::CacheGetRoute, u64::from(seq), module, now) {
             return Some(self.enc.finished());
         }
         if let Err(why) = self.ensure(module, now) {

@@ -94,14 +94,23 @@ pub async fn run(parts: ShardParts) {
     // SAFETY: fd is a bound UDP socket we own; glommio takes it over.
     let socket = Rc::new(unsafe { UdpSocket::from_raw_fd(fd) });
     let core = Rc::new(RefCell::new(ShardCore::new(setup)));
-    {
-        let mut c = core.borrow_mut();
-        c.set_shedding(shedding);
-        for msg in initial {
-            c.apply(msg, clock::now_ms());
-        }
-        c.outbox.clear();
-    }
+    core.borrow_mut().set_shedding(shedding);
+    // The snapshot's routes: held, not yet made modules, so the shard
+    // serves at once (a request makes its module first); a task makes the
+    // rest in slices between requests, then nothing of them is left.
+    core.borrow_mut().preload(initial);
+    let preload_task = {
+        let core = core.clone();
+        glommio::spawn_local(async move {
+            while core
+                .borrow_mut()
+                .preload_step(clock::now_ms(), PRELOAD_SLICE)
+            {
+                glommio::timer::sleep(Duration::from_millis(1)).await;
+            }
+        })
+        .detach()
+    };
     let to_control = Rc::new(to_control.connect().await);
     let from_control = from_control.connect().await;
     let metrics_out = metrics_out.connect().await;
@@ -214,6 +223,7 @@ pub async fn run(parts: ShardParts) {
     }
     drop(ring_task);
     drop(tick_task);
+    drop(preload_task);
 
     // Shutdown: hand every count the shard holds to the control core,
     // waiting for room in the ring (bounded), then say so.
@@ -236,6 +246,10 @@ pub async fn run(parts: ShardParts) {
     })
     .await;
 }
+
+/// Snapshot modules a shard makes per turn of its preload task (about
+/// 0.3 ms of work at 10 nodes), so requests wait at most that long behind it.
+const PRELOAD_SLICE: usize = 256;
 
 /// How long a stopping shard waits for room in the ring for its last
 /// statistics.

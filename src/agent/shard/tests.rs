@@ -930,4 +930,90 @@ fn an_overloaded_shard_sheds_low_priorities_and_keeps_high_ones() {
     );
     let total: u64 = s.metrics.queuing_buckets.iter().sum();
     assert!(total > 4200, "every queued datagram is counted: {total}");
+
+// === the snapshot's routes at start (preload) ===
+
+/// Modules owned by shard 0 of 2, each with `nodes` nodes, in module order.
+fn preloaded(modules: u32, nodes: u8) -> Vec<ToShard> {
+    (0..modules)
+        .map(|k| ToShard::Route {
+            module: ModuleId::new(2 * k, 0),
+            exists: true,
+            version: 1,
+            nodes: (1..=nodes)
+                .map(|i| RouteNode {
+                    addr: node(i),
+                    weight: 1,
+                })
+                .collect(),
+        })
+        .collect()
+}
+
+#[test]
+fn a_preloaded_module_answers_its_first_request_and_the_rest_are_made_in_slices() {
+    let mut s = shard();
+    s.preload(preloaded(1000, 3));
+    assert_eq!((s.preloading(), s.modules.len()), (1000, 0));
+    // The last one, asked first: made on demand, answered from its route,
+    // with no pull.
+    let last = ModuleId::new(2 * 999, 0);
+    assert_eq!(get_host(&mut s, last, 5), (RetCode::Ok, Some(node(1))));
+    assert!(s.outbox.is_empty(), "{:?}", s.outbox);
+    assert_eq!((s.preloading(), s.modules.len()), (999, 1));
+    // A report for another preloaded module finds it too.
+    let mut enc = Encoder::new();
+    let m = ModuleId::new(2 * 500, 0);
+    let req = enc
+        .report_req(&Report {
+            seq: 1,
+            module: m,
+            host: node(2),
+            retcode: 0,
+            tcost_ms: 0,
+            downstream_level: None,
+        })
+        .to_vec();
+    assert!(s.handle(&req, PEER, 6).is_none());
+    assert_eq!(s.metrics.unknown_module_reports, 0);
+    assert_eq!(s.modules[&m].lb.nodes()[1].rsucc(), 1);
+    // Slices of 256: four steps make the other 998.
+    let steps = std::iter::from_fn(|| Some(s.preload_step(7, 256)))
+        .take_while(|&more| more)
+        .count();
+    assert_eq!(steps, 3);
+    assert_eq!((s.preloading(), s.modules.len()), (0, 1000));
+    assert!(
+        s.preload.routes.is_empty(),
+        "nothing of the snapshot is held"
+    );
+    // The module asked first kept its round robin position.
+    assert_eq!(get_host(&mut s, last, 8), (RetCode::Ok, Some(node(2))));
+}
+
+#[test]
+fn a_route_for_a_preloaded_module_replaces_the_snapshots() {
+    let mut s = shard();
+    s.preload(preloaded(3, 3));
+    let m = ModuleId::new(2, 0);
+    let newer = ToShard::Route {
+        module: m,
+        exists: true,
+        version: 9,
+        nodes: vec![RouteNode {
+            addr: node(7),
+            weight: 1,
+        }],
+    };
+    assert!(s.apply(newer, 5).is_empty());
+    assert_eq!(s.preloading(), 2);
+    assert_eq!(s.modules[&m].lb.version(), 9);
+    assert_eq!(get_host(&mut s, m, 6), (RetCode::Ok, Some(node(7))));
+    while s.preload_step(7, 1) {}
+    assert_eq!(
+        s.modules[&m].lb.version(),
+        9,
+        "not overwritten by the drain"
+    );
+    assert_eq!(s.modules.len(), 3);
 }
