@@ -394,9 +394,12 @@ fn many_module(k: u32) -> ModuleId {
     ModuleId::new(20_000 + k, 1)
 }
 
-/// A shard holding [`MANY`] modules, and per module a getHost and a
-/// success report of one of its nodes, pre-encoded.
-fn many_modules() -> (ShardCore, Vec<(Vec<u8>, Vec<u8>)>) {
+/// Per module of the many-modules case: a getHost and a success report of
+/// one of its nodes, pre-encoded.
+type ModuleRequests = Vec<(Vec<u8>, Vec<u8>)>;
+
+/// A shard holding [`MANY`] modules, and their requests.
+fn many_modules() -> (ShardCore, ModuleRequests) {
     let mut shard = shard();
     let mut enc = Encoder::new();
     let mut reqs = Vec::new();

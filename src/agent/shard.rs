@@ -24,7 +24,7 @@
 //! a walk over the modules. Re-pulls and the overload windows need no timer:
 //! they are checked, O(1), by the request that uses the module.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 
 use super::messages::{ToControl, ToShard};
@@ -195,6 +195,9 @@ pub struct ShardCore {
     statuses: Vec<NodeStatus>,
     /// The snapshot's routes not yet made modules (see [`ShardCore::preload`]).
     preload: Preload,
+    /// Modules that may hold downstream levels (the levels gauge looks
+    /// only at these).
+    levelled: HashSet<ModuleId>,
     /// Messages for the control core, drained by the shell.
     pub outbox: Vec<ToControl>,
     last_kind: Option<Kind>,
@@ -229,6 +232,7 @@ impl ShardCore {
             forgets: Vec::new(),
             unsent_at: NONE,
             preload: Preload::default(),
+            levelled: HashSet::new(),
             enc: Encoder::with_capacity(1024),
             statuses: Vec::new(),
             outbox: Vec::new(),
@@ -415,6 +419,7 @@ impl ShardCore {
         entry.pull_sent = None;
         entry.last_update = now;
         let was_unknown = entry.route != RouteState::Present;
+        let before = node_counts(&entry.lb);
         if exists && !nodes.is_empty() {
             entry.lb.update_route(&nodes, version, now, p);
             entry.route = RouteState::Present;
@@ -422,6 +427,8 @@ impl ShardCore {
             entry.lb.update_route(&[], version, now, p);
             entry.route = RouteState::Absent;
         }
+        let after = node_counts(&entry.lb);
+        nodes_changed(&mut self.metrics, before, after);
         let is_unknown = entry.route != RouteState::Present;
         match (was_unknown, is_unknown) {
             (true, false) => self.unknown -= 1,
@@ -650,38 +657,33 @@ impl ShardCore {
         self.unsent.len()
     }
 
-    /// Refreshes the module and node gauges of [`ShardCore::metrics`].
+    /// Refreshes the module gauges of [`ShardCore::metrics`] (the node
+    /// gauges are kept as routes and states change). Costs the modules
+    /// with downstream levels, not all of them: no periodic walk over the
+    /// table.
     pub fn refresh_gauges(&mut self) {
-        let (mut idle, mut overloaded) = (0u64, 0u64);
-        for e in self.modules.values() {
-            for n in e.lb.nodes() {
-                match n.state() {
-                    NodeState::Idle => idle += 1,
-                    NodeState::Overloaded => overloaded += 1,
-                }
-            }
-        }
         self.metrics.modules = (self.modules.len() - self.unknown) as u64;
         self.metrics.unknown_modules = self.unknown as u64;
         self.metrics.waiting_registers = self.waiting as u64;
-        self.metrics.nodes_idle = idle;
-        self.metrics.nodes_overloaded = overloaded;
-        self.metrics.nodes_levelled = self
-            .modules
-            .values()
-            .map(|e| e.lb.levels_held() as u64)
-            .sum();
+        let modules = &self.modules;
+        let mut levelled = 0;
+        self.levelled.retain(|m| {
+            let held = modules.get(m).map_or(0, |e| e.lb.levels_held() as u64);
+            levelled += held;
+            held > 0
+        });
+        self.metrics.nodes_levelled = levelled;
         // Per module with downstream levels: the most permissive one (the
         // level a request must pass at some node), at most
         // MODULE_LEVELS_SHOWN modules.
         self.metrics.module_levels.clear();
-        for (m, e) in &self.modules {
-            if e.lb.levels_held() == 0 {
-                continue;
-            }
+        for m in &self.levelled {
             if self.metrics.module_levels.len() >= super::metrics::MODULE_LEVELS_SHOWN {
                 break;
             }
+            let Some(e) = self.modules.get(m) else {
+                continue;
+            };
             let most =
                 e.lb.nodes()
                     .iter()
@@ -821,13 +823,14 @@ impl ShardCore {
         match entry.lb.report(host, outcome, now, p) {
             Ok(t) => {
                 if let Some(t) = t {
-                    self.metrics.count_transition(t.to);
+                    node_moved(&mut self.metrics, t.to);
                 }
                 if let Some(level) = rep.downstream_level {
                     let expires = now + self.setup.level_timeout_ms;
                     // The node is in the route: report() just found it.
                     let _ = entry.lb.set_level(host, Some(level), expires);
                     self.metrics.levels_reported += 1;
+                    self.levelled.insert(module);
                 }
             }
             Err(_) => {
@@ -858,7 +861,7 @@ impl ShardCore {
         for (addr, count) in b.successes() {
             if entry
                 .lb
-                .report_successes(addr, count, now, p, |t| metrics.count_transition(t.to))
+                .report_successes(addr, count, now, p, |t| node_moved(metrics, t.to))
                 .is_err()
             {
                 metrics.unknown_node_reports += 1;
@@ -1085,6 +1088,8 @@ impl ShardCore {
         if entry.route != RouteState::Present {
             self.unknown -= 1;
         }
+        nodes_changed(&mut self.metrics, node_counts(&entry.lb), (0, 0));
+        self.levelled.remove(&module);
         self.metrics.modules_expired += 1;
         self.outbox.push(ToControl::Forget(module));
     }
@@ -1198,6 +1203,33 @@ fn expiry_due(entry: &ModuleEntry, setup: &ShardSetup) -> Millis {
     match entry.route {
         RouteState::Present => entry.last_used.saturating_add(setup.module_idle_ms),
         _ => entry.last_update.saturating_add(setup.unknown_ttl_ms),
+    }
+}
+
+/// A module's (nodes, overloaded nodes), for the node gauges.
+fn node_counts(lb: &ModuleLb) -> (u64, u64) {
+    (lb.nodes().len() as u64, lb.overloaded_count() as u64)
+}
+
+/// The node gauges after a module's counts went from `before` to `after`.
+fn nodes_changed(m: &mut ShardMetrics, before: (u64, u64), after: (u64, u64)) {
+    let idle = |(n, o): (u64, u64)| n - o;
+    m.nodes_idle = m.nodes_idle + idle(after) - idle(before);
+    m.nodes_overloaded = m.nodes_overloaded + after.1 - before.1;
+}
+
+/// Counts a node's state change, and moves it between the node gauges.
+fn node_moved(m: &mut ShardMetrics, to: NodeState) {
+    m.count_transition(to);
+    match to {
+        NodeState::Overloaded => {
+            m.nodes_idle -= 1;
+            m.nodes_overloaded += 1;
+        }
+        NodeState::Idle => {
+            m.nodes_overloaded -= 1;
+            m.nodes_idle += 1;
+        }
     }
 }
 

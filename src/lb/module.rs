@@ -106,6 +106,11 @@ impl ModuleLb {
         &self.nodes
     }
 
+    /// How many nodes are overloaded.
+    pub fn overloaded_count(&self) -> usize {
+        self.overload.len()
+    }
+
     /// True when some node is overloaded.
     pub fn any_overloaded(&self) -> bool {
         !self.overload.is_empty()

@@ -1017,3 +1017,38 @@ fn a_route_for_a_preloaded_module_replaces_the_snapshots() {
     );
     assert_eq!(s.modules.len(), 3);
 }
+
+#[test]
+fn node_gauges_follow_routes_transitions_and_forgets_without_a_walk() {
+    let mut s = shard();
+    get_host(&mut s, M, 0);
+    s.apply(route(3), 1);
+    s.refresh_gauges();
+    assert_eq!((s.metrics.nodes_idle, s.metrics.nodes_overloaded), (3, 0));
+    for _ in 0..20 {
+        report(&mut s, node(2), -1, 2);
+    }
+    assert_eq!((s.metrics.nodes_idle, s.metrics.nodes_overloaded), (2, 1));
+    // A route without node 2 (overloaded) and with a new node 4.
+    s.apply(
+        ToShard::Route {
+            module: M,
+            exists: true,
+            version: 8,
+            nodes: [1, 3, 4]
+                .map(|i| RouteNode {
+                    addr: node(i),
+                    weight: 1,
+                })
+                .to_vec(),
+        },
+        3,
+    );
+    assert_eq!((s.metrics.nodes_idle, s.metrics.nodes_overloaded), (3, 0));
+    // Unused past module_idle_ms: forgotten, its nodes leave the gauges.
+    let later = 3 + s.setup.module_idle_ms + 1;
+    s.expire(later);
+    s.expire(later + s.setup.module_idle_ms + 1);
+    assert!(s.modules.is_empty());
+    assert_eq!((s.metrics.nodes_idle, s.metrics.nodes_overloaded), (0, 0));
+}
