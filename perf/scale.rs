@@ -8,7 +8,7 @@
 //!    it has): milliseconds from `Agent::start` to the first getHost a
 //!    client gets answered by the agent (not by the static route file);
 //! 2. **bytes per node**: the agent's live heap (a counting global
-//!    allocator) 3 s after it serves, less that of an agent started from an
+//!    allocator) once it stopped growing after the start, less that of an agent started from an
 //!    empty snapshot in the same run, over the table's nodes; the RSS
 //!    growth beside it (what the kernel sees, allocator slack and all);
 //! 3. **idle shard CPU**: the shard threads' CPU over a few seconds with no
@@ -279,8 +279,21 @@ fn agent_footprint(dir: &Path, m: Option<ModuleId>) -> anyhow::Result<(Agent, f6
     let (heap0, rss0) = (live_bytes(), rss_bytes());
     let (agent, ms) = restart(dir, m)?;
     // A restarted shard makes the snapshot's modules in slices after it
-    // starts serving: let it finish.
-    std::thread::sleep(Duration::from_secs(3));
+    // starts serving: wait until the heap stops growing (two readings
+    // 500 ms apart within 0.1%, at least 2 s after the start, at most 60 s).
+    let t0 = Instant::now();
+    let mut last = live_bytes();
+    loop {
+        std::thread::sleep(Duration::from_millis(500));
+        let now = live_bytes();
+        let steady = (now - last).abs() * 1000 <= (now - heap0).abs().max(1);
+        if (steady && t0.elapsed() >= Duration::from_secs(2))
+            || t0.elapsed() > Duration::from_secs(60)
+        {
+            break;
+        }
+        last = now;
+    }
     Ok((agent, ms, live_bytes() - heap0, rss_bytes() - rss0))
 }
 
