@@ -930,6 +930,7 @@ fn an_overloaded_shard_sheds_low_priorities_and_keeps_high_ones() {
     );
     let total: u64 = s.metrics.queuing_buckets.iter().sum();
     assert!(total > 4200, "every queued datagram is counted: {total}");
+}
 
 // === the snapshot's routes at start (preload) ===
 
