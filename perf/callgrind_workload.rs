@@ -86,6 +86,7 @@ fn requests() -> Requests {
                     retcode,
                     tcost_ms: 40,
                     downstream_level: None,
+                    consumed: 0,
                 })
                 .to_vec(),
             );
@@ -113,6 +114,7 @@ fn shard() -> ShardCore {
                     weight: 1,
                 })
                 .collect(),
+            policy: lbagent::model::Policy::L5,
         },
         0,
     );

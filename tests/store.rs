@@ -599,7 +599,8 @@ fn every_change_bumps_the_version_and_logs_its_module(db: &Db) {
         vec![store::ModuleRoute {
             module: m(2, 2),
             version: 4,
-            nodes: vec![]
+            nodes: vec![],
+            policy: lbagent::model::Policy::L5,
         }]
     );
     assert!(s

@@ -32,8 +32,8 @@ use super::metrics::priority_class;
 use super::metrics::{Kind, ShardMetrics};
 use super::timers::Timers;
 use crate::admission::{Admission, AdmissionLevel, AdmissionParams, Micros, OPEN};
-use crate::lb::{LbParams, Millis, ModuleLb, NodeCallStats, NodeState, Outcome, Pick};
-use crate::model::{ModuleId, RouteNode};
+use crate::lb::{LbParams, Millis, ModuleLb, NodeCallStats, NodeState, Outcome, Pick, Units};
+use crate::model::{ModuleId, Policy, RouteNode};
 use crate::wire::{self, CacheRoute, Encoder, Limits, Message, NodeStatus, RetCode};
 
 /// The default most modules one shard tracks (`agent.max_modules`).
@@ -355,13 +355,14 @@ impl ShardCore {
     /// was on the way) makes an entry, as if just used, within
     /// `max_modules`; it expires as any other.
     pub fn apply(&mut self, msg: ToShard, now: Millis) -> Vec<Reply> {
-        let (module, exists, version, nodes) = match msg {
+        let (module, exists, version, nodes, policy) = match msg {
             ToShard::Route {
                 module,
                 exists,
                 version,
                 nodes,
-            } => (module, exists, version, nodes),
+                policy,
+            } => (module, exists, version, nodes, policy),
             ToShard::Params(live) => {
                 // Read at each use: every module follows them from now on.
                 self.setup.params = live.params;
@@ -389,9 +390,11 @@ impl ShardCore {
         let was_unknown = entry.route != RouteState::Present;
         if exists && !nodes.is_empty() {
             entry.lb.update_route(&nodes, version, now, p);
+            entry.lb.set_policy(policy);
             entry.route = RouteState::Present;
         } else {
             entry.lb.update_route(&[], version, now, p);
+            entry.lb.set_policy(Policy::L5);
             entry.route = RouteState::Absent;
         }
         let is_unknown = entry.route != RouteState::Present;
@@ -641,12 +644,11 @@ impl ShardCore {
             setup,
             ..
         } = self;
-        let pick = touch(modules, outbox, setup, module, now).lb.get_host_for(
-            &setup.params,
-            g.business_priority,
-            g.user_priority,
-            now,
-        );
+        let lb = &mut touch(modules, outbox, setup, module, now).lb;
+        if lb.units().is_some() {
+            self.metrics.units_timed_out += u64::from(lb.expire_units(now));
+        }
+        let pick = lb.get_host_for(&setup.params, g.business_priority, g.user_priority, now);
         let (retcode, host) = match pick {
             Pick::Idle(a) => (RetCode::Ok, Some(a)),
             Pick::Rejected => {
@@ -811,13 +813,18 @@ impl ShardCore {
             statuses,
             ..
         } = self;
+        let mut policy = Policy::L5;
         let (retcode, version, parts) = match touch(modules, outbox, setup, module, now) {
             entry if entry.route == RouteState::Present => {
-                let nodes = entry.lb.nodes();
+                let timed_out = entry.lb.expire_units(now);
+                self.metrics.units_timed_out += u64::from(timed_out);
+                policy = entry.lb.policy();
+                let (nodes, units) = (entry.lb.nodes(), entry.lb.units());
                 let parts = wire::route_parts(nodes.len(), wire::GETROUTE_PART_NODES);
                 let first = (part as usize).saturating_mul(wire::GETROUTE_PART_NODES);
-                let these = nodes.iter().skip(first).take(wire::GETROUTE_PART_NODES);
-                statuses.extend(these.map(|n| node_status(n, now)));
+                let these = nodes.iter().enumerate().skip(first);
+                let these = these.take(wire::GETROUTE_PART_NODES);
+                statuses.extend(these.map(|(i, n)| node_status(n, i, units, now)));
                 (RetCode::Ok, entry.lb.version(), parts)
             }
             _ => (RetCode::NoSuchModule, 0, 1),
@@ -835,6 +842,7 @@ impl ShardCore {
             version,
             &self.statuses,
             (part.min(parts - 1), parts),
+            policy,
         ))
     }
 
@@ -874,10 +882,13 @@ impl ShardCore {
         {
             resp.retcode = RetCode::Ok;
             resp.version = entry.lb.version();
-            // A node with a downstream level reads as overloaded to the
-            // route cache: it then passes every getHost (and report)
-            // through the agent, which applies the levels.
-            resp.any_overloaded = entry.lb.any_overloaded() || entry.lb.levelled_nodes(now) > 0;
+            // A node with a downstream level, or a `balance` module (whose
+            // every getHost takes a unit), reads as overloaded to the route
+            // cache: it then passes every getHost (and report) through the
+            // agent, which applies the levels and counts the units.
+            resp.any_overloaded = entry.lb.any_overloaded()
+                || entry.lb.units().is_some()
+                || entry.lb.levelled_nodes(now) > 0;
             resp.unchanged = known == resp.version;
             if !resp.unchanged {
                 let all = entry.lb.nodes();
@@ -1103,7 +1114,8 @@ fn new_entry(now: Millis, p: &LbParams) -> ModuleEntry {
     }
 }
 
-fn node_status(n: &crate::lb::Node, now: Millis) -> NodeStatus {
+/// Node `i`'s status; `units`: its module's, for a `balance` module.
+fn node_status(n: &crate::lb::Node, i: usize, units: Option<&Units>, now: Millis) -> NodeStatus {
     let overloaded = n.state() == NodeState::Overloaded;
     NodeStatus {
         addr: n.addr(),
@@ -1126,6 +1138,9 @@ fn node_status(n: &crate::lb::Node, now: Millis) -> NodeStatus {
         } else {
             0
         },
+        capacity: units.map_or(0, |u| u.capacity(i)),
+        in_use: units.map_or(0, |u| u.in_use(i)),
+        phi: units.map_or(0.0, |u| u.phi(i)),
     }
 }
 

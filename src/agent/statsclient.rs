@@ -727,6 +727,7 @@ impl StatsClientCore {
             .map(|e| ModuleStats {
                 module: e.module,
                 nodes: &e.nodes,
+                consumed: &[],
             })
             .collect();
         let caller = u32::from(self.config.caller);

@@ -7,8 +7,9 @@ use std::collections::VecDeque;
 use super::levels::Levels;
 use super::node::{Millis, Node, NodeState, Outcome, Transition};
 use super::params::LbParams;
+use super::units::Units;
 use crate::admission::{admits, clamp_priority, OPEN};
-use crate::model::{NodeAddr, RouteNode};
+use crate::model::{NodeAddr, Policy, RouteNode};
 use crate::wire::AdmissionLevel;
 
 /// What getHost answers for a module.
@@ -73,6 +74,9 @@ pub struct ModuleLb {
     /// The nodes' live downstream admission levels; None while no node has
     /// one (the common case: no memory, one test on getHost).
     levels: Option<Box<Levels>>,
+    /// The balance policy's units; None for an `l5` module (the default:
+    /// no memory, one test on getHost).
+    units: Option<Box<Units>>,
 }
 
 impl ModuleLb {
@@ -87,6 +91,7 @@ impl ModuleLb {
             access_cnt: 0,
             version,
             levels: None,
+            units: None,
         };
         m.update_route(route, version, now, p);
         m
@@ -166,8 +171,11 @@ impl ModuleLb {
     ///
     /// Levels not refreshed by `now` are forgotten here first.
     pub fn get_host_for(&mut self, p: &LbParams, business: u8, user: u8, now: Millis) -> Pick {
-        if self.levels.is_none() {
+        if self.levels.is_none() && self.units.is_none() {
             return self.get_host(p);
+        }
+        if self.units.is_some() {
+            return self.get_host_balance(p, now);
         }
         if !self.levels.as_mut().is_some_and(|l| l.expire(now)) {
             self.levels = None;
@@ -273,6 +281,9 @@ impl ModuleLb {
         p: &LbParams,
     ) -> Result<Option<Transition>, UnknownNode> {
         let i = self.find(addr).ok_or(UnknownNode(addr))?;
+        if let Some(u) = &mut self.units {
+            u.give_back(i);
+        }
         Ok(self.report_at(i, outcome, now, p))
     }
 
@@ -294,6 +305,11 @@ impl ModuleLb {
         mut on_transition: impl FnMut(Transition),
     ) -> Result<(), UnknownNode> {
         let i = self.find(addr).ok_or(UnknownNode(addr))?;
+        if let Some(u) = &mut self.units {
+            for _ in 0..count.min(u.in_use(i)) {
+                u.give_back(i);
+            }
+        }
         if count > 0 {
             if let Some(t) = self.report_calls_at(i, true, count, now, p) {
                 on_transition(t);
@@ -363,6 +379,9 @@ impl ModuleLb {
         if self.overload.is_empty() {
             self.access_cnt = 0;
         }
+        if let Some(u) = &mut self.units {
+            u.rebuild(&self.nodes);
+        }
     }
 
     /// Takes every node's real call counts since the last call (for the
@@ -376,6 +395,78 @@ impl ModuleLb {
                 err,
                 overloaded: n.state() == NodeState::Overloaded,
             });
+        }
+    }
+
+    // === the balance policy ===
+
+    /// Sets the module's policy: `balance` keeps the units in use if it was
+    /// `balance` already, and starts with none otherwise; `l5` drops them.
+    pub fn set_policy(&mut self, policy: Policy) {
+        match policy {
+            Policy::L5 => self.units = None,
+            Policy::Balance => {
+                if self.units.is_none() {
+                    self.units = Some(Box::new(Units::new(&self.nodes)));
+                }
+            }
+        }
+    }
+
+    /// The module's policy.
+    pub fn policy(&self) -> Policy {
+        if self.units.is_some() {
+            Policy::Balance
+        } else {
+            Policy::L5
+        }
+    }
+
+    /// The balance policy's units (None for an `l5` module).
+    pub fn units(&self) -> Option<&Units> {
+        self.units.as_deref()
+    }
+
+    /// Returns the units handed out and not reported by `now` (a `balance`
+    /// module; 0 otherwise): how many returned by time-out. getHost does
+    /// not call this itself: the caller does, and counts the result.
+    pub fn expire_units(&mut self, now: Millis) -> u32 {
+        let Some(u) = self.units.as_deref_mut() else {
+            return 0;
+        };
+        let index = &self.index;
+        u.expire(now, |key| {
+            index
+                .binary_search_by_key(&key, |&(k, _)| k)
+                .ok()
+                .map(|pos| index[pos].1 as usize)
+        })
+    }
+
+    /// getHost of a `balance` module: the L5 probe rule first (while some
+    /// node is overloaded, every `probe_num + 1`-th getHost probes the head
+    /// of the overload list, taking no unit: an overloaded node has no
+    /// capacity), then a draw from `Φ` that takes a unit due back by
+    /// `now + unit_timeout_ms`; [`Pick::Overloaded`] when no node has a
+    /// free unit. Downstream levels do not apply to `balance` modules.
+    fn get_host_balance(&mut self, p: &LbParams, now: Millis) -> Pick {
+        if self.nodes.is_empty() {
+            return Pick::NoSuchModule;
+        }
+        if !self.overload.is_empty() {
+            if self.access_cnt >= p.probe_num {
+                self.access_cnt = 0;
+                let i = rotate(&mut self.overload).expect("overload list is not empty");
+                return Pick::Probe(self.nodes[i as usize].addr());
+            }
+            self.access_cnt += 1;
+        } else {
+            self.access_cnt = 0;
+        }
+        let units = self.units.as_deref_mut().expect("a balance module");
+        match units.take(now.saturating_add(p.unit_timeout_ms)) {
+            Some(i) => Pick::Idle(self.nodes[i].addr()),
+            None => Pick::Overloaded,
         }
     }
 
@@ -464,6 +555,9 @@ impl ModuleLb {
         to_list.push_back(idx);
         if self.overload.is_empty() {
             self.access_cnt = 0;
+        }
+        if let Some(u) = &mut self.units {
+            u.refresh(i, &self.nodes[i]);
         }
         Some(Transition {
             addr: self.nodes[i].addr(),

@@ -289,14 +289,17 @@ mod tests {
             ModuleStats {
                 module: ModuleId::new(1, 2),
                 nodes: &a,
+                consumed: &[],
             },
             ModuleStats {
                 module: ModuleId::new(3, 4),
                 nodes: &b,
+                consumed: &[],
             },
             ModuleStats {
                 module: ModuleId::new(5, 6),
                 nodes: &[],
+                consumed: &[],
             },
         ];
         let mut s = Session::new(Some(Ipv4Addr::new(192, 168, 0, 9)));
@@ -331,6 +334,7 @@ mod tests {
         let modules = [ModuleStats {
             module: ModuleId::new(1, 1),
             nodes: &nodes,
+            consumed: &[],
         }];
         let mut s = Session::new(Some(Ipv4Addr::new(192, 168, 0, 9)));
         s.feed(&report_frame(1, 0, 5, &modules));
@@ -346,6 +350,7 @@ mod tests {
         let modules = [ModuleStats {
             module: ModuleId::new(7, 1),
             nodes: &nodes,
+            consumed: &[],
         }];
         let mut stream = Vec::new();
         for seq in 1..=3 {
@@ -368,11 +373,13 @@ mod tests {
         let modules = [ModuleStats {
             module: ModuleId::new(4, 2),
             nodes: &nodes,
+            consumed: &[],
         }];
         let good = [node(80, 1, 0, false)];
         let good_modules = [ModuleStats {
             module: ModuleId::new(4, 2),
             nodes: &good,
+            consumed: &[],
         }];
         let mut stream = report_frame(1, 9, 5, &modules);
         stream.extend(report_frame(2, 9, MAX_TIME_S + 1, &good_modules));
@@ -408,6 +415,7 @@ mod tests {
         let modules = [ModuleStats {
             module: ModuleId::new(1, 1),
             nodes: &nodes,
+            consumed: &[],
         }];
         let mut stream = report_frame(1, 9, 5, &modules);
         write_frame(&mut stream, b"this is no flatbuffer at all").unwrap();
