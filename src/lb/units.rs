@@ -201,3 +201,6 @@ impl Units {
         x.wrapping_mul(0x2545_F491_4F6C_DD1D)
     }
 }
+
+#[cfg(test)]
+mod tests;
