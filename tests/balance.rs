@@ -49,7 +49,8 @@ fn json(out: &Output) -> serde_json::Value {
         .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)))
 }
 
-/// A standalone system in `dir`; returns it and its heartbeat path.
+/// A standalone system in `dir` (statistics sent every second); returns
+/// it and its heartbeat path.
 fn standalone(dir: &Path) -> (Proc, String) {
     let data = dir.join("data");
     let heartbeat = dir.join("heartbeat");
@@ -61,6 +62,7 @@ fn standalone(dir: &Path) -> (Proc, String) {
         format!("agent.metrics_addr=127.0.0.1:{}", free_tcp_port()),
         "agent.base_port=0".to_string(),
         "agent.shards=1".to_string(),
+        "lb.report_timeout=1".to_string(),
         format!("agent.heartbeat_path={}", heartbeat.display()),
         format!("agent.snapshot_path={}", dir.join("snapshot").display()),
     ];
@@ -203,4 +205,84 @@ fn route_policy_refuses_an_unknown_policy_and_changes_nothing() {
     let list = json(&run_ok(&["route", "list", "--json", "--store", &store]));
     assert_eq!(list["modules"][0]["policy"], "l5");
     assert_eq!(list["route_version"], 1);
+}
+
+#[test]
+fn units_consumed_for_good_lower_the_capacity_for_the_agent_never_below_zero() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_system, hb) = standalone(dir.path());
+    let store = format!("sqlite:{}", dir.path().join("data/lbagent.db").display());
+    let hb = ["--heartbeat", hb.as_str()];
+    let (a, b) = ("10.9.0.1:80", "10.9.0.2:80");
+    run_ok(&[
+        "route", "add", "79", "1", a, "--weight", "2", "--store", &store,
+    ]);
+    run_ok(&[
+        "route", "add", "79", "1", b, "--weight", "3", "--store", &store,
+    ]);
+    run_ok(&["route", "policy", "79", "1", "balance", "--store", &store]);
+    let capacity = |node: &str| -> Option<(u64, u64)> {
+        let mut args = vec!["getroute", "79", "1", "--json"];
+        args.extend_from_slice(&hb);
+        let out = run(&args);
+        let v = out.status.success().then(|| json(&out))?;
+        if v["policy"] != "balance" {
+            return None;
+        }
+        let n = v["nodes"].as_array()?.iter().find(|n| n["host"] == node)?;
+        let list = json(&run_ok(&[
+            "route", "list", "79", "1", "--json", "--store", &store,
+        ]));
+        let stored = list["modules"][0]["nodes"]
+            .as_array()?
+            .iter()
+            .find(|n| n["node"] == node)?["weight"]
+            .as_u64()?;
+        Some((stored, n["capacity"].as_u64()?))
+    };
+    wait_for(Duration::from_secs(10), || {
+        (capacity(b) == Some((3, 3))).then_some(())
+    })
+    .expect("the agent has the balance module within 10 s");
+
+    let report = |node: &str, consume: &str| {
+        let mut args = vec!["report", "79", "1", node, "0", "--consume", consume];
+        args.extend_from_slice(&hb);
+        run(&args)
+    };
+    assert!(report(b, "2").status.success());
+    wait_for(Duration::from_secs(10), || {
+        (capacity(b) == Some((1, 1))).then_some(())
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "2 of 3 units consumed reach the store and the agent within 10 s: {:?}",
+            capacity(b)
+        )
+    });
+    // More than is left: the capacity stops at 0.
+    assert!(report(b, "5").status.success());
+    wait_for(Duration::from_secs(10), || {
+        (capacity(b) == Some((0, 0))).then_some(())
+    })
+    .unwrap_or_else(|| panic!("the capacity goes to 0 and no lower: {:?}", capacity(b)));
+    // Only a's two units are left.
+    let mut hosts = Vec::new();
+    loop {
+        let mut args = vec!["gethost", "79", "1", "--json"];
+        args.extend_from_slice(&hb);
+        let out = run(&args);
+        if out.status.code() != Some(0) {
+            assert_eq!(out.status.code(), Some(4));
+            break;
+        }
+        hosts.push(json(&out)["host"].as_str().unwrap().to_string());
+        assert!(hosts.len() <= 2, "{hosts:?}");
+    }
+    assert_eq!(hosts, [a, a]);
+    // 0 and values past the largest weight are refused before sending.
+    for bad in ["0", "1000001", "-1"] {
+        let out = report(b, bad);
+        assert_eq!(out.status.code(), Some(2), "--consume {bad}");
+    }
 }

@@ -698,6 +698,10 @@ impl ShardCore {
                 if let Some(t) = t {
                     self.metrics.count_transition(t.to);
                 }
+                // The node is in the route: report() just found it.
+                if rep.consumed > 0 && !entry.lb.consume(host, rep.consumed).unwrap_or(false) {
+                    self.metrics.consumed_ignored += 1;
+                }
                 if let Some(level) = rep.downstream_level {
                     let expires = now + self.setup.level_timeout_ms;
                     // The node is in the route: report() just found it.
@@ -1007,7 +1011,10 @@ impl ShardCore {
             entry.last_stats = now;
             entry.stats_at = NONE;
             entry.lb.take_stats(&mut nodes);
-            if nodes.iter().all(|n| n.succ == 0 && n.err == 0) {
+            if nodes
+                .iter()
+                .all(|n| n.succ == 0 && n.err == 0 && n.consumed == 0)
+            {
                 nodes.clear();
             }
         }
@@ -1093,6 +1100,7 @@ fn merge_stats(into: &mut Vec<NodeCallStats>, more: Vec<NodeCallStats>) {
             Some(n) => {
                 n.succ = n.succ.saturating_add(m.succ);
                 n.err = n.err.saturating_add(m.err);
+                n.consumed = n.consumed.saturating_add(m.consumed);
             }
             None => into.push(m),
         }

@@ -55,6 +55,8 @@ pub struct NodeCallStats {
     pub err: u32,
     /// Whether the node is overloaded now.
     pub overloaded: bool,
+    /// Capacity units reported consumed for good (a `balance` module).
+    pub consumed: u32,
 }
 
 /// The L5 load balancer of one module.
@@ -387,15 +389,34 @@ impl ModuleLb {
     /// Takes every node's real call counts since the last call (for the
     /// reporter), appending one entry per node to `out`.
     pub fn take_stats(&mut self, out: &mut Vec<NodeCallStats>) {
-        for n in &mut self.nodes {
+        for (i, n) in self.nodes.iter_mut().enumerate() {
             let (succ, err) = n.take_stats();
             out.push(NodeCallStats {
                 addr: n.addr(),
                 succ,
                 err,
                 overloaded: n.state() == NodeState::Overloaded,
+                consumed: self.units.as_deref_mut().map_or(0, |u| u.take_consumed(i)),
             });
         }
+    }
+
+    /// Records that a call to `addr` consumed `units` capacity units for
+    /// good (a `balance` module's stored resources): they go to the
+    /// reporter with the next statistics, and the route server lowers the
+    /// node's capacity. False (nothing recorded) for an `l5` module.
+    ///
+    /// # Errors
+    /// [`UnknownNode`] when `addr` is not in the route; nothing changes.
+    pub fn consume(&mut self, addr: NodeAddr, units: u32) -> Result<bool, UnknownNode> {
+        let i = self.find(addr).ok_or(UnknownNode(addr))?;
+        Ok(match self.units.as_deref_mut() {
+            Some(u) => {
+                u.add_consumed(i, units);
+                true
+            }
+            None => false,
+        })
     }
 
     // === the balance policy ===

@@ -39,6 +39,9 @@ pub struct Units {
     rng: u64,
     /// Units returned by their time-out since the module was made.
     timed_out: u64,
+    /// Per node: units reported consumed for good since the statistics
+    /// were last taken.
+    consumed: Vec<u32>,
 }
 
 impl PartialEq for Units {
@@ -74,6 +77,7 @@ impl Units {
             held: 0,
             rng: (seed ^ 0x9E37_79B9_7F4A_7C15) | 1,
             timed_out: 0,
+            consumed: vec![0; nodes.len()],
         }
     }
 
@@ -81,26 +85,27 @@ impl Units {
     /// new ones start with none, removed ones are forgotten (their queued
     /// deadlines are skipped when due). O(n log n).
     pub fn rebuild(&mut self, nodes: &[Node]) {
-        let mut old: Vec<(u64, u32, u32)> = self
+        let mut old: Vec<(u64, u32, u32, u32)> = self
             .keys
             .iter()
             .enumerate()
-            .map(|(i, &k)| (k, self.router.in_use(i), self.early[i]))
+            .map(|(i, &k)| (k, self.router.in_use(i), self.early[i], self.consumed[i]))
             .collect();
         old.sort_unstable();
         let kept = |key: u64| {
-            old.binary_search_by_key(&key, |&(k, _, _)| k)
-                .map_or((0, 0), |p| (old[p].1, old[p].2))
+            old.binary_search_by_key(&key, |&(k, ..)| k)
+                .map_or((0, 0, 0), |p| (old[p].1, old[p].2, old[p].3))
         };
         self.keys = nodes.iter().map(|n| n.addr().key()).collect();
-        let per_node: Vec<(u32, u32)> = self.keys.iter().map(|&k| kept(k)).collect();
-        self.early = per_node.iter().map(|&(_, e)| e).collect();
-        self.held = per_node.iter().map(|&(u, _)| u64::from(u)).sum();
+        let per_node: Vec<(u32, u32, u32)> = self.keys.iter().map(|&k| kept(k)).collect();
+        self.early = per_node.iter().map(|&(_, e, _)| e).collect();
+        self.consumed = per_node.iter().map(|&(_, _, c)| c).collect();
+        self.held = per_node.iter().map(|&(u, ..)| u64::from(u)).sum();
         self.router = Balance::new(
             nodes
                 .iter()
                 .zip(&per_node)
-                .map(|(n, &(used, _))| (capacity_of(n), used)),
+                .map(|(n, &(used, ..))| (capacity_of(n), used)),
         );
     }
 
@@ -189,6 +194,16 @@ impl Units {
     /// Units returned by their time-out since the module was made.
     pub fn timed_out(&self) -> u64 {
         self.timed_out
+    }
+
+    /// Node `i`'s call consumed `units` for good (sent with the statistics).
+    pub fn add_consumed(&mut self, i: usize, units: u32) {
+        self.consumed[i] = self.consumed[i].saturating_add(units);
+    }
+
+    /// Takes node `i`'s units consumed since the last call.
+    pub fn take_consumed(&mut self, i: usize) -> u32 {
+        std::mem::take(&mut self.consumed[i])
     }
 
     /// xorshift64*: the draw's uniform `u64`.

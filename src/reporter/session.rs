@@ -59,6 +59,24 @@ impl RefusedReport {
     }
 }
 
+/// Appends `(module, node, units)` for every node of `report` that says it
+/// consumed capacity units for good (a `balance` module's stored
+/// resources). Entries of port 0 or 0 units are skipped.
+pub fn consumed_from_report(
+    report: &fb::StatsReport<'_>,
+    out: &mut Vec<(ModuleId, NodeAddr, u32)>,
+) {
+    for m in report.modules().unwrap_or_default() {
+        let module = ModuleId::new(m.modid(), m.cmdid());
+        for c in m.consumed().unwrap_or_default() {
+            let node = NodeAddr::from(c.host());
+            if node.port != 0 && c.count() > 0 {
+                out.push((module, node, c.count()));
+            }
+        }
+    }
+}
+
 /// Appends one row per node of `report` to `out`, all stamped with the
 /// report's time and caller; a caller of 0 (the agent does not know its
 /// address) becomes `peer`, the connection's remote IPv4 address, when
@@ -144,6 +162,7 @@ pub struct Session {
     frames: FrameDecoder,
     enc: Encoder,
     peer: Option<Ipv4Addr>,
+    consumed: Vec<(ModuleId, NodeAddr, u32)>,
     rows: Vec<CallStatus>,
     out: Vec<u8>,
     broken: Option<BadFrame>,
@@ -157,6 +176,7 @@ impl Session {
             frames: FrameDecoder::new(MAX_FRAME_LEN),
             enc: Encoder::new(),
             peer,
+            consumed: Vec::new(),
             rows: Vec::new(),
             out: Vec::new(),
             broken: None,
@@ -197,6 +217,7 @@ impl Session {
             let answer = match rows_from_report(&report, self.peer, &mut self.rows) {
                 Ok(_) => {
                     fed.reports += 1;
+                    consumed_from_report(&report, &mut self.consumed);
                     self.enc.stats_ack(seq)
                 }
                 Err(refusal) => {
@@ -226,6 +247,12 @@ impl Session {
         &self.rows
     }
 
+    /// The `(module, node, units)` consumed for good that the reports
+    /// accepted since the last [`Self::consumed`] carried.
+    pub fn consumed_units(&self) -> &[(ModuleId, NodeAddr, u32)] {
+        &self.consumed
+    }
+
     /// The answers to write, in order, since the last [`Self::consumed`].
     pub fn out(&self) -> &[u8] {
         &self.out
@@ -233,6 +260,7 @@ impl Session {
 
     /// The rows were queued and the answers written: forget them.
     pub fn consumed(&mut self) {
+        self.consumed.clear();
         self.rows.clear();
         if self.rows.capacity() > KEEP_ROWS {
             self.rows.shrink_to(KEEP_ROWS);
