@@ -283,8 +283,8 @@ impl ModuleLb {
         p: &LbParams,
     ) -> Result<Option<Transition>, UnknownNode> {
         let i = self.find(addr).ok_or(UnknownNode(addr))?;
-        if let Some(u) = &mut self.units {
-            u.give_back(i);
+        if self.units.is_some() {
+            self.give_back_unit(i);
         }
         Ok(self.report_at(i, outcome, now, p))
     }
@@ -420,6 +420,26 @@ impl ModuleLb {
     }
 
     // === the balance policy ===
+
+    /// A report of node `i` returns one of its units (a `balance` module).
+    /// Out of line: `l5` reports pay only the test.
+    #[cold]
+    #[inline(never)]
+    fn give_back_unit(&mut self, i: usize) {
+        if let Some(u) = &mut self.units {
+            u.give_back(i);
+        }
+    }
+
+    /// Node `i`'s state changed: its capacity as the balance policy counts
+    /// it follows. Out of line, as [`ModuleLb::give_back_unit`].
+    #[cold]
+    #[inline(never)]
+    fn refresh_unit(&mut self, i: usize) {
+        if let Some(u) = &mut self.units {
+            u.refresh(i, &self.nodes[i]);
+        }
+    }
 
     /// Sets the module's policy: `balance` keeps the units in use if it was
     /// `balance` already, and starts with none otherwise; `l5` drops them.
@@ -577,8 +597,8 @@ impl ModuleLb {
         if self.overload.is_empty() {
             self.access_cnt = 0;
         }
-        if let Some(u) = &mut self.units {
-            u.refresh(i, &self.nodes[i]);
+        if self.units.is_some() {
+            self.refresh_unit(i);
         }
         Some(Transition {
             addr: self.nodes[i].addr(),
