@@ -514,6 +514,7 @@ fn drive(
                     retcode: 0,
                     tcost_ms: 0,
                     downstream_level: level,
+                    consumed: 0,
                 };
                 let _ = a.send(enc.report_req(&report));
             }

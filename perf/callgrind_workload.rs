@@ -68,7 +68,7 @@ use lbagent::agent::messages::ToShard;
 use lbagent::agent::shard::{ShardCore, ShardSetup};
 use lbagent::client::{Client, ClientOptions, HostSource};
 use lbagent::config::Config;
-use lbagent::model::{ModuleId, NodeAddr, RouteNode};
+use lbagent::model::{ModuleId, NodeAddr, Policy, RouteNode};
 use lbagent::wire::{decode, CacheRoute, Encoder, Limits, Message, Report, RetCode};
 
 /// The module: shard 0 of 1 owns every module.
@@ -104,6 +104,7 @@ fn requests() -> Requests {
                     retcode,
                     tcost_ms: 40,
                     downstream_level: None,
+                    consumed: 0,
                 })
                 .to_vec(),
             );
@@ -131,6 +132,7 @@ fn shard() -> ShardCore {
                     weight: 1,
                 })
                 .collect(),
+            policy: lbagent::model::Policy::L5,
         },
         0,
     );
@@ -362,6 +364,7 @@ fn route_changes() -> Vec<ToShard> {
                 exists: true,
                 version: u64::from(v),
                 nodes,
+                policy: Policy::L5,
             }
         })
         .collect()
@@ -417,6 +420,7 @@ fn many_modules() -> (ShardCore, ModuleRequests) {
                 exists: true,
                 version: 1,
                 nodes,
+                policy: Policy::L5,
             },
             0,
         );
@@ -429,6 +433,7 @@ fn many_modules() -> (ShardCore, ModuleRequests) {
                 retcode: 0,
                 tcost_ms: 3,
                 downstream_level: None,
+                consumed: 0,
             })
             .to_vec();
         reqs.push((get_host, report));

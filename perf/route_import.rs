@@ -50,6 +50,7 @@ fn main() {
                 .iter()
                 .map(|r| r.1)
                 .collect(),
+            policy: lbagent::model::Policy::L5,
         })
         .collect();
     let mut csv = Vec::new();

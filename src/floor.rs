@@ -428,6 +428,7 @@ mod tests {
             retcode: 0,
             tcost_ms: 3,
             downstream_level: None,
+            consumed: 0,
         };
         assert_eq!(ask(&s, enc.report_req(&report)), None);
         assert_eq!(ask(&s, b"not a flatbuffer at all"), None);

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand};
 use lbagent::config::reload::Role;
 use lbagent::config::{Config, ConfigSource, DEFAULT_TOML};
-use lbagent::model::{ModuleId, NodeAddr, RouteNode};
+use lbagent::model::{ModuleId, NodeAddr, Policy, RouteNode};
 use lbagent::store::table::{self, TableFormat};
 use lbagent::store::{self, ModuleRoute, StoreError, StoreUrl};
 
@@ -264,6 +264,26 @@ enum RouteCommand {
         #[arg(long, value_name = "FILE")]
         config: Option<PathBuf>,
     },
+    /// Set a module's policy: `l5` (the default: round robin with the
+    /// L5 overload rules) or `balance` (seed 002: a node's weight is its
+    /// capacity in units, getHost takes a unit and report returns it). One
+    /// versioned change: every agent following the module gets it within
+    /// a push.
+    Policy {
+        /// Module id.
+        modid: u32,
+        /// Command id.
+        cmdid: u32,
+        /// `l5` or `balance`.
+        #[arg(value_parser = parse_policy)]
+        policy: Policy,
+        /// The store: `sqlite:PATH` or a `postgres://` URL (default as for add).
+        #[arg(long, value_name = "URL")]
+        store: Option<String>,
+        /// A configuration file whose store.url to use.
+        #[arg(long, value_name = "FILE")]
+        config: Option<PathBuf>,
+    },
     /// List routes: all modules, or one.
     List {
         /// Module id (with CMDID: list one module).
@@ -464,6 +484,7 @@ fn route(cmd: RouteCommand) -> ExitCode {
         | RouteCommand::Del { store, config, .. }
         | RouteCommand::Import { store, config, .. }
         | RouteCommand::Export { store, config, .. }
+        | RouteCommand::Policy { store, config, .. }
         | RouteCommand::List { store, config, .. } => (store.clone(), config.clone()),
     };
     // An import's table is read and checked before the store is opened:
@@ -538,6 +559,21 @@ fn route(cmd: RouteCommand) -> ExitCode {
             match db.del_node(module, node) {
                 Ok(v) => {
                     println!("deleted {node} from module {module}; route version {v}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => refused(e),
+            }
+        }
+        RouteCommand::Policy {
+            modid,
+            cmdid,
+            policy,
+            ..
+        } => {
+            let module = ModuleId::new(modid, cmdid);
+            match db.set_policy(module, policy) {
+                Ok(v) => {
+                    println!("module {module} policy {policy}; route version {v}");
                     ExitCode::SUCCESS
                 }
                 Err(e) => refused(e),
@@ -633,6 +669,11 @@ fn read_table(
     })
 }
 
+/// A policy name, `l5` or `balance`.
+fn parse_policy(s: &str) -> Result<Policy, String> {
+    s.parse().map_err(|e| format!("{e}"))
+}
+
 /// A node address that can be a node: [`NodeAddr`]'s syntax, and a
 /// unicast IPv4 address (not unspecified, broadcast or multicast).
 fn unicast_node(s: &str) -> Result<NodeAddr, String> {
@@ -664,6 +705,7 @@ fn routes_json(version: u64, routes: &[ModuleRoute]) -> serde_json::Value {
                 "modid": r.module.modid,
                 "cmdid": r.module.cmdid,
                 "version": r.version,
+                "policy": r.policy.as_str(),
                 "nodes": r.nodes.iter().map(|n| serde_json::json!({
                     "node": n.addr.to_string(),
                     "weight": n.weight,
@@ -674,14 +716,15 @@ fn routes_json(version: u64, routes: &[ModuleRoute]) -> serde_json::Value {
     serde_json::json!({ "route_version": version, "modules": modules })
 }
 
-/// `route list`: one line per node.
+/// `route list`: one line per node (the policy last).
 fn routes_text(version: u64, routes: &[ModuleRoute]) -> String {
-    let mut out = format!("# route version {version}\n# modid cmdid node weight module_version\n");
+    let mut out =
+        format!("# route version {version}\n# modid cmdid node weight module_version policy\n");
     for r in routes {
         for n in &r.nodes {
             out.push_str(&format!(
-                "{} {} {} {} {}\n",
-                r.module.modid, r.module.cmdid, n.addr, n.weight, r.version
+                "{} {} {} {} {} {}\n",
+                r.module.modid, r.module.cmdid, n.addr, n.weight, r.version, r.policy
             ));
         }
     }

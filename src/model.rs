@@ -112,6 +112,68 @@ impl FromStr for NodeAddr {
     }
 }
 
+/// How a module's nodes are chosen, set per module with the route.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Policy {
+    /// The L5 overload algorithm (round robin over the idle nodes): the default.
+    #[default]
+    L5,
+    /// Seed 002's balance router: a node's weight is its capacity in
+    /// units; getHost takes a unit, a report returns it.
+    Balance,
+}
+
+impl Policy {
+    /// The policy's name: `l5` or `balance`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Policy::L5 => "l5",
+            Policy::Balance => "balance",
+        }
+    }
+
+    /// The policy's number on the wire (0 = `l5`, what an older route
+    /// server sends).
+    pub fn code(self) -> u8 {
+        match self {
+            Policy::L5 => 0,
+            Policy::Balance => 1,
+        }
+    }
+
+    /// The policy of wire number `code`; None for an unknown one.
+    pub fn from_code(code: u8) -> Option<Policy> {
+        match code {
+            0 => Some(Policy::L5),
+            1 => Some(Policy::Balance),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Policy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A policy name that is neither `l5` nor `balance`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("policy {0:?} is not one of l5, balance")]
+pub struct ParsePolicyError(pub String);
+
+impl FromStr for Policy {
+    type Err = ParsePolicyError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "l5" => Ok(Policy::L5),
+            "balance" => Ok(Policy::Balance),
+            _ => Err(ParsePolicyError(s.to_string())),
+        }
+    }
+}
+
 /// One entry of a module's route: a node and its weight / capacity.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct RouteNode {

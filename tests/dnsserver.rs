@@ -92,6 +92,21 @@ impl Store for Flaky {
         self.check()?;
         self.inner.list(module)
     }
+    fn set_policy(
+        &mut self,
+        module: ModuleId,
+        policy: lbagent::model::Policy,
+    ) -> Result<u64, StoreError> {
+        self.check()?;
+        self.inner.set_policy(module, policy)
+    }
+    fn consume(
+        &mut self,
+        rows: &[(ModuleId, NodeAddr, u32)],
+    ) -> Result<lbagent::store::Consumed, StoreError> {
+        self.check()?;
+        self.inner.consume(rows)
+    }
     fn upsert_status(&mut self, rows: &[CallStatus]) -> Result<(), StoreError> {
         self.check()?;
         self.inner.upsert_status(rows)

@@ -70,6 +70,7 @@ fn frame(seq: u64, caller: u32, time_s: u64, content: &Content) -> Vec<u8> {
         .map(|(module, nodes)| ModuleStats {
             module: *module,
             nodes,
+            consumed: &[],
         })
         .collect();
     let mut out = Vec::new();
@@ -326,6 +327,19 @@ impl Store for MemConn {
     }
     fn list(&mut self, _: Option<ModuleId>) -> Result<Vec<ModuleRoute>, StoreError> {
         Ok(Vec::new())
+    }
+    fn set_policy(&mut self, _: ModuleId, _: lbagent::model::Policy) -> Result<u64, StoreError> {
+        Err(StoreError::BadInput(
+            "the test store keeps no routes".into(),
+        ))
+    }
+    fn consume(
+        &mut self,
+        _: &[(ModuleId, NodeAddr, u32)],
+    ) -> Result<lbagent::store::Consumed, StoreError> {
+        Err(StoreError::BadInput(
+            "the test store keeps no routes".into(),
+        ))
     }
     fn upsert_status(&mut self, rows: &[CallStatus]) -> Result<(), StoreError> {
         let delay = self.0.state().delay;

@@ -204,7 +204,8 @@ fn a_pull_is_answered_and_the_status_shows_the_server() {
             exists: true,
             version: 1,
             nodes: vec![node(1), node(2)],
-            pushed: false
+            pushed: false,
+            policy: lbagent::model::Policy::L5,
         }
     );
     let unknown = client.expect_route(UNKNOWN);

@@ -191,6 +191,7 @@ fn node(last: u8, succ: u32, err: u32, overloaded: bool) -> NodeCallStats {
         succ,
         err,
         overloaded,
+        consumed: 0,
     }
 }
 

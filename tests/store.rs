@@ -170,6 +170,8 @@ suite!(
     changes_since_reads_exactly_the_changed_modules,
     route_version_sees_another_connections_commit,
     wait_for_change_wakes_on_another_connections_commit,
+    policy_is_a_versioned_change_carried_with_the_route,
+    consumed_units_lower_the_capacity_never_below_zero,
 );
 
 fn changes_since_reads_exactly_the_changed_modules(db: &Db) {
@@ -599,7 +601,8 @@ fn every_change_bumps_the_version_and_logs_its_module(db: &Db) {
         vec![store::ModuleRoute {
             module: m(2, 2),
             version: 4,
-            nodes: vec![]
+            nodes: vec![],
+            policy: lbagent::model::Policy::L5,
         }]
     );
     assert!(s
@@ -1059,4 +1062,70 @@ fn redact_hides_both_password_forms() {
         "postgres://u:***@h:5/db?password=***&sslmode=disable"
     );
     assert_eq!(store::redact("postgres://h/db"), "postgres://h/db");
+}
+
+// === the balance policy ===
+
+fn policy_is_a_versioned_change_carried_with_the_route(db: &Db) {
+    use lbagent::model::Policy;
+    let mut s = db.open();
+    s.add_node(m(1, 1), node("10.0.0.1:80", 2)).unwrap(); // v1
+    s.add_node(m(2, 2), node("10.0.0.2:80", 1)).unwrap(); // v2
+    assert_eq!(s.load_all().unwrap().modules[0].policy, Policy::L5);
+    assert_eq!(s.set_policy(m(1, 1), Policy::Balance).unwrap(), 3);
+    let changes = s.changes_since(2).unwrap();
+    assert_eq!(changes.version, 3);
+    assert_eq!(changes.modules.len(), 1);
+    assert_eq!(changes.modules[0].module, m(1, 1));
+    assert_eq!(changes.modules[0].policy, Policy::Balance);
+    assert_eq!(changes.modules[0].version, 3);
+    let all = s.load_all().unwrap().modules;
+    assert_eq!(
+        all.iter().map(|r| r.policy).collect::<Vec<_>>(),
+        [Policy::Balance, Policy::L5]
+    );
+    assert_eq!(s.list(Some(m(1, 1))).unwrap()[0].policy, Policy::Balance);
+    // Back to l5: another version; another connection sees the same.
+    assert_eq!(s.set_policy(m(1, 1), Policy::L5).unwrap(), 4);
+    assert_eq!(db.open().list(Some(m(1, 1))).unwrap()[0].policy, Policy::L5);
+}
+
+fn consumed_units_lower_the_capacity_never_below_zero(db: &Db) {
+    let mut s = db.open();
+    let (a, b) = (
+        "10.0.0.1:80".parse().unwrap(),
+        "10.0.0.2:80".parse().unwrap(),
+    );
+    s.add_node(m(1, 1), node("10.0.0.1:80", 5)).unwrap(); // v1
+    s.add_node(m(1, 1), node("10.0.0.2:80", 3)).unwrap(); // v2
+    let weights = |s: &mut dyn Store| -> Vec<u32> {
+        s.list(Some(m(1, 1))).unwrap()[0]
+            .nodes
+            .iter()
+            .map(|n| n.weight)
+            .collect()
+    };
+    let c = s.consume(&[(m(1, 1), a, 2), (m(1, 1), b, 1)]).unwrap();
+    assert_eq!((c.version, c.nodes), (3, 2), "one version for the batch");
+    assert_eq!(weights(&mut *s), [3, 2]);
+    assert_eq!(s.changes_since(2).unwrap().modules[0].nodes[0].weight, 3);
+    // More than is left stops at 0; a node at 0 changes nothing more.
+    let c = s.consume(&[(m(1, 1), b, 7)]).unwrap();
+    assert_eq!((c.version, c.nodes), (4, 1));
+    assert_eq!(weights(&mut *s), [3, 0]);
+    let c = s.consume(&[(m(1, 1), b, 1), (m(9, 9), a, 1)]).unwrap();
+    assert_eq!((c.version, c.nodes), (4, 0), "nothing changed: no version");
+    // Bad values refuse the whole batch.
+    for units in [0, store::MAX_WEIGHT + 1] {
+        let e = s
+            .consume(&[(m(1, 1), a, 1), (m(1, 1), a, units)])
+            .unwrap_err();
+        assert!(matches!(e, StoreError::BadInput(_)), "{e}");
+        assert!(e.to_string().contains("out of range"), "{e}");
+    }
+    assert_eq!(weights(&mut *s), [3, 0]);
+    // Re-adding a node starts it afresh.
+    s.del_node(m(1, 1), b).unwrap();
+    s.add_node(m(1, 1), node("10.0.0.2:80", 3)).unwrap();
+    assert_eq!(weights(&mut *s), [3, 3]);
 }

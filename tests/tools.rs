@@ -82,6 +82,7 @@ fn report(dir: &Path, m: ModuleId, n: NodeAddr, retcode: i32, json: bool) -> Too
         retcode,
         tcost: 250,
         downstream_level: None,
+        consume: None,
         json,
         conn: conn(dir, 500),
     })

@@ -250,7 +250,7 @@ pub async fn run(parts: ControlParts) {
                             st.routes.remove(&r.module);
                         }
                         let shard = r.module.shard(shards) as usize;
-                        let msg = ToShard::Route { module: r.module, exists: r.exists, version: r.version, nodes: r.nodes };
+                        let msg = ToShard::Route { module: r.module, exists: r.exists, version: r.version, nodes: r.nodes, policy: r.policy };
                         deliver(&mut st, &senders, shard, msg);
                     }
                     RouteClientEvent::ServerError(e) => {

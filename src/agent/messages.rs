@@ -2,7 +2,7 @@
 //! are messages, not shared state: each side owns what it receives.
 
 use crate::lb::{LbParams, NodeCallStats};
-use crate::model::{ModuleId, RouteNode};
+use crate::model::{ModuleId, Policy, RouteNode};
 
 /// Shard → control core.
 #[derive(Clone, Debug, PartialEq)]
@@ -39,6 +39,8 @@ pub enum ToShard {
         version: u64,
         /// The nodes (empty when `exists` is false).
         nodes: Vec<RouteNode>,
+        /// How the module's nodes are chosen.
+        policy: Policy,
     },
     /// The `[lb]` parameters changed (a configuration reload): use these
     /// from now on, for every module the shard holds.

@@ -100,6 +100,12 @@ pub struct ShardMetrics {
     pub rejected: u64,
     /// Reports that carried a downstream admission level.
     pub levels_reported: u64,
+    /// `balance` modules' units not reported within `lb.unit_timeout`,
+    /// returned by their time-out.
+    pub units_timed_out: u64,
+    /// Reports saying they consumed capacity units for good, for a module
+    /// that is not `balance` (ignored).
+    pub consumed_ignored: u64,
     /// Nodes with a downstream admission level held (gauge).
     pub nodes_levelled: u64,
     /// Nodes that became overloaded.
@@ -180,6 +186,8 @@ impl ShardMetrics {
             probes: 0,
             rejected: 0,
             levels_reported: 0,
+            units_timed_out: 0,
+            consumed_ignored: 0,
             nodes_levelled: 0,
             to_overloaded: 0,
             to_idle: 0,
@@ -362,7 +370,7 @@ pub fn render(shards: &[ShardMetrics], control: &ControlMetrics) -> String {
             );
         }
     }
-    let per_shard: [Figure; 25] = [
+    let per_shard: [Figure; 27] = [
         (
             "lbagent_unexpected_messages_total",
             "counter",
@@ -404,6 +412,18 @@ pub fn render(shards: &[ShardMetrics], control: &ControlMetrics) -> String {
             "counter",
             "getHosts answered Rejected by the downstream admission levels (DAGOR).",
             |m| m.rejected,
+        ),
+        (
+            "lbagent_balance_units_timed_out_total",
+            "counter",
+            "Capacity units of balance modules not reported back within lb.unit_timeout, returned by their time-out.",
+            |m| m.units_timed_out,
+        ),
+        (
+            "lbagent_consumed_ignored_total",
+            "counter",
+            "Reports saying they consumed capacity units, for a module whose policy is not balance (ignored).",
+            |m| m.consumed_ignored,
         ),
         (
             "lbagent_downstream_levels_reported_total",

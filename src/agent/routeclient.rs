@@ -85,7 +85,7 @@ use glommio::channels::local_channel::{LocalReceiver, LocalSender};
 use super::link_shell::{LinkCore, LinkShell};
 use super::reconnect::{LinkState, Reconnect, ReconnectPolicy};
 use super::timers::Timers;
-use crate::model::{ModuleId, RouteNode};
+use crate::model::{ModuleId, Policy, RouteNode};
 use crate::wire::{
     decode, write_frame, DecodeError, Encoder, FrameError, Limits, Message, RetCode,
     ValidationError, MAX_PULL_MODULES,
@@ -248,6 +248,9 @@ pub struct RouteEvent {
     pub nodes: Vec<RouteNode>,
     /// True for a RoutePush (sent unasked), false for a RouteAnswer.
     pub pushed: bool,
+    /// The module's policy (an unknown code, from a newer route server,
+    /// reads as `l5`).
+    pub policy: Policy,
 }
 
 /// An ErrorResp: the route server refused a request.
@@ -790,6 +793,7 @@ impl RouteClientCore {
                         version: m.version(),
                         nodes,
                         pushed: false,
+                        policy: Policy::from_code(m.policy()).unwrap_or_default(),
                     }))
                 }
             }
@@ -819,6 +823,7 @@ impl RouteClientCore {
                     version: m.version(),
                     nodes,
                     pushed: true,
+                    policy: Policy::from_code(m.policy()).unwrap_or_default(),
                 }))
             }
             Message::RouteUnchanged(m) => {
@@ -1611,7 +1616,8 @@ mod tests {
                 exists: true,
                 version: 9,
                 nodes: vec![node(1), node(2)],
-                pushed: false
+                pushed: false,
+                policy: Policy::L5,
             }
         );
         let r = route(core.on_frame(&answer(1, B, 0, &[]), 5).unwrap());

@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::model::Policy;
 use anyhow::{bail, Context};
 use glommio::channels::shared_channel;
 use glommio::{ExecutorJoinHandle, LocalExecutorBuilder, Placement};
@@ -92,6 +93,9 @@ impl Agent {
                 exists: true,
                 version: r.version,
                 nodes: r.nodes.clone(),
+                // The static route file keeps no policy: a `balance`
+                // module is `l5` until its route is pulled again.
+                policy: Policy::L5,
             });
         }
         let mut initial = initial.into_iter();

@@ -32,8 +32,8 @@ use super::metrics::priority_class;
 use super::metrics::{Kind, ShardMetrics};
 use super::timers::Timers;
 use crate::admission::{Admission, AdmissionLevel, AdmissionParams, Micros, OPEN};
-use crate::lb::{LbParams, Millis, ModuleLb, NodeCallStats, NodeState, Outcome, Pick};
-use crate::model::{ModuleId, RouteNode};
+use crate::lb::{LbParams, Millis, ModuleLb, NodeCallStats, NodeState, Outcome, Pick, Units};
+use crate::model::{ModuleId, Policy, RouteNode};
 use crate::wire::{self, CacheRoute, Encoder, Limits, Message, NodeStatus, RetCode};
 
 /// The default most modules one shard tracks (`agent.max_modules`).
@@ -387,13 +387,14 @@ impl ShardCore {
     }
 
     fn apply_route(&mut self, msg: ToShard, now: Millis) -> Vec<Reply> {
-        let (module, exists, version, nodes) = match msg {
+        let (module, exists, version, nodes, policy) = match msg {
             ToShard::Route {
                 module,
                 exists,
                 version,
                 nodes,
-            } => (module, exists, version, nodes),
+                policy,
+            } => (module, exists, version, nodes, policy),
             ToShard::Params(live) => {
                 // Read at each use: every module follows them from now on.
                 self.setup.params = live.params;
@@ -422,9 +423,11 @@ impl ShardCore {
         let before = node_counts(&entry.lb);
         if exists && !nodes.is_empty() {
             entry.lb.update_route(&nodes, version, now, p);
+            entry.lb.set_policy(policy);
             entry.route = RouteState::Present;
         } else {
             entry.lb.update_route(&[], version, now, p);
+            entry.lb.set_policy(Policy::L5);
             entry.route = RouteState::Absent;
         }
         let after = node_counts(&entry.lb);
@@ -466,11 +469,14 @@ impl ShardCore {
         let mut routes: Vec<(ModuleId, u64, Option<Vec<RouteNode>>)> = routes
             .into_iter()
             .filter_map(|msg| match msg {
+                // The static route file keeps no policy: `l5` until the
+                // module's route is pulled again.
                 ToShard::Route {
                     module,
                     exists,
                     version,
                     nodes,
+                    policy: _,
                 } => Some((
                     module,
                     version,
@@ -547,6 +553,7 @@ impl ShardCore {
             exists: true,
             version,
             nodes,
+            policy: Policy::L5,
         };
         // No register can wait on a module not yet made: nothing released.
         let released = self.apply_route(msg, now);
@@ -770,12 +777,11 @@ impl ShardCore {
             setup,
             ..
         } = self;
-        let pick = touch(modules, outbox, setup, module, now).lb.get_host_for(
-            &setup.params,
-            g.business_priority,
-            g.user_priority,
-            now,
-        );
+        let lb = &mut touch(modules, outbox, setup, module, now).lb;
+        if lb.units().is_some() {
+            self.metrics.units_timed_out += u64::from(lb.expire_units(now));
+        }
+        let pick = lb.get_host_for(&setup.params, g.business_priority, g.user_priority, now);
         let (retcode, host) = match pick {
             Pick::Idle(a) => (RetCode::Ok, Some(a)),
             Pick::Rejected => {
@@ -824,6 +830,10 @@ impl ShardCore {
             Ok(t) => {
                 if let Some(t) = t {
                     node_moved(&mut self.metrics, t.to);
+                }
+                // The node is in the route: report() just found it.
+                if rep.consumed > 0 && !entry.lb.consume(host, rep.consumed).unwrap_or(false) {
+                    self.metrics.consumed_ignored += 1;
                 }
                 if let Some(level) = rep.downstream_level {
                     let expires = now + self.setup.level_timeout_ms;
@@ -941,13 +951,18 @@ impl ShardCore {
             statuses,
             ..
         } = self;
+        let mut policy = Policy::L5;
         let (retcode, version, parts) = match touch(modules, outbox, setup, module, now) {
             entry if entry.route == RouteState::Present => {
-                let nodes = entry.lb.nodes();
+                let timed_out = entry.lb.expire_units(now);
+                self.metrics.units_timed_out += u64::from(timed_out);
+                policy = entry.lb.policy();
+                let (nodes, units) = (entry.lb.nodes(), entry.lb.units());
                 let parts = wire::route_parts(nodes.len(), wire::GETROUTE_PART_NODES);
                 let first = (part as usize).saturating_mul(wire::GETROUTE_PART_NODES);
-                let these = nodes.iter().skip(first).take(wire::GETROUTE_PART_NODES);
-                statuses.extend(these.map(|n| node_status(n, now)));
+                let these = nodes.iter().enumerate().skip(first);
+                let these = these.take(wire::GETROUTE_PART_NODES);
+                statuses.extend(these.map(|(i, n)| node_status(n, i, units, now)));
                 (RetCode::Ok, entry.lb.version(), parts)
             }
             _ => (RetCode::NoSuchModule, 0, 1),
@@ -965,6 +980,7 @@ impl ShardCore {
             version,
             &self.statuses,
             (part.min(parts - 1), parts),
+            policy,
         ))
     }
 
@@ -1004,10 +1020,13 @@ impl ShardCore {
         {
             resp.retcode = RetCode::Ok;
             resp.version = entry.lb.version();
-            // A node with a downstream level reads as overloaded to the
-            // route cache: it then passes every getHost (and report)
-            // through the agent, which applies the levels.
-            resp.any_overloaded = entry.lb.any_overloaded() || entry.lb.levelled_nodes(now) > 0;
+            // A node with a downstream level, or a `balance` module (whose
+            // every getHost takes a unit), reads as overloaded to the route
+            // cache: it then passes every getHost (and report) through the
+            // agent, which applies the levels and counts the units.
+            resp.any_overloaded = entry.lb.any_overloaded()
+                || entry.lb.units().is_some()
+                || entry.lb.levelled_nodes(now) > 0;
             resp.unchanged = known == resp.version;
             if !resp.unchanged {
                 let all = entry.lb.nodes();
@@ -1128,7 +1147,10 @@ impl ShardCore {
             entry.last_stats = now;
             entry.stats_at = NONE;
             entry.lb.take_stats(&mut nodes);
-            if nodes.iter().all(|n| n.succ == 0 && n.err == 0) {
+            if nodes
+                .iter()
+                .all(|n| n.succ == 0 && n.err == 0 && n.consumed == 0)
+            {
                 nodes.clear();
             }
         }
@@ -1241,6 +1263,7 @@ fn merge_stats(into: &mut Vec<NodeCallStats>, more: Vec<NodeCallStats>) {
             Some(n) => {
                 n.succ = n.succ.saturating_add(m.succ);
                 n.err = n.err.saturating_add(m.err);
+                n.consumed = n.consumed.saturating_add(m.consumed);
             }
             None => into.push(m),
         }
@@ -1262,7 +1285,8 @@ fn new_entry(now: Millis, p: &LbParams) -> ModuleEntry {
     }
 }
 
-fn node_status(n: &crate::lb::Node, now: Millis) -> NodeStatus {
+/// Node `i`'s status; `units`: its module's, for a `balance` module.
+fn node_status(n: &crate::lb::Node, i: usize, units: Option<&Units>, now: Millis) -> NodeStatus {
     let overloaded = n.state() == NodeState::Overloaded;
     NodeStatus {
         addr: n.addr(),
@@ -1285,6 +1309,9 @@ fn node_status(n: &crate::lb::Node, now: Millis) -> NodeStatus {
         } else {
             0
         },
+        capacity: units.map_or(0, |u| u.capacity(i)),
+        in_use: units.map_or(0, |u| u.in_use(i)),
+        phi: units.map_or(0.0, |u| u.phi(i)),
     }
 }
 

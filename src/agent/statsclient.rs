@@ -85,6 +85,7 @@
 //!             succ: 120,
 //!             err: 3,
 //!             overloaded: false,
+//!             consumed: 0,
 //!         };
 //!         stats_tx.try_send((ModuleId::new(10001, 1), vec![node])).unwrap();
 //!         // ... later: stop; the client flushes for at most flush_timeout_ms.
@@ -114,7 +115,7 @@ use super::conn::{race, Either};
 use super::link_shell::{LinkCore, LinkShell};
 use super::reconnect::{LinkState, Reconnect, ReconnectPolicy};
 use crate::lb::NodeCallStats;
-use crate::model::ModuleId;
+use crate::model::{ModuleId, NodeAddr};
 use crate::wire::{
     decode, write_frame, DecodeError, Encoder, FrameError, Limits, Message, ModuleStats, NodeStats,
     RetCode,
@@ -447,6 +448,8 @@ struct Entry {
     /// When they were taken, Unix seconds.
     time_s: u64,
     nodes: Vec<NodeStats>,
+    /// `(node, units)` reported consumed for good (a `balance` module).
+    consumed: Vec<(NodeAddr, u32)>,
 }
 
 /// One StatsReport: sent, or formed and waiting to be re-sent.
@@ -522,10 +525,12 @@ impl StatsClientCore {
                 err: n.err,
                 overloaded: n.overloaded,
             });
+            let consumed = part.iter().filter(|n| n.consumed > 0);
             self.queue.push_back(Entry {
                 module,
                 time_s,
                 nodes: nodes.collect(),
+                consumed: consumed.map(|n| (n.addr, n.consumed)).collect(),
             });
             self.queued += 1;
             self.stats.pushed += 1;
@@ -727,6 +732,7 @@ impl StatsClientCore {
             .map(|e| ModuleStats {
                 module: e.module,
                 nodes: &e.nodes,
+                consumed: &e.consumed,
             })
             .collect();
         let caller = u32::from(self.config.caller);
@@ -1119,6 +1125,7 @@ mod tests {
             succ: u32::from(i) * 10,
             err: u32::from(i),
             overloaded: i % 2 == 0,
+            consumed: 0,
         }
     }
 

@@ -12,7 +12,7 @@ use super::locate::{Endpoints, Liveness, Locator};
 use super::statics::StaticRoutes;
 use super::{ClientError, ClientOptions, Host, HostSource, Priority, RouteView};
 use crate::agent::heartbeat::AgentInfo;
-use crate::model::{ModuleId, NodeAddr, RouteNode};
+use crate::model::{ModuleId, NodeAddr, Policy, RouteNode};
 use crate::wire::{
     fb, AdmissionLevel, Encoder, Message, NodeStatus, Report, RetCode, MAX_REGISTER_TIMEOUT_MS,
 };
@@ -287,6 +287,35 @@ impl Client {
         tcost_ms: u32,
         downstream_level: Option<AdmissionLevel>,
     ) -> Result<(), ClientError> {
+        self.report_consuming(modid, cmdid, host, retcode, tcost_ms, downstream_level, 0)
+    }
+
+    /// [`Client::report_with_level`], saying also that the call consumed
+    /// `consumed` capacity units of the node for good (a `balance` module's
+    /// stored resources; 0 = none): the route server lowers the node's
+    /// weight by that much for every agent. A report that consumes goes to
+    /// the agent even with the route cache on.
+    ///
+    /// # Errors
+    /// As [`Client::report_with_level`]; [`ClientError::BadRequest`] also
+    /// for `consumed` above 1000000.
+    #[allow(clippy::too_many_arguments)]
+    pub fn report_consuming(
+        &mut self,
+        modid: u32,
+        cmdid: u32,
+        host: NodeAddr,
+        retcode: i32,
+        tcost_ms: u32,
+        downstream_level: Option<AdmissionLevel>,
+        consumed: u32,
+    ) -> Result<(), ClientError> {
+        if consumed > crate::wire::MAX_CONSUMED {
+            return Err(ClientError::BadRequest(format!(
+                "consumed {consumed} units is out of range: at most {}",
+                crate::wire::MAX_CONSUMED
+            )));
+        }
         if let Some(l) = downstream_level {
             if !(1..=128).contains(&l.business) || !(1..=128).contains(&l.user) {
                 return Err(bad_level(l));
@@ -301,13 +330,15 @@ impl Client {
         if let Some(cache) = &mut self.cache {
             if retcode == 0
                 && downstream_level.is_none()
+                && consumed == 0
                 && self.locator.fresh(now)
                 && cache.hold(module, host, now)
             {
                 return Ok(());
             }
         }
-        self.report_slow(module, host, retcode, tcost_ms, downstream_level, now)
+        let extra = (downstream_level, consumed);
+        self.report_slow(module, host, retcode, tcost_ms, extra, now)
     }
 
     /// Every report the cached path did not hold.
@@ -318,7 +349,7 @@ impl Client {
         host: NodeAddr,
         retcode: i32,
         tcost_ms: u32,
-        downstream_level: Option<AdmissionLevel>,
+        (downstream_level, consumed): (Option<AdmissionLevel>, u32),
         now: u64,
     ) -> Result<(), ClientError> {
         let Ok(endpoints) = self.locate_at(now) else {
@@ -332,7 +363,7 @@ impl Client {
         let shard = module.shard(endpoints.shards);
         if let Some(cache) = &mut self.cache {
             self.batch.clear();
-            if downstream_level.is_some() {
+            if downstream_level.is_some() || consumed > 0 {
                 cache.take_held(module, &mut self.batch);
                 cache.refresh_soon(module);
                 self.send_batch(module, shard);
@@ -351,6 +382,7 @@ impl Client {
             retcode,
             tcost_ms,
             downstream_level,
+            consumed,
         };
         let sent = self.link.send(shard, |e, seq| {
             e.report_req(&Report { seq, ..report });
@@ -446,11 +478,12 @@ impl Client {
                                 .nodes()
                                 .map(|v| v.iter().map(NodeStatus::from).collect())
                                 .unwrap_or_default();
+                            let policy = Policy::from_code(r.policy()).unwrap_or_default();
                             Reply::Done(Ok(Part {
                                 version: r.version(),
                                 part: r.part(),
                                 parts: r.parts().max(1),
-                                body: nodes,
+                                body: (policy, nodes),
                             }))
                         }
                         rc => retcode_reply(module, rc, ""),
@@ -463,7 +496,8 @@ impl Client {
             Ok((version, parts)) => Ok(RouteView {
                 module,
                 version,
-                nodes: parts.into_iter().flatten().collect(),
+                policy: parts.first().map_or(Policy::L5, |p| p.0),
+                nodes: parts.into_iter().flat_map(|p| p.1).collect(),
             }),
             Err(t) => Err(self.not_answered(module, started, t)),
         }

@@ -220,12 +220,14 @@ impl HostSource {
 
 /// The agent's view of a module (for `lbagent getroute`): its route version
 /// and every node with its state and counters.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct RouteView {
     /// The module.
     pub module: ModuleId,
     /// The route's version, as the route server numbered it.
     pub version: u64,
+    /// The module's policy.
+    pub policy: crate::model::Policy,
     /// Every node, in the agent's order, with its LB state and counters.
     pub nodes: Vec<NodeStatus>,
 }

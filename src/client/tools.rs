@@ -34,7 +34,7 @@ use serde_json::{json, Value};
 
 use super::{Client, ClientError, ClientOptions, HostSource, RouteView};
 use crate::admission::UserPriorities;
-use crate::model::NodeAddr;
+use crate::model::{NodeAddr, Policy};
 use crate::wire::{AdmissionLevel, NodeStatus};
 
 /// Parses `B,U` (each 1..=128) as an admission level.
@@ -187,6 +187,12 @@ pub struct ReportArgs {
     /// admission.level_timeout_ms and rejects getHosts it refuses.
     #[arg(long, value_name = "B,U", value_parser = parse_level)]
     pub downstream_level: Option<AdmissionLevel>,
+    /// Capacity units of the node the call consumed for good (a `balance`
+    /// module's stored resources), 1..=1000000: the agent passes them to
+    /// the reporter, and the route server lowers the node's capacity for
+    /// every agent (never below 0).
+    #[arg(long, value_name = "K", value_parser = clap::value_parser!(u32).range(1..=i64::from(crate::wire::MAX_CONSUMED)))]
+    pub consume: Option<u32>,
     /// Print one JSON object: the report and the node's state after it.
     #[arg(long)]
     pub json: bool,
@@ -341,13 +347,14 @@ pub fn report(args: &ReportArgs) -> ToolOutcome {
     if let Err(e) = client.agent() {
         return fail(&e);
     }
-    if let Err(e) = client.report_with_level(
+    if let Err(e) = client.report_consuming(
         args.modid,
         args.cmdid,
         args.node,
         args.retcode,
         args.tcost,
         args.downstream_level,
+        args.consume.unwrap_or(0),
     ) {
         return fail(&e);
     }
@@ -372,7 +379,8 @@ pub fn report(args: &ReportArgs) -> ToolOutcome {
             "retcode": args.retcode,
             "tcost_ms": args.tcost,
             "version": view.version,
-            "status": node_json(node),
+            "consumed": args.consume.unwrap_or(0),
+            "status": node_json(view.policy, node),
         });
         return ToolOutcome::ok(format!("{v}\n"), String::new());
     }
@@ -421,8 +429,8 @@ fn state(n: &NodeStatus) -> &'static str {
     }
 }
 
-fn node_json(n: &NodeStatus) -> Value {
-    json!({
+fn node_json(policy: Policy, n: &NodeStatus) -> Value {
+    let mut v = json!({
         "host": n.addr.to_string(),
         "weight": n.weight,
         "state": state(n),
@@ -435,7 +443,13 @@ fn node_json(n: &NodeStatus) -> Value {
         "bad_windows": n.bad_windows,
         "window_age_ms": n.window_age_ms,
         "overload_age_ms": n.overload_age_ms,
-    })
+    });
+    if policy == Policy::Balance {
+        v["capacity"] = json!(n.capacity);
+        v["in_use"] = json!(n.in_use);
+        v["phi"] = json!(n.phi);
+    }
+    v
 }
 
 /// The JSON object `lbagent getroute --json` prints.
@@ -444,22 +458,28 @@ pub fn route_json(view: &RouteView) -> Value {
         "modid": view.module.modid,
         "cmdid": view.module.cmdid,
         "version": view.version,
-        "nodes": view.nodes.iter().map(node_json).collect::<Vec<_>>(),
+        "policy": view.policy.as_str(),
+        "nodes": view.nodes.iter().map(|n| node_json(view.policy, n)).collect::<Vec<_>>(),
     })
 }
 
 /// The table `lbagent getroute` prints: a summary line, a header, one line
 /// per node. AGE_MS is the idle window's age for an idle node, the time
-/// since it became overloaded for an overloaded one.
+/// since it became overloaded for an overloaded one. A `balance` module
+/// adds its policy to the summary and, per node, CAP (capacity as counted
+/// now, 0 while overloaded), INUSE (units handed out and not had back) and
+/// PHI (the probability of the next getHost).
 pub fn route_table(view: &RouteView) -> String {
     let overloaded = view.nodes.iter().filter(|n| n.overloaded).count();
+    let balance = view.policy == Policy::Balance;
     let mut out = format!(
-        "module {}: version {}, {} nodes, {overloaded} overloaded\n",
+        "module {}: version {}, {} nodes, {overloaded} overloaded{}\n",
         view.module,
         view.version,
-        view.nodes.len()
+        view.nodes.len(),
+        if balance { ", policy balance" } else { "" }
     );
-    let _ = writeln!(
+    let _ = write!(
         out,
         "{:<21} {:<10} {:>6} {:>8} {:>8} {:>8} {:>8} {:>6} {:>6} {:>7} {:>10}",
         "NODE",
@@ -474,13 +494,17 @@ pub fn route_table(view: &RouteView) -> String {
         "BADWIN",
         "AGE_MS"
     );
+    if balance {
+        let _ = write!(out, " {:>7} {:>7} {:>8}", "CAP", "INUSE", "PHI");
+    }
+    out.push('\n');
     for n in &view.nodes {
         let age = if n.overloaded {
             n.overload_age_ms
         } else {
             n.window_age_ms
         };
-        let _ = writeln!(
+        let _ = write!(
             out,
             "{:<21} {:<10} {:>6} {:>8} {:>8} {:>8} {:>8} {:>6} {:>6} {:>7} {:>10}",
             n.addr.to_string(),
@@ -495,6 +519,10 @@ pub fn route_table(view: &RouteView) -> String {
             n.bad_windows,
             age
         );
+        if balance {
+            let _ = write!(out, " {:>7} {:>7} {:>8.4}", n.capacity, n.in_use, n.phi);
+        }
+        out.push('\n');
     }
     out
 }
@@ -605,8 +633,12 @@ mod tests {
             bad_windows: 0,
             window_age_ms: 5,
             overload_age_ms: 7,
+            capacity: 0,
+            in_use: 0,
+            phi: 0.0,
         };
         let view = RouteView {
+            policy: Policy::L5,
             module: ModuleId::new(1, 2),
             version: 9,
             nodes: vec![n(80, false), n(81, true)],

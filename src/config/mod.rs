@@ -148,6 +148,9 @@ pub struct LbConfig {
     pub report_timeout: u64,
     /// Seconds after which an overloaded node is forced back to idle.
     pub overload_wait_lim: u64,
+    /// Seconds after which a `balance` module's unit that was not
+    /// reported back returns by itself (counted).
+    pub unit_timeout: u64,
 }
 
 impl Default for LbConfig {
@@ -167,6 +170,7 @@ impl Default for LbConfig {
             clear_timeout: p.clear_timeout_ms / 1000,
             report_timeout: 15,
             overload_wait_lim: p.overload_wait_ms / 1000,
+            unit_timeout: p.unit_timeout_ms / 1000,
         }
     }
 }
@@ -186,6 +190,7 @@ impl LbConfig {
             wind_err_limit: self.wind_err_limit,
             clear_timeout_ms: self.clear_timeout * 1000,
             overload_wait_ms: self.overload_wait_lim * 1000,
+            unit_timeout_ms: self.unit_timeout * 1000,
         }
     }
 }
@@ -533,6 +538,7 @@ impl Config {
         in_range("lb.clear_timeout", lb.clear_timeout, 1, 86_400)?;
         in_range("lb.report_timeout", lb.report_timeout, 1, 3_600)?;
         in_range("lb.overload_wait_lim", lb.overload_wait_lim, 1, 86_400)?;
+        in_range("lb.unit_timeout", lb.unit_timeout, 1, 86_400)?;
 
         let a = &self.agent;
         in_range("agent.base_port", a.base_port, 0, u16::MAX)?;

@@ -426,7 +426,7 @@ fn stop_requested(stop: &Receiver<()>) -> bool {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::model::{NodeAddr, RouteNode};
+    use crate::model::{NodeAddr, Policy, RouteNode};
     use crate::store::{CallStatus, Changes, ModuleRoute, RouteSet};
     use crate::wire::{decode, FrameDecoder, Limits, Message};
     use std::collections::BTreeMap;
@@ -450,6 +450,7 @@ pub(crate) mod tests {
         routes: BTreeMap<ModuleId, BTreeMap<NodeAddr, u32>>,
         /// (version, module) per change.
         log: Vec<(u64, ModuleId)>,
+        policies: BTreeMap<ModuleId, Policy>,
     }
 
     impl MemStore {
@@ -499,6 +500,7 @@ pub(crate) mod tests {
                 nodes: nodes
                     .map(|(&addr, &weight)| RouteNode { addr, weight })
                     .collect(),
+                policy: data.policies.get(&module).copied().unwrap_or_default(),
             }
         }
     }
@@ -604,6 +606,47 @@ pub(crate) mod tests {
                 .into_iter()
                 .filter(|r| module.is_none_or(|m| m == r.module))
                 .collect())
+        }
+
+        fn set_policy(&mut self, module: ModuleId, policy: Policy) -> Result<u64, StoreError> {
+            self.check()?;
+            let mut data = self.data.lock().unwrap();
+            data.policies.insert(module, policy);
+            data.version += 1;
+            let v = data.version;
+            data.log.push((v, module));
+            Ok(v)
+        }
+
+        fn consume(
+            &mut self,
+            rows: &[(ModuleId, NodeAddr, u32)],
+        ) -> Result<crate::store::Consumed, StoreError> {
+            self.check()?;
+            crate::store::check_consumed(rows)?;
+            let mut data = self.data.lock().unwrap();
+            let mut changed = Vec::new();
+            for &(module, node, units) in rows {
+                if let Some(w) = data.routes.get_mut(&module).and_then(|n| n.get_mut(&node)) {
+                    if *w > 0 {
+                        *w = w.saturating_sub(units);
+                        changed.push(module);
+                    }
+                }
+            }
+            let nodes = changed.len();
+            if nodes > 0 {
+                data.version += 1;
+                let v = data.version;
+                changed.dedup();
+                for m in changed {
+                    data.log.push((v, m));
+                }
+            }
+            Ok(crate::store::Consumed {
+                version: data.version,
+                nodes,
+            })
         }
 
         fn upsert_status(&mut self, _rows: &[CallStatus]) -> Result<(), StoreError> {

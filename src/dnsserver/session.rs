@@ -333,11 +333,13 @@ mod tests {
                     module: A,
                     version: 5,
                     nodes: nodes(3),
+                    policy: crate::model::Policy::L5,
                 },
                 ModuleRoute {
                     module: B,
                     version: 7,
                     nodes: nodes(1),
+                    policy: crate::model::Policy::L5,
                 },
             ],
         };

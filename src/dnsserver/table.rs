@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use super::module_map::ModuleMap;
 
-use crate::model::{ModuleId, RouteNode};
+use crate::model::{ModuleId, Policy, RouteNode};
 use crate::store::{Changes, ModuleRoute, RouteSet};
 use crate::wire::{decode, fb, write_frame, Encoder, FrameError, Limits, Message};
 
@@ -37,6 +37,8 @@ pub struct ModuleEntry {
     pub version: u64,
     /// Its nodes, sorted by address.
     pub nodes: Vec<RouteNode>,
+    /// Its policy, carried in both frames.
+    pub policy: Policy,
     /// A RouteAnswer frame (length prefix included) with `seq` =
     /// `u64::MAX`, to be patched with [`ModuleEntry::write_answer`].
     answer: Box<[u8]>,
@@ -62,8 +64,8 @@ pub enum EntryError {
 }
 
 impl ModuleEntry {
-    /// Encodes `module`'s frames for `version` and `nodes` (sorted here by
-    /// address, duplicates kept as given).
+    /// Encodes `module`'s frames for `version`, `nodes` (sorted here by
+    /// address, duplicates kept as given) and `policy`.
     ///
     /// # Errors
     /// [`EntryError::TooLarge`] when a frame would exceed the frame limit.
@@ -71,6 +73,7 @@ impl ModuleEntry {
         module: ModuleId,
         version: u64,
         mut nodes: Vec<RouteNode>,
+        policy: Policy,
         enc: &mut Encoder,
     ) -> Result<ModuleEntry, EntryError> {
         nodes.sort_by_key(|n| n.addr.key());
@@ -82,16 +85,18 @@ impl ModuleEntry {
         let mut answer = Vec::new();
         write_frame(
             &mut answer,
-            enc.route_answer(u64::MAX, module, true, version, &nodes),
+            enc.route_answer_with(u64::MAX, module, true, version, &nodes, policy),
         )
         .map_err(too_large)?;
         let answer_seq_at = PREFIX_LEN + seq_offset(&answer[PREFIX_LEN..]);
         let mut push = Vec::new();
-        write_frame(&mut push, enc.route_push(module, true, version, &nodes)).map_err(too_large)?;
+        let push_msg = enc.route_push_with(module, true, version, &nodes, policy);
+        write_frame(&mut push, push_msg).map_err(too_large)?;
         Ok(ModuleEntry {
             module,
             version,
             nodes,
+            policy,
             answer: answer.into_boxed_slice(),
             answer_seq_at,
             push: push.into(),
@@ -115,8 +120,8 @@ impl ModuleEntry {
         self.answer_seq_at
     }
 
-    fn same_route(&self, version: u64, nodes: &[RouteNode]) -> bool {
-        self.version == version && self.nodes == nodes
+    fn same_route(&self, version: u64, nodes: &[RouteNode], policy: Policy) -> bool {
+        self.version == version && self.nodes == nodes && self.policy == policy
     }
 }
 
@@ -310,14 +315,15 @@ impl RouteTable {
             module,
             version,
             mut nodes,
+            policy,
         } = route;
         nodes.sort_by_key(|n| n.addr.key());
         if let Some(old) = self.modules.get(module) {
-            if old.same_route(version, &nodes) {
+            if old.same_route(version, &nodes, policy) {
                 return Ok(Updated::Same(old.clone()));
             }
         }
-        ModuleEntry::new(module, version, nodes, enc).map(|e| Updated::New(Arc::new(e)))
+        ModuleEntry::new(module, version, nodes, policy, enc).map(|e| Updated::New(Arc::new(e)))
     }
 }
 
@@ -360,6 +366,7 @@ mod tests {
             module,
             version,
             nodes: nodes.to_vec(),
+            policy: Policy::L5,
         }
     }
 
@@ -407,7 +414,7 @@ mod tests {
     #[test]
     fn a_patched_answer_carries_the_requests_seq_and_the_route() {
         let nodes = vec![node(2, 80), node(1, 80)];
-        let entry = ModuleEntry::new(A, 9, nodes, &mut Encoder::new()).unwrap();
+        let entry = ModuleEntry::new(A, 9, nodes, Policy::L5, &mut Encoder::new()).unwrap();
         for seq in [0, 1, 0x0102_0304_0506_0708, u64::MAX] {
             let mut out = b"earlier bytes".to_vec();
             entry.write_answer(seq, &mut out);

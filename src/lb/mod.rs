@@ -46,10 +46,12 @@ mod levels;
 mod module;
 mod node;
 mod params;
+mod units;
 
 pub use module::{ModuleLb, NodeCallStats, Pick, UnknownNode};
 pub use node::{Millis, Node, NodeState, Outcome, Reason, Transition, MAX_ERRORS_PER_FAILURE};
 pub use params::LbParams;
+pub use units::Units;
 
 #[cfg(test)]
 mod props;

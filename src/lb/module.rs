@@ -7,8 +7,9 @@ use std::collections::VecDeque;
 use super::levels::Levels;
 use super::node::{Millis, Node, NodeState, Outcome, Transition};
 use super::params::LbParams;
+use super::units::Units;
 use crate::admission::{admits, clamp_priority, OPEN};
-use crate::model::{NodeAddr, RouteNode};
+use crate::model::{NodeAddr, Policy, RouteNode};
 use crate::wire::AdmissionLevel;
 
 /// What getHost answers for a module.
@@ -54,6 +55,8 @@ pub struct NodeCallStats {
     pub err: u32,
     /// Whether the node is overloaded now.
     pub overloaded: bool,
+    /// Capacity units reported consumed for good (a `balance` module).
+    pub consumed: u32,
 }
 
 /// The L5 load balancer of one module.
@@ -73,6 +76,9 @@ pub struct ModuleLb {
     /// The nodes' live downstream admission levels; None while no node has
     /// one (the common case: no memory, one test on getHost).
     levels: Option<Box<Levels>>,
+    /// The balance policy's units; None for an `l5` module (the default:
+    /// no memory, one test on getHost).
+    units: Option<Box<Units>>,
 }
 
 impl ModuleLb {
@@ -86,6 +92,7 @@ impl ModuleLb {
             access_cnt: 0,
             version,
             levels: None,
+            units: None,
         };
         m.update_route(route, version, now, p);
         m
@@ -170,8 +177,11 @@ impl ModuleLb {
     ///
     /// Levels not refreshed by `now` are forgotten here first.
     pub fn get_host_for(&mut self, p: &LbParams, business: u8, user: u8, now: Millis) -> Pick {
-        if self.levels.is_none() {
+        if self.levels.is_none() && self.units.is_none() {
             return self.get_host(p);
+        }
+        if self.units.is_some() {
+            return self.get_host_balance(p, now);
         }
         if !self.levels.as_mut().is_some_and(|l| l.expire(now)) {
             self.levels = None;
@@ -277,6 +287,9 @@ impl ModuleLb {
         p: &LbParams,
     ) -> Result<Option<Transition>, UnknownNode> {
         let i = self.find(addr).ok_or(UnknownNode(addr))?;
+        if self.units.is_some() {
+            self.give_back_unit(i);
+        }
         Ok(self.report_at(i, outcome, now, p))
     }
 
@@ -298,6 +311,11 @@ impl ModuleLb {
         mut on_transition: impl FnMut(Transition),
     ) -> Result<(), UnknownNode> {
         let i = self.find(addr).ok_or(UnknownNode(addr))?;
+        if let Some(u) = &mut self.units {
+            for _ in 0..count.min(u.in_use(i)) {
+                u.give_back(i);
+            }
+        }
         if count > 0 {
             if let Some(t) = self.report_calls_at(i, true, count, now, p) {
                 on_transition(t);
@@ -362,19 +380,128 @@ impl ModuleLb {
         if self.overload.is_empty() {
             self.access_cnt = 0;
         }
+        if let Some(u) = &mut self.units {
+            u.rebuild(&self.nodes);
+        }
     }
 
     /// Takes every node's real call counts since the last call (for the
     /// reporter), appending one entry per node to `out`.
     pub fn take_stats(&mut self, out: &mut Vec<NodeCallStats>) {
-        for n in &mut self.nodes {
+        for (i, n) in self.nodes.iter_mut().enumerate() {
             let (succ, err) = n.take_stats();
             out.push(NodeCallStats {
                 addr: n.addr(),
                 succ,
                 err,
                 overloaded: n.state() == NodeState::Overloaded,
+                consumed: self.units.as_deref_mut().map_or(0, |u| u.take_consumed(i)),
             });
+        }
+    }
+
+    /// Records that a call to `addr` consumed `units` capacity units for
+    /// good (a `balance` module's stored resources): they go to the
+    /// reporter with the next statistics, and the route server lowers the
+    /// node's capacity. False (nothing recorded) for an `l5` module.
+    ///
+    /// # Errors
+    /// [`UnknownNode`] when `addr` is not in the route; nothing changes.
+    pub fn consume(&mut self, addr: NodeAddr, units: u32) -> Result<bool, UnknownNode> {
+        let i = self.find(addr).ok_or(UnknownNode(addr))?;
+        Ok(match self.units.as_deref_mut() {
+            Some(u) => {
+                u.add_consumed(i, units);
+                true
+            }
+            None => false,
+        })
+    }
+
+    // === the balance policy ===
+
+    /// A report of node `i` returns one of its units (a `balance` module).
+    /// Out of line: `l5` reports pay only the test.
+    #[cold]
+    #[inline(never)]
+    fn give_back_unit(&mut self, i: usize) {
+        if let Some(u) = &mut self.units {
+            u.give_back(i);
+        }
+    }
+
+    /// Node `i`'s state changed: its capacity as the balance policy counts
+    /// it follows. Out of line, as [`ModuleLb::give_back_unit`].
+    #[cold]
+    #[inline(never)]
+    fn refresh_unit(&mut self, i: usize) {
+        if let Some(u) = &mut self.units {
+            u.refresh(i, &self.nodes[i]);
+        }
+    }
+
+    /// Sets the module's policy: `balance` keeps the units in use if it was
+    /// `balance` already, and starts with none otherwise; `l5` drops them.
+    pub fn set_policy(&mut self, policy: Policy) {
+        match policy {
+            Policy::L5 => self.units = None,
+            Policy::Balance => {
+                if self.units.is_none() {
+                    self.units = Some(Box::new(Units::new(&self.nodes)));
+                }
+            }
+        }
+    }
+
+    /// The module's policy.
+    pub fn policy(&self) -> Policy {
+        if self.units.is_some() {
+            Policy::Balance
+        } else {
+            Policy::L5
+        }
+    }
+
+    /// The balance policy's units (None for an `l5` module).
+    pub fn units(&self) -> Option<&Units> {
+        self.units.as_deref()
+    }
+
+    /// Returns the units handed out and not reported by `now` (a `balance`
+    /// module; 0 otherwise): how many returned by time-out. getHost does
+    /// not call this itself: the caller does, and counts the result.
+    pub fn expire_units(&mut self, now: Millis) -> u32 {
+        let Some(u) = self.units.as_deref_mut() else {
+            return 0;
+        };
+        let nodes = &self.nodes;
+        u.expire(now, |key| nodes.binary_search_by_key(&key, Node::key).ok())
+    }
+
+    /// getHost of a `balance` module: the L5 probe rule first (while some
+    /// node is overloaded, every `probe_num + 1`-th getHost probes the head
+    /// of the overload list, taking no unit: an overloaded node has no
+    /// capacity), then a draw from `Φ` that takes a unit due back by
+    /// `now + unit_timeout_ms`; [`Pick::Overloaded`] when no node has a
+    /// free unit. Downstream levels do not apply to `balance` modules.
+    fn get_host_balance(&mut self, p: &LbParams, now: Millis) -> Pick {
+        if self.nodes.is_empty() {
+            return Pick::NoSuchModule;
+        }
+        if !self.overload.is_empty() {
+            if self.access_cnt >= p.probe_num {
+                self.access_cnt = 0;
+                let i = rotate(&mut self.overload).expect("overload list is not empty");
+                return Pick::Probe(self.nodes[i as usize].addr());
+            }
+            self.access_cnt += 1;
+        } else {
+            self.access_cnt = 0;
+        }
+        let units = self.units.as_deref_mut().expect("a balance module");
+        match units.take(now.saturating_add(p.unit_timeout_ms)) {
+            Some(i) => Pick::Idle(self.nodes[i].addr()),
+            None => Pick::Overloaded,
         }
     }
 
@@ -459,6 +586,9 @@ impl ModuleLb {
         to_list.push_back(idx);
         if self.overload.is_empty() {
             self.access_cnt = 0;
+        }
+        if self.units.is_some() {
+            self.refresh_unit(i);
         }
         Some(Transition {
             addr: self.nodes[i].addr(),

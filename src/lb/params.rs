@@ -33,6 +33,9 @@ pub struct LbParams {
     /// An overloaded node is forced back to idle after this long,
     /// milliseconds. At least 1, as `clear_timeout_ms`.
     pub overload_wait_ms: u64,
+    /// A `balance` module's unit not reported back within this long,
+    /// milliseconds, returns by itself (counted).
+    pub unit_timeout_ms: u64,
 }
 
 impl Default for LbParams {
@@ -49,6 +52,7 @@ impl Default for LbParams {
             wind_err_limit: 2,
             clear_timeout_ms: 15_000,
             overload_wait_ms: 180_000,
+            unit_timeout_ms: 30_000,
         }
     }
 }

@@ -610,7 +610,8 @@ fn take_stats_returns_real_counts_since_last_taken() {
             addr: addr(1),
             succ: 4,
             err: 2,
-            overloaded: false
+            overloaded: false,
+            consumed: 0,
         }
     );
     assert_eq!(
@@ -619,7 +620,8 @@ fn take_stats_returns_real_counts_since_last_taken() {
             addr: addr(2),
             succ: 0,
             err: 0,
-            overloaded: false
+            overloaded: false,
+            consumed: 0,
         }
     );
     out.clear();

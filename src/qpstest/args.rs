@@ -44,6 +44,10 @@ pub struct QpstestArgs {
     /// getHost only: no report after each.
     #[arg(long)]
     pub no_report: bool,
+    /// Hold each host this long before reporting it (0: at once): with a
+    /// `balance` module, the unit each getHost takes stays taken meanwhile.
+    #[arg(long, value_name = "MS", default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=60_000))]
+    pub hold_ms: u64,
     /// Go through the client's route cache (each thread then counts on
     /// its own and times one call in 64: a cached call is faster than two
     /// clock reads).
@@ -99,6 +103,7 @@ impl QpstestArgs {
             modules: self.modules,
             first_module: ModuleId::new(self.modid, self.cmdid),
             report: !self.no_report,
+            hold: Duration::from_millis(self.hold_ms),
             cache: self.cache,
             timeout: Duration::from_millis(self.timeout_ms),
             json: self.json,

@@ -85,6 +85,9 @@ pub struct QpsOptions {
     pub first_module: ModuleId,
     /// Report a success after each getHost that returned a host.
     pub report: bool,
+    /// How long each host is held before its report (a `balance` module's
+    /// unit stays taken meanwhile); zero: reported at once.
+    pub hold: Duration,
     /// Go through the client's route cache.
     pub cache: bool,
     /// The getHost timeout (registering waits at least 10 s).
@@ -106,6 +109,7 @@ impl Default for QpsOptions {
             modules: 1,
             first_module: DEMO_MODULE,
             report: true,
+            hold: Duration::ZERO,
             cache: false,
             timeout: Duration::from_millis(1000),
             json: false,
@@ -432,6 +436,7 @@ fn measure(opts: &QpsOptions, server: &Server, live: &mut dyn Write) -> anyhow::
             modules: thread_modules(opts, i),
             options: client_options(opts, server.heartbeat()),
             report: opts.report,
+            hold: opts.hold,
             timeout: opts.timeout,
             stop: stop.clone(),
             gate: gate.clone(),
@@ -549,6 +554,7 @@ struct Worker {
     modules: Vec<ModuleId>,
     options: ClientOptions,
     report: bool,
+    hold: Duration,
     timeout: Duration,
     stop: Arc<AtomicBool>,
     gate: Arc<Gate>,
@@ -637,6 +643,9 @@ impl Worker {
                 }
             };
             if self.report {
+                if !self.hold.is_zero() {
+                    std::thread::sleep(self.hold);
+                }
                 let r = c.report(m.modid, m.cmdid, host, 0, 0);
                 lock(&self.shared).report(r.map_err(|e| e.kind()));
             }

@@ -350,6 +350,7 @@ async fn serve_agent(
         held = buffered;
         shared.partial_bytes.store(total, Ordering::Relaxed);
         shared.accept(session.rows(), fed.reports, fed.refused);
+        shared.accept_consumed(session.consumed_units());
         if let Some(refusal) = &fed.last_refusal {
             if let Some(hidden) = notes.borrow_mut().refusals.allow(unix_ms()) {
                 shared.log(&format!(

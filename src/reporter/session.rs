@@ -59,6 +59,24 @@ impl RefusedReport {
     }
 }
 
+/// Appends `(module, node, units)` for every node of `report` that says it
+/// consumed capacity units for good (a `balance` module's stored
+/// resources). Entries of port 0 or 0 units are skipped.
+pub fn consumed_from_report(
+    report: &fb::StatsReport<'_>,
+    out: &mut Vec<(ModuleId, NodeAddr, u32)>,
+) {
+    for m in report.modules().unwrap_or_default() {
+        let module = ModuleId::new(m.modid(), m.cmdid());
+        for c in m.consumed().unwrap_or_default() {
+            let node = NodeAddr::from(c.host());
+            if node.port != 0 && c.count() > 0 {
+                out.push((module, node, c.count()));
+            }
+        }
+    }
+}
+
 /// Appends one row per node of `report` to `out`, all stamped with the
 /// report's time and caller; a caller of 0 (the agent does not know its
 /// address) becomes `peer`, the connection's remote IPv4 address, when
@@ -144,6 +162,7 @@ pub struct Session {
     frames: FrameDecoder,
     enc: Encoder,
     peer: Option<Ipv4Addr>,
+    consumed: Vec<(ModuleId, NodeAddr, u32)>,
     rows: Vec<CallStatus>,
     out: Vec<u8>,
     broken: Option<BadFrame>,
@@ -157,6 +176,7 @@ impl Session {
             frames: FrameDecoder::new(MAX_FRAME_LEN),
             enc: Encoder::new(),
             peer,
+            consumed: Vec::new(),
             rows: Vec::new(),
             out: Vec::new(),
             broken: None,
@@ -197,6 +217,7 @@ impl Session {
             let answer = match rows_from_report(&report, self.peer, &mut self.rows) {
                 Ok(_) => {
                     fed.reports += 1;
+                    consumed_from_report(&report, &mut self.consumed);
                     self.enc.stats_ack(seq)
                 }
                 Err(refusal) => {
@@ -226,6 +247,12 @@ impl Session {
         &self.rows
     }
 
+    /// The `(module, node, units)` consumed for good that the reports
+    /// accepted since the last [`Self::consumed`] carried.
+    pub fn consumed_units(&self) -> &[(ModuleId, NodeAddr, u32)] {
+        &self.consumed
+    }
+
     /// The answers to write, in order, since the last [`Self::consumed`].
     pub fn out(&self) -> &[u8] {
         &self.out
@@ -233,6 +260,7 @@ impl Session {
 
     /// The rows were queued and the answers written: forget them.
     pub fn consumed(&mut self) {
+        self.consumed.clear();
         self.rows.clear();
         if self.rows.capacity() > KEEP_ROWS {
             self.rows.shrink_to(KEEP_ROWS);
@@ -289,14 +317,17 @@ mod tests {
             ModuleStats {
                 module: ModuleId::new(1, 2),
                 nodes: &a,
+                consumed: &[],
             },
             ModuleStats {
                 module: ModuleId::new(3, 4),
                 nodes: &b,
+                consumed: &[],
             },
             ModuleStats {
                 module: ModuleId::new(5, 6),
                 nodes: &[],
+                consumed: &[],
             },
         ];
         let mut s = Session::new(Some(Ipv4Addr::new(192, 168, 0, 9)));
@@ -331,6 +362,7 @@ mod tests {
         let modules = [ModuleStats {
             module: ModuleId::new(1, 1),
             nodes: &nodes,
+            consumed: &[],
         }];
         let mut s = Session::new(Some(Ipv4Addr::new(192, 168, 0, 9)));
         s.feed(&report_frame(1, 0, 5, &modules));
@@ -346,6 +378,7 @@ mod tests {
         let modules = [ModuleStats {
             module: ModuleId::new(7, 1),
             nodes: &nodes,
+            consumed: &[],
         }];
         let mut stream = Vec::new();
         for seq in 1..=3 {
@@ -368,11 +401,13 @@ mod tests {
         let modules = [ModuleStats {
             module: ModuleId::new(4, 2),
             nodes: &nodes,
+            consumed: &[],
         }];
         let good = [node(80, 1, 0, false)];
         let good_modules = [ModuleStats {
             module: ModuleId::new(4, 2),
             nodes: &good,
+            consumed: &[],
         }];
         let mut stream = report_frame(1, 9, 5, &modules);
         stream.extend(report_frame(2, 9, MAX_TIME_S + 1, &good_modules));
@@ -408,6 +443,7 @@ mod tests {
         let modules = [ModuleStats {
             module: ModuleId::new(1, 1),
             nodes: &nodes,
+            consumed: &[],
         }];
         let mut stream = report_frame(1, 9, 5, &modules);
         write_frame(&mut stream, b"this is no flatbuffer at all").unwrap();

@@ -14,6 +14,7 @@ use super::buffer::Buffer;
 use super::metrics::ReporterStats;
 use super::notes::LossNotes;
 use super::Log;
+use crate::model::{ModuleId, NodeAddr};
 use crate::store::CallStatus;
 
 /// At most one line about dropped rows per this many milliseconds.
@@ -54,7 +55,16 @@ pub(super) struct Core {
     pub(super) phase: Phase,
     /// The latest store error, for the stop report.
     pub(super) last_error: Option<String>,
+    /// Per writer (the shard of the module): `(module, node, units)`
+    /// consumed for good, waiting for [`crate::store::Store::consume`].
+    pub(super) consumed: Vec<Vec<(ModuleId, NodeAddr, u32)>>,
+    /// Consumed entries dropped at [`MAX_CONSUMED_WAITING`] per writer.
+    pub(super) consumed_dropped: u64,
 }
+
+/// Consumed-units entries one writer keeps waiting for the store at most;
+/// past it the newest are dropped (counted).
+pub(super) const MAX_CONSUMED_WAITING: usize = 65_536;
 
 /// The state shared by the executor and the writers.
 pub(super) struct Shared {
@@ -108,6 +118,8 @@ impl Shared {
                 running: 0,
                 phase: Phase::Running,
                 last_error: None,
+                consumed: vec![Vec::new(); writers],
+                consumed_dropped: 0,
             }),
             wake: (0..writers).map(|_| Condvar::new()).collect(),
             exited: Condvar::new(),
@@ -162,6 +174,37 @@ impl Shared {
         };
         if let Some(line) = line {
             self.log(&line);
+        }
+    }
+
+    /// Queues capacity units consumed for good for the writer of each
+    /// module's shard, and wakes it.
+    pub(super) fn accept_consumed(&self, entries: &[(ModuleId, NodeAddr, u32)]) {
+        if entries.is_empty() {
+            return;
+        }
+        let dropped = {
+            let mut core = self.lock();
+            let writers = core.consumed.len();
+            let before = core.consumed_dropped;
+            for &e in entries {
+                let i = super::buffer::shard_of(e.0, writers);
+                if core.consumed[i].len() < MAX_CONSUMED_WAITING {
+                    core.consumed[i].push(e);
+                    self.wake[i].notify_one();
+                } else {
+                    core.consumed_dropped += 1;
+                }
+            }
+            // A line at the first drop and every 1024th after it.
+            (core.consumed_dropped / 1024 != before / 1024
+                || (before == 0 && core.consumed_dropped > 0))
+                .then_some(core.consumed_dropped)
+        };
+        if let Some(n) = dropped {
+            self.log(&format!(
+                "{n} consumed-units entries dropped so far: the store is not taking them ({MAX_CONSUMED_WAITING} wait per writer)"
+            ));
         }
     }
 

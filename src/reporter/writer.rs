@@ -139,7 +139,10 @@ impl<'a> Writer<'a> {
             if !self.next_batch(&mut batch) {
                 break;
             }
-            self.write(&mut batch);
+            self.write_consumed();
+            if !batch.is_empty() {
+                self.write(&mut batch);
+            }
         }
     }
 
@@ -149,7 +152,9 @@ impl<'a> Writer<'a> {
         let core = self.shared.lock();
         match core.phase {
             Phase::Running => true,
-            Phase::Draining(_) => core.buffer.waiting(self.i) > 0,
+            Phase::Draining(_) => {
+                core.buffer.waiting(self.i) > 0 || !core.consumed[self.i].is_empty()
+            }
             Phase::Abandoned => false,
         }
     }
@@ -161,13 +166,17 @@ impl<'a> Writer<'a> {
         loop {
             match core.phase {
                 Phase::Abandoned => return false,
-                Phase::Draining(_) if core.buffer.waiting(self.i) == 0 => return false,
+                Phase::Draining(_)
+                    if core.buffer.waiting(self.i) == 0 && core.consumed[self.i].is_empty() =>
+                {
+                    return false
+                }
                 _ => {}
             }
-            if core
+            let rows = core
                 .buffer
-                .take_batch(self.i, self.shared.batch_rows, batch)
-            {
+                .take_batch(self.i, self.shared.batch_rows, batch);
+            if rows || !core.consumed[self.i].is_empty() {
                 return true;
             }
             core = self
@@ -176,6 +185,33 @@ impl<'a> Writer<'a> {
                 .wait_timeout(core, IDLE_WAIT)
                 .unwrap_or_else(|p| p.into_inner())
                 .0;
+        }
+    }
+
+    /// Applies the capacity units consumed for good waiting for this
+    /// writer, in one transaction; they wait again when the store is
+    /// unavailable, and are dropped (logged) when it refuses them.
+    fn write_consumed(&mut self) {
+        let entries = std::mem::take(&mut self.shared.lock().consumed[self.i]);
+        if entries.is_empty() {
+            return;
+        }
+        let Some(store) = self.store.as_mut() else {
+            self.shared.lock().consumed[self.i].splice(0..0, entries);
+            return;
+        };
+        match store.consume(&entries) {
+            Ok(_) => {}
+            Err(StoreError::BadInput(why)) => self.shared.log(&format!(
+                "writer {}: the store refused {} consumed-units entries, which are dropped: {why}",
+                self.i,
+                entries.len()
+            )),
+            Err(e) => {
+                self.shared.lock().consumed[self.i].splice(0..0, entries);
+                self.down(&e);
+                self.store = None;
+            }
         }
     }
 

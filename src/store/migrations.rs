@@ -26,6 +26,15 @@
 //!   log stays as small as the number of modules ever changed.
 //! - `server_call_status (modid, cmdid, ip, port, caller, succ_cnt, err_cnt,
 //!   ts, overload)`, keyed by (modid, cmdid, ip, port, caller).
+//!
+//! # Version 2: the balance policy (issue 13)
+//!
+//! - `route_policy (modid, cmdid, policy)`: a module's policy, 0 = `l5`
+//!   (also what a module without a row has), 1 = `balance`. Setting it is a
+//!   versioned change like a node's.
+//! - `route_data.consumed`: capacity units reported consumed for good, at
+//!   most the node's weight (the store keeps `consumed <= weight`). The
+//!   route server serves `weight - consumed`, the capacity left.
 
 /// One schema version: what it does and its SQL for each backend.
 pub(crate) struct Migration {
@@ -40,7 +49,7 @@ pub(crate) struct Migration {
 }
 
 /// The newest schema version this binary knows.
-pub const LATEST: u32 = 1;
+pub const LATEST: u32 = 2;
 
 /// `schema_version` itself, created before any migration runs (SQLite).
 pub(crate) const SQLITE_SCHEMA_VERSION_TABLE: &str = "CREATE TABLE IF NOT EXISTS schema_version (
@@ -57,7 +66,8 @@ pub(crate) const POSTGRES_SCHEMA_VERSION_TABLE: &str = "CREATE TABLE IF NOT EXIS
 )";
 
 /// Every migration, in order: `MIGRATIONS[i].version == i + 1`.
-pub(crate) const MIGRATIONS: &[Migration] = &[Migration {
+pub(crate) const MIGRATIONS: &[Migration] = &[
+    Migration {
     version: 1,
     name: "routes, route version, change log, call status",
     sqlite: "
@@ -134,7 +144,32 @@ CREATE TABLE server_call_status (
     PRIMARY KEY (modid, cmdid, ip, port, caller)
 );
 ",
-}];
+    },
+    Migration {
+        version: 2,
+        name: "module policy, consumed capacity",
+        sqlite: "
+CREATE TABLE route_policy (
+    modid  INTEGER NOT NULL CONSTRAINT route_policy_modid_check  CHECK (modid BETWEEN 0 AND 4294967295),
+    cmdid  INTEGER NOT NULL CONSTRAINT route_policy_cmdid_check  CHECK (cmdid BETWEEN 0 AND 4294967295),
+    policy INTEGER NOT NULL CONSTRAINT route_policy_policy_check CHECK (policy IN (0, 1)),
+    PRIMARY KEY (modid, cmdid)
+) STRICT;
+ALTER TABLE route_data ADD COLUMN consumed INTEGER NOT NULL DEFAULT 0
+    CONSTRAINT route_data_consumed_check CHECK (consumed BETWEEN 0 AND 1000000);
+",
+        postgres: "
+CREATE TABLE route_policy (
+    modid  BIGINT   NOT NULL CONSTRAINT route_policy_modid_check  CHECK (modid BETWEEN 0 AND 4294967295),
+    cmdid  BIGINT   NOT NULL CONSTRAINT route_policy_cmdid_check  CHECK (cmdid BETWEEN 0 AND 4294967295),
+    policy SMALLINT NOT NULL CONSTRAINT route_policy_policy_check CHECK (policy IN (0, 1)),
+    PRIMARY KEY (modid, cmdid)
+);
+ALTER TABLE route_data ADD COLUMN consumed BIGINT NOT NULL DEFAULT 0
+    CONSTRAINT route_data_consumed_check CHECK (consumed BETWEEN 0 AND 1000000);
+",
+    },
+];
 
 #[cfg(test)]
 mod tests {

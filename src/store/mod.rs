@@ -55,7 +55,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::str::FromStr;
 
-use crate::model::{ModuleId, NodeAddr, RouteNode};
+use crate::model::{ModuleId, NodeAddr, Policy, RouteNode};
 
 mod migrations;
 mod postgres;
@@ -155,8 +155,12 @@ pub struct ModuleRoute {
     /// (rows written by hand). Every route server reading the same store
     /// derives the same version.
     pub version: u64,
-    /// Its nodes, sorted by address.
+    /// Its nodes, sorted by address. A node's weight is the capacity left:
+    /// its weight as added less the units reported consumed
+    /// ([`Store::consume`]).
     pub nodes: Vec<RouteNode>,
+    /// How its nodes are chosen (`l5` unless set by [`Store::set_policy`]).
+    pub policy: Policy,
 }
 
 /// Every route in the store, read in one transaction.
@@ -317,6 +321,25 @@ pub trait Store: Send {
         replace: bool,
     ) -> Result<Imported, StoreError>;
 
+    /// Sets `module`'s policy, in one transaction like
+    /// [`Store::add_node`] (the route version is bumped and the module
+    /// logged, so every agent sees it within a push). The module need not
+    /// have nodes yet. Returns the new route version.
+    fn set_policy(&mut self, module: ModuleId, policy: Policy) -> Result<u64, StoreError>;
+
+    /// Records capacity units consumed for good, `(module, node, units)`
+    /// per row, in one transaction: each node's consumed units grow by
+    /// `units` but never past its weight (the capacity left never goes
+    /// below 0). When some node changed, the route version is bumped once
+    /// and every module changed is logged. Rows naming no node of the
+    /// store are skipped (the node was deleted meanwhile). Returns what was
+    /// applied.
+    ///
+    /// # Errors
+    /// [`StoreError::BadInput`] when a row's units are 0 or above
+    /// [`MAX_WEIGHT`]: the whole batch is refused.
+    fn consume(&mut self, rows: &[(ModuleId, NodeAddr, u32)]) -> Result<Consumed, StoreError>;
+
     /// Every route, or one module's, sorted by module and node.
     fn list(&mut self, module: Option<ModuleId>) -> Result<Vec<ModuleRoute>, StoreError>;
 
@@ -373,6 +396,29 @@ pub enum Wake {
 
 /// One row of a route table: a module and one of its nodes.
 pub type TableRow = (ModuleId, RouteNode);
+
+/// What [`Store::consume`] applied.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Consumed {
+    /// The route version now (unchanged when no node changed).
+    pub version: u64,
+    /// The nodes whose capacity left went down.
+    pub nodes: usize,
+}
+
+/// The rows of [`Store::consume`], checked.
+///
+/// # Errors
+/// [`StoreError::BadInput`] naming the first row whose units are 0 or
+/// above [`MAX_WEIGHT`].
+pub fn check_consumed(rows: &[(ModuleId, NodeAddr, u32)]) -> Result<(), StoreError> {
+    match rows.iter().find(|r| r.2 == 0 || r.2 > MAX_WEIGHT) {
+        Some((module, node, units)) => Err(StoreError::BadInput(format!(
+            "module {module} node {node}: {units} units consumed is out of range: use 1..={MAX_WEIGHT}"
+        ))),
+        None => Ok(()),
+    }
+}
 
 /// What [`Store::import_routes`] applied.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -570,6 +616,34 @@ pub(crate) struct RouteRow {
     pub weight: i64,
 }
 
+/// A `route_policy` row as read.
+pub(crate) struct PolicyRow {
+    pub modid: i64,
+    pub cmdid: i64,
+    pub policy: i64,
+}
+
+impl PolicyRow {
+    fn parse(&self) -> Result<(ModuleId, Policy), String> {
+        let module = module_of(self.modid, self.cmdid)?;
+        let policy = u8::try_from(self.policy)
+            .ok()
+            .and_then(Policy::from_code)
+            .ok_or(format!(
+                "policy {} is not 0 (l5) or 1 (balance)",
+                self.policy
+            ))?;
+        Ok((module, policy))
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "route_policy row (modid={}, cmdid={}, policy={})",
+            self.modid, self.cmdid, self.policy
+        )
+    }
+}
+
 /// A `route_change` row, or one module's latest change, as read.
 pub(crate) struct ChangeRow {
     pub modid: i64,
@@ -743,6 +817,12 @@ impl BadRows {
         latest
     }
 
+    pub fn policies(&mut self, rows: Vec<PolicyRow>) -> BTreeMap<ModuleId, Policy> {
+        rows.into_iter()
+            .filter_map(|r| r.parse().map_err(|why| self.skip(r.describe(), why)).ok())
+            .collect()
+    }
+
     pub fn statuses(&mut self, rows: Vec<StatusRow>) -> Vec<CallStatus> {
         let mut out: Vec<CallStatus> = rows
             .into_iter()
@@ -754,14 +834,15 @@ impl BadRows {
 }
 
 /// Groups nodes into modules, sorted by module and node, each with its
-/// version: its latest change in `latest`, else `route_version`. Modules
-/// in `keep` appear even with no node (a module whose last node was
-/// deleted); the others only with nodes.
+/// version: its latest change in `latest`, else `route_version`, and its
+/// policy in `policies` (else `l5`). Modules in `keep` appear even with no
+/// node (a module whose last node was deleted); the others only with nodes.
 pub(crate) fn assemble(
     route_version: u64,
     latest: &BTreeMap<ModuleId, u64>,
     nodes: Vec<(ModuleId, RouteNode)>,
     keep: impl IntoIterator<Item = ModuleId>,
+    policies: &BTreeMap<ModuleId, Policy>,
 ) -> Vec<ModuleRoute> {
     let mut by_module: BTreeMap<ModuleId, Vec<RouteNode>> = BTreeMap::new();
     for m in keep {
@@ -779,6 +860,7 @@ pub(crate) fn assemble(
                 module,
                 version,
                 nodes,
+                policy: policies.get(&module).copied().unwrap_or_default(),
             }
         })
         .collect()

@@ -26,11 +26,11 @@ use ::postgres::{Client, Config, IsolationLevel, NoTls, Transaction};
 
 use super::migrations::{self, MIGRATIONS, POSTGRES_SCHEMA_VERSION_TABLE};
 use super::{
-    assemble, check_node, prepare_import, prepare_status, redact, version_of, BadRows, CallStatus,
-    ChangeRow, Changes, Imported, ModuleRoute, RouteRow, RouteSet, StatusRow, Store, StoreError,
-    Wake, CONNECT_TIMEOUT,
+    assemble, check_consumed, check_node, prepare_import, prepare_status, redact, version_of,
+    BadRows, CallStatus, ChangeRow, Changes, Consumed, Imported, ModuleRoute, PolicyRow, RouteRow,
+    RouteSet, StatusRow, Store, StoreError, Wake, CONNECT_TIMEOUT,
 };
-use crate::model::{ModuleId, NodeAddr, RouteNode};
+use crate::model::{ModuleId, NodeAddr, Policy, RouteNode};
 
 /// Connection attempts still waiting for a server that accepted the TCP
 /// connection and then said nothing. Each holds a thread; past
@@ -240,18 +240,32 @@ impl PostgresStore {
             let modids: Vec<i64> = modules.iter().map(|m| m.0).collect();
             let cmdids: Vec<i64> = modules.iter().map(|m| m.1).collect();
             tx.query(
-                "SELECT d.modid, d.cmdid, d.ip, d.port, d.weight
+                "SELECT d.modid, d.cmdid, d.ip, d.port, d.weight - d.consumed
                    FROM UNNEST($1::BIGINT[], $2::BIGINT[]) AS u(modid, cmdid)
                    JOIN route_data d ON d.modid = u.modid AND d.cmdid = u.cmdid",
                 &[&modids, &cmdids],
             )
         } else {
             tx.query(
-                "SELECT modid, cmdid, ip, port, weight FROM route_data
+                "SELECT modid, cmdid, ip, port, weight - consumed FROM route_data
                   WHERE $1::BIGINT IS NULL OR (modid = $1 AND cmdid = $2)",
                 &[&modid, &cmdid],
             )
         };
+        let policies = tx
+            .query(
+                "SELECT modid, cmdid, policy FROM route_policy
+                  WHERE ($1::BIGINT IS NULL OR (modid = $1 AND cmdid = $2))",
+                &[&modid, &cmdid],
+            )
+            .map_err(un)?
+            .iter()
+            .map(|r| PolicyRow {
+                modid: int(r, 0),
+                cmdid: int(r, 1),
+                policy: int(r, 2),
+            })
+            .collect();
         let nodes = rows
             .map_err(un)?
             .iter()
@@ -267,12 +281,13 @@ impl PostgresStore {
         let version = version_of(&self.url, version)?;
         let latest = self.bad.changes(changes);
         let nodes = self.bad.routes(nodes);
+        let policies = self.bad.policies(policies);
         let keep: Vec<ModuleId> = if since.is_some() {
             latest.keys().copied().collect()
         } else {
             Vec::new()
         };
-        Ok((version, assemble(version, &latest, nodes, keep)))
+        Ok((version, assemble(version, &latest, nodes, keep, &policies)))
     }
 
     /// The error for an import refused because the store has one of
@@ -325,6 +340,18 @@ impl PostgresStore {
             &[],
         )?;
         let v = int(&row, 0);
+        Self::log_change(tx, v, module)?;
+        notify(tx, v)?;
+        Ok(v as u64)
+    }
+
+    /// Logs `module` as changed at version `v` (dropping its older
+    /// entries), in `tx`.
+    fn log_change(
+        tx: &mut Transaction<'_>,
+        v: i64,
+        module: ModuleId,
+    ) -> Result<(), ::postgres::Error> {
         let (modid, cmdid) = (i64::from(module.modid), i64::from(module.cmdid));
         tx.execute(
             "INSERT INTO route_change (version, modid, cmdid) VALUES ($1, $2, $3)",
@@ -334,8 +361,7 @@ impl PostgresStore {
             "DELETE FROM route_change WHERE modid = $1 AND cmdid = $2 AND version < $3",
             &[&modid, &cmdid, &v],
         )?;
-        notify(tx, v)?;
-        Ok(v as u64)
+        Ok(())
     }
 }
 
@@ -448,6 +474,82 @@ fn schema_version(c: &mut impl ::postgres::GenericClient) -> Result<u32, ::postg
 impl Store for PostgresStore {
     fn backend(&self) -> &'static str {
         "postgres"
+    }
+
+    fn set_policy(&mut self, module: ModuleId, policy: Policy) -> Result<u64, StoreError> {
+        let (url, lost) = (self.url.clone(), self.lost.clone());
+        let un = |e: ::postgres::Error| unavailable(&url, &lost, &e);
+        let mut tx = self.client()?.transaction().map_err(un)?;
+        let v = Self::bump(&mut tx, module).map_err(un)?;
+        tx.execute(
+            "INSERT INTO route_policy (modid, cmdid, policy) VALUES ($1, $2, $3)
+             ON CONFLICT (modid, cmdid) DO UPDATE SET policy = excluded.policy",
+            &[
+                &i64::from(module.modid),
+                &i64::from(module.cmdid),
+                &i16::from(policy.code()),
+            ],
+        )
+        .map_err(un)?;
+        tx.commit().map_err(un)?;
+        Ok(v)
+    }
+
+    fn consume(&mut self, rows: &[(ModuleId, NodeAddr, u32)]) -> Result<Consumed, StoreError> {
+        check_consumed(rows)?;
+        let (url, lost) = (self.url.clone(), self.lost.clone());
+        let un = |e: ::postgres::Error| unavailable(&url, &lost, &e);
+        let mut tx = self.client()?.transaction().map_err(un)?;
+        // The version row's lock first, as every admin change takes it:
+        // no deadlock with one that deletes a node updated here.
+        tx.execute(
+            "SELECT version FROM route_version WHERE id = 1 FOR UPDATE",
+            &[],
+        )
+        .map_err(un)?;
+        let mut changed: Vec<ModuleId> = Vec::new();
+        let update = tx
+            .prepare(
+                "UPDATE route_data SET consumed = LEAST(weight, consumed + $5)
+                  WHERE modid = $1 AND cmdid = $2 AND ip = $3 AND port = $4
+                    AND consumed < weight",
+            )
+            .map_err(un)?;
+        for &(module, node, units) in rows {
+            let n = tx
+                .execute(
+                    &update,
+                    &[
+                        &i64::from(module.modid),
+                        &i64::from(module.cmdid),
+                        &i64::from(node.ip),
+                        &i32::from(node.port),
+                        &i64::from(units),
+                    ],
+                )
+                .map_err(un)?;
+            if n > 0 {
+                changed.push(module);
+            }
+        }
+        let nodes = changed.len();
+        changed.sort_unstable();
+        changed.dedup();
+        let version = match changed.split_first() {
+            None => tx
+                .query_opt("SELECT version FROM route_version WHERE id = 1", &[])
+                .map_err(un)?
+                .map_or(0, |r| int(&r, 0).max(0) as u64),
+            Some((&first, rest)) => {
+                let v = Self::bump(&mut tx, first).map_err(un)?;
+                for &m in rest {
+                    Self::log_change(&mut tx, v as i64, m).map_err(un)?;
+                }
+                v
+            }
+        };
+        tx.commit().map_err(un)?;
+        Ok(Consumed { version, nodes })
     }
 
     fn route_version(&mut self) -> Result<u64, StoreError> {

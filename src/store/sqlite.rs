@@ -19,11 +19,11 @@ use rusqlite::{
 
 use super::migrations::{self, MIGRATIONS, SQLITE_SCHEMA_VERSION_TABLE};
 use super::{
-    assemble, check_node, prepare_import, prepare_status, version_of, BadRows, CallStatus,
-    ChangeRow, Changes, Imported, ModuleRoute, RouteRow, RouteSet, StatusRow, Store, StoreError,
-    SQLITE_BUSY_TIMEOUT,
+    assemble, check_consumed, check_node, prepare_import, prepare_status, version_of, BadRows,
+    CallStatus, ChangeRow, Changes, Consumed, Imported, ModuleRoute, PolicyRow, RouteRow, RouteSet,
+    StatusRow, Store, StoreError, SQLITE_BUSY_TIMEOUT,
 };
-use crate::model::{ModuleId, NodeAddr, RouteNode};
+use crate::model::{ModuleId, NodeAddr, Policy, RouteNode};
 
 /// One connection to a SQLite store.
 ///
@@ -320,7 +320,7 @@ impl SqliteStore {
                 nodes.extend(
                     query(
                         &tx,
-                        "SELECT modid, cmdid, ip, port, weight FROM route_data
+                        "SELECT modid, cmdid, ip, port, weight - consumed FROM route_data
                           WHERE modid = ?1 AND cmdid = ?2",
                         params![modid, cmdid],
                         route_row,
@@ -332,23 +332,36 @@ impl SqliteStore {
         } else {
             query(
                 &tx,
-                "SELECT modid, cmdid, ip, port, weight FROM route_data
+                "SELECT modid, cmdid, ip, port, weight - consumed FROM route_data
                   WHERE modid BETWEEN ?1 AND ?2 AND cmdid BETWEEN ?3 AND ?4",
                 params![m_lo, m_hi, c_lo, c_hi],
                 route_row,
             )
             .map_err(un)?
         };
+        let policies = query(
+            &tx,
+            "SELECT modid, cmdid, policy FROM route_policy
+              WHERE modid BETWEEN ?1 AND ?2 AND cmdid BETWEEN ?3 AND ?4",
+            params![m_lo, m_hi, c_lo, c_hi],
+            |v| PolicyRow {
+                modid: v[0],
+                cmdid: v[1],
+                policy: v[2],
+            },
+        )
+        .map_err(un)?;
         tx.commit().map_err(un)?;
         let version = version_of(&self.url, version)?;
         let latest = self.bad.changes(changes);
         let nodes = self.bad.routes(nodes);
+        let policies = self.bad.policies(policies);
         let keep: Vec<ModuleId> = if since.is_some() {
             latest.keys().copied().collect()
         } else {
             Vec::new()
         };
-        Ok((version, assemble(version, &latest, nodes, keep)))
+        Ok((version, assemble(version, &latest, nodes, keep, &policies)))
     }
 
     /// Bumps the route version and logs `module` as changed, in `tx`.
@@ -567,6 +580,77 @@ impl Store for SqliteStore {
 
     fn list(&mut self, module: Option<ModuleId>) -> Result<Vec<ModuleRoute>, StoreError> {
         Ok(self.read_routes(module, None)?.1)
+    }
+
+    fn set_policy(&mut self, module: ModuleId, policy: Policy) -> Result<u64, StoreError> {
+        let url = self.url.clone();
+        let un = |e: rusqlite::Error| StoreError::Unavailable {
+            url: url.clone(),
+            why: super::why(&e),
+        };
+        let tx = self.write_tx()?;
+        tx.execute(
+            "INSERT INTO route_policy (modid, cmdid, policy) VALUES (?1, ?2, ?3)
+             ON CONFLICT (modid, cmdid) DO UPDATE SET policy = excluded.policy",
+            params![module.modid, module.cmdid, policy.code()],
+        )
+        .map_err(un)?;
+        let v = Self::bump(&tx, module).map_err(un)?;
+        tx.commit().map_err(un)?;
+        Ok(v)
+    }
+
+    fn consume(&mut self, rows: &[(ModuleId, NodeAddr, u32)]) -> Result<Consumed, StoreError> {
+        check_consumed(rows)?;
+        let url = self.url.clone();
+        let un = |e: rusqlite::Error| StoreError::Unavailable {
+            url: url.clone(),
+            why: super::why(&e),
+        };
+        let tx = self.write_tx()?;
+        let mut changed: Vec<ModuleId> = Vec::new();
+        {
+            let mut stmt = tx
+                .prepare_cached(
+                    "UPDATE route_data SET consumed = MIN(weight, consumed + ?5)
+                      WHERE modid = ?1 AND cmdid = ?2 AND ip = ?3 AND port = ?4
+                        AND consumed < weight",
+                )
+                .map_err(un)?;
+            for &(module, node, units) in rows {
+                let n = stmt
+                    .execute(params![
+                        module.modid,
+                        module.cmdid,
+                        node.ip,
+                        node.port,
+                        units
+                    ])
+                    .map_err(un)?;
+                if n > 0 {
+                    changed.push(module);
+                }
+            }
+        }
+        let nodes = changed.len();
+        changed.sort_unstable();
+        changed.dedup();
+        let version = if changed.is_empty() {
+            tx.query_row("SELECT version FROM route_version WHERE id = 1", [], |r| {
+                r.get::<_, i64>(0)
+            })
+            .optional()
+            .map_err(un)?
+            .unwrap_or(0) as u64
+        } else {
+            let v = Self::next_version(&tx).map_err(un)?;
+            for &m in &changed {
+                Self::log_change(&tx, v, m).map_err(un)?;
+            }
+            v as u64
+        };
+        tx.commit().map_err(un)?;
+        Ok(Consumed { version, nodes })
     }
 
     fn upsert_status(&mut self, rows: &[CallStatus]) -> Result<(), StoreError> {

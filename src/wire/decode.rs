@@ -243,6 +243,9 @@ mod tests {
             bad_windows: n,
             window_age_ms: u64::from(n),
             overload_age_ms: u64::from(n),
+            capacity: 0,
+            in_use: 0,
+            phi: 0.0,
         }
     }
 
@@ -390,6 +393,9 @@ mod tests {
                 bad_windows: s.bad_windows,
                 window_age_ms: s.window_age_ms,
                 overload_age_ms: s.overload_age_ms,
+                capacity: s.capacity,
+                in_use: s.in_use,
+                phi: s.phi,
             },
         );
         let shared: Vec<WIPOffset<fb::NodeStatus>> = vec![node; 8000];
@@ -437,6 +443,7 @@ mod tests {
         let modules = [crate::wire::ModuleStats {
             module: M,
             nodes: &stats,
+            consumed: &[],
         }];
         let report = Report {
             seq: 1,
@@ -445,6 +452,7 @@ mod tests {
             retcode: 1,
             tcost_ms: 300,
             downstream_level: Some(crate::wire::AdmissionLevel::new(2, 3)),
+            consumed: 0,
         };
         let cache = crate::wire::CacheRoute {
             seq: 1,

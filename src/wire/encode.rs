@@ -7,7 +7,7 @@ use flatbuffers::{FlatBufferBuilder, Push, UOffsetT, Vector, WIPOffset};
 use super::fb;
 use super::values::{CacheRoute, ModuleStats, NodeStats, NodeStatus, Report};
 use super::{AdmissionLevel, RetCode};
-use crate::model::{ModuleId, NodeAddr, RouteNode};
+use crate::model::{ModuleId, NodeAddr, Policy, RouteNode};
 
 /// Encodes messages into one reusable buffer.
 ///
@@ -143,6 +143,7 @@ impl Encoder {
             retcode: report.retcode,
             tcost_ms: report.tcost_ms,
             downstream_level: level.as_ref(),
+            consumed: report.consumed,
         };
         let body = fb::ReportReq::create(&mut self.fbb, &args);
         self.finish(fb::Body::ReportReq, body)
@@ -230,10 +231,12 @@ impl Encoder {
         version: u64,
         nodes: &[NodeStatus],
     ) -> &[u8] {
-        self.get_route_resp_part(seq, module, retcode, version, nodes, (0, 1))
+        self.get_route_resp_part(seq, module, retcode, version, nodes, (0, 1), Policy::L5)
     }
 
-    /// GetRouteResp carrying `nodes`, part `part.0` of `part.1`.
+    /// GetRouteResp carrying `nodes`, part `part.0` of `part.1`, of a
+    /// module of `policy`.
+    #[allow(clippy::too_many_arguments)]
     pub fn get_route_resp_part(
         &mut self,
         seq: u32,
@@ -242,6 +245,7 @@ impl Encoder {
         version: u64,
         nodes: &[NodeStatus],
         part: (u32, u32),
+        policy: Policy,
     ) -> &[u8] {
         self.fbb.reset();
         self.offsets.clear();
@@ -260,6 +264,9 @@ impl Encoder {
                 bad_windows: n.bad_windows,
                 window_age_ms: n.window_age_ms,
                 overload_age_ms: n.overload_age_ms,
+                capacity: n.capacity,
+                in_use: n.in_use,
+                phi: n.phi,
             };
             let node = fb::NodeStatus::create(&mut self.fbb, &args);
             self.offsets.push(node.value());
@@ -274,6 +281,7 @@ impl Encoder {
             nodes,
             part: part.0,
             parts: part.1,
+            policy: policy.code(),
         };
         let body = fb::GetRouteResp::create(&mut self.fbb, &args);
         self.finish(fb::Body::GetRouteResp, body)
@@ -431,6 +439,19 @@ impl Encoder {
         version: u64,
         nodes: &[RouteNode],
     ) -> &[u8] {
+        self.route_answer_with(seq, module, exists, version, nodes, Policy::L5)
+    }
+
+    /// RouteAnswer of a module of `policy`.
+    pub fn route_answer_with(
+        &mut self,
+        seq: u64,
+        module: ModuleId,
+        exists: bool,
+        version: u64,
+        nodes: &[RouteNode],
+        policy: Policy,
+    ) -> &[u8] {
         self.fbb.reset();
         let nodes = self.structs(nodes, fb::RouteNode::from);
         let args = fb::RouteAnswerArgs {
@@ -440,6 +461,7 @@ impl Encoder {
             exists,
             version,
             nodes,
+            policy: policy.code(),
         };
         let body = fb::RouteAnswer::create(&mut self.fbb, &args);
         self.finish(fb::Body::RouteAnswer, body)
@@ -453,6 +475,18 @@ impl Encoder {
         version: u64,
         nodes: &[RouteNode],
     ) -> &[u8] {
+        self.route_push_with(module, exists, version, nodes, Policy::L5)
+    }
+
+    /// RoutePush of a module of `policy`.
+    pub fn route_push_with(
+        &mut self,
+        module: ModuleId,
+        exists: bool,
+        version: u64,
+        nodes: &[RouteNode],
+        policy: Policy,
+    ) -> &[u8] {
         self.fbb.reset();
         let nodes = self.structs(nodes, fb::RouteNode::from);
         let args = fb::RoutePushArgs {
@@ -461,6 +495,7 @@ impl Encoder {
             exists,
             version,
             nodes,
+            policy: policy.code(),
         };
         let body = fb::RoutePush::create(&mut self.fbb, &args);
         self.finish(fb::Body::RoutePush, body)
@@ -493,10 +528,14 @@ impl Encoder {
         self.offsets.clear();
         for m in modules {
             let nodes = self.structs(m.nodes, |n: NodeStats| fb::NodeStats::from(n));
+            let consumed = self.structs(m.consumed, |(addr, count)| {
+                fb::HostCount::new(&addr.into(), count)
+            });
             let args = fb::ModuleStatsArgs {
                 modid: m.module.modid,
                 cmdid: m.module.cmdid,
                 nodes,
+                consumed,
             };
             let module = fb::ModuleStats::create(&mut self.fbb, &args);
             self.offsets.push(module.value());
@@ -602,6 +641,7 @@ mod tests {
             retcode: -1,
             tcost_ms: 250,
             downstream_level: Some(AdmissionLevel::new(1, 2)),
+            consumed: 0,
         };
         let mut enc = Encoder::new();
         let Message::ReportReq(m) = decoded(enc.report_req(&report)) else {
@@ -661,6 +701,9 @@ mod tests {
                 bad_windows: 7,
                 window_age_ms: 8,
                 overload_age_ms: u64::MAX,
+                capacity: 0,
+                in_use: 0,
+                phi: 0.0,
             },
             NodeStatus {
                 addr: addr(2, 9001),
@@ -675,6 +718,9 @@ mod tests {
                 bad_windows: 0,
                 window_age_ms: 0,
                 overload_age_ms: 0,
+                capacity: 0,
+                in_use: 0,
+                phi: 0.0,
             },
         ];
         let buf = enc.get_route_resp(8, M, RetCode::Ok, 3, &nodes);
@@ -811,10 +857,12 @@ mod tests {
             ModuleStats {
                 module: M,
                 nodes: &a,
+                consumed: &[],
             },
             ModuleStats {
                 module: ModuleId::new(1, 1),
                 nodes: &[],
+                consumed: &[],
             },
         ];
         let mut enc = Encoder::new();
@@ -853,6 +901,7 @@ mod tests {
             retcode: 0,
             tcost_ms: 1,
             downstream_level: None,
+            consumed: 0,
         };
         let first = enc.report_req(&report).as_ptr_range().end;
         for seq in 0..1000 {

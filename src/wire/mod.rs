@@ -34,7 +34,7 @@ pub use encode::Encoder;
 pub use fb::RetCode;
 pub use frame::{write_frame, FrameDecoder, FrameError, MAX_FRAME_LEN};
 pub use validate::{
-    BatchReport, GetHost, Pull, Register, Unchanged, ValidationError, MAX_PRIORITY,
+    BatchReport, GetHost, Pull, Register, Unchanged, ValidationError, MAX_CONSUMED, MAX_PRIORITY,
     MAX_PULL_MODULES, MAX_REGISTER_TIMEOUT_MS,
 };
 pub use values::{AdmissionLevel, CacheRoute, ModuleStats, NodeStats, NodeStatus, Report};

@@ -19,6 +19,10 @@ pub const MAX_REGISTER_TIMEOUT_MS: u32 = 60_000;
 /// The most modules one PullReq may name.
 pub const MAX_PULL_MODULES: usize = 65_536;
 
+/// The most capacity units one report may say it consumed for good (the
+/// store's largest weight).
+pub const MAX_CONSUMED: u32 = 1_000_000;
+
 /// Why a verified request's fields are not acceptable.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ValidationError {
@@ -44,6 +48,9 @@ pub enum ValidationError {
         /// The user part sent.
         user: u8,
     },
+    /// A report's consumed units above [`MAX_CONSUMED`].
+    #[error("consumed {0} units is out of range: at most 1000000")]
+    ConsumedOutOfRange(u32),
     /// A RegisterReq timeout of 0 or above [`MAX_REGISTER_TIMEOUT_MS`].
     #[error("timeout_ms {0} out of range 1..=60000")]
     TimeoutOutOfRange(u32),
@@ -214,7 +221,8 @@ impl fb::ReportReq<'_> {
     ///
     /// # Errors
     /// [`ValidationError::MissingHost`], [`ValidationError::PortZero`],
-    /// [`ValidationError::LevelOutOfRange`].
+    /// [`ValidationError::LevelOutOfRange`],
+    /// [`ValidationError::ConsumedOutOfRange`].
     pub fn validate(&self) -> Result<Report, ValidationError> {
         Ok(Report {
             seq: self.seq(),
@@ -223,6 +231,10 @@ impl fb::ReportReq<'_> {
             retcode: self.retcode(),
             tcost_ms: self.tcost_ms(),
             downstream_level: level(self.downstream_level())?,
+            consumed: match self.consumed() {
+                c if c > MAX_CONSUMED => return Err(ValidationError::ConsumedOutOfRange(c)),
+                c => c,
+            },
         })
     }
 }
@@ -343,6 +355,7 @@ mod tests {
             retcode: 0,
             tcost_ms: 5,
             downstream_level: level,
+            consumed: 0,
         }
     }
 

@@ -46,11 +46,14 @@ pub struct Report {
     pub tcost_ms: u32,
     /// The downstream's admission level piggybacked on its response.
     pub downstream_level: Option<AdmissionLevel>,
+    /// Capacity units of the node the call consumed for good (0 = none),
+    /// at most [`super::MAX_CONSUMED`].
+    pub consumed: u32,
 }
 
 /// One node of a module with its LB state and counters (the tools' view
 /// that GetRouteResp carries).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct NodeStatus {
     /// Where the node is.
     pub addr: NodeAddr,
@@ -76,6 +79,13 @@ pub struct NodeStatus {
     pub window_age_ms: u64,
     /// Milliseconds since the node became overloaded.
     pub overload_age_ms: u64,
+    /// A `balance` module's node: its capacity as counted now (0 while
+    /// overloaded); 0 for an `l5` module.
+    pub capacity: u32,
+    /// A `balance` module's node: units handed out and not had back.
+    pub in_use: u32,
+    /// A `balance` module's node: its Φ for the next getHost.
+    pub phi: f64,
 }
 
 /// Real call counts of one node over a statistics period.
@@ -98,6 +108,8 @@ pub struct ModuleStats<'a> {
     pub module: ModuleId,
     /// Its nodes' counts.
     pub nodes: &'a [NodeStats],
+    /// Capacity units reported consumed for good per node over the period.
+    pub consumed: &'a [(NodeAddr, u32)],
 }
 
 /// The answer to CacheGetRouteReq, for [`super::Encoder::cache_get_route_resp`].
@@ -202,6 +214,9 @@ impl From<fb::NodeStatus<'_>> for NodeStatus {
             bad_windows: n.bad_windows(),
             window_age_ms: n.window_age_ms(),
             overload_age_ms: n.overload_age_ms(),
+            capacity: n.capacity(),
+            in_use: n.in_use(),
+            phi: n.phi(),
         }
     }
 }

@@ -101,6 +101,7 @@ impl Client {
             retcode,
             tcost_ms: 0,
             downstream_level: None,
+            consumed: 0,
         });
         self.sock.send_to(req, self.to).unwrap();
     }

@@ -26,6 +26,7 @@ fn route(n: u8) -> ToShard {
                 weight: 1,
             })
             .collect(),
+        policy: Policy::L5,
     }
 }
 
@@ -53,6 +54,7 @@ fn report(s: &mut ShardCore, host: NodeAddr, retcode: i32, now: Millis) {
             retcode,
             tcost_ms: 0,
             downstream_level: None,
+            consumed: 0,
         })
         .to_vec();
     assert!(s.handle(&req, PEER, now).is_none());
@@ -189,6 +191,7 @@ fn register_times_out_or_learns_the_module_does_not_exist() {
             exists: false,
             version: 0,
             nodes: vec![],
+            policy: Policy::L5,
         },
         2001,
     );
@@ -248,6 +251,7 @@ fn a_route_update_to_empty_answers_no_such_module() {
             exists: true,
             version: 8,
             nodes: vec![],
+            policy: Policy::L5,
         },
         1,
     );
@@ -325,6 +329,7 @@ fn garbage_is_counted_and_dropped() {
             retcode: 0,
             tcost_ms: 0,
             downstream_level: None,
+            consumed: 0,
         })
         .to_vec();
     let resp = s.handle(&bad, PEER, 0).unwrap().to_vec();
@@ -366,6 +371,7 @@ fn module_route(module: ModuleId, n: u32, version: u64) -> ToShard {
                 weight: 1,
             })
             .collect(),
+        policy: Policy::L5,
     }
 }
 
@@ -375,6 +381,7 @@ fn absent(module: ModuleId) -> ToShard {
         exists: false,
         version: 0,
         nodes: vec![],
+        policy: Policy::L5,
     }
 }
 
@@ -699,6 +706,9 @@ fn the_largest_get_route_part_fits_a_datagram() {
         bad_windows: u32::MAX,
         window_age_ms: u64::MAX,
         overload_age_ms: u64::MAX,
+        capacity: 0,
+        in_use: 0,
+        phi: 0.0,
     };
     let nodes = vec![worst; wire::GETROUTE_PART_NODES];
     let m = ModuleId::new(u32::MAX, u32::MAX);
@@ -710,6 +720,7 @@ fn the_largest_get_route_part_fits_a_datagram() {
             u64::MAX,
             &nodes,
             (u32::MAX, u32::MAX),
+            Policy::L5,
         )
         .len();
     assert!(len <= 65_507, "{len} bytes");
@@ -776,6 +787,7 @@ fn report_level(s: &mut ShardCore, host: NodeAddr, level: wire::AdmissionLevel, 
             retcode: 0,
             tcost_ms: 0,
             downstream_level: Some(level),
+            consumed: 0,
         })
         .to_vec();
     assert!(s.handle(&req, PEER, now).is_none());
@@ -947,6 +959,7 @@ fn preloaded(modules: u32, nodes: u8) -> Vec<ToShard> {
                     weight: 1,
                 })
                 .collect(),
+            policy: Policy::L5,
         })
         .collect()
 }
@@ -973,6 +986,7 @@ fn a_preloaded_module_answers_its_first_request_and_the_rest_are_made_in_slices(
             retcode: 0,
             tcost_ms: 0,
             downstream_level: None,
+            consumed: 0,
         })
         .to_vec();
     assert!(s.handle(&req, PEER, 6).is_none());
@@ -1005,6 +1019,7 @@ fn a_route_for_a_preloaded_module_replaces_the_snapshots() {
             addr: node(7),
             weight: 1,
         }],
+        policy: Policy::L5,
     };
     assert!(s.apply(newer, 5).is_empty());
     assert_eq!(s.preloading(), 2);
@@ -1042,6 +1057,7 @@ fn node_gauges_follow_routes_transitions_and_forgets_without_a_walk() {
                     weight: 1,
                 })
                 .to_vec(),
+            policy: Policy::L5,
         },
         3,
     );

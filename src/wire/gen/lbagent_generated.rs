@@ -1454,6 +1454,7 @@ impl<'a> ReportReq<'a> {
   pub const VT_RETCODE: flatbuffers::VOffsetT = 12;
   pub const VT_TCOST_MS: flatbuffers::VOffsetT = 14;
   pub const VT_DOWNSTREAM_LEVEL: flatbuffers::VOffsetT = 16;
+  pub const VT_CONSUMED: flatbuffers::VOffsetT = 18;
 
   #[inline]
   pub unsafe fn init_from_table(table: flatbuffers::Table<'a>) -> Self {
@@ -1465,6 +1466,7 @@ impl<'a> ReportReq<'a> {
     args: &'args ReportReqArgs<'args>
   ) -> flatbuffers::WIPOffset<ReportReq<'bldr>> {
     let mut builder = ReportReqBuilder::new(_fbb);
+    builder.add_consumed(args.consumed);
     if let Some(x) = args.downstream_level { builder.add_downstream_level(x); }
     builder.add_tcost_ms(args.tcost_ms);
     builder.add_retcode(args.retcode);
@@ -1530,6 +1532,16 @@ impl<'a> ReportReq<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<AdmissionLevel>(ReportReq::VT_DOWNSTREAM_LEVEL, None)}
   }
+  /// Capacity units of the node the call consumed for good (seed 002's
+  /// stored chunks; 0 = none): the route server lowers the node's weight by
+  /// this much, for every agent. At most 1000000.
+  #[inline]
+  pub fn consumed(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(ReportReq::VT_CONSUMED, Some(0)).unwrap()}
+  }
 }
 
 impl flatbuffers::Verifiable for ReportReq<'_> {
@@ -1546,6 +1558,7 @@ impl flatbuffers::Verifiable for ReportReq<'_> {
      .visit_field::<i32>("retcode", Self::VT_RETCODE, false)?
      .visit_field::<u32>("tcost_ms", Self::VT_TCOST_MS, false)?
      .visit_field::<AdmissionLevel>("downstream_level", Self::VT_DOWNSTREAM_LEVEL, false)?
+     .visit_field::<u32>("consumed", Self::VT_CONSUMED, false)?
      .finish();
     Ok(())
   }
@@ -1558,6 +1571,7 @@ pub struct ReportReqArgs<'a> {
     pub retcode: i32,
     pub tcost_ms: u32,
     pub downstream_level: Option<&'a AdmissionLevel>,
+    pub consumed: u32,
 }
 impl<'a> Default for ReportReqArgs<'a> {
   #[inline]
@@ -1570,6 +1584,7 @@ impl<'a> Default for ReportReqArgs<'a> {
       retcode: 0,
       tcost_ms: 0,
       downstream_level: None,
+      consumed: 0,
     }
   }
 }
@@ -1608,6 +1623,10 @@ impl<'a: 'b, 'b> ReportReqBuilder<'a, 'b> {
     self.fbb_.push_slot_always::<&AdmissionLevel>(ReportReq::VT_DOWNSTREAM_LEVEL, downstream_level);
   }
   #[inline]
+  pub fn add_consumed(&mut self, consumed: u32) {
+    self.fbb_.push_slot::<u32>(ReportReq::VT_CONSUMED, consumed, 0);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut flatbuffers::FlatBufferBuilder<'a>) -> ReportReqBuilder<'a, 'b> {
     let start = _fbb.start_table();
     ReportReqBuilder {
@@ -1632,6 +1651,7 @@ impl core::fmt::Debug for ReportReq<'_> {
       ds.field("retcode", &self.retcode());
       ds.field("tcost_ms", &self.tcost_ms());
       ds.field("downstream_level", &self.downstream_level());
+      ds.field("consumed", &self.consumed());
       ds.finish()
   }
 }
@@ -2281,6 +2301,9 @@ impl<'a> NodeStatus<'a> {
   pub const VT_BAD_WINDOWS: flatbuffers::VOffsetT = 22;
   pub const VT_WINDOW_AGE_MS: flatbuffers::VOffsetT = 24;
   pub const VT_OVERLOAD_AGE_MS: flatbuffers::VOffsetT = 26;
+  pub const VT_CAPACITY: flatbuffers::VOffsetT = 28;
+  pub const VT_IN_USE: flatbuffers::VOffsetT = 30;
+  pub const VT_PHI: flatbuffers::VOffsetT = 32;
 
   #[inline]
   pub unsafe fn init_from_table(table: flatbuffers::Table<'a>) -> Self {
@@ -2292,8 +2315,11 @@ impl<'a> NodeStatus<'a> {
     args: &'args NodeStatusArgs<'args>
   ) -> flatbuffers::WIPOffset<NodeStatus<'bldr>> {
     let mut builder = NodeStatusBuilder::new(_fbb);
+    builder.add_phi(args.phi);
     builder.add_overload_age_ms(args.overload_age_ms);
     builder.add_window_age_ms(args.window_age_ms);
+    builder.add_in_use(args.in_use);
+    builder.add_capacity(args.capacity);
     builder.add_bad_windows(args.bad_windows);
     builder.add_contin_err(args.contin_err);
     builder.add_contin_succ(args.contin_succ);
@@ -2397,6 +2423,30 @@ impl<'a> NodeStatus<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<u64>(NodeStatus::VT_OVERLOAD_AGE_MS, Some(0)).unwrap()}
   }
+  /// A `balance` module's node: its capacity as counted now (its weight,
+  /// 0 while overloaded), the units this agent handed out and has not had
+  /// back, and its probability Φ for the next getHost.
+  #[inline]
+  pub fn capacity(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(NodeStatus::VT_CAPACITY, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn in_use(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(NodeStatus::VT_IN_USE, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn phi(&self) -> f64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<f64>(NodeStatus::VT_PHI, Some(0.0)).unwrap()}
+  }
 }
 
 impl flatbuffers::Verifiable for NodeStatus<'_> {
@@ -2418,6 +2468,9 @@ impl flatbuffers::Verifiable for NodeStatus<'_> {
      .visit_field::<u32>("bad_windows", Self::VT_BAD_WINDOWS, false)?
      .visit_field::<u64>("window_age_ms", Self::VT_WINDOW_AGE_MS, false)?
      .visit_field::<u64>("overload_age_ms", Self::VT_OVERLOAD_AGE_MS, false)?
+     .visit_field::<u32>("capacity", Self::VT_CAPACITY, false)?
+     .visit_field::<u32>("in_use", Self::VT_IN_USE, false)?
+     .visit_field::<f64>("phi", Self::VT_PHI, false)?
      .finish();
     Ok(())
   }
@@ -2435,6 +2488,9 @@ pub struct NodeStatusArgs<'a> {
     pub bad_windows: u32,
     pub window_age_ms: u64,
     pub overload_age_ms: u64,
+    pub capacity: u32,
+    pub in_use: u32,
+    pub phi: f64,
 }
 impl<'a> Default for NodeStatusArgs<'a> {
   #[inline]
@@ -2452,6 +2508,9 @@ impl<'a> Default for NodeStatusArgs<'a> {
       bad_windows: 0,
       window_age_ms: 0,
       overload_age_ms: 0,
+      capacity: 0,
+      in_use: 0,
+      phi: 0.0,
     }
   }
 }
@@ -2510,6 +2569,18 @@ impl<'a: 'b, 'b> NodeStatusBuilder<'a, 'b> {
     self.fbb_.push_slot::<u64>(NodeStatus::VT_OVERLOAD_AGE_MS, overload_age_ms, 0);
   }
   #[inline]
+  pub fn add_capacity(&mut self, capacity: u32) {
+    self.fbb_.push_slot::<u32>(NodeStatus::VT_CAPACITY, capacity, 0);
+  }
+  #[inline]
+  pub fn add_in_use(&mut self, in_use: u32) {
+    self.fbb_.push_slot::<u32>(NodeStatus::VT_IN_USE, in_use, 0);
+  }
+  #[inline]
+  pub fn add_phi(&mut self, phi: f64) {
+    self.fbb_.push_slot::<f64>(NodeStatus::VT_PHI, phi, 0.0);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut flatbuffers::FlatBufferBuilder<'a>) -> NodeStatusBuilder<'a, 'b> {
     let start = _fbb.start_table();
     NodeStatusBuilder {
@@ -2539,6 +2610,9 @@ impl core::fmt::Debug for NodeStatus<'_> {
       ds.field("bad_windows", &self.bad_windows());
       ds.field("window_age_ms", &self.window_age_ms());
       ds.field("overload_age_ms", &self.overload_age_ms());
+      ds.field("capacity", &self.capacity());
+      ds.field("in_use", &self.in_use());
+      ds.field("phi", &self.phi());
       ds.finish()
   }
 }
@@ -2567,6 +2641,7 @@ impl<'a> GetRouteResp<'a> {
   pub const VT_NODES: flatbuffers::VOffsetT = 14;
   pub const VT_PART: flatbuffers::VOffsetT = 16;
   pub const VT_PARTS: flatbuffers::VOffsetT = 18;
+  pub const VT_POLICY: flatbuffers::VOffsetT = 20;
 
   #[inline]
   pub unsafe fn init_from_table(table: flatbuffers::Table<'a>) -> Self {
@@ -2585,6 +2660,7 @@ impl<'a> GetRouteResp<'a> {
     builder.add_cmdid(args.cmdid);
     builder.add_modid(args.modid);
     builder.add_seq(args.seq);
+    builder.add_policy(args.policy);
     builder.add_retcode(args.retcode);
     builder.finish()
   }
@@ -2651,6 +2727,14 @@ impl<'a> GetRouteResp<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<u32>(GetRouteResp::VT_PARTS, Some(0)).unwrap()}
   }
+  /// The module's policy: 0 = l5, 1 = balance.
+  #[inline]
+  pub fn policy(&self) -> u8 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u8>(GetRouteResp::VT_POLICY, Some(0)).unwrap()}
+  }
 }
 
 impl flatbuffers::Verifiable for GetRouteResp<'_> {
@@ -2668,6 +2752,7 @@ impl flatbuffers::Verifiable for GetRouteResp<'_> {
      .visit_field::<flatbuffers::ForwardsUOffset<flatbuffers::Vector<'_, flatbuffers::ForwardsUOffset<NodeStatus>>>>("nodes", Self::VT_NODES, false)?
      .visit_field::<u32>("part", Self::VT_PART, false)?
      .visit_field::<u32>("parts", Self::VT_PARTS, false)?
+     .visit_field::<u8>("policy", Self::VT_POLICY, false)?
      .finish();
     Ok(())
   }
@@ -2681,6 +2766,7 @@ pub struct GetRouteRespArgs<'a> {
     pub nodes: Option<flatbuffers::WIPOffset<flatbuffers::Vector<'a, flatbuffers::ForwardsUOffset<NodeStatus<'a>>>>>,
     pub part: u32,
     pub parts: u32,
+    pub policy: u8,
 }
 impl<'a> Default for GetRouteRespArgs<'a> {
   #[inline]
@@ -2694,6 +2780,7 @@ impl<'a> Default for GetRouteRespArgs<'a> {
       nodes: None,
       part: 0,
       parts: 0,
+      policy: 0,
     }
   }
 }
@@ -2736,6 +2823,10 @@ impl<'a: 'b, 'b> GetRouteRespBuilder<'a, 'b> {
     self.fbb_.push_slot::<u32>(GetRouteResp::VT_PARTS, parts, 0);
   }
   #[inline]
+  pub fn add_policy(&mut self, policy: u8) {
+    self.fbb_.push_slot::<u8>(GetRouteResp::VT_POLICY, policy, 0);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut flatbuffers::FlatBufferBuilder<'a>) -> GetRouteRespBuilder<'a, 'b> {
     let start = _fbb.start_table();
     GetRouteRespBuilder {
@@ -2761,6 +2852,7 @@ impl core::fmt::Debug for GetRouteResp<'_> {
       ds.field("nodes", &self.nodes());
       ds.field("part", &self.part());
       ds.field("parts", &self.parts());
+      ds.field("policy", &self.policy());
       ds.finish()
   }
 }
@@ -3518,6 +3610,7 @@ impl<'a> RouteAnswer<'a> {
   pub const VT_EXISTS: flatbuffers::VOffsetT = 10;
   pub const VT_VERSION: flatbuffers::VOffsetT = 12;
   pub const VT_NODES: flatbuffers::VOffsetT = 14;
+  pub const VT_POLICY: flatbuffers::VOffsetT = 16;
 
   #[inline]
   pub unsafe fn init_from_table(table: flatbuffers::Table<'a>) -> Self {
@@ -3534,6 +3627,7 @@ impl<'a> RouteAnswer<'a> {
     if let Some(x) = args.nodes { builder.add_nodes(x); }
     builder.add_cmdid(args.cmdid);
     builder.add_modid(args.modid);
+    builder.add_policy(args.policy);
     builder.add_exists(args.exists);
     builder.finish()
   }
@@ -3581,6 +3675,14 @@ impl<'a> RouteAnswer<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<flatbuffers::ForwardsUOffset<flatbuffers::Vector<'a, RouteNode>>>(RouteAnswer::VT_NODES, None)}
   }
+  /// The module's policy: 0 = l5 (an older route server), 1 = balance.
+  #[inline]
+  pub fn policy(&self) -> u8 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u8>(RouteAnswer::VT_POLICY, Some(0)).unwrap()}
+  }
 }
 
 impl flatbuffers::Verifiable for RouteAnswer<'_> {
@@ -3596,6 +3698,7 @@ impl flatbuffers::Verifiable for RouteAnswer<'_> {
      .visit_field::<bool>("exists", Self::VT_EXISTS, false)?
      .visit_field::<u64>("version", Self::VT_VERSION, false)?
      .visit_field::<flatbuffers::ForwardsUOffset<flatbuffers::Vector<'_, RouteNode>>>("nodes", Self::VT_NODES, false)?
+     .visit_field::<u8>("policy", Self::VT_POLICY, false)?
      .finish();
     Ok(())
   }
@@ -3607,6 +3710,7 @@ pub struct RouteAnswerArgs<'a> {
     pub exists: bool,
     pub version: u64,
     pub nodes: Option<flatbuffers::WIPOffset<flatbuffers::Vector<'a, RouteNode>>>,
+    pub policy: u8,
 }
 impl<'a> Default for RouteAnswerArgs<'a> {
   #[inline]
@@ -3618,6 +3722,7 @@ impl<'a> Default for RouteAnswerArgs<'a> {
       exists: false,
       version: 0,
       nodes: None,
+      policy: 0,
     }
   }
 }
@@ -3652,6 +3757,10 @@ impl<'a: 'b, 'b> RouteAnswerBuilder<'a, 'b> {
     self.fbb_.push_slot_always::<flatbuffers::WIPOffset<_>>(RouteAnswer::VT_NODES, nodes);
   }
   #[inline]
+  pub fn add_policy(&mut self, policy: u8) {
+    self.fbb_.push_slot::<u8>(RouteAnswer::VT_POLICY, policy, 0);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut flatbuffers::FlatBufferBuilder<'a>) -> RouteAnswerBuilder<'a, 'b> {
     let start = _fbb.start_table();
     RouteAnswerBuilder {
@@ -3675,6 +3784,7 @@ impl core::fmt::Debug for RouteAnswer<'_> {
       ds.field("exists", &self.exists());
       ds.field("version", &self.version());
       ds.field("nodes", &self.nodes());
+      ds.field("policy", &self.policy());
       ds.finish()
   }
 }
@@ -3701,6 +3811,7 @@ impl<'a> RoutePush<'a> {
   pub const VT_EXISTS: flatbuffers::VOffsetT = 8;
   pub const VT_VERSION: flatbuffers::VOffsetT = 10;
   pub const VT_NODES: flatbuffers::VOffsetT = 12;
+  pub const VT_POLICY: flatbuffers::VOffsetT = 14;
 
   #[inline]
   pub unsafe fn init_from_table(table: flatbuffers::Table<'a>) -> Self {
@@ -3716,6 +3827,7 @@ impl<'a> RoutePush<'a> {
     if let Some(x) = args.nodes { builder.add_nodes(x); }
     builder.add_cmdid(args.cmdid);
     builder.add_modid(args.modid);
+    builder.add_policy(args.policy);
     builder.add_exists(args.exists);
     builder.finish()
   }
@@ -3756,6 +3868,14 @@ impl<'a> RoutePush<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<flatbuffers::ForwardsUOffset<flatbuffers::Vector<'a, RouteNode>>>(RoutePush::VT_NODES, None)}
   }
+  /// The module's policy: 0 = l5 (an older route server), 1 = balance.
+  #[inline]
+  pub fn policy(&self) -> u8 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u8>(RoutePush::VT_POLICY, Some(0)).unwrap()}
+  }
 }
 
 impl flatbuffers::Verifiable for RoutePush<'_> {
@@ -3770,6 +3890,7 @@ impl flatbuffers::Verifiable for RoutePush<'_> {
      .visit_field::<bool>("exists", Self::VT_EXISTS, false)?
      .visit_field::<u64>("version", Self::VT_VERSION, false)?
      .visit_field::<flatbuffers::ForwardsUOffset<flatbuffers::Vector<'_, RouteNode>>>("nodes", Self::VT_NODES, false)?
+     .visit_field::<u8>("policy", Self::VT_POLICY, false)?
      .finish();
     Ok(())
   }
@@ -3780,6 +3901,7 @@ pub struct RoutePushArgs<'a> {
     pub exists: bool,
     pub version: u64,
     pub nodes: Option<flatbuffers::WIPOffset<flatbuffers::Vector<'a, RouteNode>>>,
+    pub policy: u8,
 }
 impl<'a> Default for RoutePushArgs<'a> {
   #[inline]
@@ -3790,6 +3912,7 @@ impl<'a> Default for RoutePushArgs<'a> {
       exists: false,
       version: 0,
       nodes: None,
+      policy: 0,
     }
   }
 }
@@ -3820,6 +3943,10 @@ impl<'a: 'b, 'b> RoutePushBuilder<'a, 'b> {
     self.fbb_.push_slot_always::<flatbuffers::WIPOffset<_>>(RoutePush::VT_NODES, nodes);
   }
   #[inline]
+  pub fn add_policy(&mut self, policy: u8) {
+    self.fbb_.push_slot::<u8>(RoutePush::VT_POLICY, policy, 0);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut flatbuffers::FlatBufferBuilder<'a>) -> RoutePushBuilder<'a, 'b> {
     let start = _fbb.start_table();
     RoutePushBuilder {
@@ -3842,6 +3969,7 @@ impl core::fmt::Debug for RoutePush<'_> {
       ds.field("exists", &self.exists());
       ds.field("version", &self.version());
       ds.field("nodes", &self.nodes());
+      ds.field("policy", &self.policy());
       ds.finish()
   }
 }
@@ -4298,6 +4426,7 @@ impl<'a> ModuleStats<'a> {
   pub const VT_MODID: flatbuffers::VOffsetT = 4;
   pub const VT_CMDID: flatbuffers::VOffsetT = 6;
   pub const VT_NODES: flatbuffers::VOffsetT = 8;
+  pub const VT_CONSUMED: flatbuffers::VOffsetT = 10;
 
   #[inline]
   pub unsafe fn init_from_table(table: flatbuffers::Table<'a>) -> Self {
@@ -4309,6 +4438,7 @@ impl<'a> ModuleStats<'a> {
     args: &'args ModuleStatsArgs<'args>
   ) -> flatbuffers::WIPOffset<ModuleStats<'bldr>> {
     let mut builder = ModuleStatsBuilder::new(_fbb);
+    if let Some(x) = args.consumed { builder.add_consumed(x); }
     if let Some(x) = args.nodes { builder.add_nodes(x); }
     builder.add_cmdid(args.cmdid);
     builder.add_modid(args.modid);
@@ -4337,6 +4467,15 @@ impl<'a> ModuleStats<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<flatbuffers::ForwardsUOffset<flatbuffers::Vector<'a, NodeStats>>>(ModuleStats::VT_NODES, None)}
   }
+  /// Capacity units reported consumed for good per node over the period
+  /// (ReportReq.consumed, summed): the route server lowers their weights.
+  #[inline]
+  pub fn consumed(&self) -> Option<flatbuffers::Vector<'a, HostCount>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<flatbuffers::ForwardsUOffset<flatbuffers::Vector<'a, HostCount>>>(ModuleStats::VT_CONSUMED, None)}
+  }
 }
 
 impl flatbuffers::Verifiable for ModuleStats<'_> {
@@ -4349,6 +4488,7 @@ impl flatbuffers::Verifiable for ModuleStats<'_> {
      .visit_field::<u32>("modid", Self::VT_MODID, false)?
      .visit_field::<u32>("cmdid", Self::VT_CMDID, false)?
      .visit_field::<flatbuffers::ForwardsUOffset<flatbuffers::Vector<'_, NodeStats>>>("nodes", Self::VT_NODES, false)?
+     .visit_field::<flatbuffers::ForwardsUOffset<flatbuffers::Vector<'_, HostCount>>>("consumed", Self::VT_CONSUMED, false)?
      .finish();
     Ok(())
   }
@@ -4357,6 +4497,7 @@ pub struct ModuleStatsArgs<'a> {
     pub modid: u32,
     pub cmdid: u32,
     pub nodes: Option<flatbuffers::WIPOffset<flatbuffers::Vector<'a, NodeStats>>>,
+    pub consumed: Option<flatbuffers::WIPOffset<flatbuffers::Vector<'a, HostCount>>>,
 }
 impl<'a> Default for ModuleStatsArgs<'a> {
   #[inline]
@@ -4365,6 +4506,7 @@ impl<'a> Default for ModuleStatsArgs<'a> {
       modid: 0,
       cmdid: 0,
       nodes: None,
+      consumed: None,
     }
   }
 }
@@ -4387,6 +4529,10 @@ impl<'a: 'b, 'b> ModuleStatsBuilder<'a, 'b> {
     self.fbb_.push_slot_always::<flatbuffers::WIPOffset<_>>(ModuleStats::VT_NODES, nodes);
   }
   #[inline]
+  pub fn add_consumed(&mut self, consumed: flatbuffers::WIPOffset<flatbuffers::Vector<'b , HostCount>>) {
+    self.fbb_.push_slot_always::<flatbuffers::WIPOffset<_>>(ModuleStats::VT_CONSUMED, consumed);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut flatbuffers::FlatBufferBuilder<'a>) -> ModuleStatsBuilder<'a, 'b> {
     let start = _fbb.start_table();
     ModuleStatsBuilder {
@@ -4407,6 +4553,7 @@ impl core::fmt::Debug for ModuleStats<'_> {
       ds.field("modid", &self.modid());
       ds.field("cmdid", &self.cmdid());
       ds.field("nodes", &self.nodes());
+      ds.field("consumed", &self.consumed());
       ds.finish()
   }
 }

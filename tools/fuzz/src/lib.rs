@@ -195,13 +195,14 @@ fn walk(msg: &Message<'_>) -> String {
         Message::ReportReq(m) => {
             let _ = write!(
                 w,
-                "ReportReq {} {:?} {:?} {} {} {:?} {:?}",
+                "ReportReq {} {:?} {:?} {} {} {:?} {} {:?}",
                 m.seq(),
                 module(m.modid(), m.cmdid()),
                 m.host().map(NodeAddr::from),
                 m.retcode(),
                 m.tcost_ms(),
                 level(m.downstream_level()),
+                m.consumed(),
                 m.validate()
             );
         }
@@ -407,6 +408,7 @@ fn reencode<'e>(msg: &Message<'_>, enc: &'e mut Encoder) -> Option<&'e [u8]> {
             retcode: m.retcode(),
             tcost_ms: m.tcost_ms(),
             downstream_level: level(m.downstream_level()),
+            consumed: m.consumed(),
         }),
         Message::BatchReportReq(m) => {
             let successes: Vec<(NodeAddr, u32)> = m
@@ -503,7 +505,7 @@ fn reencode<'e>(msg: &Message<'_>, enc: &'e mut Encoder) -> Option<&'e [u8]> {
                 .iter()
                 .map(|(module, nodes)| ModuleStats {
                     module: *module,
-                    nodes,
+                    nodes, consumed: &[],
                 })
                 .collect();
             enc.stats_report(m.seq(), m.caller(), m.time_s(), &modules)

@@ -50,6 +50,9 @@ pub fn messages() -> Vec<Vec<u8>> {
             bad_windows: 1,
             window_age_ms: 1_500,
             overload_age_ms: 0,
+        capacity: 0,
+        in_use: 0,
+        phi: 0.0,
         })
         .collect();
     let nodes = route_nodes(4);
@@ -62,11 +65,11 @@ pub fn messages() -> Vec<Vec<u8>> {
     let modules = [
         ModuleStats {
             module: M,
-            nodes: &stats,
+            nodes: &stats, consumed: &[],
         },
         ModuleStats {
             module: ModuleId::new(1, 1),
-            nodes: &[],
+            nodes: &[], consumed: &[],
         },
     ];
     let report = Report {
@@ -76,6 +79,7 @@ pub fn messages() -> Vec<Vec<u8>> {
         retcode: -1,
         tcost_ms: 250,
         downstream_level: level,
+        consumed: 0,
     };
     vec![
         e.get_host_req(1, M, 0, 0).to_vec(),
@@ -87,6 +91,7 @@ pub fn messages() -> Vec<Vec<u8>> {
         e.report_req(&report).to_vec(),
         e.report_req(&Report {
             downstream_level: None,
+            consumed: 0,
             retcode: 0,
             ..report
         })

@@ -1,0 +1,288 @@
+//! The balance policy end to end, from the shell: `lbagent standalone`,
+//! `lbagent route add|policy`, and the tools `lbagent gethost|report|
+//! getroute` as a user runs them. Every wait is bounded.
+
+#[path = "support/common.rs"]
+mod common;
+
+use common::{free_tcp_port, wait_for};
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+
+use lbagent::agent::heartbeat::HeartbeatReader;
+
+const BIN: &str = env!("CARGO_BIN_EXE_lbagent");
+
+/// A child process killed when dropped.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn run(args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("run lbagent {args:?}: {e}"))
+}
+
+fn run_ok(args: &[&str]) -> Output {
+    let out = run(args);
+    assert!(
+        out.status.success(),
+        "lbagent {args:?} failed ({:?}): {}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn json(out: &Output) -> serde_json::Value {
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)))
+}
+
+/// A standalone system in `dir` (statistics sent every second); returns
+/// it and its heartbeat path.
+fn standalone(dir: &Path) -> (Proc, String) {
+    let data = dir.join("data");
+    let heartbeat = dir.join("heartbeat");
+    let sets = [
+        "dnsserver.listen=127.0.0.1:0".to_string(),
+        "dnsserver.metrics_addr=127.0.0.1:0".to_string(),
+        "reporter.listen=127.0.0.1:0".to_string(),
+        format!("reporter.metrics_addr=127.0.0.1:{}", free_tcp_port()),
+        format!("agent.metrics_addr=127.0.0.1:{}", free_tcp_port()),
+        "agent.base_port=0".to_string(),
+        "agent.shards=1".to_string(),
+        "lb.report_timeout=1".to_string(),
+        format!("agent.heartbeat_path={}", heartbeat.display()),
+        format!("agent.snapshot_path={}", dir.join("snapshot").display()),
+    ];
+    let mut args = vec!["standalone", "--data", data.to_str().unwrap()];
+    for s in &sets {
+        args.extend_from_slice(&["--set", s]);
+    }
+    let child = Command::new(BIN)
+        .args(&args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start lbagent standalone");
+    let pid = child.id();
+    let p = Proc(child);
+    wait_for(Duration::from_secs(15), || {
+        let h = HeartbeatReader::open(&heartbeat).ok()?.read().ok()?;
+        (h.info.pid == pid && h.beat_unix_ms > 0).then_some(())
+    })
+    .expect("standalone writes its heartbeat within 15 s");
+    (p, heartbeat.display().to_string())
+}
+
+#[test]
+fn weights_2_and_3_give_exactly_five_hosts_the_sixth_is_overloaded_and_a_report_frees_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_system, hb) = standalone(dir.path());
+    let store = format!("sqlite:{}", dir.path().join("data/lbagent.db").display());
+    let hb = ["--heartbeat", hb.as_str()];
+    let (a, b) = ("10.8.0.1:80", "10.8.0.2:80");
+    run_ok(&[
+        "route", "add", "78", "1", a, "--weight", "2", "--store", &store,
+    ]);
+    run_ok(&[
+        "route", "add", "78", "1", b, "--weight", "3", "--store", &store,
+    ]);
+    let set = run_ok(&["route", "policy", "78", "1", "balance", "--store", &store]);
+    assert!(String::from_utf8_lossy(&set.stdout).contains("policy balance"));
+    let list = json(&run_ok(&[
+        "route", "list", "78", "1", "--json", "--store", &store,
+    ]));
+    assert_eq!(list["modules"][0]["policy"], "balance");
+
+    // getRoute takes no unit: wait until the agent holds both nodes as a
+    // balance module.
+    let getroute = |extra: &[&str]| {
+        let mut args = vec!["getroute", "78", "1"];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&hb);
+        run(&args)
+    };
+    let view = wait_for(Duration::from_secs(10), || {
+        let out = getroute(&["--json"]);
+        let v = out.status.success().then(|| json(&out))?;
+        (v["policy"] == "balance" && v["nodes"].as_array()?.len() == 2).then_some(v)
+    })
+    .expect("the agent has the balance module within 10 s");
+    for n in view["nodes"].as_array().unwrap() {
+        assert_eq!(n["in_use"], 0, "{view}");
+    }
+
+    let gethost = || {
+        let mut args = vec!["gethost", "78", "1", "--json"];
+        args.extend_from_slice(&hb);
+        run(&args)
+    };
+    let mut given: BTreeMap<String, u32> = BTreeMap::new();
+    for i in 0..5 {
+        let out = gethost();
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "getHost {i}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let host = json(&out)["host"].as_str().unwrap().to_string();
+        *given.entry(host).or_default() += 1;
+    }
+    assert_eq!(
+        given,
+        BTreeMap::from([(a.to_string(), 2), (b.to_string(), 3)]),
+        "five getHosts without reports take every unit, none past a node's weight"
+    );
+    let sixth = gethost();
+    assert_eq!(
+        sixth.status.code(),
+        Some(4),
+        "no free unit: OVERLOADED; stderr: {}",
+        String::from_utf8_lossy(&sixth.stderr)
+    );
+
+    // getRoute shows capacity, in use and Φ (0 for every node: none free).
+    let view = json(&getroute(&["--json"]));
+    for n in view["nodes"].as_array().unwrap() {
+        assert_eq!(n["capacity"], n["in_use"], "{view}");
+        assert_eq!(n["phi"], 0.0, "{view}");
+    }
+    let table = String::from_utf8_lossy(&getroute(&[]).stdout).to_string();
+    assert!(
+        table.contains("policy balance") && table.contains("INUSE"),
+        "{table}"
+    );
+
+    // A report returns one of b's units: the next getHost gets it.
+    let mut args = vec!["report", "78", "1", b, "0"];
+    args.extend_from_slice(&hb);
+    run_ok(&args);
+    let view = json(&getroute(&["--json"]));
+    let phis: Vec<f64> = view["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["phi"].as_f64().unwrap())
+        .collect();
+    assert_eq!(phis.iter().sum::<f64>(), 1.0, "{view}");
+    let next = gethost();
+    assert_eq!(next.status.code(), Some(0));
+    assert_eq!(json(&next)["host"], b);
+    assert_eq!(gethost().status.code(), Some(4));
+}
+
+#[test]
+fn route_policy_refuses_an_unknown_policy_and_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite:{}", dir.path().join("lbagent.db").display());
+    run_ok(&[
+        "route",
+        "add",
+        "5",
+        "5",
+        "10.0.0.1:80",
+        "--create",
+        "--store",
+        &store,
+    ]);
+    let out = run(&["route", "policy", "5", "5", "greedy", "--store", &store]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("not one of l5, balance"), "{err}");
+    let list = json(&run_ok(&["route", "list", "--json", "--store", &store]));
+    assert_eq!(list["modules"][0]["policy"], "l5");
+    assert_eq!(list["route_version"], 1);
+}
+
+#[test]
+fn units_consumed_for_good_lower_the_capacity_for_the_agent_never_below_zero() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_system, hb) = standalone(dir.path());
+    let store = format!("sqlite:{}", dir.path().join("data/lbagent.db").display());
+    let hb = ["--heartbeat", hb.as_str()];
+    let (a, b) = ("10.9.0.1:80", "10.9.0.2:80");
+    run_ok(&[
+        "route", "add", "79", "1", a, "--weight", "2", "--store", &store,
+    ]);
+    run_ok(&[
+        "route", "add", "79", "1", b, "--weight", "3", "--store", &store,
+    ]);
+    run_ok(&["route", "policy", "79", "1", "balance", "--store", &store]);
+    let capacity = |node: &str| -> Option<(u64, u64)> {
+        let mut args = vec!["getroute", "79", "1", "--json"];
+        args.extend_from_slice(&hb);
+        let out = run(&args);
+        let v = out.status.success().then(|| json(&out))?;
+        if v["policy"] != "balance" {
+            return None;
+        }
+        let n = v["nodes"].as_array()?.iter().find(|n| n["host"] == node)?;
+        let list = json(&run_ok(&[
+            "route", "list", "79", "1", "--json", "--store", &store,
+        ]));
+        let stored = list["modules"][0]["nodes"]
+            .as_array()?
+            .iter()
+            .find(|n| n["node"] == node)?["weight"]
+            .as_u64()?;
+        Some((stored, n["capacity"].as_u64()?))
+    };
+    wait_for(Duration::from_secs(10), || {
+        (capacity(b) == Some((3, 3))).then_some(())
+    })
+    .expect("the agent has the balance module within 10 s");
+
+    let report = |node: &str, consume: &str| {
+        let mut args = vec!["report", "79", "1", node, "0", "--consume", consume];
+        args.extend_from_slice(&hb);
+        run(&args)
+    };
+    assert!(report(b, "2").status.success());
+    wait_for(Duration::from_secs(10), || {
+        (capacity(b) == Some((1, 1))).then_some(())
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "2 of 3 units consumed reach the store and the agent within 10 s: {:?}",
+            capacity(b)
+        )
+    });
+    // More than is left: the capacity stops at 0.
+    assert!(report(b, "5").status.success());
+    wait_for(Duration::from_secs(10), || {
+        (capacity(b) == Some((0, 0))).then_some(())
+    })
+    .unwrap_or_else(|| panic!("the capacity goes to 0 and no lower: {:?}", capacity(b)));
+    // Only a's two units are left.
+    let mut hosts = Vec::new();
+    loop {
+        let mut args = vec!["gethost", "79", "1", "--json"];
+        args.extend_from_slice(&hb);
+        let out = run(&args);
+        if out.status.code() != Some(0) {
+            assert_eq!(out.status.code(), Some(4));
+            break;
+        }
+        hosts.push(json(&out)["host"].as_str().unwrap().to_string());
+        assert!(hosts.len() <= 2, "{hosts:?}");
+    }
+    assert_eq!(hosts, [a, a]);
+    // 0 and values past the largest weight are refused before sending.
+    for bad in ["0", "1000001", "-1"] {
+        let out = report(b, bad);
+        assert_eq!(out.status.code(), Some(2), "--consume {bad}");
+    }
+}
