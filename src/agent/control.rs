@@ -113,7 +113,7 @@ pub async fn run(parts: ControlParts) {
     } = parts;
     let mut snapshot_interval = snapshot_interval;
     // The snapshot's modules, to subscribe to; its routes become our table.
-    let known: Vec<(ModuleId, u64)> = routes.iter().map(|r| (r.module, r.version)).collect();
+    let known: Vec<ModuleId> = routes.iter().map(|r| r.module).collect();
     let routes: RouteTable = routes
         .into_iter()
         .map(|r| (r.module, (r.version, r.nodes)))
@@ -149,10 +149,12 @@ pub async fn run(parts: ControlParts) {
         stopped(),
         route_status.clone(),
     ));
-    // Subscribe to every module the snapshot knows, at the version held:
-    // those still current are confirmed without their nodes.
-    for (m, v) in known {
-        let _ = wants_tx.try_send(Want::PullKnown(m, v));
+    // Subscribe to every module the snapshot knows, with no version held:
+    // the snapshot keeps no module policy, so the first answer must be a
+    // whole route (a `balance` module would otherwise stay `l5` for as long
+    // as its route is unchanged). Re-pulls after that carry the version.
+    for m in known {
+        let _ = wants_tx.try_send(Want::Pull(m));
     }
 
     // The statistics client, fed by the shards' statistics.
