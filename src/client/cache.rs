@@ -135,6 +135,9 @@ struct Entry {
     /// `held_since + HOLD_LIMIT_MS` while anything is held, else `u64::MAX`:
     /// a report at or after it sends the batch.
     hold_until: u64,
+    /// `hold_until` while `holds`, else 0: the cached report path's one
+    /// time check.
+    hold_open_until: u64,
 }
 
 impl Default for Entry {
@@ -154,6 +157,7 @@ impl Default for Entry {
             held: Vec::new(),
             held_since: 0,
             hold_until: u64::MAX,
+            hold_open_until: 0,
         }
     }
 }
@@ -170,6 +174,12 @@ impl Entry {
             Some(t) if self.holds && !self.refresh_now => t.saturating_add(REFRESH_INTERVAL_MS),
             _ => 0,
         };
+        self.sync_hold();
+    }
+
+    /// Recomputes `hold_open_until` after `holds` or `hold_until` changed.
+    fn sync_hold(&mut self) {
+        self.hold_open_until = if self.holds { self.hold_until } else { 0 };
     }
 
     /// The position of `host` in the route: the node given last, else
@@ -203,6 +213,7 @@ impl Entry {
         }
         self.held.clear();
         self.hold_until = u64::MAX;
+        self.sync_hold();
     }
 
     /// Counts one more success of the node at `p`; `now` starts the hold
@@ -211,6 +222,7 @@ impl Entry {
         if self.held.is_empty() {
             self.held_since = now;
             self.hold_until = now.saturating_add(HOLD_LIMIT_MS);
+            self.sync_hold();
         }
         if self.counts[p] == 0 {
             self.held.push(p as u32);
@@ -237,6 +249,7 @@ impl Entry {
         self.counts.resize(self.nodes.len(), 0);
         self.held.clear();
         self.hold_until = u64::MAX;
+        self.sync_hold();
         self.next = start % self.nodes.len();
         self.last = self.next;
         for (addr, n) in kept {
@@ -248,13 +261,37 @@ impl Entry {
 }
 
 /// Every module's cached route and held successes.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct RouteCache {
     /// Module to index in `entries` (entries are never removed).
     index: HashMap<ModuleId, u32, RandomState>,
     entries: Vec<Entry>,
-    /// The module last looked up, and its index.
-    memo: Option<(ModuleId, usize)>,
+    /// The module last looked up ([`module_key`]) and its index in
+    /// `entries`; ([`NO_MODULE`], 0) before any, when `entries` is empty.
+    memo_key: u64,
+    memo_index: usize,
+}
+
+/// A module as one word: the memo's compare.
+#[inline(always)]
+fn module_key(m: ModuleId) -> u64 {
+    (u64::from(m.modid) << 32) | u64::from(m.cmdid)
+}
+
+/// The memo's key before any lookup. It is also a module's key, (u32::MAX,
+/// u32::MAX): while `entries` is empty that hit finds no entry, which is
+/// right; after, the memo always holds a module looked up.
+const NO_MODULE: u64 = u64::MAX;
+
+impl Default for RouteCache {
+    fn default() -> Self {
+        RouteCache {
+            index: HashMap::default(),
+            entries: Vec::new(),
+            memo_key: NO_MODULE,
+            memo_index: 0,
+        }
+    }
 }
 
 impl RouteCache {
@@ -266,16 +303,29 @@ impl RouteCache {
     /// The index of `module`'s entry, if it has one.
     #[inline(always)]
     fn find(&mut self, module: ModuleId) -> Option<usize> {
-        match self.memo {
-            Some((m, i)) if m == module => Some(i),
-            _ => self.find_in_index(module),
+        if module_key(module) == self.memo_key && self.memo_index < self.entries.len() {
+            return Some(self.memo_index);
         }
+        self.find_in_index(module)
+    }
+
+    /// `module`'s entry (the cached paths): a memo hit is one compare and
+    /// the bounds check of the index.
+    #[inline(always)]
+    fn entry(&mut self, module: ModuleId) -> Option<&mut Entry> {
+        let i = if module_key(module) == self.memo_key {
+            self.memo_index
+        } else {
+            self.find_in_index(module)?
+        };
+        self.entries.get_mut(i)
     }
 
     #[inline(never)]
     fn find_in_index(&mut self, module: ModuleId) -> Option<usize> {
         let i = *self.index.get(&module)? as usize;
-        self.memo = Some((module, i));
+        self.memo_key = module_key(module);
+        self.memo_index = i;
         Some(i)
     }
 
@@ -291,7 +341,8 @@ impl RouteCache {
         let i = self.entries.len();
         self.entries.push(Entry::default());
         self.index.insert(module, i as u32);
-        self.memo = Some((module, i));
+        self.memo_key = module_key(module);
+        self.memo_index = i;
         Some(i)
     }
 
@@ -300,8 +351,7 @@ impl RouteCache {
     /// no node overloaded, no refresh due); None: ask [`RouteCache::pick`].
     #[inline(always)]
     pub fn pick_cached(&mut self, module: ModuleId, now_ms: u64) -> Option<NodeAddr> {
-        let i = self.find(module)?;
-        let e = &mut self.entries[i];
+        let e = self.entry(module)?;
         (now_ms < e.serve_until).then(|| e.next_host())
     }
 
@@ -391,18 +441,18 @@ impl RouteCache {
     /// [`RouteCache::report`], which decides in every case.
     #[inline(always)]
     pub fn hold(&mut self, module: ModuleId, host: NodeAddr, now_ms: u64) -> bool {
-        let Some(i) = self.find(module) else {
+        let Some(e) = self.entry(module) else {
             return false;
         };
-        let e = &mut self.entries[i];
-        if !e.holds || now_ms >= e.hold_until {
+        if now_ms >= e.hold_open_until {
             return false;
         }
         let Some(p) = e.position(host) else {
             return false;
         };
         match e.counts.get_mut(p) {
-            Some(n) if *n != 0 && *n != u32::MAX => {
+            // Already held (not 0) and room to count (not u32::MAX).
+            Some(n) if n.wrapping_sub(1) < u32::MAX - 1 => {
                 *n += 1;
                 true
             }

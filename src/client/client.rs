@@ -34,15 +34,27 @@ pub struct Client {
     suspect_generation: u64,
     /// The beat seen by the last successful [`Client::locate`].
     beat: u64,
-    /// The beat at which a shard was last marked in `suspect` (None since
-    /// the table was reset): while it is the current beat, getHost takes
-    /// the path that looks at `suspect`.
-    suspect_marked: Option<u64>,
+    /// The beat at which a shard was last marked in `suspect`
+    /// ([`NOT_MARKED`] since the table was reset): while it is the current
+    /// beat, getHost takes the path that looks at `suspect`.
+    suspect_marked: u64,
     /// Held successes on their way out (scratch).
     batch: Vec<(NodeAddr, u32)>,
-    /// Coarse monotonic milliseconds, read once per call.
+    /// Coarse monotonic milliseconds, read once per getHost + report pair.
     clock: Clock,
+    /// The time of the getHost just before, when the cache answered it
+    /// (the agent was alive then); [`NO_PAIR`] otherwise. The next report
+    /// takes it instead of reading the clock (see [`Client::report`]).
+    pair_ms: u64,
 }
+
+/// [`Client::suspect_marked`] when no shard is marked: no beat (Unix
+/// milliseconds) is `u64::MAX`.
+const NOT_MARKED: u64 = u64::MAX;
+
+/// [`Client::pair_ms`] when the last getHost was not answered by the cache
+/// (or a report already took its time).
+const NO_PAIR: u64 = u64::MAX;
 
 impl std::fmt::Debug for Client {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -107,9 +119,10 @@ impl Client {
             suspect: Vec::new(),
             suspect_generation: 0,
             beat: 0,
-            suspect_marked: None,
+            suspect_marked: NOT_MARKED,
             batch: Vec::new(),
             clock,
+            pair_ms: NO_PAIR,
             opts,
         })
     }
@@ -204,8 +217,9 @@ impl Client {
         let now = self.clock.now_ms();
         // The cached path: memory only, the one clock read above.
         if let Some(cache) = &mut self.cache {
-            if self.locator.fresh(now) && self.suspect_marked != Some(self.beat) {
+            if self.locator.fresh(now) && self.suspect_marked != self.beat {
                 if let Some(addr) = cache.pick_cached(module, now) {
+                    self.pair_ms = now;
                     return Ok(Host {
                         addr,
                         source: HostSource::Cache,
@@ -213,6 +227,7 @@ impl Client {
                 }
             }
         }
+        self.pair_ms = NO_PAIR;
         self.get_host_slow(module, prio, timeout, now)
     }
 
@@ -252,6 +267,13 @@ impl Client {
     /// the agent. With the route cache, successes may be held and batched
     /// (see [`super::cache`]). While the agent is down the report is
     /// dropped and the result is `Ok(())`, as in the original.
+    ///
+    /// A success reported right after a getHost the cache answered goes by
+    /// that getHost's time and verdict (no clock read of its own): it is
+    /// held while the agent was alive and the batch not due at the getHost.
+    /// So such a report notices a dead agent, or a batch 2 s old, late by
+    /// at most the time since that getHost (the call's duration); a later
+    /// report sends the batch, or drops it with the agent.
     ///
     /// # Errors
     /// [`ClientError::BadRequest`] when `host` has port 0 (no node has).
@@ -300,6 +322,7 @@ impl Client {
     /// As [`Client::report_with_level`]; [`ClientError::BadRequest`] also
     /// for `consumed` above 1000000.
     #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
     pub fn report_consuming(
         &mut self,
         modid: u32,
@@ -311,10 +334,7 @@ impl Client {
         consumed: u32,
     ) -> Result<(), ClientError> {
         if consumed > crate::wire::MAX_CONSUMED {
-            return Err(ClientError::BadRequest(format!(
-                "consumed {consumed} units is out of range: at most {}",
-                crate::wire::MAX_CONSUMED
-            )));
+            return Err(bad_consumed(consumed));
         }
         if let Some(l) = downstream_level {
             if !(1..=128).contains(&l.business) || !(1..=128).contains(&l.user) {
@@ -325,18 +345,28 @@ impl Client {
         if host.port == 0 {
             return Err(bad_host(host));
         }
-        let now = self.clock.now_ms();
-        // The cached path: a success counted, memory only.
+        // The cached path: a success counted, memory only. After a getHost
+        // the cache answered, the report goes by that getHost's time and
+        // verdict (the agent was alive then): no clock read, no heartbeat
+        // look. Otherwise it reads the clock and looks.
+        let pair = std::mem::replace(&mut self.pair_ms, NO_PAIR);
         if let Some(cache) = &mut self.cache {
-            if retcode == 0
-                && downstream_level.is_none()
-                && consumed == 0
-                && self.locator.fresh(now)
-                && cache.hold(module, host, now)
-            {
-                return Ok(());
+            if retcode == 0 && downstream_level.is_none() && consumed == 0 {
+                if pair != NO_PAIR {
+                    if cache.hold(module, host, pair) {
+                        return Ok(());
+                    }
+                } else {
+                    let now = self.clock.now_ms();
+                    if self.locator.fresh(now) && cache.hold(module, host, now) {
+                        return Ok(());
+                    }
+                    let extra = (downstream_level, consumed);
+                    return self.report_slow(module, host, retcode, tcost_ms, extra, now);
+                }
             }
         }
+        let now = self.clock.now_ms();
         let extra = (downstream_level, consumed);
         self.report_slow(module, host, retcode, tcost_ms, extra, now)
     }
@@ -653,7 +683,7 @@ impl Client {
         if self.suspect_generation != generation || self.suspect.len() != endpoints.shards as usize
         {
             self.suspect_generation = generation;
-            self.suspect_marked = None;
+            self.suspect_marked = NOT_MARKED;
             self.suspect.clear();
             self.suspect.resize(endpoints.shards as usize, None);
         }
@@ -947,7 +977,7 @@ impl Client {
     fn mark_suspect(&mut self, shard: u32) {
         if let Some(s) = self.suspect.get_mut(shard as usize) {
             *s = Some(self.beat);
-            self.suspect_marked = Some(self.beat);
+            self.suspect_marked = self.beat;
         }
     }
 }
@@ -1055,13 +1085,23 @@ fn retcode_reply<T>(module: ModuleId, rc: RetCode, message: &str) -> Reply<T> {
 /// A timeout under 1 ms cannot be waited for.
 #[inline(always)]
 fn check_timeout(timeout: Duration) -> Result<(), ClientError> {
-    if timeout < Duration::from_millis(1) {
+    // Whole seconds first: a timeout of a second or more is one test.
+    if timeout.as_secs() == 0 && timeout.subsec_nanos() < 1_000_000 {
         return Err(bad_timeout(timeout));
     }
     Ok(())
 }
 
 // The errors of the inlined paths, out of line.
+
+#[cold]
+#[inline(never)]
+fn bad_consumed(consumed: u32) -> ClientError {
+    ClientError::BadRequest(format!(
+        "consumed {consumed} units is out of range: at most {}",
+        crate::wire::MAX_CONSUMED
+    ))
+}
 
 #[cold]
 #[inline(never)]

@@ -1,5 +1,6 @@
 //! The client's clock: coarse monotonic milliseconds, read at most once per
-//! call on the cached path.
+//! getHost + report pair on the cached path (a report right after a cached
+//! getHost goes by its time).
 //!
 //! `CLOCK_MONOTONIC_COARSE` is the kernel's last tick, read from the vDSO
 //! without a system call and without reading the TSC: a few loads (about

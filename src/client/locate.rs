@@ -125,7 +125,7 @@ pub(crate) struct Locator {
     default_snapshot: PathBuf,
     /// What [`Locator::fresh`] compares with: set by a [`Locator::check`]
     /// that found the agent alive, cleared by anything else.
-    fast: Option<Fast>,
+    fast: Fast,
 }
 
 /// The last full check that found the agent alive.
@@ -135,6 +135,16 @@ struct Fast {
     seq: u64,
     /// The monotonic millisecond until which that beat is young enough.
     alive_until: u64,
+}
+
+impl Fast {
+    /// No answer to trust: the sequence word never reaches `u64::MAX` (so
+    /// `fresh` is false even at time 0), and the time check fails first
+    /// at any later time.
+    const NONE: Fast = Fast {
+        seq: u64::MAX,
+        alive_until: 0,
+    };
 }
 
 impl Locator {
@@ -151,7 +161,7 @@ impl Locator {
             stamp: None,
             generation: 0,
             default_snapshot,
-            fast: None,
+            fast: Fast::NONE,
         }
     }
 
@@ -161,10 +171,12 @@ impl Locator {
     /// One atomic load. False means "ask [`Locator::check`]", not "down".
     #[inline(always)]
     pub fn fresh(&self, now_mono_ms: u64) -> bool {
-        match (&self.fast, &self.reader) {
-            (Some(f), Some((r, _))) => now_mono_ms <= f.alive_until && r.sequence() == f.seq,
-            _ => false,
-        }
+        // `Fast::NONE` fails the time check (after 0) or the sequence's.
+        now_mono_ms <= self.fast.alive_until
+            && match &self.reader {
+                Some((r, _)) => r.sequence() == self.fast.seq,
+                None => false,
+            }
     }
 
     /// Whether the agent is alive at `now_unix_ms`. Opens the file when it
@@ -173,7 +185,7 @@ impl Locator {
     /// monotonic clock, read at the same moment) dates the answer for
     /// [`Locator::fresh`].
     pub fn check(&mut self, now_unix_ms: u64, now_mono_ms: u64) -> Liveness {
-        self.fast = None;
+        self.fast = Fast::NONE;
         let live = self.check_slow(now_unix_ms);
         if let (Liveness::Alive { beat }, Some((r, _))) = (&live, &self.reader) {
             // The sequence is loaded after the beat: if the agent beat in
@@ -182,10 +194,10 @@ impl Locator {
             if seq & 1 == 0 {
                 let until = i128::from(now_mono_ms) + i128::from(self.max_age_ms)
                     - (i128::from(now_unix_ms) - i128::from(*beat));
-                self.fast = Some(Fast {
+                self.fast = Fast {
                     seq,
                     alive_until: until.clamp(0, i128::from(u64::MAX)) as u64,
-                });
+                };
             }
         }
         live
@@ -245,7 +257,7 @@ impl Locator {
     /// Re-reads the header now (after a failed request: the agent may have
     /// restarted on other ports). True when the endpoints changed.
     pub fn reread(&mut self) -> bool {
-        self.fast = None;
+        self.fast = Fast::NONE;
         let before = self.generation;
         if self.replaced() {
             self.reader = None;

@@ -303,3 +303,62 @@ fn held_successes_go_out_when_2_s_old_before_the_report_that_finds_them_so() {
         ]
     );
 }
+
+/// The bound a report right after a cached getHost keeps: it goes by that
+/// getHost's time (no clock read of its own), so it notices a batch due,
+/// or a dead agent, late by at most the time since that getHost; a later
+/// call sends the batch, or drops it with the agent. A report with no
+/// cached getHost just before reads the clock (as in the test above).
+#[test]
+fn a_report_after_a_cached_get_host_goes_by_that_get_hosts_time() {
+    let s = Setup::new();
+    let mut c = s.client();
+    s.beat(0);
+    s.at(0);
+    let h0 = cached(&mut c);
+    // Held from 0 (a first success of its node takes the slow path).
+    c.report(M.modid, M.cmdid, h0, 0, 1).unwrap();
+    s.beat(1_000);
+    s.at(1_000);
+    let h1 = cached(&mut c);
+    c.report(M.modid, M.cmdid, h1, 0, 1).unwrap();
+    // A getHost at 1999, its report at 2000 (the batch is 2 s old then):
+    // held, by the getHost's time.
+    s.at(HOLD_LIMIT_MS - 1);
+    cached(&mut c);
+    s.at(HOLD_LIMIT_MS);
+    c.report(M.modid, M.cmdid, h0, 0, 1).unwrap();
+    // The getHost at 2000 refreshes the route: the batch (h0 counted
+    // twice: the report at 2000 was held) goes first.
+    let h = cached(&mut c);
+    c.report(M.modid, M.cmdid, h, 0, 1).unwrap();
+    // The agent's last beat is at 1000: the getHost at 3000 finds it alive
+    // (2000 ms), its report at 3001 holds (by 3000) though the beat is
+    // 2001 ms old then; the next getHost finds the agent down, and the
+    // next report drops what was held.
+    s.at(3_000);
+    cached(&mut c);
+    s.at(3_001);
+    c.report(M.modid, M.cmdid, h, 0, 1).unwrap();
+    let e = c.get_host(M.modid, M.cmdid, T).unwrap_err();
+    assert!(matches!(&e, ClientError::AgentDown(_)), "{e}");
+    c.report(M.modid, M.cmdid, h, 0, 1).unwrap();
+    // The agent beats again; the route refreshed at 2000 is due at 4000,
+    // with nothing held before it.
+    s.beat(4_000);
+    s.at(4_000);
+    cached(&mut c);
+    assert_eq!(
+        s.got(),
+        vec![
+            Got::CacheGetRoute { known_version: 0 },
+            Got::Batch(vec![(h0, 2), (h1, 1)]),
+            Got::CacheGetRoute {
+                known_version: VERSION
+            },
+            Got::CacheGetRoute {
+                known_version: VERSION
+            },
+        ]
+    );
+}
