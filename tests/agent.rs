@@ -869,3 +869,109 @@ fn silent_metrics_connections_are_bounded_and_closed_by_their_timeout() {
         "scrapes work once the silent connections are gone"
     );
 }
+
+/// The value of the metrics line starting with `prefix` (0 when absent).
+fn metric_line(text: &str, prefix: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(prefix))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// The agent's getHost request count once its metrics show `marker`
+/// (a class's admitted count) at `want`: every datagram before it counted.
+fn gethosts_after(agent: &AgentProc, marker: &str, want: f64) -> f64 {
+    let text = wait_for(Duration::from_secs(5), || {
+        let t = http_get(agent.metrics, "/metrics")?;
+        (metric_line(&t, marker) >= want).then_some(t)
+    })
+    .unwrap_or_else(|| panic!("the metrics show {marker} {want} within 5 s"));
+    metric_line(
+        &text,
+        "lbagent_requests_total{shard=\"0\",kind=\"gethost\"} ",
+    )
+}
+
+#[test]
+fn the_client_library_holds_back_what_the_shedding_agent_would_reject() {
+    use lbagent::client::{Client as Lib, ClientError, ClientOptions, Priority};
+    let dir = tempfile::tempdir().unwrap();
+    let source = RouteSource::start();
+    source.set_route(M, &nodes(2));
+    // Every window (5 requests; never ended by time) is overloaded: any
+    // datagram waits more than 1 µs between the kernel and the shard.
+    let agent = AgentProc::start_with(
+        dir.path(),
+        source.addr(),
+        "127.0.0.1:1",
+        1,
+        (
+            "",
+            "[admission]\nagent_shedding = true\nagent_queuing_threshold_us = 1\n\
+             window_ms = 60000\nwindow_requests = 5\n",
+        ),
+    );
+    let options = |holdback| ClientOptions {
+        heartbeat_path: agent.heartbeat_path(),
+        snapshot_path: dir.path().join("not-the-snapshot"),
+        static_fallback: false,
+        holdback,
+        ..ClientOptions::default()
+    };
+    let t = Duration::from_secs(3);
+    let low = Priority::new(100, 100);
+
+    // Induce the level with a client that does not hold back.
+    let mut plain = Lib::with_options(options(Duration::ZERO)).unwrap();
+    plain
+        .register(M.modid, M.cmdid, Duration::from_secs(5))
+        .unwrap();
+    let induced = (0..500).any(|_| {
+        matches!(
+            plain.get_host_with(M.modid, M.cmdid, low, t),
+            Err(ClientError::Rejected { .. })
+        )
+    });
+    assert!(
+        induced,
+        "500 low-priority getHosts and the shard never shed"
+    );
+    assert_eq!(plain.held_back(), 0, "holdback zero never holds");
+    plain
+        .get_host_with(M.modid, M.cmdid, Priority::new(2, 1), t)
+        .unwrap();
+    let before = gethosts_after(
+        &agent,
+        "lbagent_gethost_priority_total{shard=\"0\",class=\"2-3\",outcome=\"admitted\"} ",
+        1.0,
+    );
+
+    // A client that holds back: the first low call learns the level from
+    // the agent's Rejected, the next 200 never leave the process.
+    let mut c = Lib::with_options(options(Duration::from_secs(30))).unwrap();
+    for i in 0..201 {
+        let r = c.get_host_with(M.modid, M.cmdid, low, t);
+        assert!(
+            matches!(r, Err(ClientError::Rejected { .. })),
+            "low call {i}: {r:?}"
+        );
+    }
+    assert_eq!(c.held_back(), 200);
+    let h = c
+        .get_host_with(M.modid, M.cmdid, Priority::new(1, 1), t)
+        .expect("the most important class is served");
+    assert!(h.addr == node(1) || h.addr == node(2));
+    assert_eq!(c.held_back(), 200);
+    let after = gethosts_after(
+        &agent,
+        "lbagent_gethost_priority_total{shard=\"0\",class=\"1\",outcome=\"admitted\"} ",
+        1.0,
+    );
+    // 2 sent (the learning call, the served one), plus any re-sends of a
+    // slow answer: far from the 202 calls made.
+    let sent = after - before;
+    assert!(
+        (2.0..20.0).contains(&sent),
+        "{sent} getHosts reached the agent"
+    );
+}

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use super::cache::{Pick, Refreshed, RouteCache};
 use super::clock::Clock;
+use super::holdback::HoldBack;
 use super::link::{Failure, Link};
 use super::locate::{Endpoints, Liveness, Locator};
 use super::statics::StaticRoutes;
@@ -46,6 +47,8 @@ pub struct Client {
     /// (the agent was alive then); [`NO_PAIR`] otherwise. The next report
     /// takes it instead of reading the clock (see [`Client::report`]).
     pair_ms: u64,
+    /// Per shard, the agent's own admission level (uncached getHost).
+    holdback: HoldBack,
 }
 
 /// [`Client::suspect_marked`] when no shard is marked: no beat (Unix
@@ -123,6 +126,7 @@ impl Client {
             batch: Vec::new(),
             clock,
             pair_ms: NO_PAIR,
+            holdback: HoldBack::new(u64::try_from(opts.holdback.as_millis()).unwrap_or(u64::MAX)),
             opts,
         })
     }
@@ -130,6 +134,13 @@ impl Client {
     /// The options this client runs with.
     pub fn options(&self) -> &ClientOptions {
         &self.opts
+    }
+
+    /// How many getHosts this client refused itself, without a datagram,
+    /// because the agent shard's fresh admission level did not admit them
+    /// (see [`super::holdback`]).
+    pub fn held_back(&self) -> u64 {
+        self.holdback.held()
     }
 
     /// Sets the DAGOR priorities sent with the following getHost requests
@@ -258,7 +269,10 @@ impl Client {
         if self.cache.is_some() {
             return self.cached_get_host(module, prio, started, deadline, now);
         }
-        self.agent_get_host(module, prio, started, deadline)
+        if self.holdback.hold(shard, prio.business, prio.user, now) {
+            return Err(ClientError::Rejected { module });
+        }
+        self.agent_get_host_learning(module, prio, started, deadline, now)
     }
 
     /// Reports the result of a call to `host` of module `(modid, cmdid)`:
@@ -684,6 +698,7 @@ impl Client {
         {
             self.suspect_generation = generation;
             self.suspect_marked = NOT_MARKED;
+            self.holdback.clear();
             self.suspect.clear();
             self.suspect.resize(endpoints.shards as usize, None);
         }
@@ -766,12 +781,45 @@ impl Client {
         }
     }
 
+    /// [`Client::agent_get_host`] remembering the level the answer carried
+    /// (the uncached path: see [`super::holdback`]).
+    fn agent_get_host_learning(
+        &mut self,
+        module: ModuleId,
+        prio: Priority,
+        started: Instant,
+        deadline: Instant,
+        now: u64,
+    ) -> Result<Host, ClientError> {
+        let mut level = None;
+        let r = self.agent_get_host_seeing(module, prio, started, deadline, &mut level);
+        if let Some(level) = level {
+            // The shard that answered (a follow may have changed the count).
+            let shard = module.shard(self.locator.endpoints().map_or(1, |e| e.shards));
+            self.holdback.observe(shard, level, now);
+        }
+        r
+    }
+
     fn agent_get_host(
         &mut self,
         module: ModuleId,
         prio: Priority,
         started: Instant,
         deadline: Instant,
+    ) -> Result<Host, ClientError> {
+        self.agent_get_host_seeing(module, prio, started, deadline, &mut None)
+    }
+
+    /// A getHost sent to the agent; `level` gets the admission level its
+    /// answer carried (`Some(None)`: an answer without one).
+    fn agent_get_host_seeing(
+        &mut self,
+        module: ModuleId,
+        prio: Priority,
+        started: Instant,
+        deadline: Instant,
+        level: &mut Option<Option<AdmissionLevel>>,
     ) -> Result<Host, ClientError> {
         let (b, u) = (prio.business, prio.user);
         let r = self.exchange(
@@ -785,6 +833,7 @@ impl Client {
                     if let Some(e) = other_module(module, r.modid(), r.cmdid(), "GetHostResp") {
                         return Reply::Done(Err(e));
                     }
+                    *level = Some(AdmissionLevel::from_wire(r.admission_level()));
                     match (r.retcode(), r.host()) {
                         (RetCode::Ok, Some(h)) if h.port() != 0 => {
                             Reply::Done(Ok(NodeAddr::from(h)))

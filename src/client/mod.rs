@@ -61,6 +61,14 @@
 //! cache answers does not pass the agent's admission control: its DAGOR
 //! priorities are not looked at.
 //!
+//! # Holding back (DAGOR with the agent)
+//!
+//! While an agent shard sheds under its own overload, its getHost answers
+//! carry its admission level. The uncached getHost path remembers it per
+//! shard for [`ClientOptions::holdback`] (100 ms) and refuses at once,
+//! with [`ClientError::Rejected`] and without a datagram, a call the level
+//! does not admit (see [`holdback`]). [`Client::held_back`] counts them.
+//!
 //! # Layout
 //!
 //! - [`error`]: the one error type, [`ClientError`].
@@ -69,6 +77,7 @@
 //! - `link`: the UDP sockets, sequence numbers, re-sends.
 //! - `statics`: the static route file, re-read only when it changed.
 //! - [`cache`]: the route cache's rules, sans-IO.
+//! - [`holdback`]: the agent's own level, remembered per shard, sans-IO.
 //! - `client`: [`Client`], the shell that ties them together.
 //! - [`tools`]: `lbagent gethost`, `report` and `getroute`.
 
@@ -77,6 +86,7 @@ pub mod cache;
 mod client;
 mod clock;
 pub mod error;
+pub mod holdback;
 mod link;
 mod locate;
 mod priority;
@@ -101,6 +111,9 @@ pub const HEARTBEAT_ENV: &str = "LBAGENT_HEARTBEAT";
 
 /// The environment variable that overrides the default static route file.
 pub const SNAPSHOT_ENV: &str = "LBAGENT_SNAPSHOT";
+
+/// The longest [`ClientOptions::holdback`] accepted: 60 s.
+pub const MAX_HOLDBACK: Duration = Duration::from_secs(60);
 
 /// How a [`Client`] finds and uses the agent.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -129,6 +142,13 @@ pub struct ClientOptions {
     /// [`ClientError::AgentDown`] or [`ClientError::Timeout`] (a load
     /// generator measuring the agent wants that).
     pub static_fallback: bool,
+    /// How long the admission level an agent shard attached to its last
+    /// getHost answer is trusted (see [`holdback`]): while it is, a getHost
+    /// whose priorities it does not admit fails at once with
+    /// [`ClientError::Rejected`], without a datagram. Default 100 ms; zero
+    /// turns holding back off; at most 60 s. Only the uncached getHost
+    /// path learns and honours the level.
+    pub holdback: Duration,
 }
 
 impl Default for ClientOptions {
@@ -147,6 +167,7 @@ impl Default for ClientOptions {
             user_priority: 0,
             snapshot_path: env_path(SNAPSHOT_ENV).unwrap_or(agent.snapshot_path),
             static_fallback: true,
+            holdback: Duration::from_millis(holdback::DEFAULT_HOLDBACK_MS),
         }
     }
 }
@@ -170,6 +191,13 @@ impl ClientOptions {
             return bad(format!(
                 "max_heartbeat_age {:?} is under 1 ms: the agent beats every second, use 2 s",
                 self.max_heartbeat_age
+            ));
+        }
+        if self.holdback > MAX_HOLDBACK {
+            return bad(format!(
+                "holdback {:?} is over {MAX_HOLDBACK:?}: a level is worth trusting for a few \
+                 admission windows (100 ms); zero turns holding back off",
+                self.holdback
             ));
         }
         for (name, p) in [
