@@ -6,10 +6,13 @@
 //! 2. At 2·S, open loop, with the priority mix (business priority 5 for
 //!    20% of the getHosts, 60 for 80%; user priorities uniform), three
 //!    runs: shedding off; `admission.agent_shedding` on; on, with callers
-//!    that honour the level the shard attaches to its answers for 100 ms
-//!    (they shed below it before sending, as DAGOR's collaborative
-//!    admission does between services; the client library does not do
-//!    this yet). A getHost a caller sheds itself counts as rejected.
+//!    that hold back below the level the shard attaches to its answers,
+//!    decided by the client library's own [`HoldBack`] (the table
+//!    `Client`'s uncached getHost consults; default freshness 100 ms), one
+//!    per sender, fed by that sender's answers. The senders stay open-loop
+//!    raw-UDP generators (a synchronous `Client` per thread could not offer
+//!    2× the shard's rate from a few threads); the hold-back decision is
+//!    the library's. A getHost a caller holds back counts as rejected.
 //!
 //! Per class: answered / Rejected / unanswered shares and the round trip
 //! of the answered getHosts; and the shard's own queuing-time histogram
@@ -27,8 +30,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
-use lbagent::admission::{admits, AdmissionLevel, OPEN};
+use lbagent::admission::AdmissionLevel;
 use lbagent::agent::udp::{RecvBatch, SendBatch};
+use lbagent::client::holdback::{HoldBack, DEFAULT_HOLDBACK_MS};
 use lbagent::model::{ModuleId, NodeAddr, RouteNode};
 use lbagent::standalone::{Standalone, StandaloneOptions};
 use lbagent::store::{self, StoreUrl};
@@ -37,9 +41,6 @@ use lbagent::wire::{decode, Encoder, Limits, Message, RetCode};
 const MODULE: ModuleId = ModuleId::new(10_000, 1);
 /// (business priority, share of the getHosts).
 const MIX: [(u8, f64); 2] = [(5, 0.2), (60, 0.8)];
-/// A caller honours the agent's level for this long after the answer
-/// that carried it, ns.
-const LEVEL_FRESH_NS: u64 = 100_000_000;
 /// Send times are kept for this many outstanding getHosts per sender.
 const RING: usize = 1 << 20;
 
@@ -143,7 +144,7 @@ impl Mode {
         match self {
             Mode::Off => "shedding off",
             Mode::Shedding => "agent sheds",
-            Mode::Honouring => "agent sheds, callers honour its level",
+            Mode::Honouring => "agent sheds, callers hold back (library HoldBack)",
         }
     }
 }
@@ -215,7 +216,6 @@ fn run(o: &Opts, mode: Mode, rate: Option<f64>) -> Run {
 
     let stop = Arc::new(AtomicBool::new(false));
     let measuring = Arc::new(AtomicBool::new(false));
-    let level = Arc::new(AtomicU64::new(level_bits(OPEN)));
     let results = Arc::new(Mutex::new(
         (0..MIX.len()).map(|_| Class::default()).collect::<Vec<_>>(),
     ));
@@ -225,6 +225,8 @@ fn run(o: &Opts, mode: Mode, rate: Option<f64>) -> Run {
         socket.connect(agent).expect("connect");
         let rx = socket.try_clone().expect("clone");
         let sent_at: Arc<Vec<AtomicU64>> = Arc::new((0..RING).map(|_| AtomicU64::new(0)).collect());
+        // This sender's hold-back table (the one shard is shard 0).
+        let level = Arc::new(Mutex::new(HoldBack::new(DEFAULT_HOLDBACK_MS)));
         let per_sender = rate.map(|r| r / o.senders as f64);
         let (stop_s, meas_s, level_s, res_s, sent_s) = (
             stop.clone(),
@@ -271,10 +273,6 @@ fn run(o: &Opts, mode: Mode, rate: Option<f64>) -> Run {
     }
 }
 
-fn level_bits(l: AdmissionLevel) -> u64 {
-    u64::from(l.business) << 8 | u64::from(l.user)
-}
-
 /// Asks for a host until the agent has the route.
 fn warm(agent: SocketAddr) {
     let s = UdpSocket::bind("127.0.0.1:0").expect("bind");
@@ -304,7 +302,7 @@ fn send_loop(
     mode: Mode,
     stop: &AtomicBool,
     measuring: &AtomicBool,
-    level: &AtomicU64,
+    level: &Mutex<HoldBack>,
     sent_at: &[AtomicU64],
     results: &Mutex<Vec<Class>>,
 ) {
@@ -329,22 +327,15 @@ fn send_loop(
                 n as usize
             }
         };
-        // The level the last answer carried, honoured for LEVEL_FRESH_NS
-        // only: a caller that sheds everything hears nothing new, so a
-        // stale level must lapse (as the agent forgets a downstream level).
-        let l = level.load(Relaxed);
-        let fresh = clock_ns().saturating_sub(l >> 16) < LEVEL_FRESH_NS;
-        let l = if fresh {
-            AdmissionLevel::new((l >> 8) as u8, l as u8)
-        } else {
-            OPEN
-        };
+        // The library's hold-back table decides, at this batch's time.
+        let mut holdback = level.lock().unwrap();
+        let now_ms = clock_ns() / 1_000_000;
         let m = measuring.load(Relaxed);
         for _ in 0..batch {
             let x = rng.f64();
             let class = if x < MIX[0].1 { 0 } else { 1 };
             let (b, u) = (MIX[class].0, rng.u8(1..=128));
-            if mode == Mode::Honouring && !admits(l, b, u) {
+            if mode == Mode::Honouring && holdback.hold(0, b, u, now_ms) {
                 if m {
                     local[class].1 += 1;
                 }
@@ -360,6 +351,7 @@ fn send_loop(
                 local[class].0 += 1;
             }
         }
+        drop(holdback);
         out.flush(socket.as_raw_fd());
     }
     let mut r = results.lock().unwrap();
@@ -373,7 +365,7 @@ fn recv_loop(
     socket: &UdpSocket,
     stop: &AtomicBool,
     measuring: &AtomicBool,
-    level: &AtomicU64,
+    level: &Mutex<HoldBack>,
     sent_at: &[AtomicU64],
     results: &Mutex<Vec<Class>>,
 ) {
@@ -386,15 +378,14 @@ fn recv_loop(
             std::thread::sleep(Duration::from_micros(20));
             continue;
         }
+        let now_ms = clock_ns() / 1_000_000;
+        let mut holdback = level.lock().unwrap();
         for i in 0..n {
             let (bytes, _, _) = rx.get(i);
             let Ok(Message::GetHostResp(r)) = decode(bytes, &Limits::UDP) else {
                 continue;
             };
-            let l = r
-                .admission_level()
-                .map_or(OPEN, |l| AdmissionLevel::new(l.business(), l.user()));
-            level.store(clock_ns() << 16 | level_bits(l), Relaxed);
+            holdback.observe(0, AdmissionLevel::from_wire(r.admission_level()), now_ms);
             let tagged = r.seq();
             let class = (tagged >> 31) as usize;
             let slot = &sent_at[(tagged & 0x7fff_ffff) as usize % RING];

@@ -42,7 +42,7 @@ struct Seen {
 /// Per agent shard, the last level it attached (see the module
 /// documentation).
 #[derive(Clone, Debug, Default)]
-pub(crate) struct HoldBack {
+pub struct HoldBack {
     /// Indexed by shard; `None` = no level (the shard admits everything).
     seen: Vec<Option<Seen>>,
     /// How long a level is trusted, in ms; 0 = never hold back.
@@ -53,7 +53,7 @@ pub(crate) struct HoldBack {
 
 impl HoldBack {
     /// A table that trusts a level for `fresh_ms` (0: holding back is off).
-    pub(crate) fn new(fresh_ms: u64) -> Self {
+    pub fn new(fresh_ms: u64) -> Self {
         HoldBack {
             seen: Vec::new(),
             fresh_ms,
@@ -65,7 +65,7 @@ impl HoldBack {
     /// must be held back (and counts it when so): the shard's level, seen
     /// at most `fresh_ms` ago, does not admit it.
     #[inline]
-    pub(crate) fn hold(&mut self, shard: u32, b: u8, u: u8, now_ms: u64) -> bool {
+    pub fn hold(&mut self, shard: u32, b: u8, u: u8, now_ms: u64) -> bool {
         let Some(Some(s)) = self.seen.get(shard as usize) else {
             return false;
         };
@@ -82,7 +82,7 @@ impl HoldBack {
     /// shard does not shed). A level with a part outside 1..=128 is not
     /// one the agent sends: it counts as none.
     #[inline]
-    pub(crate) fn observe(&mut self, shard: u32, level: Option<AdmissionLevel>, now_ms: u64) {
+    pub fn observe(&mut self, shard: u32, level: Option<AdmissionLevel>, now_ms: u64) {
         let i = shard as usize;
         if self.fresh_ms == 0 {
             return;
@@ -110,12 +110,12 @@ impl HoldBack {
     }
 
     /// Forgets every level (the agent moved: its shards are new).
-    pub(crate) fn clear(&mut self) {
+    pub fn clear(&mut self) {
         self.seen.clear();
     }
 
     /// Calls held back so far.
-    pub(crate) fn held(&self) -> u64 {
+    pub fn held(&self) -> u64 {
         self.held
     }
 }
