@@ -286,3 +286,48 @@ fn units_consumed_for_good_lower_the_capacity_for_the_agent_never_below_zero() {
         assert_eq!(out.status.code(), Some(2), "--consume {bad}");
     }
 }
+
+#[test]
+fn a_balance_module_is_still_balance_after_the_agent_restarts_from_its_snapshot() {
+    // The static route file keeps no policy: a restarted agent must get the
+    // module's policy from the route server even though the route itself is
+    // unchanged (a versioned re-pull would answer "unchanged", no policy).
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite:{}", dir.path().join("data/lbagent.db").display());
+    let policy_seen = |hb: &str| {
+        wait_for(Duration::from_secs(15), || {
+            let out = run(&["getroute", "79", "1", "--json", "--heartbeat", hb]);
+            let v = out.status.success().then(|| json(&out))?;
+            (v["policy"] == "balance" && v["nodes"].as_array()?.len() == 2).then_some(())
+        })
+    };
+    {
+        let (system, hb) = standalone(dir.path());
+        for node in ["10.9.0.1:80", "10.9.0.2:80"] {
+            run_ok(&[
+                "route", "add", "79", "1", node, "--weight", "2", "--store", &store,
+            ]);
+        }
+        run_ok(&["route", "policy", "79", "1", "balance", "--store", &store]);
+        policy_seen(&hb).expect("the agent has the balance module within 15 s");
+        // SIGTERM: the agent writes its final snapshot before it exits.
+        let mut system = system;
+        // SAFETY: kill(2) on our own child's pid.
+        assert_eq!(
+            unsafe { libc::kill(system.0.id() as libc::pid_t, libc::SIGTERM) },
+            0
+        );
+        let exited = wait_for(Duration::from_secs(20), || system.0.try_wait().ok()?);
+        assert!(exited.is_some(), "standalone exits within 20 s of SIGTERM");
+    }
+    let snapshots = [
+        dir.path().join("snapshot"),
+        dir.path().join("data/routes.snapshot"),
+    ];
+    assert!(
+        snapshots.iter().any(|p| p.exists()),
+        "a snapshot was written at shutdown: {snapshots:?}"
+    );
+    let (_system, hb) = standalone(dir.path());
+    policy_seen(&hb).expect("after the restart the module is balance again within 15 s");
+}
