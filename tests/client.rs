@@ -887,9 +887,11 @@ fn every_failure_is_its_own_typed_error() {
     let fake = FakeAgent::start(dir.path(), typed_script(mode.clone()));
     // No static route file exists: a timeout stays a timeout.
     let mut c = Client::with_options(fake.options()).unwrap();
+    // 1 s: a loaded machine can keep the fake agent's thread off its core
+    // for longer than a short timeout.
     let mut get = |m: u8| {
         mode.store(m, Ordering::SeqCst);
-        c.get_host(M.modid, M.cmdid, Duration::from_millis(200))
+        c.get_host(M.modid, M.cmdid, Duration::from_secs(1))
     };
     assert_eq!(get(ANSWER_OK).unwrap().addr, node(7));
     assert_eq!(
@@ -922,10 +924,10 @@ fn every_failure_is_its_own_typed_error() {
     let t0 = Instant::now();
     let e = get(SILENT).unwrap_err();
     assert!(
-        matches!(e, ClientError::Timeout { module: M, waited } if waited >= Duration::from_millis(200)),
+        matches!(e, ClientError::Timeout { module: M, waited } if waited >= Duration::from_secs(1)),
         "{e}"
     );
-    assert!(t0.elapsed() < Duration::from_secs(1));
+    assert!(t0.elapsed() < Duration::from_secs(5));
     // A shard that timed out is not asked again until the heartbeat moves
     // (every 20 ms here): the next call is answered again.
     std::thread::sleep(Duration::from_millis(50));
