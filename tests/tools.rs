@@ -194,11 +194,13 @@ fn gethost_report_and_getroute_against_the_real_agent() {
     let _agent = AgentProc::start(d, &source);
 
     // The first ask makes the agent pull; until the route is there:
-    // "no such module", exit 3.
+    // "no such module", exit 3 (or, on a loaded machine where the new
+    // agent answers late, a timeout, exit 8).
     let first = gethost(d, M, true);
-    if first.code != EXIT_OK {
-        assert_eq!(first.code, EXIT_NO_SUCH_MODULE, "{first:?}");
+    if first.code == EXIT_NO_SUCH_MODULE {
         assert_eq!(json_of(&first)["error"], "no_such_module");
+    } else if first.code != EXIT_OK {
+        assert_eq!(first.code, EXIT_TIMEOUT, "{first:?}");
     }
     let ok = wait_for(Duration::from_secs(5), || {
         let o = gethost(d, M, false);
