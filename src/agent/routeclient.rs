@@ -966,10 +966,8 @@ pub struct RouteClientStatus {
 struct StatusInner {
     connected: Cell<Option<SocketAddr>>,
     /// A new address list from a configuration reload, for [`run`] to take.
-    new_addrs: std::cell::RefCell<Option<Vec<SocketAddr>>>,
+    new_addrs: RefCell<Option<Vec<SocketAddr>>>,
     stats: Cell<RouteClientStats>,
-    /// A configuration to apply at the client's next step.
-    reconfig: RefCell<Option<RouteClientConfig>>,
     /// A re-pull period to apply at the client's next step.
     new_refresh: Cell<Option<u64>>,
 }
@@ -985,8 +983,8 @@ impl RouteClientStatus {
         self.inner.stats.get()
     }
 
-    /// Replaces the route servers (a configuration reload): taken when the client
-    /// next step (see [`Self::reconfigure`] for when); a connection up now is
+    /// Replaces the route servers (a configuration reload): taken at the client's
+    /// next wake-up (at most `keepalive_ms` while connected, the back-off while not); a connection up now is
     /// kept until it ends. An empty list is ignored.
     pub fn set_addrs(&self, addrs: Vec<SocketAddr>) {
         if !addrs.is_empty() {
@@ -1000,25 +998,8 @@ impl RouteClientStatus {
         self.inner.new_refresh.set(Some(refresh_ms));
     }
 
-    /// Replaces the running client's configuration (a reload): checked
-    /// now, applied by the client at its next wake-up (at most
-    /// `keepalive_ms` while connected, the back-off while not), as
-    /// [`RouteClientCore::reconfigure`] says.
-    ///
-    /// # Errors
-    /// What [`RouteClientConfig::validate`] returns; nothing changes then.
-    pub fn reconfigure(&self, config: RouteClientConfig) -> Result<(), RouteConfigError> {
-        config.validate()?;
-        *self.inner.reconfig.borrow_mut() = Some(config);
-        Ok(())
-    }
-
-    /// Applies a pending configuration and publishes the core's state.
+    /// Applies a pending reload and publishes the core's state.
     fn sync(&self, core: &mut RouteClientCore) {
-        if let Some(config) = self.inner.reconfig.borrow_mut().take() {
-            // Validated by `reconfigure`.
-            let _ = core.reconfigure(&config);
-        }
         if let Some(addrs) = self.inner.new_addrs.borrow_mut().take() {
             core.set_addrs(addrs);
         }

@@ -837,10 +837,8 @@ pub struct StatsClientStatus {
 struct StatusInner {
     connected: Cell<Option<SocketAddr>>,
     /// A new address list from a configuration reload, for [`run`] to take.
-    new_addrs: std::cell::RefCell<Option<Vec<SocketAddr>>>,
+    new_addrs: RefCell<Option<Vec<SocketAddr>>>,
     stats: Cell<StatsClientStats>,
-    /// A configuration to apply at the client's next step.
-    reconfig: RefCell<Option<StatsClientConfig>>,
 }
 
 impl StatsClientStatus {
@@ -856,8 +854,8 @@ impl StatsClientStatus {
         self.inner.stats.get()
     }
 
-    /// Replaces the reporters (a configuration reload): taken when the client
-    /// next step (see [`Self::reconfigure`] for when); a connection up now is
+    /// Replaces the reporters (a configuration reload): taken at the client's
+    /// next wake-up (the next statistics pushed, an ack, or the back-off); a connection up now is
     /// kept until it ends. An empty list is ignored.
     pub fn set_addrs(&self, addrs: Vec<SocketAddr>) {
         if !addrs.is_empty() {
@@ -865,25 +863,8 @@ impl StatsClientStatus {
         }
     }
 
-    /// Replaces the running client's configuration (a reload): checked
-    /// now, applied by the client at its next wake-up (the next statistics
-    /// pushed, an ack, or the back-off), as
-    /// [`StatsClientCore::reconfigure`] says.
-    ///
-    /// # Errors
-    /// What [`StatsClientConfig::validate`] returns; nothing changes then.
-    pub fn reconfigure(&self, config: StatsClientConfig) -> Result<(), StatsConfigError> {
-        config.validate()?;
-        *self.inner.reconfig.borrow_mut() = Some(config);
-        Ok(())
-    }
-
-    /// Applies a pending configuration and publishes the core's state.
+    /// Applies a pending reload and publishes the core's state.
     fn sync(&self, core: &mut StatsClientCore) {
-        if let Some(config) = self.inner.reconfig.borrow_mut().take() {
-            // Validated by `reconfigure`.
-            let _ = core.reconfigure(&config);
-        }
         if let Some(addrs) = self.inner.new_addrs.borrow_mut().take() {
             core.set_addrs(addrs);
         }
