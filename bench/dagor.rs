@@ -622,6 +622,16 @@ fn find(rows: &[Row], feed: f64, k: u32) -> Option<&Row> {
     rows.iter().find(|r| r.feed == feed && r.k == k)
 }
 
+/// `f` of the row of each shape (M1 / M2 / M4) at `feed`, joined by " / "
+/// ("-" where a shape has no row).
+fn per_shape(rows: &[Row], feed: f64, f: &dyn Fn(&Row) -> String) -> String {
+    SHAPES
+        .iter()
+        .map(|&k| find(rows, feed, k).map_or("-".into(), f))
+        .collect::<Vec<_>>()
+        .join(" / ")
+}
+
 fn tables(rows: &[Row], opts: &Opts) -> String {
     let mut s = String::new();
     s.push_str("Success rate (upstream requests answered Ok within 500 ms / offered):\n\n");
@@ -658,13 +668,7 @@ fn tables(rows: &[Row], opts: &Opts) -> String {
     );
     s.push_str("|---|---|---|---|---|---|\n");
     for &feed in &FEEDS {
-        let join = |f: &dyn Fn(&Row) -> String| {
-            SHAPES
-                .iter()
-                .map(|&k| find(rows, feed, k).map_or("-".into(), f))
-                .collect::<Vec<_>>()
-                .join(" / ")
-        };
+        let join = |f: &dyn Fn(&Row) -> String| per_shape(rows, feed, f);
         s.push_str(&format!(
             "| {feed:.1}x | {} | {} | {} | {} | {} |\n",
             join(&|r| format!("{:.1}", 100.0 * r.collab.success() / r.optimum())),
@@ -682,13 +686,7 @@ fn tables(rows: &[Row], opts: &Opts) -> String {
     s.push_str("| feed | % of optimum | class 1 success | rejected | avg queuing (ms) | random: class 1 success |\n");
     s.push_str("|---|---|---|---|---|---|\n");
     for &feed in &FEEDS {
-        let join = |f: &dyn Fn(&Row) -> String| {
-            SHAPES
-                .iter()
-                .map(|&k| find(rows, feed, k).map_or("-".into(), f))
-                .collect::<Vec<_>>()
-                .join(" / ")
-        };
+        let join = |f: &dyn Fn(&Row) -> String| per_shape(rows, feed, f);
         s.push_str(&format!(
             "| {feed:.1}x | {} | {} | {} | {} | {} |\n",
             join(&|r| format!("{:.1}", 100.0 * r.dagor.success() / r.optimum())),
