@@ -944,9 +944,6 @@ pub enum Want {
     Pull(ModuleId),
     /// Stop following it ([`RouteClientCore::forget`]).
     Forget(ModuleId),
-    /// Pull this module, whose route the caller holds at this version
-    /// ([`RouteClientCore::want_known`]).
-    PullKnown(ModuleId, u64),
 }
 
 impl From<ModuleId> for Want {
@@ -1083,7 +1080,6 @@ impl LinkCore for RouteClientCore {
     fn on_input(&mut self, want: Want, _now: u64) {
         match want {
             Want::Pull(module) => self.want(module),
-            Want::PullKnown(module, version) => self.want_known(module, version),
             Want::Forget(module) => self.forget(module),
         };
     }
