@@ -38,15 +38,16 @@
 //! # Speed
 //!
 //! A getHost the cache answers and a success it holds are memory work
-//! only ([`RouteCache::pick_cached`], [`RouteCache::hold`]): the module is
-//! found through a one-entry memo of the last module asked (else a
-//! foldhash map, seeded per process, to an index into a vector of
-//! entries); "serve" and "hold" are each one comparison with a precomputed
-//! deadline; round robin is an increment and a compare; held successes are
-//! counts in a vector indexed by the node's position in the route (the
-//! report's node is found as the node last given, else by binary search),
-//! with the positions held listed in the order first held. Nothing
-//! allocates there.
+//! only ([`RouteCache::pick_cached`], [`RouteCache::hold`]): the entry of
+//! the module used last is kept out of the vector of entries, in the cache
+//! itself ("hot"), and a call about that module reaches it with one
+//! compare of the module as one word (another module is found through a
+//! foldhash map, seeded per process, and swapped in); "serve" and "hold"
+//! are each one comparison with a precomputed deadline; round robin is an
+//! increment and a conditional move; held successes are counts kept beside
+//! each node of the route, indexed by its position (the report's node is
+//! found as the node given last, else by binary search), with the positions
+//! held listed in the order first held. Nothing allocates there.
 
 use std::collections::HashMap;
 
@@ -103,17 +104,27 @@ pub struct Refreshed<'a> {
     pub nodes: &'a [RouteNode],
 }
 
+/// A node of the cached route and the successes held for it.
+#[derive(Clone, Copy, Debug)]
+struct Slot {
+    addr: NodeAddr,
+    /// Successes held (0: none; the position is then not in `held`). A
+    /// u64 never fills up, so the cached path's only test is "not 0"; a
+    /// batch carries u32 counts and splits a larger one.
+    held: u64,
+}
+
 #[derive(Debug)]
 struct Entry {
     version: u64,
-    /// The route, in the agent's order. Kept when the route is forgotten
-    /// (the held counts still name their nodes by position).
-    nodes: Vec<NodeAddr>,
+    /// The route, in the agent's order, with the held counts. Kept when
+    /// the route is forgotten (the held counts name their nodes by
+    /// position).
+    slots: Vec<Slot>,
     /// `(node, position)` sorted by node: the report path's lookup.
     sorted: Vec<(NodeAddr, u32)>,
-    /// The position round robin gives next (< `nodes.len()` when any).
-    next: usize,
-    /// The position given last: a report is usually about that node.
+    /// The position given last (< `slots.len()` when any): round robin
+    /// gives the one after it, and a report is usually about it.
     last: usize,
     any_overloaded: bool,
     /// When the route was last refreshed; None: never (or forgotten).
@@ -126,8 +137,6 @@ struct Entry {
     /// A route is cached and no node of it is overloaded: successes are
     /// held.
     holds: bool,
-    /// Successes held per position of `nodes`.
-    counts: Vec<u32>,
     /// The positions whose count is not 0, in the order first held.
     held: Vec<u32>,
     /// When the oldest held success was reported.
@@ -144,16 +153,14 @@ impl Default for Entry {
     fn default() -> Self {
         Entry {
             version: 0,
-            nodes: Vec::new(),
+            slots: Vec::new(),
             sorted: Vec::new(),
-            next: 0,
             last: 0,
             any_overloaded: false,
             refreshed_at: None,
             refresh_now: false,
             serve_until: 0,
             holds: false,
-            counts: Vec::new(),
             held: Vec::new(),
             held_since: 0,
             hold_until: u64::MAX,
@@ -164,7 +171,7 @@ impl Default for Entry {
 
 impl Entry {
     fn cached(&self) -> bool {
-        self.refreshed_at.is_some() && !self.nodes.is_empty()
+        self.refreshed_at.is_some() && !self.slots.is_empty()
     }
 
     /// Recomputes `serve_until` and `holds` after any change of state.
@@ -184,9 +191,8 @@ impl Entry {
 
     /// The position of `host` in the route: the node given last, else
     /// found by binary search.
-    #[inline(always)]
     fn position(&self, host: NodeAddr) -> Option<usize> {
-        if self.nodes.get(self.last) == Some(&host) {
+        if self.slots.get(self.last).is_some_and(|s| s.addr == host) {
             return Some(self.last);
         }
         self.sorted
@@ -195,66 +201,114 @@ impl Entry {
             .map(|k| self.sorted[k].1 as usize)
     }
 
-    /// The next node, round robin. The route must not be empty.
+    /// The next node, round robin; None for an empty route.
     #[inline(always)]
-    fn next_host(&mut self) -> NodeAddr {
-        let i = self.next;
-        self.next = if i + 1 >= self.nodes.len() { 0 } else { i + 1 };
-        self.last = i;
-        self.nodes[i]
+    fn next_host(&mut self) -> Option<NodeAddr> {
+        let i = self.last + 1;
+        // One test on the way (the bounds check); back to the start once
+        // per round.
+        match self.slots.get(i) {
+            Some(s) => {
+                self.last = i;
+                Some(s.addr)
+            }
+            None => self.first_host(),
+        }
     }
 
-    /// Moves the held successes into `out`, in the order first held.
+    /// Round robin back at the start.
+    fn first_host(&mut self) -> Option<NodeAddr> {
+        self.last = 0;
+        self.slots.first().map(|s| s.addr)
+    }
+
+    /// Counts one more success of the node at `p` when it is already held:
+    /// the cached report path.
+    #[inline(always)]
+    fn count_held(&mut self, p: usize) -> bool {
+        match self.slots.get_mut(p) {
+            Some(s) if s.held != 0 => {
+                s.held += 1;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// [`RouteCache::hold`] for a node other than the one given last.
+    #[inline(never)]
+    fn hold_elsewhere(&mut self, host: NodeAddr) -> bool {
+        match self.position(host) {
+            Some(p) => self.count_held(p),
+            None => false,
+        }
+    }
+
+    /// Moves the held successes into `out`, in the order first held (a
+    /// count above u32::MAX as several).
     fn take_held(&mut self, out: &mut Vec<(NodeAddr, u32)>) {
         for &p in &self.held {
-            let p = p as usize;
-            out.push((self.nodes[p], self.counts[p]));
-            self.counts[p] = 0;
+            let s = &mut self.slots[p as usize];
+            while s.held > 0 {
+                let n = u32::try_from(s.held).unwrap_or(u32::MAX);
+                out.push((s.addr, n));
+                s.held -= u64::from(n);
+            }
         }
         self.held.clear();
         self.hold_until = u64::MAX;
         self.sync_hold();
     }
 
-    /// Counts one more success of the node at `p`; `now` starts the hold
+    /// Counts `n` more successes of the node at `p`; `now` starts the hold
     /// when nothing was held.
-    fn add_held(&mut self, p: usize, n: u32, now: u64) {
+    fn add_held(&mut self, p: usize, n: u64, now: u64) {
         if self.held.is_empty() {
             self.held_since = now;
             self.hold_until = now.saturating_add(HOLD_LIMIT_MS);
             self.sync_hold();
         }
-        if self.counts[p] == 0 {
+        let s = &mut self.slots[p];
+        if s.held == 0 {
             self.held.push(p as u32);
         }
-        self.counts[p] = self.counts[p].saturating_add(n);
+        s.held = s.held.saturating_add(n);
     }
 
     /// Takes a new route; keeps the held successes of the nodes still in
     /// it, in the order first held.
     fn set_route(&mut self, nodes: &[RouteNode], start: usize) {
-        let kept: Vec<(NodeAddr, u32)> = self
+        let kept: Vec<(NodeAddr, u64)> = self
             .held
             .iter()
-            .map(|&p| (self.nodes[p as usize], self.counts[p as usize]))
+            .map(|&p| {
+                let s = self.slots[p as usize];
+                (s.addr, s.held)
+            })
             .collect();
         let held_since = self.held_since;
-        self.nodes.clear();
-        self.nodes.extend(nodes.iter().map(|n| n.addr));
+        self.slots.clear();
+        self.slots.extend(nodes.iter().map(|n| Slot {
+            addr: n.addr,
+            held: 0,
+        }));
         self.sorted.clear();
-        self.sorted
-            .extend(self.nodes.iter().enumerate().map(|(p, a)| (*a, p as u32)));
+        self.sorted.extend(
+            self.slots
+                .iter()
+                .enumerate()
+                .map(|(p, s)| (s.addr, p as u32)),
+        );
         self.sorted.sort_unstable();
-        self.counts.clear();
-        self.counts.resize(self.nodes.len(), 0);
         self.held.clear();
         self.hold_until = u64::MAX;
         self.sync_hold();
-        self.next = start % self.nodes.len();
-        self.last = self.next;
-        for (addr, n) in kept {
+        // Round robin gives `start` first.
+        let n = self.slots.len();
+        self.last = (start % n + n - 1) % n;
+        for (addr, k) in kept {
             if let Some(p) = self.position(addr) {
-                self.add_held(p, n, held_since);
+                self.add_held(p, k, held_since);
             }
         }
     }
@@ -265,22 +319,31 @@ impl Entry {
 pub struct RouteCache {
     /// Module to index in `entries` (entries are never removed).
     index: HashMap<ModuleId, u32, RandomState>,
+    /// Every module's entry but the hot one's (whose place holds an empty
+    /// entry while it is out).
     entries: Vec<Entry>,
-    /// The module last looked up ([`module_key`]) and its index in
-    /// `entries`; ([`NO_MODULE`], 0) before any, when `entries` is empty.
-    memo_key: u64,
-    memo_index: usize,
+    /// The entry of the module used last, out of `entries` (at
+    /// `hot_index`): the cached paths reach it with one compare of
+    /// `hot_key`. An empty entry (every deadline 0) while `hot_index` is
+    /// None.
+    hot: Entry,
+    /// The hot module ([`module_key`]); [`NO_MODULE`] while `hot_index` is
+    /// None.
+    hot_key: u64,
+    /// Where the hot entry belongs in `entries`.
+    hot_index: Option<usize>,
 }
 
-/// A module as one word: the memo's compare.
+/// A module as one word: the hot entry's compare.
 #[inline(always)]
 fn module_key(m: ModuleId) -> u64 {
     (u64::from(m.modid) << 32) | u64::from(m.cmdid)
 }
 
-/// The memo's key before any lookup. It is also a module's key, (u32::MAX,
-/// u32::MAX): while `entries` is empty that hit finds no entry, which is
-/// right; after, the memo always holds a module looked up.
+/// `hot_key` before any module is hot. It is also a module's key,
+/// (u32::MAX, u32::MAX): the cached paths then find the empty hot entry,
+/// whose deadlines decline every call; the other paths look at
+/// `hot_index` too.
 const NO_MODULE: u64 = u64::MAX;
 
 impl Default for RouteCache {
@@ -288,8 +351,9 @@ impl Default for RouteCache {
         RouteCache {
             index: HashMap::default(),
             entries: Vec::new(),
-            memo_key: NO_MODULE,
-            memo_index: 0,
+            hot: Entry::default(),
+            hot_key: NO_MODULE,
+            hot_index: None,
         }
     }
 }
@@ -300,69 +364,79 @@ impl RouteCache {
         Self::default()
     }
 
-    /// The index of `module`'s entry, if it has one.
-    #[inline(always)]
-    fn find(&mut self, module: ModuleId) -> Option<usize> {
-        if module_key(module) == self.memo_key && self.memo_index < self.entries.len() {
-            return Some(self.memo_index);
-        }
-        self.find_in_index(module)
-    }
-
-    /// `module`'s entry (the cached paths): a memo hit is one compare and
-    /// the bounds check of the index.
-    #[inline(always)]
+    /// `module`'s entry, made hot, if it has one.
     fn entry(&mut self, module: ModuleId) -> Option<&mut Entry> {
-        let i = if module_key(module) == self.memo_key {
-            self.memo_index
+        let key = module_key(module);
+        if self.hot_index.is_none() || key != self.hot_key {
+            let i = *self.index.get(&module)? as usize;
+            self.make_hot(i, key);
+        }
+        Some(&mut self.hot)
+    }
+
+    /// Puts the hot entry back in its place and takes out entry `i`.
+    fn make_hot(&mut self, i: usize, key: u64) {
+        if let Some(h) = self.hot_index {
+            std::mem::swap(&mut self.hot, &mut self.entries[h]);
+        }
+        std::mem::swap(&mut self.hot, &mut self.entries[i]);
+        self.hot_index = Some(i);
+        self.hot_key = key;
+    }
+
+    /// Entry `i`, wherever it is.
+    fn get(&self, i: usize) -> &Entry {
+        if self.hot_index == Some(i) {
+            &self.hot
         } else {
-            self.find_in_index(module)?
-        };
-        self.entries.get_mut(i)
+            &self.entries[i]
+        }
     }
 
-    #[inline(never)]
-    fn find_in_index(&mut self, module: ModuleId) -> Option<usize> {
-        let i = *self.index.get(&module)? as usize;
-        self.memo_key = module_key(module);
-        self.memo_index = i;
-        Some(i)
-    }
-
-    /// The index of `module`'s entry, created if there is room for it
+    /// `module`'s entry, made hot; created if there is room for it
     /// (`bounded`) or in any case.
-    fn find_or_insert(&mut self, module: ModuleId, bounded: bool) -> Option<usize> {
-        if let Some(i) = self.find(module) {
-            return Some(i);
+    fn entry_or_insert(&mut self, module: ModuleId, bounded: bool) -> Option<&mut Entry> {
+        let hot = self.hot_index.is_some() && module_key(module) == self.hot_key;
+        if !hot && !self.index.contains_key(&module) {
+            if bounded && self.entries.len() >= MAX_MODULES {
+                return None;
+            }
+            let i = self.entries.len();
+            self.entries.push(Entry::default());
+            self.index.insert(module, i as u32);
         }
-        if bounded && self.entries.len() >= MAX_MODULES {
-            return None;
-        }
-        let i = self.entries.len();
-        self.entries.push(Entry::default());
-        self.index.insert(module, i as u32);
-        self.memo_key = module_key(module);
-        self.memo_index = i;
-        Some(i)
+        self.entry(module)
     }
 
     /// The cached path of a getHost: the next node of `module`'s route,
-    /// round robin, when the cache answers it at `now_ms` (a route cached,
-    /// no node overloaded, no refresh due); None: ask [`RouteCache::pick`].
+    /// round robin, when `module` is the module used last (the hot entry)
+    /// and the cache answers it at `now_ms` (a route cached, no node
+    /// overloaded, no refresh due); None: ask
+    /// [`RouteCache::pick_cached_other`], then [`RouteCache::pick`].
     #[inline(always)]
     pub fn pick_cached(&mut self, module: ModuleId, now_ms: u64) -> Option<NodeAddr> {
-        let e = self.entry(module)?;
-        (now_ms < e.serve_until).then(|| e.next_host())
+        if module_key(module) != self.hot_key || now_ms >= self.hot.serve_until {
+            return None;
+        }
+        self.hot.next_host()
+    }
+
+    /// [`RouteCache::pick_cached`] for a module that may not be hot: makes
+    /// it hot first (a map lookup and a swap), if it has an entry.
+    pub fn pick_cached_other(&mut self, module: ModuleId, now_ms: u64) -> Option<NodeAddr> {
+        self.entry(module)?;
+        self.pick_cached(module, now_ms)
     }
 
     /// What to do for a getHost of `module` at `now_ms` (monotonic).
     pub fn pick(&mut self, module: ModuleId, now_ms: u64) -> Pick {
-        let Some(i) = self.find_or_insert(module, true) else {
+        let Some(e) = self.entry_or_insert(module, true) else {
             return Pick::PassThrough;
         };
-        let e = &mut self.entries[i];
         if now_ms < e.serve_until {
-            return Pick::Host(e.next_host());
+            if let Some(addr) = e.next_host() {
+                return Pick::Host(addr);
+            }
         }
         let due = match e.refreshed_at {
             None => true,
@@ -383,9 +457,12 @@ impl RouteCache {
     /// the caller falls back as without the cache). The refresh stays due,
     /// so the next getHost asks again.
     pub fn pick_unrefreshed(&mut self, module: ModuleId) -> Option<NodeAddr> {
-        let i = self.find(module)?;
-        let e = &mut self.entries[i];
-        e.holds.then(|| e.next_host())
+        let e = self.entry(module)?;
+        if e.holds {
+            e.next_host()
+        } else {
+            None
+        }
     }
 
     /// Applies the agent's answer to a cache getRoute of `module`;
@@ -400,10 +477,9 @@ impl RouteCache {
         now_ms: u64,
         start: usize,
     ) -> bool {
-        let Some(i) = self.find_or_insert(module, false) else {
+        let Some(e) = self.entry_or_insert(module, false) else {
             return false;
         };
-        let e = &mut self.entries[i];
         if r.unchanged {
             if !e.cached() || e.version != r.version {
                 return false;
@@ -426,8 +502,7 @@ impl RouteCache {
     /// the route, so that the next getHost asks again. Held successes stay
     /// until they are sent.
     pub fn forget(&mut self, module: ModuleId) {
-        if let Some(i) = self.find(module) {
-            let e = &mut self.entries[i];
+        if let Some(e) = self.entry(module) {
             e.version = 0;
             e.refreshed_at = None;
             e.any_overloaded = false;
@@ -436,28 +511,26 @@ impl RouteCache {
     }
 
     /// The cached path of a success report: counts it, held, and returns
-    /// true when `module` holds successes at `now_ms` and this node is of
-    /// its route and already held (no batch is due); false: ask
+    /// true when `module` is the module used last (the hot entry), holds
+    /// successes at `now_ms`, and this node is of its route and already
+    /// held (no batch is due); false: ask [`RouteCache::hold_other`], then
     /// [`RouteCache::report`], which decides in every case.
     #[inline(always)]
     pub fn hold(&mut self, module: ModuleId, host: NodeAddr, now_ms: u64) -> bool {
-        let Some(e) = self.entry(module) else {
-            return false;
-        };
-        if now_ms >= e.hold_open_until {
+        if module_key(module) != self.hot_key || now_ms >= self.hot.hold_open_until {
             return false;
         }
-        let Some(p) = e.position(host) else {
-            return false;
-        };
-        match e.counts.get_mut(p) {
-            // Already held (not 0) and room to count (not u32::MAX).
-            Some(n) if n.wrapping_sub(1) < u32::MAX - 1 => {
-                *n += 1;
-                true
-            }
-            _ => false,
+        let e = &mut self.hot;
+        if e.slots.get(e.last).is_some_and(|s| s.addr == host) {
+            return e.count_held(e.last);
         }
+        e.hold_elsewhere(host)
+    }
+
+    /// [`RouteCache::hold`] for a module that may not be hot: makes it hot
+    /// first (a map lookup and a swap), if it has an entry.
+    pub fn hold_other(&mut self, module: ModuleId, host: NodeAddr, now_ms: u64) -> bool {
+        self.entry(module).is_some() && self.hold(module, host, now_ms)
     }
 
     /// Records a report of `module` at `now_ms`. Moves into `out` the
@@ -473,10 +546,9 @@ impl RouteCache {
         now_ms: u64,
         out: &mut Vec<(NodeAddr, u32)>,
     ) -> bool {
-        let Some(i) = self.find(module) else {
+        let Some(e) = self.entry(module) else {
             return true;
         };
-        let e = &mut self.entries[i];
         if retcode != 0 {
             e.take_held(out);
             e.refresh_now = true;
@@ -490,11 +562,10 @@ impl RouteCache {
         let Some(p) = e.position(host) else {
             return false;
         };
-        let count = e.counts[p];
+        let count = e.slots[p].held;
         let full = count == 0 && e.held.len() >= MAX_HELD_NODES;
         let old = now_ms >= e.hold_until;
-        let overflow = count == u32::MAX;
-        if full || old || overflow {
+        if full || old {
             e.take_held(out);
         }
         e.add_held(p, 1, now_ms);
@@ -506,8 +577,7 @@ impl RouteCache {
     /// whether to pass getHosts through it). Issue 12, collaborative
     /// admission: the agent reads a module with levels as overloaded.
     pub fn refresh_soon(&mut self, module: ModuleId) {
-        if let Some(i) = self.find(module) {
-            let e = &mut self.entries[i];
+        if let Some(e) = self.entry(module) {
             e.refresh_now = true;
             e.update();
         }
@@ -515,8 +585,8 @@ impl RouteCache {
 
     /// Moves `module`'s held successes into `out` (before a refresh).
     pub fn take_held(&mut self, module: ModuleId, out: &mut Vec<(NodeAddr, u32)>) {
-        if let Some(i) = self.find(module) {
-            self.entries[i].take_held(out);
+        if let Some(e) = self.entry(module) {
+            e.take_held(out);
         }
     }
 
@@ -524,7 +594,7 @@ impl RouteCache {
     pub fn modules_holding(&self) -> Vec<ModuleId> {
         self.index
             .iter()
-            .filter(|(_, &i)| !self.entries[i as usize].held.is_empty())
+            .filter(|(_, &i)| !self.get(i as usize).held.is_empty())
             .map(|(m, _)| *m)
             .collect()
     }

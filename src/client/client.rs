@@ -26,7 +26,9 @@ pub struct Client {
     locator: Locator,
     link: Link,
     statics: StaticRoutes,
-    cache: Option<RouteCache>,
+    /// The route cache; empty (and never filled) when
+    /// [`ClientOptions::cache`] is off.
+    cache: RouteCache,
     /// Per shard: the beat at which the shard last failed to answer. Until
     /// the beat moves, getHost for that shard answers from the static
     /// route file instead of waiting again.
@@ -41,12 +43,13 @@ pub struct Client {
     suspect_marked: u64,
     /// Held successes on their way out (scratch).
     batch: Vec<(NodeAddr, u32)>,
-    /// Coarse monotonic milliseconds, read once per getHost + report pair.
+    /// Coarse monotonic milliseconds: the cached path reads the tick.
     clock: Clock,
-    /// The time of the getHost just before, when the cache answered it
-    /// (the agent was alive then); [`NO_PAIR`] otherwise. The next report
-    /// takes it instead of reading the clock (see [`Client::report`]).
-    pair_ms: u64,
+    /// The cached path's heartbeat deadline: the tick until which the beat
+    /// seen by the last full check is young enough, while no shard is
+    /// marked at that beat; 0 (nothing cached is served) otherwise. Set by
+    /// [`Client::rearm`].
+    cached_until: u64,
     /// Per shard, the agent's own admission level (uncached getHost).
     holdback: HoldBack,
 }
@@ -54,10 +57,6 @@ pub struct Client {
 /// [`Client::suspect_marked`] when no shard is marked: no beat (Unix
 /// milliseconds) is `u64::MAX`.
 const NOT_MARKED: u64 = u64::MAX;
-
-/// [`Client::pair_ms`] when the last getHost was not answered by the cache
-/// (or a report already took its time).
-const NO_PAIR: u64 = u64::MAX;
 
 impl std::fmt::Debug for Client {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -103,7 +102,13 @@ impl Client {
     /// [`ClientError::BadRequest`] when an option is invalid
     /// ([`ClientOptions::validate`]).
     pub fn with_options(opts: ClientOptions) -> Result<Client, ClientError> {
-        Self::with_clock(opts, Clock::real())
+        // Only the cached path reads the tick.
+        let clock = if opts.cache {
+            Clock::ticking()
+        } else {
+            Clock::real()
+        };
+        Self::with_clock(opts, clock)
     }
 
     /// [`Client::with_options`] on `clock` (tests drive time).
@@ -118,14 +123,14 @@ impl Client {
             ),
             link: Link::new(),
             statics: StaticRoutes::default(),
-            cache: opts.cache.then(RouteCache::new),
+            cache: RouteCache::new(),
             suspect: Vec::new(),
             suspect_generation: 0,
             beat: 0,
             suspect_marked: NOT_MARKED,
             batch: Vec::new(),
             clock,
-            pair_ms: NO_PAIR,
+            cached_until: 0,
             holdback: HoldBack::new(u64::try_from(opts.holdback.as_millis()).unwrap_or(u64::MAX)),
             opts,
         })
@@ -187,9 +192,9 @@ impl Client {
         cmdid: u32,
         timeout: Duration,
     ) -> Result<Host, ClientError> {
-        // The options' priorities were checked when they were set.
-        let prio = Priority::new(self.opts.business_priority, self.opts.user_priority);
-        self.get_host_checked(ModuleId::new(modid, cmdid), prio, timeout)
+        // None: the options' priorities (checked when they were set), read
+        // on the slow path only.
+        self.get_host_checked(ModuleId::new(modid, cmdid), None, timeout)
     }
 
     /// [`Client::get_host`] for a call of DAGOR priorities `prio` (instead
@@ -211,35 +216,34 @@ impl Client {
     ) -> Result<Host, ClientError> {
         check_timeout(timeout)?;
         prio.validate()?;
-        self.get_host_checked(ModuleId::new(modid, cmdid), prio, timeout)
+        self.get_host_checked(ModuleId::new(modid, cmdid), Some(prio), timeout)
     }
 
-    /// A getHost whose priorities are valid. The cached path is inlined
-    /// into the caller (a few dozen instructions); everything else is
-    /// [`Client::get_host_slow`].
+    /// A getHost whose priorities are valid (None: the options'). The
+    /// cached path is inlined into the caller (a few dozen instructions);
+    /// everything else is [`Client::get_host_slow`].
     #[inline(always)]
     fn get_host_checked(
         &mut self,
         module: ModuleId,
-        prio: Priority,
+        prio: Option<Priority>,
         timeout: Duration,
     ) -> Result<Host, ClientError> {
         check_timeout(timeout)?;
-        let now = self.clock.now_ms();
-        // The cached path: memory only, the one clock read above.
-        if let Some(cache) = &mut self.cache {
-            if self.locator.fresh(now) && self.suspect_marked != self.beat {
-                if let Some(addr) = cache.pick_cached(module, now) {
-                    self.pair_ms = now;
-                    return Ok(Host {
-                        addr,
-                        source: HostSource::Cache,
-                    });
-                }
+        // The cached path: memory only. The tick is one load; the agent is
+        // alive while it is within the heartbeat deadline of the last full
+        // check (see `rearm`), and the module used last is the cache's
+        // hot entry.
+        let tick = self.clock.tick_ms();
+        if tick <= self.cached_until {
+            if let Some(addr) = self.cache.pick_cached(module, tick) {
+                return Ok(Host {
+                    addr,
+                    source: HostSource::Cache,
+                });
             }
         }
-        self.pair_ms = NO_PAIR;
-        self.get_host_slow(module, prio, timeout, now)
+        self.get_host_slow(module, prio, timeout)
     }
 
     /// Every getHost the cached path did not answer.
@@ -247,10 +251,24 @@ impl Client {
     fn get_host_slow(
         &mut self,
         module: ModuleId,
-        prio: Priority,
+        prio: Option<Priority>,
         timeout: Duration,
-        now: u64,
     ) -> Result<Host, ClientError> {
+        // Another module than the last one: the cached path once more,
+        // after a map lookup (an application that alternates modules).
+        let tick = self.clock.tick_ms();
+        if tick <= self.cached_until {
+            if let Some(addr) = self.cache.pick_cached_other(module, tick) {
+                return Ok(Host {
+                    addr,
+                    source: HostSource::Cache,
+                });
+            }
+        }
+        let prio = prio
+            .unwrap_or_else(|| Priority::new(self.opts.business_priority, self.opts.user_priority));
+        self.clock.keep_ticking();
+        let now = self.clock.now_ms();
         let started = Instant::now();
         let endpoints = match self.locate_at(now) {
             Ok(e) => e,
@@ -266,7 +284,7 @@ impl Client {
             return self.static_host(module, why);
         }
         let deadline = started + timeout;
-        if self.cache.is_some() {
+        if self.opts.cache {
             return self.cached_get_host(module, prio, started, deadline, now);
         }
         if self.holdback.hold(shard, prio.business, prio.user, now) {
@@ -281,13 +299,6 @@ impl Client {
     /// the agent. With the route cache, successes may be held and batched
     /// (see [`super::cache`]). While the agent is down the report is
     /// dropped and the result is `Ok(())`, as in the original.
-    ///
-    /// A success reported right after a getHost the cache answered goes by
-    /// that getHost's time and verdict (no clock read of its own): it is
-    /// held while the agent was alive and the batch not due at the getHost.
-    /// So such a report notices a dead agent, or a batch 2 s old, late by
-    /// at most the time since that getHost (the call's duration); a later
-    /// report sends the batch, or drops it with the agent.
     ///
     /// # Errors
     /// [`ClientError::BadRequest`] when `host` has port 0 (no node has).
@@ -356,33 +367,18 @@ impl Client {
             }
         }
         let module = ModuleId::new(modid, cmdid);
-        if host.port == 0 {
-            return Err(bad_host(host));
-        }
-        // The cached path: a success counted, memory only. After a getHost
-        // the cache answered, the report goes by that getHost's time and
-        // verdict (the agent was alive then): no clock read, no heartbeat
-        // look. Otherwise it reads the clock and looks.
-        let pair = std::mem::replace(&mut self.pair_ms, NO_PAIR);
-        if let Some(cache) = &mut self.cache {
-            if retcode == 0 && downstream_level.is_none() && consumed == 0 {
-                if pair != NO_PAIR {
-                    if cache.hold(module, host, pair) {
-                        return Ok(());
-                    }
-                } else {
-                    let now = self.clock.now_ms();
-                    if self.locator.fresh(now) && cache.hold(module, host, now) {
-                        return Ok(());
-                    }
-                    let extra = (downstream_level, consumed);
-                    return self.report_slow(module, host, retcode, tcost_ms, extra, now);
-                }
+        // The cached path: a success counted, memory only, by the tick and
+        // the heartbeat deadline as in getHost. A node with port 0 is in no
+        // cached route: such a report goes on to `report_slow`, which
+        // refuses it.
+        if retcode == 0 && downstream_level.is_none() && consumed == 0 {
+            let tick = self.clock.tick_ms();
+            if tick <= self.cached_until && self.cache.hold(module, host, tick) {
+                return Ok(());
             }
         }
-        let now = self.clock.now_ms();
         let extra = (downstream_level, consumed);
-        self.report_slow(module, host, retcode, tcost_ms, extra, now)
+        self.report_slow(module, host, retcode, tcost_ms, extra)
     }
 
     /// Every report the cached path did not hold.
@@ -394,18 +390,31 @@ impl Client {
         retcode: i32,
         tcost_ms: u32,
         (downstream_level, consumed): (Option<AdmissionLevel>, u32),
-        now: u64,
     ) -> Result<(), ClientError> {
+        if host.port == 0 {
+            return Err(bad_host(host));
+        }
+        // Another module than the last one: the cached path once more,
+        // after a map lookup.
+        if retcode == 0 && downstream_level.is_none() && consumed == 0 {
+            let tick = self.clock.tick_ms();
+            if tick <= self.cached_until && self.cache.hold_other(module, host, tick) {
+                return Ok(());
+            }
+        }
+        self.clock.keep_ticking();
+        let now = self.clock.now_ms();
         let Ok(endpoints) = self.locate_at(now) else {
-            if let Some(cache) = &mut self.cache {
+            if self.opts.cache {
                 // Successes of an agent that is gone are dropped with it.
-                cache.take_held(module, &mut self.batch);
+                self.cache.take_held(module, &mut self.batch);
                 self.batch.clear();
             }
             return Ok(());
         };
         let shard = module.shard(endpoints.shards);
-        if let Some(cache) = &mut self.cache {
+        if self.opts.cache {
+            let cache = &mut self.cache;
             self.batch.clear();
             if downstream_level.is_some() || consumed > 0 {
                 cache.take_held(module, &mut self.batch);
@@ -615,10 +624,10 @@ impl Client {
     /// [`ClientError::AgentDown`] when the agent is down: what was held is
     /// dropped.
     pub fn flush(&mut self) -> Result<(), ClientError> {
-        let Some(cache) = &self.cache else {
+        if !self.opts.cache {
             return Ok(());
-        };
-        let modules = cache.modules_holding();
+        }
+        let modules = self.cache.modules_holding();
         if modules.is_empty() {
             return Ok(());
         }
@@ -626,9 +635,7 @@ impl Client {
         let mut dropped = 0u64;
         for module in modules {
             self.batch.clear();
-            if let Some(cache) = &mut self.cache {
-                cache.take_held(module, &mut self.batch);
-            }
+            self.cache.take_held(module, &mut self.batch);
             match &located {
                 Ok(endpoints) => {
                     let shard = module.shard(endpoints.shards);
@@ -672,6 +679,12 @@ impl Client {
     /// [`Client::locate`] at `now` (the client's monotonic clock): without
     /// looking at Unix time when the heartbeat did not change.
     fn locate_at(&mut self, now: u64) -> Result<Endpoints, String> {
+        let r = self.locate_at_unarmed(now);
+        self.rearm();
+        r
+    }
+
+    fn locate_at_unarmed(&mut self, now: u64) -> Result<Endpoints, String> {
         if self.locator.fresh(now) {
             if let Some(e) = self.locator.endpoints() {
                 return Ok(e);
@@ -691,6 +704,24 @@ impl Client {
         }
     }
 
+    /// Sets the cached path's heartbeat deadline ([`Client::cached_until`])
+    /// after anything that may have changed it: the locator's last full
+    /// check ([`Locator::alive_until`]: 0 unless it found the agent alive),
+    /// a shard marked at the current beat (then 0: getHosts go through the
+    /// slow path, which answers from the static route file until the beat
+    /// moves), a re-read header. The cached path does not look at the
+    /// heartbeat file: a new beat is seen at the first slow call after
+    /// this deadline (a stale route's refresh, or the deadline itself),
+    /// which arms it again.
+    fn rearm(&mut self) {
+        self.cached_until = if !self.opts.cache || self.suspect_marked == self.beat {
+            0
+        } else {
+            // Below STOPPED: a stopped tick is never within it.
+            self.locator.alive_until().min(super::clock::STOPPED - 1)
+        };
+    }
+
     fn follow_endpoints(&mut self, endpoints: Endpoints) {
         let generation = self.locator.generation();
         self.link.sync(endpoints, generation);
@@ -707,7 +738,9 @@ impl Client {
     /// Re-reads the heartbeat after a failed exchange; true when the agent
     /// moved (other ports or shard count) and the link now points there.
     fn follow(&mut self) -> bool {
-        if !self.locator.reread() {
+        let moved = self.locator.reread();
+        self.rearm();
+        if !moved {
             return false;
         }
         match self.locator.endpoints() {
@@ -913,9 +946,7 @@ impl Client {
         deadline: Instant,
         now: u64,
     ) -> Result<Host, ClientError> {
-        let Some(cache) = &mut self.cache else {
-            return self.agent_get_host(module, prio, started, deadline);
-        };
+        let cache = &mut self.cache;
         let known_version = match cache.pick(module, now) {
             Pick::Host(addr) => {
                 return Ok(Host {
@@ -929,7 +960,7 @@ impl Client {
         // Held successes go out before the refresh: the agent's view is
         // then complete when it answers.
         self.batch.clear();
-        cache.take_held(module, &mut self.batch);
+        self.cache.take_held(module, &mut self.batch);
         let shard = module.shard(self.locator.endpoints().map_or(1, |e| e.shards));
         self.send_batch(module, shard);
 
@@ -953,9 +984,7 @@ impl Client {
                 let nodes: Vec<RouteNode> = parts.into_iter().flat_map(|p| p.3).collect();
                 (version, unchanged, any_overloaded, nodes)
             });
-        let Some(cache) = &mut self.cache else {
-            return self.agent_get_host(module, prio, started, deadline);
-        };
+        let cache = &mut self.cache;
         let (version, unchanged, any_overloaded, nodes) = match r {
             Ok(answer) => answer,
             Err(t) => {
@@ -1027,6 +1056,7 @@ impl Client {
         if let Some(s) = self.suspect.get_mut(shard as usize) {
             *s = Some(self.beat);
             self.suspect_marked = self.beat;
+            self.rearm();
         }
     }
 }
@@ -1134,8 +1164,8 @@ fn retcode_reply<T>(module: ModuleId, rc: RetCode, message: &str) -> Reply<T> {
 /// A timeout under 1 ms cannot be waited for.
 #[inline(always)]
 fn check_timeout(timeout: Duration) -> Result<(), ClientError> {
-    // Whole seconds first: a timeout of a second or more is one test.
-    if timeout.as_secs() == 0 && timeout.subsec_nanos() < 1_000_000 {
+    // As one word (0: under 1 ms): fewer instructions than the two tests.
+    if (timeout.as_secs() | u64::from(timeout.subsec_nanos() >= 1_000_000)) == 0 {
         return Err(bad_timeout(timeout));
     }
     Ok(())

@@ -1,46 +1,251 @@
-//! The client's clock: coarse monotonic milliseconds, read at most once per
-//! getHost + report pair on the cached path (a report right after a cached
-//! getHost goes by its time).
+//! The client's clock: coarse monotonic milliseconds. The cached path
+//! reads them from a shared tick (one relaxed atomic load) that a ticker
+//! thread keeps; every other path reads the clock itself.
+//!
+//! # The clock
 //!
 //! `CLOCK_MONOTONIC_COARSE` is the kernel's last tick, read from the vDSO
 //! without a system call and without reading the TSC: a few loads (about
 //! 8 ns here, against 30 ns for `CLOCK_MONOTONIC`, which `Instant::now`
-//! reads). It lags real time by at most one tick (1 to 10 ms, 4 ms on a
-//! HZ=250 kernel), far below the 2 s the cache and the heartbeat rules
+//! reads). It lags real time by at most one kernel tick (1 to 10 ms, 4 ms
+//! on a HZ=250 kernel), far below the 2 s the cache and the heartbeat rules
 //! measure. Unix time (to compare with the agent's beat, which is Unix
 //! milliseconds) is read only on the slow path.
 //!
-//! Tests drive time by hand ([`Clock::manual`]): then both readings are the
-//! value the test set, so a test writes beats and advances the client's
-//! clock on one timeline.
+//! # The tick
+//!
+//! Even that read is about twenty instructions, a quarter of a cached
+//! getHost + report. So a client with the route cache on reads its time
+//! from the process's [`Ticker`]: an atomic word that one thread stores
+//! the same coarse clock into every [`TICK_PERIOD`]. The cached path
+//! compares that word with its deadlines (computed on the slow path from
+//! the clock itself: one timeline). Bounds:
+//!
+//! - The tick lags the clock by at most [`TICK_PERIOD`] plus the ticker
+//!   thread's scheduling delay (a normally loaded machine: well under
+//!   10 ms; a machine with far more runnable threads than cores: more). A
+//!   deadline of the cached path (heartbeat 2 s old, route due, held
+//!   successes 2 s old) is noticed late by that lag, never early.
+//! - The thread starts with the first cached client of the process and
+//!   stops within one period after the last one is dropped (it checks the
+//!   count of clients at every tick). While no ticker runs the tick reads
+//!   [`STOPPED`], which fails every deadline: calls take the slow path and
+//!   read the clock themselves, and the slow path starts the ticker again.
+//! - After `fork`, the child has no ticker thread: a `pthread_atfork`
+//!   handler sets the child's tick to [`STOPPED`] (so a child never serves
+//!   from a frozen time), and the child's next slow call starts a ticker.
+//!
+//! Tests drive time by hand ([`Clock::manual`]): then the tick and both
+//! clocks read the value the test set, so a test writes beats and advances
+//! the client's clock on one timeline.
 
-#[cfg(test)]
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 #[cfg(test)]
 use std::sync::Arc;
+use std::time::Duration;
+
+/// How often the ticker stores the time.
+pub(crate) const TICK_PERIOD: Duration = Duration::from_millis(1);
+
+/// The tick while no ticker runs: after every deadline, so the cached path
+/// declines and the slow path reads the clock.
+pub(crate) const STOPPED: u64 = u64::MAX;
+
+/// The tick of a client that keeps no ticker (route cache off).
+static NEVER_TICKS: AtomicU64 = AtomicU64::new(STOPPED);
+
+/// The process's ticker.
+static TICKER: Ticker = Ticker::new();
+
+/// An atomic word alone on its cache lines: the readers' copy is
+/// invalidated by the ticker's stores only.
+#[repr(align(128))]
+#[derive(Debug)]
+struct Padded(AtomicU64);
+
+/// A shared coarse time, kept by a thread of its own while anyone uses it.
+#[derive(Debug)]
+pub(crate) struct Ticker {
+    /// Coarse monotonic milliseconds, or [`STOPPED`].
+    now: Padded,
+    /// The [`TickerUse`]s alive.
+    users: AtomicUsize,
+    /// A thread is ticking (or about to).
+    running: AtomicBool,
+}
+
+impl Ticker {
+    const fn new() -> Ticker {
+        Ticker {
+            now: Padded(AtomicU64::new(STOPPED)),
+            users: AtomicUsize::new(0),
+            running: AtomicBool::new(false),
+        }
+    }
+
+    /// One more user: the ticker runs until every use is dropped.
+    fn acquire(&'static self) -> TickerUse {
+        self.users.fetch_add(1, Ordering::SeqCst);
+        self.ensure_running();
+        TickerUse(self)
+    }
+
+    /// Starts the thread when none runs. On a failed start the tick stays
+    /// [`STOPPED`] (every call takes the slow path) and the next slow call
+    /// tries again.
+    fn ensure_running(&'static self) {
+        if self.running.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        self.now.0.store(coarse_monotonic_ms(), Ordering::Relaxed);
+        let started = std::thread::Builder::new()
+            .name("lbagent-tick".into())
+            .spawn(move || self.run());
+        if started.is_err() {
+            self.now.0.store(STOPPED, Ordering::Relaxed);
+            self.running.store(false, Ordering::SeqCst);
+        }
+    }
+
+    /// The thread: stores the time every period while anyone uses it.
+    fn run(&'static self) {
+        loop {
+            self.now.0.store(coarse_monotonic_ms(), Ordering::Relaxed);
+            std::thread::sleep(TICK_PERIOD);
+            if self.users.load(Ordering::SeqCst) == 0 {
+                self.now.0.store(STOPPED, Ordering::Relaxed);
+                self.running.store(false, Ordering::SeqCst);
+                // A user that came in meanwhile either saw `running` false
+                // and started a thread, or saw it true before the store
+                // above: then its count is visible here, and this thread
+                // goes on (unless another took over).
+                if self.users.load(Ordering::SeqCst) == 0
+                    || self.running.swap(true, Ordering::SeqCst)
+                {
+                    return;
+                }
+            }
+        }
+    }
+
+    /// In a child after `fork`: no thread ticks there.
+    fn after_fork(&self) {
+        self.now.0.store(STOPPED, Ordering::Relaxed);
+        self.running.store(false, Ordering::SeqCst);
+    }
+}
+
+/// Keeps a [`Ticker`] running while alive.
+#[derive(Debug)]
+pub(crate) struct TickerUse(&'static Ticker);
+
+impl Drop for TickerUse {
+    fn drop(&mut self) {
+        self.0.users.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// The `pthread_atfork` child handler: only atomic stores
+/// (async-signal-safe).
+extern "C" fn ticker_after_fork() {
+    TICKER.after_fork();
+}
+
+/// Registers [`ticker_after_fork`] once per process.
+fn register_fork_handler() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: the handler is a plain `extern "C" fn` with no arguments
+        // that only stores to atomics of a static. A failed registration
+        // (ENOMEM) is tolerated: the child would then serve from a frozen
+        // tick, so the ticker is not used at all (see `Clock::ticking`).
+        let rc = unsafe { libc::pthread_atfork(None, None, Some(ticker_after_fork)) };
+        FORK_SAFE.store(rc == 0, Ordering::SeqCst);
+    });
+}
+
+/// The fork handler is registered.
+static FORK_SAFE: AtomicBool = AtomicBool::new(false);
 
 /// Where a client's time comes from.
-#[derive(Clone, Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Clock {
+    /// The cached path's time: the process's tick, [`NEVER_TICKS`], or a
+    /// test's manual time.
+    tick: &'static AtomicU64,
+    /// Keeps the ticker running while the client lives.
+    ticker: Option<TickerUse>,
     /// Time set by a test, milliseconds on both clocks.
     #[cfg(test)]
     manual: Option<Arc<AtomicU64>>,
 }
 
 impl Clock {
-    /// The system's clocks.
+    /// The system's clocks, and a tick that never reads a time (for a
+    /// client without the route cache: it has no cached path).
     pub fn real() -> Clock {
-        Clock::default()
+        Clock {
+            tick: &NEVER_TICKS,
+            ticker: None,
+            #[cfg(test)]
+            manual: None,
+        }
     }
 
-    /// A clock that reads `now` (milliseconds) as both monotonic and Unix
-    /// time: the test moves it.
+    /// The system's clocks and the process's ticker, kept running while
+    /// this clock lives.
+    pub fn ticking() -> Clock {
+        register_fork_handler();
+        if !FORK_SAFE.load(Ordering::SeqCst) {
+            return Clock::real();
+        }
+        Clock {
+            tick: &TICKER.now.0,
+            ticker: Some(TICKER.acquire()),
+            #[cfg(test)]
+            manual: None,
+        }
+    }
+
+    /// A clock that reads `now` (milliseconds) as the tick, monotonic and
+    /// Unix time: the test moves it.
     #[cfg(test)]
     pub fn manual(now: Arc<AtomicU64>) -> Clock {
-        Clock { manual: Some(now) }
+        Clock::manual_with_tick(now.clone(), now)
     }
 
-    /// Monotonic milliseconds (coarse: the kernel's last tick).
+    /// A clock that reads `now` as monotonic and Unix time, and `tick` as
+    /// the cached path's time (a tick that lags, or [`STOPPED`]).
+    #[cfg(test)]
+    pub fn manual_with_tick(now: Arc<AtomicU64>, tick: Arc<AtomicU64>) -> Clock {
+        // The tick is read through a plain reference: leak one Arc (tests).
+        let tick: &'static Arc<AtomicU64> = Box::leak(Box::new(tick));
+        Clock {
+            tick,
+            ticker: None,
+            manual: Some(now),
+        }
+    }
+
+    /// The cached path's time: the tick (coarse monotonic milliseconds,
+    /// late by at most the ticker's lag), or [`STOPPED`] when no ticker
+    /// runs. One load.
+    #[inline(always)]
+    pub fn tick_ms(&self) -> u64 {
+        self.tick.load(Ordering::Relaxed)
+    }
+
+    /// On the slow path: starts the ticker again if it stopped while this
+    /// clock uses it (after `fork`, or a failed start).
+    pub fn keep_ticking(&self) {
+        if let Some(t) = &self.ticker {
+            if self.tick_ms() == STOPPED {
+                t.0.ensure_running();
+            }
+        }
+    }
+
+    /// Monotonic milliseconds (coarse: the kernel's last tick), read now.
     #[inline(always)]
     pub fn now_ms(&self) -> u64 {
         #[cfg(test)]
@@ -78,6 +283,25 @@ fn coarse_monotonic_ms() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Instant;
+
+    /// Polls `f` every millisecond for at most 10 s (a loaded machine may
+    /// not run a thread for a while); true when it held.
+    fn within_10_s(mut f: impl FnMut() -> bool) -> bool {
+        let until = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < until {
+            if f() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        f()
+    }
+
+    /// A ticker of the test's own (the process's is shared by every test).
+    fn own_ticker() -> &'static Ticker {
+        Box::leak(Box::new(Ticker::new()))
+    }
 
     #[test]
     fn the_coarse_clock_moves_forward_with_real_time() {
@@ -90,11 +314,86 @@ mod tests {
     }
 
     #[test]
-    fn a_manual_clock_reads_what_the_test_set_on_both_clocks() {
+    fn a_manual_clock_reads_what_the_test_set_on_every_reading() {
         let t = Arc::new(AtomicU64::new(5_000));
         let c = Clock::manual(t.clone());
-        assert_eq!((c.now_ms(), c.unix_ms()), (5_000, 5_000));
+        assert_eq!(
+            (c.tick_ms(), c.now_ms(), c.unix_ms()),
+            (5_000, 5_000, 5_000)
+        );
         t.store(7_001, Ordering::Relaxed);
-        assert_eq!((c.now_ms(), c.unix_ms()), (7_001, 7_001));
+        assert_eq!(
+            (c.tick_ms(), c.now_ms(), c.unix_ms()),
+            (7_001, 7_001, 7_001)
+        );
+    }
+
+    #[test]
+    fn a_client_without_a_ticker_reads_a_stopped_tick() {
+        assert_eq!(Clock::real().tick_ms(), STOPPED);
+    }
+
+    #[test]
+    fn the_tick_follows_the_clock_while_used_and_stops_after_the_last_use() {
+        let t = own_ticker();
+        assert_eq!(t.now.0.load(Ordering::Relaxed), STOPPED);
+        let a = t.acquire();
+        let b = t.acquire();
+        // The tick is set when the ticker starts, then moves with the clock
+        // (a coarse clock moves every 1 to 10 ms).
+        let first = t.now.0.load(Ordering::Relaxed);
+        assert_ne!(first, STOPPED);
+        assert!(first <= coarse_monotonic_ms());
+        assert!(within_10_s(|| {
+            let n = t.now.0.load(Ordering::Relaxed);
+            n != STOPPED && n > first
+        }));
+        // One use dropped: still ticking (the count is 1).
+        drop(a);
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(t.running.load(Ordering::SeqCst));
+        assert_ne!(t.now.0.load(Ordering::Relaxed), STOPPED);
+        // The last one dropped: the thread stops, the tick reads STOPPED.
+        drop(b);
+        assert!(within_10_s(|| !t.running.load(Ordering::SeqCst)));
+        assert_eq!(t.now.0.load(Ordering::Relaxed), STOPPED);
+        // And starts again with a new use.
+        let c = t.acquire();
+        assert_ne!(t.now.0.load(Ordering::Relaxed), STOPPED);
+        assert!(t.running.load(Ordering::SeqCst));
+        drop(c);
+        assert!(within_10_s(|| !t.running.load(Ordering::SeqCst)));
+    }
+
+    #[test]
+    fn after_fork_the_tick_reads_stopped_until_a_slow_call_restarts_it() {
+        let t = own_ticker();
+        let u = t.acquire();
+        // What the child of a fork sees: no thread, the tick stopped.
+        t.after_fork();
+        assert_eq!(t.now.0.load(Ordering::Relaxed), STOPPED);
+        assert!(!t.running.load(Ordering::SeqCst));
+        // (The parent's thread, still running here, may store once more
+        // before it notices; the restart below takes over either way.)
+        t.ensure_running();
+        assert!(t.running.load(Ordering::SeqCst));
+        assert!(within_10_s(|| t.now.0.load(Ordering::Relaxed) != STOPPED));
+        drop(u);
+        assert!(within_10_s(|| !t.running.load(Ordering::SeqCst)));
+    }
+
+    #[test]
+    fn a_ticking_clock_keeps_the_process_ticker_running() {
+        let c = Clock::ticking();
+        assert!(within_10_s(|| c.tick_ms() != STOPPED));
+        // The tick lags the clock, never leads it (the same clock, read
+        // earlier); STOPPED for a moment only if a thread was handing over.
+        for _ in 0..1_000 {
+            let tick = c.tick_ms();
+            let now = c.now_ms();
+            assert!(tick == STOPPED || tick <= now, "tick {tick}, clock {now}");
+        }
+        c.keep_ticking();
+        assert!(within_10_s(|| c.tick_ms() != STOPPED));
     }
 }

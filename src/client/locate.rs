@@ -179,6 +179,14 @@ impl Locator {
             }
     }
 
+    /// The monotonic millisecond until which the beat seen by the last
+    /// [`Locator::check`] is young enough (the client's cached path goes by
+    /// it alone); 0 unless that check found the agent alive, and after
+    /// [`Locator::reread`].
+    pub fn alive_until(&self) -> u64 {
+        self.fast.alive_until
+    }
+
     /// Whether the agent is alive at `now_unix_ms`. Opens the file when it
     /// is not open yet (or was replaced), and re-reads the header when the
     /// beat moved since it was last read. `now_mono_ms` (the client's

@@ -1,9 +1,11 @@
 //! The cached path against time driven by hand ([`Clock::manual`]): a real
-//! heartbeat file and a fake agent on loopback, the client's clock moved
-//! by the test. They show that reading a coarse clock once per call (and
-//! trusting the heartbeat while its sequence word does not move) still
+//! heartbeat file and a fake agent on loopback, the client's clock (and
+//! the tick the cached path reads) moved by the test. They show that going
+//! by the tick and by the heartbeat deadline of the last full check still
 //! notices a stale heartbeat after 2 s, refreshes a route on time, and
-//! sends held successes when they are 2 s old.
+//! sends held successes when they are 2 s old; that a lagging tick makes
+//! those deadlines late by its lag only; and that with no tick the slow
+//! path keeps the same rules.
 
 use std::net::{Ipv4Addr, UdpSocket};
 use std::path::PathBuf;
@@ -13,7 +15,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use super::cache::{HOLD_LIMIT_MS, REFRESH_INTERVAL_MS};
-use super::clock::Clock;
+use super::clock::{Clock, STOPPED};
 use super::{Client, ClientError, ClientOptions, HostSource};
 use crate::agent::heartbeat::{AgentInfo, HeartbeatWriter};
 use crate::model::{ModuleId, NodeAddr, RouteNode};
@@ -141,6 +143,17 @@ impl Setup {
             ..ClientOptions::default()
         };
         Client::with_clock(opts, Clock::manual(self.now.clone())).unwrap()
+    }
+
+    /// A client whose cached path reads `tick` (the clock stays the test's).
+    fn client_with_tick(&self, tick: Arc<AtomicU64>) -> Client {
+        let opts = ClientOptions {
+            heartbeat_path: self.hb_path.clone(),
+            cache: true,
+            static_fallback: false,
+            ..ClientOptions::default()
+        };
+        Client::with_clock(opts, Clock::manual_with_tick(self.now.clone(), tick)).unwrap()
     }
 
     /// Moves the client's clock to `T0 + ms`.
@@ -304,61 +317,141 @@ fn held_successes_go_out_when_2_s_old_before_the_report_that_finds_them_so() {
     );
 }
 
-/// The bound a report right after a cached getHost keeps: it goes by that
-/// getHost's time (no clock read of its own), so it notices a batch due,
-/// or a dead agent, late by at most the time since that getHost; a later
-/// call sends the batch, or drops it with the agent. A report with no
-/// cached getHost just before reads the clock (as in the test above).
+/// The cached path goes by the tick, which lags the clock (the ticker's
+/// period and scheduling delay): a lagging tick makes each deadline late
+/// by the lag, never early. Here the tick lags the clock by 5 ms; the slow
+/// path (a refresh, a beat's check) reads the clock itself.
 #[test]
-fn a_report_after_a_cached_get_host_goes_by_that_get_hosts_time() {
+fn a_lagging_tick_delays_the_cached_paths_deadlines_by_its_lag() {
+    const LAG: u64 = 5;
     let s = Setup::new();
-    let mut c = s.client();
+    let tick = Arc::new(AtomicU64::new(T0));
+    let mut c = s.client_with_tick(tick.clone());
+    let at = |ms: u64| {
+        s.at(ms);
+        tick.store(T0 + ms - LAG, Ordering::Relaxed);
+    };
     s.beat(0);
-    s.at(0);
-    let h0 = cached(&mut c);
-    // Held from 0 (a first success of its node takes the slow path).
-    c.report(M.modid, M.cmdid, h0, 0, 1).unwrap();
-    s.beat(1_000);
-    s.at(1_000);
-    let h1 = cached(&mut c);
-    c.report(M.modid, M.cmdid, h1, 0, 1).unwrap();
-    // A getHost at 1999, its report at 2000 (the batch is 2 s old then):
-    // held, by the getHost's time.
-    s.at(HOLD_LIMIT_MS - 1);
-    cached(&mut c);
-    s.at(HOLD_LIMIT_MS);
-    c.report(M.modid, M.cmdid, h0, 0, 1).unwrap();
-    // The getHost at 2000 refreshes the route: the batch (h0 counted
-    // twice: the report at 2000 was held) goes first.
+    at(LAG);
     let h = cached(&mut c);
+    // First success of its node: the slow path holds it, from 5 (the clock).
     c.report(M.modid, M.cmdid, h, 0, 1).unwrap();
-    // The agent's last beat is at 1000: the getHost at 3000 finds it alive
-    // (2000 ms), its report at 3001 holds (by 3000) though the beat is
-    // 2001 ms old then; the next getHost finds the agent down, and the
-    // next report drops what was held.
-    s.at(3_000);
+    assert_eq!(s.got(), vec![Got::CacheGetRoute { known_version: 0 }]);
+    // The route was refreshed at 5 (the clock): due at 2005. At 2005 by
+    // the clock the tick says 2000: still served, the success counted.
+    at(REFRESH_INTERVAL_MS + LAG - 1);
+    s.beat(1_000);
     cached(&mut c);
-    s.at(3_001);
+    at(REFRESH_INTERVAL_MS + LAG);
+    cached(&mut c);
     c.report(M.modid, M.cmdid, h, 0, 1).unwrap();
+    assert_eq!(s.got().len(), 1, "nothing due by the tick: {:?}", s.got());
+    // One lag later the tick reaches 2005: the batch, then the refresh.
+    at(REFRESH_INTERVAL_MS + 2 * LAG);
+    cached(&mut c);
+    // The beat at 1000 is young enough until 3000 (the full check at the
+    // refresh, by the clock); the tick reaches 3000 when the clock says
+    // 3005, and the next call, past it, takes the slow path, which reads
+    // the clock: 2006 ms.
+    at(3_000 + LAG);
+    cached(&mut c);
+    at(3_000 + LAG + 1);
     let e = c.get_host(M.modid, M.cmdid, T).unwrap_err();
-    assert!(matches!(&e, ClientError::AgentDown(_)), "{e}");
-    c.report(M.modid, M.cmdid, h, 0, 1).unwrap();
-    // The agent beats again; the route refreshed at 2000 is due at 4000,
-    // with nothing held before it.
-    s.beat(4_000);
-    s.at(4_000);
-    cached(&mut c);
+    assert!(
+        matches!(&e, ClientError::AgentDown(why) if why.contains("2006 ms ago")),
+        "{e}"
+    );
     assert_eq!(
         s.got(),
         vec![
             Got::CacheGetRoute { known_version: 0 },
-            Got::Batch(vec![(h0, 2), (h1, 1)]),
-            Got::CacheGetRoute {
-                known_version: VERSION
-            },
+            Got::Batch(vec![(h, 2)]),
             Got::CacheGetRoute {
                 known_version: VERSION
             },
         ]
+    );
+}
+
+/// While no ticker runs (the tick reads STOPPED: after a fork, or a thread
+/// that could not start) every call takes the slow path, which reads the
+/// clock: the cache still answers, holds and refreshes on time.
+#[test]
+fn with_the_tick_stopped_the_slow_path_keeps_the_cache_rules() {
+    let s = Setup::new();
+    let mut c = s.client_with_tick(Arc::new(AtomicU64::new(STOPPED)));
+    s.beat(0);
+    s.at(0);
+    let h = cached(&mut c);
+    c.report(M.modid, M.cmdid, h, 0, 1).unwrap();
+    s.at(1_999);
+    s.beat(1_000);
+    cached(&mut c);
+    c.report(M.modid, M.cmdid, h, 0, 1).unwrap();
+    assert_eq!(s.got().len(), 1, "{:?}", s.got());
+    s.at(REFRESH_INTERVAL_MS);
+    cached(&mut c);
+    // No beat since 1000: down at 3001.
+    s.at(3_001);
+    let e = c.get_host(M.modid, M.cmdid, T).unwrap_err();
+    assert!(matches!(&e, ClientError::AgentDown(_)), "{e}");
+    assert_eq!(
+        s.got(),
+        vec![
+            Got::CacheGetRoute { known_version: 0 },
+            Got::Batch(vec![(h, 2)]),
+            Got::CacheGetRoute {
+                known_version: VERSION
+            },
+        ]
+    );
+}
+
+/// Two modules used in turn: each call finds the other module's entry
+/// (a map lookup, no datagram), each keeps its own round robin and held
+/// successes.
+#[test]
+fn modules_used_in_turn_are_each_answered_from_the_cache() {
+    const N: ModuleId = ModuleId::new(31, 8);
+    let s = Setup::new();
+    let mut c = s.client();
+    s.beat(0);
+    s.at(0);
+    let get = |c: &mut Client, m: ModuleId| {
+        let h = c.get_host(m.modid, m.cmdid, T).unwrap();
+        assert_eq!(h.source, HostSource::Cache);
+        h.addr
+    };
+    let mut picked = Vec::new();
+    for _ in 0..3 {
+        let a = get(&mut c, M);
+        let b = get(&mut c, N);
+        c.report(M.modid, M.cmdid, a, 0, 1).unwrap();
+        c.report(N.modid, N.cmdid, b, 0, 1).unwrap();
+        picked.push((a, b));
+    }
+    // Round robin per module: three distinct nodes each.
+    let mut a: Vec<NodeAddr> = picked.iter().map(|p| p.0).collect();
+    let mut b: Vec<NodeAddr> = picked.iter().map(|p| p.1).collect();
+    a.sort();
+    a.dedup();
+    b.sort();
+    b.dedup();
+    assert_eq!((a.len(), b.len()), (3, 3));
+    // Each module's successes go in its own batch (datagrams: wait for
+    // the fake agent to have them, at most 10 s).
+    c.flush().unwrap();
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    while s.got().len() < 4 && std::time::Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let got = s.got();
+    assert_eq!(got.len(), 4, "two refreshes, two batches: {got:?}");
+    assert_eq!(
+        got.iter()
+            .filter(|g| matches!(g, Got::Batch(b) if b.len() == 3))
+            .count(),
+        2,
+        "{got:?}"
     );
 }
