@@ -820,4 +820,89 @@ mod tests {
         assert!(c.report(M, node(1), 0, 0, &mut out));
         assert_eq!(c.pick(M, 1), Pick::Refresh { known_version: 0 });
     }
+
+    const N: ModuleId = ModuleId::new(2, 1);
+
+    #[test]
+    fn only_the_hot_module_is_one_compare_away_and_another_is_swapped_in() {
+        let mut c = cached(0);
+        assert_eq!(c.pick(N, 0), Pick::Refresh { known_version: 0 });
+        assert!(c.refreshed(N, &fresh(9, &route(2), false), 0, 1));
+        // N is hot now: M's cached path declines until M is swapped in.
+        assert_eq!(c.pick_cached(N, 1), Some(node(2)));
+        assert_eq!(c.pick_cached(M, 1), None);
+        assert_eq!(c.pick_cached_other(M, 1), Some(node(1)));
+        assert_eq!(c.pick_cached(M, 1), Some(node(2)));
+        assert_eq!(c.pick_cached(N, 1), None);
+        // Each keeps its round robin and its held successes across swaps.
+        assert_eq!(c.pick_cached_other(N, 1), Some(node(1)));
+        let mut out = Vec::new();
+        assert!(!c.report(M, node(2), 0, 5, &mut out));
+        assert!(!c.report(N, node(1), 0, 5, &mut out));
+        assert!(!c.hold(M, node(2), 6), "M is not hot");
+        assert!(c.hold_other(M, node(2), 6));
+        assert!(c.hold(M, node(2), 6));
+        assert!(c.hold_other(N, node(1), 6));
+        let mut holding = c.modules_holding();
+        holding.sort();
+        assert_eq!(holding, vec![M, N]);
+        c.take_held(M, &mut out);
+        assert_eq!(out, vec![(node(2), 3)]);
+        out.clear();
+        c.take_held(N, &mut out);
+        assert_eq!(out, vec![(node(1), 2)]);
+        assert!(out.len() == 1 && c.modules_holding().is_empty());
+    }
+
+    #[test]
+    fn before_any_route_the_cached_paths_decline_even_for_the_largest_module() {
+        // (u32::MAX, u32::MAX) has the key of "no module hot".
+        const MAX: ModuleId = ModuleId::new(u32::MAX, u32::MAX);
+        let mut c = RouteCache::new();
+        assert_eq!(c.pick_cached(MAX, 0), None);
+        assert!(!c.hold(MAX, node(1), 0));
+        assert_eq!(c.pick_cached_other(MAX, 0), None);
+        assert!(!c.hold_other(MAX, node(1), 0));
+        assert_eq!(c.pick(MAX, 0), Pick::Refresh { known_version: 0 });
+        assert!(c.refreshed(MAX, &fresh(3, &route(2), false), 0, 0));
+        assert_eq!(c.pick_cached(MAX, 1), Some(node(1)));
+    }
+
+    #[test]
+    fn the_cached_paths_go_by_the_deadlines_and_the_node_given_last() {
+        let mut c = cached(0);
+        let mut out = Vec::new();
+        assert_eq!(c.pick_cached(M, 0), Some(node(1)));
+        // The first success of a node is the slow path's (it starts the
+        // hold); then the cached path counts it.
+        assert!(!c.hold(M, node(1), 0));
+        assert!(!c.report(M, node(1), 0, 0, &mut out));
+        assert!(c.hold(M, node(1), 1));
+        // Another node than the one given last, held: found by search.
+        assert_eq!(c.pick_cached(M, 1), Some(node(2)));
+        assert!(c.hold(M, node(1), 1));
+        // A node not in the route: never held here.
+        assert!(!c.hold(M, node(9), 1));
+        // The hold is 2 s old at 2000: the slow path sends it.
+        assert!(!c.hold(M, node(1), HOLD_LIMIT_MS));
+        // The route is due at 2000: the cached getHost declines.
+        assert_eq!(c.pick_cached(M, REFRESH_INTERVAL_MS - 1), Some(node(3)));
+        assert_eq!(c.pick_cached(M, REFRESH_INTERVAL_MS), None);
+        // An overloaded node: neither path caches.
+        assert!(c.refreshed(M, &unchanged(5, true), 10, 0));
+        assert_eq!(c.pick_cached(M, 11), None);
+        assert!(!c.hold(M, node(1), 11));
+        c.take_held(M, &mut out);
+        assert_eq!(out, vec![(node(1), 3)]);
+    }
+
+    #[test]
+    fn a_count_above_u32_max_goes_out_as_several() {
+        let mut c = cached(0);
+        let mut out = Vec::new();
+        assert!(!c.report(M, node(2), 0, 0, &mut out));
+        c.hot.slots[1].held = u64::from(u32::MAX) + 5;
+        c.take_held(M, &mut out);
+        assert_eq!(out, vec![(node(2), u32::MAX), (node(2), 5)]);
+    }
 }

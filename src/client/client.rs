@@ -267,8 +267,8 @@ impl Client {
         }
         let prio = prio
             .unwrap_or_else(|| Priority::new(self.opts.business_priority, self.opts.user_priority));
-        self.clock.keep_ticking();
         let now = self.clock.now_ms();
+        self.clock.keep_ticking(now);
         let started = Instant::now();
         let endpoints = match self.locate_at(now) {
             Ok(e) => e,
@@ -402,8 +402,8 @@ impl Client {
                 return Ok(());
             }
         }
-        self.clock.keep_ticking();
         let now = self.clock.now_ms();
+        self.clock.keep_ticking(now);
         let Ok(endpoints) = self.locate_at(now) else {
             if self.opts.cache {
                 // Successes of an agent that is gone are dropped with it.

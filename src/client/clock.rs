@@ -26,11 +26,16 @@
 //!   10 ms; a machine with far more runnable threads than cores: more). A
 //!   deadline of the cached path (heartbeat 2 s old, route due, held
 //!   successes 2 s old) is noticed late by that lag, never early.
-//! - The thread starts with the first cached client of the process and
+//! - The thread starts with the first cached client of the process. It
 //!   stops within one period after the last one is dropped (it checks the
-//!   count of clients at every tick). While no ticker runs the tick reads
-//!   [`STOPPED`], which fails every deadline: calls take the slow path and
-//!   read the clock themselves, and the slow path starts the ticker again.
+//!   count of clients at every tick), and when no client took a slow path
+//!   for [`IDLE_MS`] (an idle process pays for no wake-ups): a client that
+//!   calls at all takes one at least every 2 s (a route's refresh, the
+//!   heartbeat's check, a batch due are all deadlines of 2 s), so only
+//!   clients that stopped calling lose it. While no ticker runs the tick
+//!   reads [`STOPPED`], which fails every deadline: calls take the slow
+//!   path and read the clock themselves, and the slow path starts the
+//!   ticker again.
 //! - After `fork`, the child has no ticker thread: a `pthread_atfork`
 //!   handler sets the child's tick to [`STOPPED`] (so a child never serves
 //!   from a frozen time), and the child's next slow call starts a ticker.
@@ -44,8 +49,14 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// How often the ticker stores the time.
-pub(crate) const TICK_PERIOD: Duration = Duration::from_millis(1);
+/// How often the ticker stores the time: half a kernel tick at HZ=250
+/// (the coarse clock's resolution there is 4 ms). About 500 wake-ups a
+/// second, 0.5 % of a core on the development machine (a VM).
+pub(crate) const TICK_PERIOD: Duration = Duration::from_millis(2);
+
+/// The ticker stops when no client of the process took a slow path for
+/// this long (milliseconds).
+pub(crate) const IDLE_MS: u64 = 5_000;
 
 /// The tick while no ticker runs: after every deadline, so the cached path
 /// declines and the slow path reads the clock.
@@ -55,7 +66,7 @@ pub(crate) const STOPPED: u64 = u64::MAX;
 static NEVER_TICKS: AtomicU64 = AtomicU64::new(STOPPED);
 
 /// The process's ticker.
-static TICKER: Ticker = Ticker::new();
+static TICKER: Ticker = Ticker::new(IDLE_MS);
 
 /// An atomic word alone on its cache lines: the readers' copy is
 /// invalidated by the ticker's stores only.
@@ -72,22 +83,39 @@ pub(crate) struct Ticker {
     users: AtomicUsize,
     /// A thread is ticking (or about to).
     running: AtomicBool,
+    /// When a client last took a slow path (coarse monotonic ms).
+    last_active: AtomicU64,
+    /// The thread stops when `last_active` is older than this.
+    idle_ms: u64,
 }
 
 impl Ticker {
-    const fn new() -> Ticker {
+    const fn new(idle_ms: u64) -> Ticker {
         Ticker {
             now: Padded(AtomicU64::new(STOPPED)),
             users: AtomicUsize::new(0),
             running: AtomicBool::new(false),
+            last_active: AtomicU64::new(0),
+            idle_ms,
         }
     }
 
-    /// One more user: the ticker runs until every use is dropped.
+    /// One more user: the ticker runs until every use is dropped (or all
+    /// are idle).
     fn acquire(&'static self) -> TickerUse {
         self.users.fetch_add(1, Ordering::SeqCst);
-        self.ensure_running();
+        self.active(coarse_monotonic_ms());
         TickerUse(self)
+    }
+
+    /// A client takes a slow path at `now`: the ticker must run.
+    fn active(&'static self, now: u64) {
+        if self.last_active.load(Ordering::Relaxed) != now {
+            self.last_active.store(now, Ordering::Relaxed);
+        }
+        if self.now.0.load(Ordering::Relaxed) == STOPPED {
+            self.ensure_running();
+        }
     }
 
     /// Starts the thread when none runs. On a failed start the tick stays
@@ -97,7 +125,9 @@ impl Ticker {
         if self.running.swap(true, Ordering::SeqCst) {
             return;
         }
-        self.now.0.store(coarse_monotonic_ms(), Ordering::Relaxed);
+        let now = coarse_monotonic_ms();
+        self.last_active.fetch_max(now, Ordering::Relaxed);
+        self.now.0.store(now, Ordering::Relaxed);
         let started = std::thread::Builder::new()
             .name("lbagent-tick".into())
             .spawn(move || self.run());
@@ -110,22 +140,33 @@ impl Ticker {
     /// The thread: stores the time every period while anyone uses it.
     fn run(&'static self) {
         loop {
-            self.now.0.store(coarse_monotonic_ms(), Ordering::Relaxed);
-            std::thread::sleep(TICK_PERIOD);
-            if self.users.load(Ordering::SeqCst) == 0 {
+            let now = coarse_monotonic_ms();
+            let idle = self.idle(now);
+            if idle || self.users.load(Ordering::SeqCst) == 0 {
                 self.now.0.store(STOPPED, Ordering::Relaxed);
                 self.running.store(false, Ordering::SeqCst);
                 // A user that came in meanwhile either saw `running` false
                 // and started a thread, or saw it true before the store
                 // above: then its count is visible here, and this thread
-                // goes on (unless another took over).
-                if self.users.load(Ordering::SeqCst) == 0
+                // goes on (unless another took over). Idle (looked at
+                // again: a slow call may have come in): the next slow call
+                // starts a thread. Only speed depends on this: with no
+                // thread, calls take the slow path.
+                if self.idle(now)
+                    || self.users.load(Ordering::SeqCst) == 0
                     || self.running.swap(true, Ordering::SeqCst)
                 {
                     return;
                 }
             }
+            self.now.0.store(now, Ordering::Relaxed);
+            std::thread::sleep(TICK_PERIOD);
         }
+    }
+
+    /// No client took a slow path for `idle_ms` at `now`.
+    fn idle(&self, now: u64) -> bool {
+        now.saturating_sub(self.last_active.load(Ordering::Relaxed)) > self.idle_ms
     }
 
     /// In a child after `fork`: no thread ticks there.
@@ -235,13 +276,12 @@ impl Clock {
         self.tick.load(Ordering::Relaxed)
     }
 
-    /// On the slow path: starts the ticker again if it stopped while this
-    /// clock uses it (after `fork`, or a failed start).
-    pub fn keep_ticking(&self) {
+    /// On the slow path, at `now` ([`Clock::now_ms`]): the client is in
+    /// use; starts the ticker again if it stopped while this clock uses it
+    /// (idle, after `fork`, or a failed start).
+    pub fn keep_ticking(&self, now: u64) {
         if let Some(t) = &self.ticker {
-            if self.tick_ms() == STOPPED {
-                t.0.ensure_running();
-            }
+            t.0.active(now);
         }
     }
 
@@ -298,9 +338,10 @@ mod tests {
         f()
     }
 
-    /// A ticker of the test's own (the process's is shared by every test).
+    /// A ticker of the test's own (the process's is shared by every test),
+    /// never idle.
     fn own_ticker() -> &'static Ticker {
-        Box::leak(Box::new(Ticker::new()))
+        Box::leak(Box::new(Ticker::new(u64::MAX)))
     }
 
     #[test]
@@ -383,6 +424,58 @@ mod tests {
     }
 
     #[test]
+    fn a_forked_child_reads_a_stopped_tick() {
+        let c = Clock::ticking();
+        assert!(within_10_s(|| c.tick_ms() != STOPPED));
+        // SAFETY: the child only loads two atomics and calls `_exit`, both
+        // async-signal-safe (the parent has other threads).
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork failed");
+        if pid == 0 {
+            let stopped = c.tick_ms() == STOPPED && !TICKER.running.load(Ordering::SeqCst);
+            // SAFETY: ends the child at once, running nothing of the parent's.
+            unsafe { libc::_exit(if stopped { 0 } else { 1 }) };
+        }
+        let mut status = 0;
+        // SAFETY: waits for the child just forked; `status` is writable.
+        let waited = unsafe { libc::waitpid(pid, &mut status, 0) };
+        assert_eq!(waited, pid);
+        assert!(
+            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+            "the child saw a running tick: {status:#x}"
+        );
+        // The parent's ticker runs on.
+        assert!(within_10_s(|| c.tick_ms() != STOPPED));
+    }
+
+    #[test]
+    fn an_idle_ticker_stops_and_a_slow_call_starts_it_again() {
+        let t: &'static Ticker = Box::leak(Box::new(Ticker::new(50)));
+        let u = t.acquire();
+        assert!(t.running.load(Ordering::SeqCst));
+        // No slow call for 50 ms: stopped, though a user is alive.
+        assert!(within_10_s(|| !t.running.load(Ordering::SeqCst)));
+        assert_eq!(t.now.0.load(Ordering::Relaxed), STOPPED);
+        t.active(coarse_monotonic_ms());
+        assert!(t.running.load(Ordering::SeqCst));
+        assert_ne!(t.now.0.load(Ordering::Relaxed), STOPPED);
+        drop(u);
+        assert!(within_10_s(|| !t.running.load(Ordering::SeqCst)));
+    }
+
+    #[test]
+    fn idleness_is_the_time_since_the_last_slow_call() {
+        let t = Ticker::new(5_000);
+        t.last_active.store(10_000, Ordering::Relaxed);
+        assert!(!t.idle(10_000));
+        assert!(!t.idle(15_000));
+        assert!(t.idle(15_001));
+        // A clock read before the last activity (another thread's) is not
+        // idle.
+        assert!(!t.idle(9_000));
+    }
+
+    #[test]
     fn a_ticking_clock_keeps_the_process_ticker_running() {
         let c = Clock::ticking();
         assert!(within_10_s(|| c.tick_ms() != STOPPED));
@@ -393,7 +486,7 @@ mod tests {
             let now = c.now_ms();
             assert!(tick == STOPPED || tick <= now, "tick {tick}, clock {now}");
         }
-        c.keep_ticking();
+        c.keep_ticking(c.now_ms());
         assert!(within_10_s(|| c.tick_ms() != STOPPED));
     }
 }
