@@ -2,8 +2,10 @@
 //! whether the agent is alive, how many shards it runs, on which ports, and
 //! where its static route file is.
 //!
-//! Owns the client's [`HeartbeatReader`] and what it last read. Before every
-//! request the client asks [`Locator::fresh`]: one atomic load of the
+//! Owns the client's [`HeartbeatReader`] and what it last read. The cached
+//! path of the client (no request sent) looks at nothing here: it compares
+//! its tick with [`Locator::alive_until`] of the last full check. Before
+//! every request the client asks [`Locator::fresh`]: one atomic load of the
 //! header's sequence word and one comparison with the client's coarse
 //! monotonic clock. While the sequence has not moved since the last full
 //! check, the beat is the one seen then, and its age is that age plus the
