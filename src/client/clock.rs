@@ -409,13 +409,15 @@ mod tests {
     #[test]
     fn after_fork_the_tick_reads_stopped_until_a_slow_call_restarts_it() {
         let t = own_ticker();
-        let u = t.acquire();
-        // What the child of a fork sees: no thread, the tick stopped.
+        // The state a child inherits: a user, `running`, a time, and no
+        // thread (none was started here).
+        t.users.store(1, Ordering::SeqCst);
+        t.running.store(true, Ordering::SeqCst);
+        t.now.0.store(coarse_monotonic_ms(), Ordering::Relaxed);
+        let u = TickerUse(t);
         t.after_fork();
         assert_eq!(t.now.0.load(Ordering::Relaxed), STOPPED);
         assert!(!t.running.load(Ordering::SeqCst));
-        // (The parent's thread, still running here, may store once more
-        // before it notices; the restart below takes over either way.)
         t.ensure_running();
         assert!(t.running.load(Ordering::SeqCst));
         assert!(within_10_s(|| t.now.0.load(Ordering::Relaxed) != STOPPED));
@@ -426,7 +428,11 @@ mod tests {
     #[test]
     fn a_forked_child_reads_a_stopped_tick() {
         let c = Clock::ticking();
-        assert!(within_10_s(|| c.tick_ms() != STOPPED));
+        // (A slow call in the loop: the process's ticker stops when idle.)
+        assert!(within_10_s(|| {
+            c.keep_ticking(c.now_ms());
+            c.tick_ms() != STOPPED
+        }));
         // SAFETY: the child only loads two atomics and calls `_exit`, both
         // async-signal-safe (the parent has other threads).
         let pid = unsafe { libc::fork() };
@@ -445,7 +451,10 @@ mod tests {
             "the child saw a running tick: {status:#x}"
         );
         // The parent's ticker runs on.
-        assert!(within_10_s(|| c.tick_ms() != STOPPED));
+        assert!(within_10_s(|| {
+            c.keep_ticking(c.now_ms());
+            c.tick_ms() != STOPPED
+        }));
     }
 
     #[test]
@@ -478,7 +487,11 @@ mod tests {
     #[test]
     fn a_ticking_clock_keeps_the_process_ticker_running() {
         let c = Clock::ticking();
-        assert!(within_10_s(|| c.tick_ms() != STOPPED));
+        // (A slow call in the loop: the process's ticker stops when idle.)
+        assert!(within_10_s(|| {
+            c.keep_ticking(c.now_ms());
+            c.tick_ms() != STOPPED
+        }));
         // The tick lags the clock, never leads it (the same clock, read
         // earlier); STOPPED for a moment only if a thread was handing over.
         for _ in 0..1_000 {
@@ -486,7 +499,9 @@ mod tests {
             let now = c.now_ms();
             assert!(tick == STOPPED || tick <= now, "tick {tick}, clock {now}");
         }
-        c.keep_ticking(c.now_ms());
-        assert!(within_10_s(|| c.tick_ms() != STOPPED));
+        assert!(within_10_s(|| {
+            c.keep_ticking(c.now_ms());
+            c.tick_ms() != STOPPED
+        }));
     }
 }
