@@ -1,12 +1,14 @@
 //! A UDP client of one agent shard that speaks the wire format directly
 //! (no client library: these tests check the agent itself). Every wait is
-//! bounded: three sends, 500 ms each (or `per_try`). Include it with
+//! bounded by time: a request is sent again every 500 ms (or `per_try`)
+//! until it is answered or [`PATIENCE`] has passed (at least three sends).
+//! Include it with
 //! `#[path = "support/udpclient.rs"] mod udpclient;` beside
 //! `support/common.rs` as `mod common`.
 #![allow(dead_code)]
 
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use lbagent::model::{ModuleId, NodeAddr};
 use lbagent::wire::{decode, Encoder, Limits, Message, Report, RetCode};
@@ -14,12 +16,18 @@ use lbagent::wire::{decode, Encoder, Limits, Message, Report, RetCode};
 // The including test crate has `#[path = "support/common.rs"] mod common;`.
 use super::common::wait_for;
 
+/// How long a request is sent again before it counts as unanswered: a
+/// freshly started agent on a loaded machine (a debug build among parallel
+/// tests and builds) can be off its cores for more than a second.
+pub const PATIENCE: Duration = Duration::from_secs(5);
+
 /// One socket talking to one shard.
 pub struct Client {
     sock: UdpSocket,
     to: SocketAddr,
     enc: Encoder,
     seq: u32,
+    per_try: Duration,
 }
 
 impl Client {
@@ -28,8 +36,8 @@ impl Client {
         Self::patient(port, Duration::from_millis(500))
     }
 
-    /// A client that waits `per_try` for each of its three tries (for an
-    /// agent that just started on a loaded machine).
+    /// A client that waits `per_try` before it sends a request again (at
+    /// least three tries, [`PATIENCE`] in all).
     pub fn patient(port: u16, per_try: Duration) -> Client {
         let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
         sock.set_read_timeout(Some(per_try)).unwrap();
@@ -38,26 +46,30 @@ impl Client {
             to: SocketAddr::from((Ipv4Addr::LOCALHOST, port)),
             enc: Encoder::new(),
             seq: 0,
+            per_try,
         }
     }
 
-    /// Sends the request `build` makes (with the next sequence number) up to
-    /// three times and returns the answer that echoes it.
+    /// Sends the request `build` makes (with the next sequence number) until
+    /// it is answered (see [`PATIENCE`]) and returns the answer that echoes
+    /// it.
     pub fn ask(&mut self, build: impl FnOnce(&mut Encoder, u32) -> Vec<u8>) -> Vec<u8> {
         let seq = self.seq + 1;
         self.try_ask(build)
             .unwrap_or_else(|| panic!("no answer to request {seq}"))
     }
 
-    /// As [`Client::ask`], but `None` when the three tries go unanswered
+    /// As [`Client::ask`], but `None` when the request goes unanswered
     /// (an agent still draining a flood, say).
     pub fn try_ask(&mut self, build: impl FnOnce(&mut Encoder, u32) -> Vec<u8>) -> Option<Vec<u8>> {
         self.seq += 1;
         let seq = self.seq;
         let req = build(&mut self.enc, seq);
-        for _ in 0..3 {
+        let t0 = Instant::now();
+        let patience = PATIENCE.max(self.per_try * 3);
+        let mut buf = vec![0u8; 65536];
+        while t0.elapsed() < patience {
             self.sock.send_to(&req, self.to).unwrap();
-            let mut buf = vec![0u8; 65536];
             while let Ok((n, _)) = self.sock.recv_from(&mut buf) {
                 let answer = buf[..n].to_vec();
                 let s = match decode(&answer, &Limits::UDP).unwrap() {
