@@ -108,12 +108,15 @@ if [[ "$status" != online* ]]; then
   }
 fi
 
+# Bounded by time, not tries (each pg_isready may itself wait seconds on a
+# loaded machine).
 ready=""
-for _ in $(seq 1 60); do
-  if pg_isready -q -h 127.0.0.1 -p "$port"; then ready=1; break; fi
+deadline=$((SECONDS + 60))
+while (( SECONDS < deadline )); do
+  if pg_isready -q -t 5 -h 127.0.0.1 -p "$port"; then ready=1; break; fi
   sleep 0.5
 done
-[[ -n "$ready" ]] || die "cluster $version/$cluster does not answer on 127.0.0.1:$port after 30 s"
+[[ -n "$ready" ]] || die "cluster $version/$cluster does not answer on 127.0.0.1:$port after 60 s"
 
 # --- role and database ------------------------------------------------------
 psql_admin() { as_postgres psql -X -q -v ON_ERROR_STOP=1 -p "$port" -d postgres "$@"; }
