@@ -535,7 +535,12 @@ fn idle_cpu(pid: u32, d: Duration) -> f64 {
 
 /// A counter's value summed over its samples in the agent's metrics text.
 fn metric(agent: &AgentProc, name: &str) -> f64 {
-    let body = http_get(agent.metrics, "/metrics").expect("metrics answer");
+    // Retried: one scrape may take more than http_get's 2 s on a loaded
+    // machine.
+    let body = wait_for(Duration::from_secs(10), || {
+        http_get(agent.metrics, "/metrics")
+    })
+    .expect("the metrics endpoint answers within 10 s");
     body.lines()
         .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())

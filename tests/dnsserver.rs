@@ -1035,6 +1035,10 @@ impl PgSchema {
             return None;
         };
         let name = format!("lbagent_test_dns_{case}_{}", std::process::id());
+        // The store's default connect_timeout is 5 s (seen exceeded at load
+        // average 18); these tests are not about connection latency.
+        let sep = if base.contains('?') { '&' } else { '?' };
+        let base = format!("{base}{sep}connect_timeout=30");
         let mut c = ::postgres::Client::connect(&base, ::postgres::NoTls).unwrap();
         c.batch_execute(&format!(
             "DROP SCHEMA IF EXISTS {name} CASCADE; CREATE SCHEMA {name};"

@@ -116,7 +116,12 @@ impl Agent {
     }
 
     fn reloads(&self, result: &str) -> u64 {
-        let text = http_get(self.metrics, "/metrics").unwrap_or_default();
+        // Retried: a scrape that failed on a loaded machine must not read
+        // as 0 (a count taken before a reload would be wrong).
+        let text = wait_for(Duration::from_secs(10), || {
+            http_get(self.metrics, "/metrics")
+        })
+        .expect("the metrics endpoint answers within 10 s");
         let key = format!("lbagent_config_reloads_total{{result=\"{result}\"}} ");
         text.lines()
             .find_map(|l| l.strip_prefix(&key))

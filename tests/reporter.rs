@@ -982,6 +982,10 @@ fn stop_writes_what_is_buffered_on_postgres() {
         return;
     };
     let schema = format!("lbagent_test_rstop_{}", std::process::id());
+    // The store's default connect_timeout is 5 s (seen exceeded at load
+    // average 18); this test is not about connection latency.
+    let sep = if base.contains('?') { '&' } else { '?' };
+    let base = format!("{base}{sep}connect_timeout=30");
     let mut admin = ::postgres::Client::connect(&base, ::postgres::NoTls).unwrap();
     admin
         .batch_execute(&format!(

@@ -52,6 +52,10 @@ impl Db {
             return None;
         };
         let schema = format!("lbagent_test_{case}_{}", std::process::id());
+        // The store's default connect_timeout is 5 s (seen exceeded at load
+        // average 18); these tests are not about connection latency.
+        let sep = if base.contains('?') { '&' } else { '?' };
+        let base = format!("{base}{sep}connect_timeout=30");
         let mut admin = ::postgres::Client::connect(&base, ::postgres::NoTls)
             .unwrap_or_else(|e| panic!("{PG_ENV}={}: {e}", store::redact(&base)));
         admin
