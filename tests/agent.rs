@@ -13,9 +13,11 @@ mod routesrc;
 mod udpclient;
 
 use common::{free_tcp_port, wait_for};
+use std::cell::Cell;
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::{PoisonError, RwLock, RwLockReadGuard};
 use std::time::{Duration, Instant};
 
 use lbagent::agent::heartbeat::HeartbeatReader;
@@ -38,12 +40,26 @@ fn nodes(n: u8) -> Vec<RouteNode> {
         .collect()
 }
 
+/// The flood test keeps a 2-core machine busy for up to minutes (two
+/// senders and the agent's shard flat out), which stalled the agents of the
+/// tests beside it by seconds: it holds this for writing, every other
+/// agent of this file for reading while it lives.
+static ALONE: RwLock<()> = RwLock::new(());
+
+thread_local! {
+    /// Set by the test that holds [`ALONE`] for writing: its own agents
+    /// take no read turn.
+    static HOLDS_ALONE: Cell<bool> = const { Cell::new(false) };
+}
+
 struct AgentProc {
     child: Option<Child>,
     dir: PathBuf,
     config: PathBuf,
     port: u16,
     metrics: SocketAddr,
+    /// A read turn of [`ALONE`], dropped after the agent is killed.
+    _turn: Option<RwLockReadGuard<'static, ()>>,
 }
 
 impl AgentProc {
@@ -97,7 +113,10 @@ impl AgentProc {
             Self::config_text(dir, route_server, reporter, shards, metrics, extra),
         )
         .unwrap();
+        let turn =
+            (!HOLDS_ALONE.get()).then(|| ALONE.read().unwrap_or_else(PoisonError::into_inner));
         let mut a = AgentProc {
+            _turn: turn,
             child: None,
             dir: dir.to_path_buf(),
             config,
@@ -565,6 +584,8 @@ fn metric(agent: &AgentProc, name: &str) -> f64 {
 
 #[test]
 fn a_flood_of_a_million_unknown_modules_is_refused_and_the_agent_recovers() {
+    let _alone = ALONE.write().unwrap_or_else(PoisonError::into_inner);
+    HOLDS_ALONE.set(true);
     let dir = tempfile::tempdir().unwrap();
     let source = RouteSource::start();
     source.set_route(M, &nodes(2));
