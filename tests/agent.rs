@@ -440,7 +440,7 @@ fn sigterm_writes_the_snapshot_and_exits_0_promptly() {
     // Under 2 s in two full runs at load 15-18, 2.76 s in a third.
     // The stop's own bounds are a shard's hand-over 1 s, the flush 0.5 s
     // and the snapshot 5 s: with nothing to wait for (the reporter refuses
-    // at once), 4 s still catches a stop that waits one of them out.
+    // at once), 4 s still catches a stop that waits out the snapshot's.
     assert!(took < Duration::from_secs(4), "took {took:?}");
     let s = snapshot::read(&agent.snapshot_path()).expect("a snapshot written at shutdown");
     assert_eq!(s.route(M).unwrap().nodes.len(), 2);
