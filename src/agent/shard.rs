@@ -244,9 +244,16 @@ impl ShardCore {
     /// Turns the shard's own admission control on (`Some`) or off. While
     /// on, [`ShardCore::handle_queued`] feeds it each datagram's queuing
     /// time and a getHost its level does not admit is answered `Rejected`
-    /// with the shard's level attached.
+    /// with the shard's level attached. The level never holds while the
+    /// queue drains (`hold_while_draining` is turned off): the kernel's
+    /// receive queue holds every datagram, admitted or not.
     pub fn set_shedding(&mut self, params: Option<AdmissionParams>) {
-        self.shedding = params.map(|p| Box::new(Admission::new(p)));
+        self.shedding = params.map(|p| {
+            Box::new(Admission::new(AdmissionParams {
+                hold_while_draining: false,
+                ..p
+            }))
+        });
         self.metrics.self_level = OPEN;
     }
 

@@ -31,6 +31,11 @@ pub struct AdmissionConfig {
     pub user_hash_seed: u64,
     /// Seconds between rotations of the user-priority hash key.
     pub user_key_period_s: u64,
+    /// An overloaded window keeps the level instead of cutting it when its
+    /// queue drained by at least alpha (admitted ≤ (1 − alpha)·started):
+    /// the last cut is already working (not in the paper; see README).
+    /// Never for the agent's own shedding.
+    pub hold_while_draining: bool,
     /// The agent forgets a node's downstream level (collaborative
     /// admission) when no report refreshes it within this many ms.
     pub level_timeout_ms: u64,
@@ -61,6 +66,7 @@ impl Default for AdmissionConfig {
             beta: p.beta,
             min_business: p.floor.business,
             min_user: p.floor.user,
+            hold_while_draining: p.hold_while_draining,
             user_hash_seed: 0x1bad_b002_dead_beef,
             user_key_period_s: 3600,
             level_timeout_ms: crate::agent::shard::LEVEL_TIMEOUT_MS,
@@ -80,6 +86,7 @@ impl AdmissionConfig {
             alpha: self.alpha,
             beta: self.beta,
             floor: AdmissionLevel::new(self.min_business, self.min_user),
+            hold_while_draining: self.hold_while_draining,
         }
     }
 
@@ -88,6 +95,7 @@ impl AdmissionConfig {
     pub fn agent_params(&self) -> Option<AdmissionParams> {
         self.agent_shedding.then(|| AdmissionParams {
             queuing_threshold_us: self.agent_queuing_threshold_us,
+            hold_while_draining: false,
             ..self.params()
         })
     }
@@ -235,6 +243,7 @@ mod tests {
         assert_eq!(c.admission.params().window_us, 100_000);
         assert_eq!(c.admission.alpha, 0.1);
         assert_eq!(c.admission.agent_params(), None, "off by default");
+        assert!(c.admission.params().hold_while_draining, "on by default");
         let c = Config::load(
             None,
             &[
@@ -245,6 +254,7 @@ mod tests {
         .unwrap();
         let p = c.admission.agent_params().expect("on");
         assert_eq!(p.queuing_threshold_us, 750);
+        assert!(!p.hold_while_draining, "the shard's queue holds everything");
         assert_eq!(p.window_us, 1_000_000);
     }
 }
