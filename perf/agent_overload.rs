@@ -14,12 +14,21 @@
 //!    2× the shard's rate from a few threads); the hold-back decision is
 //!    the library's. A getHost a caller holds back counts as rejected.
 //!
+//! The two shedding runs are repeated with the shard socket's receive
+//! buffer set to `--rcvbuf` bytes (`SO_RCVBUF`, set by this runner on the
+//! embedded agent's socket; the kernel doubles it): a short kernel queue
+//! bounds how long any datagram can wait, at the price of drops that do
+//! not look at priorities.
+//!
 //! Per class: answered / Rejected / unanswered shares and the round trip
-//! of the answered getHosts; and the shard's own queuing-time histogram
-//! (`lbagent_queuing_seconds`, all datagrams), read from its /metrics.
+//! of the answered getHosts; the shard's own queuing-time histogram
+//! (`lbagent_queuing_seconds`, all datagrams), read from its /metrics; and
+//! the CPU this process (agent and senders together) used per second of
+//! the measured part, in cores: at 2.0 on a 2-core machine the run is
+//! CPU-bound, and the senders and the shard take turns on the cores.
 //!
 //! ```text
-//! cargo bench --bench agent_overload -- [--seconds 3] [--senders 4] [--threshold-us 500]
+//! cargo bench --bench agent_overload -- [--seconds 3] [--senders 4] [--threshold-us 500] [--rcvbuf 32768]
 //! ```
 
 use std::io::{Read, Write as _};
@@ -48,6 +57,7 @@ struct Opts {
     seconds: u64,
     senders: usize,
     threshold_us: u64,
+    rcvbuf: u64,
 }
 
 fn main() {
@@ -55,6 +65,7 @@ fn main() {
         seconds: 3,
         senders: 4,
         threshold_us: 500,
+        rcvbuf: 32_768,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -71,6 +82,7 @@ fn main() {
             "--seconds" => o.seconds = num("--seconds"),
             "--senders" => o.senders = num("--senders") as usize,
             "--threshold-us" => o.threshold_us = num("--threshold-us"),
+            "--rcvbuf" => o.rcvbuf = num("--rcvbuf"),
             "--bench" => {}
             other => {
                 eprintln!("agent_overload: unknown argument `{other}`");
@@ -81,11 +93,17 @@ fn main() {
     // Paced senders, rates doubling: the most the shard answered is its
     // saturation rate (senders flat out would take the cores from the
     // agent on a small machine and measure the senders instead).
+    println!(
+        "load average at the start: {}",
+        std::fs::read_to_string("/proc/loadavg")
+            .unwrap_or_default()
+            .trim()
+    );
     let mut s = 0f64;
     for rate in [
         12_500.0, 25_000.0, 50_000.0, 100_000.0, 200_000.0, 400_000.0,
     ] {
-        let r = run(&o, Mode::Off, Some(rate));
+        let r = run(&o, Mode::Off, None, Some(rate));
         println!(
             "saturation search: offered {:.0}/s, answered {:.0}/s",
             r.sent_rate(),
@@ -103,11 +121,18 @@ fn main() {
         o.threshold_us
     );
     println!(
-        "| run | class | offered/s | answered | rejected | unanswered | RTT p50 (µs) | RTT p99 (µs) | shard queuing p50 / p99 (µs, all datagrams) |"
+        "| run | receive buffer | class | offered/s | answered | rejected | unanswered | RTT p50 (µs) | RTT p99 (µs) | shard queuing p50 / p99 (µs, all datagrams) | CPU (cores) |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|");
-    for mode in [Mode::Off, Mode::Shedding, Mode::Honouring] {
-        let r = run(&o, mode, Some(2.0 * s));
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    let small = Some(o.rcvbuf);
+    for (mode, rcvbuf) in [
+        (Mode::Off, None),
+        (Mode::Shedding, None),
+        (Mode::Honouring, None),
+        (Mode::Shedding, small),
+        (Mode::Honouring, small),
+    ] {
+        let r = run(&o, mode, rcvbuf, Some(2.0 * s));
         for (c, &(b, _)) in MIX.iter().enumerate() {
             let k = &r.classes[c];
             let offered = (k.sent + k.held_back).max(1) as f64;
@@ -120,13 +145,15 @@ fn main() {
                 )
             };
             println!(
-                "| {} | {b} | {:.0} | {:.3} | {:.3} | {:.3} | {p50:.0} | {p99:.0} | {} |",
+                "| {} | {} | {b} | {:.0} | {:.3} | {:.3} | {:.3} | {p50:.0} | {p99:.0} | {} | {:.2} |",
                 mode.name(),
+                r.rcvbuf,
                 offered / r.seconds,
                 k.ok as f64 / offered,
                 (k.rejected + k.held_back) as f64 / offered,
                 k.sent.saturating_sub(k.ok + k.rejected) as f64 / offered,
                 r.queuing,
+                r.cores,
             );
         }
     }
@@ -174,6 +201,10 @@ struct Run {
     seconds: f64,
     classes: Vec<Class>,
     queuing: String,
+    /// The shard socket's receive buffer as the kernel reports it.
+    rcvbuf: String,
+    /// CPU seconds this process used per second measured.
+    cores: f64,
 }
 
 impl Run {
@@ -187,8 +218,8 @@ impl Run {
 
 /// One run against a fresh agent: `rate` getHosts per second in all
 /// (None: as fast as the senders can), for the measured seconds after a
-/// 1 s warm-up.
-fn run(o: &Opts, mode: Mode, rate: Option<f64>) -> Run {
+/// 1 s warm-up; with `rcvbuf`, the shard socket's receive buffer set to it.
+fn run(o: &Opts, mode: Mode, rcvbuf: Option<u64>, rate: Option<f64>) -> Run {
     let dir = std::env::temp_dir().join(format!("lbagent-overload-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("scratch");
@@ -212,6 +243,7 @@ fn run(o: &Opts, mode: Mode, rate: Option<f64>) -> Run {
     let system = Standalone::start(so).expect("standalone");
     let agent = SocketAddr::from(([127, 0, 0, 1], system.agent_ports()[0]));
     let metrics = system.metrics_addrs()[0];
+    let rcvbuf = shard_rcvbuf(agent.port(), rcvbuf);
     warm(agent);
 
     let stop = Arc::new(AtomicBool::new(false));
@@ -253,11 +285,13 @@ fn run(o: &Opts, mode: Mode, rate: Option<f64>) -> Run {
     }
     std::thread::sleep(Duration::from_secs(1));
     let q0 = queuing_buckets(metrics);
+    let cpu0 = cpu_seconds();
     measuring.store(true, Relaxed);
     let t0 = Instant::now();
     std::thread::sleep(Duration::from_secs(o.seconds));
     measuring.store(false, Relaxed);
     let seconds = t0.elapsed().as_secs_f64();
+    let cores = (cpu_seconds() - cpu0) / seconds;
     let q1 = queuing_buckets(metrics);
     stop.store(true, Relaxed);
     for t in threads {
@@ -270,7 +304,73 @@ fn run(o: &Opts, mode: Mode, rate: Option<f64>) -> Run {
         seconds,
         classes,
         queuing: quantiles(&q0, &q1),
+        rcvbuf,
+        cores,
     }
+}
+
+/// User + system CPU seconds of this process so far.
+fn cpu_seconds() -> f64 {
+    // SAFETY: getrusage fills the struct it is given.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) } != 0 {
+        return f64::NAN;
+    }
+    let t = |v: libc::timeval| v.tv_sec as f64 + v.tv_usec as f64 / 1e6;
+    t(u.ru_utime) + t(u.ru_stime)
+}
+
+/// Finds the embedded agent's UDP socket bound to `port` among this
+/// process's descriptors, sets its receive buffer to `bytes` when given,
+/// and says the size the kernel reports ("?" when not found).
+fn shard_rcvbuf(port: u16, bytes: Option<u64>) -> String {
+    let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
+        return "?".into();
+    };
+    for fd in dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok()) {
+        // SAFETY: plain socket calls on a descriptor number; a descriptor
+        // that is not a socket fails them.
+        unsafe {
+            let mut addr: libc::sockaddr_in = std::mem::zeroed();
+            let mut len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+            let (mut ty, mut tlen) = (0i32, std::mem::size_of::<i32>() as libc::socklen_t);
+            if libc::getsockname(fd, (&mut addr as *mut libc::sockaddr_in).cast(), &mut len) != 0
+                || i32::from(addr.sin_family) != libc::AF_INET
+                || u16::from_be(addr.sin_port) != port
+                || libc::getsockopt(
+                    fd,
+                    libc::SOL_SOCKET,
+                    libc::SO_TYPE,
+                    (&mut ty as *mut i32).cast(),
+                    &mut tlen,
+                ) != 0
+                || ty != libc::SOCK_DGRAM
+            {
+                continue;
+            }
+            if let Some(b) = bytes {
+                let v = b.min(i32::MAX as u64) as i32;
+                let size = std::mem::size_of::<i32>() as libc::socklen_t;
+                libc::setsockopt(
+                    fd,
+                    libc::SOL_SOCKET,
+                    libc::SO_RCVBUF,
+                    (&v as *const i32).cast(),
+                    size,
+                );
+            }
+            let (mut v, mut vlen) = (0i32, std::mem::size_of::<i32>() as libc::socklen_t);
+            libc::getsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                libc::SO_RCVBUF,
+                (&mut v as *mut i32).cast(),
+                &mut vlen,
+            );
+            return v.to_string();
+        }
+    }
+    "?".into()
 }
 
 /// Asks for a host until the agent has the route.

@@ -16,8 +16,8 @@
 //!   most `(1 − α)·N_adm`; otherwise it moves up so that it reaches at least
 //!   `(1 + β)·N_adm`. It never goes below [`AdmissionParams::floor`] (by
 //!   default `(1, 128)`: the most important business class is never shed).
-//!   One deviation, on by default: an overloaded window whose queue drained
-//!   by at least `α` keeps the level ([`AdmissionParams::hold_while_draining`]).
+//!   One deviation, on by default: an overloaded window whose queue drains
+//!   fast enough keeps the level ([`AdmissionParams::hold_while_draining`]).
 //! - **Admission rule** ([`admits`]): `b < B*`, or `b == B*` and `u ≤ U*`.
 //! - **The level on the wire** ([`piggyback`]): a 2-byte encoding a service
 //!   can put in its own responses, and the FlatBuffers `AdmissionLevel`.
