@@ -40,6 +40,7 @@ pub mod qpstest;
 pub mod reload;
 pub mod reporter;
 pub mod sdnotify;
+pub mod shm;
 pub mod signal;
 pub mod standalone;
 pub mod store;

@@ -36,6 +36,18 @@
 //! `seq`, magic and version keep their offsets in every future version, so a
 //! reader can always tell which layout it is looking at.
 //!
+//! ## The shared-memory extension (still version 1)
+//!
+//! Past the header, inside the same page and under the same seqlock, the
+//! agent names its shared-memory regions (issue 16, `[shm]`); readers of
+//! the header alone ignore it, and an agent without it leaves it zero:
+//!
+//! | offset | size | field |
+//! |---:|---:|---|
+//! | 576 | 4 | [`SHM_MAGIC`] (`"LBSX"`) when regions are offered, else 0 |
+//! | 580 | 4 | region prefix length in bytes |
+//! | 584 | 512 | region prefix bytes; shard i's region is `PREFIX.i` |
+//!
 //! # Consistency
 //!
 //! A seqlock: the writer makes `seq` odd, writes, then makes it even again
@@ -77,6 +89,15 @@ pub const SNAPSHOT_PATH_MAX: usize = 512;
 
 /// The bytes of the file the header uses; a shorter file is truncated.
 pub const HEADER_LEN: usize = OFF_PATH + SNAPSHOT_PATH_MAX;
+
+/// The shared-memory extension's magic word: `"LBSX"`.
+pub const SHM_MAGIC: u32 = u32::from_le_bytes(*b"LBSX");
+
+const OFF_SHM_MAGIC: usize = 576;
+const OFF_SHM_LEN: usize = 580;
+const OFF_SHM_PATH: usize = 584;
+/// The end of the extension: a file at least this long may carry it.
+const EXT_END: usize = OFF_SHM_PATH + SNAPSHOT_PATH_MAX;
 
 /// The size the writer gives a new (or shorter) file: one page.
 pub const FILE_LEN: u64 = 4096;
@@ -245,9 +266,11 @@ struct Shm {
 }
 
 impl Shm {
-    fn map(file: &std::fs::File, writable: bool) -> io::Result<Self> {
+    /// Maps the first `len` bytes (the header, or the header and the
+    /// extension when the file holds it).
+    fn map(file: &std::fs::File, writable: bool, len: usize) -> io::Result<Self> {
         let mut options = MmapOptions::new();
-        options.len(HEADER_LEN);
+        options.len(len);
         let map = if writable {
             options.map_raw(file)?
         } else {
@@ -257,9 +280,9 @@ impl Shm {
     }
 
     fn u32(&self, off: usize) -> &AtomicU32 {
-        debug_assert!(off % 4 == 0 && off + 4 <= HEADER_LEN);
-        // SAFETY: the mapping is page aligned and at least HEADER_LEN long,
-        // `off` is 4-aligned and in bounds, and it lives as long as `self`.
+        assert!(off % 4 == 0 && off + 4 <= self.map.len());
+        // SAFETY: the mapping is page aligned, `off` is 4-aligned and in
+        // bounds (checked above), and it lives as long as `self`.
         // The memory is only ever accessed through atomics (by any process),
         // and a read-only mapping is only loaded from, with Relaxed loads of
         // at most pointer size, which std allows on read-only memory.
@@ -267,7 +290,7 @@ impl Shm {
     }
 
     fn u64(&self, off: usize) -> &AtomicU64 {
-        debug_assert!(off % 8 == 0 && off + 8 <= HEADER_LEN);
+        assert!(off % 8 == 0 && off + 8 <= self.map.len());
         // SAFETY: as in `u32`, with an 8-aligned offset.
         unsafe { &*self.map.as_ptr().add(off).cast::<AtomicU64>() }
     }
@@ -425,6 +448,35 @@ impl RawHeader {
     }
 }
 
+/// The shared-memory extension's words (zero when the mapping does not
+/// reach it).
+struct RawShm {
+    magic: u32,
+    len: u32,
+    path: [u64; PATH_WORDS],
+}
+
+impl RawShm {
+    fn load(shm: &Shm) -> Self {
+        let mut path = [0u64; PATH_WORDS];
+        if shm.map.len() < EXT_END {
+            return RawShm {
+                magic: 0,
+                len: 0,
+                path,
+            };
+        }
+        for (i, word) in path.iter_mut().enumerate() {
+            *word = shm.load64(OFF_SHM_PATH + 8 * i);
+        }
+        RawShm {
+            magic: shm.load32(OFF_SHM_MAGIC),
+            len: shm.load32(OFF_SHM_LEN),
+            path,
+        }
+    }
+}
+
 fn check_format(file: &Path, magic: u32, version: u32) -> Result<(), HeartbeatError> {
     if magic != MAGIC {
         return Err(HeartbeatError::BadMagic {
@@ -543,8 +595,13 @@ impl HeartbeatWriter {
         if len < FILE_LEN {
             file.set_len(FILE_LEN).map_err(io_error("size", path))?;
         }
-        let shm = Shm::map(&file, true).map_err(io_error("map", path))?;
-        shm.write(|shm| header.store(shm));
+        let shm = Shm::map(&file, true, EXT_END).map_err(io_error("map", path))?;
+        shm.write(|shm| {
+            header.store(shm);
+            // No regions until the agent offers them (set_shm).
+            shm.u32(OFF_SHM_MAGIC).store(0, Ordering::Relaxed);
+            shm.u32(OFF_SHM_LEN).store(0, Ordering::Relaxed);
+        });
         Ok(HeartbeatWriter {
             shm,
             path: path.to_path_buf(),
@@ -562,6 +619,35 @@ impl HeartbeatWriter {
     /// The heartbeat file's path.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Names the shared-memory regions' prefix (shard i's region is
+    /// `PREFIX.i`), or withdraws them (`None`).
+    ///
+    /// # Errors
+    /// [`HeartbeatError::PathTooLong`] when the prefix is longer than
+    /// [`SNAPSHOT_PATH_MAX`] bytes (nothing is written).
+    pub fn set_shm(&self, prefix: Option<&Path>) -> Result<(), HeartbeatError> {
+        let bytes = prefix.map_or(&[][..], |p| p.as_os_str().as_bytes());
+        if bytes.len() > SNAPSHOT_PATH_MAX {
+            return Err(HeartbeatError::PathTooLong {
+                path: self.path.clone(),
+                len: bytes.len(),
+            });
+        }
+        let mut padded = [0u8; SNAPSHOT_PATH_MAX];
+        padded[..bytes.len()].copy_from_slice(bytes);
+        self.shm.write(|shm| {
+            let r = Ordering::Relaxed;
+            for (i, chunk) in padded.chunks_exact(8).enumerate() {
+                let w = u64::from_ne_bytes(chunk.try_into().expect("8-byte chunk"));
+                shm.u64(OFF_SHM_PATH + 8 * i).store(w, r);
+            }
+            shm.u32(OFF_SHM_LEN).store(bytes.len() as u32, r);
+            let magic = if prefix.is_some() { SHM_MAGIC } else { 0 };
+            shm.u32(OFF_SHM_MAGIC).store(magic, r);
+        });
+        Ok(())
     }
 
     /// Rewrites the whole header and the beat in one write, as `create` does.
@@ -665,7 +751,14 @@ impl HeartbeatReader {
                 min: HEADER_LEN,
             });
         }
-        let shm = Shm::map(&file, false).map_err(io_error("map", path))?;
+        // The extension only when the file holds it (an old agent's file
+        // is a page long too; it leaves the extension zero).
+        let map_len = if len >= EXT_END as u64 {
+            EXT_END
+        } else {
+            HEADER_LEN
+        };
+        let shm = Shm::map(&file, false, map_len).map_err(io_error("map", path))?;
         let reader = HeartbeatReader {
             shm,
             path: path.to_path_buf(),
@@ -698,12 +791,42 @@ impl HeartbeatReader {
         let raw = self.shm.stable(&self.path, RawHeader::load)?;
         check_format(&self.path, raw.magic, raw.version)?;
         let fixed = [raw.shards, raw.bind, raw.pid, raw.base_port, raw.path_len];
-        let words = fixed.iter().map(|&w| u64::from(w)).chain(raw.path);
+        let ext = self.shm.stable(&self.path, RawShm::load)?;
+        let ext_fixed = [u64::from(ext.magic), u64::from(ext.len)];
+        let words = fixed
+            .iter()
+            .map(|&w| u64::from(w))
+            .chain(raw.path)
+            .chain(ext_fixed)
+            .chain(ext.path);
         // FNV-1a over words: a different header gives another stamp but
         // with odds of 2^-64 (a request that fails re-reads anyway).
         Ok(words.fold(0xcbf2_9ce4_8422_2325, |h, w| {
             (h ^ w).wrapping_mul(0x0000_0100_0000_01b3)
         }))
+    }
+
+    /// The shared-memory regions' prefix the agent offers (shard i's region
+    /// is `PREFIX.i`), `None` when it offers none (or the file predates
+    /// the extension).
+    ///
+    /// # Errors
+    /// [`HeartbeatError::PathTooLong`] for a corrupt length,
+    /// [`HeartbeatError::Unstable`].
+    pub fn shm_prefix(&self) -> Result<Option<PathBuf>, HeartbeatError> {
+        let ext = self.shm.stable(&self.path, RawShm::load)?;
+        if ext.magic != SHM_MAGIC {
+            return Ok(None);
+        }
+        let len = ext.len as usize;
+        if len == 0 || len > SNAPSHOT_PATH_MAX {
+            return Err(HeartbeatError::PathTooLong {
+                path: self.path.clone(),
+                len,
+            });
+        }
+        let bytes: Vec<u8> = ext.path.iter().flat_map(|w| w.to_ne_bytes()).collect();
+        Ok(Some(PathBuf::from(OsStr::from_bytes(&bytes[..len]))))
     }
 
     /// The header's seqlock sequence word. Every write of the agent (every
@@ -1149,5 +1272,50 @@ mod tests {
                 .beat_unix_ms,
             5
         );
+    }
+
+    #[test]
+    fn the_shm_prefix_is_offered_withdrawn_and_absent_by_default() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("hb");
+        let w = HeartbeatWriter::create(&path, &info(2, "/s")).unwrap();
+        let r = HeartbeatReader::open(&path).unwrap();
+        assert_eq!(r.shm_prefix().unwrap(), None, "an agent offers none by default");
+        let before = r.header_stamp().unwrap();
+        w.set_shm(Some(Path::new("/dev/shm/x.shm"))).unwrap();
+        assert_eq!(r.shm_prefix().unwrap(), Some(PathBuf::from("/dev/shm/x.shm")));
+        assert_ne!(r.header_stamp().unwrap(), before, "the client re-reads the header");
+        // The header itself is untouched: old readers see what they saw.
+        assert_eq!(r.read().unwrap().info, info(2, "/s"));
+        let long = "/".repeat(SNAPSHOT_PATH_MAX + 1);
+        assert!(w.set_shm(Some(Path::new(&long))).is_err());
+        w.set_shm(None).unwrap();
+        assert_eq!(r.shm_prefix().unwrap(), None);
+        // A restarted agent clears what the last one offered.
+        w.set_shm(Some(Path::new("/dev/shm/x.shm"))).unwrap();
+        drop(w);
+        let _w = HeartbeatWriter::create(&path, &info(2, "/s")).unwrap();
+        assert_eq!(r.shm_prefix().unwrap(), None);
+    }
+
+    #[test]
+    fn a_corrupt_shm_prefix_length_is_reported_and_a_header_only_file_has_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("hb");
+        let w = HeartbeatWriter::create(&path, &info(1, "/s")).unwrap();
+        w.set_shm(Some(Path::new("/p"))).unwrap();
+        poke_u32(&path, OFF_SHM_LEN as u64, 9999);
+        let r = HeartbeatReader::open(&path).unwrap();
+        assert!(matches!(r.shm_prefix(), Err(HeartbeatError::PathTooLong { len: 9999, .. })));
+        drop(w);
+        // A file as short as the header alone (an older writer) maps
+        // without the extension.
+        let short = dir.path().join("short");
+        std::fs::copy(&path, &short).unwrap();
+        let f = std::fs::OpenOptions::new().write(true).open(&short).unwrap();
+        f.set_len(HEADER_LEN as u64).unwrap();
+        let r = HeartbeatReader::open(&short).unwrap();
+        assert_eq!(r.shm_prefix().unwrap(), None);
+        r.header_stamp().unwrap();
     }
 }

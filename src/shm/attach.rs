@@ -1,0 +1,273 @@
+//! A client thread's side of a region: claim a slot, publish a request,
+//! wait for its answer (spin briefly, then sleep on a futex), ring the
+//! shard's doorbell only while the shard is parked. It knows nothing of
+//! heartbeats or sockets: the caller gives it the region's path, the pid
+//! the heartbeat names, and a doorbell to ring.
+
+use std::path::Path;
+use std::sync::atomic::{Ordering, fence};
+use std::time::{Duration, Instant};
+
+use super::layout;
+use super::region::{realtime_ns, Region};
+use super::serve::reclaim_if_dead;
+
+/// How long a waiting client spins before it sleeps on the futex.
+pub const SPIN: Duration = Duration::from_micros(20);
+
+/// While asleep, a client wakes this often to ring the doorbell again if
+/// the shard still sleeps (a doorbell datagram can be lost).
+pub const RING_AGAIN: Duration = Duration::from_millis(20);
+
+/// How long a report waits, at most, for the slot's previous request to
+/// be consumed before it goes by UDP instead.
+pub const REPORT_WAIT: Duration = Duration::from_millis(50);
+
+/// Why an exchange through the region failed.
+#[derive(Debug, PartialEq, Eq)]
+pub enum ShmFailure {
+    /// The agent closed the region or another agent replaced it: detach
+    /// and use UDP.
+    Closed,
+    /// No answer before the deadline.
+    TimedOut,
+    /// The shard consumed the request without an answer (it did not decode).
+    Dropped,
+    /// The response cell holds a length out of range.
+    Garbage(String),
+}
+
+/// A claimed slot of a mapped region.
+pub struct Attachment {
+    region: Region,
+    slot: u32,
+    pid: u32,
+    /// The last request sequence published.
+    seq: u32,
+    /// The last request published expects no answer and may not have been
+    /// consumed yet.
+    unacked: bool,
+}
+
+impl std::fmt::Debug for Attachment {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Attachment")
+            .field("region", &self.region)
+            .field("slot", &self.slot)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Attachment {
+    /// Maps the region at `path`, checks that agent `agent_pid` made it
+    /// and still serves it, and claims a free slot (or one whose owner
+    /// died).
+    ///
+    /// # Errors
+    /// Why the region cannot be used, in words.
+    pub fn attach(path: &Path, agent_pid: u32) -> Result<Attachment, String> {
+        let region = Region::open(path).map_err(|e| e.to_string())?;
+        if region.identity().pid != agent_pid {
+            return Err(format!(
+                "{} was made by pid {}, the heartbeat names pid {agent_pid}",
+                path.display(),
+                region.identity().pid
+            ));
+        }
+        if region.u32(layout::H_CLOSED).load(Ordering::Acquire) != 0 {
+            return Err(format!("{} is closed", path.display()));
+        }
+        let pid = std::process::id();
+        let slots = region.geometry().slots;
+        // Start at a pid-dependent slot so threads of many processes do
+        // not all race for slot 0.
+        let start = fastrand::u32(..slots);
+        for pass in 0..2 {
+            for k in 0..slots {
+                let slot = (start + k) % slots;
+                let base = region.geometry().slot_offset(slot);
+                if pass == 1 {
+                    reclaim_if_dead(&region, slot);
+                }
+                let state = region.u32(base + layout::S_STATE);
+                if state
+                    .compare_exchange(layout::FREE, pid, Ordering::AcqRel, Ordering::Relaxed)
+                    .is_ok()
+                {
+                    region.u32(base + layout::S_CLAIM_GEN).fetch_add(1, Ordering::AcqRel);
+                    region.u32(base + layout::S_SLEEPING).store(0, Ordering::Relaxed);
+                    let seq = region.u32(base + layout::S_REQ_SEQ).load(Ordering::Acquire);
+                    // A request of the previous owner may be unanswered:
+                    // the next one waits for its own sequence anyway.
+                    return Ok(Attachment {
+                        region,
+                        slot,
+                        pid,
+                        seq,
+                        unacked: false,
+                    });
+                }
+            }
+        }
+        Err(format!("{}: all {slots} slots are taken", path.display()))
+    }
+
+    /// The slot held.
+    pub fn slot(&self) -> u32 {
+        self.slot
+    }
+
+    /// The region's agent identity.
+    pub fn region(&self) -> &Region {
+        &self.region
+    }
+
+    fn base(&self) -> usize {
+        self.region.geometry().slot_offset(self.slot)
+    }
+
+    /// True while the slot is still ours and the agent serves the region.
+    fn usable(&self) -> bool {
+        self.region.u32(layout::H_CLOSED).load(Ordering::Relaxed) == 0
+            && self.region.u32(self.base() + layout::S_STATE).load(Ordering::Relaxed) == self.pid
+    }
+
+    /// Publishes `req` (an encoded request); `answer` says whether one is
+    /// expected. Rings `doorbell` if the shard is parked. Waits first, until
+    /// `deadline`, for the previous request to be consumed if it expected
+    /// no answer.
+    ///
+    /// # Errors
+    /// [`ShmFailure::Closed`], [`ShmFailure::TimedOut`] (the previous request
+    /// was not consumed in time).
+    pub fn post(
+        &mut self,
+        req: &[u8],
+        answer: bool,
+        deadline: Instant,
+        doorbell: &mut dyn FnMut(),
+    ) -> Result<u32, ShmFailure> {
+        if !self.usable() {
+            return Err(ShmFailure::Closed);
+        }
+        if req.is_empty() || req.len() > self.region.geometry().req_cap {
+            // Not a request the slot can hold: the caller goes by UDP.
+            return Err(ShmFailure::Closed);
+        }
+        if self.unacked {
+            self.wait_seq(self.seq, deadline, doorbell)?;
+            self.unacked = false;
+        }
+        let base = self.base();
+        self.seq = self.seq.wrapping_add(1);
+        self.region.copy_in(base + layout::S_DATA, req);
+        self.region.u32(base + layout::S_REQ_LEN).store(req.len() as u32, Ordering::Relaxed);
+        self.region
+            .u64(base + layout::S_REQ_STAMP)
+            .store(realtime_ns(), Ordering::Relaxed);
+        self.region.u32(base + layout::S_REQ_SEQ).store(self.seq, Ordering::SeqCst);
+        self.unacked = !answer;
+        self.ring_if_parked(doorbell);
+        Ok(self.seq)
+    }
+
+    fn ring_if_parked(&self, doorbell: &mut dyn FnMut()) {
+        let parked = self.region.u32(layout::H_PARKED);
+        if parked.load(Ordering::SeqCst) != 0 && parked.swap(0, Ordering::SeqCst) != 0 {
+            doorbell();
+        }
+    }
+
+    /// Waits until the response sequence is `seq` or `deadline` passes.
+    fn wait_seq(
+        &self,
+        seq: u32,
+        deadline: Instant,
+        doorbell: &mut dyn FnMut(),
+    ) -> Result<(), ShmFailure> {
+        let base = self.base();
+        let resp = self.region.u32(base + layout::S_RESP_SEQ);
+        let start = Instant::now();
+        let mut spins = 0u32;
+        loop {
+            let seen = resp.load(Ordering::Acquire);
+            if seen == seq {
+                return Ok(());
+            }
+            spins += 1;
+            if spins % 64 != 0 {
+                std::hint::spin_loop();
+                continue;
+            }
+            if !self.usable() {
+                return Err(ShmFailure::Closed);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(ShmFailure::TimedOut);
+            }
+            if now - start < SPIN {
+                std::hint::spin_loop();
+                continue;
+            }
+            let sleeping = self.region.u32(base + layout::S_SLEEPING);
+            sleeping.store(1, Ordering::SeqCst);
+            let seen = resp.load(Ordering::SeqCst);
+            if seen == seq {
+                sleeping.store(0, Ordering::Relaxed);
+                return Ok(());
+            }
+            self.ring_if_parked(doorbell);
+            let nap = (deadline - now).min(RING_AGAIN);
+            self.region.futex_wait(base + layout::S_RESP_SEQ, seen, nap);
+        }
+    }
+
+    /// Waits for the answer to request `seq` until `deadline` and copies
+    /// it into `buf` (resized); returns its length.
+    ///
+    /// # Errors
+    /// [`ShmFailure::TimedOut`], [`ShmFailure::Closed`],
+    /// [`ShmFailure::Dropped`], [`ShmFailure::Garbage`].
+    pub fn wait(
+        &mut self,
+        seq: u32,
+        deadline: Instant,
+        buf: &mut Vec<u8>,
+        doorbell: &mut dyn FnMut(),
+    ) -> Result<usize, ShmFailure> {
+        self.wait_seq(seq, deadline, doorbell)?;
+        let base = self.base();
+        let raw = self.region.u32(base + layout::S_RESP_LEN).load(Ordering::Relaxed);
+        let cap = self.region.geometry().resp_cap;
+        let len = match layout::response_len(raw, cap) {
+            Some(Some(n)) => n,
+            Some(None) => return Err(ShmFailure::Dropped),
+            None => {
+                return Err(ShmFailure::Garbage(format!(
+                    "a response length of {raw} bytes in a {cap}-byte cell"
+                )))
+            }
+        };
+        if buf.len() < len {
+            buf.resize(len, 0);
+        }
+        self.region
+            .copy_out(self.region.geometry().resp_offset(self.slot), &mut buf[..len]);
+        fence(Ordering::Acquire);
+        Ok(len)
+    }
+}
+
+impl Drop for Attachment {
+    /// Gives the slot back (if it is still ours).
+    fn drop(&mut self) {
+        let base = self.base();
+        let _ = self.region.u32(base + layout::S_STATE).compare_exchange(
+            self.pid,
+            layout::FREE,
+            Ordering::AcqRel,
+            Ordering::Relaxed,
+        );
+    }
+}

@@ -1,0 +1,320 @@
+//! The shared-memory region's layout and the pure checks on what is read
+//! from it. A region belongs to one shard: a header page, then `slots`
+//! slots of `slot_size` bytes at fixed offsets. Every word is native-endian
+//! (the file never leaves the host) and accessed only through atomics.
+//!
+//! # Header (page 0)
+//!
+//! | offset | size | field |
+//! |---:|---:|---|
+//! | 0 | 4 | magic, [`MAGIC`] (`"LBSR"` on a little-endian host) |
+//! | 4 | 4 | layout version, [`VERSION`] |
+//! | 8 | 4 | shard index |
+//! | 12 | 4 | agent pid |
+//! | 16 | 4 | slot count |
+//! | 20 | 4 | slot size, bytes |
+//! | 24 | 4 | request capacity, bytes |
+//! | 28 | 4 | response capacity, bytes |
+//! | 32 | 8 | boot id: random per agent start |
+//! | 40 | 4 | closed: 1 once the agent stopped serving the region |
+//! | 64 | 4 | parked: 1 while the shard sleeps (its own cache line) |
+//!
+//! # Slot
+//!
+//! | offset | size | field | written by |
+//! |---:|---:|---|---|
+//! | 0 | 4 | state: [`FREE`], else the owner's pid | client (CAS), shard (reclaim, CAS) |
+//! | 8 | 4 | claim generation, +1 at every claim and reclaim | client, shard |
+//! | 12 | 4 | sleeping: 1 while the client waits on a futex | client, shard |
+//! | 16 | 4 | request sequence, +1 per request published | client |
+//! | 20 | 4 | request length | client |
+//! | 24 | 8 | request stamp, `CLOCK_REALTIME` ns | client |
+//! | 64 | 4 | response sequence: the request sequence answered | shard |
+//! | 68 | 4 | response length ([`NO_ANSWER`]: consumed, nothing to say) | shard |
+//! | 128 | req cap | request bytes (a FlatBuffers datagram, as over UDP) | client |
+//! | 128 + req cap | resp cap | response bytes | shard |
+//!
+//! Nothing read from a slot is trusted by the shard: lengths are bounded
+//! here ([`request_len`]), pids are checked ([`owner_pid`]), and the bytes
+//! are copied out before they are decoded.
+
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+
+/// The header's magic word: the bytes `"LBSR"` read as a little-endian `u32`.
+pub const MAGIC: u32 = u32::from_le_bytes(*b"LBSR");
+/// The layout version this code writes and reads.
+pub const VERSION: u32 = 1;
+/// The header's size: one page; slot 0 starts here.
+pub const HEADER_LEN: usize = 4096;
+
+/// Header offsets.
+pub const H_MAGIC: usize = 0;
+/// See the table.
+pub const H_VERSION: usize = 4;
+/// See the table.
+pub const H_SHARD: usize = 8;
+/// See the table.
+pub const H_PID: usize = 12;
+/// See the table.
+pub const H_SLOTS: usize = 16;
+/// See the table.
+pub const H_SLOT_SIZE: usize = 20;
+/// See the table.
+pub const H_REQ_CAP: usize = 24;
+/// See the table.
+pub const H_RESP_CAP: usize = 28;
+/// See the table.
+pub const H_BOOT: usize = 32;
+/// See the table.
+pub const H_CLOSED: usize = 40;
+/// See the table.
+pub const H_PARKED: usize = 64;
+
+/// Slot offsets.
+pub const S_STATE: usize = 0;
+/// See the table.
+pub const S_CLAIM_GEN: usize = 8;
+/// See the table.
+pub const S_SLEEPING: usize = 12;
+/// See the table.
+pub const S_REQ_SEQ: usize = 16;
+/// See the table.
+pub const S_REQ_LEN: usize = 20;
+/// See the table.
+pub const S_REQ_STAMP: usize = 24;
+/// See the table.
+pub const S_RESP_SEQ: usize = 64;
+/// See the table.
+pub const S_RESP_LEN: usize = 68;
+/// Where the request bytes start.
+pub const S_DATA: usize = 128;
+
+/// A slot no client holds.
+pub const FREE: u32 = 0;
+/// The response length that says "consumed, no answer" (a report, or a
+/// request the shard dropped).
+pub const NO_ANSWER: u32 = u32::MAX;
+
+/// The request capacity: the shard's UDP receive buffer
+/// ([`crate::agent::udp::MAX_REQUEST`]), so a request that fits one fits
+/// the other.
+pub const REQ_CAP: usize = crate::agent::udp::MAX_REQUEST;
+/// The response capacity: the largest UDP payload, so every answer the
+/// shard can send over UDP fits.
+pub const RESP_CAP: usize = 65_536;
+/// The most slots a region may have (`shm.slots`).
+pub const MAX_SLOTS: u32 = 4_096;
+
+/// A region's geometry, as the agent sets it up and a client reads it back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Geometry {
+    /// Number of slots.
+    pub slots: u32,
+    /// Bytes per slot (a multiple of the page size).
+    pub slot_size: usize,
+    /// Request capacity, bytes.
+    pub req_cap: usize,
+    /// Response capacity, bytes.
+    pub resp_cap: usize,
+}
+
+impl Geometry {
+    /// The geometry of a region with `slots` slots and the standard
+    /// capacities; each slot starts on its own page.
+    pub fn new(slots: u32) -> Geometry {
+        let raw = S_DATA + REQ_CAP + RESP_CAP;
+        Geometry {
+            slots,
+            slot_size: raw.div_ceil(4096) * 4096,
+            req_cap: REQ_CAP,
+            resp_cap: RESP_CAP,
+        }
+    }
+
+    /// The region file's length.
+    pub fn file_len(&self) -> usize {
+        HEADER_LEN + self.slots as usize * self.slot_size
+    }
+
+    /// Where slot `i` (< `slots`) starts.
+    pub fn slot_offset(&self, i: u32) -> usize {
+        debug_assert!(i < self.slots);
+        HEADER_LEN + i as usize * self.slot_size
+    }
+
+    /// Where slot `i`'s response bytes start.
+    pub fn resp_offset(&self, i: u32) -> usize {
+        self.slot_offset(i) + S_DATA + self.req_cap
+    }
+
+    /// Checks a geometry read from a region's header against the file's
+    /// length: what a client maps must be what the header says, and every
+    /// slot must lie inside the file.
+    ///
+    /// # Errors
+    /// A description of the first field out of range.
+    pub fn from_header(
+        slots: u32,
+        slot_size: u32,
+        req_cap: u32,
+        resp_cap: u32,
+        file_len: u64,
+    ) -> Result<Geometry, String> {
+        if slots == 0 || slots > MAX_SLOTS {
+            return Err(format!("{slots} slots (1..={MAX_SLOTS})"));
+        }
+        let (slot_size, req_cap, resp_cap) =
+            (slot_size as usize, req_cap as usize, resp_cap as usize);
+        if req_cap < 64 || resp_cap < 64 {
+            return Err(format!("capacities {req_cap}/{resp_cap} bytes (at least 64)"));
+        }
+        if slot_size % 64 != 0 || S_DATA + req_cap + resp_cap > slot_size {
+            return Err(format!(
+                "slot size {slot_size} does not hold {S_DATA} + {req_cap} + {resp_cap} bytes \
+                 (or is not a multiple of 64)"
+            ));
+        }
+        let need = HEADER_LEN as u64 + u64::from(slots) * slot_size as u64;
+        if file_len < need {
+            return Err(format!("file of {file_len} bytes, the header needs {need}"));
+        }
+        Ok(Geometry {
+            slots,
+            slot_size,
+            req_cap,
+            resp_cap,
+        })
+    }
+}
+
+/// A request length read from a slot, if it is one the shard may copy:
+/// at most the capacity and not zero. `None` is garbage.
+pub fn request_len(len: u32, cap: usize) -> Option<usize> {
+    let len = len as usize;
+    (len > 0 && len <= cap).then_some(len)
+}
+
+/// A response length read from a slot by a client: `Some(None)` for
+/// [`NO_ANSWER`], `Some(Some(n))` for an answer of n bytes within the
+/// capacity, `None` for garbage.
+pub fn response_len(len: u32, cap: usize) -> Option<Option<usize>> {
+    if len == NO_ANSWER {
+        return Some(None);
+    }
+    let len = len as usize;
+    (len > 0 && len <= cap).then_some(Some(len))
+}
+
+/// The owner pid read from a slot, if it can name a process: 1..=i32::MAX
+/// (`kill` reads 0 and negative pids as process groups).
+pub fn owner_pid(pid: u32) -> Option<i32> {
+    i32::try_from(pid).ok().filter(|&p| p > 0)
+}
+
+/// How long a request waited in its slot, µs: from the client's stamp to
+/// `now_ns`, but never more than since `visited_ns`, when the shard last
+/// looked at the slot and found nothing (so a client's stamp can only
+/// shorten its own wait, never make the shard shed for everyone).
+pub fn waited_us(now_ns: u64, stamp_ns: u64, visited_ns: u64) -> u64 {
+    now_ns
+        .saturating_sub(stamp_ns)
+        .min(now_ns.saturating_sub(visited_ns))
+        / 1000
+}
+
+/// The address a slot's requests come "from" inside the shard: 0.0.0.0
+/// (never a UDP source) and the slot's index + 1 as the port, so that an
+/// answer released later (a waiting register) finds its way back.
+pub fn slot_peer(slot: u32) -> SocketAddr {
+    debug_assert!(slot < u32::from(u16::MAX));
+    SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, (slot + 1) as u16))
+}
+
+/// The slot a [`slot_peer`] address names; `None` for a real UDP peer.
+pub fn peer_slot(peer: SocketAddr) -> Option<u32> {
+    match peer {
+        SocketAddr::V4(v4) if v4.ip().is_unspecified() && v4.port() > 0 => {
+            Some(u32::from(v4.port()) - 1)
+        }
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn geometry_puts_every_slot_on_its_own_pages_inside_the_file() {
+        let g = Geometry::new(64);
+        assert_eq!(g.slot_size % 4096, 0);
+        assert!(S_DATA + g.req_cap + g.resp_cap <= g.slot_size);
+        assert_eq!(g.slot_offset(0), HEADER_LEN);
+        assert_eq!(g.slot_offset(63) + g.slot_size, g.file_len());
+        assert_eq!(g.resp_offset(1), g.slot_offset(1) + S_DATA + REQ_CAP);
+        let back = Geometry::from_header(
+            64,
+            g.slot_size as u32,
+            g.req_cap as u32,
+            g.resp_cap as u32,
+            g.file_len() as u64,
+        );
+        assert_eq!(back, Ok(g));
+    }
+
+    #[test]
+    fn a_header_that_does_not_fit_its_file_is_refused() {
+        let g = Geometry::new(4);
+        let (s, r, p) = (g.slot_size as u32, g.req_cap as u32, g.resp_cap as u32);
+        let len = g.file_len() as u64;
+        assert!(Geometry::from_header(0, s, r, p, len).unwrap_err().contains("0 slots"));
+        assert!(Geometry::from_header(MAX_SLOTS + 1, s, r, p, u64::MAX).is_err());
+        assert!(Geometry::from_header(5, s, r, p, len).unwrap_err().contains("needs"));
+        assert!(Geometry::from_header(4, s, r, p + s, len).is_err());
+        assert!(Geometry::from_header(4, s + 1, r, p, len + 64).is_err());
+        assert!(Geometry::from_header(4, s, 0, p, len).is_err());
+        // u32::MAX slots of u32::MAX bytes: no overflow, refused.
+        assert!(Geometry::from_header(u32::MAX, u32::MAX, r, p, u64::MAX).is_err());
+    }
+
+    #[test]
+    fn lengths_from_a_slot_are_bounded() {
+        assert_eq!(request_len(0, 100), None);
+        assert_eq!(request_len(100, 100), Some(100));
+        assert_eq!(request_len(101, 100), None);
+        assert_eq!(request_len(u32::MAX, 100), None);
+        assert_eq!(response_len(NO_ANSWER, 100), Some(None));
+        assert_eq!(response_len(7, 100), Some(Some(7)));
+        assert_eq!(response_len(0, 100), None);
+        assert_eq!(response_len(1000, 100), None);
+    }
+
+    #[test]
+    fn only_real_pids_are_pids() {
+        assert_eq!(owner_pid(0), None);
+        assert_eq!(owner_pid(1), Some(1));
+        assert_eq!(owner_pid(i32::MAX as u32), Some(i32::MAX));
+        assert_eq!(owner_pid(u32::MAX), None, "-1 would be every process");
+        assert_eq!(owner_pid(1 << 31), None);
+    }
+
+    #[test]
+    fn a_stamp_can_only_shorten_the_measured_wait() {
+        // Honest stamp inside the window.
+        assert_eq!(waited_us(10_000_000, 9_000_000, 5_000_000), 1000);
+        // A stamp from long ago is capped by the last visit.
+        assert_eq!(waited_us(10_000_000, 0, 9_500_000), 500);
+        // A stamp from the future waits 0.
+        assert_eq!(waited_us(10_000_000, u64::MAX, 0), 0);
+    }
+
+    #[test]
+    fn slot_peers_round_trip_and_real_peers_are_not_slots() {
+        for s in [0, 1, 63, 4095, 65_533] {
+            assert_eq!(peer_slot(slot_peer(s)), Some(s));
+        }
+        assert_eq!(peer_slot("127.0.0.1:5000".parse().unwrap()), None);
+        assert_eq!(peer_slot("0.0.0.0:0".parse().unwrap()), None);
+        assert_eq!(peer_slot("[::]:5".parse().unwrap()), None);
+    }
+}

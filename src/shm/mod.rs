@@ -1,0 +1,22 @@
+//! The shared-memory transport between applications and the agent's
+//! shards (issue 16), beside UDP: each shard publishes a region file whose
+//! slots client threads claim; a request is the same FlatBuffers datagram
+//! UDP carries, so every request kind, answer, L5 and DAGOR decision is the
+//! same. See the README's "Shared memory" section.
+//!
+//! - [`layout`]: offsets and the pure checks on what a slot holds;
+//! - [`region`]: the mapping, atomics, futex and pid calls (the only
+//!   `unsafe` of the transport);
+//! - [`serve`]: the shard's side; [`attach`]: a client thread's side.
+
+pub mod attach;
+pub mod layout;
+pub mod region;
+pub mod serve;
+
+/// The region file of shard `shard`, given the prefix the heartbeat names.
+pub fn region_path(prefix: &std::path::Path, shard: u32) -> std::path::PathBuf {
+    let mut p = prefix.as_os_str().to_owned();
+    p.push(format!(".{shard}"));
+    std::path::PathBuf::from(p)
+}

@@ -1,0 +1,485 @@
+//! The one place with `unsafe` for the shared-memory transport: mapping a
+//! region file, its words as atomics, copying bytes in and out, the futex
+//! calls, and asking whether a pid is alive. Everything above it works
+//! with offsets that [`super::layout`] computed and this module checks.
+
+use std::fs::OpenOptions;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
+
+use memmap2::{MmapOptions, MmapRaw};
+
+use super::layout::{self, Geometry};
+
+/// Why a region cannot be created or opened.
+#[derive(Debug, thiserror::Error)]
+pub enum RegionError {
+    /// A system call on the file failed.
+    #[error("shared-memory region {path}: cannot {op}: {source}")]
+    Io {
+        /// What was being done.
+        op: &'static str,
+        /// The region file.
+        path: PathBuf,
+        /// The system's error.
+        source: io::Error,
+    },
+    /// The file is not a region this build can use.
+    #[error("shared-memory region {path} is unusable: {why}")]
+    Invalid {
+        /// The region file.
+        path: PathBuf,
+        /// What is wrong.
+        why: String,
+    },
+}
+
+/// Who may open a region: the agent's user only (mode 0600), or also a
+/// group (mode 0660, the file's group set to it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access {
+    /// Mode 0600.
+    Owner,
+    /// Mode 0660 and this group id.
+    Group(u32),
+}
+
+/// What a region's header says about its agent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Identity {
+    /// The shard the region belongs to.
+    pub shard: u32,
+    /// The agent's pid.
+    pub pid: u32,
+    /// Random per agent start.
+    pub boot: u64,
+}
+
+/// A mapped region file.
+pub struct Region {
+    map: MmapRaw,
+    geometry: Geometry,
+    identity: Identity,
+    path: PathBuf,
+}
+
+// SAFETY: the mapping is plain shared memory, accessed only through
+// atomics and raw copies (never through references to its bytes), which
+// any thread may do; the slot protocol (layout docs) orders them.
+unsafe impl Send for Region {}
+// SAFETY: as for Send: no method hands out references into the bytes.
+unsafe impl Sync for Region {}
+
+impl std::fmt::Debug for Region {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Region")
+            .field("path", &self.path)
+            .field("identity", &self.identity)
+            .field("slots", &self.geometry.slots)
+            .finish_non_exhaustive()
+    }
+}
+
+fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> RegionError + 'a {
+    move |source| RegionError::Io {
+        op,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+impl Region {
+    /// Creates the region for `identity` at `path` with `geometry`: a new
+    /// file written under a temporary name, then renamed over `path`, so a
+    /// client never maps a half-made region and one that mapped the
+    /// previous agent's keeps that (closed) file. The parent directory must
+    /// exist.
+    ///
+    /// # Errors
+    /// [`RegionError::Io`] naming the step that failed.
+    pub fn create(
+        path: &Path,
+        geometry: Geometry,
+        identity: Identity,
+        access: Access,
+    ) -> Result<Region, RegionError> {
+        let mut tmp = path.as_os_str().to_owned();
+        tmp.push(format!(".tmp{}", std::process::id()));
+        let tmp = PathBuf::from(tmp);
+        let _ = std::fs::remove_file(&tmp);
+        let mode = match access {
+            Access::Owner => 0o600,
+            Access::Group(_) => 0o660,
+        };
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(mode)
+            .custom_flags(libc::O_CLOEXEC)
+            .open(&tmp)
+            .map_err(io_err("create", &tmp))?;
+        let made = (|| {
+            // The umask may have taken bits away: set the mode exactly.
+            file.set_permissions(std::fs::Permissions::from_mode(mode))
+                .map_err(io_err("chmod", &tmp))?;
+            if let Access::Group(gid) = access {
+                // SAFETY: fchown on a descriptor we own; -1 keeps the owner.
+                let rc = unsafe { libc::fchown(file.as_raw_fd(), u32::MAX, gid) };
+                if rc != 0 {
+                    return Err(io_err("chown to the group", &tmp)(io::Error::last_os_error()));
+                }
+            }
+            file.set_len(geometry.file_len() as u64)
+                .map_err(io_err("size", &tmp))?;
+            let map = MmapOptions::new()
+                .len(geometry.file_len())
+                .map_raw(&file)
+                .map_err(io_err("map", &tmp))?;
+            let region = Region {
+                map,
+                geometry,
+                identity,
+                path: path.to_path_buf(),
+            };
+            let r = Ordering::Relaxed;
+            region.u32(layout::H_VERSION).store(layout::VERSION, r);
+            region.u32(layout::H_SHARD).store(identity.shard, r);
+            region.u32(layout::H_PID).store(identity.pid, r);
+            region.u32(layout::H_SLOTS).store(geometry.slots, r);
+            region.u32(layout::H_SLOT_SIZE).store(geometry.slot_size as u32, r);
+            region.u32(layout::H_REQ_CAP).store(geometry.req_cap as u32, r);
+            region.u32(layout::H_RESP_CAP).store(geometry.resp_cap as u32, r);
+            region.u64(layout::H_BOOT).store(identity.boot, r);
+            // The magic last: a header with it is complete.
+            region.u32(layout::H_MAGIC).store(layout::MAGIC, Ordering::Release);
+            std::fs::rename(&tmp, path).map_err(io_err("rename into place", path))?;
+            Ok(region)
+        })();
+        if made.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        made
+    }
+
+    /// Opens and maps the region at `path` (read-write: a client writes its
+    /// slot) and checks its header against the file.
+    ///
+    /// # Errors
+    /// [`RegionError::Io`] (missing, no permission), [`RegionError::Invalid`]
+    /// (not a regular file, bad magic or version, a geometry that does not
+    /// fit the file).
+    pub fn open(path: &Path) -> Result<Region, RegionError> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+            .open(path)
+            .map_err(io_err("open", path))?;
+        let meta = file.metadata().map_err(io_err("stat", path))?;
+        let invalid = |why: String| RegionError::Invalid {
+            path: path.to_path_buf(),
+            why,
+        };
+        if !meta.is_file() {
+            return Err(invalid("not a regular file".into()));
+        }
+        if meta.len() < layout::HEADER_LEN as u64 {
+            return Err(invalid(format!("{} bytes, shorter than its header", meta.len())));
+        }
+        // Map the header first, read the geometry, then the whole file.
+        let head = MmapOptions::new()
+            .len(layout::HEADER_LEN)
+            .map_raw(&file)
+            .map_err(io_err("map", path))?;
+        let peek = Region {
+            map: head,
+            geometry: Geometry::new(0),
+            identity: Identity {
+                shard: 0,
+                pid: 0,
+                boot: 0,
+            },
+            path: path.to_path_buf(),
+        };
+        let magic = peek.u32(layout::H_MAGIC).load(Ordering::Acquire);
+        if magic != layout::MAGIC {
+            return Err(invalid(format!(
+                "magic {magic:#010x}, expected {:#010x}",
+                layout::MAGIC
+            )));
+        }
+        let version = peek.load32(layout::H_VERSION);
+        if version != layout::VERSION {
+            return Err(invalid(format!(
+                "layout version {version}, this build reads {}",
+                layout::VERSION
+            )));
+        }
+        let geometry = Geometry::from_header(
+            peek.load32(layout::H_SLOTS),
+            peek.load32(layout::H_SLOT_SIZE),
+            peek.load32(layout::H_REQ_CAP),
+            peek.load32(layout::H_RESP_CAP),
+            meta.len(),
+        )
+        .map_err(invalid)?;
+        let identity = Identity {
+            shard: peek.load32(layout::H_SHARD),
+            pid: peek.load32(layout::H_PID),
+            boot: peek.u64(layout::H_BOOT).load(Ordering::Relaxed),
+        };
+        let map = MmapOptions::new()
+            .len(geometry.file_len())
+            .map_raw(&file)
+            .map_err(io_err("map", path))?;
+        Ok(Region {
+            map,
+            geometry,
+            identity,
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// The region's geometry.
+    pub fn geometry(&self) -> &Geometry {
+        &self.geometry
+    }
+
+    /// Who made the region.
+    pub fn identity(&self) -> Identity {
+        self.identity
+    }
+
+    /// The region file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The 32-bit word at byte `off`.
+    ///
+    /// # Panics
+    /// When `off` is not 4-aligned or the word is outside the mapping (a
+    /// bug: offsets come from [`layout`]).
+    pub fn u32(&self, off: usize) -> &AtomicU32 {
+        assert!(off % 4 == 0 && off + 4 <= self.map.len(), "word at {off}");
+        // SAFETY: the mapping is page aligned, `off` is 4-aligned and in
+        // bounds, and the mapping lives as long as `self`. The memory is
+        // only accessed as atomics by every process (the bytes areas are
+        // distinct offsets, see layout).
+        unsafe { &*self.map.as_ptr().add(off).cast::<AtomicU32>() }
+    }
+
+    /// The 64-bit word at byte `off`.
+    ///
+    /// # Panics
+    /// As [`Region::u32`], 8-aligned.
+    pub fn u64(&self, off: usize) -> &AtomicU64 {
+        assert!(off % 8 == 0 && off + 8 <= self.map.len(), "word at {off}");
+        // SAFETY: as in `u32`, with an 8-aligned offset.
+        unsafe { &*self.map.as_ptr().add(off).cast::<AtomicU64>() }
+    }
+
+    fn load32(&self, off: usize) -> u32 {
+        self.u32(off).load(Ordering::Relaxed)
+    }
+
+    /// Copies `dst.len()` bytes from offset `off` of the region.
+    ///
+    /// # Panics
+    /// When the range is outside the mapping.
+    pub fn copy_out(&self, off: usize, dst: &mut [u8]) {
+        assert!(off.checked_add(dst.len()).is_some_and(|e| e <= self.map.len()));
+        // SAFETY: the range is inside the live mapping and `dst` is ours. The
+        // bytes may be written concurrently by another process (a client
+        // rewriting its own request); the slot protocol then discards the
+        // copy (the sequence moved), and the copy is only ever decoded
+        // after being checked like any datagram.
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.map.as_ptr().add(off), dst.as_mut_ptr(), dst.len())
+        }
+    }
+
+    /// Copies `src` to offset `off` of the region.
+    ///
+    /// # Panics
+    /// When the range is outside the mapping.
+    pub fn copy_in(&self, off: usize, src: &[u8]) {
+        assert!(off.checked_add(src.len()).is_some_and(|e| e <= self.map.len()));
+        // SAFETY: as in `copy_out`, in the other direction; the region is
+        // mapped writable by both sides.
+        unsafe {
+            std::ptr::copy_nonoverlapping(src.as_ptr(), self.map.as_mut_ptr().add(off), src.len())
+        }
+    }
+
+    /// Sleeps while the word at `off` holds `expected`, at most `timeout`
+    /// (a shared futex: the waker is another process). Returns early on a
+    /// wake, a signal, or when the word already differs.
+    pub fn futex_wait(&self, off: usize, expected: u32, timeout: Duration) {
+        let word = self.u32(off);
+        let ts = libc::timespec {
+            tv_sec: timeout.as_secs().min(i64::MAX as u64) as libc::time_t,
+            tv_nsec: timeout.subsec_nanos() as libc::c_long,
+        };
+        // SAFETY: FUTEX_WAIT on a live, aligned 32-bit word of a shared
+        // mapping with a relative timeout; no memory is written.
+        unsafe {
+            libc::syscall(
+                libc::SYS_futex,
+                word.as_ptr(),
+                libc::FUTEX_WAIT,
+                expected,
+                &ts as *const libc::timespec,
+            );
+        }
+    }
+
+    /// Wakes every waiter on the word at `off`.
+    pub fn futex_wake(&self, off: usize) {
+        let word = self.u32(off);
+        // SAFETY: FUTEX_WAKE on a live, aligned 32-bit word; no memory is
+        // read or written by the kernel besides the futex queue.
+        unsafe {
+            libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, i32::MAX);
+        }
+    }
+}
+
+/// True when no process `pid` exists (`kill(pid, 0)` fails with ESRCH). A
+/// process of another user exists (EPERM).
+pub fn process_gone(pid: i32) -> bool {
+    // SAFETY: signal 0 sends nothing; only the existence check is made.
+    let rc = unsafe { libc::kill(pid, 0) };
+    rc != 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
+}
+
+/// The group id of group `name`, if the system knows it.
+pub fn group_id(name: &str) -> Option<u32> {
+    let c = std::ffi::CString::new(name).ok()?;
+    let mut buf = vec![0u8; 16 * 1024];
+    // SAFETY: all-zero is a valid `group`; getgrnam_r fills it with
+    // pointers into `buf`, which outlives the call; only gr_gid is read.
+    let mut grp: libc::group = unsafe { std::mem::zeroed() };
+    let mut out: *mut libc::group = std::ptr::null_mut();
+    // SAFETY: valid pointers to live buffers of the stated sizes.
+    let rc = unsafe {
+        libc::getgrnam_r(
+            c.as_ptr(),
+            &mut grp,
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+            &mut out,
+        )
+    };
+    (rc == 0 && !out.is_null()).then_some(grp.gr_gid)
+}
+
+/// Now on `CLOCK_REALTIME`, ns (the clock of a request's stamp).
+pub fn realtime_ns() -> u64 {
+    crate::agent::udp::realtime_ns()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::MetadataExt;
+
+    fn ident() -> Identity {
+        Identity {
+            shard: 1,
+            pid: std::process::id(),
+            boot: 77,
+        }
+    }
+
+    #[test]
+    fn a_created_region_opens_with_its_identity_and_mode() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("r.0");
+        let g = Geometry::new(3);
+        let made = Region::create(&path, g, ident(), Access::Owner).unwrap();
+        let meta = std::fs::metadata(&path).unwrap();
+        assert_eq!(meta.mode() & 0o777, 0o600);
+        assert_eq!(meta.len(), g.file_len() as u64);
+        let opened = Region::open(&path).unwrap();
+        assert_eq!(opened.identity(), ident());
+        assert_eq!(*opened.geometry(), g);
+        // Both map the same memory.
+        made.copy_in(g.slot_offset(2) + layout::S_DATA, b"hello");
+        let mut got = [0u8; 5];
+        opened.copy_out(g.slot_offset(2) + layout::S_DATA, &mut got);
+        assert_eq!(&got, b"hello");
+        // Nothing but the region is left in the directory.
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn a_group_region_is_0660_in_that_group() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("r.0");
+        // SAFETY: getegid has no preconditions.
+        let gid = unsafe { libc::getegid() };
+        Region::create(&path, Geometry::new(1), ident(), Access::Group(gid)).unwrap();
+        let meta = std::fs::metadata(&path).unwrap();
+        assert_eq!((meta.mode() & 0o777, meta.gid()), (0o660, gid));
+    }
+
+    #[test]
+    fn foreign_or_short_files_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x");
+        std::fs::write(&path, vec![0u8; 8192]).unwrap();
+        let e = Region::open(&path).unwrap_err().to_string();
+        assert!(e.contains("magic"), "{e}");
+        std::fs::write(&path, b"short").unwrap();
+        assert!(Region::open(&path).unwrap_err().to_string().contains("shorter"));
+        let e = Region::open(&dir.path().join("missing")).unwrap_err().to_string();
+        assert!(e.contains("cannot open"), "{e}");
+        assert!(Region::open(dir.path()).is_err());
+        // A header claiming more slots than the file holds.
+        let g = Geometry::new(2);
+        Region::create(&path, g, ident(), Access::Owner).unwrap();
+        let f = OpenOptions::new().write(true).open(&path).unwrap();
+        f.set_len(g.file_len() as u64 - 1).unwrap();
+        let e = Region::open(&path).unwrap_err().to_string();
+        assert!(e.contains("needs"), "{e}");
+    }
+
+    #[test]
+    fn a_futex_waiter_is_woken_and_a_silent_one_times_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("r.0");
+        let region =
+            std::sync::Arc::new(Region::create(&path, Geometry::new(1), ident(), Access::Owner).unwrap());
+        let off = region.geometry().slot_offset(0) + layout::S_RESP_SEQ;
+        let t0 = std::time::Instant::now();
+        region.futex_wait(off, 0, Duration::from_millis(30));
+        assert!(t0.elapsed() >= Duration::from_millis(25));
+        let other = region.clone();
+        let waker = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            other.u32(off).store(1, Ordering::SeqCst);
+            other.futex_wake(off);
+        });
+        let t0 = std::time::Instant::now();
+        while region.u32(off).load(Ordering::SeqCst) == 0 {
+            region.futex_wait(off, 0, Duration::from_secs(10));
+        }
+        assert!(t0.elapsed() < Duration::from_secs(5));
+        waker.join().unwrap();
+    }
+
+    #[test]
+    fn a_dead_pid_is_gone_and_a_live_one_is_not() {
+        assert!(!process_gone(std::process::id() as i32));
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id() as i32;
+        child.wait().unwrap();
+        assert!(process_gone(pid));
+    }
+}

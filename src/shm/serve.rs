@@ -1,0 +1,276 @@
+//! The shard's side of a region: find the slots with a new request, copy
+//! each request out (never trusting a length or an index read from the
+//! slot), hand it to the shard's core as a datagram from the slot's
+//! [`slot_peer`](super::layout::slot_peer), and write the answer back,
+//! waking the client only if it sleeps. It owns no socket and no clock:
+//! the runtime shell calls it in its request loop.
+
+use std::path::Path;
+use std::sync::atomic::{fence, Ordering};
+
+use super::layout::{self, Geometry};
+use super::region::{process_gone, Region};
+use crate::wire::{decode, Limits, Message};
+
+/// Counters of the shard's side, shipped with the shard's metrics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ShmCounts {
+    /// Requests taken from slots.
+    pub requests: u64,
+    /// Requests refused because their slot held garbage (a length out of
+    /// range, or an answer too large for the slot).
+    pub garbage: u64,
+    /// Slots taken back from dead clients.
+    pub reclaimed: u64,
+    /// Clients woken by a futex (they slept waiting for their answer).
+    pub wakes: u64,
+}
+
+/// A request taken from a slot (its bytes: [`Server::request`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Taken {
+    /// The slot.
+    pub slot: u32,
+    /// The slot's request sequence it carried.
+    pub seq: u32,
+    /// Its length.
+    pub len: usize,
+    /// How long it waited in the slot, µs (see [`layout::waited_us`]).
+    pub waited_us: u64,
+}
+
+/// One shard's region and what the shard remembers about each slot.
+pub struct Server {
+    region: Region,
+    /// Per slot: the last request sequence taken.
+    last: Vec<u32>,
+    /// Per slot: a request the core holds for later (a register waiting
+    /// for its route): its slot sequence and its wire sequence.
+    held: Vec<Option<(u32, u64)>>,
+    buf: Vec<u8>,
+    /// When the previous sweep started (ns, realtime).
+    visited_ns: u64,
+    /// The counters.
+    pub counts: ShmCounts,
+}
+
+impl std::fmt::Debug for Server {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Server")
+            .field("region", &self.region)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Server {
+    /// Serves `region` (made by the agent for this shard).
+    pub fn new(region: Region) -> Server {
+        let slots = region.geometry().slots as usize;
+        let req_cap = region.geometry().req_cap;
+        Server {
+            region,
+            last: vec![0; slots],
+            held: vec![None; slots],
+            buf: vec![0; req_cap],
+            visited_ns: 0,
+            counts: ShmCounts::default(),
+        }
+    }
+
+    fn g(&self) -> &Geometry {
+        self.region.geometry()
+    }
+
+    /// Number of slots.
+    pub fn slots(&self) -> u32 {
+        self.g().slots
+    }
+
+    /// Starts a sweep at `now_ns` (realtime); returns the previous
+    /// sweep's start, the bound on any request's wait.
+    pub fn begin_sweep(&mut self, now_ns: u64) -> u64 {
+        std::mem::replace(&mut self.visited_ns, now_ns)
+    }
+
+    /// Takes slot `slot`'s new request, if it has one, into the server's
+    /// buffer. A request whose length is garbage is answered
+    /// [`layout::NO_ANSWER`] and counted; one the client is rewriting at
+    /// this moment is left for the next sweep.
+    pub fn take(&mut self, slot: u32, now_ns: u64, visited_ns: u64) -> Option<Taken> {
+        let base = self.g().slot_offset(slot);
+        let seq = self.region.u32(base + layout::S_REQ_SEQ).load(Ordering::Acquire);
+        if seq == self.last[slot as usize] {
+            return None;
+        }
+        let raw_len = self.region.u32(base + layout::S_REQ_LEN).load(Ordering::Relaxed);
+        let Some(len) = layout::request_len(raw_len, self.g().req_cap) else {
+            self.last[slot as usize] = seq;
+            self.counts.garbage += 1;
+            self.respond(slot, seq, None);
+            return None;
+        };
+        let stamp = self.region.u64(base + layout::S_REQ_STAMP).load(Ordering::Relaxed);
+        self.region.copy_out(base + layout::S_DATA, &mut self.buf[..len]);
+        fence(Ordering::Acquire);
+        if self.region.u32(base + layout::S_REQ_SEQ).load(Ordering::Relaxed) != seq {
+            return None;
+        }
+        self.last[slot as usize] = seq;
+        self.held[slot as usize] = None;
+        self.counts.requests += 1;
+        Some(Taken {
+            slot,
+            seq,
+            len,
+            waited_us: layout::waited_us(now_ns, stamp, visited_ns),
+        })
+    }
+
+    /// The bytes of the request last taken.
+    pub fn request(&self, t: &Taken) -> &[u8] {
+        &self.buf[..t.len]
+    }
+
+    /// Writes the answer to request `seq` of `slot` (`None`: consumed,
+    /// nothing to say) and wakes the client if it sleeps. An answer larger
+    /// than the slot's response area is counted as garbage and replaced by
+    /// no answer.
+    pub fn respond(&mut self, slot: u32, seq: u32, answer: Option<&[u8]>) {
+        let g = *self.g();
+        let base = g.slot_offset(slot);
+        let len = match answer {
+            Some(a) if a.len() <= g.resp_cap && !a.is_empty() => {
+                self.region.copy_in(g.resp_offset(slot), a);
+                a.len() as u32
+            }
+            Some(_) => {
+                self.counts.garbage += 1;
+                layout::NO_ANSWER
+            }
+            None => layout::NO_ANSWER,
+        };
+        self.region.u32(base + layout::S_RESP_LEN).store(len, Ordering::Relaxed);
+        self.region.u32(base + layout::S_RESP_SEQ).store(seq, Ordering::SeqCst);
+        let sleeping = self.region.u32(base + layout::S_SLEEPING);
+        if sleeping.load(Ordering::SeqCst) != 0 {
+            sleeping.store(0, Ordering::Relaxed);
+            self.region.futex_wake(base + layout::S_RESP_SEQ);
+            self.counts.wakes += 1;
+        }
+    }
+
+    /// The core answered request `t` with nothing for now: a register that
+    /// waits for its route is held (answered later through
+    /// [`Server::deliver`]); anything else (a report, a dropped datagram)
+    /// is acknowledged as consumed.
+    pub fn unanswered(&mut self, t: &Taken) {
+        let wire = match decode(self.request(t), &Limits::UDP) {
+            Ok(Message::RegisterReq(r)) => Some(u64::from(r.seq())),
+            _ => None,
+        };
+        match wire {
+            Some(w) => self.held[t.slot as usize] = Some((t.seq, w)),
+            None => self.respond(t.slot, t.seq, None),
+        }
+    }
+
+    /// Delivers an answer the core released later to `slot`, if the slot
+    /// still waits for it (same request, same wire sequence); else drops
+    /// it, as a UDP client that moved on would. Returns whether it was
+    /// delivered.
+    pub fn deliver(&mut self, slot: u32, answer: &[u8]) -> bool {
+        if slot >= self.slots() {
+            return false;
+        }
+        let Some((seq, wire)) = self.held[slot as usize] else {
+            return false;
+        };
+        let answer_seq = match decode(answer, &Limits::UDP) {
+            Ok(Message::RegisterResp(r)) => u64::from(r.seq()),
+            Ok(Message::ErrorResp(r)) => r.seq(),
+            _ => return false,
+        };
+        let base = self.g().slot_offset(slot);
+        let current = self.region.u32(base + layout::S_REQ_SEQ).load(Ordering::Acquire);
+        if answer_seq != wire || current != seq {
+            return false;
+        }
+        self.held[slot as usize] = None;
+        self.respond(slot, seq, Some(answer));
+        true
+    }
+
+    /// True when some slot holds a request not yet taken.
+    pub fn pending(&self) -> bool {
+        (0..self.slots()).any(|s| {
+            let base = self.g().slot_offset(s);
+            self.region.u32(base + layout::S_REQ_SEQ).load(Ordering::SeqCst) != self.last[s as usize]
+        })
+    }
+
+    /// Says the shard is about to sleep: a client that publishes a request
+    /// from now on rings the doorbell. Call [`Server::pending`] after it.
+    pub fn park(&self) {
+        self.region.u32(layout::H_PARKED).store(1, Ordering::SeqCst);
+    }
+
+    /// Says the shard is awake and polling.
+    pub fn unpark(&self) {
+        self.region.u32(layout::H_PARKED).store(0, Ordering::SeqCst);
+    }
+
+    /// Takes back every claimed slot whose owner is dead (or whose owner
+    /// field is not a pid). Returns how many.
+    pub fn reclaim_dead(&mut self) -> usize {
+        let mut n = 0;
+        for s in 0..self.slots() {
+            if reclaim_if_dead(&self.region, s) {
+                self.held[s as usize] = None;
+                n += 1;
+            }
+        }
+        self.counts.reclaimed += n as u64;
+        n
+    }
+
+    /// Marks the region closed (clients fall back to UDP at once), wakes
+    /// every sleeping client, and removes the file if it is still the one
+    /// this server made.
+    pub fn close(&self) {
+        self.region.u32(layout::H_CLOSED).store(1, Ordering::SeqCst);
+        for s in 0..self.slots() {
+            self.region.futex_wake(self.g().slot_offset(s) + layout::S_RESP_SEQ);
+        }
+        remove_if_ours(self.region.path(), &self.region);
+    }
+}
+
+fn remove_if_ours(path: &Path, region: &Region) {
+    if let Ok(r) = Region::open(path) {
+        if r.identity() == region.identity() {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+/// Frees `slot` if it is claimed by a process that no longer exists (or by
+/// a state word that names no pid). One compare-and-swap of the state
+/// word, which holds the owner's pid: a slot claimed again meanwhile holds
+/// another pid and is left alone.
+pub fn reclaim_if_dead(region: &Region, slot: u32) -> bool {
+    let base = region.geometry().slot_offset(slot);
+    let state = region.u32(base + layout::S_STATE);
+    let owner = state.load(Ordering::Acquire);
+    if owner == layout::FREE || !layout::owner_pid(owner).is_none_or(process_gone) {
+        return false;
+    }
+    let freed = state
+        .compare_exchange(owner, layout::FREE, Ordering::AcqRel, Ordering::Relaxed)
+        .is_ok();
+    if freed {
+        region
+            .u32(base + layout::S_CLAIM_GEN)
+            .fetch_add(1, Ordering::AcqRel);
+    }
+    freed
+}
