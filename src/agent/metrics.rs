@@ -162,6 +162,8 @@ pub struct ShardMetrics {
     pub queuing_buckets: [u64; QUEUING_BUCKETS_US.len() + 1],
     /// Sum of the queuing times counted, µs.
     pub queuing_sum_us: u64,
+    /// The shared-memory transport's counters (zero without `[shm]`).
+    pub shm: crate::shm::serve::ShmCounts,
     /// Modules with downstream levels and the most permissive one (gauge;
     /// at most [`MODULE_LEVELS_SHOWN`], by module).
     pub module_levels: Vec<(crate::model::ModuleId, AdmissionLevel)>,
@@ -214,6 +216,7 @@ impl ShardMetrics {
             downstream_rejected: [0; CLASSES],
             queuing_buckets: [0; QUEUING_BUCKETS_US.len() + 1],
             queuing_sum_us: 0,
+            shm: Default::default(),
             module_levels: Vec::new(),
         }
     }
@@ -370,7 +373,31 @@ pub fn render(shards: &[ShardMetrics], control: &ControlMetrics) -> String {
             );
         }
     }
-    let per_shard: [Figure; 27] = [
+    let per_shard: [Figure; 31] = [
+        (
+            "lbagent_shm_requests_total",
+            "counter",
+            "Requests taken from the shard's shared-memory slots.",
+            |m| m.shm.requests,
+        ),
+        (
+            "lbagent_shm_garbage_total",
+            "counter",
+            "Shared-memory requests refused because their slot held garbage (a length out of range).",
+            |m| m.shm.garbage,
+        ),
+        (
+            "lbagent_shm_reclaimed_total",
+            "counter",
+            "Shared-memory slots taken back from dead clients.",
+            |m| m.shm.reclaimed,
+        ),
+        (
+            "lbagent_shm_wakes_total",
+            "counter",
+            "Shared-memory clients woken by a futex (they slept waiting for their answer).",
+            |m| m.shm.wakes,
+        ),
         (
             "lbagent_unexpected_messages_total",
             "counter",

@@ -16,6 +16,8 @@ use glommio::{ExecutorJoinHandle, LocalExecutorBuilder, Placement};
 
 use super::control::{self, ControlParts};
 use super::heartbeat::{AgentInfo, HeartbeatLock, HeartbeatWriter};
+use crate::shm::layout::Geometry;
+use crate::shm::region::{Access, Identity, Region};
 use super::live::{LiveSlot, LiveUpdate};
 use super::liveness::{self, Liveness};
 use super::messages::ToShard;
@@ -116,6 +118,14 @@ impl Agent {
             )
         })?;
 
+        let mut regions = create_regions(config, shards)?.into_iter();
+        if config.shm.enabled {
+            let prefix = shm_prefix(config);
+            heartbeat
+                .set_shm(Some(&prefix))
+                .with_context(|| format!("cannot name shm.dir's regions {}", prefix.display()))?;
+        }
+
         let route_addrs = resolve("agent.route_servers", &a.route_servers)?;
         let stats_addrs = resolve("agent.reporters", &a.reporters)?;
         let stop = Arc::new(AtomicBool::new(false));
@@ -160,6 +170,7 @@ impl Agent {
                 beat: live.shard(i as u32),
                 ready: ready.clone(),
                 shedding: config.admission.agent_params(),
+                shm: regions.next().flatten(),
             };
             let core = i % ncpu.max(1);
             let h = LocalExecutorBuilder::new(Placement::Fixed(core))
@@ -427,4 +438,48 @@ fn load_snapshot(path: &std::path::Path) -> Vec<SnapshotRoute> {
             Vec::new()
         }
     }
+}
+
+/// The prefix of the agent's region files: `<shm.dir>/<heartbeat file
+/// name>.shm` (one agent per heartbeat file, so one owner per prefix).
+fn shm_prefix(config: &Config) -> std::path::PathBuf {
+    let name = config
+        .agent
+        .heartbeat_path
+        .file_name()
+        .map_or_else(|| "lbagent".into(), |n| n.to_owned());
+    let mut file = name;
+    file.push(".shm");
+    config.shm.dir.join(file)
+}
+
+/// One region per shard when `shm.enabled` (else none), each a fresh file
+/// replacing any a previous agent left.
+fn create_regions(config: &Config, shards: u32) -> anyhow::Result<Vec<Option<Region>>> {
+    if !config.shm.enabled {
+        return Ok((0..shards).map(|_| None).collect());
+    }
+    let access = if config.shm.group.is_empty() {
+        Access::Owner
+    } else {
+        let gid = crate::shm::region::group_id(&config.shm.group)
+            .with_context(|| format!("shm.group = \"{}\" is not a group of this host", config.shm.group))?;
+        Access::Group(gid)
+    };
+    let prefix = shm_prefix(config);
+    let boot = fastrand::u64(..);
+    let geometry = Geometry::new(config.shm.slots);
+    (0..shards)
+        .map(|i| {
+            let identity = Identity {
+                shard: i,
+                pid: std::process::id(),
+                boot,
+            };
+            let path = crate::shm::region_path(&prefix, i);
+            Region::create(&path, geometry, identity, access)
+                .map(Some)
+                .with_context(|| format!("cannot create shard {i}'s region in shm.dir = {}", config.shm.dir.display()))
+        })
+        .collect()
 }

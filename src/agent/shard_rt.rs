@@ -29,7 +29,11 @@ use super::metrics::{Kind, ShardMetrics};
 use super::shard::{Queued, ShardCore, ShardSetup};
 use super::udp::{self, RecvBatch, SendBatch};
 use crate::admission::AdmissionParams;
+use crate::shm::layout::{peer_slot, slot_peer};
+use crate::shm::region::Region;
+use crate::shm::serve::Server;
 use crate::wire::DecodeError;
+use std::net::SocketAddr;
 
 /// Datagrams moved per system call.
 pub const BATCH: usize = 32;
@@ -65,6 +69,8 @@ pub struct ShardParts {
     /// The shard's own admission control (`admission.agent_shedding`),
     /// None when off.
     pub shedding: Option<AdmissionParams>,
+    /// The shard's shared-memory region (`[shm]`), None when off.
+    pub shm: Option<Region>,
 }
 
 /// Runs a shard until `stop` is set. Call inside its glommio executor.
@@ -80,7 +86,9 @@ pub async fn run(parts: ShardParts) {
         beat,
         ready,
         shedding,
+        shm,
     } = parts;
+    let shm = shm.map(|r| Rc::new(RefCell::new(Server::new(r))));
     let fd = socket.into_raw_fd();
     // Without the kernel's receive timestamps nothing is measured or shed.
     let stamped = match udp::enable_timestamps(fd) {
@@ -119,11 +127,12 @@ pub async fn run(parts: ShardParts) {
     let ring_task = {
         let core = core.clone();
         let socket = socket.clone();
+        let shm = shm.clone();
         glommio::spawn_local(async move {
             let mut out = SendBatch::new();
             while let Some(msg) = from_control.recv().await {
                 for (peer, bytes) in core.borrow_mut().apply(msg, clock::now_ms()) {
-                    out.push(peer, &bytes);
+                    send_or_deliver(&mut out, shm.as_deref(), peer, &bytes);
                 }
                 let failed = out.flush(socket.as_raw_fd());
                 core.borrow_mut().metrics.send_errors += failed as u64;
@@ -138,6 +147,7 @@ pub async fn run(parts: ShardParts) {
         let socket = socket.clone();
         let to_control = to_control.clone();
         let stop = stop.clone();
+        let shm = shm.clone();
         glommio::spawn_local(async move {
             let mut out = SendBatch::new();
             let mut last_metrics = Instant::now();
@@ -148,7 +158,7 @@ pub async fn run(parts: ShardParts) {
                 c.tick_shedding(udp::realtime_ns() / 1000);
                 if c.next_deadline().is_some_and(|d| d <= now) {
                     for (peer, bytes) in c.expire(now) {
-                        out.push(peer, &bytes);
+                        send_or_deliver(&mut out, shm.as_deref(), peer, &bytes);
                     }
                     let failed = out.flush(socket.as_raw_fd());
                     c.metrics.send_errors += failed as u64;
@@ -156,6 +166,12 @@ pub async fn run(parts: ShardParts) {
                 }
                 if last_metrics.elapsed() >= METRICS_EVERY {
                     last_metrics = Instant::now();
+                    if let Some(s) = &shm {
+                        // Once a second: slots of dead clients go back.
+                        let mut s = s.borrow_mut();
+                        s.reclaim_dead();
+                        c.metrics.shm = s.counts;
+                    }
                     c.refresh_gauges();
                     // A full ring drops this second's copy; the next one follows.
                     let _ = metrics_out.try_send(Box::new(c.metrics.clone()));
@@ -168,18 +184,59 @@ pub async fn run(parts: ShardParts) {
     let mut rx = RecvBatch::new(BATCH);
     let mut tx = SendBatch::new();
     let mut peek = [0u8; 1];
+    // With a region: when the slots and the socket last had nothing, and
+    // the loop's turn (the socket is read every UDP_EVERY turns while the
+    // slots keep the shard busy or spinning).
+    let mut quiet_since: Option<Instant> = None;
+    let mut turn: u32 = 0;
     ready.fetch_add(1, Ordering::SeqCst);
     while !stop.load(Ordering::Relaxed) {
         beat.beat();
+        turn = turn.wrapping_add(1);
+        let served = match &shm {
+            Some(s) => serve_slots(&core, s, &to_control),
+            None => 0,
+        };
         // A receive error (e.g. an ICMP error queued on the socket) is
         // consumed by the call; treat it as an empty batch.
-        let n = rx.recv(socket.as_raw_fd()).unwrap_or_default();
+        let n = if shm.is_none() || turn % UDP_EVERY == 0 {
+            rx.recv(socket.as_raw_fd()).unwrap_or_default()
+        } else {
+            0
+        };
         if n == 0 {
+            if served > 0 {
+                quiet_since = None;
+                glommio::yield_if_needed().await;
+                continue;
+            }
+            if let Some(s) = &shm {
+                // Quiet: spin a little (the next request of a busy client
+                // is microseconds away), then park and let a client's
+                // doorbell (a datagram on the socket) wake the shard.
+                let since = *quiet_since.get_or_insert_with(Instant::now);
+                if since.elapsed() < SHARD_SPIN {
+                    glommio::yield_if_needed().await;
+                    continue;
+                }
+                s.borrow().park();
+                if s.borrow().pending() {
+                    s.borrow().unpark();
+                    continue;
+                }
+            }
             // Nothing queued: park until a datagram arrives or a tick passes.
             let _ =
                 glommio::timer::timeout(TICK, async { socket.peek_from(&mut peek).await }).await;
+            if let Some(s) = &shm {
+                s.borrow().unpark();
+                quiet_since = None;
+                // Read the socket at the next turn: the doorbell is there.
+                turn = UDP_EVERY - 1;
+            }
             continue;
         }
+        quiet_since = None;
         {
             let mut c = core.borrow_mut();
             let now = clock::now_ms();
@@ -188,6 +245,10 @@ pub async fn run(parts: ShardParts) {
             let now_ns = if stamped { udp::realtime_ns() } else { 0 };
             for i in 0..n {
                 let (bytes, peer, truncated) = rx.get(i);
+                if bytes.is_empty() && shm.is_some() {
+                    // A client's doorbell: it woke the shard, nothing more.
+                    continue;
+                }
                 let queued = if stamped {
                     rx.arrived_ns(i).map(|at| Queued {
                         now_us: now_ns / 1000,
@@ -224,6 +285,10 @@ pub async fn run(parts: ShardParts) {
     drop(ring_task);
     drop(tick_task);
     drop(preload_task);
+    if let Some(s) = &shm {
+        // Clients fall back to UDP (then to the static routes) at once.
+        s.borrow().close();
+    }
 
     // Shutdown: hand every count the shard holds to the control core,
     // waiting for room in the ring (bounded), then say so.
@@ -245,6 +310,65 @@ pub async fn run(parts: ShardParts) {
         Ok(())
     })
     .await;
+}
+
+/// With a region, the socket is read every this many turns of the loop
+/// while the slots keep it busy (each read is a system call).
+const UDP_EVERY: u32 = 16;
+
+/// How long a shard with a region keeps polling after the last request
+/// before it parks.
+const SHARD_SPIN: Duration = Duration::from_micros(50);
+
+/// Serves every slot that holds a new request: one sweep. Returns how many.
+fn serve_slots(
+    core: &RefCell<ShardCore>,
+    shm: &RefCell<Server>,
+    to_control: &ConnectedSender<ToControl>,
+) -> usize {
+    let mut srv = shm.borrow_mut();
+    if !srv.pending() {
+        return 0;
+    }
+    let mut c = core.borrow_mut();
+    let now_ns = udp::realtime_ns();
+    let visited = srv.begin_sweep(now_ns);
+    let now = clock::now_ms();
+    let mut served = 0;
+    for slot in 0..srv.slots() {
+        let Some(t) = srv.take(slot, now_ns, visited) else {
+            continue;
+        };
+        served += 1;
+        let queued = Some(Queued {
+            now_us: now_ns / 1000,
+            waited_us: t.waited_us,
+        });
+        let t0 = Instant::now();
+        match c.handle_queued(srv.request(&t), slot_peer(slot), now, queued) {
+            Some(answer) => srv.respond(slot, t.seq, Some(answer)),
+            None => srv.unanswered(&t),
+        }
+        if c.last_kind() == Some(Kind::GetHost) {
+            let ns = t0.elapsed().as_nanos() as u64;
+            c.metrics.record_gethost_ns(ns);
+        }
+    }
+    if !c.outbox.is_empty() {
+        offer(&mut c, to_control, now);
+    }
+    served
+}
+
+/// Queues an answer the core released later for its UDP peer, or writes
+/// it into its slot when the peer is one.
+fn send_or_deliver(out: &mut SendBatch, shm: Option<&RefCell<Server>>, peer: SocketAddr, bytes: &[u8]) {
+    match (shm, peer_slot(peer)) {
+        (Some(s), Some(slot)) => {
+            s.borrow_mut().deliver(slot, bytes);
+        }
+        _ => out.push(peer, bytes),
+    }
 }
 
 /// Snapshot modules a shard makes per turn of its preload task (about

@@ -121,7 +121,7 @@ impl Client {
                 max_age_ms,
                 opts.snapshot_path.clone(),
             ),
-            link: Link::new(),
+            link: Link::with_shm(opts.shm),
             statics: StaticRoutes::default(),
             cache: RouteCache::new(),
             suspect: Vec::new(),
@@ -655,6 +655,12 @@ impl Client {
         }
     }
 
+    /// How many of the agent's shards this client talks to through shared
+    /// memory now (a slot held); 0 when it uses UDP only.
+    pub fn shm_attached(&self) -> usize {
+        self.link.shm_attached()
+    }
+
     /// The agent as its heartbeat describes it, when it is alive.
     ///
     /// # Errors
@@ -725,6 +731,7 @@ impl Client {
     fn follow_endpoints(&mut self, endpoints: Endpoints) {
         let generation = self.locator.generation();
         self.link.sync(endpoints, generation);
+        self.link.sync_shm(self.locator.shm().cloned());
         if self.suspect_generation != generation || self.suspect.len() != endpoints.shards as usize
         {
             self.suspect_generation = generation;

@@ -21,14 +21,25 @@
 //! that is not an answer, mean something other than the agent is on the
 //! port: [`Failure::Garbage`].
 //!
-//! Owns the sockets, the encoder and the receive buffer; knows nothing of
-//! heartbeats, static routes or the cache.
+//! # Shared memory
+//!
+//! When the heartbeat offers regions ([`Link::sync`]) and the client allows
+//! it, a request to a shard goes through a slot of that shard's region
+//! ([`crate::shm::attach`]) instead: the same bytes, the same answer, no
+//! re-sending (nothing is lost). A region the agent closed, or one that
+//! cannot be attached, sends the request by UDP instead (attaching is tried
+//! again a second later), so every failure path stays UDP's.
+//!
+//! Owns the sockets, the slots, the encoder and the receive buffer; knows
+//! nothing of heartbeats, static routes or the cache.
 
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use super::locate::Endpoints;
+use crate::shm::attach::{Attachment, ShmFailure, REPORT_WAIT};
 use crate::wire::{decode, Encoder, Limits, Message};
 
 /// The shortest interval between copies of a request.
@@ -119,7 +130,14 @@ impl ShardSocket {
     }
 }
 
-/// One client's sockets towards the agent's shards.
+/// The regions the heartbeat offers: their prefix and the agent's pid.
+pub(crate) type ShmTarget = (PathBuf, u32);
+
+/// How long after a failed attach (or a closed region) a shard's region is
+/// tried again.
+const ATTACH_RETRY: Duration = Duration::from_secs(1);
+
+/// One client's sockets (and slots) towards the agent's shards.
 pub(crate) struct Link {
     endpoints: Option<Endpoints>,
     generation: u64,
@@ -127,6 +145,14 @@ pub(crate) struct Link {
     enc: Encoder,
     buf: Vec<u8>,
     seq: u32,
+    /// Whether the client may use shared memory.
+    shm_allowed: bool,
+    /// The regions offered, if any.
+    shm_target: Option<ShmTarget>,
+    /// Per shard: the slot held.
+    slots: Vec<Option<Attachment>>,
+    /// Per shard: no attach before this instant.
+    attach_after: Vec<Option<Instant>>,
 }
 
 impl std::fmt::Debug for Link {
@@ -141,7 +167,14 @@ impl std::fmt::Debug for Link {
 impl Link {
     /// A link with no sockets yet; the sequence starts at a random number
     /// so that two clients on one port (after a crash) do not collide.
+    #[cfg(test)]
     pub fn new() -> Self {
+        Self::with_shm(false)
+    }
+
+    /// [`Link::new`], using the shared-memory regions the heartbeat offers
+    /// when `shm` is true.
+    pub fn with_shm(shm: bool) -> Self {
         Link {
             endpoints: None,
             generation: u64::MAX,
@@ -149,17 +182,114 @@ impl Link {
             enc: Encoder::new(),
             buf: vec![0; Limits::UDP.max_len + 1],
             seq: fastrand::u32(..),
+            shm_allowed: shm,
+            shm_target: None,
+            slots: Vec::new(),
+            attach_after: Vec::new(),
         }
     }
 
-    /// Points the link at `endpoints`; closes every socket when the
-    /// endpoints' `generation` changed.
+    /// Points the link at `endpoints`; closes every socket (and gives back
+    /// every slot) when the endpoints' `generation` changed.
     pub fn sync(&mut self, endpoints: Endpoints, generation: u64) {
         if self.generation != generation || self.endpoints != Some(endpoints) {
             self.generation = generation;
             self.endpoints = Some(endpoints);
             self.sockets.clear();
             self.sockets.resize_with(endpoints.shards as usize, || None);
+            self.slots.clear();
+            self.slots.resize_with(endpoints.shards as usize, || None);
+            self.attach_after.clear();
+            self.attach_after.resize(endpoints.shards as usize, None);
+        }
+    }
+
+    /// Follows the regions the heartbeat offers (`None`: none); a change
+    /// gives back every slot held.
+    pub fn sync_shm(&mut self, target: Option<ShmTarget>) {
+        if self.shm_target != target {
+            self.shm_target = target;
+            self.slots.iter_mut().for_each(|s| *s = None);
+            self.attach_after.iter_mut().for_each(|a| *a = None);
+        }
+    }
+
+    /// How many shards this link holds a slot of.
+    pub fn shm_attached(&self) -> usize {
+        self.slots.iter().filter(|s| s.is_some()).count()
+    }
+
+    /// Attaches to `shard`'s region if allowed, offered, and not failed
+    /// within [`ATTACH_RETRY`]; true when a slot is held.
+    fn attach(&mut self, shard: u32) -> bool {
+        let i = shard as usize;
+        if !self.shm_allowed || i >= self.slots.len() {
+            return false;
+        }
+        if self.slots[i].is_some() {
+            return true;
+        }
+        let Some((prefix, pid)) = &self.shm_target else {
+            return false;
+        };
+        let now = Instant::now();
+        if self.attach_after[i].is_some_and(|t| now < t) {
+            return false;
+        }
+        match Attachment::attach(&crate::shm::region_path(prefix, shard), *pid) {
+            Ok(a) => {
+                self.slots[i] = Some(a);
+                true
+            }
+            Err(_) => {
+                self.attach_after[i] = Some(now + ATTACH_RETRY);
+                false
+            }
+        }
+    }
+
+    /// Gives back `shard`'s slot (its region closed) and tries again later.
+    fn detach(&mut self, shard: u32) {
+        let i = shard as usize;
+        self.slots[i] = None;
+        self.attach_after[i] = Some(Instant::now() + ATTACH_RETRY);
+    }
+
+    /// Sends the encoded request through `shard`'s slot and waits for its
+    /// answer into `buf`. `Ok(None)`: the region is closed, go by UDP.
+    fn shm_exchange(
+        &mut self,
+        shard: u32,
+        answer: bool,
+        deadline: Instant,
+    ) -> Result<Option<usize>, ShmFailure> {
+        self.socket(shard).map_err(|_| ShmFailure::Closed)?;
+        let Link {
+            sockets,
+            slots,
+            enc,
+            buf,
+            ..
+        } = self;
+        let sock = &sockets[shard as usize].as_ref().expect("opened above").sock;
+        let slot = slots[shard as usize].as_mut().expect("attached");
+        // The doorbell: an empty datagram on the shard's port, sent only
+        // while the shard is parked.
+        let mut ring = || {
+            let _ = sock.send(&[]);
+        };
+        let seq = match slot.post(enc.finished(), answer, deadline, &mut ring) {
+            Ok(seq) => seq,
+            Err(ShmFailure::Closed) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        if !answer {
+            return Ok(Some(0));
+        }
+        match slot.wait(seq, deadline, buf, &mut ring) {
+            Ok(n) => Ok(Some(n)),
+            Err(ShmFailure::Closed) => Ok(None),
+            Err(e) => Err(e),
         }
     }
 
@@ -198,6 +328,15 @@ impl Link {
     ) -> Result<(), Failure> {
         let seq = self.next_seq();
         build(&mut self.enc, seq);
+        if self.attach(shard) {
+            let deadline = Instant::now() + REPORT_WAIT;
+            match self.shm_exchange(shard, false, deadline) {
+                Ok(Some(_)) => return Ok(()),
+                Ok(None) => self.detach(shard),
+                // The slot's previous request is not consumed yet: UDP.
+                Err(_) => {}
+            }
+        }
         self.socket(shard)?;
         let Link { sockets, enc, .. } = self;
         let s = sockets[shard as usize].as_mut().expect("opened above");
@@ -224,6 +363,27 @@ impl Link {
     ) -> Result<T, Failure> {
         let seq = self.next_seq();
         build(&mut self.enc, seq);
+        if self.attach(shard) {
+            match self.shm_exchange(shard, true, Instant::now() + timeout) {
+                Ok(Some(n)) => {
+                    let msg = decode(&self.buf[..n], &Limits::UDP)
+                        .map_err(|e| Failure::Garbage(format!("undecodable answer: {e}")))?;
+                    return match judge(&msg, seq) {
+                        Verdict::Ours => Ok(answer(msg)),
+                        Verdict::Stale => Err(Failure::Garbage(
+                            "an answer to another request in the shared-memory slot".into(),
+                        )),
+                        Verdict::Garbage(why) => Err(Failure::Garbage(why)),
+                    };
+                }
+                Ok(None) => self.detach(shard),
+                // Consumed without an answer: UDP would have waited out
+                // the timeout for nothing.
+                Err(ShmFailure::TimedOut | ShmFailure::Dropped) => return Err(Failure::TimedOut),
+                Err(ShmFailure::Garbage(why)) => return Err(Failure::Garbage(why)),
+                Err(ShmFailure::Closed) => self.detach(shard),
+            }
+        }
         self.socket(shard)?;
         let Link {
             sockets, enc, buf, ..

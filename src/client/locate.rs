@@ -114,6 +114,8 @@ pub(crate) struct Locator {
     reader: Option<(HeartbeatReader, Option<FileId>)>,
     /// The last header read, usable or not.
     info: Option<AgentInfo>,
+    /// The shared-memory regions the last header offered, with its pid.
+    shm: Option<(PathBuf, u32)>,
     /// The endpoints of the last header, when usable.
     endpoints: Result<Endpoints, String>,
     /// The beat at which the header was last read.
@@ -158,6 +160,7 @@ impl Locator {
             max_age_ms,
             reader: None,
             info: None,
+            shm: None,
             endpoints: Err("no heartbeat read yet".into()),
             header_beat: 0,
             stamp: None,
@@ -289,6 +292,12 @@ impl Locator {
     }
 
     /// The last header read (the agent's pid, ports, snapshot path).
+    /// The shared-memory regions the agent offers (their prefix) and its
+    /// pid, as the last header read says.
+    pub fn shm(&self) -> Option<&(PathBuf, u32)> {
+        self.shm.as_ref()
+    }
+
     pub fn info(&self) -> Option<&AgentInfo> {
         self.info.as_ref()
     }
@@ -329,10 +338,19 @@ impl Locator {
         let endpoints = match reader.read() {
             Ok(hb) => {
                 let e = Endpoints::from_info(&hb.info);
+                // A corrupt extension offers nothing: UDP.
+                self.shm = reader
+                    .shm_prefix()
+                    .ok()
+                    .flatten()
+                    .map(|p| (p, hb.info.pid));
                 self.info = Some(hb.info);
                 e
             }
-            Err(e) => Err(e.to_string()),
+            Err(e) => {
+                self.shm = None;
+                Err(e.to_string())
+            }
         };
         let changed = match (&self.endpoints, &endpoints) {
             (Ok(a), Ok(b)) => a != b,

@@ -149,6 +149,11 @@ pub struct ClientOptions {
     /// turns holding back off; at most 60 s. Only the uncached getHost
     /// path learns and honours the level.
     pub holdback: Duration,
+    /// Talk to the agent through shared memory when its heartbeat offers
+    /// regions (`[shm] enabled` on the agent; see the README's "Shared
+    /// memory"), UDP otherwise and whenever a region is unusable. Default
+    /// true.
+    pub shm: bool,
 }
 
 impl Default for ClientOptions {
@@ -168,6 +173,7 @@ impl Default for ClientOptions {
             snapshot_path: env_path(SNAPSHOT_ENV).unwrap_or(agent.snapshot_path),
             static_fallback: true,
             holdback: Duration::from_millis(holdback::DEFAULT_HOLDBACK_MS),
+            shm: true,
         }
     }
 }

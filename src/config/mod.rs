@@ -17,7 +17,9 @@ use crate::lb::LbParams;
 
 mod admission;
 pub mod reload;
+mod shm;
 pub use admission::AdmissionConfig;
+pub use shm::ShmConfig;
 
 /// The documented default configuration file.
 pub const DEFAULT_TOML: &str = include_str!("lbagent.toml");
@@ -38,6 +40,8 @@ pub struct Config {
     pub reporter: ReporterConfig,
     /// DAGOR admission control (`[admission]`).
     pub admission: AdmissionConfig,
+    /// The agent's shared-memory transport (`[shm]`).
+    pub shm: ShmConfig,
     /// The log (`[log]`).
     pub log: LogConfig,
 }
@@ -642,6 +646,7 @@ impl Config {
         )?;
 
         self.admission.validate()?;
+        self.shm.validate()?;
         Ok(())
     }
 }

@@ -49,6 +49,7 @@ pub fn reloadable(role: Role, field: &str) -> Reloadable {
         (Role::Agent, "agent") if AGENT_LIVE.contains(&field) => Reloadable::Live,
         (Role::Agent, "agent") => Reloadable::Restart,
         (Role::Agent, "admission") if field == "admission.level_timeout_ms" => Reloadable::Restart,
+        (Role::Agent, "shm") => Reloadable::Restart,
         (Role::Dnsserver, "dnsserver" | "store") => Reloadable::Restart,
         (Role::Reporter, "reporter" | "store") => Reloadable::Restart,
         _ => Reloadable::Ignored,

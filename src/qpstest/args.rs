@@ -80,6 +80,14 @@ pub struct QpstestArgs {
     /// latency.
     #[arg(long, value_name = "B:SHARE,...")]
     pub priority_mix: Option<super::mix::PriorityMix>,
+    /// How the clients talk to the agent: `udp`, or `shm` (the agent's
+    /// shared-memory regions; a --standalone agent then offers them, an
+    /// agent given by --heartbeat must have `[shm] enabled`).
+    #[arg(long, value_enum, default_value_t = super::Transport::Udp)]
+    pub transport: super::Transport,
+    /// With --standalone: the agent's shards (default: its own, cores - 1).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=1024))]
+    pub shards: u32,
 }
 
 impl QpstestArgs {
@@ -108,6 +116,8 @@ impl QpstestArgs {
             timeout: Duration::from_millis(self.timeout_ms),
             json: self.json,
             priority_mix: self.priority_mix.clone(),
+            transport: self.transport,
+            shards: self.shards,
         }
     }
 }

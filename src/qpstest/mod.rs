@@ -98,6 +98,20 @@ pub struct QpsOptions {
     /// getHosts carry DAGOR priorities drawn from this mix, and the
     /// summary counts each class apart (None: no priorities).
     pub priority_mix: Option<mix::PriorityMix>,
+    /// How the clients talk to the agent.
+    pub transport: Transport,
+    /// With [`Target::Standalone`], the agent's shards (0: its default).
+    pub shards: u32,
+}
+
+/// How the clients talk to the agent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Transport {
+    /// UDP datagrams (the clients never use shared memory).
+    Udp,
+    /// The agent's shared-memory regions (a standalone agent offers them;
+    /// an agent given by its heartbeat must have `[shm] enabled`).
+    Shm,
 }
 
 impl Default for QpsOptions {
@@ -114,6 +128,8 @@ impl Default for QpsOptions {
             timeout: Duration::from_millis(1000),
             json: false,
             priority_mix: None,
+            transport: Transport::Udp,
+            shards: 0,
         }
     }
 }
@@ -140,6 +156,11 @@ impl QpsOptions {
         );
         anyhow::ensure!(!self.duration.is_zero(), "duration must be above 0");
         anyhow::ensure!(!self.timeout.is_zero(), "timeout must be above 0");
+        anyhow::ensure!(
+            !(self.target == Target::Floor && self.transport == Transport::Shm),
+            "the floor speaks UDP only: --transport shm needs an agent"
+        );
+        anyhow::ensure!(self.shards <= 1024, "shards must be 0..=1024, not {}", self.shards);
         Ok(())
     }
 }
@@ -230,8 +251,16 @@ impl Server {
             Target::Standalone => {
                 let scratch = ScratchDir::new("standalone")?;
                 add_demo_routes(opts, scratch.path())?;
-                let system = Standalone::start(StandaloneOptions::ephemeral(scratch.path()))
-                    .context("cannot start the standalone system")?;
+                let mut so = StandaloneOptions::ephemeral(scratch.path());
+                if opts.transport == Transport::Shm {
+                    so.config.shm.enabled = true;
+                    so.config.shm.dir = scratch.path().to_path_buf();
+                }
+                if opts.shards > 0 {
+                    so.config.agent.shards = opts.shards;
+                }
+                let system =
+                    Standalone::start(so).context("cannot start the standalone system")?;
                 wait_for_first_beat(system.heartbeat_path(), FIRST_BEAT_WAIT)?;
                 Ok(Server {
                     name: "standalone",
@@ -378,6 +407,7 @@ fn client_options(opts: &QpsOptions, heartbeat: &Path) -> ClientOptions {
     ClientOptions {
         heartbeat_path: heartbeat.to_path_buf(),
         cache: opts.cache,
+        shm: opts.transport == Transport::Shm,
         ..ClientOptions::default()
     }
 }
@@ -410,6 +440,11 @@ fn register_all(opts: &QpsOptions, heartbeat: &Path, live: &mut dyn Write) -> an
     if failed > 3 {
         writeln!(live, "qpstest: register failed for {failed} modules in all")?;
     }
+    anyhow::ensure!(
+        opts.transport == Transport::Udp || client.shm_attached() > 0,
+        "--transport shm: the agent offers no usable shared memory (its [shm] enabled? \
+         the region files readable and writable by this user?)"
+    );
     Ok(())
 }
 

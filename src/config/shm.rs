@@ -1,0 +1,53 @@
+//! The `[shm]` table: the agent's shared-memory transport (issue 16).
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use super::{absolute, in_range, ConfigError};
+
+/// The `[shm]` table. Off by default: UDP stays the default transport.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ShmConfig {
+    /// Offer a shared-memory region per shard (named in the heartbeat).
+    pub enabled: bool,
+    /// The directory of the region files (`<dir>/<heartbeat file name>.shm.<shard>`).
+    pub dir: PathBuf,
+    /// Slots per shard: client threads attached at once (more fall back
+    /// to UDP).
+    pub slots: u32,
+    /// A group whose members may use the regions too (mode 0660); empty:
+    /// only the agent's user (mode 0600).
+    pub group: String,
+}
+
+impl Default for ShmConfig {
+    fn default() -> Self {
+        ShmConfig {
+            enabled: false,
+            dir: PathBuf::from("/dev/shm"),
+            slots: 64,
+            group: String::new(),
+        }
+    }
+}
+
+impl ShmConfig {
+    /// Checks every field.
+    ///
+    /// # Errors
+    /// [`ConfigError::Invalid`] naming the field.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        absolute("shm.dir", &self.dir)?;
+        in_range("shm.slots", self.slots, 1, crate::shm::layout::MAX_SLOTS)?;
+        if !self.group.is_empty() && crate::shm::region::group_id(&self.group).is_none() {
+            return Err(ConfigError::Invalid {
+                field: "shm.group",
+                value: format!("\"{}\"", self.group),
+                allowed: "a group this host knows (getent group), or \"\" for none".into(),
+            });
+        }
+        Ok(())
+    }
+}
