@@ -1280,11 +1280,22 @@ mod tests {
         let path = dir.path().join("hb");
         let w = HeartbeatWriter::create(&path, &info(2, "/s")).unwrap();
         let r = HeartbeatReader::open(&path).unwrap();
-        assert_eq!(r.shm_prefix().unwrap(), None, "an agent offers none by default");
+        assert_eq!(
+            r.shm_prefix().unwrap(),
+            None,
+            "an agent offers none by default"
+        );
         let before = r.header_stamp().unwrap();
         w.set_shm(Some(Path::new("/dev/shm/x.shm"))).unwrap();
-        assert_eq!(r.shm_prefix().unwrap(), Some(PathBuf::from("/dev/shm/x.shm")));
-        assert_ne!(r.header_stamp().unwrap(), before, "the client re-reads the header");
+        assert_eq!(
+            r.shm_prefix().unwrap(),
+            Some(PathBuf::from("/dev/shm/x.shm"))
+        );
+        assert_ne!(
+            r.header_stamp().unwrap(),
+            before,
+            "the client re-reads the header"
+        );
         // The header itself is untouched: old readers see what they saw.
         assert_eq!(r.read().unwrap().info, info(2, "/s"));
         let long = "/".repeat(SNAPSHOT_PATH_MAX + 1);
@@ -1306,13 +1317,19 @@ mod tests {
         w.set_shm(Some(Path::new("/p"))).unwrap();
         poke_u32(&path, OFF_SHM_LEN as u64, 9999);
         let r = HeartbeatReader::open(&path).unwrap();
-        assert!(matches!(r.shm_prefix(), Err(HeartbeatError::PathTooLong { len: 9999, .. })));
+        assert!(matches!(
+            r.shm_prefix(),
+            Err(HeartbeatError::PathTooLong { len: 9999, .. })
+        ));
         drop(w);
         // A file as short as the header alone (an older writer) maps
         // without the extension.
         let short = dir.path().join("short");
         std::fs::copy(&path, &short).unwrap();
-        let f = std::fs::OpenOptions::new().write(true).open(&short).unwrap();
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&short)
+            .unwrap();
         f.set_len(HEADER_LEN as u64).unwrap();
         let r = HeartbeatReader::open(&short).unwrap();
         assert_eq!(r.shm_prefix().unwrap(), None);

@@ -16,8 +16,6 @@ use glommio::{ExecutorJoinHandle, LocalExecutorBuilder, Placement};
 
 use super::control::{self, ControlParts};
 use super::heartbeat::{AgentInfo, HeartbeatLock, HeartbeatWriter};
-use crate::shm::layout::Geometry;
-use crate::shm::region::{Access, Identity, Region};
 use super::live::{LiveSlot, LiveUpdate};
 use super::liveness::{self, Liveness};
 use super::messages::ToShard;
@@ -28,6 +26,8 @@ use super::snapshot::{self, SnapshotError, SnapshotRoute};
 use super::statsclient::StatsClientConfig;
 use crate::config::reload::Role;
 use crate::config::{Config, ConfigSource};
+use crate::shm::layout::Geometry;
+use crate::shm::region::{Access, Identity, Region};
 
 /// Slots of each ring between a shard and the control core.
 pub const RING_CAPACITY: usize = 4096;
@@ -462,8 +462,12 @@ fn create_regions(config: &Config, shards: u32) -> anyhow::Result<Vec<Option<Reg
     let access = if config.shm.group.is_empty() {
         Access::Owner
     } else {
-        let gid = crate::shm::region::group_id(&config.shm.group)
-            .with_context(|| format!("shm.group = \"{}\" is not a group of this host", config.shm.group))?;
+        let gid = crate::shm::region::group_id(&config.shm.group).with_context(|| {
+            format!(
+                "shm.group = \"{}\" is not a group of this host",
+                config.shm.group
+            )
+        })?;
         Access::Group(gid)
     };
     let prefix = shm_prefix(config);
@@ -479,7 +483,12 @@ fn create_regions(config: &Config, shards: u32) -> anyhow::Result<Vec<Option<Reg
             let path = crate::shm::region_path(&prefix, i);
             Region::create(&path, geometry, identity, access)
                 .map(Some)
-                .with_context(|| format!("cannot create shard {i}'s region in shm.dir = {}", config.shm.dir.display()))
+                .with_context(|| {
+                    format!(
+                        "cannot create shard {i}'s region in shm.dir = {}",
+                        config.shm.dir.display()
+                    )
+                })
         })
         .collect()
 }

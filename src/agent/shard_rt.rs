@@ -362,7 +362,12 @@ fn serve_slots(
 
 /// Queues an answer the core released later for its UDP peer, or writes
 /// it into its slot when the peer is one.
-fn send_or_deliver(out: &mut SendBatch, shm: Option<&RefCell<Server>>, peer: SocketAddr, bytes: &[u8]) {
+fn send_or_deliver(
+    out: &mut SendBatch,
+    shm: Option<&RefCell<Server>>,
+    peer: SocketAddr,
+    bytes: &[u8],
+) {
     match (shm, peer_slot(peer)) {
         (Some(s), Some(slot)) => {
             s.borrow_mut().deliver(slot, bytes);

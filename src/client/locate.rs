@@ -339,11 +339,7 @@ impl Locator {
             Ok(hb) => {
                 let e = Endpoints::from_info(&hb.info);
                 // A corrupt extension offers nothing: UDP.
-                self.shm = reader
-                    .shm_prefix()
-                    .ok()
-                    .flatten()
-                    .map(|p| (p, hb.info.pid));
+                self.shm = reader.shm_prefix().ok().flatten().map(|p| (p, hb.info.pid));
                 self.info = Some(hb.info);
                 e
             }

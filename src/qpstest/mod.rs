@@ -160,7 +160,11 @@ impl QpsOptions {
             !(self.target == Target::Floor && self.transport == Transport::Shm),
             "the floor speaks UDP only: --transport shm needs an agent"
         );
-        anyhow::ensure!(self.shards <= 1024, "shards must be 0..=1024, not {}", self.shards);
+        anyhow::ensure!(
+            self.shards <= 1024,
+            "shards must be 0..=1024, not {}",
+            self.shards
+        );
         Ok(())
     }
 }
@@ -259,8 +263,7 @@ impl Server {
                 if opts.shards > 0 {
                     so.config.agent.shards = opts.shards;
                 }
-                let system =
-                    Standalone::start(so).context("cannot start the standalone system")?;
+                let system = Standalone::start(so).context("cannot start the standalone system")?;
                 wait_for_first_beat(system.heartbeat_path(), FIRST_BEAT_WAIT)?;
                 Ok(Server {
                     name: "standalone",

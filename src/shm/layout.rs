@@ -166,7 +166,9 @@ impl Geometry {
         let (slot_size, req_cap, resp_cap) =
             (slot_size as usize, req_cap as usize, resp_cap as usize);
         if req_cap < 64 || resp_cap < 64 {
-            return Err(format!("capacities {req_cap}/{resp_cap} bytes (at least 64)"));
+            return Err(format!(
+                "capacities {req_cap}/{resp_cap} bytes (at least 64)"
+            ));
         }
         if slot_size % 64 != 0 || S_DATA + req_cap + resp_cap > slot_size {
             return Err(format!(
@@ -267,9 +269,13 @@ mod tests {
         let g = Geometry::new(4);
         let (s, r, p) = (g.slot_size as u32, g.req_cap as u32, g.resp_cap as u32);
         let len = g.file_len() as u64;
-        assert!(Geometry::from_header(0, s, r, p, len).unwrap_err().contains("0 slots"));
+        assert!(Geometry::from_header(0, s, r, p, len)
+            .unwrap_err()
+            .contains("0 slots"));
         assert!(Geometry::from_header(MAX_SLOTS + 1, s, r, p, u64::MAX).is_err());
-        assert!(Geometry::from_header(5, s, r, p, len).unwrap_err().contains("needs"));
+        assert!(Geometry::from_header(5, s, r, p, len)
+            .unwrap_err()
+            .contains("needs"));
         assert!(Geometry::from_header(4, s, r, p + s, len).is_err());
         assert!(Geometry::from_header(4, s + 1, r, p, len + 64).is_err());
         assert!(Geometry::from_header(4, s, 0, p, len).is_err());

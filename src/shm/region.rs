@@ -131,7 +131,9 @@ impl Region {
                 // SAFETY: fchown on a descriptor we own; -1 keeps the owner.
                 let rc = unsafe { libc::fchown(file.as_raw_fd(), u32::MAX, gid) };
                 if rc != 0 {
-                    return Err(io_err("chown to the group", &tmp)(io::Error::last_os_error()));
+                    return Err(io_err("chown to the group", &tmp)(
+                        io::Error::last_os_error(),
+                    ));
                 }
             }
             file.set_len(geometry.file_len() as u64)
@@ -151,12 +153,20 @@ impl Region {
             region.u32(layout::H_SHARD).store(identity.shard, r);
             region.u32(layout::H_PID).store(identity.pid, r);
             region.u32(layout::H_SLOTS).store(geometry.slots, r);
-            region.u32(layout::H_SLOT_SIZE).store(geometry.slot_size as u32, r);
-            region.u32(layout::H_REQ_CAP).store(geometry.req_cap as u32, r);
-            region.u32(layout::H_RESP_CAP).store(geometry.resp_cap as u32, r);
+            region
+                .u32(layout::H_SLOT_SIZE)
+                .store(geometry.slot_size as u32, r);
+            region
+                .u32(layout::H_REQ_CAP)
+                .store(geometry.req_cap as u32, r);
+            region
+                .u32(layout::H_RESP_CAP)
+                .store(geometry.resp_cap as u32, r);
             region.u64(layout::H_BOOT).store(identity.boot, r);
             // The magic last: a header with it is complete.
-            region.u32(layout::H_MAGIC).store(layout::MAGIC, Ordering::Release);
+            region
+                .u32(layout::H_MAGIC)
+                .store(layout::MAGIC, Ordering::Release);
             std::fs::rename(&tmp, path).map_err(io_err("rename into place", path))?;
             Ok(region)
         })();
@@ -189,7 +199,10 @@ impl Region {
             return Err(invalid("not a regular file".into()));
         }
         if meta.len() < layout::HEADER_LEN as u64 {
-            return Err(invalid(format!("{} bytes, shorter than its header", meta.len())));
+            return Err(invalid(format!(
+                "{} bytes, shorter than its header",
+                meta.len()
+            )));
         }
         // Map the header first, read the geometry, then the whole file.
         let head = MmapOptions::new()
@@ -293,7 +306,9 @@ impl Region {
     /// # Panics
     /// When the range is outside the mapping.
     pub fn copy_out(&self, off: usize, dst: &mut [u8]) {
-        assert!(off.checked_add(dst.len()).is_some_and(|e| e <= self.map.len()));
+        assert!(off
+            .checked_add(dst.len())
+            .is_some_and(|e| e <= self.map.len()));
         // SAFETY: the range is inside the live mapping and `dst` is ours. The
         // bytes may be written concurrently by another process (a client
         // rewriting its own request); the slot protocol then discards the
@@ -309,7 +324,9 @@ impl Region {
     /// # Panics
     /// When the range is outside the mapping.
     pub fn copy_in(&self, off: usize, src: &[u8]) {
-        assert!(off.checked_add(src.len()).is_some_and(|e| e <= self.map.len()));
+        assert!(off
+            .checked_add(src.len())
+            .is_some_and(|e| e <= self.map.len()));
         // SAFETY: as in `copy_out`, in the other direction; the region is
         // mapped writable by both sides.
         unsafe {
@@ -437,8 +454,13 @@ mod tests {
         let e = Region::open(&path).unwrap_err().to_string();
         assert!(e.contains("magic"), "{e}");
         std::fs::write(&path, b"short").unwrap();
-        assert!(Region::open(&path).unwrap_err().to_string().contains("shorter"));
-        let e = Region::open(&dir.path().join("missing")).unwrap_err().to_string();
+        assert!(Region::open(&path)
+            .unwrap_err()
+            .to_string()
+            .contains("shorter"));
+        let e = Region::open(&dir.path().join("missing"))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("cannot open"), "{e}");
         assert!(Region::open(dir.path()).is_err());
         // A header claiming more slots than the file holds.
@@ -454,8 +476,9 @@ mod tests {
     fn a_futex_waiter_is_woken_and_a_silent_one_times_out() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("r.0");
-        let region =
-            std::sync::Arc::new(Region::create(&path, Geometry::new(1), ident(), Access::Owner).unwrap());
+        let region = std::sync::Arc::new(
+            Region::create(&path, Geometry::new(1), ident(), Access::Owner).unwrap(),
+        );
         let off = region.geometry().slot_offset(0) + layout::S_RESP_SEQ;
         let t0 = std::time::Instant::now();
         region.futex_wait(off, 0, Duration::from_millis(30));

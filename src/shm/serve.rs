@@ -98,21 +98,36 @@ impl Server {
     /// this moment is left for the next sweep.
     pub fn take(&mut self, slot: u32, now_ns: u64, visited_ns: u64) -> Option<Taken> {
         let base = self.g().slot_offset(slot);
-        let seq = self.region.u32(base + layout::S_REQ_SEQ).load(Ordering::Acquire);
+        let seq = self
+            .region
+            .u32(base + layout::S_REQ_SEQ)
+            .load(Ordering::Acquire);
         if seq == self.last[slot as usize] {
             return None;
         }
-        let raw_len = self.region.u32(base + layout::S_REQ_LEN).load(Ordering::Relaxed);
+        let raw_len = self
+            .region
+            .u32(base + layout::S_REQ_LEN)
+            .load(Ordering::Relaxed);
         let Some(len) = layout::request_len(raw_len, self.g().req_cap) else {
             self.last[slot as usize] = seq;
             self.counts.garbage += 1;
             self.respond(slot, seq, None);
             return None;
         };
-        let stamp = self.region.u64(base + layout::S_REQ_STAMP).load(Ordering::Relaxed);
-        self.region.copy_out(base + layout::S_DATA, &mut self.buf[..len]);
+        let stamp = self
+            .region
+            .u64(base + layout::S_REQ_STAMP)
+            .load(Ordering::Relaxed);
+        self.region
+            .copy_out(base + layout::S_DATA, &mut self.buf[..len]);
         fence(Ordering::Acquire);
-        if self.region.u32(base + layout::S_REQ_SEQ).load(Ordering::Relaxed) != seq {
+        if self
+            .region
+            .u32(base + layout::S_REQ_SEQ)
+            .load(Ordering::Relaxed)
+            != seq
+        {
             return None;
         }
         self.last[slot as usize] = seq;
@@ -149,8 +164,12 @@ impl Server {
             }
             None => layout::NO_ANSWER,
         };
-        self.region.u32(base + layout::S_RESP_LEN).store(len, Ordering::Relaxed);
-        self.region.u32(base + layout::S_RESP_SEQ).store(seq, Ordering::SeqCst);
+        self.region
+            .u32(base + layout::S_RESP_LEN)
+            .store(len, Ordering::Relaxed);
+        self.region
+            .u32(base + layout::S_RESP_SEQ)
+            .store(seq, Ordering::SeqCst);
         let sleeping = self.region.u32(base + layout::S_SLEEPING);
         if sleeping.load(Ordering::SeqCst) != 0 {
             sleeping.store(0, Ordering::Relaxed);
@@ -191,7 +210,10 @@ impl Server {
             _ => return false,
         };
         let base = self.g().slot_offset(slot);
-        let current = self.region.u32(base + layout::S_REQ_SEQ).load(Ordering::Acquire);
+        let current = self
+            .region
+            .u32(base + layout::S_REQ_SEQ)
+            .load(Ordering::Acquire);
         if answer_seq != wire || current != seq {
             return false;
         }
@@ -204,7 +226,10 @@ impl Server {
     pub fn pending(&self) -> bool {
         (0..self.slots()).any(|s| {
             let base = self.g().slot_offset(s);
-            self.region.u32(base + layout::S_REQ_SEQ).load(Ordering::SeqCst) != self.last[s as usize]
+            self.region
+                .u32(base + layout::S_REQ_SEQ)
+                .load(Ordering::SeqCst)
+                != self.last[s as usize]
         })
     }
 
@@ -239,7 +264,8 @@ impl Server {
     pub fn close(&self) {
         self.region.u32(layout::H_CLOSED).store(1, Ordering::SeqCst);
         for s in 0..self.slots() {
-            self.region.futex_wake(self.g().slot_offset(s) + layout::S_RESP_SEQ);
+            self.region
+                .futex_wake(self.g().slot_offset(s) + layout::S_RESP_SEQ);
         }
         remove_if_ours(self.region.path(), &self.region);
     }

@@ -1,0 +1,529 @@
+//! The shared-memory transport end to end (issue 16): the real agent
+//! binary with `[shm] enabled`, clients of the library, and faults: a
+//! client killed holding a slot, garbage written into a slot, an agent
+//! restarted under load, a stopped agent. Every wait is bounded.
+
+#[path = "support/common.rs"]
+mod common;
+
+#[path = "support/routesrc.rs"]
+mod routesrc;
+
+use common::{free_tcp_port, wait_for};
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use lbagent::agent::heartbeat::HeartbeatReader;
+use lbagent::agent::snapshot;
+use lbagent::client::{Client, ClientError, ClientOptions, HostSource};
+use lbagent::model::{ModuleId, NodeAddr, RouteNode};
+use lbagent::shm::layout;
+use lbagent::shm::region::Region;
+use routesrc::RouteSource;
+
+const M: ModuleId = ModuleId::new(100, 1);
+const T: Duration = Duration::from_millis(1000);
+
+fn node(i: u8) -> NodeAddr {
+    NodeAddr::new(Ipv4Addr::new(10, 1, 0, i), 9000)
+}
+
+fn nodes(n: u8) -> Vec<RouteNode> {
+    (1..=n)
+        .map(|i| RouteNode {
+            addr: node(i),
+            weight: 1,
+        })
+        .collect()
+}
+
+struct AgentProc {
+    child: Option<Child>,
+    dir: PathBuf,
+    config: PathBuf,
+    metrics: SocketAddr,
+}
+
+impl AgentProc {
+    fn start(dir: &Path, route_server: SocketAddr, shards: u32, slots: u32) -> AgentProc {
+        let config = dir.join("lbagent.toml");
+        let metrics = SocketAddr::from(([127, 0, 0, 1], free_tcp_port()));
+        let text = format!(
+            "[agent]\nbase_port = 0\nshards = {shards}\nroute_servers = [\"{route_server}\"]\n\
+             reporters = [\"127.0.0.1:1\"]\nheartbeat_path = \"{}\"\nsnapshot_path = \"{}\"\n\
+             snapshot_interval = 1\nmetrics_addr = \"{metrics}\"\n\
+             [shm]\nenabled = true\ndir = \"{}\"\nslots = {slots}\n",
+            dir.join("heartbeat").display(),
+            dir.join("routes.snapshot").display(),
+            dir.display(),
+        );
+        std::fs::write(&config, text).unwrap();
+        let mut a = AgentProc {
+            child: None,
+            dir: dir.to_path_buf(),
+            config,
+            metrics,
+        };
+        a.spawn();
+        a
+    }
+
+    fn spawn(&mut self) {
+        let child = Command::new(env!("CARGO_BIN_EXE_lbagent"))
+            .args(["agent", "--config", self.config.to_str().unwrap()])
+            .stdout(Stdio::null())
+            .stderr(if std::env::var_os("LBAGENT_TEST_STDERR").is_some() {
+                Stdio::inherit()
+            } else {
+                Stdio::null()
+            })
+            .spawn()
+            .expect("start lbagent agent");
+        let pid = child.id();
+        self.child = Some(child);
+        wait_for(Duration::from_secs(20), || {
+            let r = HeartbeatReader::open(&self.heartbeat_path()).ok()?;
+            let h = r.read().ok()?;
+            (h.info.pid == pid && h.beat_unix_ms > 0 && r.shm_prefix().ok()?.is_some())
+                .then_some(())
+        })
+        .expect("the agent beats and offers its regions within 20 s");
+    }
+
+    fn heartbeat_path(&self) -> PathBuf {
+        self.dir.join("heartbeat")
+    }
+
+    fn region_path(&self, shard: u32) -> PathBuf {
+        let prefix = HeartbeatReader::open(&self.heartbeat_path())
+            .unwrap()
+            .shm_prefix()
+            .unwrap()
+            .expect("regions offered");
+        lbagent::shm::region_path(&prefix, shard)
+    }
+
+    fn options(&self) -> ClientOptions {
+        ClientOptions {
+            heartbeat_path: self.heartbeat_path(),
+            snapshot_path: self.dir.join("not-the-snapshot"),
+            ..ClientOptions::default()
+        }
+    }
+
+    fn client(&self) -> Client {
+        Client::with_options(self.options()).unwrap()
+    }
+
+    fn pid(&self) -> i32 {
+        self.child.as_ref().expect("running").id() as i32
+    }
+
+    fn signal(&self, sig: i32) {
+        assert_eq!(unsafe { libc::kill(self.pid(), sig) }, 0);
+    }
+
+    /// SIGTERM, then waits for the process to exit (bounded).
+    fn stop(&mut self) {
+        self.signal(libc::SIGTERM);
+        let mut c = self.child.take().unwrap();
+        let t0 = Instant::now();
+        while c.try_wait().unwrap().is_none() {
+            assert!(t0.elapsed() < Duration::from_secs(10), "the agent stops");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// One counter of `/metrics`, summed over its labels.
+    fn metric(&self, name: &str) -> Option<f64> {
+        let text = http_get(self.metrics, "/metrics")?;
+        let mut sum = None;
+        for line in text.lines() {
+            let Some(rest) = line.strip_prefix(name) else {
+                continue;
+            };
+            if !(rest.starts_with('{') || rest.starts_with(' ')) {
+                continue;
+            }
+            let v: f64 = rest.rsplit(' ').next()?.parse().ok()?;
+            sum = Some(sum.unwrap_or(0.0) + v);
+        }
+        sum
+    }
+
+    fn wait_snapshot(&self, module: ModuleId) {
+        wait_for(Duration::from_secs(5), || {
+            snapshot::read(&self.dir.join("routes.snapshot"))
+                .ok()?
+                .route(module)
+                .map(|_| ())
+        })
+        .expect("the snapshot holds the module within 5 s");
+    }
+}
+
+impl Drop for AgentProc {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            unsafe { libc::kill(c.id() as i32, libc::SIGCONT) };
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn http_get(addr: SocketAddr, path: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    let (head, body) = out.split_once("\r\n\r\n")?;
+    head.starts_with("HTTP/1.1 200").then(|| body.to_string())
+}
+
+fn agent_with_route(dir: &Path, shards: u32, slots: u32) -> (RouteSource, AgentProc) {
+    let source = RouteSource::start();
+    source.set_route(M, &nodes(3));
+    let agent = AgentProc::start(dir, source.addr(), shards, slots);
+    agent
+        .client()
+        .register(M.modid, M.cmdid, Duration::from_secs(5))
+        .expect("the route arrives");
+    (source, agent)
+}
+
+/// Waits until the agent's metrics (shipped once a second) satisfy `ok`.
+fn wait_metric(agent: &AgentProc, name: &str, ok: impl Fn(f64) -> bool) -> f64 {
+    let mut last = None;
+    wait_for(Duration::from_secs(5), || {
+        last = agent.metric(name);
+        last.filter(|v| ok(*v))
+    })
+    .unwrap_or_else(|| panic!("{name} = {last:?} within 5 s"))
+}
+
+#[test]
+fn every_request_kind_goes_through_shared_memory_with_the_answers_of_udp() {
+    let dir = tempfile::tempdir().unwrap();
+    let (source, agent) = agent_with_route(dir.path(), 2, 4);
+    let other = ModuleId::new(100, 2); // another shard than M
+    source.set_route(other, &nodes(1));
+    let mut shm = agent.client();
+    let mut udp = Client::with_options(ClientOptions {
+        shm: false,
+        ..agent.options()
+    })
+    .unwrap();
+    // register: a waiting one (route not held yet) and a present one.
+    shm.register(other.modid, other.cmdid, Duration::from_secs(5))
+        .unwrap();
+    assert_eq!(
+        shm.shm_attached(),
+        1,
+        "the client holds a slot of that shard"
+    );
+    for _ in 0..3 {
+        let h = shm.get_host(M.modid, M.cmdid, T).unwrap();
+        assert_eq!(h.source, HostSource::Agent);
+        shm.report(M.modid, M.cmdid, h.addr, 0, 1).unwrap();
+    }
+    assert_eq!(shm.shm_attached(), 2);
+    assert_eq!(udp.shm_attached(), 0);
+    let h = udp.get_host(M.modid, M.cmdid, T).unwrap();
+    udp.report(M.modid, M.cmdid, h.addr, 0, 1).unwrap();
+    // Both see the same route and the same counts: one agent state. (The
+    // UDP client's own socket orders its report before its getRoute; the
+    // two transports are not ordered against each other.)
+    let b = udp.get_route(M.modid, M.cmdid, T).unwrap();
+    let a = shm.get_route(M.modid, M.cmdid, T).unwrap();
+    assert_eq!(a.version, b.version);
+    assert_eq!(a.nodes.len(), 3);
+    let succ: u32 = a.nodes.iter().map(|n| n.rsucc).sum();
+    assert_eq!(succ, 4, "three reports by shm, one by UDP: {a:?}");
+    assert_eq!(
+        a.nodes
+            .iter()
+            .map(|n| (n.addr, n.rsucc))
+            .collect::<Vec<_>>(),
+        b.nodes
+            .iter()
+            .map(|n| (n.addr, n.rsucc))
+            .collect::<Vec<_>>()
+    );
+    // Typed errors are the same too.
+    let unknown = ModuleId::new(999, 9);
+    let e = shm
+        .register(unknown.modid, unknown.cmdid, Duration::from_secs(3))
+        .unwrap_err();
+    assert_eq!(e, ClientError::NoSuchModule { module: unknown });
+    wait_metric(&agent, "lbagent_shm_requests_total", |v| v >= 8.0);
+    assert_eq!(agent.metric("lbagent_shm_garbage_total"), Some(0.0));
+    // The regions are the agent user's alone by default.
+    use std::os::unix::fs::MetadataExt;
+    let mode = std::fs::metadata(agent.region_path(0)).unwrap().mode();
+    assert_eq!(mode & 0o777, 0o600);
+}
+
+#[test]
+fn a_client_killed_holding_a_slot_loses_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_source, agent) = agent_with_route(dir.path(), 1, 2);
+    // qpstest holds both slots with its two threads.
+    let mut holder = Command::new(env!("CARGO_BIN_EXE_lbagent"))
+        .args([
+            "qpstest",
+            "--transport",
+            "shm",
+            "--threads",
+            "2",
+            "--duration",
+            "60",
+        ])
+        .args(["--modid", "100", "--cmdid", "1", "--heartbeat"])
+        .arg(agent.heartbeat_path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let region = Region::open(&agent.region_path(0)).unwrap();
+    let claimed = |r: &Region| {
+        (0..2)
+            .filter(|&s| {
+                let base = r.geometry().slot_offset(s);
+                r.u32(base + layout::S_STATE).load(Ordering::SeqCst) != layout::FREE
+            })
+            .count()
+    };
+    let full = wait_for(Duration::from_secs(10), || {
+        (claimed(&region) == 2).then_some(())
+    });
+    // A third client finds no slot: it goes by UDP.
+    let mut c = agent.client();
+    c.get_host(M.modid, M.cmdid, T).unwrap();
+    let attached_while_full = c.shm_attached();
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    assert!(full.is_some(), "qpstest's threads claim both slots");
+    assert_eq!(attached_while_full, 0, "no free slot: UDP");
+    // The shard takes both back (it checks once a second).
+    assert!(
+        wait_for(Duration::from_secs(5), || (claimed(&region) == 0)
+            .then_some(()))
+        .is_some(),
+        "the dead client's slots are reclaimed"
+    );
+    wait_metric(&agent, "lbagent_shm_reclaimed_total", |v| v >= 2.0);
+    // And a client attaches again (after its retry delay).
+    let attached = wait_for(Duration::from_secs(5), || {
+        c.get_host(M.modid, M.cmdid, T).unwrap();
+        (c.shm_attached() == 1).then_some(())
+    });
+    assert!(attached.is_some(), "a client takes a reclaimed slot");
+}
+
+#[test]
+fn garbage_in_a_slot_is_counted_and_harms_only_that_slot() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_source, agent) = agent_with_route(dir.path(), 1, 4);
+    let mut good = agent.client();
+    good.get_host(M.modid, M.cmdid, T).unwrap();
+    assert_eq!(good.shm_attached(), 1);
+    let region = Region::open(&agent.region_path(0)).unwrap();
+    let g = *region.geometry();
+    // Take a free slot by hand, as a hostile client of the agent's user would.
+    let me = std::process::id();
+    let slot = (0..g.slots)
+        .find(|&s| {
+            region
+                .u32(g.slot_offset(s) + layout::S_STATE)
+                .compare_exchange(layout::FREE, me, Ordering::SeqCst, Ordering::SeqCst)
+                .is_ok()
+        })
+        .expect("a free slot");
+    let base = g.slot_offset(slot);
+    let stop = Arc::new(AtomicBool::new(false));
+    let hostile = {
+        let stop = stop.clone();
+        let path = agent.region_path(0);
+        std::thread::spawn(move || {
+            let region = Region::open(&path).unwrap();
+            let mut rng = fastrand::Rng::with_seed(16);
+            let mut seq = 0u32;
+            while !stop.load(Ordering::SeqCst) {
+                let len = match rng.u8(..4) {
+                    0 => u32::MAX,
+                    1 => (g.req_cap + 1) as u32,
+                    2 => 0,
+                    _ => rng.u32(1..=g.req_cap as u32),
+                };
+                let junk: Vec<u8> = (0..256).map(|_| rng.u8(..)).collect();
+                region.copy_in(base + layout::S_DATA, &junk);
+                region
+                    .u32(base + layout::S_REQ_LEN)
+                    .store(len, Ordering::SeqCst);
+                region
+                    .u64(base + layout::S_REQ_STAMP)
+                    .store(rng.u64(..), Ordering::SeqCst);
+                region
+                    .u32(base + layout::S_SLEEPING)
+                    .store(rng.u32(..), Ordering::SeqCst);
+                region
+                    .u32(base + layout::S_RESP_SEQ)
+                    .store(rng.u32(..), Ordering::SeqCst);
+                seq = seq.wrapping_add(1 + rng.u32(..3));
+                region
+                    .u32(base + layout::S_REQ_SEQ)
+                    .store(seq, Ordering::SeqCst);
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        })
+    };
+    // Meanwhile the good client's calls all succeed through its own slot.
+    let t0 = Instant::now();
+    let mut calls = 0;
+    while t0.elapsed() < Duration::from_secs(2) {
+        let h = good.get_host(M.modid, M.cmdid, T).unwrap();
+        assert_eq!(h.source, HostSource::Agent);
+        good.report(M.modid, M.cmdid, h.addr, 0, 1).unwrap();
+        calls += 1;
+    }
+    stop.store(true, Ordering::SeqCst);
+    hostile.join().unwrap();
+    assert!(calls > 10, "{calls} calls");
+    assert_eq!(good.shm_attached(), 1, "still through shared memory");
+    wait_metric(&agent, "lbagent_shm_garbage_total", |v| v >= 1.0);
+    wait_metric(&agent, "lbagent_malformed_datagrams_total", |v| v >= 1.0);
+    // The shard survived: its process runs and answers a fresh client.
+    assert_eq!(unsafe { libc::kill(agent.pid(), 0) }, 0);
+    let h = agent.client().get_host(M.modid, M.cmdid, T).unwrap();
+    assert_eq!(h.source, HostSource::Agent);
+}
+
+/// A thread calling getHost (and a report) in a loop, recording failures.
+struct Looper {
+    stop: Arc<AtomicBool>,
+    log: Arc<Mutex<Vec<(Instant, Result<HostSource, ClientError>)>>>,
+    thread: Option<std::thread::JoinHandle<usize>>,
+}
+
+impl Looper {
+    fn start(opts: ClientOptions) -> Looper {
+        let stop = Arc::new(AtomicBool::new(false));
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (s, l) = (stop.clone(), log.clone());
+        let thread = std::thread::spawn(move || {
+            let mut c = Client::with_options(opts).unwrap();
+            let mut attached = 0;
+            while !s.load(Ordering::SeqCst) {
+                let r = c.get_host(M.modid, M.cmdid, Duration::from_millis(300));
+                if let Ok(h) = &r {
+                    let _ = c.report(M.modid, M.cmdid, h.addr, 0, 1);
+                }
+                attached = attached.max(c.shm_attached());
+                l.lock()
+                    .unwrap()
+                    .push((Instant::now(), r.map(|h| h.source)));
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            c.shm_attached()
+        });
+        Looper {
+            stop,
+            log,
+            thread: Some(thread),
+        }
+    }
+
+    fn agent_answers_since(&self, t: Instant) -> usize {
+        let log = self.log.lock().unwrap();
+        log.iter()
+            .filter(|(at, r)| *at >= t && matches!(r, Ok(HostSource::Agent)))
+            .count()
+    }
+
+    fn finish(mut self) -> (Vec<(Instant, Result<HostSource, ClientError>)>, usize) {
+        self.stop.store(true, Ordering::SeqCst);
+        let attached = self.thread.take().unwrap().join().unwrap();
+        (std::mem::take(&mut *self.log.lock().unwrap()), attached)
+    }
+}
+
+#[test]
+fn an_agent_restart_under_load_fails_no_call_and_clients_re_attach() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_source, mut agent) = agent_with_route(dir.path(), 1, 8);
+    agent.wait_snapshot(M);
+    let loopers: Vec<Looper> = (0..3).map(|_| Looper::start(agent.options())).collect();
+    let t0 = Instant::now();
+    let busy = wait_for(Duration::from_secs(5), || {
+        loopers
+            .iter()
+            .all(|l| l.agent_answers_since(t0) >= 20)
+            .then_some(())
+    });
+    assert!(busy.is_some(), "the loopers get answers");
+    let old_region = agent.region_path(0);
+    agent.stop();
+    assert!(!old_region.exists(), "a stopped agent removes its region");
+    agent.spawn();
+    let restarted = Instant::now();
+    let back = wait_for(Duration::from_secs(10), || {
+        loopers
+            .iter()
+            .all(|l| l.agent_answers_since(restarted) >= 20)
+            .then_some(())
+    });
+    let results: Vec<_> = loopers.into_iter().map(Looper::finish).collect();
+    assert!(back.is_some(), "every looper is answered by the new agent");
+    for (log, attached) in &results {
+        let failures: Vec<_> = log.iter().filter_map(|(_, r)| r.as_ref().err()).collect();
+        assert!(
+            failures.is_empty(),
+            "{} of {} calls failed, first: {}",
+            failures.len(),
+            log.len(),
+            failures[0]
+        );
+        assert_eq!(*attached, 1, "re-attached to the new agent's region");
+    }
+    wait_metric(&agent, "lbagent_shm_requests_total", |v| v >= 20.0);
+}
+
+#[test]
+fn the_timeout_holds_when_the_agent_is_stopped() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_source, agent) = agent_with_route(dir.path(), 1, 4);
+    let mut c = Client::with_options(ClientOptions {
+        static_fallback: false,
+        ..agent.options()
+    })
+    .unwrap();
+    c.get_host(M.modid, M.cmdid, T).unwrap();
+    assert_eq!(c.shm_attached(), 1);
+    agent.signal(libc::SIGSTOP);
+    let timeout = Duration::from_millis(300);
+    let t0 = Instant::now();
+    let r = c.get_host(M.modid, M.cmdid, timeout);
+    let took = t0.elapsed();
+    agent.signal(libc::SIGCONT);
+    assert!(
+        matches!(r, Err(ClientError::Timeout { .. })),
+        "a stopped agent times out: {r:?}"
+    );
+    assert!(
+        took >= timeout && took < timeout + Duration::from_secs(2),
+        "the timeout holds: {took:?}"
+    );
+    // Resumed, it answers again through the same slot.
+    let ok = wait_for(Duration::from_secs(5), || {
+        c.get_host(M.modid, M.cmdid, T).ok()
+    });
+    assert_eq!(ok.map(|h| h.source), Some(HostSource::Agent));
+    assert_eq!(c.shm_attached(), 1);
+}
