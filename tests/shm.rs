@@ -405,10 +405,13 @@ fn garbage_in_a_slot_is_counted_and_harms_only_that_slot() {
     assert_eq!(h.source, HostSource::Agent);
 }
 
+/// One getHost of a [`Looper`]: when it returned, and where from.
+type Answer = (Instant, Result<HostSource, ClientError>);
+
 /// A thread calling getHost (and a report) in a loop, recording failures.
 struct Looper {
     stop: Arc<AtomicBool>,
-    log: Arc<Mutex<Vec<(Instant, Result<HostSource, ClientError>)>>>,
+    log: Arc<Mutex<Vec<Answer>>>,
     thread: Option<std::thread::JoinHandle<usize>>,
 }
 
@@ -447,7 +450,7 @@ impl Looper {
             .count()
     }
 
-    fn finish(mut self) -> (Vec<(Instant, Result<HostSource, ClientError>)>, usize) {
+    fn finish(mut self) -> (Vec<Answer>, usize) {
         self.stop.store(true, Ordering::SeqCst);
         let attached = self.thread.take().unwrap().join().unwrap();
         (std::mem::take(&mut *self.log.lock().unwrap()), attached)
