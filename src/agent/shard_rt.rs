@@ -407,3 +407,4 @@ fn into_inner<T>(e: glommio::GlommioError<T>) -> Option<T> {
         _ => None,
     }
 }
+
