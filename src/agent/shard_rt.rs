@@ -344,6 +344,11 @@ fn serve_slots(
             now_us: now_ns / 1000,
             waited_us: t.waited_us,
         });
+        if let Some(report) = srv.first(&t) {
+            // A report sent ahead of the request in the same cell: it has
+            // no answer (anything else there would be dropped as over UDP).
+            c.handle_queued(report, slot_peer(slot), now, queued);
+        }
         let t0 = Instant::now();
         match c.handle_queued(srv.request(&t), slot_peer(slot), now, queued) {
             Some(answer) => srv.respond(slot, t.seq, Some(answer)),
@@ -407,4 +412,3 @@ fn into_inner<T>(e: glommio::GlommioError<T>) -> Option<T> {
         _ => None,
     }
 }
-

@@ -51,3 +51,38 @@ impl ShmConfig {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    #[test]
+    fn the_shm_table_is_checked_field_by_field() {
+        let ok = Config::from_toml("[shm]\nenabled = true\nslots = 4\n").unwrap();
+        assert!(ok.shm.enabled && ok.shm.slots == 4 && ok.shm.group.is_empty());
+        for (text, field) in [
+            ("[shm]\nslots = 0\n", "shm.slots"),
+            ("[shm]\nslots = 4097\n", "shm.slots"),
+            ("[shm]\ndir = \"relative\"\n", "shm.dir"),
+            ("[shm]\ngroup = \"no-such-group-lbagent\"\n", "shm.group"),
+        ] {
+            let e = Config::from_toml(text).unwrap_err().to_string();
+            assert!(e.contains(field), "{text}: {e}");
+        }
+        let e = Config::from_toml("[shm]\nsize = 1\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("size"), "{e}");
+    }
+
+    #[test]
+    fn a_changed_shm_table_needs_a_restart() {
+        use crate::config::reload::{reloadable, Reloadable, Role};
+        assert_eq!(reloadable(Role::Agent, "shm.enabled"), Reloadable::Restart);
+        assert_eq!(
+            reloadable(Role::Dnsserver, "shm.slots"),
+            Reloadable::Ignored
+        );
+    }
+}

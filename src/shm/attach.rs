@@ -176,22 +176,48 @@ impl Attachment {
             // Not a request the slot can hold: the caller goes by UDP.
             return Err(ShmFailure::Closed);
         }
+        let base = self.base();
+        let word = self.region.u32(base + layout::S_REQ_SEQ);
+        // A report not read yet: take it back and send it again in front
+        // of this request (one cell, one sweep); read already: wait for
+        // the shard to finish it (it is handling it now).
+        let mut split = 0;
         if self.unacked {
-            self.wait_seq(self.seq, deadline, doorbell)?;
+            let resp = self.region.u32(base + layout::S_RESP_SEQ);
+            let report_len = self
+                .region
+                .u32(base + layout::S_REQ_LEN)
+                .load(Ordering::Relaxed) as usize;
+            let fits = report_len + req.len() <= self.region.geometry().req_cap;
+            if resp.load(Ordering::Acquire) != self.seq
+                && fits
+                && word
+                    .compare_exchange(
+                        self.seq,
+                        self.seq | layout::TAKEN,
+                        Ordering::AcqRel,
+                        Ordering::Relaxed,
+                    )
+                    .is_ok()
+            {
+                split = report_len;
+            } else {
+                self.wait_seq(self.seq, deadline, doorbell)?;
+            }
             self.unacked = false;
         }
-        let base = self.base();
-        self.seq = self.seq.wrapping_add(1);
-        self.region.copy_in(base + layout::S_DATA, req);
+        self.seq = layout::next_seq(self.seq);
+        self.region.copy_in(base + layout::S_DATA + split, req);
         self.region
             .u32(base + layout::S_REQ_LEN)
-            .store(req.len() as u32, Ordering::Relaxed);
+            .store((split + req.len()) as u32, Ordering::Relaxed);
+        self.region
+            .u32(base + layout::S_REQ_SPLIT)
+            .store(split as u32, Ordering::Relaxed);
         self.region
             .u64(base + layout::S_REQ_STAMP)
             .store(realtime_ns(), Ordering::Relaxed);
-        self.region
-            .u32(base + layout::S_REQ_SEQ)
-            .store(self.seq, Ordering::SeqCst);
+        word.store(self.seq, Ordering::SeqCst);
         self.unacked = !answer;
         self.ring_if_parked(doorbell);
         Ok(self.seq)
@@ -309,4 +335,3 @@ impl Drop for Attachment {
         );
     }
 }
-

@@ -26,9 +26,10 @@
 //! | 0 | 4 | state: [`FREE`], else the owner's pid | client (CAS), shard (reclaim, CAS) |
 //! | 8 | 4 | claim generation, +1 at every claim and reclaim | client, shard |
 //! | 12 | 4 | sleeping: 1 while the client waits on a futex | client, shard |
-//! | 16 | 4 | request sequence, +1 per request published | client |
+//! | 16 | 4 | request sequence (31 bits, +1 per request published) and [`TAKEN`] | client, shard (CAS) |
 //! | 20 | 4 | request length | client |
 //! | 24 | 8 | request stamp, `CLOCK_REALTIME` ns | client |
+//! | 32 | 4 | split: 0, or the length of a first datagram (a report) before the request | client |
 //! | 64 | 4 | response sequence: the request sequence answered | shard |
 //! | 68 | 4 | response length ([`NO_ANSWER`]: consumed, nothing to say) | shard |
 //! | 128 | req cap | request bytes (a FlatBuffers datagram, as over UDP) | client |
@@ -83,6 +84,8 @@ pub const S_REQ_LEN: usize = 20;
 /// See the table.
 pub const S_REQ_STAMP: usize = 24;
 /// See the table.
+pub const S_REQ_SPLIT: usize = 32;
+/// See the table.
 pub const S_RESP_SEQ: usize = 64;
 /// See the table.
 pub const S_RESP_LEN: usize = 68;
@@ -91,6 +94,30 @@ pub const S_DATA: usize = 128;
 
 /// A slot no client holds.
 pub const FREE: u32 = 0;
+/// The bit of the request sequence word that says the request is taken:
+/// by the shard (a compare-and-swap before it copies the cell, so the
+/// client never rewrites a cell being read), or by its client taking back
+/// a report nobody read yet, to send it again together with its next
+/// request.
+pub const TAKEN: u32 = 1 << 31;
+
+/// The request sequence after `seq` (31 bits, never 0).
+pub fn next_seq(seq: u32) -> u32 {
+    let n = seq.wrapping_add(1) & !TAKEN;
+    if n == 0 {
+        1
+    } else {
+        n
+    }
+}
+
+/// Where a cell of `len` bytes splits into a report and a request: `split`
+/// (0: one datagram) if it lies strictly inside, else `None` (garbage).
+pub fn split_at(split: u32, len: usize) -> Option<usize> {
+    let split = split as usize;
+    (split == 0 || split < len).then_some(split)
+}
+
 /// The response length that says "consumed, no answer" (a report, or a
 /// request the shard dropped).
 pub const NO_ANSWER: u32 = u32::MAX;
@@ -293,6 +320,17 @@ mod tests {
         assert_eq!(response_len(7, 100), Some(Some(7)));
         assert_eq!(response_len(0, 100), None);
         assert_eq!(response_len(1000, 100), None);
+    }
+
+    #[test]
+    fn sequences_stay_below_the_taken_bit_and_skip_0() {
+        assert_eq!(next_seq(1), 2);
+        assert_eq!(next_seq(TAKEN - 1), 1);
+        assert_eq!(next_seq(5 | TAKEN), 6);
+        assert_eq!(split_at(0, 10), Some(0));
+        assert_eq!(split_at(4, 10), Some(4));
+        assert_eq!(split_at(10, 10), None);
+        assert_eq!(split_at(u32::MAX, 10), None);
     }
 
     #[test]

@@ -33,8 +33,10 @@ pub struct Taken {
     pub slot: u32,
     /// The slot's request sequence it carried.
     pub seq: u32,
-    /// Its length.
+    /// The cell's length.
     pub len: usize,
+    /// Where the request starts: 0, or after a report sent with it.
+    pub split: usize,
     /// How long it waited in the slot, µs (see [`layout::waited_us`]).
     pub waited_us: u64,
 }
@@ -93,24 +95,40 @@ impl Server {
     }
 
     /// Takes slot `slot`'s new request, if it has one, into the server's
-    /// buffer. A request whose length is garbage is answered
-    /// [`layout::NO_ANSWER`] and counted; one the client is rewriting at
-    /// this moment is left for the next sweep.
+    /// buffer: a compare-and-swap sets [`layout::TAKEN`] first, so its
+    /// client no longer touches the cell. A request whose length or split
+    /// is garbage is answered [`layout::NO_ANSWER`] and counted.
     pub fn take(&mut self, slot: u32, now_ns: u64, visited_ns: u64) -> Option<Taken> {
         let base = self.g().slot_offset(slot);
-        let seq = self
-            .region
-            .u32(base + layout::S_REQ_SEQ)
-            .load(Ordering::Acquire);
-        if seq == self.last[slot as usize] {
+        let word = self.region.u32(base + layout::S_REQ_SEQ);
+        let seq = word.load(Ordering::Acquire);
+        if seq & layout::TAKEN != 0 || seq == self.last[slot as usize] {
             return None;
         }
+        if word
+            .compare_exchange(
+                seq,
+                seq | layout::TAKEN,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            )
+            .is_err()
+        {
+            return None;
+        }
+        self.last[slot as usize] = seq;
+        self.held[slot as usize] = None;
         let raw_len = self
             .region
             .u32(base + layout::S_REQ_LEN)
             .load(Ordering::Relaxed);
-        let Some(len) = layout::request_len(raw_len, self.g().req_cap) else {
-            self.last[slot as usize] = seq;
+        let raw_split = self
+            .region
+            .u32(base + layout::S_REQ_SPLIT)
+            .load(Ordering::Relaxed);
+        let parts = layout::request_len(raw_len, self.g().req_cap)
+            .and_then(|len| Some((len, layout::split_at(raw_split, len)?)));
+        let Some((len, split)) = parts else {
             self.counts.garbage += 1;
             self.respond(slot, seq, None);
             return None;
@@ -122,28 +140,24 @@ impl Server {
         self.region
             .copy_out(base + layout::S_DATA, &mut self.buf[..len]);
         fence(Ordering::Acquire);
-        if self
-            .region
-            .u32(base + layout::S_REQ_SEQ)
-            .load(Ordering::Relaxed)
-            != seq
-        {
-            return None;
-        }
-        self.last[slot as usize] = seq;
-        self.held[slot as usize] = None;
-        self.counts.requests += 1;
+        self.counts.requests += 1 + u64::from(split > 0);
         Some(Taken {
             slot,
             seq,
             len,
+            split,
             waited_us: layout::waited_us(now_ns, stamp, visited_ns),
         })
     }
 
-    /// The bytes of the request last taken.
+    /// The report sent in the same cell before the request, if any.
+    pub fn first(&self, t: &Taken) -> Option<&[u8]> {
+        (t.split > 0).then(|| &self.buf[..t.split])
+    }
+
+    /// The bytes of the request last taken (after its report, if any).
     pub fn request(&self, t: &Taken) -> &[u8] {
-        &self.buf[..t.len]
+        &self.buf[t.split..t.len]
     }
 
     /// Writes the answer to request `seq` of `slot` (`None`: consumed,
@@ -214,7 +228,7 @@ impl Server {
             .region
             .u32(base + layout::S_REQ_SEQ)
             .load(Ordering::Acquire);
-        if answer_seq != wire || current != seq {
+        if answer_seq != wire || current != seq | layout::TAKEN {
             return false;
         }
         self.held[slot as usize] = None;
@@ -226,10 +240,11 @@ impl Server {
     pub fn pending(&self) -> bool {
         (0..self.slots()).any(|s| {
             let base = self.g().slot_offset(s);
-            self.region
+            let w = self
+                .region
                 .u32(base + layout::S_REQ_SEQ)
-                .load(Ordering::SeqCst)
-                != self.last[s as usize]
+                .load(Ordering::SeqCst);
+            w & layout::TAKEN == 0 && w != self.last[s as usize]
         })
     }
 
