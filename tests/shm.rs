@@ -256,6 +256,14 @@ fn every_request_kind_goes_through_shared_memory_with_the_answers_of_udp() {
             .map(|n| (n.addr, n.rsucc))
             .collect::<Vec<_>>()
     );
+    // Reports in a row (one taken back and sent in front of the next
+    // request, the others waiting their turn): none lost, none doubled.
+    for i in 1..=3 {
+        shm.report(M.modid, M.cmdid, node(i), 0, 1).unwrap();
+    }
+    let c = shm.get_route(M.modid, M.cmdid, T).unwrap();
+    let after: u32 = c.nodes.iter().map(|n| n.rsucc).sum();
+    assert_eq!(after, succ + 3, "{c:?}");
     // Typed errors are the same too.
     let unknown = ModuleId::new(999, 9);
     let e = shm
@@ -510,6 +518,20 @@ fn the_timeout_holds_when_the_agent_is_stopped() {
     c.get_host(M.modid, M.cmdid, T).unwrap();
     assert_eq!(c.shm_attached(), 1);
     agent.signal(libc::SIGSTOP);
+    // The signal takes effect when each thread next enters the kernel: a
+    // shard polling its slots may serve one more request first. Wait until
+    // every thread is stopped.
+    let stopped = wait_for(Duration::from_secs(5), || {
+        let tasks = std::fs::read_dir(format!("/proc/{}/task", agent.pid())).ok()?;
+        let all = tasks.filter_map(Result::ok).all(|t| {
+            std::fs::read_to_string(t.path().join("stat"))
+                .ok()
+                .and_then(|st| st.rsplit_once(") ").map(|(_, r)| r.starts_with('T')))
+                .unwrap_or(false)
+        });
+        all.then_some(())
+    });
+    assert!(stopped.is_some(), "every thread of the agent stops");
     let timeout = Duration::from_millis(300);
     let t0 = Instant::now();
     let r = c.get_host(M.modid, M.cmdid, timeout);

@@ -14,11 +14,12 @@ use super::serve::reclaim_if_dead;
 
 /// How long a waiting client spins before it sleeps on the futex. Short:
 /// on a host with fewer cores than busy threads a spinning client takes
-/// the core its shard needs (measured on 2 cores: 2 µs gave 1.4x the wall
-/// QPS of 20 µs, see the README's "Shared memory").
-pub const SPIN: Duration = Duration::from_micros(5);
+/// the core its shard needs; long enough for a polling shard's answer
+/// (about 2.5 µs here, README "Shared memory").
+pub const SPIN: Duration = Duration::from_micros(10);
 
-/// After the spin, a client naps: short futex waits that end by their own
+/// After the spin, a client that did not ring the doorbell (the shard was
+/// polling) naps: short futex waits that end by their own
 /// timeout, without telling the shard, so a busy shard answers it without
 /// a wake system call (the wake is the shard's largest cost otherwise:
 /// about half its time in `try_to_wake_up`, measured with perf).
@@ -61,6 +62,9 @@ pub struct Attachment {
     /// The last request published expects no answer and may not have been
     /// consumed yet.
     unacked: bool,
+    /// The last request rang the doorbell: the shard was parked, so it
+    /// will be slower than a nap and idle enough to wake the client.
+    rang: bool,
 }
 
 impl std::fmt::Debug for Attachment {
@@ -123,6 +127,7 @@ impl Attachment {
                         pid,
                         seq,
                         unacked: false,
+                        rang: false,
                     });
                 }
             }
@@ -188,7 +193,14 @@ impl Attachment {
                 .region
                 .u32(base + layout::S_REQ_LEN)
                 .load(Ordering::Relaxed) as usize;
-            let fits = report_len + req.len() <= self.region.geometry().req_cap;
+            // Only a report alone in its cell (not one already carried in
+            // front of another) is taken back, and only if both fit.
+            let alone = self
+                .region
+                .u32(base + layout::S_REQ_SPLIT)
+                .load(Ordering::Relaxed)
+                == 0;
+            let fits = alone && report_len + req.len() <= self.region.geometry().req_cap;
             if resp.load(Ordering::Acquire) != self.seq
                 && fits
                 && word
@@ -219,15 +231,21 @@ impl Attachment {
             .store(realtime_ns(), Ordering::Relaxed);
         word.store(self.seq, Ordering::SeqCst);
         self.unacked = !answer;
-        self.ring_if_parked(doorbell);
+        // A report taken back carries its doorbell over: the shard it woke
+        // is still on its way.
+        let carried = split > 0 && self.rang;
+        self.rang = self.ring_if_parked(doorbell) || carried;
         Ok(self.seq)
     }
 
-    fn ring_if_parked(&self, doorbell: &mut dyn FnMut()) {
+    /// Rings `doorbell` if the shard is parked; true if it did.
+    fn ring_if_parked(&self, doorbell: &mut dyn FnMut()) -> bool {
         let parked = self.region.u32(layout::H_PARKED);
-        if parked.load(Ordering::SeqCst) != 0 && parked.swap(0, Ordering::SeqCst) != 0 {
+        let ring = parked.load(Ordering::SeqCst) != 0 && parked.swap(0, Ordering::SeqCst) != 0;
+        if ring {
             doorbell();
         }
+        ring
     }
 
     /// Waits until the response sequence is `seq` or `deadline` passes.
@@ -262,7 +280,7 @@ impl Attachment {
                 std::hint::spin_loop();
                 continue;
             }
-            if now - start < NAPS_FOR {
+            if !self.rang && now - start < NAPS_FOR {
                 // A nap the shard need not end (it pays no wake).
                 self.ring_if_parked(doorbell);
                 self.region
