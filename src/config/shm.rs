@@ -54,7 +54,6 @@ impl ShmConfig {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use crate::config::Config;
 
     #[test]
