@@ -39,7 +39,8 @@ pub fn metrics_text() -> String {
 /// level here, the rest through `apply` (given the old and the new
 /// configuration and the live fields that changed), and makes it `current`.
 /// `apply` may refuse (an address that does not resolve): then nothing
-/// changes. Every outcome is one log line and a count.
+/// changes. Every outcome is one log line and a count, in that order (a
+/// count seen on /metrics means its line is written).
 pub fn reload(
     role: Role,
     source: &ConfigSource,
@@ -49,34 +50,34 @@ pub fn reload(
     let new = match source.load() {
         Ok(c) => c,
         Err(e) => {
-            RELOADS_FAILED.fetch_add(1, Ordering::Relaxed);
             tracing::error!("reload refused: {e}; the running configuration is kept");
+            RELOADS_FAILED.fetch_add(1, Ordering::Relaxed);
             return;
         }
     };
     match plan(role, current, &new) {
         Plan::Refuse(fields) => {
-            RELOADS_FAILED.fetch_add(1, Ordering::Relaxed);
             tracing::error!(
                 "reload refused: {} cannot change without a restart; the running configuration is kept (nothing applied)",
                 fields.join(", ")
             );
+            RELOADS_FAILED.fetch_add(1, Ordering::Relaxed);
         }
         Plan::Apply(fields) if fields.is_empty() => {
-            RELOADS_OK.fetch_add(1, Ordering::Relaxed);
             *current = new;
             tracing::info!("reload: nothing to change");
+            RELOADS_OK.fetch_add(1, Ordering::Relaxed);
         }
         Plan::Apply(fields) => {
             if let Err(why) = apply(current, &new, &fields) {
-                RELOADS_FAILED.fetch_add(1, Ordering::Relaxed);
                 tracing::error!("reload refused: {why}; the running configuration is kept");
+                RELOADS_FAILED.fetch_add(1, Ordering::Relaxed);
                 return;
             }
             crate::logging::set_level(new.log.level);
             *current = new;
-            RELOADS_OK.fetch_add(1, Ordering::Relaxed);
             tracing::info!("reload: applied {}", fields.join(", "));
+            RELOADS_OK.fetch_add(1, Ordering::Relaxed);
         }
     }
 }
