@@ -7,7 +7,7 @@
 //! shard's state.
 
 use std::cell::{Cell, RefCell};
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::net::TcpListener as StdTcpListener;
 use std::os::fd::{FromRawFd, IntoRawFd};
 use std::path::PathBuf;
@@ -27,13 +27,14 @@ use super::messages::{ToControl, ToShard};
 use super::metrics::{render, ControlMetrics, ShardMetrics};
 use super::routeclient::{self, RouteClientConfig, RouteClientEvent, RouteClientStatus, Want};
 use super::shard_rt;
-use super::snapshot::{self, SnapshotRoute};
+use super::route_table::RouteTable;
+use super::snapshot::{self, SnapshotIndex, SnapshotRoute};
 use super::snapshot_thread::SnapshotThread;
 use super::statsclient::{self, StatsClientConfig, StatsClientEvent, StatsClientStatus};
 use crate::lb::NodeCallStats;
 use crate::logging::{self, Verdict};
 use crate::metrics_http;
-use crate::model::{ModuleId, RouteNode};
+use crate::model::ModuleId;
 
 /// Everything the control executor needs, built on the main thread.
 pub struct ControlParts {
@@ -49,10 +50,10 @@ pub struct ControlParts {
     pub to_shards: Vec<SharedSender<ToShard>>,
     /// Shard metrics rings, one per shard.
     pub metrics_in: Vec<SharedReceiver<Box<ShardMetrics>>>,
-    /// The routes known at start (from the snapshot). The control core
-    /// makes them its table, moving the nodes: after the start no copy of
-    /// the snapshot is left beside the table and the shards' state.
-    pub routes: Vec<SnapshotRoute>,
+    /// The snapshot the agent started from (shared with the shards). Once
+    /// the agent serves, the control core makes its routes its table and
+    /// subscribes to their modules, in slices; then it lets go of it.
+    pub snapshot: Option<Arc<SnapshotIndex>>,
     /// The heartbeat file, created by the caller.
     pub heartbeat: HeartbeatWriter,
     /// The static route file (written by its own thread).
@@ -79,8 +80,9 @@ const RELOG_MS: u64 = 60_000;
 /// How long shutdown waits for the final snapshot to be written.
 const SNAPSHOT_FINAL_WAIT: Duration = Duration::from_secs(5);
 
-/// The routes the control core holds: module → (version, nodes).
-type RouteTable = HashMap<ModuleId, (u64, Vec<RouteNode>)>;
+/// Snapshot routes the control core takes into its table per turn (a
+/// millisecond or so of work at 10 nodes a route).
+const FILL_SLICE: usize = 4096;
 
 struct State {
     routes: RouteTable,
@@ -101,7 +103,7 @@ pub async fn run(parts: ControlParts) {
         from_shards,
         to_shards,
         metrics_in,
-        routes,
+        snapshot,
         heartbeat,
         snapshot_path,
         snapshot_interval,
@@ -112,12 +114,9 @@ pub async fn run(parts: ControlParts) {
         live,
     } = parts;
     let mut snapshot_interval = snapshot_interval;
-    // The snapshot's modules, to subscribe to; its routes become our table.
-    let known: Vec<ModuleId> = routes.iter().map(|r| r.module).collect();
-    let routes: RouteTable = routes
-        .into_iter()
-        .map(|r| (r.module, (r.version, r.nodes)))
-        .collect();
+    // The snapshot's routes become our table, and its modules are
+    // subscribed to, once the agent serves (below).
+    let routes = snapshot.map_or_else(RouteTable::new, RouteTable::from_snapshot);
     let state = Rc::new(RefCell::new(State {
         routes,
         shard_metrics: (0..shards).map(ShardMetrics::new).collect(),
@@ -149,14 +148,6 @@ pub async fn run(parts: ControlParts) {
         stopped(),
         route_status.clone(),
     ));
-    // Subscribe to every module the snapshot knows, with no version held:
-    // the snapshot keeps no module policy, so the first answer must be a
-    // whole route (a `balance` module would otherwise stay `l5` for as long
-    // as its route is unchanged). Re-pulls after that carry the version.
-    for m in known {
-        let _ = wants_tx.try_send(Want::Pull(m));
-    }
-
     // The statistics client, fed by the shards' statistics.
     let (stats_tx, stats_rx) = local_channel::new_unbounded::<(ModuleId, Vec<NodeCallStats>)>();
     let (stats_events_tx, stats_events_rx) = local_channel::new_bounded::<StatsClientEvent>(1024);
@@ -199,7 +190,7 @@ pub async fn run(parts: ControlParts) {
                     }
                     ToControl::Forget(m) => {
                         let mut st = state.borrow_mut();
-                        st.routes.remove(&m);
+                        st.routes.forget(m);
                         st.control.modules_forgotten += 1;
                         let _ = wants_tx.try_send(Want::Forget(m));
                     }
@@ -246,11 +237,8 @@ pub async fn run(parts: ControlParts) {
                     RouteClientEvent::Route(r) => {
                         let mut st = state.borrow_mut();
                         st.control.routes_received += 1;
-                        if r.exists && !r.nodes.is_empty() {
-                            st.routes.insert(r.module, (r.version, r.nodes.clone()));
-                        } else {
-                            st.routes.remove(&r.module);
-                        }
+                        let held = if r.exists { r.nodes.clone() } else { Vec::new() };
+                        st.routes.set(r.module, r.version, held);
                         let shard = r.module.shard(shards) as usize;
                         let msg = ToShard::Route { module: r.module, exists: r.exists, version: r.version, nodes: r.nodes, policy: r.policy };
                         deliver(&mut st, &senders, shard, msg);
@@ -384,6 +372,12 @@ pub async fn run(parts: ControlParts) {
             serving = true;
             heartbeat.beat(clock::unix_ms());
             state.borrow_mut().last_beat = Instant::now();
+            if state.borrow().routes.filling() {
+                tasks.push(glommio::spawn_local(fill_table(
+                    state.clone(),
+                    wants_tx.clone(),
+                )));
+            }
         }
         glommio::timer::sleep(Duration::from_millis(if serving { 50 } else { 5 })).await;
         beat.beat();
@@ -416,9 +410,11 @@ pub async fn run(parts: ControlParts) {
         let (written, failed) = snapshots.counts();
         st.control.snapshots_written = written;
         st.control.snapshot_errors = failed;
-        if last_snapshot.elapsed() >= snapshot_interval {
+        // Not while the table is still being filled from the snapshot: the
+        // file would lose the routes not yet taken.
+        if last_snapshot.elapsed() >= snapshot_interval && !st.routes.filling() {
             last_snapshot = Instant::now();
-            if !snapshots.offer(snapshot_routes(&st.routes)) {
+            if !snapshots.offer(st.routes.snapshot_routes()) {
                 st.control.snapshots_skipped += 1;
             }
         }
@@ -446,7 +442,13 @@ pub async fn run(parts: ControlParts) {
     drop(stats_tx);
     let _ = route_task.await;
     let _ = stats_task.await;
-    let routes = snapshot_routes(&state.borrow().routes);
+    let routes = {
+        let mut st = state.borrow_mut();
+        // Stopped before the table was filled: take the rest now (no
+        // subscription any more), so the file keeps every route.
+        st.routes.fill_step(usize::MAX, |_| {});
+        st.routes.snapshot_routes()
+    };
     if !snapshots.finish(routes, SNAPSHOT_FINAL_WAIT) {
         tracing::warn!(
             "the final route snapshot was not written within {} s (slow disk?); the last one written stays",
@@ -489,18 +491,17 @@ fn refresh_control(st: &mut State, route: &RouteClientStatus, stats: &StatsClien
     st.control.heartbeat_age_s = st.last_beat.elapsed().as_secs_f64();
 }
 
-/// The control core's table as the snapshot's sorted list.
-fn snapshot_routes(routes: &RouteTable) -> Vec<SnapshotRoute> {
-    let mut routes: Vec<SnapshotRoute> = routes
-        .iter()
-        .map(|(m, (v, nodes))| SnapshotRoute {
-            module: *m,
-            version: *v,
-            nodes: nodes.clone(),
-        })
-        .collect();
-    routes.sort_by_key(|r| r.module);
-    routes
+/// Takes the snapshot's routes into the table, [`FILL_SLICE`] a turn, and
+/// subscribes to their modules with no version held: the snapshot keeps no
+/// module policy, so the first answer must be a whole route (a `balance`
+/// module would otherwise stay `l5` for as long as its route is
+/// unchanged). Re-pulls after that carry the version.
+async fn fill_table(state: Rc<RefCell<State>>, wants_tx: Rc<local_channel::LocalSender<Want>>) {
+    while state.borrow_mut().routes.fill_step(FILL_SLICE, |m| {
+        let _ = wants_tx.try_send(Want::Pull(m));
+    }) {
+        glommio::timer::sleep(Duration::from_millis(1)).await;
+    }
 }
 
 /// Answers one HTTP request: `GET /metrics` gets the text, anything else 404.

@@ -7,6 +7,8 @@
 //! - [`heartbeat`]: the shared-memory heartbeat file (writer and reader).
 //! - [`snapshot`]: the static route file, written atomically, read back.
 //! - [`snapshot_thread`]: the thread that writes it, off the control core.
+//! - [`route_table`]: the control core's copy of the routes, filled from
+//!   the snapshot in slices after a restart.
 //! - [`routeclient`]: the connection to the route servers: pulls, answers,
 //!   pushes, reconnect with back-off and fail-over.
 //! - [`shard`]: one shard's request handling, sans-IO.
@@ -33,6 +35,7 @@ pub mod liveness;
 pub mod messages;
 pub mod metrics;
 pub mod reconnect;
+pub mod route_table;
 pub mod routeclient;
 pub mod runtime;
 pub mod shard;

@@ -9,7 +9,6 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::model::Policy;
 use anyhow::{bail, Context};
 use glommio::channels::shared_channel;
 use glommio::{ExecutorJoinHandle, LocalExecutorBuilder, Placement};
@@ -18,11 +17,10 @@ use super::control::{self, ControlParts};
 use super::heartbeat::{AgentInfo, HeartbeatLock, HeartbeatWriter};
 use super::live::{LiveSlot, LiveUpdate};
 use super::liveness::{self, Liveness};
-use super::messages::ToShard;
 use super::routeclient::RouteClientConfig;
 use super::shard::ShardSetup;
 use super::shard_rt::{self, ShardParts};
-use super::snapshot::{self, SnapshotError, SnapshotRoute};
+use super::snapshot::{self, SnapshotError, SnapshotIndex};
 use super::statsclient::StatsClientConfig;
 use crate::config::reload::Role;
 use crate::config::{Config, ConfigSource};
@@ -84,23 +82,11 @@ impl Agent {
         metrics.set_nonblocking(true)?;
         let metrics_addr = metrics.local_addr()?;
 
-        let routes = load_snapshot(&a.snapshot_path);
-        // Each shard's share of the snapshot, copied once: the shards
-        // consume theirs at start, the control core keeps `routes` as its
-        // table (moved, not copied).
-        let mut initial: Vec<Vec<ToShard>> = (0..shards).map(|_| Vec::new()).collect();
-        for r in &routes {
-            initial[r.module.shard(shards) as usize].push(ToShard::Route {
-                module: r.module,
-                exists: true,
-                version: r.version,
-                nodes: r.nodes.clone(),
-                // The static route file keeps no policy: a `balance`
-                // module is `l5` until its route is pulled again.
-                policy: Policy::L5,
-            });
-        }
-        let mut initial = initial.into_iter();
+        // The snapshot, read and checked once, is shared by the shards
+        // (each makes its share's modules from it) and the control core
+        // (its table): nothing of it is decoded or copied before the
+        // executors start.
+        let snapshot = load_snapshot(&a.snapshot_path);
         let heartbeat = HeartbeatWriter::create_locked(
             heartbeat_lock,
             &AgentInfo {
@@ -146,7 +132,6 @@ impl Agent {
             from_shards.push(from_shard);
             to_shards.push(to_shard);
             metrics_in.push(metrics_rx);
-            let initial = initial.next().unwrap_or_default();
             let parts = ShardParts {
                 setup: ShardSetup {
                     id: i as u32,
@@ -162,7 +147,7 @@ impl Agent {
                     level_timeout_ms: config.admission.level_timeout_ms,
                 },
                 socket,
-                initial,
+                snapshot: snapshot.clone(),
                 to_control,
                 from_control,
                 metrics_out,
@@ -190,7 +175,7 @@ impl Agent {
             shard_handles.push(h);
         }
 
-        let routes_loaded = routes.len();
+        let routes_loaded = snapshot.as_ref().map_or(0, |s| s.len());
         let parts = ControlParts {
             shards,
             route_client: RouteClientConfig {
@@ -204,7 +189,7 @@ impl Agent {
             from_shards,
             to_shards,
             metrics_in,
-            routes,
+            snapshot,
             heartbeat,
             snapshot_path: a.snapshot_path.clone(),
             snapshot_interval: Duration::from_secs(a.snapshot_interval),
@@ -429,13 +414,14 @@ fn resolve(field: &str, list: &[String]) -> anyhow::Result<Vec<SocketAddr>> {
 
 /// Loads the static route file, if any. A missing file is a first start; a
 /// corrupt one is reported and ignored (the route server will refill it).
-fn load_snapshot(path: &std::path::Path) -> Vec<SnapshotRoute> {
-    match snapshot::read(path) {
-        Ok(s) => s.routes,
-        Err(SnapshotError::Missing { .. }) => Vec::new(),
+fn load_snapshot(path: &std::path::Path) -> Option<Arc<SnapshotIndex>> {
+    match snapshot::read_index(path) {
+        Ok(s) if s.is_empty() => None,
+        Ok(s) => Some(Arc::new(s)),
+        Err(SnapshotError::Missing { .. }) => None,
         Err(e) => {
             tracing::warn!("ignoring the route snapshot: {e}");
-            Vec::new()
+            None
         }
     }
 }

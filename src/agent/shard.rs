@@ -26,10 +26,12 @@
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use super::messages::{ToControl, ToShard};
 use super::metrics::priority_class;
 use super::metrics::{Kind, ShardMetrics};
+use super::snapshot::SnapshotIndex;
 use super::timers::Timers;
 use crate::admission::{Admission, AdmissionLevel, AdmissionParams, Micros, OPEN};
 use crate::lb::{LbParams, Millis, ModuleLb, NodeCallStats, NodeState, Outcome, Pick, Units};
@@ -159,15 +161,29 @@ struct ModuleEntry {
     expiry_at: Millis,
 }
 
-/// The snapshot's routes a shard holds until it has made their modules:
-/// sorted by module; a taken one is None.
+/// The snapshot a shard holds until it has made the modules of its share:
+/// the file's bytes and index, shared by every shard and the control core
+/// (nothing is copied per shard), and which of its routes this shard has
+/// made (a bit per route of the whole file).
 #[derive(Default)]
 struct Preload {
-    routes: Vec<(ModuleId, u64, Option<Vec<RouteNode>>)>,
-    /// The first not yet looked at by [`ShardCore::preload_step`].
+    snapshot: Option<Arc<SnapshotIndex>>,
+    /// Routes of the file made into modules (or not this shard's, or with
+    /// no node: never to be made), a bit each.
+    made: Vec<u64>,
+    /// The first route not yet looked at by [`ShardCore::preload_step`].
     next: usize,
-    /// How many are still Some.
+    /// How many of this shard's routes are still to be made.
     left: usize,
+}
+
+impl Preload {
+    fn is_made(&self, i: usize) -> bool {
+        self.made[i / 64] & (1 << (i % 64)) != 0
+    }
+    fn set_made(&mut self, i: usize) {
+        self.made[i / 64] |= 1 << (i % 64);
+    }
 }
 
 /// A datagram to send: the bytes and where to.
@@ -467,41 +483,32 @@ impl ShardCore {
             .collect()
     }
 
-    /// Takes the snapshot's routes at start without making their modules
-    /// yet, so that the shard serves at once: a request (or a route) for
-    /// one of them makes its module first, and [`ShardCore::preload_step`]
-    /// makes the rest in slices. Once all are made nothing of the
-    /// snapshot is left. `routes` in module order costs no sort.
-    pub fn preload(&mut self, routes: Vec<ToShard>) {
-        let mut routes: Vec<(ModuleId, u64, Option<Vec<RouteNode>>)> = routes
-            .into_iter()
-            .filter_map(|msg| match msg {
-                // The static route file keeps no policy: `l5` until the
-                // module's route is pulled again.
-                ToShard::Route {
-                    module,
-                    exists,
-                    version,
-                    nodes,
-                    policy: _,
-                } => Some((
-                    module,
-                    version,
-                    (exists && !nodes.is_empty()).then_some(nodes),
-                )),
-                ToShard::Params(_) => None,
-            })
-            .collect();
-        if !routes.windows(2).all(|w| w[0].0 < w[1].0) {
-            routes.sort_by_key(|r| r.0);
-            routes.dedup_by_key(|r| r.0);
-        }
-        self.preload = Preload {
-            left: routes.iter().filter(|r| r.2.is_some()).count(),
+    /// Takes the snapshot at start without making its modules yet, so
+    /// that the shard serves at once: a request (or a route) for one of its
+    /// share makes its module first, and [`ShardCore::preload_step`] makes
+    /// the rest in slices. Routes with no node are not made (the agent
+    /// writes none). Costs one pass over the file's route headers to count
+    /// this shard's share; once all are made the shard lets go of the
+    /// snapshot.
+    pub fn preload(&mut self, snapshot: Arc<SnapshotIndex>) {
+        let (id, shards) = (self.setup.id, self.setup.shards);
+        let mut preload = Preload {
+            made: vec![0; snapshot.len().div_ceil(64)],
             next: 0,
-            routes,
+            left: 0,
+            snapshot: None,
         };
-        if self.preload.left == 0 {
+        for i in 0..snapshot.len() {
+            if snapshot.module(i).shard(shards) == id && snapshot.node_count(i) > 0 {
+                preload.left += 1;
+            } else {
+                preload.set_made(i);
+            }
+        }
+        if preload.left > 0 {
+            preload.snapshot = Some(snapshot);
+            self.preload = preload;
+        } else {
             self.preload = Preload::default();
         }
     }
@@ -513,15 +520,12 @@ impl ShardCore {
         while made < max && self.preload.left > 0 {
             let i = self.preload.next;
             self.preload.next += 1;
-            let (module, version, nodes) = &mut self.preload.routes[i];
-            if let Some(nodes) = nodes.take() {
-                let (module, version) = (*module, *version);
-                self.preload.left -= 1;
-                self.make_preloaded(module, version, nodes, now);
+            if !self.preload.is_made(i) {
+                self.make_preloaded(i, now);
                 made += 1;
             }
         }
-        if self.preload.left == 0 && !self.preload.routes.is_empty() {
+        if self.preload.left == 0 {
             self.preload = Preload::default();
         }
         self.preload.left > 0
@@ -534,34 +538,35 @@ impl ShardCore {
 
     /// Makes `module` from its preloaded route, if it has one waiting.
     fn take_preloaded(&mut self, module: ModuleId, now: Millis) {
-        let Ok(i) = self.preload.routes.binary_search_by_key(&module, |r| r.0) else {
+        // No clone of the Arc: its count is shared by every shard.
+        let Some(i) = self.preload.snapshot.as_ref().and_then(|s| s.find(module)) else {
             return;
         };
-        let (_, version, nodes) = &mut self.preload.routes[i];
-        if let Some(nodes) = nodes.take() {
-            let version = *version;
-            self.preload.left -= 1;
-            self.make_preloaded(module, version, nodes, now);
-        }
-        if self.preload.left == 0 {
-            self.preload = Preload::default();
+        if !self.preload.is_made(i) {
+            self.make_preloaded(i, now);
+            if self.preload.left == 0 {
+                self.preload = Preload::default();
+            }
         }
     }
 
-    fn make_preloaded(
-        &mut self,
-        module: ModuleId,
-        version: u64,
-        nodes: Vec<RouteNode>,
-        now: Millis,
-    ) {
+    /// Makes route `i` of the snapshot a module, as a route from the
+    /// control core would.
+    fn make_preloaded(&mut self, i: usize, now: Millis) {
+        let Some(snapshot) = &self.preload.snapshot else {
+            return;
+        };
         let msg = ToShard::Route {
-            module,
+            module: snapshot.module(i),
             exists: true,
-            version,
-            nodes,
+            version: snapshot.version(i),
+            nodes: snapshot.nodes(i),
+            // The static route file keeps no policy: `l5` until the
+            // module's route is pulled again.
             policy: Policy::L5,
         };
+        self.preload.set_made(i);
+        self.preload.left -= 1;
         // No register can wait on a module not yet made: nothing released.
         let released = self.apply_route(msg, now);
         debug_assert!(released.is_empty());

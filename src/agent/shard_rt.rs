@@ -27,6 +27,7 @@ use super::clock;
 use super::messages::{ToControl, ToShard};
 use super::metrics::{Kind, ShardMetrics};
 use super::shard::{Queued, ShardCore, ShardSetup};
+use super::snapshot::SnapshotIndex;
 use super::udp::{self, RecvBatch, SendBatch};
 use crate::admission::AdmissionParams;
 use crate::shm::layout::{peer_slot, slot_peer};
@@ -50,8 +51,10 @@ pub struct ShardParts {
     /// The bound UDP socket (bound by the caller so that errors surface
     /// before any thread starts).
     pub socket: StdUdpSocket,
-    /// Routes to install before the first datagram (from the snapshot).
-    pub initial: Vec<ToShard>,
+    /// The snapshot the agent started from, shared by every shard: this
+    /// shard makes its share's modules from it (see
+    /// [`ShardCore::preload`]).
+    pub snapshot: Option<Arc<SnapshotIndex>>,
     /// Shard → control ring.
     pub to_control: SharedSender<ToControl>,
     /// Control → shard ring.
@@ -78,7 +81,7 @@ pub async fn run(parts: ShardParts) {
     let ShardParts {
         setup,
         socket,
-        initial,
+        snapshot,
         to_control,
         from_control,
         metrics_out,
@@ -103,10 +106,13 @@ pub async fn run(parts: ShardParts) {
     let socket = Rc::new(unsafe { UdpSocket::from_raw_fd(fd) });
     let core = Rc::new(RefCell::new(ShardCore::new(setup)));
     core.borrow_mut().set_shedding(shedding);
-    // The snapshot's routes: held, not yet made modules, so the shard
-    // serves at once (a request makes its module first); a task makes the
-    // rest in slices between requests, then nothing of them is left.
-    core.borrow_mut().preload(initial);
+    // The snapshot's routes: held as the file's bytes, not yet made
+    // modules, so the shard serves at once (a request makes its module
+    // first); a task makes the rest in slices between requests, then the
+    // shard lets go of the snapshot.
+    if let Some(snapshot) = snapshot {
+        core.borrow_mut().preload(snapshot);
+    }
     let preload_task = {
         let core = core.clone();
         glommio::spawn_local(async move {

@@ -6,7 +6,9 @@
 //! [`write()`], atomically (temp file, fsync, rename, fsync of the directory),
 //! so a reader sees the old file or the new one, never a mix. The client
 //! library reads it with [`read`], which validates everything and never
-//! panics, whatever the bytes. This module owns the file format; it must not
+//! panics, whatever the bytes. A restarting agent reads it with
+//! [`read_index`]: the same checks, but the routes stay bytes until a
+//! shard makes each one's module ([`SnapshotIndex`]). This module owns the file format; it must not
 //! touch the heartbeat, the shards or the network, and takes the time as an
 //! argument.
 //!
@@ -368,6 +370,23 @@ fn create_temp(dir: &Path, name: &std::ffi::OsStr) -> Result<(PathBuf, File), Sn
 /// claim), [`SnapshotError::Io`] when it cannot be read, and every error of
 /// [`decode`].
 pub fn read(path: &Path) -> Result<Snapshot, SnapshotError> {
+    decode(path, &read_bytes(path)?)
+}
+
+/// Reads and validates the snapshot at `path` as [`read`] does, but keeps
+/// it as its bytes with an index of its routes: each route's nodes are
+/// decoded only when asked for ([`SnapshotIndex::nodes`]). What an agent
+/// starts from: a 1M-node file is read, checked and indexed in a few
+/// milliseconds, and its 100,000 routes are not made into vectors first.
+///
+/// # Errors
+/// Those of [`read`], for the same files.
+pub fn read_index(path: &Path) -> Result<SnapshotIndex, SnapshotError> {
+    SnapshotIndex::new(path, read_bytes(path)?)
+}
+
+/// The file's bytes, bounded as [`read`] says; not yet validated.
+fn read_bytes(path: &Path) -> Result<Vec<u8>, SnapshotError> {
     let file = OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
@@ -413,7 +432,7 @@ pub fn read(path: &Path) -> Result<Snapshot, SnapshotError> {
             .read_to_end(&mut bytes)
             .map_err(io_error("read", path))?;
     }
-    decode(path, &bytes)
+    Ok(bytes)
 }
 
 /// Validates a snapshot file's bytes and decodes them; `path` only names the
@@ -427,6 +446,130 @@ pub fn read(path: &Path) -> Result<Snapshot, SnapshotError> {
 /// after the payload, a count that does not fit the payload, modules out of
 /// order or twice, a node with port 0).
 pub fn decode(path: &Path, bytes: &[u8]) -> Result<Snapshot, SnapshotError> {
+    let (written_unix_s, starts) = index(path, bytes)?;
+    let routes = starts
+        .iter()
+        .map(|&at| route_at(bytes, at as usize))
+        .collect();
+    Ok(Snapshot {
+        written_unix_s,
+        routes,
+    })
+}
+
+/// A validated snapshot file kept as its bytes, with where each route
+/// starts ([`read_index`]). The routes are in strictly increasing module
+/// order, every count fits, no node has port 0: every accessor reads
+/// bytes already checked, and never fails.
+pub struct SnapshotIndex {
+    written_unix_s: u64,
+    /// The whole file.
+    bytes: Vec<u8>,
+    /// Where each route's header starts in `bytes`, in module order.
+    starts: Vec<u32>,
+}
+
+impl SnapshotIndex {
+    /// Validates `bytes`, a whole snapshot file (`path` only names it in
+    /// errors), and indexes its routes. Costs one pass over the bytes (the
+    /// checksum) and one over the route and node fields; allocates 4 bytes
+    /// per route beside the bytes.
+    ///
+    /// # Errors
+    /// Those of [`decode`], for the same bytes.
+    pub fn new(path: &Path, bytes: Vec<u8>) -> Result<SnapshotIndex, SnapshotError> {
+        let (written_unix_s, starts) = index(path, &bytes)?;
+        Ok(SnapshotIndex {
+            written_unix_s,
+            bytes,
+            starts,
+        })
+    }
+
+    /// When the agent wrote it, unix seconds.
+    pub fn written_unix_s(&self) -> u64 {
+        self.written_unix_s
+    }
+
+    /// How many routes it holds.
+    pub fn len(&self) -> usize {
+        self.starts.len()
+    }
+
+    /// True when it holds no route.
+    pub fn is_empty(&self) -> bool {
+        self.starts.is_empty()
+    }
+
+    /// Route `i`'s module (routes are numbered in module order).
+    ///
+    /// # Panics
+    /// `i >= self.len()`.
+    pub fn module(&self, i: usize) -> ModuleId {
+        module_at(&self.bytes, self.starts[i] as usize)
+    }
+
+    /// Route `i`'s version.
+    ///
+    /// # Panics
+    /// `i >= self.len()`.
+    pub fn version(&self, i: usize) -> u64 {
+        le_u64(&self.bytes, self.starts[i] as usize + 8)
+    }
+
+    /// How many nodes route `i` has.
+    ///
+    /// # Panics
+    /// `i >= self.len()`.
+    pub fn node_count(&self, i: usize) -> usize {
+        le_u32(&self.bytes, self.starts[i] as usize + 16) as usize
+    }
+
+    /// Route `i`'s nodes, decoded now.
+    ///
+    /// # Panics
+    /// `i >= self.len()`.
+    pub fn nodes(&self, i: usize) -> Vec<RouteNode> {
+        nodes_at(&self.bytes, self.starts[i] as usize)
+    }
+
+    /// Route `i`, decoded now.
+    ///
+    /// # Panics
+    /// `i >= self.len()`.
+    pub fn route(&self, i: usize) -> SnapshotRoute {
+        route_at(&self.bytes, self.starts[i] as usize)
+    }
+
+    /// The number of `module`'s route, by binary search.
+    pub fn find(&self, module: ModuleId) -> Option<usize> {
+        self.starts
+            .binary_search_by_key(&module, |&at| module_at(&self.bytes, at as usize))
+            .ok()
+    }
+
+    /// Every route decoded, in module order: what [`read`] would give.
+    pub fn to_snapshot(&self) -> Snapshot {
+        Snapshot {
+            written_unix_s: self.written_unix_s,
+            routes: (0..self.len()).map(|i| self.route(i)).collect(),
+        }
+    }
+}
+
+impl std::fmt::Debug for SnapshotIndex {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SnapshotIndex")
+            .field("written_unix_s", &self.written_unix_s)
+            .field("routes", &self.starts.len())
+            .field("bytes", &self.bytes.len())
+            .finish()
+    }
+}
+
+/// Validates a whole file's bytes: (time written, where each route's
+/// header starts). Never panics.
+fn index(path: &Path, bytes: &[u8]) -> Result<(u64, Vec<u32>), SnapshotError> {
     let len = bytes.len() as u64;
     let truncated = |expected: u64| SnapshotError::Truncated {
         path: path.to_path_buf(),
@@ -468,8 +611,7 @@ pub fn decode(path: &Path, bytes: &[u8]) -> Result<Snapshot, SnapshotError> {
             len - expected
         )));
     }
-    let payload = &bytes[HEADER_LEN..];
-    let computed = checksum(&bytes[..CHECKED_HEADER_LEN], payload);
+    let computed = checksum(&bytes[..CHECKED_HEADER_LEN], &bytes[HEADER_LEN..]);
     if computed != stored {
         return Err(SnapshotError::ChecksumMismatch {
             path: path.to_path_buf(),
@@ -477,15 +619,15 @@ pub fn decode(path: &Path, bytes: &[u8]) -> Result<Snapshot, SnapshotError> {
             computed,
         });
     }
-    let routes = decode_routes(route_count, payload).map_err(malformed)?;
-    Ok(Snapshot {
-        written_unix_s,
-        routes,
-    })
+    let starts = index_routes(route_count, bytes).map_err(malformed)?;
+    Ok((written_unix_s, starts))
 }
 
-/// The payload's routes; the rule broken otherwise.
-fn decode_routes(route_count: u32, payload: &[u8]) -> Result<Vec<SnapshotRoute>, String> {
+/// Where each of the `route_count` routes of a whole file (`bytes`, the
+/// header's length already checked) starts; the rule broken otherwise.
+/// Offsets fit a u32: a file is at most [`MAX_LEN`] bytes.
+fn index_routes(route_count: u32, bytes: &[u8]) -> Result<Vec<u32>, String> {
+    let payload = &bytes[HEADER_LEN..];
     let count = route_count as usize;
     if count > payload.len() / ROUTE_LEN {
         return Err(format!(
@@ -494,49 +636,39 @@ fn decode_routes(route_count: u32, payload: &[u8]) -> Result<Vec<SnapshotRoute>,
             payload.len()
         ));
     }
-    let mut routes: Vec<SnapshotRoute> = Vec::with_capacity(count);
+    let mut starts: Vec<u32> = Vec::with_capacity(count);
+    let mut prev: Option<ModuleId> = None;
     let mut at = 0;
     for i in 0..count {
         if payload.len() - at < ROUTE_LEN {
             return Err(format!("route {i} is cut off at payload byte {at}"));
         }
-        let module = ModuleId::new(le_u32(payload, at), le_u32(payload, at + 4));
-        let version = le_u64(payload, at + 8);
+        let module = module_at(payload, at);
         let node_count = le_u32(payload, at + 16) as usize;
-        at += ROUTE_LEN;
-        if let Some(prev) = routes.last() {
-            if prev.module >= module {
+        if let Some(prev) = prev {
+            if prev >= module {
                 return Err(format!(
-                    "route {i}: module {module} after {}, not in strictly increasing order",
-                    prev.module
+                    "route {i}: module {module} after {prev}, not in strictly increasing order"
                 ));
             }
         }
+        prev = Some(module);
+        starts.push((HEADER_LEN + at) as u32);
+        at += ROUTE_LEN;
         if node_count > (payload.len() - at) / NODE_LEN {
             return Err(format!(
                 "module {module} claims {node_count} nodes, only {} bytes remain",
                 payload.len() - at
             ));
         }
-        let mut nodes = Vec::with_capacity(node_count);
-        for j in 0..node_count {
-            let ip = le_u32(payload, at);
-            let port = u16::from_le_bytes([payload[at + 4], payload[at + 5]]);
-            let weight = le_u32(payload, at + 6);
-            at += NODE_LEN;
-            if port == 0 {
-                return Err(format!("module {module} node {j} has port 0"));
-            }
-            nodes.push(RouteNode {
-                addr: NodeAddr { ip, port },
-                weight,
-            });
+        let nodes = &payload[at..at + node_count * NODE_LEN];
+        if let Some(j) = nodes
+            .chunks_exact(NODE_LEN)
+            .position(|n| n[4] == 0 && n[5] == 0)
+        {
+            return Err(format!("module {module} node {j} has port 0"));
         }
-        routes.push(SnapshotRoute {
-            module,
-            version,
-            nodes,
-        });
+        at += node_count * NODE_LEN;
     }
     if at != payload.len() {
         return Err(format!(
@@ -544,7 +676,37 @@ fn decode_routes(route_count: u32, payload: &[u8]) -> Result<Vec<SnapshotRoute>,
             payload.len() - at
         ));
     }
-    Ok(routes)
+    Ok(starts)
+}
+
+/// The module of the route header at `at`; bounds checked by [`index`].
+fn module_at(bytes: &[u8], at: usize) -> ModuleId {
+    ModuleId::new(le_u32(bytes, at), le_u32(bytes, at + 4))
+}
+
+/// The nodes of the route whose header is at `at`; checked by [`index`].
+fn nodes_at(bytes: &[u8], at: usize) -> Vec<RouteNode> {
+    let count = le_u32(bytes, at + 16) as usize;
+    let first = at + ROUTE_LEN;
+    bytes[first..first + count * NODE_LEN]
+        .chunks_exact(NODE_LEN)
+        .map(|n| RouteNode {
+            addr: NodeAddr {
+                ip: le_u32(n, 0),
+                port: u16::from_le_bytes([n[4], n[5]]),
+            },
+            weight: le_u32(n, 6),
+        })
+        .collect()
+}
+
+/// The route whose header is at `at`; checked by [`index`].
+fn route_at(bytes: &[u8], at: usize) -> SnapshotRoute {
+    SnapshotRoute {
+        module: module_at(bytes, at),
+        version: le_u64(bytes, at + 8),
+        nodes: nodes_at(bytes, at),
+    }
 }
 
 /// The little-endian u32 at `at`; callers have checked the bounds.
@@ -988,7 +1150,77 @@ mod tests {
         })
     }
 
+    #[test]
+    fn an_index_finds_and_decodes_each_route_on_demand() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("routes.snap");
+        write(&path, 77, &sample()).unwrap();
+        let index = read_index(&path).unwrap();
+        assert_eq!((index.len(), index.written_unix_s()), (3, 77));
+        // Module order: (3, 9), (7, 0), (7, 1).
+        let i = index.find(ModuleId::new(7, 1)).unwrap();
+        assert_eq!(i, 2);
+        assert_eq!(index.module(i), ModuleId::new(7, 1));
+        assert_eq!(index.version(i), 701);
+        assert_eq!(index.node_count(i), 2);
+        assert_eq!(index.nodes(i), [node(1, 9000, 1), node(2, 9001, 0)]);
+        assert_eq!(index.node_count(1), 0);
+        assert!(index.nodes(1).is_empty());
+        for absent in [ModuleId::new(0, 0), ModuleId::new(7, 2), ModuleId::new(5, 5)] {
+            assert_eq!(index.find(absent), None, "{absent}");
+        }
+        assert_eq!(index.to_snapshot(), read(&path).unwrap());
+    }
+
+    #[test]
+    fn an_index_refuses_what_read_refuses() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("routes.snap");
+        assert!(matches!(
+            read_index(&path),
+            Err(SnapshotError::Missing { .. })
+        ));
+        let mut bytes = encode(1, &sample()).unwrap();
+        bytes[HEADER_LEN + 25] ^= 0x04;
+        fs::write(&path, &bytes).unwrap();
+        let err = read_index(&path).unwrap_err();
+        assert!(
+            matches!(err, SnapshotError::ChecksumMismatch { .. }),
+            "{err}"
+        );
+        assert!(err.to_string().contains("routes.snap is corrupt"), "{err}");
+    }
+
     proptest! {
+        #[test]
+        fn an_index_agrees_with_decode(routes in arb_routes(), t in any::<u64>(), probe in (0u32..9, 0u32..9)) {
+            let bytes = encode(t, &routes).unwrap();
+            let index = SnapshotIndex::new(Path::new("p"), bytes.clone()).unwrap();
+            prop_assert_eq!(index.to_snapshot(), decode(Path::new("p"), &bytes).unwrap());
+            let probe = ModuleId::new(probe.0, probe.1);
+            let found = index.find(probe).map(|i| index.route(i));
+            prop_assert_eq!(found.as_ref(), routes.iter().find(|r| r.module == probe));
+        }
+
+        #[test]
+        fn damaged_bytes_fail_the_index_as_they_fail_decode(
+            routes in arb_routes(),
+            edits in prop::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..4),
+        ) {
+            let mut bytes = encode(1, &routes).unwrap();
+            for (at, value) in edits {
+                let at = at.index(bytes.len());
+                bytes[at] = value;
+            }
+            let decoded = decode(Path::new("p"), &bytes);
+            let indexed = SnapshotIndex::new(Path::new("p"), bytes);
+            match (decoded, indexed) {
+                (Ok(d), Ok(i)) => prop_assert_eq!(d, i.to_snapshot()),
+                (Err(a), Err(b)) => prop_assert_eq!(a.to_string(), b.to_string()),
+                (d, i) => prop_assert!(false, "decode {:?}, index {:?}", d, i),
+            }
+        }
+
         #[test]
         fn encoded_routes_decode_to_themselves(routes in arb_routes(), t in any::<u64>()) {
             let bytes = encode(t, &routes).unwrap();

@@ -947,21 +947,34 @@ fn an_overloaded_shard_sheds_low_priorities_and_keeps_high_ones() {
 // === the snapshot's routes at start (preload) ===
 
 /// Modules owned by shard 0 of 2, each with `nodes` nodes, in module order.
-fn preloaded(modules: u32, nodes: u8) -> Vec<ToShard> {
-    (0..modules)
-        .map(|k| ToShard::Route {
-            module: ModuleId::new(2 * k, 0),
-            exists: true,
-            version: 1,
-            nodes: (1..=nodes)
-                .map(|i| RouteNode {
-                    addr: node(i),
-                    weight: 1,
-                })
-                .collect(),
-            policy: Policy::L5,
+/// A snapshot of `modules` modules of shard 0 of 2, (2k, 0), with `nodes`
+/// nodes each, between which lie modules of shard 1, (2k + 1, 0), and
+/// modules of shard 0 with no node, (2k, 1): neither is made.
+fn preloaded(modules: u32, nodes: u8) -> Arc<SnapshotIndex> {
+    use crate::agent::snapshot::{self, SnapshotRoute};
+    let route = |module, n: u8| SnapshotRoute {
+        module,
+        version: 1,
+        nodes: (1..=n)
+            .map(|i| RouteNode {
+                addr: node(i),
+                weight: 1,
+            })
+            .collect(),
+    };
+    let routes: Vec<SnapshotRoute> = (0..modules)
+        .flat_map(|k| {
+            [
+                route(ModuleId::new(2 * k, 0), nodes),
+                route(ModuleId::new(2 * k + 1, 0), nodes),
+                route(ModuleId::new(2 * k, 1), 0),
+            ]
         })
-        .collect()
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("routes.snapshot");
+    snapshot::write(&path, 1, &routes).unwrap();
+    Arc::new(snapshot::read_index(&path).unwrap())
 }
 
 #[test]
@@ -999,9 +1012,11 @@ fn a_preloaded_module_answers_its_first_request_and_the_rest_are_made_in_slices(
     assert_eq!(steps, 3);
     assert_eq!((s.preloading(), s.modules.len()), (0, 1000));
     assert!(
-        s.preload.routes.is_empty(),
+        s.preload.snapshot.is_none(),
         "nothing of the snapshot is held"
     );
+    // Neither the other shard's modules nor the empty routes were made.
+    assert!(s.modules.keys().all(|m| m.modid % 2 == 0 && m.cmdid == 0));
     // The module asked first kept its round robin position.
     assert_eq!(get_host(&mut s, last, 8), (RetCode::Ok, Some(node(2))));
 }

@@ -1,0 +1,236 @@
+//! The control core's copy of every route it knows, what the static route
+//! file is written from (so a snapshot never asks the shards). Pure: no
+//! ring, no clock, no file.
+//!
+//! After a restart the table starts from the snapshot the agent read
+//! ([`RouteTable::from_snapshot`]) without decoding it first: the control
+//! core fills the table from it in slices ([`RouteTable::fill_step`]) once
+//! the agent serves, so that the first heartbeat (and with it the first
+//! answer) does not wait for 100,000 routes to be made into vectors.
+//! Whatever the route server says about a module meanwhile wins over the
+//! snapshot: a module set or forgotten before its slice came is left as the
+//! route server made it.
+
+use std::collections::hash_map::Entry;
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use super::snapshot::{SnapshotIndex, SnapshotRoute};
+use crate::model::{ModuleId, RouteNode};
+
+/// module → (version, nodes): the routes the control core holds.
+#[derive(Debug, Default)]
+pub struct RouteTable {
+    routes: HashMap<ModuleId, (u64, Vec<RouteNode>)>,
+    fill: Option<Fill>,
+}
+
+/// The snapshot's routes not yet in the table.
+#[derive(Debug)]
+struct Fill {
+    snapshot: Arc<SnapshotIndex>,
+    /// The first route of the snapshot not yet looked at.
+    next: usize,
+    /// Modules the route server set or the shards forgot while filling:
+    /// the snapshot's (older) word on them is not taken.
+    touched: HashSet<ModuleId>,
+}
+
+impl RouteTable {
+    /// An empty table.
+    pub fn new() -> Self {
+        RouteTable::default()
+    }
+
+    /// A table to be filled from `snapshot` by [`RouteTable::fill_step`].
+    pub fn from_snapshot(snapshot: Arc<SnapshotIndex>) -> Self {
+        RouteTable {
+            routes: HashMap::with_capacity(snapshot.len()),
+            fill: (!snapshot.is_empty()).then(|| Fill {
+                snapshot,
+                next: 0,
+                touched: HashSet::new(),
+            }),
+        }
+    }
+
+    /// Takes a route from the route server: `nodes` empty (or the module
+    /// absent there) drops the module.
+    pub fn set(&mut self, module: ModuleId, version: u64, nodes: Vec<RouteNode>) {
+        self.touch(module);
+        if nodes.is_empty() {
+            self.routes.remove(&module);
+        } else {
+            self.routes.insert(module, (version, nodes));
+        }
+    }
+
+    /// Drops a module no shard holds any more.
+    pub fn forget(&mut self, module: ModuleId) {
+        self.touch(module);
+        self.routes.remove(&module);
+    }
+
+    fn touch(&mut self, module: ModuleId) {
+        if let Some(f) = &mut self.fill {
+            f.touched.insert(module);
+        }
+    }
+
+    /// Takes up to `max` more of the snapshot's routes into the table,
+    /// calling `taken` with each module taken (the control core subscribes
+    /// to it); true while some remain. Once all are taken the table lets go
+    /// of the snapshot.
+    pub fn fill_step(&mut self, max: usize, mut taken: impl FnMut(ModuleId)) -> bool {
+        let Some(f) = &mut self.fill else {
+            return false;
+        };
+        let end = f.snapshot.len().min(f.next.saturating_add(max));
+        for i in f.next..end {
+            let module = f.snapshot.module(i);
+            if f.touched.contains(&module) || f.snapshot.node_count(i) == 0 {
+                continue;
+            }
+            if let Entry::Vacant(e) = self.routes.entry(module) {
+                e.insert((f.snapshot.version(i), f.snapshot.nodes(i)));
+                taken(module);
+            }
+        }
+        f.next = end;
+        if end == f.snapshot.len() {
+            self.fill = None;
+        }
+        self.fill.is_some()
+    }
+
+    /// True while some of the snapshot's routes are not yet in the table
+    /// (what a snapshot written now would lose).
+    pub fn filling(&self) -> bool {
+        self.fill.is_some()
+    }
+
+    /// How many modules the table holds.
+    pub fn len(&self) -> usize {
+        self.routes.len()
+    }
+
+    /// True when it holds none.
+    pub fn is_empty(&self) -> bool {
+        self.routes.is_empty()
+    }
+
+    /// `module`'s (version, nodes), if held.
+    pub fn get(&self, module: ModuleId) -> Option<(u64, &[RouteNode])> {
+        self.routes.get(&module).map(|(v, n)| (*v, n.as_slice()))
+    }
+
+    /// The table as the snapshot file's sorted list.
+    pub fn snapshot_routes(&self) -> Vec<SnapshotRoute> {
+        let mut routes: Vec<SnapshotRoute> = self
+            .routes
+            .iter()
+            .map(|(m, (v, nodes))| SnapshotRoute {
+                module: *m,
+                version: *v,
+                nodes: nodes.clone(),
+            })
+            .collect();
+        routes.sort_by_key(|r| r.module);
+        routes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::snapshot;
+    use crate::model::NodeAddr;
+
+    fn nodes(n: u32) -> Vec<RouteNode> {
+        (0..n)
+            .map(|i| RouteNode {
+                addr: NodeAddr {
+                    ip: 0x0a00_0000 + i,
+                    port: 80,
+                },
+                weight: 1,
+            })
+            .collect()
+    }
+
+    fn index(routes: &[SnapshotRoute]) -> Arc<SnapshotIndex> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s");
+        snapshot::write(&path, 1, routes).unwrap();
+        Arc::new(snapshot::read_index(&path).unwrap())
+    }
+
+    fn m(k: u32) -> ModuleId {
+        ModuleId::new(k, 1)
+    }
+
+    #[test]
+    fn fills_from_the_snapshot_in_slices_and_lets_go_of_it() {
+        let routes: Vec<SnapshotRoute> = (0..10)
+            .map(|k| SnapshotRoute {
+                module: m(k),
+                version: u64::from(k) + 100,
+                nodes: nodes(k % 3),
+            })
+            .collect();
+        let snap = index(&routes);
+        let mut t = RouteTable::from_snapshot(snap.clone());
+        assert!(t.filling() && t.is_empty());
+        let mut taken = Vec::new();
+        assert!(t.fill_step(4, |m| taken.push(m)));
+        assert!(t.fill_step(4, |m| taken.push(m)));
+        assert!(!t.fill_step(4, |m| taken.push(m)));
+        assert!(!t.filling());
+        assert_eq!(Arc::strong_count(&snap), 1, "the snapshot is let go");
+        // Routes with no node are not taken (the agent writes none).
+        let expected: Vec<ModuleId> = (0..10).filter(|k| k % 3 != 0).map(m).collect();
+        assert_eq!(taken, expected);
+        assert_eq!(t.len(), expected.len());
+        assert_eq!(t.get(m(5)), Some((105, nodes(2).as_slice())));
+        let written: Vec<SnapshotRoute> =
+            routes.into_iter().filter(|r| !r.nodes.is_empty()).collect();
+        assert_eq!(t.snapshot_routes(), written);
+        assert!(!t.fill_step(4, |_| panic!("nothing left")));
+    }
+
+    #[test]
+    fn the_route_servers_word_wins_over_the_snapshot() {
+        let routes: Vec<SnapshotRoute> = (0..4)
+            .map(|k| SnapshotRoute {
+                module: m(k),
+                version: 1,
+                nodes: nodes(2),
+            })
+            .collect();
+        let mut t = RouteTable::from_snapshot(index(&routes));
+        // Before their slice: 0 updated, 1 gone at the route server, 2
+        // forgotten by its shard.
+        t.set(m(0), 9, nodes(5));
+        t.set(m(1), 9, Vec::new());
+        t.forget(m(2));
+        let mut taken = Vec::new();
+        while t.fill_step(1, |m| taken.push(m)) {}
+        assert_eq!(taken, [m(3)]);
+        assert_eq!(t.get(m(0)), Some((9, nodes(5).as_slice())));
+        assert_eq!(t.get(m(1)), None);
+        assert_eq!(t.get(m(2)), None);
+        assert_eq!(t.get(m(3)), Some((1, nodes(2).as_slice())));
+        // After the fill, changes need no bookkeeping.
+        t.forget(m(3));
+        assert_eq!(t.len(), 1);
+    }
+
+    #[test]
+    fn an_empty_table_has_nothing_to_fill() {
+        let mut t = RouteTable::new();
+        assert!(!t.filling());
+        assert!(!t.fill_step(10, |_| panic!("nothing to take")));
+        t.set(m(1), 2, nodes(1));
+        assert_eq!(t.snapshot_routes().len(), 1);
+    }
+}
