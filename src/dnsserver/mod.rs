@@ -33,8 +33,9 @@
 //! held keeps being served. A connection is closed after
 //! `dnsserver.idle_timeout` seconds without a complete frame, so bytes that
 //! never make a frame do not keep it open. The store thread builds each new table and sends it, with the
-//! changed modules, to every executor over a channel that the executor
-//! drains on its tick: executors never wait for the store, and each
+//! changed modules, to every executor over a channel ([`updates`]) that
+//! wakes the executor to drain it at once: executors never wait for the
+//! store, and each
 //! switches table and queues the matching pushes at the same instant, so a
 //! connection never sees an answer newer than the push that follows it.
 //!
@@ -62,6 +63,7 @@ mod serve;
 pub mod session;
 pub mod subs;
 pub mod table;
+pub mod updates;
 
 use std::io;
 use std::net::{SocketAddr, TcpListener};
@@ -169,7 +171,7 @@ impl DnsServer {
         };
 
         // The store thread first: executors start with its first table.
-        let (senders, receivers): (Vec<_>, Vec<_>) = (0..threads).map(|_| mpsc::channel()).unzip();
+        let (senders, receivers): (Vec<_>, Vec<_>) = (0..threads).map(|_| updates::channel()).unzip();
         let (stop_tx, stop_rx) = mpsc::channel();
         let (first_tx, first_rx) = mpsc::sync_channel(1);
         let poller = Poller::new(

@@ -31,12 +31,13 @@
 //! routes stay, one line says why, and the refusal counts as a failed full
 //! reload; the first write to the store (version 1 and up) ends it.
 
-use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, SyncSender, TryRecvError};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TryRecvError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::metrics::{Board, StoreStatus};
 use super::table::{Change, Reloaded, RouteTable};
+use super::updates::UpdateSender;
 use crate::model::ModuleId;
 use crate::store::{Store, StoreError, Wake};
 use crate::wire::Encoder;
@@ -335,11 +336,11 @@ const WAIT_SLICE: Duration = Duration::from_millis(100);
 
 /// Runs `poller` until `stop` is closed (or sent to): polls when the store
 /// announces a change or the poll interval passed, logs its notes, sends
-/// its updates to every executor, publishes its status on `board`, and
+/// its updates to every executor (waking it), publishes its status on `board`, and
 /// reports the first poll's outcome on `first`.
 pub fn run(
     mut poller: Poller,
-    executors: Vec<Sender<Arc<Update>>>,
+    executors: Vec<UpdateSender>,
     board: Arc<Board>,
     stop: Receiver<()>,
     first: SyncSender<FirstPoll>,
@@ -904,8 +905,8 @@ pub(crate) mod tests {
     fn the_thread_sends_updates_to_every_executor_and_stops() {
         let store = MemStore::default();
         store.clone().add_node(A, node(1)).unwrap();
-        let (tx1, rx1) = std::sync::mpsc::channel();
-        let (tx2, rx2) = std::sync::mpsc::channel();
+        let (tx1, rx1) = super::super::updates::channel();
+        let (tx2, rx2) = super::super::updates::channel();
         let (stop_tx, stop_rx) = std::sync::mpsc::channel();
         let (first_tx, first_rx) = std::sync::mpsc::sync_channel(1);
         let board = Arc::new(Board::new(2));

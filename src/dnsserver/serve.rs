@@ -2,12 +2,13 @@
 //! [`Registry`].
 //!
 //! Each executor accepts on its own handle of the server's one listening
-//! socket (the kernel gives each connection to one of them), runs one task per connection, and one tick task:
-//! the low-precision timer that installs new tables and queues their
-//! pushes, expires silent connections, publishes the counters and watches
-//! for the stop flag. Everything on the executor is single-threaded; the
-//! only things that cross threads are the update channel from the store
-//! thread (drained on the tick) and the published counters.
+//! socket (the kernel gives each connection to one of them), runs one task per connection, one task
+//! that installs new tables and queues their pushes as soon as the store
+//! thread sends them (it rings the channel's doorbell), and one tick task:
+//! the low-precision timer that expires silent connections, publishes the
+//! counters and watches for the stop flag. Everything on the executor is
+//! single-threaded; the only things that cross threads are the update
+//! channel from the store thread and the published counters.
 //!
 //! A connection task reads whatever the socket has, lets its session
 //! answer every complete frame into one buffer, and writes that buffer in
@@ -22,7 +23,7 @@ use std::net::TcpListener as StdTcpListener;
 use std::os::fd::{FromRawFd, IntoRawFd};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{Receiver, TryRecvError};
+use std::sync::mpsc::TryRecvError;
 use std::sync::Arc;
 use std::task::{Poll, Waker};
 use std::time::{Duration, Instant};
@@ -35,12 +36,13 @@ use super::reload::Update;
 use super::session::{CloseReason, Ctx, Session};
 use super::subs::{Budget, ConnId, Registry};
 use super::table::RouteTable;
+use super::updates::UpdateReceiver;
 use crate::agent::conn::{race, Either};
 use crate::model::ModuleId;
 use crate::wire::{write_frame, Encoder, RetCode};
 
-/// The tick: how often an executor installs updates, checks deadlines and
-/// publishes its counters.
+/// The tick: how often an executor checks deadlines and publishes its
+/// counters (updates are installed when they come).
 pub const TICK: Duration = Duration::from_millis(25);
 
 /// Bytes one read may take from a socket.
@@ -62,7 +64,7 @@ pub struct ExecParts {
     /// Its listener, bound and listening (non-blocking).
     pub listener: StdTcpListener,
     /// New tables from the store thread.
-    pub updates: Receiver<Arc<Update>>,
+    pub updates: UpdateReceiver,
     /// Where it publishes its counters.
     pub board: Arc<Board>,
     /// Set when the route server stops.
@@ -162,30 +164,41 @@ pub async fn run(parts: ExecParts) {
     }));
     // Serve the table the store thread already loaded from the first
     // connection on.
-    let mut updates_open = drain_updates(&exec, &updates);
+    drain_updates(&exec, &updates);
     // SAFETY: a bound, listening, non-blocking TCP socket that we own.
     let listener = unsafe { TcpListener::from_raw_fd(listener.into_raw_fd()) };
     let acceptor = glommio::spawn_local(accept_loop(listener, exec.clone(), t0, connections));
+    // New tables are installed (and their pushes queued) as they come:
+    // the store thread rings when it sends. Ends when the store thread does.
+    let installer = {
+        let exec = exec.clone();
+        glommio::spawn_local(async move {
+            loop {
+                updates.sent().await;
+                if !drain_updates(&exec, &updates) {
+                    return;
+                }
+            }
+        })
+    };
 
     let mut expired = Vec::new();
     while !stop.load(Ordering::Relaxed) {
         glommio::timer::sleep(TICK).await;
         exec.borrow_mut().now = t0.elapsed().as_millis() as u64;
-        if updates_open {
-            updates_open = drain_updates(&exec, &updates);
-        }
         expire(&exec, &mut expired);
         publish(&exec, &board, index);
     }
 
     drop(acceptor);
+    drop(installer);
     shut_down(&exec).await;
     publish(&exec, &board, index);
 }
 
 /// Installs every update waiting on the channel and queues its pushes.
 /// Returns false once the channel is closed (the store thread ended).
-fn drain_updates(exec: &Rc<RefCell<Exec>>, updates: &Receiver<Arc<Update>>) -> bool {
+fn drain_updates(exec: &Rc<RefCell<Exec>>, updates: &UpdateReceiver) -> bool {
     loop {
         match updates.try_recv() {
             Ok(update) => install(&mut exec.borrow_mut(), &update),

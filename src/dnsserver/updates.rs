@@ -1,0 +1,203 @@
+//! The channel from the store thread to one serving executor: each new
+//! table, and a doorbell that wakes the executor the moment one is sent,
+//! so that a change is installed and pushed at once instead of at the
+//! executor's next tick. A plain thread sends; a glommio task waits.
+
+use std::future::poll_fn;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, RecvTimeoutError, TryRecvError};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use super::reload::Update;
+
+/// A one-bit wake-up across threads: any thread [`ring`](Self::ring)s, one
+/// task waits with [`rung`](Self::rung). Rings while nobody waits are
+/// kept (as one): the next wait returns at once.
+#[derive(Debug, Default)]
+pub struct Doorbell {
+    rung: AtomicBool,
+    waiter: Mutex<Option<Waker>>,
+}
+
+impl Doorbell {
+    /// Rings: the waiting task (or the next to wait) wakes.
+    pub fn ring(&self) {
+        self.rung.store(true, Ordering::SeqCst);
+        let waker = self.waiter.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(w) = waker {
+            w.wake();
+        }
+    }
+
+    /// Ready once rung since the last time it was ready; takes the ring.
+    pub fn poll_rung(&self, cx: &mut Context<'_>) -> Poll<()> {
+        if self.rung.swap(false, Ordering::SeqCst) {
+            return Poll::Ready(());
+        }
+        *self.waiter.lock().unwrap_or_else(|e| e.into_inner()) = Some(cx.waker().clone());
+        // A ring between the check above and the waker's storing found no
+        // waker to wake: look again.
+        if self.rung.swap(false, Ordering::SeqCst) {
+            return Poll::Ready(());
+        }
+        Poll::Pending
+    }
+
+    /// Waits until rung (returns at once if rung since the last wait).
+    pub async fn rung(&self) {
+        poll_fn(|cx| self.poll_rung(cx)).await
+    }
+}
+
+/// A new update channel: the store thread's end and the executor's.
+pub fn channel() -> (UpdateSender, UpdateReceiver) {
+    let (tx, rx) = mpsc::channel();
+    let bell = Arc::new(Doorbell::default());
+    (
+        UpdateSender {
+            tx,
+            bell: bell.clone(),
+        },
+        UpdateReceiver { rx, bell },
+    )
+}
+
+/// The store thread's end.
+#[derive(Debug)]
+pub struct UpdateSender {
+    tx: mpsc::Sender<Arc<Update>>,
+    bell: Arc<Doorbell>,
+}
+
+impl UpdateSender {
+    /// Sends `update` and wakes the executor. Err when the executor has
+    /// stopped (its end is dropped).
+    pub fn send(&self, update: Arc<Update>) -> Result<(), Arc<Update>> {
+        self.tx.send(update).map_err(|e| e.0)?;
+        self.bell.ring();
+        Ok(())
+    }
+}
+
+impl Drop for UpdateSender {
+    /// The executor wakes to see the channel closed.
+    fn drop(&mut self) {
+        self.bell.ring();
+    }
+}
+
+/// The executor's end.
+#[derive(Debug)]
+pub struct UpdateReceiver {
+    rx: mpsc::Receiver<Arc<Update>>,
+    bell: Arc<Doorbell>,
+}
+
+impl UpdateReceiver {
+    /// The next update waiting, if any; Err(Disconnected) once the store
+    /// thread ended and everything it sent was taken.
+    pub fn try_recv(&self) -> Result<Arc<Update>, TryRecvError> {
+        self.rx.try_recv()
+    }
+
+    /// Waits up to `timeout` for the next update (threads and tests).
+    pub fn recv_timeout(&self, timeout: Duration) -> Result<Arc<Update>, RecvTimeoutError> {
+        self.rx.recv_timeout(timeout)
+    }
+
+    /// Waits until something was sent (or the sender dropped) since the
+    /// last wait: then [`try_recv`](Self::try_recv) has it.
+    pub async fn sent(&self) {
+        self.bell.rung().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+    use std::task::Wake;
+
+    #[derive(Default)]
+    struct Count(AtomicUsize);
+
+    impl Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    fn update() -> Arc<Update> {
+        Arc::new(Update {
+            table: Arc::new(super::super::table::RouteTable::unloaded()),
+            changes: Vec::new(),
+            first_load: false,
+        })
+    }
+
+    fn woken(c: &Arc<Count>) -> usize {
+        c.0.load(Ordering::SeqCst)
+    }
+
+    #[test]
+    fn a_ring_wakes_the_waiter_once_and_is_taken_by_the_next_poll() {
+        let bell = Doorbell::default();
+        let count = Arc::new(Count::default());
+        let waker = Waker::from(count.clone());
+        let mut cx = Context::from_waker(&waker);
+        assert!(bell.poll_rung(&mut cx).is_pending());
+        assert_eq!(woken(&count), 0);
+        bell.ring();
+        assert_eq!(woken(&count), 1);
+        // Rings coalesce, and a ring with no waiter wakes nobody.
+        bell.ring();
+        assert_eq!(woken(&count), 1);
+        assert!(bell.poll_rung(&mut cx).is_ready());
+        assert!(bell.poll_rung(&mut cx).is_pending());
+    }
+
+    #[test]
+    fn a_ring_before_the_wait_is_kept() {
+        let bell = Doorbell::default();
+        bell.ring();
+        futures_lite::future::block_on(bell.rung());
+        let count = Arc::new(Count::default());
+        let waker = Waker::from(count.clone());
+        assert!(bell.poll_rung(&mut Context::from_waker(&waker)).is_pending());
+    }
+
+    #[test]
+    fn every_send_from_another_thread_is_seen_after_a_wake() {
+        let (tx, rx) = channel();
+        let sender = std::thread::spawn(move || {
+            for _ in 0..1000 {
+                tx.send(update()).unwrap();
+            }
+            // Dropping the sender rings too.
+        });
+        let mut got = 0;
+        futures_lite::future::block_on(async {
+            loop {
+                rx.sent().await;
+                loop {
+                    match rx.try_recv() {
+                        Ok(_) => got += 1,
+                        Err(TryRecvError::Empty) => break,
+                        Err(TryRecvError::Disconnected) => return,
+                    }
+                }
+            }
+        });
+        sender.join().unwrap();
+        assert_eq!(got, 1000);
+    }
+
+    #[test]
+    fn sending_to_a_stopped_executor_fails() {
+        let (tx, rx) = channel();
+        drop(rx);
+        assert!(tx.send(update()).is_err());
+    }
+}
