@@ -136,7 +136,9 @@ impl AgentProc {
             .stderr(if std::env::var_os("LBAGENT_TEST_STDERR").is_some() {
                 Stdio::inherit()
             } else {
-                Stdio::null()
+                // Kept beside the config, for tests that read the log.
+                std::fs::File::create(self.dir.join("agent.stderr"))
+                    .map_or_else(|_| Stdio::null(), Stdio::from)
             })
             .spawn()
             .expect("start lbagent agent");
@@ -423,6 +425,73 @@ fn the_snapshot_is_valid_after_kill_9_at_any_moment_and_is_loaded_on_restart() {
     let (code, host) = c.get_host(M);
     assert_eq!(code, RetCode::Ok, "served from the snapshot");
     assert!(nodes(3).iter().any(|n| Some(n.addr) == host));
+}
+
+/// A port nothing listens on: the route server of an agent that must live
+/// on its snapshot alone.
+fn nowhere() -> SocketAddr {
+    format!("127.0.0.1:{}", free_tcp_port()).parse().unwrap()
+}
+
+#[test]
+fn a_restart_serves_each_shards_share_of_the_snapshot_and_writes_it_all_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let other = ModuleId::new(100, 2); // shard 0 of 2; M is shard 1
+    let empty = ModuleId::new(100, 4); // a route with no node: not served
+    let route = |module, nodes| snapshot::SnapshotRoute {
+        module,
+        version: 5,
+        nodes,
+    };
+    let written = vec![
+        route(M, nodes(3)),
+        route(other, nodes(2)),
+        route(empty, Vec::new()),
+    ];
+    snapshot::write(&dir.path().join("routes.snapshot"), 1, &written).unwrap();
+    let mut agent = AgentProc::start(dir.path(), nowhere(), 2);
+    for (m, port, n) in [(M, agent.port + 1, 3), (other, agent.port, 2)] {
+        let (code, host) = Client::patient(port, Duration::from_secs(3)).get_host(m);
+        assert_eq!(code, RetCode::Ok, "{m} served from the snapshot");
+        assert!(nodes(n).iter().any(|x| Some(x.addr) == host), "{m}: {host:?}");
+    }
+    let mut c = Client::patient(agent.port, Duration::from_secs(3));
+    assert_ne!(c.get_host(empty).0, RetCode::Ok);
+    // The control core's table was filled from the snapshot: the file
+    // written at shutdown holds every route with nodes.
+    let (code, _) = agent.sigterm();
+    assert_eq!(code, Some(0));
+    let s = snapshot::read(&agent.snapshot_path()).expect("a snapshot written at shutdown");
+    assert_eq!(s.routes, written[..2]);
+}
+
+#[test]
+fn a_corrupt_snapshot_is_refused_with_a_clear_error_and_the_agent_pulls_instead() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("routes.snapshot");
+    let stale = vec![snapshot::SnapshotRoute {
+        module: M,
+        version: 1,
+        nodes: nodes(3),
+    }];
+    snapshot::write(&path, 1, &stale).unwrap();
+    let mut bytes = std::fs::read(&path).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0x20; // the last node's weight
+    std::fs::write(&path, &bytes).unwrap();
+    let source = RouteSource::start();
+    source.set_route(M, &nodes(2));
+    let agent = AgentProc::start(dir.path(), source.addr(), 1);
+    let mut c = Client::patient(agent.port, Duration::from_secs(2));
+    let got = c.wait_route(M);
+    assert_eq!(got, [node(1), node(2)], "the route server's route, not the file's");
+    let log = std::fs::read_to_string(dir.path().join("agent.stderr")).unwrap_or_default();
+    if std::env::var_os("LBAGENT_TEST_STDERR").is_none() {
+        assert!(
+            log.contains("ignoring the route snapshot") && log.contains("is corrupt: checksum"),
+            "{log}"
+        );
+    }
 }
 
 #[test]
