@@ -453,7 +453,10 @@ fn a_restart_serves_each_shards_share_of_the_snapshot_and_writes_it_all_back() {
     for (m, port, n) in [(M, agent.port + 1, 3), (other, agent.port, 2)] {
         let (code, host) = Client::patient(port, Duration::from_secs(3)).get_host(m);
         assert_eq!(code, RetCode::Ok, "{m} served from the snapshot");
-        assert!(nodes(n).iter().any(|x| Some(x.addr) == host), "{m}: {host:?}");
+        assert!(
+            nodes(n).iter().any(|x| Some(x.addr) == host),
+            "{m}: {host:?}"
+        );
     }
     let mut c = Client::patient(agent.port, Duration::from_secs(3));
     assert_ne!(c.get_host(empty).0, RetCode::Ok);
@@ -484,7 +487,11 @@ fn a_corrupt_snapshot_is_refused_with_a_clear_error_and_the_agent_pulls_instead(
     let agent = AgentProc::start(dir.path(), source.addr(), 1);
     let mut c = Client::patient(agent.port, Duration::from_secs(2));
     let got = c.wait_route(M);
-    assert_eq!(got, [node(1), node(2)], "the route server's route, not the file's");
+    assert_eq!(
+        got,
+        [node(1), node(2)],
+        "the route server's route, not the file's"
+    );
     let log = std::fs::read_to_string(dir.path().join("agent.stderr")).unwrap_or_default();
     if std::env::var_os("LBAGENT_TEST_STDERR").is_none() {
         assert!(

@@ -1171,7 +1171,11 @@ mod tests {
         assert_eq!(index.nodes(i), [node(1, 9000, 1), node(2, 9001, 0)]);
         assert_eq!(index.node_count(1), 0);
         assert!(index.nodes(1).is_empty());
-        for absent in [ModuleId::new(0, 0), ModuleId::new(7, 2), ModuleId::new(5, 5)] {
+        for absent in [
+            ModuleId::new(0, 0),
+            ModuleId::new(7, 2),
+            ModuleId::new(5, 5),
+        ] {
             assert_eq!(index.find(absent), None, "{absent}");
         }
         assert_eq!(index.to_snapshot(), read(&path).unwrap());

@@ -171,7 +171,8 @@ impl DnsServer {
         };
 
         // The store thread first: executors start with its first table.
-        let (senders, receivers): (Vec<_>, Vec<_>) = (0..threads).map(|_| updates::channel()).unzip();
+        let (senders, receivers): (Vec<_>, Vec<_>) =
+            (0..threads).map(|_| updates::channel()).unzip();
         let (stop_tx, stop_rx) = mpsc::channel();
         let (first_tx, first_rx) = mpsc::sync_channel(1);
         let poller = Poller::new(

@@ -165,7 +165,9 @@ mod tests {
         futures_lite::future::block_on(bell.rung());
         let count = Arc::new(Count::default());
         let waker = Waker::from(count.clone());
-        assert!(bell.poll_rung(&mut Context::from_waker(&waker)).is_pending());
+        assert!(bell
+            .poll_rung(&mut Context::from_waker(&waker))
+            .is_pending());
     }
 
     #[test]
