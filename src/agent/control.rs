@@ -80,9 +80,9 @@ const RELOG_MS: u64 = 60_000;
 /// How long shutdown waits for the final snapshot to be written.
 const SNAPSHOT_FINAL_WAIT: Duration = Duration::from_secs(5);
 
-/// Snapshot routes the control core takes into its table per turn (a
-/// millisecond or so of work at 10 nodes a route).
-const FILL_SLICE: usize = 4096;
+/// Nodes of snapshot routes the control core takes into its table per
+/// turn (well under a millisecond of work, whatever the routes' size).
+const FILL_NODES: usize = 32_768;
 
 struct State {
     routes: RouteTable,
@@ -491,13 +491,13 @@ fn refresh_control(st: &mut State, route: &RouteClientStatus, stats: &StatsClien
     st.control.heartbeat_age_s = st.last_beat.elapsed().as_secs_f64();
 }
 
-/// Takes the snapshot's routes into the table, [`FILL_SLICE`] a turn, and
+/// Takes the snapshot's routes into the table, [`FILL_NODES`] a turn, and
 /// subscribes to their modules with no version held: the snapshot keeps no
 /// module policy, so the first answer must be a whole route (a `balance`
 /// module would otherwise stay `l5` for as long as its route is
 /// unchanged). Re-pulls after that carry the version.
 async fn fill_table(state: Rc<RefCell<State>>, wants_tx: Rc<local_channel::LocalSender<Want>>) {
-    while state.borrow_mut().routes.fill_step(FILL_SLICE, |m| {
+    while state.borrow_mut().routes.fill_step(FILL_NODES, |m| {
         let _ = wants_tx.try_send(Want::Pull(m));
     }) {
         glommio::timer::sleep(Duration::from_millis(1)).await;

@@ -77,18 +77,23 @@ impl RouteTable {
         }
     }
 
-    /// Takes up to `max` more of the snapshot's routes into the table,
+    /// Takes more of the snapshot's routes into the table, until routes of
+    /// `max_nodes` nodes in all were looked at (at least one route),
     /// calling `taken` with each module taken (the control core subscribes
     /// to it); true while some remain. Once all are taken the table lets go
     /// of the snapshot.
-    pub fn fill_step(&mut self, max: usize, mut taken: impl FnMut(ModuleId)) -> bool {
+    pub fn fill_step(&mut self, max_nodes: usize, mut taken: impl FnMut(ModuleId)) -> bool {
         let Some(f) = &mut self.fill else {
             return false;
         };
-        let end = f.snapshot.len().min(f.next.saturating_add(max));
-        for i in f.next..end {
+        let mut nodes = 0usize;
+        while f.next < f.snapshot.len() && (nodes == 0 || nodes < max_nodes) {
+            let i = f.next;
+            f.next += 1;
             let module = f.snapshot.module(i);
-            if f.touched.contains(&module) || f.snapshot.node_count(i) == 0 {
+            let count = f.snapshot.node_count(i);
+            nodes += count.max(1);
+            if f.touched.contains(&module) || count == 0 {
                 continue;
             }
             if let Entry::Vacant(e) = self.routes.entry(module) {
@@ -96,8 +101,7 @@ impl RouteTable {
                 taken(module);
             }
         }
-        f.next = end;
-        if end == f.snapshot.len() {
+        if f.next == f.snapshot.len() {
             self.fill = None;
         }
         self.fill.is_some()
@@ -182,6 +186,10 @@ mod tests {
         let mut t = RouteTable::from_snapshot(snap.clone());
         assert!(t.filling() && t.is_empty());
         let mut taken = Vec::new();
+        // Nodes 0, 1, 2, 0, 1, 2, ... (an empty route counts as one): 4
+        // nodes are routes 0-2, then 3-5, then 6-8, then 9.
+        assert!(t.fill_step(4, |m| taken.push(m)));
+        assert_eq!(taken, [m(1), m(2)]);
         assert!(t.fill_step(4, |m| taken.push(m)));
         assert!(t.fill_step(4, |m| taken.push(m)));
         assert!(!t.fill_step(4, |m| taken.push(m)));
