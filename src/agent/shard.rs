@@ -486,7 +486,7 @@ impl ShardCore {
     /// Takes the snapshot at start without making its modules yet, so
     /// that the shard serves at once: a request (or a route) for one of its
     /// share makes its module first, and [`ShardCore::preload_step`] makes
-    /// the rest in slices. Routes with no node are not made (the agent
+    /// the rest in slices of a bounded number of nodes. Routes with no node are not made (the agent
     /// writes none). Costs one pass over the file's route headers to count
     /// this shard's share; once all are made the shard lets go of the
     /// snapshot.
@@ -513,16 +513,21 @@ impl ShardCore {
         }
     }
 
-    /// Makes up to `max` of the preloaded modules at `now`; true while
-    /// some remain.
-    pub fn preload_step(&mut self, now: Millis, max: usize) -> bool {
+    /// Makes more of the preloaded modules at `now`, until modules of
+    /// `max_nodes` nodes in all were made (at least one); true while some
+    /// remain.
+    pub fn preload_step(&mut self, now: Millis, max_nodes: usize) -> bool {
         let mut made = 0;
-        while made < max && self.preload.left > 0 {
+        while (made == 0 || made < max_nodes) && self.preload.left > 0 {
             let i = self.preload.next;
             self.preload.next += 1;
             if !self.preload.is_made(i) {
+                made += self
+                    .preload
+                    .snapshot
+                    .as_ref()
+                    .map_or(1, |s| s.node_count(i));
                 self.make_preloaded(i, now);
-                made += 1;
             }
         }
         if self.preload.left == 0 {

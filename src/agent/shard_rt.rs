@@ -118,7 +118,7 @@ pub async fn run(parts: ShardParts) {
         glommio::spawn_local(async move {
             while core
                 .borrow_mut()
-                .preload_step(clock::now_ms(), PRELOAD_SLICE)
+                .preload_step(clock::now_ms(), PRELOAD_NODES)
             {
                 glommio::timer::sleep(Duration::from_millis(1)).await;
             }
@@ -387,9 +387,10 @@ fn send_or_deliver(
     }
 }
 
-/// Snapshot modules a shard makes per turn of its preload task (about
-/// 0.3 ms of work at 10 nodes), so requests wait at most that long behind it.
-const PRELOAD_SLICE: usize = 256;
+/// Nodes of snapshot modules a shard makes per turn of its preload task
+/// (about 256 modules of 10 nodes, 0.3 ms of work; 3 of 1,000), so
+/// requests wait at most that long behind it, whatever the modules' size.
+const PRELOAD_NODES: usize = 2_560;
 
 /// How long a stopping shard waits for room in the ring for its last
 /// statistics.

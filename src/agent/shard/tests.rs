@@ -1005,8 +1005,9 @@ fn a_preloaded_module_answers_its_first_request_and_the_rest_are_made_in_slices(
     assert!(s.handle(&req, PEER, 6).is_none());
     assert_eq!(s.metrics.unknown_module_reports, 0);
     assert_eq!(s.modules[&m].lb.nodes()[1].rsucc(), 1);
-    // Slices of 256: four steps make the other 998.
-    let steps = std::iter::from_fn(|| Some(s.preload_step(7, 256)))
+    // Slices of 768 nodes, 256 modules of 3: four steps make the other
+    // 998 (three say more remain).
+    let steps = std::iter::from_fn(|| Some(s.preload_step(7, 768)))
         .take_while(|&more| more)
         .count();
     assert_eq!(steps, 3);
@@ -1019,6 +1020,20 @@ fn a_preloaded_module_answers_its_first_request_and_the_rest_are_made_in_slices(
     assert!(s.modules.keys().all(|m| m.modid % 2 == 0 && m.cmdid == 0));
     // The module asked first kept its round robin position.
     assert_eq!(get_host(&mut s, last, 8), (RetCode::Ok, Some(node(2))));
+}
+
+#[test]
+fn a_preload_slice_is_bounded_by_nodes_not_modules() {
+    let mut s = shard();
+    s.preload(preloaded(10, 100));
+    // 250 nodes: three modules of 100 (at least the budget), then 7 left.
+    assert!(s.preload_step(7, 250));
+    assert_eq!((s.preloading(), s.modules.len()), (7, 3));
+    // A budget below one module's nodes still makes one.
+    assert!(s.preload_step(7, 1));
+    assert_eq!(s.modules.len(), 4);
+    while s.preload_step(7, 250) {}
+    assert_eq!((s.preloading(), s.modules.len()), (0, 10));
 }
 
 #[test]
