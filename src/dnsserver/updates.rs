@@ -57,7 +57,7 @@ pub fn channel() -> (UpdateSender, UpdateReceiver) {
     let bell = Arc::new(Doorbell::default());
     (
         UpdateSender {
-            tx,
+            tx: Some(tx),
             bell: bell.clone(),
         },
         UpdateReceiver { rx, bell },
@@ -67,7 +67,8 @@ pub fn channel() -> (UpdateSender, UpdateReceiver) {
 /// The store thread's end.
 #[derive(Debug)]
 pub struct UpdateSender {
-    tx: mpsc::Sender<Arc<Update>>,
+    /// None only in `drop`, which closes the channel before it rings.
+    tx: Option<mpsc::Sender<Arc<Update>>>,
     bell: Arc<Doorbell>,
 }
 
@@ -75,15 +76,21 @@ impl UpdateSender {
     /// Sends `update` and wakes the executor. Err when the executor has
     /// stopped (its end is dropped).
     pub fn send(&self, update: Arc<Update>) -> Result<(), Arc<Update>> {
-        self.tx.send(update).map_err(|e| e.0)?;
+        let Some(tx) = &self.tx else {
+            return Err(update);
+        };
+        tx.send(update).map_err(|e| e.0)?;
         self.bell.ring();
         Ok(())
     }
 }
 
 impl Drop for UpdateSender {
-    /// The executor wakes to see the channel closed.
+    /// The executor wakes to see the channel closed: closed first, then
+    /// rung (rung first, it could look, find the channel empty but open,
+    /// and wait for a ring that never comes).
     fn drop(&mut self) {
+        drop(self.tx.take());
         self.bell.ring();
     }
 }
@@ -194,6 +201,33 @@ mod tests {
         });
         sender.join().unwrap();
         assert_eq!(got, 1000);
+    }
+
+    /// Records what the receiver sees at the moment it is woken.
+    struct SeesAtWake(Mutex<Option<UpdateReceiver>>, Mutex<Option<bool>>);
+
+    impl Wake for SeesAtWake {
+        fn wake(self: Arc<Self>) {
+            let rx = self.0.lock().unwrap();
+            let closed = matches!(
+                rx.as_ref().map(|r| r.try_recv()),
+                Some(Err(TryRecvError::Disconnected))
+            );
+            *self.1.lock().unwrap() = Some(closed);
+        }
+    }
+
+    #[test]
+    fn a_dropped_sender_is_already_closed_when_it_wakes_the_executor() {
+        let (tx, rx) = channel();
+        let bell = rx.bell.clone();
+        let probe = Arc::new(SeesAtWake(Mutex::new(Some(rx)), Mutex::new(None)));
+        let waker = Waker::from(probe.clone());
+        assert!(bell
+            .poll_rung(&mut Context::from_waker(&waker))
+            .is_pending());
+        drop(tx);
+        assert_eq!(*probe.1.lock().unwrap(), Some(true), "woken, and closed");
     }
 
     #[test]
