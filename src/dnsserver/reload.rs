@@ -355,13 +355,15 @@ pub fn run(
         for note in &polled.notes {
             tracing::warn!("{note}");
         }
+        // The status first: an executor installs and pushes an update the
+        // moment it is sent, so a push seen means /metrics says so too.
+        board.publish_store(poller.status());
         if let Some(update) = polled.update {
             for tx in &executors {
                 // An executor that stopped has dropped its receiver.
                 let _ = tx.send(update.clone());
             }
         }
-        board.publish_store(poller.status());
         if let Some(tx) = first.take() {
             let _ = tx.send(polled.error.map_or(Ok(()), Err));
         }
