@@ -182,8 +182,8 @@ pub async fn run(parts: ShardParts) {
                             told_truncated = true;
                             tracing::warn!(
                                 "the shared-memory region's file was truncated under the shard: \
-                                 its slots past the file's end are dead (their clients fall back \
-                                 to UDP); restart the agent to make a new region"
+                                 the region is closed (its clients go by UDP); restart the agent \
+                                 to make a new one"
                             );
                         }
                     }

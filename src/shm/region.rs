@@ -269,9 +269,9 @@ impl Region {
     /// its slot) may also `ftruncate` it, and touching a mapped page past
     /// the file's new end raises `SIGBUS`, which would kill the agent. Once
     /// guarded, such a fault maps private zero pages over the rest of the
-    /// mapping instead (the slots there read as free and empty; their
-    /// clients time out and fall back to UDP), and [`Region::truncated`]
-    /// says so. Installs the process's `SIGBUS` handler the first time
+    /// mapping instead (the slots there read as free and empty), marks the
+    /// region closed if its header is still in the file (its clients go by
+    /// UDP), and [`Region::truncated`] says so. Installs the process's `SIGBUS` handler the first time
     /// (faults elsewhere go on to the handler it replaced). Only the agent
     /// guards its regions: a client library installs no signal handler in
     /// its application. Returns false if the handler could not be installed
@@ -507,6 +507,14 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
         };
         if r != libc::MAP_FAILED {
             e.faulted.store(true, Ordering::Release);
+            if from >= start + layout::HEADER_LEN {
+                // The header is still shared: mark the region closed, so
+                // its clients go by UDP at once instead of waiting for
+                // answers that can no longer reach them.
+                // SAFETY: H_CLOSED is an aligned word of the live header.
+                let closed = unsafe { &*((start + layout::H_CLOSED) as *const AtomicU32) };
+                closed.store(1, Ordering::SeqCst);
+            }
             return;
         }
     }
@@ -682,9 +690,19 @@ mod tests {
         region.copy_out(g.slot_offset(1) + layout::S_DATA, &mut buf);
         assert_eq!(buf, [0u8; 16]);
         assert!(region.truncated());
-        // The header, still inside the file, is still shared.
+        // The header, still inside the file, is still shared: it says the
+        // region is closed (its clients go by UDP), and no client maps it.
         let e = Region::open(&path).unwrap_err().to_string();
         assert!(e.contains("needs"), "{e}");
+        let mut head = [0u8; 4];
+        std::fs::File::open(&path)
+            .and_then(|mut f| {
+                use std::io::{Read, Seek};
+                f.seek(io::SeekFrom::Start(layout::H_CLOSED as u64))?;
+                f.read_exact(&mut head)
+            })
+            .unwrap();
+        assert_eq!(u32::from_ne_bytes(head), 1);
         drop(region);
         // Its guard entry is free again.
         let mut again = Region::create(&path, g, ident(), Access::Owner).unwrap();
