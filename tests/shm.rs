@@ -413,6 +413,39 @@ fn garbage_in_a_slot_is_counted_and_harms_only_that_slot() {
     assert_eq!(h.source, HostSource::Agent);
 }
 
+#[test]
+fn a_region_file_truncated_under_the_agent_closes_the_region_and_the_agent_serves_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_source, mut agent) = agent_with_route(dir.path(), 1, 4);
+    // (The register's client, dropped, no longer maps the region: this
+    // process would take the SIGBUS itself otherwise.)
+    let path = agent.region_path(0);
+    // Any process that may open the region read-write may truncate it.
+    let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    f.set_len(layout::HEADER_LEN as u64).unwrap();
+    // The shard sweeps its slots at least every 50 ms (its parked tick),
+    // touching the pages now past the file's end.
+    let closed = wait_for(Duration::from_secs(5), || {
+        let mut head = [0u8; 4];
+        use std::io::{Read, Seek};
+        let mut r = std::fs::File::open(&path).ok()?;
+        r.seek(std::io::SeekFrom::Start(layout::H_CLOSED as u64))
+            .ok()?;
+        r.read_exact(&mut head).ok()?;
+        (u32::from_ne_bytes(head) == 1).then_some(())
+    });
+    let child = agent.child.as_mut().unwrap();
+    assert!(child.try_wait().unwrap().is_none(), "the agent died");
+    assert!(closed.is_some(), "the region was not marked closed");
+    // A client now goes by UDP, answered by the agent.
+    let mut c = agent.client();
+    let h = c.get_host(M.modid, M.cmdid, T).unwrap();
+    assert_eq!(h.source, HostSource::Agent);
+    assert_eq!(c.shm_attached(), 0);
+    let child = agent.child.as_mut().unwrap();
+    assert!(child.try_wait().unwrap().is_none(), "the agent died");
+}
+
 /// One getHost of a [`Looper`]: when it returned, and where from.
 type Answer = (Instant, Result<HostSource, ClientError>);
 

@@ -157,6 +157,7 @@ pub async fn run(parts: ShardParts) {
         glommio::spawn_local(async move {
             let mut out = SendBatch::new();
             let mut last_metrics = Instant::now();
+            let mut told_truncated = false;
             while !stop.load(Ordering::Relaxed) {
                 glommio::timer::sleep(Duration::from_millis(5)).await;
                 let now = clock::now_ms();
@@ -177,6 +178,14 @@ pub async fn run(parts: ShardParts) {
                         let mut s = s.borrow_mut();
                         s.reclaim_dead();
                         c.metrics.shm = s.counts;
+                        if s.truncated() && !told_truncated {
+                            told_truncated = true;
+                            tracing::warn!(
+                                "the shared-memory region's file was truncated under the shard: \
+                                 the region is closed (its clients go by UDP); restart the agent \
+                                 to make a new one"
+                            );
+                        }
                     }
                     c.refresh_gauges();
                     // A full ring drops this second's copy; the next one follows.

@@ -8,7 +8,8 @@ use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use memmap2::{MmapOptions, MmapRaw};
@@ -65,6 +66,8 @@ pub struct Region {
     geometry: Geometry,
     identity: Identity,
     path: PathBuf,
+    /// The entry of [`GUARDED`] covering this mapping, if guarded.
+    guard: Option<usize>,
 }
 
 // SAFETY: the mapping is plain shared memory, accessed only through
@@ -147,6 +150,7 @@ impl Region {
                 geometry,
                 identity,
                 path: path.to_path_buf(),
+                guard: None,
             };
             let r = Ordering::Relaxed;
             region.u32(layout::H_VERSION).store(layout::VERSION, r);
@@ -218,6 +222,7 @@ impl Region {
                 boot: 0,
             },
             path: path.to_path_buf(),
+            guard: None,
         };
         let magic = peek.u32(layout::H_MAGIC).load(Ordering::Acquire);
         if magic != layout::MAGIC {
@@ -255,7 +260,49 @@ impl Region {
             geometry,
             identity,
             path: path.to_path_buf(),
+            guard: None,
         })
+    }
+
+    /// Makes the mapping survive its file being truncated: any process
+    /// that may write the region (it opens the file read-write to write
+    /// its slot) may also `ftruncate` it, and touching a mapped page past
+    /// the file's new end raises `SIGBUS`, which would kill the agent. Once
+    /// guarded, such a fault maps private zero pages over the rest of the
+    /// mapping instead (the slots there read as free and empty), marks the
+    /// region closed if its header is still in the file (its clients go by
+    /// UDP), and [`Region::truncated`] says so. Installs the process's `SIGBUS` handler the first time
+    /// (faults elsewhere go on to the handler it replaced). Only the agent
+    /// guards its regions: a client library installs no signal handler in
+    /// its application. Returns false if the handler could not be installed
+    /// or every guard entry is in use (the region is served unguarded).
+    pub fn guard(&mut self) -> bool {
+        if self.guard.is_some() {
+            return true;
+        }
+        if !install_sigbus_handler() {
+            return false;
+        }
+        let start = self.map.as_ptr() as usize;
+        for (i, e) in GUARDED.iter().enumerate() {
+            if e.start
+                .compare_exchange(0, start, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+            {
+                e.faulted.store(false, Ordering::Relaxed);
+                e.len.store(self.map.len(), Ordering::Release);
+                self.guard = Some(i);
+                return true;
+            }
+        }
+        false
+    }
+
+    /// True once a guarded mapping met its file truncated under it (see
+    /// [`Region::guard`]).
+    pub fn truncated(&self) -> bool {
+        self.guard
+            .is_some_and(|i| GUARDED[i].faulted.load(Ordering::Acquire))
     }
 
     /// The region's geometry.
@@ -364,6 +411,131 @@ impl Region {
         unsafe {
             libc::syscall(libc::SYS_futex, word.as_ptr(), libc::FUTEX_WAKE, i32::MAX);
         }
+    }
+}
+
+impl Drop for Region {
+    /// Takes the mapping out of the `SIGBUS` guard before it is unmapped.
+    fn drop(&mut self) {
+        if let Some(i) = self.guard.take() {
+            GUARDED[i].len.store(0, Ordering::Release);
+            GUARDED[i].start.store(0, Ordering::Release);
+        }
+    }
+}
+
+/// A guarded mapping: its start (0: entry free) and length.
+struct Guarded {
+    start: AtomicUsize,
+    len: AtomicUsize,
+    faulted: AtomicBool,
+}
+
+/// Room for this many guarded mappings (one per shard of the agent).
+const GUARDS: usize = 256;
+
+/// The guarded mappings, read by the signal handler (atomics only: it may
+/// run at any point of any thread).
+static GUARDED: [Guarded; GUARDS] = [const {
+    Guarded {
+        start: AtomicUsize::new(0),
+        len: AtomicUsize::new(0),
+        faulted: AtomicBool::new(false),
+    }
+}; GUARDS];
+
+/// The `SIGBUS` action the guard's handler replaced, and the page size.
+static PREVIOUS: OnceLock<(libc::sigaction, usize)> = OnceLock::new();
+
+/// Installs [`on_sigbus`] once per process; true if it is installed.
+fn install_sigbus_handler() -> bool {
+    PREVIOUS
+        .get_or_init(|| {
+            // SAFETY: sysconf has no preconditions.
+            let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize;
+            // SAFETY: all-zero is a valid sigaction; both structs are live,
+            // and the handler only touches atomics and async-signal-safe
+            // calls (mmap, sigaction).
+            unsafe {
+                let mut act: libc::sigaction = std::mem::zeroed();
+                act.sa_sigaction = on_sigbus as *const () as usize;
+                act.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
+                libc::sigemptyset(&mut act.sa_mask);
+                let mut old: libc::sigaction = std::mem::zeroed();
+                if libc::sigaction(libc::SIGBUS, &act, &mut old) != 0 {
+                    // Not installed: say so by a page size of 0.
+                    return (old, 0);
+                }
+                (old, page)
+            }
+        })
+        .1
+        != 0
+}
+
+/// The `SIGBUS` handler: a fault inside a guarded mapping (its file was
+/// truncated) maps private zero pages from the faulting page to the
+/// mapping's end, and the access is retried; any other fault goes to the
+/// previous handler, or to the default action (the process dies, as it
+/// would have).
+extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
+    let Some((old, page)) = PREVIOUS.get() else {
+        return;
+    };
+    // SAFETY: the kernel hands a valid siginfo to an SA_SIGINFO handler.
+    let addr = unsafe { (*info).si_addr() } as usize;
+    for e in &GUARDED {
+        let start = e.start.load(Ordering::Acquire);
+        let len = e.len.load(Ordering::Acquire);
+        if start == 0 || addr < start || addr >= start + len {
+            continue;
+        }
+        let from = addr & !(page - 1);
+        // SAFETY: [from, start + len) lies inside a live mapping this
+        // process owns (registered until the Region is dropped); replacing
+        // it with anonymous memory changes what the region's atomics read,
+        // never what Rust owns.
+        let r = unsafe {
+            libc::mmap(
+                from as *mut libc::c_void,
+                start + len - from,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_FIXED | libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if r != libc::MAP_FAILED {
+            e.faulted.store(true, Ordering::Release);
+            if from >= start + layout::HEADER_LEN {
+                // The header is still shared: mark the region closed, so
+                // its clients go by UDP at once instead of waiting for
+                // answers that can no longer reach them.
+                // SAFETY: H_CLOSED is an aligned word of the live header.
+                let closed = unsafe { &*((start + layout::H_CLOSED) as *const AtomicU32) };
+                closed.store(1, Ordering::SeqCst);
+            }
+            return;
+        }
+    }
+    let h = old.sa_sigaction;
+    if h == libc::SIG_DFL || h == libc::SIG_IGN {
+        // SAFETY: restoring the default action; returning re-runs the
+        // faulting access, which then ends the process as without a guard.
+        unsafe {
+            let mut dfl: libc::sigaction = std::mem::zeroed();
+            dfl.sa_sigaction = libc::SIG_DFL;
+            libc::sigaction(libc::SIGBUS, &dfl, std::ptr::null_mut());
+        }
+    } else if old.sa_flags & libc::SA_SIGINFO != 0 {
+        // SAFETY: the previous handler was installed as an SA_SIGINFO one.
+        let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) =
+            unsafe { std::mem::transmute(h) };
+        f(sig, info, ctx);
+    } else {
+        // SAFETY: the previous handler was installed as a plain one.
+        let f: extern "C" fn(libc::c_int) = unsafe { std::mem::transmute(h) };
+        f(sig);
     }
 }
 
@@ -495,6 +667,47 @@ mod tests {
         }
         assert!(t0.elapsed() < Duration::from_secs(5));
         waker.join().unwrap();
+    }
+
+    #[test]
+    fn a_guarded_region_survives_its_file_truncated_under_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("r.0");
+        let g = Geometry::new(3);
+        let mut region = Region::create(&path, g, ident(), Access::Owner).unwrap();
+        assert!(region.guard());
+        assert!(!region.truncated());
+        let off = g.slot_offset(2) + layout::S_REQ_SEQ;
+        region.u32(off).store(7, Ordering::SeqCst);
+        // A client (any process that can open it read-write) truncates it.
+        let f = OpenOptions::new().write(true).open(&path).unwrap();
+        f.set_len(layout::HEADER_LEN as u64).unwrap();
+        // Without the guard this access kills the process with SIGBUS.
+        assert_eq!(region.u32(off).load(Ordering::SeqCst), 0);
+        region.u32(off).store(9, Ordering::SeqCst);
+        assert_eq!(region.u32(off).load(Ordering::SeqCst), 9);
+        let mut buf = [1u8; 16];
+        region.copy_out(g.slot_offset(1) + layout::S_DATA, &mut buf);
+        assert_eq!(buf, [0u8; 16]);
+        assert!(region.truncated());
+        // The header, still inside the file, is still shared: it says the
+        // region is closed (its clients go by UDP), and no client maps it.
+        let e = Region::open(&path).unwrap_err().to_string();
+        assert!(e.contains("needs"), "{e}");
+        let mut head = [0u8; 4];
+        std::fs::File::open(&path)
+            .and_then(|mut f| {
+                use std::io::{Read, Seek};
+                f.seek(io::SeekFrom::Start(layout::H_CLOSED as u64))?;
+                f.read_exact(&mut head)
+            })
+            .unwrap();
+        assert_eq!(u32::from_ne_bytes(head), 1);
+        drop(region);
+        // Its guard entry is free again.
+        let mut again = Region::create(&path, g, ident(), Access::Owner).unwrap();
+        assert!(again.guard());
+        assert!(!again.truncated());
     }
 
     #[test]

@@ -65,8 +65,15 @@ impl std::fmt::Debug for Server {
 }
 
 impl Server {
-    /// Serves `region` (made by the agent for this shard).
-    pub fn new(region: Region) -> Server {
+    /// Serves `region` (made by the agent for this shard), guarded against
+    /// its file being truncated under it ([`Region::guard`]).
+    pub fn new(mut region: Region) -> Server {
+        if !region.guard() {
+            tracing::warn!(
+                "{}: no SIGBUS guard: a client that truncates the file can stop the agent",
+                region.path().display()
+            );
+        }
         let slots = region.geometry().slots as usize;
         let req_cap = region.geometry().req_cap;
         Server {
@@ -234,6 +241,12 @@ impl Server {
         self.held[slot as usize] = None;
         self.respond(slot, seq, Some(answer));
         true
+    }
+
+    /// True once the region's file was found truncated under the mapping
+    /// (its slots past the new end read as empty; see [`Region::guard`]).
+    pub fn truncated(&self) -> bool {
+        self.region.truncated()
     }
 
     /// True when some slot holds a request not yet taken.
