@@ -9,15 +9,18 @@ mod common;
 #[path = "support/routesrc.rs"]
 mod routesrc;
 
+#[path = "support/agentproc.rs"]
+mod agentproc;
+
 use common::{unix_ms, wait_for};
-use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
+use std::net::{Ipv4Addr, UdpSocket};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use agentproc::AgentProc;
 use lbagent::agent::heartbeat::{AgentInfo, HeartbeatReader, HeartbeatWriter};
 use lbagent::agent::snapshot::{self, SnapshotRoute};
 use lbagent::client::{Client, ClientError, ClientOptions, HostSource};
@@ -43,118 +46,11 @@ fn nodes(n: u8) -> Vec<RouteNode> {
 
 // === the real agent ===
 
-struct AgentProc {
-    child: Option<Child>,
-    dir: PathBuf,
-    config: PathBuf,
-}
-
-impl AgentProc {
-    fn start(dir: &Path, route_server: SocketAddr, shards: u32) -> AgentProc {
-        let config = dir.join("lbagent.toml");
-        let text = format!(
-            "[agent]\nbase_port = 0\nshards = {shards}\nroute_servers = [\"{route_server}\"]\n\
-             reporters = [\"127.0.0.1:1\"]\nheartbeat_path = \"{}\"\nsnapshot_path = \"{}\"\n\
-             snapshot_interval = 1\nmetrics_addr = \"127.0.0.1:0\"\n",
-            dir.join("heartbeat").display(),
-            dir.join("routes.snapshot").display()
-        );
-        std::fs::write(&config, text).unwrap();
-        let mut a = AgentProc {
-            child: None,
-            dir: dir.to_path_buf(),
-            config,
-        };
-        a.spawn();
-        a
-    }
-
-    /// Starts the binary and waits until it beats in the heartbeat file
-    /// (reused in place across restarts, as in production).
-    fn spawn(&mut self) {
-        let child = Command::new(env!("CARGO_BIN_EXE_lbagent"))
-            .args(["agent", "--config", self.config.to_str().unwrap()])
-            .stdout(Stdio::null())
-            .stderr(if std::env::var_os("LBAGENT_TEST_STDERR").is_some() {
-                Stdio::inherit()
-            } else {
-                Stdio::null()
-            })
-            .spawn()
-            .expect("start lbagent agent");
-        let pid = child.id();
-        self.child = Some(child);
-        wait_for(Duration::from_secs(10), || {
-            let h = HeartbeatReader::open(&self.heartbeat_path())
-                .ok()?
-                .read()
-                .ok()?;
-            (h.info.pid == pid && h.beat_unix_ms > 0).then_some(())
-        })
-        .expect("the agent beats within 10 s");
-    }
-
-    fn heartbeat_path(&self) -> PathBuf {
-        self.dir.join("heartbeat")
-    }
-
-    fn snapshot_path(&self) -> PathBuf {
-        self.dir.join("routes.snapshot")
-    }
-
-    /// Options that find this agent; the default static route file points
-    /// nowhere, so a static answer proves the header's path was used.
-    fn options(&self) -> ClientOptions {
-        ClientOptions {
-            heartbeat_path: self.heartbeat_path(),
-            snapshot_path: self.dir.join("not-the-snapshot"),
-            ..ClientOptions::default()
-        }
-    }
-
-    fn client(&self) -> Client {
-        Client::with_options(self.options()).unwrap()
-    }
-
-    fn signal(&self, sig: i32) {
-        let pid = self.child.as_ref().expect("running").id() as i32;
-        assert_eq!(unsafe { libc::kill(pid, sig) }, 0);
-    }
-
-    fn kill9(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-
-    /// Waits until the snapshot file holds `module`.
-    fn wait_snapshot(&self, module: ModuleId) {
-        wait_for(Duration::from_secs(5), || {
-            snapshot::read(&self.snapshot_path())
-                .ok()?
-                .route(module)
-                .map(|_| ())
-        })
-        .expect("the snapshot holds the module within 5 s");
-    }
-}
-
-impl Drop for AgentProc {
-    fn drop(&mut self) {
-        if let Some(c) = &self.child {
-            // A stopped process must be resumed to die on SIGKILL promptly.
-            unsafe { libc::kill(c.id() as i32, libc::SIGCONT) };
-        }
-        self.kill9();
-    }
-}
-
 /// A route source with `M` on `n` nodes and an agent that has pulled it.
 fn agent_with_route(dir: &Path, n: u8, shards: u32) -> (RouteSource, AgentProc) {
     let source = RouteSource::start();
     source.set_route(M, &nodes(n));
-    let agent = AgentProc::start(dir, source.addr(), shards);
+    let agent = AgentProc::start(dir, source.addr(), shards, "");
     let version = agent
         .client()
         .register(M.modid, M.cmdid, Duration::from_secs(5))

@@ -9,16 +9,19 @@ mod common;
 #[path = "support/routesrc.rs"]
 mod routesrc;
 
-use common::{free_tcp_port, wait_for};
+#[path = "support/agentproc.rs"]
+mod agentproc;
+
+use common::wait_for;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use agentproc::AgentProc;
 use lbagent::agent::heartbeat::HeartbeatReader;
-use lbagent::agent::snapshot;
 use lbagent::client::{Client, ClientError, ClientOptions, HostSource};
 use lbagent::model::{ModuleId, NodeAddr, RouteNode};
 use lbagent::shm::layout;
@@ -41,63 +44,15 @@ fn nodes(n: u8) -> Vec<RouteNode> {
         .collect()
 }
 
-struct AgentProc {
-    child: Option<Child>,
-    dir: PathBuf,
-    config: PathBuf,
-    metrics: SocketAddr,
+/// What these tests ask of an agent beyond the shared helper.
+trait ShmAgent {
+    /// The region file of `shard`, as the heartbeat names it.
+    fn region_path(&self, shard: u32) -> PathBuf;
+    /// One counter of `/metrics`, summed over its labels.
+    fn metric(&self, name: &str) -> Option<f64>;
 }
 
-impl AgentProc {
-    fn start(dir: &Path, route_server: SocketAddr, shards: u32, slots: u32) -> AgentProc {
-        let config = dir.join("lbagent.toml");
-        let metrics = SocketAddr::from(([127, 0, 0, 1], free_tcp_port()));
-        let text = format!(
-            "[agent]\nbase_port = 0\nshards = {shards}\nroute_servers = [\"{route_server}\"]\n\
-             reporters = [\"127.0.0.1:1\"]\nheartbeat_path = \"{}\"\nsnapshot_path = \"{}\"\n\
-             snapshot_interval = 1\nmetrics_addr = \"{metrics}\"\n\
-             [shm]\nenabled = true\ndir = \"{}\"\nslots = {slots}\n",
-            dir.join("heartbeat").display(),
-            dir.join("routes.snapshot").display(),
-            dir.display(),
-        );
-        std::fs::write(&config, text).unwrap();
-        let mut a = AgentProc {
-            child: None,
-            dir: dir.to_path_buf(),
-            config,
-            metrics,
-        };
-        a.spawn();
-        a
-    }
-
-    fn spawn(&mut self) {
-        let child = Command::new(env!("CARGO_BIN_EXE_lbagent"))
-            .args(["agent", "--config", self.config.to_str().unwrap()])
-            .stdout(Stdio::null())
-            .stderr(if std::env::var_os("LBAGENT_TEST_STDERR").is_some() {
-                Stdio::inherit()
-            } else {
-                Stdio::null()
-            })
-            .spawn()
-            .expect("start lbagent agent");
-        let pid = child.id();
-        self.child = Some(child);
-        wait_for(Duration::from_secs(20), || {
-            let r = HeartbeatReader::open(&self.heartbeat_path()).ok()?;
-            let h = r.read().ok()?;
-            (h.info.pid == pid && h.beat_unix_ms > 0 && r.shm_prefix().ok()?.is_some())
-                .then_some(())
-        })
-        .expect("the agent beats and offers its regions within 20 s");
-    }
-
-    fn heartbeat_path(&self) -> PathBuf {
-        self.dir.join("heartbeat")
-    }
-
+impl ShmAgent for AgentProc {
     fn region_path(&self, shard: u32) -> PathBuf {
         let prefix = HeartbeatReader::open(&self.heartbeat_path())
             .unwrap()
@@ -107,38 +62,6 @@ impl AgentProc {
         lbagent::shm::region_path(&prefix, shard)
     }
 
-    fn options(&self) -> ClientOptions {
-        ClientOptions {
-            heartbeat_path: self.heartbeat_path(),
-            snapshot_path: self.dir.join("not-the-snapshot"),
-            ..ClientOptions::default()
-        }
-    }
-
-    fn client(&self) -> Client {
-        Client::with_options(self.options()).unwrap()
-    }
-
-    fn pid(&self) -> i32 {
-        self.child.as_ref().expect("running").id() as i32
-    }
-
-    fn signal(&self, sig: i32) {
-        assert_eq!(unsafe { libc::kill(self.pid(), sig) }, 0);
-    }
-
-    /// SIGTERM, then waits for the process to exit (bounded).
-    fn stop(&mut self) {
-        self.signal(libc::SIGTERM);
-        let mut c = self.child.take().unwrap();
-        let t0 = Instant::now();
-        while c.try_wait().unwrap().is_none() {
-            assert!(t0.elapsed() < Duration::from_secs(10), "the agent stops");
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-
-    /// One counter of `/metrics`, summed over its labels.
     fn metric(&self, name: &str) -> Option<f64> {
         let text = http_get(self.metrics, "/metrics")?;
         let mut sum = None;
@@ -153,26 +76,6 @@ impl AgentProc {
             sum = Some(sum.unwrap_or(0.0) + v);
         }
         sum
-    }
-
-    fn wait_snapshot(&self, module: ModuleId) {
-        wait_for(Duration::from_secs(5), || {
-            snapshot::read(&self.dir.join("routes.snapshot"))
-                .ok()?
-                .route(module)
-                .map(|_| ())
-        })
-        .expect("the snapshot holds the module within 5 s");
-    }
-}
-
-impl Drop for AgentProc {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            unsafe { libc::kill(c.id() as i32, libc::SIGCONT) };
-            let _ = c.kill();
-            let _ = c.wait();
-        }
     }
 }
 
@@ -190,7 +93,11 @@ fn http_get(addr: SocketAddr, path: &str) -> Option<String> {
 fn agent_with_route(dir: &Path, shards: u32, slots: u32) -> (RouteSource, AgentProc) {
     let source = RouteSource::start();
     source.set_route(M, &nodes(3));
-    let agent = AgentProc::start(dir, source.addr(), shards, slots);
+    let shm = format!(
+        "[shm]\nenabled = true\ndir = \"{}\"\nslots = {slots}\n",
+        dir.display()
+    );
+    let agent = AgentProc::start(dir, source.addr(), shards, &shm);
     agent
         .client()
         .register(M.modid, M.cmdid, Duration::from_secs(5))
