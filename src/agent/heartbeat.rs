@@ -788,10 +788,12 @@ impl HeartbeatReader {
     /// # Errors
     /// As [`beat_unix_ms`](Self::beat_unix_ms).
     pub fn header_stamp(&self) -> Result<u64, HeartbeatError> {
-        let raw = self.shm.stable(&self.path, RawHeader::load)?;
+        // One seqlock read of both parts: one consistent header.
+        let (raw, ext) = self
+            .shm
+            .stable(&self.path, |s| (RawHeader::load(s), RawShm::load(s)))?;
         check_format(&self.path, raw.magic, raw.version)?;
         let fixed = [raw.shards, raw.bind, raw.pid, raw.base_port, raw.path_len];
-        let ext = self.shm.stable(&self.path, RawShm::load)?;
         let ext_fixed = [u64::from(ext.magic), u64::from(ext.len)];
         let words = fixed
             .iter()

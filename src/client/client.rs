@@ -731,7 +731,7 @@ impl Client {
     fn follow_endpoints(&mut self, endpoints: Endpoints) {
         let generation = self.locator.generation();
         self.link.sync(endpoints, generation);
-        self.link.sync_shm(self.locator.shm().cloned());
+        self.link.sync_shm(self.locator.shm());
         if self.suspect_generation != generation || self.suspect.len() != endpoints.shards as usize
         {
             self.suspect_generation = generation;

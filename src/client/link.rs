@@ -206,9 +206,9 @@ impl Link {
 
     /// Follows the regions the heartbeat offers (`None`: none); a change
     /// gives back every slot held.
-    pub fn sync_shm(&mut self, target: Option<ShmTarget>) {
-        if self.shm_target != target {
-            self.shm_target = target;
+    pub fn sync_shm(&mut self, target: Option<&ShmTarget>) {
+        if self.shm_target.as_ref() != target {
+            self.shm_target = target.cloned();
             self.slots.iter_mut().for_each(|s| *s = None);
             self.attach_after.iter_mut().for_each(|a| *a = None);
         }
@@ -376,12 +376,11 @@ impl Link {
                         Verdict::Garbage(why) => Err(Failure::Garbage(why)),
                     };
                 }
-                Ok(None) => self.detach(shard),
+                Ok(None) | Err(ShmFailure::Closed) => self.detach(shard),
                 // Consumed without an answer: UDP would have waited out
                 // the timeout for nothing.
                 Err(ShmFailure::TimedOut | ShmFailure::Dropped) => return Err(Failure::TimedOut),
                 Err(ShmFailure::Garbage(why)) => return Err(Failure::Garbage(why)),
-                Err(ShmFailure::Closed) => self.detach(shard),
             }
         }
         self.socket(shard)?;

@@ -23,6 +23,7 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
+use super::link::ShmTarget;
 use crate::agent::heartbeat::{is_alive, AgentInfo, HeartbeatReader};
 
 /// Where the agent's shards listen, as the heartbeat header says.
@@ -115,7 +116,7 @@ pub(crate) struct Locator {
     /// The last header read, usable or not.
     info: Option<AgentInfo>,
     /// The shared-memory regions the last header offered, with its pid.
-    shm: Option<(PathBuf, u32)>,
+    shm: Option<ShmTarget>,
     /// The endpoints of the last header, when usable.
     endpoints: Result<Endpoints, String>,
     /// The beat at which the header was last read.
@@ -291,13 +292,13 @@ impl Locator {
         self.generation
     }
 
-    /// The last header read (the agent's pid, ports, snapshot path).
     /// The shared-memory regions the agent offers (their prefix) and its
     /// pid, as the last header read says.
-    pub fn shm(&self) -> Option<&(PathBuf, u32)> {
+    pub fn shm(&self) -> Option<&ShmTarget> {
         self.shm.as_ref()
     }
 
+    /// The last header read (the agent's pid, ports, snapshot path).
     pub fn info(&self) -> Option<&AgentInfo> {
         self.info.as_ref()
     }

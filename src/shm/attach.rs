@@ -9,8 +9,9 @@ use std::sync::atomic::{fence, Ordering};
 use std::time::{Duration, Instant};
 
 use super::layout;
-use super::region::{realtime_ns, Region};
+use super::region::Region;
 use super::serve::reclaim_if_dead;
+use crate::agent::udp::realtime_ns;
 
 /// How long a waiting client spins before it sleeps on the futex. Short:
 /// on a host with fewer cores than busy threads a spinning client takes
@@ -113,9 +114,6 @@ impl Attachment {
                     .is_ok()
                 {
                     region
-                        .u32(base + layout::S_CLAIM_GEN)
-                        .fetch_add(1, Ordering::AcqRel);
-                    region
                         .u32(base + layout::S_SLEEPING)
                         .store(0, Ordering::Relaxed);
                     let seq = region.u32(base + layout::S_REQ_SEQ).load(Ordering::Acquire);
@@ -133,16 +131,6 @@ impl Attachment {
             }
         }
         Err(format!("{}: all {slots} slots are taken", path.display()))
-    }
-
-    /// The slot held.
-    pub fn slot(&self) -> u32 {
-        self.slot
-    }
-
-    /// The region's agent identity.
-    pub fn region(&self) -> &Region {
-        &self.region
     }
 
     fn base(&self) -> usize {

@@ -24,7 +24,7 @@
 //! | offset | size | field | written by |
 //! |---:|---:|---|---|
 //! | 0 | 4 | state: [`FREE`], else the owner's pid | client (CAS), shard (reclaim, CAS) |
-//! | 8 | 4 | claim generation, +1 at every claim and reclaim | client, shard |
+//! | 8 | 4 | reserved (0) | |
 //! | 12 | 4 | sleeping: 1 while the client waits on a futex | client, shard |
 //! | 16 | 4 | request sequence (31 bits, +1 per request published) and [`TAKEN`] | client, shard (CAS) |
 //! | 20 | 4 | request length | client |
@@ -73,8 +73,6 @@ pub const H_PARKED: usize = 64;
 
 /// Slot offsets.
 pub const S_STATE: usize = 0;
-/// See the table.
-pub const S_CLAIM_GEN: usize = 8;
 /// See the table.
 pub const S_SLEEPING: usize = 12;
 /// See the table.

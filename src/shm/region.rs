@@ -568,11 +568,6 @@ pub fn group_id(name: &str) -> Option<u32> {
     (rc == 0 && !out.is_null()).then_some(grp.gr_gid)
 }
 
-/// Now on `CLOCK_REALTIME`, ns (the clock of a request's stamp).
-pub fn realtime_ns() -> u64 {
-    crate::agent::udp::realtime_ns()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -5,7 +5,6 @@
 //! waking the client only if it sleeps. It owns no socket and no clock:
 //! the runtime shell calls it in its request loop.
 
-use std::path::Path;
 use std::sync::atomic::{fence, Ordering};
 
 use super::layout::{self, Geometry};
@@ -295,11 +294,12 @@ impl Server {
             self.region
                 .futex_wake(self.g().slot_offset(s) + layout::S_RESP_SEQ);
         }
-        remove_if_ours(self.region.path(), &self.region);
+        remove_if_ours(&self.region);
     }
 }
 
-fn remove_if_ours(path: &Path, region: &Region) {
+fn remove_if_ours(region: &Region) {
+    let path = region.path();
     if let Ok(r) = Region::open(path) {
         if r.identity() == region.identity() {
             let _ = std::fs::remove_file(path);
@@ -318,13 +318,7 @@ pub fn reclaim_if_dead(region: &Region, slot: u32) -> bool {
     if owner == layout::FREE || !layout::owner_pid(owner).is_none_or(process_gone) {
         return false;
     }
-    let freed = state
+    state
         .compare_exchange(owner, layout::FREE, Ordering::AcqRel, Ordering::Relaxed)
-        .is_ok();
-    if freed {
-        region
-            .u32(base + layout::S_CLAIM_GEN)
-            .fetch_add(1, Ordering::AcqRel);
-    }
-    freed
+        .is_ok()
 }
