@@ -12,7 +12,7 @@ mod routesrc;
 #[path = "support/udpclient.rs"]
 mod udpclient;
 
-use common::{free_tcp_port, wait_for};
+use common::{free_tcp_port, http_get, wait_for};
 use std::cell::Cell;
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
 use std::path::{Path, PathBuf};
@@ -564,18 +564,6 @@ fn metrics_are_served_in_prometheus_text_format() {
     assert!(http_get(agent.metrics, "/nope")
         .unwrap_or_default()
         .is_empty());
-}
-
-/// GET `path`; the body when the status is 200.
-fn http_get(addr: SocketAddr, path: &str) -> Option<String> {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").ok()?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).ok()?;
-    let (head, body) = out.split_once("\r\n\r\n")?;
-    head.starts_with("HTTP/1.1 200").then(|| body.to_string())
 }
 
 #[test]

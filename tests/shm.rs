@@ -13,15 +13,14 @@ mod routesrc;
 mod agentproc;
 
 use common::wait_for;
-use std::net::{Ipv4Addr, SocketAddr};
-use std::path::{Path, PathBuf};
+use std::net::Ipv4Addr;
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use agentproc::AgentProc;
-use lbagent::agent::heartbeat::HeartbeatReader;
 use lbagent::client::{Client, ClientError, ClientOptions, HostSource};
 use lbagent::model::{ModuleId, NodeAddr, RouteNode};
 use lbagent::shm::layout;
@@ -42,52 +41,6 @@ fn nodes(n: u8) -> Vec<RouteNode> {
             weight: 1,
         })
         .collect()
-}
-
-/// What these tests ask of an agent beyond the shared helper.
-trait ShmAgent {
-    /// The region file of `shard`, as the heartbeat names it.
-    fn region_path(&self, shard: u32) -> PathBuf;
-    /// One counter of `/metrics`, summed over its labels.
-    fn metric(&self, name: &str) -> Option<f64>;
-}
-
-impl ShmAgent for AgentProc {
-    fn region_path(&self, shard: u32) -> PathBuf {
-        let prefix = HeartbeatReader::open(&self.heartbeat_path())
-            .unwrap()
-            .shm_prefix()
-            .unwrap()
-            .expect("regions offered");
-        lbagent::shm::region_path(&prefix, shard)
-    }
-
-    fn metric(&self, name: &str) -> Option<f64> {
-        let text = http_get(self.metrics, "/metrics")?;
-        let mut sum = None;
-        for line in text.lines() {
-            let Some(rest) = line.strip_prefix(name) else {
-                continue;
-            };
-            if !(rest.starts_with('{') || rest.starts_with(' ')) {
-                continue;
-            }
-            let v: f64 = rest.rsplit(' ').next()?.parse().ok()?;
-            sum = Some(sum.unwrap_or(0.0) + v);
-        }
-        sum
-    }
-}
-
-fn http_get(addr: SocketAddr, path: &str) -> Option<String> {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").ok()?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).ok()?;
-    let (head, body) = out.split_once("\r\n\r\n")?;
-    head.starts_with("HTTP/1.1 200").then(|| body.to_string())
 }
 
 fn agent_with_route(dir: &Path, shards: u32, slots: u32) -> (RouteSource, AgentProc) {
@@ -370,13 +323,11 @@ impl Looper {
         let (s, l) = (stop.clone(), log.clone());
         let thread = std::thread::spawn(move || {
             let mut c = Client::with_options(opts).unwrap();
-            let mut attached = 0;
             while !s.load(Ordering::SeqCst) {
                 let r = c.get_host(M.modid, M.cmdid, Duration::from_millis(300));
                 if let Ok(h) = &r {
                     let _ = c.report(M.modid, M.cmdid, h.addr, 0, 1);
                 }
-                attached = attached.max(c.shm_attached());
                 l.lock()
                     .unwrap()
                     .push((Instant::now(), r.map(|h| h.source)));

@@ -7,14 +7,14 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use lbagent::agent::heartbeat::HeartbeatReader;
 use lbagent::agent::snapshot;
 use lbagent::client::{Client, ClientOptions};
 use lbagent::model::ModuleId;
 
-use super::common::{free_tcp_port, wait_for};
+use super::common::{free_tcp_port, http_get, wait_for};
 
 /// A running agent: its directory (heartbeat, snapshot, config), its
 /// metrics address, and whether it offers shared-memory regions.
@@ -119,11 +119,34 @@ impl AgentProc {
     pub fn stop(&mut self) {
         self.signal(libc::SIGTERM);
         let mut c = self.child.take().unwrap();
-        let t0 = Instant::now();
-        while c.try_wait().unwrap().is_none() {
-            assert!(t0.elapsed() < Duration::from_secs(10), "the agent stops");
-            std::thread::sleep(Duration::from_millis(10));
+        wait_for(Duration::from_secs(10), || c.try_wait().unwrap()).expect("the agent stops");
+    }
+
+    /// The region file of `shard`, as the heartbeat names it.
+    pub fn region_path(&self, shard: u32) -> PathBuf {
+        let prefix = HeartbeatReader::open(&self.heartbeat_path())
+            .unwrap()
+            .shm_prefix()
+            .unwrap()
+            .expect("regions offered");
+        lbagent::shm::region_path(&prefix, shard)
+    }
+
+    /// One counter of `/metrics`, summed over its labels.
+    pub fn metric(&self, name: &str) -> Option<f64> {
+        let text = http_get(self.metrics, "/metrics")?;
+        let mut sum = None;
+        for line in text.lines() {
+            let Some(rest) = line.strip_prefix(name) else {
+                continue;
+            };
+            if !(rest.starts_with('{') || rest.starts_with(' ')) {
+                continue;
+            }
+            let v: f64 = rest.rsplit(' ').next()?.parse().ok()?;
+            sum = Some(sum.unwrap_or(0.0) + v);
         }
+        sum
     }
 
     /// Waits until the snapshot file holds `module`.

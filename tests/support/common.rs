@@ -1,9 +1,9 @@
 //! Small helpers every end-to-end test file needs: bounded waits, a free
-//! loopback port, the wall clock in milliseconds. Include it with
+//! loopback port, the wall clock in milliseconds, a GET of a metrics page. Include it with
 //! `#[path = "support/common.rs"] mod common;`.
 #![allow(dead_code)]
 
-use std::net::TcpListener;
+use std::net::{SocketAddr, TcpListener};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// Calls `f` every 20 ms until it returns Some, at most `limit`.
@@ -36,4 +36,16 @@ pub fn unix_ms() -> u64 {
         .duration_since(UNIX_EPOCH)
         .unwrap()
         .as_millis() as u64
+}
+
+/// GET `path`; the body when the status is 200.
+pub fn http_get(addr: SocketAddr, path: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    let (head, body) = out.split_once("\r\n\r\n")?;
+    head.starts_with("HTTP/1.1 200").then(|| body.to_string())
 }
