@@ -31,8 +31,10 @@ struct Fill {
     snapshot: Arc<SnapshotIndex>,
     /// The first route of the snapshot not yet looked at.
     next: usize,
-    /// Modules the route server set or the shards forgot while filling:
-    /// the snapshot's (older) word on them is not taken.
+    /// Modules still ahead of `next` that the route server dropped or the
+    /// shards forgot while filling: the snapshot's (older) word on them is
+    /// not taken. (A module the route server set needs no entry: the table
+    /// holds it, and the fill never overwrites a held module.)
     touched: HashSet<ModuleId>,
 }
 
@@ -57,8 +59,8 @@ impl RouteTable {
     /// Takes a route from the route server: `nodes` empty (or the module
     /// absent there) drops the module.
     pub fn set(&mut self, module: ModuleId, version: u64, nodes: Vec<RouteNode>) {
-        self.touch(module);
         if nodes.is_empty() {
+            self.touch(module);
             self.routes.remove(&module);
         } else {
             self.routes.insert(module, (version, nodes));
@@ -71,9 +73,13 @@ impl RouteTable {
         self.routes.remove(&module);
     }
 
+    /// Keeps the fill from taking `module` later (only a module the fill
+    /// has yet to reach needs it).
     fn touch(&mut self, module: ModuleId) {
         if let Some(f) = &mut self.fill {
-            f.touched.insert(module);
+            if f.snapshot.find(module).is_some_and(|i| i >= f.next) {
+                f.touched.insert(module);
+            }
         }
     }
 
@@ -231,6 +237,28 @@ mod tests {
         // After the fill, changes need no bookkeeping.
         t.forget(m(3));
         assert_eq!(t.len(), 1);
+    }
+
+    #[test]
+    fn only_dropped_modules_ahead_of_the_fill_are_remembered() {
+        let routes: Vec<SnapshotRoute> = (0..4)
+            .map(|k| SnapshotRoute {
+                module: m(k),
+                version: 1,
+                nodes: nodes(2),
+            })
+            .collect();
+        let mut t = RouteTable::from_snapshot(index(&routes));
+        assert!(t.fill_step(1, |_| {}));
+        t.set(m(0), 9, Vec::new()); // behind the fill
+        t.set(m(2), 9, nodes(3)); // set: the table holds it
+        t.forget(m(3)); // ahead: remembered
+        t.set(m(7), 9, Vec::new()); // not in the snapshot
+        let touched = &t.fill.as_ref().expect("still filling").touched;
+        assert_eq!(touched.iter().copied().collect::<Vec<_>>(), [m(3)]);
+        while t.fill_step(1, |_| {}) {}
+        assert_eq!(t.get(m(2)), Some((9, nodes(3).as_slice())));
+        assert_eq!(t.get(m(3)), None);
     }
 
     #[test]
