@@ -192,6 +192,7 @@ impl Client {
         cmdid: u32,
         timeout: Duration,
     ) -> Result<Host, ClientError> {
+        check_timeout(timeout)?;
         // None: the options' priorities (checked when they were set), read
         // on the slow path only.
         self.get_host_checked(ModuleId::new(modid, cmdid), None, timeout)
@@ -219,7 +220,7 @@ impl Client {
         self.get_host_checked(ModuleId::new(modid, cmdid), Some(prio), timeout)
     }
 
-    /// A getHost whose priorities are valid (None: the options'). The
+    /// A getHost whose timeout and priorities are valid (None: the options'). The
     /// cached path is inlined into the caller (a few dozen instructions);
     /// everything else is [`Client::get_host_slow`].
     #[inline(always)]
@@ -229,7 +230,6 @@ impl Client {
         prio: Option<Priority>,
         timeout: Duration,
     ) -> Result<Host, ClientError> {
-        check_timeout(timeout)?;
         // The cached path: memory only. The tick is one load; the agent is
         // alive while it is within the heartbeat deadline of the last full
         // check (see `rearm`), and the module used last is the cache's

@@ -379,7 +379,7 @@ mod tests {
             s.arrive(now, rng.u8(1..=8), rng.u8(1..=128), now);
             t += -(1.0 - rng.f64()).ln() / 6000.0;
         }
-        served as f64 / (8.0 * 2000.0)
+        served as f64 / (8.0 * s.params().capacity())
     }
 
     #[test]
