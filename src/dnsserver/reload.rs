@@ -392,7 +392,15 @@ pub fn run(
                         Ok(()) | Err(TryRecvError::Disconnected) => return,
                     }
                 }
-                Ok(Wake::Unsupported) => notified = false,
+                Ok(Wake::Unsupported) => {
+                    // No notifications from this store: sleep out the poll
+                    // interval (a stop ends it early).
+                    notified = false;
+                    match stop.recv_timeout(left) {
+                        Err(RecvTimeoutError::Timeout) => break,
+                        Ok(()) | Err(RecvTimeoutError::Disconnected) => return,
+                    }
+                }
                 Err(e) => {
                     notified = false;
                     if !wait_failed {
@@ -409,10 +417,6 @@ pub fn run(
                         Ok(()) | Err(RecvTimeoutError::Disconnected) => return,
                     }
                 }
-            }
-            match stop.recv_timeout(left) {
-                Err(RecvTimeoutError::Timeout) => break,
-                Ok(()) | Err(RecvTimeoutError::Disconnected) => return,
             }
         }
         if stop_requested(&stop) {
