@@ -358,18 +358,7 @@ struct RawHeader {
 impl RawHeader {
     fn from_info(file: &Path, info: &AgentInfo) -> Result<Self, HeartbeatError> {
         let bytes = info.snapshot_path.as_os_str().as_bytes();
-        if bytes.len() > SNAPSHOT_PATH_MAX {
-            return Err(HeartbeatError::PathTooLong {
-                path: file.to_path_buf(),
-                len: bytes.len(),
-            });
-        }
-        let mut padded = [0u8; SNAPSHOT_PATH_MAX];
-        padded[..bytes.len()].copy_from_slice(bytes);
-        let mut path = [0u64; PATH_WORDS];
-        for (word, chunk) in path.iter_mut().zip(padded.chunks_exact(8)) {
-            *word = u64::from_ne_bytes(chunk.try_into().expect("8-byte chunk"));
-        }
+        let path = path_words(file, bytes)?;
         Ok(RawHeader {
             magic: MAGIC,
             version: LAYOUT_VERSION,
@@ -419,13 +408,7 @@ impl RawHeader {
 
     fn into_heartbeat(self, file: &Path) -> Result<Heartbeat, HeartbeatError> {
         check_format(file, self.magic, self.version)?;
-        let len = self.path_len as usize;
-        if len > SNAPSHOT_PATH_MAX {
-            return Err(HeartbeatError::PathTooLong {
-                path: file.to_path_buf(),
-                len,
-            });
-        }
+        let snapshot_path = words_path(file, &self.path, self.path_len as usize)?;
         // The writer stores a u16: a high half that is not 0 is corruption,
         // not a port to truncate into another one.
         let base_port = u16::try_from(self.base_port).map_err(|_| HeartbeatError::BadField {
@@ -434,18 +417,53 @@ impl RawHeader {
             value: u64::from(self.base_port),
             allowed: "a port is at most 65535",
         })?;
-        let bytes: Vec<u8> = self.path.iter().flat_map(|w| w.to_ne_bytes()).collect();
         Ok(Heartbeat {
             info: AgentInfo {
                 shards: self.shards,
                 base_port,
                 bind: Ipv4Addr::from(self.bind),
                 pid: self.pid,
-                snapshot_path: PathBuf::from(OsStr::from_bytes(&bytes[..len])),
+                snapshot_path,
             },
             beat_unix_ms: self.beat,
         })
     }
+}
+
+/// A path as the header stores it: its bytes, zero-padded, in native
+/// words. Refuses one longer than [`SNAPSHOT_PATH_MAX`] bytes (`file`: the
+/// heartbeat file, for the error).
+fn path_words(file: &Path, bytes: &[u8]) -> Result<[u64; PATH_WORDS], HeartbeatError> {
+    if bytes.len() > SNAPSHOT_PATH_MAX {
+        return Err(HeartbeatError::PathTooLong {
+            path: file.to_path_buf(),
+            len: bytes.len(),
+        });
+    }
+    let mut padded = [0u8; SNAPSHOT_PATH_MAX];
+    padded[..bytes.len()].copy_from_slice(bytes);
+    let mut words = [0u64; PATH_WORDS];
+    for (word, chunk) in words.iter_mut().zip(padded.chunks_exact(8)) {
+        *word = u64::from_ne_bytes(chunk.try_into().expect("8-byte chunk"));
+    }
+    Ok(words)
+}
+
+/// The first `len` bytes of a path stored by [`path_words`]; a length
+/// past [`SNAPSHOT_PATH_MAX`] is corruption.
+fn words_path(
+    file: &Path,
+    words: &[u64; PATH_WORDS],
+    len: usize,
+) -> Result<PathBuf, HeartbeatError> {
+    if len > SNAPSHOT_PATH_MAX {
+        return Err(HeartbeatError::PathTooLong {
+            path: file.to_path_buf(),
+            len,
+        });
+    }
+    let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_ne_bytes()).collect();
+    Ok(PathBuf::from(OsStr::from_bytes(&bytes[..len])))
 }
 
 /// The shared-memory extension's words (zero when the mapping does not
@@ -629,19 +647,11 @@ impl HeartbeatWriter {
     /// [`SNAPSHOT_PATH_MAX`] bytes (nothing is written).
     pub fn set_shm(&self, prefix: Option<&Path>) -> Result<(), HeartbeatError> {
         let bytes = prefix.map_or(&[][..], |p| p.as_os_str().as_bytes());
-        if bytes.len() > SNAPSHOT_PATH_MAX {
-            return Err(HeartbeatError::PathTooLong {
-                path: self.path.clone(),
-                len: bytes.len(),
-            });
-        }
-        let mut padded = [0u8; SNAPSHOT_PATH_MAX];
-        padded[..bytes.len()].copy_from_slice(bytes);
+        let words = path_words(&self.path, bytes)?;
         self.shm.write(|shm| {
             let r = Ordering::Relaxed;
-            for (i, chunk) in padded.chunks_exact(8).enumerate() {
-                let w = u64::from_ne_bytes(chunk.try_into().expect("8-byte chunk"));
-                shm.u64(OFF_SHM_PATH + 8 * i).store(w, r);
+            for (i, w) in words.iter().enumerate() {
+                shm.u64(OFF_SHM_PATH + 8 * i).store(*w, r);
             }
             shm.u32(OFF_SHM_LEN).store(bytes.len() as u32, r);
             let magic = if prefix.is_some() { SHM_MAGIC } else { 0 };
@@ -821,14 +831,13 @@ impl HeartbeatReader {
             return Ok(None);
         }
         let len = ext.len as usize;
-        if len == 0 || len > SNAPSHOT_PATH_MAX {
+        if len == 0 {
             return Err(HeartbeatError::PathTooLong {
                 path: self.path.clone(),
                 len,
             });
         }
-        let bytes: Vec<u8> = ext.path.iter().flat_map(|w| w.to_ne_bytes()).collect();
-        Ok(Some(PathBuf::from(OsStr::from_bytes(&bytes[..len]))))
+        words_path(&self.path, &ext.path, len).map(Some)
     }
 
     /// The header's seqlock sequence word. Every write of the agent (every
