@@ -155,7 +155,7 @@ impl Agent {
                 beat: live.shard(i as u32),
                 ready: ready.clone(),
                 shedding: config.admission.agent_params(),
-                shm: regions.next().flatten(),
+                shm: regions.next(),
             };
             let core = i % ncpu.max(1);
             let h = LocalExecutorBuilder::new(Placement::Fixed(core))
@@ -441,9 +441,9 @@ fn shm_prefix(config: &Config) -> std::path::PathBuf {
 
 /// One region per shard when `shm.enabled` (else none), each a fresh file
 /// replacing any a previous agent left.
-fn create_regions(config: &Config, shards: u32) -> anyhow::Result<Vec<Option<Region>>> {
+fn create_regions(config: &Config, shards: u32) -> anyhow::Result<Vec<Region>> {
     if !config.shm.enabled {
-        return Ok((0..shards).map(|_| None).collect());
+        return Ok(Vec::new());
     }
     let access = if config.shm.group.is_empty() {
         Access::Owner
@@ -467,14 +467,12 @@ fn create_regions(config: &Config, shards: u32) -> anyhow::Result<Vec<Option<Reg
                 boot,
             };
             let path = crate::shm::region_path(&prefix, i);
-            Region::create(&path, geometry, identity, access)
-                .map(Some)
-                .with_context(|| {
-                    format!(
-                        "cannot create shard {i}'s region in shm.dir = {}",
-                        config.shm.dir.display()
-                    )
-                })
+            Region::create(&path, geometry, identity, access).with_context(|| {
+                format!(
+                    "cannot create shard {i}'s region in shm.dir = {}",
+                    config.shm.dir.display()
+                )
+            })
         })
         .collect()
 }
