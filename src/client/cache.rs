@@ -134,9 +134,6 @@ struct Entry {
     /// getHost is answered here while `now < serve_until` (0: not now):
     /// a route cached, no node overloaded, no refresh due.
     serve_until: u64,
-    /// A route is cached and no node of it is overloaded: successes are
-    /// held.
-    holds: bool,
     /// The positions whose count is not 0, in the order first held.
     held: Vec<u32>,
     /// When the oldest held success was reported.
@@ -144,8 +141,8 @@ struct Entry {
     /// `held_since + HOLD_LIMIT_MS` while anything is held, else `u64::MAX`:
     /// a report at or after it sends the batch.
     hold_until: u64,
-    /// `hold_until` while `holds`, else 0: the cached report path's one
-    /// time check.
+    /// `hold_until` while [`Entry::holds`], else 0: the cached report
+    /// path's one time check.
     hold_open_until: u64,
 }
 
@@ -160,7 +157,6 @@ impl Default for Entry {
             refreshed_at: None,
             refresh_now: false,
             serve_until: 0,
-            holds: false,
             held: Vec::new(),
             held_since: 0,
             hold_until: u64::MAX,
@@ -174,19 +170,26 @@ impl Entry {
         self.refreshed_at.is_some() && !self.slots.is_empty()
     }
 
-    /// Recomputes `serve_until` and `holds` after any change of state.
+    /// A route is cached and no node of it is overloaded: successes are
+    /// held.
+    fn holds(&self) -> bool {
+        self.cached() && !self.any_overloaded
+    }
+
+    /// Recomputes `serve_until` and `hold_open_until` after any change of
+    /// state.
     fn update(&mut self) {
-        self.holds = self.cached() && !self.any_overloaded;
         self.serve_until = match self.refreshed_at {
-            Some(t) if self.holds && !self.refresh_now => t.saturating_add(REFRESH_INTERVAL_MS),
+            Some(t) if self.holds() && !self.refresh_now => t.saturating_add(REFRESH_INTERVAL_MS),
             _ => 0,
         };
         self.sync_hold();
     }
 
-    /// Recomputes `hold_open_until` after `holds` or `hold_until` changed.
+    /// Recomputes `hold_open_until` after [`Entry::holds`] or `hold_until`
+    /// changed.
     fn sync_hold(&mut self) {
-        self.hold_open_until = if self.holds { self.hold_until } else { 0 };
+        self.hold_open_until = if self.holds() { self.hold_until } else { 0 };
     }
 
     /// The position of `host` in the route: the node given last, else
@@ -458,7 +461,7 @@ impl RouteCache {
     /// so the next getHost asks again.
     pub fn pick_unrefreshed(&mut self, module: ModuleId) -> Option<NodeAddr> {
         let e = self.entry(module)?;
-        if e.holds {
+        if e.holds() {
             e.next_host()
         } else {
             None
@@ -555,7 +558,7 @@ impl RouteCache {
             e.update();
             return true;
         }
-        if !e.holds {
+        if !e.holds() {
             e.take_held(out);
             return true;
         }
