@@ -198,6 +198,11 @@ impl Entry {
         if self.slots.get(self.last).is_some_and(|s| s.addr == host) {
             return Some(self.last);
         }
+        self.search(host)
+    }
+
+    /// The position of `host` in the route, by binary search.
+    fn search(&self, host: NodeAddr) -> Option<usize> {
         self.sorted
             .binary_search_by(|(a, _)| a.cmp(&host))
             .ok()
@@ -238,10 +243,11 @@ impl Entry {
         }
     }
 
-    /// [`RouteCache::hold`] for a node other than the one given last.
+    /// [`RouteCache::hold`] for a node other than the one given last
+    /// (which the caller compared already).
     #[inline(never)]
     fn hold_elsewhere(&mut self, host: NodeAddr) -> bool {
-        match self.position(host) {
+        match self.search(host) {
             Some(p) => self.count_held(p),
             None => false,
         }
