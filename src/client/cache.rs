@@ -230,25 +230,13 @@ impl Entry {
         self.slots.first().map(|s| s.addr)
     }
 
-    /// Counts one more success of the node at `p` when it is already held:
-    /// the cached report path.
-    #[inline(always)]
-    fn count_held(&mut self, p: usize) -> bool {
-        match self.slots.get_mut(p) {
-            Some(s) if s.held != 0 => {
-                s.held += 1;
-                true
-            }
-            _ => false,
-        }
-    }
 
     /// [`RouteCache::hold`] for a node other than the one given last
     /// (which the caller compared already).
     #[inline(never)]
     fn hold_elsewhere(&mut self, host: NodeAddr) -> bool {
         match self.search(host) {
-            Some(p) => self.count_held(p),
+            Some(p) => add_one_held(&mut self.slots[p]),
             None => false,
         }
     }
@@ -321,6 +309,17 @@ impl Entry {
             }
         }
     }
+}
+
+/// Counts one more success of `slot` when it is already held: the cached
+/// report path.
+#[inline(always)]
+fn add_one_held(slot: &mut Slot) -> bool {
+    if slot.held == 0 {
+        return false;
+    }
+    slot.held += 1;
+    true
 }
 
 /// Every module's cached route and held successes.
@@ -530,10 +529,10 @@ impl RouteCache {
             return false;
         }
         let e = &mut self.hot;
-        if e.slots.get(e.last).is_some_and(|s| s.addr == host) {
-            return e.count_held(e.last);
+        match e.slots.get_mut(e.last) {
+            Some(s) if s.addr == host => add_one_held(s),
+            _ => e.hold_elsewhere(host),
         }
-        e.hold_elsewhere(host)
     }
 
     /// [`RouteCache::hold`] for a module that may not be hot: makes it hot
