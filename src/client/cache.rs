@@ -230,7 +230,6 @@ impl Entry {
         self.slots.first().map(|s| s.addr)
     }
 
-
     /// [`RouteCache::hold`] for a node other than the one given last
     /// (which the caller compared already).
     #[inline(never)]

@@ -37,10 +37,6 @@ pub struct Client {
     suspect_generation: u64,
     /// The beat seen by the last successful [`Client::locate`].
     beat: u64,
-    /// The beat at which a shard was last marked in `suspect`
-    /// ([`NOT_MARKED`] since the table was reset): while it is the current
-    /// beat, getHost takes the path that looks at `suspect`.
-    suspect_marked: u64,
     /// Held successes on their way out (scratch).
     batch: Vec<(NodeAddr, u32)>,
     /// Coarse monotonic milliseconds: the cached path reads the tick.
@@ -53,10 +49,6 @@ pub struct Client {
     /// Per shard, the agent's own admission level (uncached getHost).
     holdback: HoldBack,
 }
-
-/// [`Client::suspect_marked`] when no shard is marked: no beat (Unix
-/// milliseconds) is `u64::MAX`.
-const NOT_MARKED: u64 = u64::MAX;
 
 impl std::fmt::Debug for Client {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -127,7 +119,6 @@ impl Client {
             suspect: Vec::new(),
             suspect_generation: 0,
             beat: 0,
-            suspect_marked: NOT_MARKED,
             batch: Vec::new(),
             clock,
             cached_until: 0,
@@ -720,7 +711,8 @@ impl Client {
     /// this deadline (a stale route's refresh, or the deadline itself),
     /// which arms it again.
     fn rearm(&mut self) {
-        self.cached_until = if !self.opts.cache || self.suspect_marked == self.beat {
+        // The scan (at most 1,024 shards) runs on the slow path only.
+        self.cached_until = if !self.opts.cache || self.suspect.contains(&Some(self.beat)) {
             0
         } else {
             // Below STOPPED: a stopped tick is never within it.
@@ -735,7 +727,6 @@ impl Client {
         if self.suspect_generation != generation || self.suspect.len() != endpoints.shards as usize
         {
             self.suspect_generation = generation;
-            self.suspect_marked = NOT_MARKED;
             self.holdback.clear();
             self.suspect.clear();
             self.suspect.resize(endpoints.shards as usize, None);
@@ -1062,7 +1053,6 @@ impl Client {
     fn mark_suspect(&mut self, shard: u32) {
         if let Some(s) = self.suspect.get_mut(shard as usize) {
             *s = Some(self.beat);
-            self.suspect_marked = self.beat;
             self.rearm();
         }
     }
