@@ -120,16 +120,19 @@ impl RouteTable {
     }
 
     /// How many modules the table holds.
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.routes.len()
     }
 
     /// True when it holds none.
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.routes.is_empty()
     }
 
     /// `module`'s (version, nodes), if held.
+    #[cfg(test)]
     pub fn get(&self, module: ModuleId) -> Option<(u64, &[RouteNode])> {
         self.routes.get(&module).map(|(v, n)| (*v, n.as_slice()))
     }

@@ -492,6 +492,7 @@ impl SnapshotIndex {
     }
 
     /// When the agent wrote it, unix seconds.
+    #[cfg(test)]
     pub fn written_unix_s(&self) -> u64 {
         self.written_unix_s
     }
@@ -542,6 +543,7 @@ impl SnapshotIndex {
     ///
     /// # Panics
     /// `i >= self.len()`.
+    #[cfg(test)]
     pub fn route(&self, i: usize) -> SnapshotRoute {
         route_at(&self.bytes, self.starts[i] as usize)
     }
@@ -554,6 +556,7 @@ impl SnapshotIndex {
     }
 
     /// Every route decoded, in module order: what [`read`] would give.
+    #[cfg(test)]
     pub fn to_snapshot(&self) -> Snapshot {
         Snapshot {
             written_unix_s: self.written_unix_s,
