@@ -92,8 +92,11 @@ impl RouteTable {
         let Some(f) = &mut self.fill else {
             return false;
         };
+        // Every route counts at least one node, so a budget of at least
+        // one takes at least one route.
+        let budget = max_nodes.max(1);
         let mut nodes = 0usize;
-        while f.next < f.snapshot.len() && (nodes == 0 || nodes < max_nodes) {
+        while f.next < f.snapshot.len() && nodes < budget {
             let i = f.next;
             f.next += 1;
             let module = f.snapshot.module(i);
@@ -262,6 +265,28 @@ mod tests {
         while t.fill_step(1, |_| {}) {}
         assert_eq!(t.get(m(2)), Some((9, nodes(3).as_slice())));
         assert_eq!(t.get(m(3)), None);
+    }
+
+    #[test]
+    fn a_step_takes_at_least_one_route_whatever_its_budget() {
+        let routes: Vec<SnapshotRoute> = [3, 0, 1]
+            .into_iter()
+            .enumerate()
+            .map(|(k, n)| SnapshotRoute {
+                module: m(k as u32),
+                version: 1,
+                nodes: nodes(n),
+            })
+            .collect();
+        let mut t = RouteTable::from_snapshot(index(&routes));
+        let mut taken = Vec::new();
+        // A route of 3 nodes over a budget of 1; an empty one counts 1.
+        assert!(t.fill_step(1, |m| taken.push(m)));
+        assert_eq!(taken, [m(0)]);
+        assert!(t.fill_step(0, |m| taken.push(m)));
+        assert_eq!(taken, [m(0)], "the empty route is looked at, not taken");
+        assert!(!t.fill_step(0, |m| taken.push(m)));
+        assert_eq!(taken, [m(0), m(2)]);
     }
 
     #[test]
