@@ -574,9 +574,10 @@ impl RouteClientCore {
         matches!(self.pulls.get(&module), Some(Pull::InFlight { .. }))
     }
 
-    /// The server connected to, or being connected to, or next to try.
-    pub fn current_addr(&self) -> SocketAddr {
-        self.link.current_addr()
+    /// The connection state and server list (which server is connected,
+    /// or being connected to, or next to try).
+    pub fn link(&self) -> &Reconnect {
+        &self.link
     }
 
     /// Replaces the address list (a configuration reload), as
@@ -590,11 +591,6 @@ impl RouteClientCore {
         }
         self.config.addrs = addrs;
         self.link.reconfigure(self.config.reconnect_policy());
-    }
-
-    /// The connected server, if any.
-    pub fn connected(&self) -> Option<SocketAddr> {
-        self.link.connected()
     }
 
     /// The counters.
@@ -631,7 +627,7 @@ impl RouteClientCore {
         &self.config
     }
 
-    /// The connection to [`Self::current_addr`] is up: every module queued
+    /// The connection to [`Reconnect::current_addr`] is up: every module queued
     /// or in flight on the lost connection, and every module subscribed
     /// before, is pulled on it.
     pub fn on_connected(&mut self, now: u64) {
@@ -1003,7 +999,7 @@ impl RouteClientStatus {
         if let Some(refresh_ms) = self.inner.new_refresh.take() {
             core.config.refresh_ms = refresh_ms;
         }
-        self.inner.connected.set(core.connected());
+        self.inner.connected.set(core.link().connected());
         self.inner.stats.set(core.stats());
     }
 }
@@ -1976,7 +1972,7 @@ mod tests {
         c.refresh_ms = 4000;
         c.jitter_seed = 99;
         core.reconfigure(&c).unwrap();
-        assert_eq!(core.connected(), Some(addr(1)), "kept");
+        assert_eq!(core.link().connected(), Some(addr(1)), "kept");
         assert!(core.follows(A), "nothing followed is lost");
         assert_eq!(core.config().jitter_seed, 7, "the seed stays");
         // The new list from the next attempt on.
@@ -1999,10 +1995,10 @@ mod tests {
     #[test]
     fn a_lost_connection_moves_to_the_next_address() {
         let mut core = connected(&config(), 0);
-        assert_eq!(core.connected(), Some(addr(1)));
+        assert_eq!(core.link().connected(), Some(addr(1)));
         core.on_disconnected(5);
-        assert_eq!(core.connected(), None);
-        assert_eq!(core.current_addr(), addr(2));
+        assert_eq!(core.link().connected(), None);
+        assert_eq!(core.link().current_addr(), addr(2));
         assert_eq!(core.stats().connects, 1);
         assert_eq!(core.stats().disconnects, 1);
     }

@@ -567,9 +567,10 @@ impl StatsClientCore {
         })
     }
 
-    /// The reporter connected to, or being connected to, or next to try.
-    pub fn current_addr(&self) -> SocketAddr {
-        self.link.current_addr()
+    /// The connection state and reporter list (which reporter is
+    /// connected, or being connected to, or next to try).
+    pub fn link(&self) -> &Reconnect {
+        &self.link
     }
 
     /// Replaces the address list (a configuration reload), as
@@ -583,11 +584,6 @@ impl StatsClientCore {
         }
         self.config.addrs = addrs;
         self.link.reconfigure(self.config.reconnect_policy());
-    }
-
-    /// The connected reporter, if any.
-    pub fn connected(&self) -> Option<SocketAddr> {
-        self.link.connected()
     }
 
     /// The counters, gauges included.
@@ -635,7 +631,7 @@ impl StatsClientCore {
         &self.config
     }
 
-    /// The connection to [`Self::current_addr`] is up: reports that lost
+    /// The connection to [`Reconnect::current_addr`] is up: reports that lost
     /// their connection are sent first, then the queue.
     pub fn on_connected(&mut self, _now: u64) {
         self.link.on_connected();
@@ -868,7 +864,7 @@ impl StatsClientStatus {
         if let Some(addrs) = self.inner.new_addrs.borrow_mut().take() {
             core.set_addrs(addrs);
         }
-        self.inner.connected.set(core.connected());
+        self.inner.connected.set(core.link().connected());
         self.inner.stats.set(core.stats());
     }
 }
@@ -1770,7 +1766,7 @@ mod tests {
         let mut c = config();
         c.addrs = vec![addr(9)];
         core.reconfigure(&c).unwrap();
-        assert_eq!(core.connected(), Some(addr(1)), "kept");
+        assert_eq!(core.link().connected(), Some(addr(1)), "kept");
         core.on_disconnected(T0 + 1);
         let Wake::At(at) = core.poll_timeout(T0 + 1) else {
             panic!()
@@ -1791,10 +1787,10 @@ mod tests {
     #[test]
     fn a_lost_connection_moves_to_the_next_address() {
         let mut core = connected(&config(), 0);
-        assert_eq!(core.connected(), Some(addr(1)));
+        assert_eq!(core.link().connected(), Some(addr(1)));
         core.on_disconnected(5);
-        assert_eq!(core.connected(), None);
-        assert_eq!(core.current_addr(), addr(2));
+        assert_eq!(core.link().connected(), None);
+        assert_eq!(core.link().current_addr(), addr(2));
         let s = core.stats();
         assert_eq!((s.connects, s.disconnects), (1, 1));
     }
@@ -1840,7 +1836,7 @@ mod tests {
                         }
                     }
                     4 => {
-                        if core.connected().is_some() {
+                        if core.link().connected().is_some() {
                             core.on_disconnected(now);
                         }
                     }
@@ -1854,7 +1850,7 @@ mod tests {
                         let frame = Encoder::new()
                             .error_resp(seq, A, RetCode::BadRequest, "no")
                             .to_vec();
-                        if core.connected().is_some() {
+                        if core.link().connected().is_some() {
                             core.on_frame(&frame, now).unwrap();
                         }
                     }
