@@ -2,6 +2,8 @@
 //! test route source speaking the real TCP protocol, a UDP client speaking
 //! the real wire format. Every wait is bounded.
 
+#[path = "support/agentproc.rs"]
+mod agentproc;
 #[path = "support/common.rs"]
 mod common;
 
@@ -12,12 +14,13 @@ mod routesrc;
 #[path = "support/udpclient.rs"]
 mod udpclient;
 
+use agentproc::AgentProc;
 use common::{free_tcp_port, http_get, wait_for};
 use std::cell::Cell;
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::{PoisonError, RwLock, RwLockReadGuard};
+use std::path::Path;
+use std::process::Command;
+use std::sync::{PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 use lbagent::agent::heartbeat::HeartbeatReader;
@@ -52,136 +55,38 @@ thread_local! {
     static HOLDS_ALONE: Cell<bool> = const { Cell::new(false) };
 }
 
-struct AgentProc {
-    child: Option<Child>,
-    dir: PathBuf,
-    config: PathBuf,
-    port: u16,
-    metrics: SocketAddr,
-    /// A read turn of [`ALONE`], dropped after the agent is killed.
-    _turn: Option<RwLockReadGuard<'static, ()>>,
+/// This file's agents: [`AgentProc::start_with`] with a read turn of
+/// [`ALONE`] (none for the test that holds it).
+fn start_with(
+    dir: &Path,
+    route_server: SocketAddr,
+    reporter: &str,
+    shards: u32,
+    extra: (&str, &str),
+) -> AgentProc {
+    let turn = (!HOLDS_ALONE.get()).then(|| ALONE.read().unwrap_or_else(PoisonError::into_inner));
+    AgentProc::start_with(dir, route_server, reporter, shards, extra, turn)
 }
 
-impl AgentProc {
-    /// The config file: `lb` and `agent` are extra lines for those tables.
-    fn config_text(
-        dir: &Path,
-        route_server: SocketAddr,
-        reporter: &str,
-        shards: u32,
-        metrics: SocketAddr,
-        (lb, agent): (&str, &str),
-    ) -> String {
-        format!(
-            "[lb]\n{lb}\n[agent]\nbase_port = 0\nshards = {shards}\nroute_servers = [\"{route_server}\"]\nreporters = [\"{reporter}\"]\n\
-             heartbeat_path = \"{}\"\nsnapshot_path = \"{}\"\nsnapshot_interval = 1\nmetrics_addr = \"{metrics}\"\n{agent}\n",
-            dir.join("heartbeat").display(),
-            dir.join("routes.snapshot").display()
-        )
-    }
-
-    fn start(dir: &Path, route_server: SocketAddr, shards: u32) -> AgentProc {
-        Self::start_with_reporter(dir, route_server, "127.0.0.1:1", shards)
-    }
-
-    fn start_with_reporter(
-        dir: &Path,
-        route_server: SocketAddr,
-        reporter: &str,
-        shards: u32,
-    ) -> AgentProc {
-        Self::start_with(
-            dir,
-            route_server,
-            reporter,
-            shards,
-            ("report_timeout = 1", ""),
-        )
-    }
-
-    fn start_with(
-        dir: &Path,
-        route_server: SocketAddr,
-        reporter: &str,
-        shards: u32,
-        extra: (&str, &str),
-    ) -> AgentProc {
-        let metrics: SocketAddr = format!("127.0.0.1:{}", free_tcp_port()).parse().unwrap();
-        let config = dir.join("lbagent.toml");
-        std::fs::write(
-            &config,
-            Self::config_text(dir, route_server, reporter, shards, metrics, extra),
-        )
-        .unwrap();
-        let turn =
-            (!HOLDS_ALONE.get()).then(|| ALONE.read().unwrap_or_else(PoisonError::into_inner));
-        let mut a = AgentProc {
-            _turn: turn,
-            child: None,
-            dir: dir.to_path_buf(),
-            config,
-            port: 0,
-            metrics,
-        };
-        a.spawn();
-        a
-    }
-
-    fn spawn(&mut self) {
-        // A fresh heartbeat file tells us when this process is up.
-        let _ = std::fs::remove_file(self.heartbeat_path());
-        let child = Command::new(env!("CARGO_BIN_EXE_lbagent"))
-            .args(["agent", "--config", self.config.to_str().unwrap()])
-            .stdout(Stdio::null())
-            .stderr(if std::env::var_os("LBAGENT_TEST_STDERR").is_some() {
-                Stdio::inherit()
-            } else {
-                // Kept beside the config, for tests that read the log.
-                std::fs::File::create(self.dir.join("agent.stderr"))
-                    .map_or_else(|_| Stdio::null(), Stdio::from)
-            })
-            .spawn()
-            .expect("start lbagent agent");
-        let pid = child.id();
-        self.child = Some(child);
-        let hb = wait_for(Duration::from_secs(10), || {
-            let r = HeartbeatReader::open(&self.heartbeat_path()).ok()?;
-            let h = r.read().ok()?;
-            (h.info.pid == pid && h.beat_unix_ms > 0).then_some(h)
-        })
-        .expect("the agent writes its heartbeat within 10 s");
-        self.port = hb.info.base_port;
-    }
-
-    fn heartbeat_path(&self) -> PathBuf {
-        self.dir.join("heartbeat")
-    }
-
-    fn snapshot_path(&self) -> PathBuf {
-        self.dir.join("routes.snapshot")
-    }
-
-    fn kill9(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-
-    fn sigterm(&mut self) -> (Option<i32>, Duration) {
-        let mut c = self.child.take().expect("running");
-        let t0 = Instant::now();
-        unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
-        let status = wait_for(Duration::from_secs(5), || c.try_wait().unwrap())
-            .expect("exits after SIGTERM");
-        (status.code(), t0.elapsed())
-    }
+/// An agent reporting to `reporter` (every second: `report_timeout = 1`).
+fn start_with_reporter(
+    dir: &Path,
+    route_server: SocketAddr,
+    reporter: &str,
+    shards: u32,
+) -> AgentProc {
+    start_with(
+        dir,
+        route_server,
+        reporter,
+        shards,
+        ("report_timeout = 1", ""),
+    )
 }
 
-impl Drop for AgentProc {
-    fn drop(&mut self) {
-        self.kill9();
-    }
+/// An agent reporting nowhere.
+fn start(dir: &Path, route_server: SocketAddr, shards: u32) -> AgentProc {
+    start_with_reporter(dir, route_server, "127.0.0.1:1", shards)
 }
 
 /// A UDP client speaking the wire format, matching answers by sequence.
@@ -192,7 +97,7 @@ fn first_get_host_is_no_such_module_then_hosts_come_round_robin() {
     let dir = tempfile::tempdir().unwrap();
     let source = RouteSource::start();
     source.set_route(M, &nodes(3));
-    let agent = AgentProc::start(dir.path(), source.addr(), 1);
+    let agent = start(dir.path(), source.addr(), 1);
     let mut c = Client::new(agent.port);
     assert_eq!(c.get_host(M), (RetCode::NoSuchModule, None));
     c.wait_route(M);
@@ -211,7 +116,7 @@ fn failures_overload_a_node_get_host_skips_it_but_probes_and_get_route_shows_it(
     let dir = tempfile::tempdir().unwrap();
     let source = RouteSource::start();
     source.set_route(M, &nodes(2));
-    let agent = AgentProc::start(dir.path(), source.addr(), 1);
+    let agent = start(dir.path(), source.addr(), 1);
     let mut c = Client::new(agent.port);
     c.get_host(M);
     c.wait_route(M);
@@ -248,7 +153,7 @@ fn a_route_change_at_the_source_reaches_the_agent_without_a_get_host() {
     let dir = tempfile::tempdir().unwrap();
     let source = RouteSource::start();
     source.set_route(M, &nodes(2));
-    let agent = AgentProc::start(dir.path(), source.addr(), 1);
+    let agent = start(dir.path(), source.addr(), 1);
     let mut c = Client::new(agent.port);
     c.get_host(M);
     c.wait_route(M);
@@ -271,7 +176,7 @@ fn a_route_change_at_the_source_reaches_the_agent_without_a_get_host() {
 fn a_datagram_for_another_shard_gets_an_error_naming_the_owner() {
     let dir = tempfile::tempdir().unwrap();
     let source = RouteSource::start();
-    let agent = AgentProc::start(dir.path(), source.addr(), 2);
+    let agent = start(dir.path(), source.addr(), 2);
     let mut c = Client::new(agent.port);
     let other = ModuleId::new(100, 2); // (100 + 2) % 2 == 0 -> shard 0; M is shard 1
     assert_eq!(c.get_host(other).0, RetCode::NoSuchModule);
@@ -285,7 +190,7 @@ fn garbage_is_dropped_and_every_valid_request_is_answered() {
     let dir = tempfile::tempdir().unwrap();
     let source = RouteSource::start();
     source.set_route(M, &nodes(3));
-    let agent = AgentProc::start(dir.path(), source.addr(), 1);
+    let agent = start(dir.path(), source.addr(), 1);
     // 2 s a try: on a loaded machine a shard can be off its core for longer
     // than the default 500 ms while it works through the garbage.
     let mut c = Client::patient(agent.port, Duration::from_secs(2));
@@ -328,7 +233,7 @@ fn garbage_is_dropped_and_every_valid_request_is_answered() {
 fn the_heartbeat_advances_every_second_and_stops_when_the_agent_is_killed() {
     let dir = tempfile::tempdir().unwrap();
     let source = RouteSource::start();
-    let mut agent = AgentProc::start(dir.path(), source.addr(), 1);
+    let mut agent = start(dir.path(), source.addr(), 1);
     let r = HeartbeatReader::open(&agent.heartbeat_path()).unwrap();
     // Every beat as it changes, until five more than the first (a beat
     // 1.1 s after the last look may not have come yet on a loaded machine:
@@ -378,7 +283,7 @@ fn the_snapshot_is_valid_after_kill_9_at_any_moment_and_is_loaded_on_restart() {
     let dir = tempfile::tempdir().unwrap();
     let mut source = RouteSource::start();
     source.set_route(M, &nodes(3));
-    let mut agent = AgentProc::start(dir.path(), source.addr(), 1);
+    let mut agent = start(dir.path(), source.addr(), 1);
     let mut c = Client::new(agent.port);
     c.get_host(M);
     c.wait_route(M);
@@ -449,7 +354,7 @@ fn a_restart_serves_each_shards_share_of_the_snapshot_and_writes_it_all_back() {
         route(empty, Vec::new()),
     ];
     snapshot::write(&dir.path().join("routes.snapshot"), 1, &written).unwrap();
-    let mut agent = AgentProc::start(dir.path(), nowhere(), 2);
+    let mut agent = start(dir.path(), nowhere(), 2);
     for (m, port, n) in [(M, agent.port + 1, 3), (other, agent.port, 2)] {
         let (code, host) = Client::patient(port, Duration::from_secs(3)).get_host(m);
         assert_eq!(code, RetCode::Ok, "{m} served from the snapshot");
@@ -484,7 +389,7 @@ fn a_corrupt_snapshot_is_refused_with_a_clear_error_and_the_agent_pulls_instead(
     std::fs::write(&path, &bytes).unwrap();
     let source = RouteSource::start();
     source.set_route(M, &nodes(2));
-    let agent = AgentProc::start(dir.path(), source.addr(), 1);
+    let agent = start(dir.path(), source.addr(), 1);
     let mut c = Client::patient(agent.port, Duration::from_secs(2));
     let got = c.wait_route(M);
     assert_eq!(
@@ -506,7 +411,7 @@ fn sigterm_writes_the_snapshot_and_exits_0_promptly() {
     let dir = tempfile::tempdir().unwrap();
     let source = RouteSource::start();
     source.set_route(M, &nodes(2));
-    let mut agent = AgentProc::start(dir.path(), source.addr(), 1);
+    let mut agent = start(dir.path(), source.addr(), 1);
     let mut c = Client::new(agent.port);
     c.get_host(M);
     c.wait_route(M);
@@ -527,7 +432,7 @@ fn metrics_are_served_in_prometheus_text_format() {
     let dir = tempfile::tempdir().unwrap();
     let source = RouteSource::start();
     source.set_route(M, &nodes(2));
-    let agent = AgentProc::start(dir.path(), source.addr(), 1);
+    let agent = start(dir.path(), source.addr(), 1);
     let mut c = Client::new(agent.port);
     c.get_host(M);
     c.wait_route(M);
@@ -572,8 +477,7 @@ fn call_statistics_reach_the_reporter_after_report_timeout() {
     let source = RouteSource::start();
     source.set_route(M, &nodes(2));
     let sink = reportsink::ReportSink::start();
-    let agent =
-        AgentProc::start_with_reporter(dir.path(), source.addr(), &sink.addr().to_string(), 1);
+    let agent = start_with_reporter(dir.path(), source.addr(), &sink.addr().to_string(), 1);
     let mut c = Client::new(agent.port);
     c.get_host(M);
     c.wait_route(M);
@@ -653,7 +557,7 @@ fn a_flood_of_a_million_unknown_modules_is_refused_and_the_agent_recovers() {
     let dir = tempfile::tempdir().unwrap();
     let source = RouteSource::start();
     source.set_route(M, &nodes(2));
-    let agent = AgentProc::start(dir.path(), source.addr(), 1);
+    let agent = start(dir.path(), source.addr(), 1);
     let pid = agent.child.as_ref().unwrap().id();
     let mut c = Client::new(agent.port);
     c.get_host(M);
@@ -781,7 +685,7 @@ fn an_unused_module_expires_and_its_subscription_is_dropped_at_the_route_server(
     let dir = tempfile::tempdir().unwrap();
     let source = RouteSource::start();
     source.set_route(M, &nodes(2));
-    let agent = AgentProc::start_with(
+    let agent = start_with(
         dir.path(),
         source.addr(),
         "127.0.0.1:1",
@@ -823,7 +727,7 @@ fn an_unused_module_expires_and_its_subscription_is_dropped_at_the_route_server(
 fn a_second_agent_on_the_same_heartbeat_path_refuses_to_start_and_names_the_first() {
     let dir = tempfile::tempdir().unwrap();
     let source = RouteSource::start();
-    let first = AgentProc::start(dir.path(), source.addr(), 1);
+    let first = start(dir.path(), source.addr(), 1);
     let first_pid = first.child.as_ref().unwrap().id();
     // Same file, another metrics port (so that only the heartbeat clashes).
     let config = dir.path().join("second.toml");
@@ -862,7 +766,7 @@ fn sigterm_delivers_the_statistics_every_shard_holds_to_the_reporter() {
     source.set_route(M, &nodes(2));
     let sink = reportsink::ReportSink::start();
     // report_timeout 600 s: nothing is sent before the stop.
-    let mut agent = AgentProc::start_with(
+    let mut agent = start_with(
         dir.path(),
         source.addr(),
         &sink.addr().to_string(),
@@ -916,7 +820,7 @@ fn get_route_and_the_route_cache_work_for_a_10000_node_module() {
     let big = ModuleId::new(77, 1);
     let route = big_route(10_000);
     source.set_route(big, &route);
-    let agent = AgentProc::start(dir.path(), source.addr(), 1);
+    let agent = start(dir.path(), source.addr(), 1);
     let mut c = Client::patient(agent.port, Duration::from_secs(3));
     c.get_host(big);
     c.wait_route(big);
@@ -957,7 +861,7 @@ fn silent_metrics_connections_are_bounded_and_closed_by_their_timeout() {
     use std::io::Read;
     let dir = tempfile::tempdir().unwrap();
     let source = RouteSource::start();
-    let agent = AgentProc::start(dir.path(), source.addr(), 1);
+    let agent = start(dir.path(), source.addr(), 1);
     // A scrape works, then 32 connections that never send a request
     // (lbagent::metrics_http::MAX_CONNECTIONS) fill the endpoint.
     wait_for(Duration::from_secs(10), || {
@@ -1026,7 +930,7 @@ fn the_client_library_holds_back_what_the_shedding_agent_would_reject() {
     source.set_route(M, &nodes(2));
     // Every window (5 requests; never ended by time) is overloaded: any
     // datagram waits more than 1 µs between the kernel and the shard.
-    let agent = AgentProc::start_with(
+    let agent = start_with(
         dir.path(),
         source.addr(),
         "127.0.0.1:1",

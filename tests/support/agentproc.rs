@@ -1,13 +1,15 @@
 //! The real agent binary as a child process, for the end-to-end tests of
-//! the client library (tests/client.rs) and of the shared-memory transport
-//! (tests/shm.rs). Include it after `common.rs`:
+//! the agent (tests/agent.rs), of the client library (tests/client.rs) and
+//! of the shared-memory transport (tests/shm.rs). Include it after
+//! `common.rs`:
 //! `#[path = "support/agentproc.rs"] mod agentproc;`.
 #![allow(dead_code)]
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::sync::RwLockReadGuard;
+use std::time::{Duration, Instant};
 
 use lbagent::agent::heartbeat::HeartbeatReader;
 use lbagent::agent::snapshot;
@@ -16,38 +18,73 @@ use lbagent::model::ModuleId;
 
 use super::common::{free_tcp_port, http_get, wait_for};
 
-/// A running agent: its directory (heartbeat, snapshot, config), its
-/// metrics address, and whether it offers shared-memory regions.
+/// A running agent: its directory (heartbeat, snapshot, config, its
+/// stderr in `agent.stderr`), its first shard's port, its metrics address,
+/// and whether it offers shared-memory regions.
 pub struct AgentProc {
     pub child: Option<Child>,
     pub dir: PathBuf,
     config: PathBuf,
+    /// Shard 0's UDP port (shard k's is `port + k`), as the heartbeat says.
+    pub port: u16,
     pub metrics: SocketAddr,
     shm: bool,
+    /// Held while the agent lives, let go after it is killed (a test file
+    /// that runs one test alone hands its other agents a read turn here).
+    pub turn: Option<RwLockReadGuard<'static, ()>>,
 }
 
 impl AgentProc {
+    /// The config file: on 127.0.0.1 (`base_port = 0`), snapshot every
+    /// second, heartbeat and snapshot in `dir`; `lb` and `agent` are extra
+    /// lines for those tables (`agent` may go on with further tables).
+    pub fn config_text(
+        dir: &Path,
+        route_server: SocketAddr,
+        reporter: &str,
+        shards: u32,
+        metrics: SocketAddr,
+        (lb, agent): (&str, &str),
+    ) -> String {
+        format!(
+            "[lb]\n{lb}\n[agent]\nbase_port = 0\nshards = {shards}\nroute_servers = [\"{route_server}\"]\nreporters = [\"{reporter}\"]\n\
+             heartbeat_path = \"{}\"\nsnapshot_path = \"{}\"\nsnapshot_interval = 1\nmetrics_addr = \"{metrics}\"\n{agent}\n",
+            dir.join("heartbeat").display(),
+            dir.join("routes.snapshot").display()
+        )
+    }
+
     /// An agent with `shards` shards pulling from `route_server`, reporting
     /// nowhere, writing its snapshot every second; `extra` is appended to
     /// the config (e.g. a `[shm]` table: then start also waits for the
     /// heartbeat to offer the regions).
     pub fn start(dir: &Path, route_server: SocketAddr, shards: u32, extra: &str) -> AgentProc {
+        Self::start_with(dir, route_server, "127.0.0.1:1", shards, ("", extra), None)
+    }
+
+    /// [`AgentProc::start`] reporting to `reporter`, with extra lines for
+    /// the `[lb]` and `[agent]` tables ([`AgentProc::config_text`]), holding
+    /// `turn` until the agent is killed.
+    pub fn start_with(
+        dir: &Path,
+        route_server: SocketAddr,
+        reporter: &str,
+        shards: u32,
+        extra: (&str, &str),
+        turn: Option<RwLockReadGuard<'static, ()>>,
+    ) -> AgentProc {
         let config = dir.join("lbagent.toml");
         let metrics = SocketAddr::from(([127, 0, 0, 1], free_tcp_port()));
-        let text = format!(
-            "[agent]\nbase_port = 0\nshards = {shards}\nroute_servers = [\"{route_server}\"]\n\
-             reporters = [\"127.0.0.1:1\"]\nheartbeat_path = \"{}\"\nsnapshot_path = \"{}\"\n\
-             snapshot_interval = 1\nmetrics_addr = \"{metrics}\"\n{extra}",
-            dir.join("heartbeat").display(),
-            dir.join("routes.snapshot").display(),
-        );
+        let text = Self::config_text(dir, route_server, reporter, shards, metrics, extra);
         std::fs::write(&config, text).unwrap();
         let mut a = AgentProc {
             child: None,
             dir: dir.to_path_buf(),
             config,
+            port: 0,
             metrics,
-            shm: extra.contains("[shm]"),
+            shm: extra.1.contains("[shm]"),
+            turn,
         };
         a.spawn();
         a
@@ -55,7 +92,9 @@ impl AgentProc {
 
     /// Starts the binary and waits until it beats in the heartbeat file
     /// (reused in place across restarts, as in production), and offers its
-    /// regions when it has any.
+    /// regions when it has any. Its stderr goes to `agent.stderr` in the
+    /// directory (for tests that read the log), or to the test's with
+    /// `LBAGENT_TEST_STDERR` set.
     pub fn spawn(&mut self) {
         let child = Command::new(env!("CARGO_BIN_EXE_lbagent"))
             .args(["agent", "--config", self.config.to_str().unwrap()])
@@ -63,19 +102,21 @@ impl AgentProc {
             .stderr(if std::env::var_os("LBAGENT_TEST_STDERR").is_some() {
                 Stdio::inherit()
             } else {
-                Stdio::null()
+                std::fs::File::create(self.dir.join("agent.stderr"))
+                    .map_or_else(|_| Stdio::null(), Stdio::from)
             })
             .spawn()
             .expect("start lbagent agent");
         let pid = child.id();
         self.child = Some(child);
-        wait_for(Duration::from_secs(20), || {
+        let port = wait_for(Duration::from_secs(20), || {
             let r = HeartbeatReader::open(&self.heartbeat_path()).ok()?;
             let h = r.read().ok()?;
             let offered = !self.shm || r.shm_prefix().ok()?.is_some();
-            (h.info.pid == pid && h.beat_unix_ms > 0 && offered).then_some(())
+            (h.info.pid == pid && h.beat_unix_ms > 0 && offered).then_some(h.info.base_port)
         })
         .expect("the agent beats (and offers its regions) within 20 s");
+        self.port = port;
     }
 
     pub fn heartbeat_path(&self) -> PathBuf {
@@ -117,9 +158,18 @@ impl AgentProc {
 
     /// SIGTERM, then waits for the process to exit (bounded).
     pub fn stop(&mut self) {
-        self.signal(libc::SIGTERM);
-        let mut c = self.child.take().unwrap();
-        wait_for(Duration::from_secs(10), || c.try_wait().unwrap()).expect("the agent stops");
+        self.sigterm();
+    }
+
+    /// SIGTERM, then waits for the process to exit (at most 10 s): its
+    /// exit code and how long it took.
+    pub fn sigterm(&mut self) -> (Option<i32>, Duration) {
+        let mut c = self.child.take().expect("running");
+        let t0 = Instant::now();
+        assert_eq!(unsafe { libc::kill(c.id() as i32, libc::SIGTERM) }, 0);
+        let status =
+            wait_for(Duration::from_secs(10), || c.try_wait().unwrap()).expect("the agent stops");
+        (status.code(), t0.elapsed())
     }
 
     /// The region file of `shard`, as the heartbeat names it.
