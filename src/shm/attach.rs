@@ -1,5 +1,6 @@
 //! A client thread's side of a region: claim a slot, publish a request,
-//! wait for its answer (spin briefly, then sleep on a futex), ring the
+//! wait for its answer (spin briefly, nap, then sleep on a futex: see
+//! [`super::wait`]), ring the
 //! shard's doorbell only while the shard is parked. It knows nothing of
 //! heartbeats or sockets: the caller gives it the region's path, the pid
 //! the heartbeat names, and a doorbell to ring.
@@ -11,25 +12,8 @@ use std::time::{Duration, Instant};
 use super::layout;
 use super::region::Region;
 use super::serve::reclaim_if_dead;
+use super::wait;
 use crate::agent::udp::realtime_ns;
-
-/// How long a waiting client spins before it sleeps on the futex. Short:
-/// on a host with fewer cores than busy threads a spinning client takes
-/// the core its shard needs; long enough for a polling shard's answer
-/// (about 2.5 µs here, README "Shared memory").
-pub const SPIN: Duration = Duration::from_micros(10);
-
-/// After the spin, a client that did not ring the doorbell (the shard was
-/// polling) naps: short futex waits that end by their own
-/// timeout, without telling the shard, so a busy shard answers it without
-/// a wake system call (the wake is the shard's largest cost otherwise:
-/// about half its time in `try_to_wake_up`, measured with perf).
-pub const NAP: Duration = Duration::from_micros(50);
-
-/// How long a client naps before it declares itself asleep and lets the
-/// shard wake it (an answer that takes longer: a register, a stopped or
-/// idle shard).
-pub const NAPS_FOR: Duration = Duration::from_micros(300);
 
 /// While asleep, a client wakes this often to ring the doorbell again if
 /// the shard still sleeps (a doorbell datagram can be lost).
@@ -66,6 +50,8 @@ pub struct Attachment {
     /// The last request rang the doorbell: the shard was parked, so it
     /// will be slower than a nap and idle enough to wake the client.
     rang: bool,
+    /// How long recent answers took ([`wait::smooth`]).
+    recent: Duration,
 }
 
 impl std::fmt::Debug for Attachment {
@@ -126,6 +112,7 @@ impl Attachment {
                         seq,
                         unacked: false,
                         rang: false,
+                        recent: Duration::ZERO,
                     });
                 }
             }
@@ -202,7 +189,8 @@ impl Attachment {
             {
                 split = report_len;
             } else {
-                self.wait_seq(self.seq, deadline, doorbell)?;
+                let took = self.wait_seq(self.seq, deadline, doorbell)?;
+                self.recent = wait::smooth(self.recent, took);
             }
             self.unacked = false;
         }
@@ -218,6 +206,11 @@ impl Attachment {
             .u64(base + layout::S_REQ_STAMP)
             .store(realtime_ns(), Ordering::Relaxed);
         word.store(self.seq, Ordering::SeqCst);
+        // Then the slot's pending bit: a shard that takes the bit finds
+        // the sequence (stored before it); one that parks meanwhile sees
+        // the bit, or this client sees it parked (both SeqCst).
+        let (off, bit) = layout::pending_bit(self.slot);
+        self.region.u64(off).fetch_or(bit, Ordering::SeqCst);
         self.unacked = !answer;
         // A report taken back carries its doorbell over: the shard it woke
         // is still on its way.
@@ -236,21 +229,29 @@ impl Attachment {
         ring
     }
 
-    /// Waits until the response sequence is `seq` or `deadline` passes.
+    /// Waits until the response sequence is `seq` or `deadline` passes;
+    /// returns how long it waited (zero if answered within the first
+    /// spins, before any clock read).
     fn wait_seq(
         &self,
         seq: u32,
         deadline: Instant,
         doorbell: &mut dyn FnMut(),
-    ) -> Result<(), ShmFailure> {
+    ) -> Result<Duration, ShmFailure> {
         let base = self.base();
         let resp = self.region.u32(base + layout::S_RESP_SEQ);
         let start = Instant::now();
+        let plan = wait::plan(self.recent);
         let mut spins = 0u32;
         loop {
             let seen = resp.load(Ordering::Acquire);
             if seen == seq {
-                return Ok(());
+                // Answered within the first spins: no clock read.
+                return Ok(if spins >= 64 {
+                    start.elapsed()
+                } else {
+                    Duration::ZERO
+                });
             }
             spins += 1;
             if spins % 64 != 0 {
@@ -264,15 +265,19 @@ impl Attachment {
             if now >= deadline {
                 return Err(ShmFailure::TimedOut);
             }
-            if now - start < SPIN {
+            let waited = now - start;
+            if waited < wait::SPIN {
                 std::hint::spin_loop();
                 continue;
             }
-            if !self.rang && now - start < NAPS_FOR {
+            if !self.rang && waited < plan.naps_for {
                 // A nap the shard need not end (it pays no wake).
                 self.ring_if_parked(doorbell);
-                self.region
-                    .futex_wait(base + layout::S_RESP_SEQ, seen, NAP.min(deadline - now));
+                self.region.futex_wait(
+                    base + layout::S_RESP_SEQ,
+                    seen,
+                    plan.nap.min(deadline - now),
+                );
                 continue;
             }
             let sleeping = self.region.u32(base + layout::S_SLEEPING);
@@ -280,7 +285,7 @@ impl Attachment {
             let seen = resp.load(Ordering::SeqCst);
             if seen == seq {
                 sleeping.store(0, Ordering::Relaxed);
-                return Ok(());
+                return Ok(start.elapsed());
             }
             self.ring_if_parked(doorbell);
             let nap = (deadline - now).min(RING_AGAIN);
@@ -301,7 +306,8 @@ impl Attachment {
         buf: &mut Vec<u8>,
         doorbell: &mut dyn FnMut(),
     ) -> Result<usize, ShmFailure> {
-        self.wait_seq(seq, deadline, doorbell)?;
+        let took = self.wait_seq(seq, deadline, doorbell)?;
+        self.recent = wait::smooth(self.recent, took);
         let base = self.base();
         let raw = self
             .region

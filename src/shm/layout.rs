@@ -18,6 +18,7 @@
 //! | 32 | 8 | boot id: random per agent start |
 //! | 40 | 4 | closed: 1 once the agent stopped serving the region |
 //! | 64 | 4 | parked: 1 while the shard sleeps (its own cache line) |
+//! | 128 | 8 × ⌈slots / 64⌉ | pending: bit `s % 64` of word `s / 64` set by slot `s`'s client after it publishes a request; the shard takes each word (swap to 0) and looks only at those slots |
 //!
 //! # Slot
 //!
@@ -43,8 +44,9 @@ use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 
 /// The header's magic word: the bytes `"LBSR"` read as a little-endian `u32`.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"LBSR");
-/// The layout version this code writes and reads.
-pub const VERSION: u32 = 1;
+/// The layout version this code writes and reads (2: clients set the
+/// pending bits, which version 1 had not).
+pub const VERSION: u32 = 2;
 /// The header's size: one page; slot 0 starts here.
 pub const HEADER_LEN: usize = 4096;
 
@@ -70,6 +72,29 @@ pub const H_BOOT: usize = 32;
 pub const H_CLOSED: usize = 40;
 /// See the table.
 pub const H_PARKED: usize = 64;
+/// See the table: the first pending word.
+pub const H_PENDING: usize = 128;
+
+/// The offset of the pending word that holds slot `slot`'s bit, and the bit.
+pub fn pending_bit(slot: u32) -> (usize, u64) {
+    (H_PENDING + 8 * (slot / 64) as usize, 1 << (slot % 64))
+}
+
+/// Pending words of a region of `slots` slots.
+pub fn pending_words(slots: u32) -> usize {
+    slots.div_ceil(64) as usize
+}
+
+/// The slots named by the bits of pending word `word` that a region of
+/// `slots` slots has (a bit past the last slot is garbage: skipped).
+pub fn pending_slots(word: usize, bits: u64, slots: u32) -> impl Iterator<Item = u32> {
+    let base = word as u64 * 64;
+    (0..64u64)
+        .filter(move |b| bits & (1 << b) != 0)
+        .map(move |b| base + b)
+        .filter(move |&s| s < u64::from(slots))
+        .map(|s| s as u32)
+}
 
 /// Slot offsets.
 pub const S_STATE: usize = 0;
@@ -306,6 +331,32 @@ mod tests {
         assert!(Geometry::from_header(4, s, 0, p, len).is_err());
         // u32::MAX slots of u32::MAX bytes: no overflow, refused.
         assert!(Geometry::from_header(u32::MAX, u32::MAX, r, p, u64::MAX).is_err());
+    }
+
+    #[test]
+    fn pending_bits_fit_the_header_and_name_only_real_slots() {
+        assert!(H_PENDING + 8 * pending_words(MAX_SLOTS) <= HEADER_LEN);
+        assert!(
+            H_PENDING >= H_PARKED + 64,
+            "parked keeps its own cache line"
+        );
+        assert_eq!(pending_words(1), 1);
+        assert_eq!(pending_words(64), 1);
+        assert_eq!(pending_words(65), 2);
+        assert_eq!(pending_bit(0), (H_PENDING, 1));
+        assert_eq!(pending_bit(63), (H_PENDING, 1 << 63));
+        assert_eq!(pending_bit(64), (H_PENDING + 8, 1));
+        for s in [0, 5, 63, 64, 100, MAX_SLOTS - 1] {
+            let (off, bit) = pending_bit(s);
+            let word = (off - H_PENDING) / 8;
+            assert_eq!(pending_slots(word, bit, MAX_SLOTS).collect::<Vec<_>>(), [s]);
+        }
+        // Bits past the last slot (a client's garbage) name nothing.
+        assert_eq!(
+            pending_slots(1, u64::MAX, 70).collect::<Vec<_>>(),
+            [64, 65, 66, 67, 68, 69]
+        );
+        assert_eq!(pending_slots(2, u64::MAX, 70).count(), 0);
     }
 
     #[test]

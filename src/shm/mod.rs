@@ -8,11 +8,13 @@
 //! - [`region`]: the mapping, atomics, futex and pid calls (the only
 //!   `unsafe` of the transport);
 //! - [`serve`]: the shard's side; [`attach`]: a client thread's side.
+//! - [`wait`]: how a waiting client spins, naps and sleeps (pure).
 
 pub mod attach;
 pub mod layout;
 pub mod region;
 pub mod serve;
+pub mod wait;
 
 /// The region file of shard `shard`, given the prefix the heartbeat names.
 pub fn region_path(prefix: &std::path::Path, shard: u32) -> std::path::PathBuf {

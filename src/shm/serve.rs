@@ -51,6 +51,8 @@ pub struct Server {
     buf: Vec<u8>,
     /// When the previous sweep started (ns, realtime).
     visited_ns: u64,
+    /// The slots the current sweep looks at ([`Server::ready`]).
+    ready: Vec<u32>,
     /// The counters.
     pub counts: ShmCounts,
 }
@@ -81,6 +83,7 @@ impl Server {
             held: vec![None; slots],
             buf: vec![0; req_cap],
             visited_ns: 0,
+            ready: Vec::with_capacity(slots),
             counts: ShmCounts::default(),
         }
     }
@@ -248,16 +251,60 @@ impl Server {
         self.region.truncated()
     }
 
-    /// True when some slot holds a request not yet taken.
+    /// Collects the slots a sweep should look at and returns how many
+    /// ([`Server::ready_slot`] gives them): those whose pending bit their
+    /// client set since the last sweep (each pending word is taken, swapped
+    /// to 0, only if it is not 0 already), or with `full` every slot that
+    /// holds a request not yet taken, whatever its bit says (a client
+    /// that does not set it is served by these full sweeps only). A bit is
+    /// only a hint: [`Server::take`] checks the slot itself.
+    pub fn ready(&mut self, full: bool) -> usize {
+        self.ready.clear();
+        let slots = self.slots();
+        for w in 0..layout::pending_words(slots) {
+            let word = self.region.u64(layout::H_PENDING + 8 * w);
+            if word.load(Ordering::Relaxed) == 0 {
+                continue;
+            }
+            let bits = word.swap(0, Ordering::AcqRel);
+            if !full {
+                self.ready.extend(layout::pending_slots(w, bits, slots));
+            }
+        }
+        if full {
+            for s in 0..slots {
+                if self.has_request(s, Ordering::Acquire) {
+                    self.ready.push(s);
+                }
+            }
+        }
+        self.ready.len()
+    }
+
+    /// The `i`th slot [`Server::ready`] collected.
+    pub fn ready_slot(&self, i: usize) -> u32 {
+        self.ready[i]
+    }
+
+    fn has_request(&self, s: u32, order: Ordering) -> bool {
+        let w = self
+            .region
+            .u32(self.g().slot_offset(s) + layout::S_REQ_SEQ)
+            .load(order);
+        w & layout::TAKEN == 0 && w != self.last[s as usize]
+    }
+
+    /// True when some slot holds a request not yet taken (every slot is
+    /// looked at, whatever the pending bits say), or some pending bit is
+    /// set.
     pub fn pending(&self) -> bool {
-        (0..self.slots()).any(|s| {
-            let base = self.g().slot_offset(s);
-            let w = self
-                .region
-                .u32(base + layout::S_REQ_SEQ)
-                .load(Ordering::SeqCst);
-            w & layout::TAKEN == 0 && w != self.last[s as usize]
-        })
+        let words = layout::pending_words(self.slots());
+        (0..words).any(|w| {
+            self.region
+                .u64(layout::H_PENDING + 8 * w)
+                .load(Ordering::SeqCst)
+                != 0
+        }) || (0..self.slots()).any(|s| self.has_request(s, Ordering::SeqCst))
     }
 
     /// Says the shard is about to sleep: a client that publishes a request
