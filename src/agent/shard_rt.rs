@@ -255,6 +255,10 @@ pub async fn run(parts: ShardParts) {
                     glommio::yield_if_needed().await;
                     continue;
                 }
+                // Let the clients on this core run: their next requests
+                // are what the spin waits for (on a core of its own the
+                // call returns at once).
+                udp::yield_core();
                 let since = *quiet_since.get_or_insert_with(Instant::now);
                 if since.elapsed() < SHARD_SPIN {
                     glommio::yield_if_needed().await;
