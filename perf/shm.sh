@@ -2,8 +2,10 @@
 # perf/shm.sh: the shared-memory transport against UDP and the UDP floor
 # (issue 16), same run: for 1 and 2 shards, getHost + report and getHost
 # only, ROUNDS rounds of SECONDS s with 30 qpstest threads, medians per
-# cell; then the idle CPU of a parked agent with 30 attached clients.
-# Prints a Markdown table. Environment: SECONDS_EACH (3), ROUNDS (3).
+# cell; then latency where the agent keeps up (1 and 2 threads, clients
+# off the shard's core); then the idle CPU of a parked agent with 30
+# attached clients. Prints Markdown tables. Environment: SECONDS_EACH (3),
+# ROUNDS (3), KEEPUP (1; 0 skips the latency table).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 SECONDS_EACH=${SECONDS_EACH:-3}
@@ -53,6 +55,38 @@ for shards in 1 2; do
     done
   done
 done
+
+# Latency where the agent keeps up: 1 and 2 client threads, getHost only,
+# the clients kept off core 0, where the standalone agent pins its shard
+# (taskset; the shard sets its own affinity), UDP and shared memory back to
+# back in each round, medians of ROUNDS. Set KEEPUP=0 to skip.
+if [[ ${KEEPUP:-1} != 0 ]]; then
+  last=$(($(nproc) - 1))
+  pin=()
+  ((last > 0)) && pin=(taskset -c "1-$last")
+  echo
+  echo "| client threads | transport | wall getHost/s | getHost per agent CPU-s | p50 µs | p99 µs | errors |"
+  echo "|---:|---|---:|---:|---:|---:|---:|"
+  for threads in 1 2; do
+    : >"$scratch/udp" ; : >"$scratch/shm"
+    for _ in $(seq "$ROUNDS"); do
+      for t in udp shm; do
+        json="$scratch/keepup.json"
+        "${pin[@]}" "$LBAGENT" qpstest --json --threads "$threads" --duration "$SECONDS_EACH" \
+          --no-report --standalone --shards 1 --transport "$t" >"$json" 2>/dev/null || true
+        echo "$(json_number "$json" qps) $(json_number "$json" get_hosts_per_server_cpu_second) \
+$(json_number "$json" p50) $(json_number "$json" p99) $(json_number "$json" error_total)" >>"$scratch/$t"
+      done
+    done
+    for t in udp shm; do
+      printf '| %s | %s | %.0f | %.0f | %.1f | %.1f | %s |\n' "$threads" \
+        "$([[ $t == udp ]] && echo "UDP agent" || echo "shared memory")" \
+        "$(cut -d' ' -f1 "$scratch/$t" | median)" "$(cut -d' ' -f2 "$scratch/$t" | median)" \
+        "$(cut -d' ' -f3 "$scratch/$t" | median)" "$(cut -d' ' -f4 "$scratch/$t" | median)" \
+        "$(cut -d' ' -f5 "$scratch/$t" | awk '{ s += $1 } END { print s }')"
+    done
+  done
+fi
 
 # Idle: 30 threads each take one host and hold it 12 s without a call:
 # the agent's CPU over the 8 s run is that of a parked agent with 30
