@@ -369,3 +369,90 @@ pub fn reclaim_if_dead(region: &Region, slot: u32) -> bool {
         .compare_exchange(owner, layout::FREE, Ordering::AcqRel, Ordering::Relaxed)
         .is_ok()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::shm::region::{Access, Identity};
+
+    /// A region of 70 slots (two pending words) and its server; `publish`
+    /// stores a request of 3 bytes in a slot as a client does, with or
+    /// without its pending bit.
+    fn setup(dir: &std::path::Path) -> (Server, Region) {
+        let path = dir.join("r.0");
+        let ident = Identity {
+            shard: 0,
+            pid: std::process::id(),
+            boot: 1,
+        };
+        let made = Region::create(&path, Geometry::new(70), ident, Access::Owner).unwrap();
+        (Server::new(made), Region::open(&path).unwrap())
+    }
+
+    fn publish(client: &Region, slot: u32, seq: u32, bit: bool) {
+        let base = client.geometry().slot_offset(slot);
+        client.copy_in(base + layout::S_DATA, b"abc");
+        client
+            .u32(base + layout::S_REQ_LEN)
+            .store(3, Ordering::Relaxed);
+        client
+            .u32(base + layout::S_REQ_SEQ)
+            .store(seq, Ordering::SeqCst);
+        if bit {
+            let (off, b) = layout::pending_bit(slot);
+            client.u64(off).fetch_or(b, Ordering::SeqCst);
+        }
+    }
+
+    fn ready_slots(srv: &mut Server, full: bool) -> Vec<u32> {
+        let n = srv.ready(full);
+        (0..n).map(|i| srv.ready_slot(i)).collect()
+    }
+
+    #[test]
+    fn a_sweep_looks_at_the_slots_whose_bits_are_set_and_a_full_one_at_all() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut srv, client) = setup(dir.path());
+        assert!(!srv.pending());
+        assert!(ready_slots(&mut srv, false).is_empty());
+        publish(&client, 3, 1, true);
+        publish(&client, 66, 1, true);
+        // A request without its bit: not seen by a bit sweep, but by the
+        // park check and by a full sweep.
+        publish(&client, 9, 1, false);
+        assert!(srv.pending());
+        assert_eq!(ready_slots(&mut srv, false), [3, 66]);
+        // The bits were taken.
+        assert_eq!(client.u64(layout::H_PENDING).load(Ordering::SeqCst), 0);
+        assert_eq!(client.u64(layout::H_PENDING + 8).load(Ordering::SeqCst), 0);
+        for s in [3, 66] {
+            assert_eq!(srv.take(s, 0, 0).map(|t| t.len), Some(3));
+        }
+        assert!(srv.pending(), "slot 9 still waits");
+        assert_eq!(ready_slots(&mut srv, true), [9]);
+        assert!(srv.take(9, 0, 0).is_some());
+        assert!(!srv.pending());
+    }
+
+    #[test]
+    fn stale_or_garbage_bits_name_nothing_to_take() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut srv, client) = setup(dir.path());
+        publish(&client, 5, 1, true);
+        assert_eq!(ready_slots(&mut srv, false), [5]);
+        assert!(srv.take(5, 0, 0).is_some());
+        // The bit set again with no new request, and bits past slot 69.
+        client
+            .u64(layout::H_PENDING)
+            .fetch_or(1 << 5, Ordering::SeqCst);
+        client
+            .u64(layout::H_PENDING + 8)
+            .store(u64::MAX, Ordering::SeqCst);
+        assert_eq!(ready_slots(&mut srv, false), [5, 64, 65, 66, 67, 68, 69]);
+        for s in [5, 64, 65, 66, 67, 68, 69] {
+            assert_eq!(srv.take(s, 0, 0), None);
+        }
+        // Taken: the next park check finds nothing.
+        assert!(!srv.pending());
+    }
+}
