@@ -5,7 +5,8 @@
 # cell; then latency where the agent keeps up (1 and 2 threads, clients
 # off the shard's core); then the idle CPU of a parked agent with 30
 # attached clients. Prints Markdown tables. Environment: SECONDS_EACH (3),
-# ROUNDS (3), KEEPUP (1; 0 skips the latency table).
+# ROUNDS (3), KEEPUP (1; 0 skips the latency table). With N shards the
+# threads spread over N modules, one per shard, so every shard has work.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 SECONDS_EACH=${SECONDS_EACH:-3}
@@ -35,8 +36,8 @@ for shards in 1 2; do
     : >"$scratch/floor" ; : >"$scratch/udp" ; : >"$scratch/shm"
     for _ in $(seq "$ROUNDS"); do
       run --floor "${extra[@]}" >>"$scratch/floor"
-      run --standalone --shards "$shards" --transport udp "${extra[@]}" >>"$scratch/udp"
-      run --standalone --shards "$shards" --transport shm "${extra[@]}" >>"$scratch/shm"
+      run --standalone --shards "$shards" --modules "$shards" --transport udp "${extra[@]}" >>"$scratch/udp"
+      run --standalone --shards "$shards" --modules "$shards" --transport shm "${extra[@]}" >>"$scratch/shm"
     done
     fc=$(cut -d' ' -f2 "$scratch/floor" | median)
     for t in floor udp shm; do
