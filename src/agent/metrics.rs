@@ -162,6 +162,9 @@ pub struct ShardMetrics {
     pub queuing_buckets: [u64; QUEUING_BUCKETS_US.len() + 1],
     /// Sum of the queuing times counted, µs.
     pub queuing_sum_us: u64,
+    /// getHosts by priority class and queuing time: per class, one count
+    /// per bucket of [`QUEUING_BUCKETS_US`], then +Inf.
+    pub gethost_queuing: [[u64; QUEUING_BUCKETS_US.len() + 1]; CLASSES],
     /// The shared-memory transport's counters (zero without `[shm]`).
     pub shm: crate::shm::serve::ShmCounts,
     /// Modules with downstream levels and the most permissive one (gauge;
@@ -216,6 +219,7 @@ impl ShardMetrics {
             downstream_rejected: [0; CLASSES],
             queuing_buckets: [0; QUEUING_BUCKETS_US.len() + 1],
             queuing_sum_us: 0,
+            gethost_queuing: [[0; QUEUING_BUCKETS_US.len() + 1]; CLASSES],
             shm: Default::default(),
             module_levels: Vec::new(),
         }
@@ -252,14 +256,22 @@ impl ShardMetrics {
         }
     }
 
-    /// Records one datagram's queuing time, µs.
-    pub fn record_queuing_us(&mut self, us: u64) {
+    /// Records one datagram's queuing time, µs; returns its bucket (for
+    /// [`ShardMetrics::record_gethost_queuing`]).
+    pub fn record_queuing_us(&mut self, us: u64) -> usize {
         let i = QUEUING_BUCKETS_US
             .iter()
             .position(|&b| us <= b)
             .unwrap_or(QUEUING_BUCKETS_US.len());
         self.queuing_buckets[i] += 1;
         self.queuing_sum_us = self.queuing_sum_us.saturating_add(us);
+        i
+    }
+
+    /// Counts a getHost of priority class `class` in queuing-time bucket
+    /// `bucket` (as [`ShardMetrics::record_queuing_us`] returned it).
+    pub fn record_gethost_queuing(&mut self, class: usize, bucket: usize) {
+        self.gethost_queuing[class][bucket] += 1;
     }
 
     /// Records one getHost's service time, ns.
@@ -593,6 +605,7 @@ pub fn render(shards: &[ShardMetrics], control: &ControlMetrics) -> String {
         );
     }
     render_admission(o, shards);
+    render_gethost_queuing(o, shards);
     let c = control;
     family(
         o,
@@ -794,6 +807,45 @@ fn render_admission(o: &mut String, shards: &[ShardMetrics]) {
     }
 }
 
+/// getHosts' queuing time by priority class (classes seen only): the
+/// figure DAGOR protects is the important classes' wait.
+fn render_gethost_queuing(o: &mut String, shards: &[ShardMetrics]) {
+    family(
+        o,
+        "lbagent_gethost_queuing_seconds",
+        "histogram",
+        "getHosts by business-priority class and queuing time in the shard's socket (kernel receive timestamp to handling).",
+    );
+    for m in shards {
+        let s = m.shard.to_string();
+        for (c, class) in CLASS_LABELS.iter().enumerate() {
+            let counts = &m.gethost_queuing[c];
+            if counts.iter().all(|&n| n == 0) {
+                continue;
+            }
+            let mut cumulative = 0u64;
+            for (i, &n) in counts.iter().enumerate() {
+                cumulative += n;
+                let le = QUEUING_BUCKETS_US
+                    .get(i)
+                    .map_or_else(|| "+Inf".to_string(), |&us| (us as f64 / 1e6).to_string());
+                sample(
+                    o,
+                    "lbagent_gethost_queuing_seconds_bucket",
+                    &[("shard", &s), ("class", class), ("le", &le)],
+                    cumulative as f64,
+                );
+            }
+            sample(
+                o,
+                "lbagent_gethost_queuing_seconds_count",
+                &[("shard", &s), ("class", class)],
+                cumulative as f64,
+            );
+        }
+    }
+}
+
 fn family(o: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} {kind}");
 }
@@ -837,6 +889,8 @@ mod tests {
         for us in [5, 10, 11, 3_000, 1_000_000] {
             m.record_queuing_us(us);
         }
+        let b = m.record_queuing_us(400);
+        m.record_gethost_queuing(priority_class(5), b);
         let text = render(&[m], &ControlMetrics::default());
         for want in [
             "lbagent_admission_level{shard=\"0\",part=\"business\"} 20\n",
@@ -846,14 +900,21 @@ mod tests {
             "lbagent_gethost_priority_total{shard=\"0\",class=\"128\",outcome=\"rejected_self\"} 1\n",
             "lbagent_gethost_priority_total{shard=\"0\",class=\"1\",outcome=\"rejected_downstream\"} 3\n",
             "lbagent_queuing_seconds_bucket{shard=\"0\",le=\"0.00001\"} 2\n",
+            "lbagent_gethost_queuing_seconds_bucket{shard=\"0\",class=\"4-7\",le=\"0.00025\"} 0\n",
+            "lbagent_gethost_queuing_seconds_bucket{shard=\"0\",class=\"4-7\",le=\"0.0005\"} 1\n",
+            "lbagent_gethost_queuing_seconds_count{shard=\"0\",class=\"4-7\"} 1\n",
             "lbagent_queuing_seconds_bucket{shard=\"0\",le=\"0.000025\"} 3\n",
-            "lbagent_queuing_seconds_bucket{shard=\"0\",le=\"0.005\"} 4\n",
-            "lbagent_queuing_seconds_bucket{shard=\"0\",le=\"+Inf\"} 5\n",
-            "lbagent_queuing_seconds_count{shard=\"0\"} 5\n",
-            "lbagent_queuing_seconds_sum{shard=\"0\"} 1.003026\n",
+            "lbagent_queuing_seconds_bucket{shard=\"0\",le=\"0.005\"} 5\n",
+            "lbagent_queuing_seconds_bucket{shard=\"0\",le=\"+Inf\"} 6\n",
+            "lbagent_queuing_seconds_count{shard=\"0\"} 6\n",
+            "lbagent_queuing_seconds_sum{shard=\"0\"} 1.003426\n",
         ] {
             assert!(text.contains(want), "missing {want}");
         }
+        assert!(
+            !text.contains("lbagent_gethost_queuing_seconds_bucket{shard=\"0\",class=\"1\""),
+            "a class without getHosts has no series"
+        );
     }
 
     #[test]

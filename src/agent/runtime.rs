@@ -68,6 +68,9 @@ impl Agent {
             a.shards
         };
         let sockets = retry_in_use(|| bind_shards(a.bind, a.base_port, shards))?;
+        if a.udp_rcvbuf_bytes != 0 {
+            size_receive_buffers(&sockets, a.udp_rcvbuf_bytes)?;
+        }
         let ports: Vec<u16> = sockets
             .iter()
             .map(|s| s.local_addr().map(|a| a.port()).unwrap_or(0))
@@ -358,6 +361,28 @@ fn in_use(e: &anyhow::Error) -> bool {
         c.downcast_ref::<std::io::Error>()
             .is_some_and(|io| io.kind() == std::io::ErrorKind::AddrInUse)
     })
+}
+
+/// Sets every shard socket's receive buffer (`agent.udp_rcvbuf_bytes`) and
+/// says what the kernel made of it, once; a size the kernel capped
+/// (`net.core.rmem_max`) is a warning naming the cap, not an error.
+fn size_receive_buffers(sockets: &[UdpSocket], bytes: u32) -> anyhow::Result<()> {
+    use std::os::fd::AsRawFd;
+    let mut got = 0;
+    for s in sockets {
+        got = super::udp::set_rcvbuf(s.as_raw_fd(), bytes)
+            .with_context(|| format!("cannot set agent.udp_rcvbuf_bytes = {bytes} (SO_RCVBUF)"))?;
+    }
+    // Linux reports twice the size asked; less means it was capped.
+    if got < bytes as usize {
+        tracing::warn!(
+            "agent.udp_rcvbuf_bytes = {bytes}: the kernel holds {got} bytes per shard socket \
+             (capped by net.core.rmem_max; raise it to get the size asked)"
+        );
+    } else {
+        tracing::info!("shard receive buffers: {got} bytes as the kernel counts them (agent.udp_rcvbuf_bytes = {bytes})");
+    }
+    Ok(())
 }
 
 /// Binds shard i on `base + i`. With `base == 0`, finds a free range.

@@ -322,13 +322,22 @@ impl ShardCore {
     ) -> Option<&[u8]> {
         self.last_kind = None;
         let mut shed = false;
+        let mut bucket = None;
         if let Some(q) = queued {
-            self.metrics.record_queuing_us(q.waited_us);
+            bucket = Some(self.metrics.record_queuing_us(q.waited_us));
             if let Some(a) = self.shedding.as_mut() {
                 if let Some(o) = a.started(q.now_us, q.waited_us) {
                     self.metrics.self_level = o.after;
                 }
                 shed = true;
+            }
+        }
+        if shed {
+            // The shed path: a getHost read straight from the bytes (no
+            // verifier; anything it cannot vouch for takes the full decode
+            // below), so that a rejection costs a fraction of an answer.
+            if let Some(g) = wire::peek_get_host(datagram, Limits::UDP.max_len) {
+                return self.get_host(g, now, shed, bucket);
             }
         }
         let msg = match wire::decode(datagram, &Limits::UDP) {
@@ -340,7 +349,7 @@ impl ShardCore {
         };
         match msg {
             Message::GetHostReq(r) => match r.validate() {
-                Ok(g) => self.get_host(g, now, shed),
+                Ok(g) => self.get_host(g, now, shed, bucket),
                 Err(e) => self.bad_request(
                     Kind::GetHost,
                     u64::from(r.seq()),
@@ -763,16 +772,29 @@ impl ShardCore {
         )
     }
 
-    fn get_host(&mut self, g: wire::GetHost, now: Millis, shed: bool) -> Option<&[u8]> {
+    /// A getHost; `shed`: the shard's own level applies; `bucket`: its
+    /// queuing-time bucket, when the kernel stamped it.
+    fn get_host(
+        &mut self,
+        g: wire::GetHost,
+        now: Millis,
+        shed: bool,
+        bucket: Option<usize>,
+    ) -> Option<&[u8]> {
         let (seq, module) = (g.seq, g.module);
-        if !self.admit(Kind::GetHost, u64::from(seq), module, now) {
-            return Some(self.enc.finished());
-        }
         let class = priority_class(g.business_priority);
-        if shed {
+        if let Some(b) = bucket {
+            self.metrics.record_gethost_queuing(class, b);
+        }
+        // Shed below the shard's own level before anything else: no
+        // module lookup, no LB work (a getHost for another shard's module
+        // is answered WrongShard below, as without shedding).
+        if shed && module.shard(self.setup.shards) == self.setup.id {
             if let Some(a) = self.shedding.as_mut() {
                 if !a.admit(g.business_priority, g.user_priority) {
                     let level = a.level();
+                    self.last_kind = Some(Kind::GetHost);
+                    self.metrics.count_request(Kind::GetHost);
                     self.metrics.self_rejected[class] += 1;
                     self.metrics.count_error(Kind::GetHost);
                     return Some(self.enc.get_host_resp(
@@ -784,6 +806,9 @@ impl ShardCore {
                     ));
                 }
             }
+        }
+        if !self.admit(Kind::GetHost, u64::from(seq), module, now) {
+            return Some(self.enc.finished());
         }
         if let Err(why) = self.ensure(module, now) {
             return Some(self.refuse(Kind::GetHost, u64::from(seq), module, why));

@@ -80,6 +80,53 @@ pub fn yield_core() {
     unsafe { libc::sched_yield() };
 }
 
+/// Sets `fd`'s receive buffer (`SO_RCVBUF`) to `bytes` and returns the
+/// size the kernel then reports: it doubles the value (its own bookkeeping
+/// per datagram) and caps it at twice `net.core.rmem_max`.
+///
+/// # Errors
+/// The system refused the option.
+pub fn set_rcvbuf(fd: RawFd, bytes: u32) -> io::Result<usize> {
+    let v = bytes.min(i32::MAX as u32) as libc::c_int;
+    // SAFETY: a valid option value of the right size.
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUF,
+            (&v as *const libc::c_int).cast(),
+            size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    rcvbuf(fd)
+}
+
+/// `fd`'s receive buffer as the kernel reports it (`SO_RCVBUF`), bytes.
+///
+/// # Errors
+/// The descriptor is not a socket.
+pub fn rcvbuf(fd: RawFd) -> io::Result<usize> {
+    let mut v: libc::c_int = 0;
+    let mut len = size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: a pointer to a live int and its length.
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUF,
+            (&mut v as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(v.max(0) as usize)
+}
+
 /// Now on `CLOCK_REALTIME` (the clock of the kernel's receive
 /// timestamps), nanoseconds since the epoch.
 pub fn realtime_ns() -> u64 {
@@ -382,6 +429,15 @@ mod tests {
         // The stamp lies between the send and the receive (a microsecond
         // stamp may round down below `before` by under 1 µs).
         assert!(at + 1000 >= before && at <= after, "{before} {at} {after}");
+    }
+
+    #[test]
+    fn the_receive_buffer_is_set_and_read_back() {
+        let s = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let got = set_rcvbuf(s.as_raw_fd(), 8192).unwrap();
+        // Linux doubles it; another kernel may not.
+        assert!(got >= 8192, "{got}");
+        assert_eq!(rcvbuf(s.as_raw_fd()).unwrap(), got);
     }
 
     #[test]

@@ -234,6 +234,12 @@ pub struct AgentConfig {
     /// The most modules without a route one shard remembers at once;
     /// requests for further unknown modules are refused.
     pub max_unknown_modules: u32,
+    /// Each shard socket's receive buffer (`SO_RCVBUF`), bytes; 0 leaves
+    /// the system default (`net.core.rmem_default`). It bounds how long a
+    /// datagram can wait in the kernel: about the datagrams it holds over
+    /// the shard's service rate. The kernel doubles the value and caps it
+    /// at `net.core.rmem_max`.
+    pub udp_rcvbuf_bytes: u32,
 }
 
 impl Default for AgentConfig {
@@ -253,6 +259,7 @@ impl Default for AgentConfig {
             unknown_module_ttl_ms: 1000,
             max_modules: 1 << 20,
             max_unknown_modules: 1024,
+            udp_rcvbuf_bytes: 0,
         }
     }
 }
@@ -581,6 +588,14 @@ impl Config {
             1,
             1 << 20,
         )?;
+        let r = a.udp_rcvbuf_bytes;
+        if r != 0 && !(MIN_RCVBUF..=MAX_RCVBUF).contains(&r) {
+            return Err(ConfigError::Invalid {
+                field: "agent.udp_rcvbuf_bytes",
+                value: r.to_string(),
+                allowed: format!("0 (the system default) or {MIN_RCVBUF}..={MAX_RCVBUF}"),
+            });
+        }
 
         if let Err(e) = self.store.url.parse::<crate::store::StoreUrl>() {
             return Err(ConfigError::Invalid {
@@ -650,6 +665,12 @@ impl Config {
         Ok(())
     }
 }
+
+/// The smallest `agent.udp_rcvbuf_bytes` other than 0: a few datagrams
+/// (the kernel counts each datagram's buffer, about 1 KiB for a small one).
+const MIN_RCVBUF: u32 = 4096;
+/// The largest `agent.udp_rcvbuf_bytes`: 64 MiB, seconds of datagrams.
+const MAX_RCVBUF: u32 = 64 << 20;
 
 fn in_range<T: PartialOrd + std::fmt::Display>(
     field: &'static str,

@@ -266,8 +266,27 @@ fn the_module_bounds_are_checked() {
         ),
         ("agent.module_idle_timeout=0", "agent.module_idle_timeout"),
         ("agent.max_modules=0", "agent.max_modules"),
+        ("agent.udp_rcvbuf_bytes=100", "agent.udp_rcvbuf_bytes"),
+        ("agent.udp_rcvbuf_bytes=67108865", "agent.udp_rcvbuf_bytes"),
     ] {
         let e = Config::load(None, &set(arg)).unwrap_err().to_string();
         assert!(e.starts_with(field) && e.contains("allowed"), "{arg}: {e}");
     }
+}
+
+#[test]
+fn the_receive_buffer_is_the_system_default_or_a_bounded_size() {
+    let set = |s: &str| vec![s.to_string()];
+    assert_eq!(Config::default().agent.udp_rcvbuf_bytes, 0);
+    for ok in ["0", "4096", "65536", "67108864"] {
+        let c = Config::load(None, &set(&format!("agent.udp_rcvbuf_bytes={ok}"))).unwrap();
+        assert_eq!(c.agent.udp_rcvbuf_bytes.to_string(), ok);
+    }
+    let e = Config::load(None, &set("agent.udp_rcvbuf_bytes=4095"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.starts_with("agent.udp_rcvbuf_bytes") && e.contains("0 (the system default) or 4096..="),
+        "{e}"
+    );
 }

@@ -26,12 +26,14 @@ pub mod fb;
 mod decode;
 mod encode;
 pub mod frame;
+mod peek;
 mod validate;
 mod values;
 
 pub use decode::{decode, DecodeError, Limits, Message, MIN_LEN};
 pub use encode::Encoder;
 pub use fb::RetCode;
+pub use peek::peek_get_host;
 pub use frame::{write_frame, FrameDecoder, FrameError, MAX_FRAME_LEN};
 pub use validate::{
     BatchReport, GetHost, Pull, Register, Unchanged, ValidationError, MAX_CONSUMED, MAX_PRIORITY,
