@@ -1,34 +1,36 @@
 //! The agent's self-protection (issue 12 item 4, DAGOR on the agent's own
 //! shards), measured on loopback against an embedded agent with one shard.
 //!
-//! 1. Saturation: open-loop senders flood the shard as fast as they can
-//!    (shedding off); the answered rate is the shard's saturation rate S.
-//! 2. At 2·S, open loop, with the priority mix (business priority 5 for
-//!    20% of the getHosts, 60 for 80%; user priorities uniform), three
-//!    runs: shedding off; `admission.agent_shedding` on; on, with callers
-//!    that hold back below the level the shard attaches to its answers,
-//!    decided by the client library's own [`HoldBack`] (the table
-//!    `Client`'s uncached getHost consults; default freshness 100 ms), one
-//!    per sender, fed by that sender's answers. The senders stay open-loop
-//!    raw-UDP generators (a synchronous `Client` per thread could not offer
-//!    2× the shard's rate from a few threads); the hold-back decision is
-//!    the library's. A getHost a caller holds back counts as rejected.
+//! Placement: the shard's executor is pinned to CPU 0 (the agent pins shard
+//! i to CPU i); this runner pins its sender and receiver threads to the
+//! other CPUs (`sched_setaffinity`), so that the shard's queuing time is
+//! the shard's, not the generator's. The senders are cheap: pre-encoded
+//! requests with the sequence number patched in, `sendmmsg` batches, and
+//! pacing that sleeps while nothing is due.
 //!
-//! The two shedding runs are repeated with the shard socket's receive
-//! buffer set to `--rcvbuf` bytes (`SO_RCVBUF`, set by this runner on the
-//! embedded agent's socket; the kernel doubles it): a short kernel queue
-//! bounds how long any datagram can wait, at the price of drops that do
-//! not look at priorities.
+//! 1. Saturation: paced senders at doubling rates, shedding off; the most
+//!    the shard answered is its saturation rate S.
+//! 2. The kernel's cost of a small datagram in a receive buffer (a socket
+//!    filled without reading), from which the sized buffer for the
+//!    threshold follows: `threshold × S × bytes per datagram / 2` (the
+//!    kernel doubles `SO_RCVBUF`), unless `--rcvbuf` gives one.
+//! 3. At 2·S, open loop, with the priority mix (business priority 5 for
+//!    20% of the getHosts, 60 for 80%; user priorities uniform): shedding
+//!    off; `admission.agent_shedding` on; on, with callers that hold back
+//!    below the level the shard attaches to its answers, decided by the
+//!    client library's own [`HoldBack`] (one per sender, fed by that
+//!    sender's answers; default freshness 100 ms). The two shedding runs
+//!    are repeated with `agent.udp_rcvbuf_bytes` set to the sized buffer.
+//!    A getHost a caller holds back counts as rejected.
 //!
-//! Per class: answered / Rejected / unanswered shares and the round trip
-//! of the answered getHosts; the shard's own queuing-time histogram
-//! (`lbagent_queuing_seconds`, all datagrams), read from its /metrics; and
-//! the CPU this process (agent and senders together) used per second of
-//! the measured part, in cores: at 2.0 on a 2-core machine the run is
-//! CPU-bound, and the senders and the shard take turns on the cores.
+//! Per class: offered rate, answered / Rejected / unanswered shares, the
+//! round trip of the answered getHosts, and the shard's queuing time of
+//! that class's getHosts (`lbagent_gethost_queuing_seconds`, p50 / p99 as
+//! the bucket bounds that hold them); then the queuing time of all
+//! datagrams, the CPU this process used (cores) and the load average.
 //!
 //! ```text
-//! cargo bench --bench agent_overload -- [--seconds 3] [--senders 4] [--threshold-us 500] [--rcvbuf 32768]
+//! nice -n -15 cargo bench --locked --bench agent_overload -- [--seconds 2] [--senders 1] [--threshold-us 500] [--rcvbuf BYTES]
 //! ```
 
 use std::io::{Read, Write as _};
@@ -40,7 +42,7 @@ use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 use lbagent::admission::AdmissionLevel;
-use lbagent::agent::udp::{RecvBatch, SendBatch};
+use lbagent::agent::udp::{self, RecvBatch, SendBatch};
 use lbagent::client::holdback::{HoldBack, DEFAULT_HOLDBACK_MS};
 use lbagent::model::{ModuleId, NodeAddr, RouteNode};
 use lbagent::standalone::{Standalone, StandaloneOptions};
@@ -48,24 +50,26 @@ use lbagent::store::{self, StoreUrl};
 use lbagent::wire::{decode, Encoder, Limits, Message, RetCode};
 
 const MODULE: ModuleId = ModuleId::new(10_000, 1);
-/// (business priority, share of the getHosts).
-const MIX: [(u8, f64); 2] = [(5, 0.2), (60, 0.8)];
+/// (business priority, share of the getHosts, the metrics' class label).
+const MIX: [(u8, f64, &str); 2] = [(5, 0.2, "4-7"), (60, 0.8, "32-63")];
 /// Send times are kept for this many outstanding getHosts per sender.
 const RING: usize = 1 << 20;
+/// The CPU the agent pins its only shard to.
+const SHARD_CPU: usize = 0;
 
 struct Opts {
     seconds: u64,
     senders: usize,
     threshold_us: u64,
-    rcvbuf: u64,
+    rcvbuf: Option<u64>,
 }
 
 fn main() {
     let mut o = Opts {
-        seconds: 3,
-        senders: 4,
+        seconds: 2,
+        senders: 1,
         threshold_us: 500,
-        rcvbuf: 32_768,
+        rcvbuf: None,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -82,7 +86,7 @@ fn main() {
             "--seconds" => o.seconds = num("--seconds"),
             "--senders" => o.senders = num("--senders") as usize,
             "--threshold-us" => o.threshold_us = num("--threshold-us"),
-            "--rcvbuf" => o.rcvbuf = num("--rcvbuf"),
+            "--rcvbuf" => o.rcvbuf = Some(num("--rcvbuf")),
             "--bench" => {}
             other => {
                 eprintln!("agent_overload: unknown argument `{other}`");
@@ -90,73 +94,156 @@ fn main() {
             }
         }
     }
-    // Paced senders, rates doubling: the most the shard answered is its
-    // saturation rate (senders flat out would take the cores from the
-    // agent on a small machine and measure the senders instead).
+    let ncpu = std::thread::available_parallelism().map_or(1, |n| n.get());
     println!(
-        "load average at the start: {}",
-        std::fs::read_to_string("/proc/loadavg")
-            .unwrap_or_default()
-            .trim()
+        "agent_overload: {} CPUs; the shard on CPU {SHARD_CPU}, {} sender(s) and receiver(s) on CPUs {:?}; \
+         {} s measured per run after 1 s of warm-up; load average at the start: {}",
+        ncpu,
+        o.senders,
+        generator_cpus(),
+        o.seconds,
+        loadavg()
     );
+    // Paced senders, rates doubling: the most the shard answered is its
+    // saturation rate.
     let mut s = 0f64;
     for rate in [
-        12_500.0, 25_000.0, 50_000.0, 100_000.0, 200_000.0, 400_000.0,
+        25_000.0, 50_000.0, 100_000.0, 200_000.0, 400_000.0, 800_000.0,
     ] {
-        let r = run(&o, Mode::Off, None, Some(rate));
+        let r = run(&o, Mode::Off, None, rate);
         println!(
-            "saturation search: offered {:.0}/s, answered {:.0}/s",
+            "saturation search: asked {rate:.0}/s, offered {:.0}/s, answered {:.0}/s (load average {})",
             r.sent_rate(),
-            r.answered_rate()
+            r.answered_rate(),
+            r.load
         );
-        if r.answered_rate() < 0.9 * s {
+        let best = s;
+        s = s.max(r.answered_rate());
+        if r.answered_rate() < 1.05 * best || r.sent_rate() < 0.9 * rate {
             break;
         }
-        s = s.max(r.answered_rate());
     }
-    println!("saturation (shedding off): {s:.0} answered/s");
+    println!("saturation S (shedding off): {s:.0} answered/s");
+    let per = bytes_per_datagram();
+    let sized = o.rcvbuf.unwrap_or_else(|| {
+        let held = o.threshold_us as f64 * 1e-6 * s;
+        let v = (held * per / 2.0).round().max(4096.0) as u64;
+        println!(
+            "a getHost datagram takes {per:.0} bytes of a receive buffer (the kernel's accounting, measured); \
+             threshold {} us at S holds {held:.0} datagrams: udp_rcvbuf_bytes = {held:.0} x {per:.0} / 2 = {v} \
+             (the kernel doubles it)",
+            o.threshold_us
+        );
+        v
+    });
     println!(
-        "\nat 2x saturation ({:.0}/s offered), mix {MIX:?}, threshold {} us:\n",
+        "\nat 2x saturation ({:.0}/s asked), mix {:?} (business priority, share), threshold {} us; \
+         queuing = the shard's, from the kernel's receive stamp to handling, as the histogram buckets that hold p50 / p99:\n",
         2.0 * s,
+        MIX.iter().map(|m| (m.0, m.1)).collect::<Vec<_>>(),
         o.threshold_us
     );
     println!(
-        "| run | receive buffer | class | offered/s | answered | rejected | unanswered | RTT p50 (µs) | RTT p99 (µs) | shard queuing p50 / p99 (µs, all datagrams) | CPU (cores) |"
+        "| run | udp_rcvbuf_bytes (kernel reports) | class | offered/s | answered | rejected | unanswered | RTT p50 / p99 (µs) | this class's queuing p50 / p99 (µs) | all datagrams' queuing p50 / p99 (µs) | CPU (cores) | load average |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|");
-    let small = Some(o.rcvbuf);
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     for (mode, rcvbuf) in [
         (Mode::Off, None),
         (Mode::Shedding, None),
         (Mode::Honouring, None),
-        (Mode::Shedding, small),
-        (Mode::Honouring, small),
+        (Mode::Shedding, Some(sized)),
+        (Mode::Honouring, Some(sized)),
     ] {
-        let r = run(&o, mode, rcvbuf, Some(2.0 * s));
-        for (c, &(b, _)) in MIX.iter().enumerate() {
+        let r = run(&o, mode, rcvbuf, 2.0 * s);
+        for (c, &(b, _, _)) in MIX.iter().enumerate() {
             let k = &r.classes[c];
             let offered = (k.sent + k.held_back).max(1) as f64;
-            let (p50, p99) = if k.rtt.is_empty() {
-                (f64::NAN, f64::NAN)
+            let rtt = if k.rtt.is_empty() {
+                "–".to_string()
             } else {
-                (
+                format!(
+                    "{:.0} / {:.0}",
                     k.rtt.value_at_quantile(0.5) as f64 / 1e3,
                     k.rtt.value_at_quantile(0.99) as f64 / 1e3,
                 )
             };
             println!(
-                "| {} | {} | {b} | {:.0} | {:.3} | {:.3} | {:.3} | {p50:.0} | {p99:.0} | {} | {:.2} |",
+                "| {} | {} ({}) | {b} | {:.0} | {:.3} | {:.3} | {:.3} | {rtt} | {} | {} | {:.2} | {} |",
                 mode.name(),
+                rcvbuf.map_or("0 (system default)".to_string(), |v| v.to_string()),
                 r.rcvbuf,
                 offered / r.seconds,
                 k.ok as f64 / offered,
                 (k.rejected + k.held_back) as f64 / offered,
                 k.sent.saturating_sub(k.ok + k.rejected) as f64 / offered,
+                r.class_queuing[c],
                 r.queuing,
                 r.cores,
+                r.load,
             );
         }
     }
+}
+
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .unwrap_or_default()
+        .split_whitespace()
+        .take(3)
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The CPUs the generator threads may use: all but the shard's (all when
+/// there is only one).
+fn generator_cpus() -> Vec<usize> {
+    let ncpu = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let v: Vec<usize> = (0..ncpu).filter(|&c| c != SHARD_CPU).collect();
+    if v.is_empty() {
+        vec![SHARD_CPU]
+    } else {
+        v
+    }
+}
+
+/// Pins the calling thread to the generator's CPUs.
+fn pin_generator() {
+    // SAFETY: a zeroed cpu_set_t is empty; CPU_SET writes within it;
+    // sched_setaffinity(0) applies to the calling thread.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        for c in generator_cpus() {
+            libc::CPU_SET(c, &mut set);
+        }
+        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+            eprintln!(
+                "agent_overload: cannot pin a generator thread: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+    }
+}
+
+/// What one small getHost datagram costs a receive buffer as the kernel
+/// counts it: a socket with a known buffer is filled without reading, and
+/// its size is divided by the datagrams it held.
+fn bytes_per_datagram() -> f64 {
+    let rx = UdpSocket::bind("127.0.0.1:0").expect("bind");
+    let size = udp::set_rcvbuf(rx.as_raw_fd(), 65_536).expect("SO_RCVBUF") as f64;
+    let tx = UdpSocket::bind("127.0.0.1:0").expect("bind");
+    tx.connect(rx.local_addr().unwrap()).expect("connect");
+    tx.set_nonblocking(true).unwrap();
+    let req = Encoder::new().get_host_req(1, MODULE, 5, 5).to_vec();
+    for _ in 0..20_000 {
+        let _ = tx.send(&req);
+    }
+    rx.set_nonblocking(true).unwrap();
+    let mut buf = [0u8; 256];
+    let mut held = 0u64;
+    while rx.recv(&mut buf).is_ok() {
+        held += 1;
+    }
+    size / held.max(1) as f64
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -200,11 +287,16 @@ impl Default for Class {
 struct Run {
     seconds: f64,
     classes: Vec<Class>,
+    /// All datagrams' queuing time, p50 / p99 bucket bounds.
     queuing: String,
+    /// Each class's getHosts' queuing time, p50 / p99 bucket bounds.
+    class_queuing: Vec<String>,
     /// The shard socket's receive buffer as the kernel reports it.
     rcvbuf: String,
     /// CPU seconds this process used per second measured.
     cores: f64,
+    /// The load average at the end of the measured part.
+    load: String,
 }
 
 impl Run {
@@ -216,10 +308,10 @@ impl Run {
     }
 }
 
-/// One run against a fresh agent: `rate` getHosts per second in all
-/// (None: as fast as the senders can), for the measured seconds after a
-/// 1 s warm-up; with `rcvbuf`, the shard socket's receive buffer set to it.
-fn run(o: &Opts, mode: Mode, rcvbuf: Option<u64>, rate: Option<f64>) -> Run {
+/// One run against a fresh agent: `rate` getHosts per second in all, for
+/// the measured seconds after a 1 s warm-up; with `rcvbuf`,
+/// `agent.udp_rcvbuf_bytes` set to it.
+fn run(o: &Opts, mode: Mode, rcvbuf: Option<u64>, rate: f64) -> Run {
     let dir = std::env::temp_dir().join(format!("lbagent-overload-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("scratch");
@@ -235,6 +327,7 @@ fn run(o: &Opts, mode: Mode, rcvbuf: Option<u64>, rate: Option<f64>) -> Run {
         .expect("routes");
     let mut so = StandaloneOptions::ephemeral(&dir);
     so.config.agent.shards = 1;
+    so.config.agent.udp_rcvbuf_bytes = rcvbuf.map_or(0, |v| v.min(u64::from(u32::MAX)) as u32);
     so.config.admission.agent_shedding = mode != Mode::Off;
     so.config.admission.agent_queuing_threshold_us = o.threshold_us;
     // Windows of 100 ms / 2000 datagrams: at hundreds of thousands per
@@ -243,7 +336,7 @@ fn run(o: &Opts, mode: Mode, rcvbuf: Option<u64>, rate: Option<f64>) -> Run {
     let system = Standalone::start(so).expect("standalone");
     let agent = SocketAddr::from(([127, 0, 0, 1], system.agent_ports()[0]));
     let metrics = system.metrics_addrs()[0];
-    let rcvbuf = shard_rcvbuf(agent.port(), rcvbuf);
+    let rcvbuf = shard_rcvbuf(agent.port());
     warm(agent);
 
     let stop = Arc::new(AtomicBool::new(false));
@@ -255,11 +348,14 @@ fn run(o: &Opts, mode: Mode, rcvbuf: Option<u64>, rate: Option<f64>) -> Run {
     for t in 0..o.senders {
         let socket = UdpSocket::bind("127.0.0.1:0").expect("bind");
         socket.connect(agent).expect("connect");
+        // Room for the answers: a receiver that falls behind must not
+        // turn answers into "unanswered" (capped by net.core.rmem_max).
+        let _ = udp::set_rcvbuf(socket.as_raw_fd(), 8 << 20);
         let rx = socket.try_clone().expect("clone");
         let sent_at: Arc<Vec<AtomicU64>> = Arc::new((0..RING).map(|_| AtomicU64::new(0)).collect());
         // This sender's hold-back table (the one shard is shard 0).
         let level = Arc::new(Mutex::new(HoldBack::new(DEFAULT_HOLDBACK_MS)));
-        let per_sender = rate.map(|r| r / o.senders as f64);
+        let per_sender = rate / o.senders as f64;
         let (stop_s, meas_s, level_s, res_s, sent_s) = (
             stop.clone(),
             measuring.clone(),
@@ -268,6 +364,7 @@ fn run(o: &Opts, mode: Mode, rcvbuf: Option<u64>, rate: Option<f64>) -> Run {
             sent_at.clone(),
         );
         threads.push(std::thread::spawn(move || {
+            pin_generator();
             send_loop(
                 &socket, agent, t as u64, per_sender, mode, &stop_s, &meas_s, &level_s, &sent_s,
                 &res_s,
@@ -280,11 +377,12 @@ fn run(o: &Opts, mode: Mode, rcvbuf: Option<u64>, rate: Option<f64>) -> Run {
             results.clone(),
         );
         threads.push(std::thread::spawn(move || {
+            pin_generator();
             recv_loop(&rx, &stop_r, &meas_r, &level_r, &sent_at, &res_r)
         }));
     }
     std::thread::sleep(Duration::from_secs(1));
-    let q0 = queuing_buckets(metrics);
+    let text0 = metrics_text(metrics);
     let cpu0 = cpu_seconds();
     measuring.store(true, Relaxed);
     let t0 = Instant::now();
@@ -292,7 +390,8 @@ fn run(o: &Opts, mode: Mode, rcvbuf: Option<u64>, rate: Option<f64>) -> Run {
     measuring.store(false, Relaxed);
     let seconds = t0.elapsed().as_secs_f64();
     let cores = (cpu_seconds() - cpu0) / seconds;
-    let q1 = queuing_buckets(metrics);
+    let text1 = metrics_text(metrics);
+    let load = loadavg();
     stop.store(true, Relaxed);
     for t in threads {
         t.join().expect("thread");
@@ -300,15 +399,21 @@ fn run(o: &Opts, mode: Mode, rcvbuf: Option<u64>, rate: Option<f64>) -> Run {
     system.stop().expect("stop");
     let _ = std::fs::remove_dir_all(&dir);
     let classes = std::mem::take(&mut *results.lock().unwrap());
+    let all = |t: &str| buckets(t, "lbagent_queuing_seconds_bucket{", None);
+    let class = |t: &str, c: &str| buckets(t, "lbagent_gethost_queuing_seconds_bucket{", Some(c));
     Run {
         seconds,
         classes,
-        queuing: quantiles(&q0, &q1),
+        queuing: quantiles(&all(&text0), &all(&text1)),
+        class_queuing: MIX
+            .iter()
+            .map(|m| quantiles(&class(&text0, m.2), &class(&text1, m.2)))
+            .collect(),
         rcvbuf,
         cores,
+        load,
     }
 }
-
 /// User + system CPU seconds of this process so far.
 fn cpu_seconds() -> f64 {
     // SAFETY: getrusage fills the struct it is given.
@@ -320,10 +425,10 @@ fn cpu_seconds() -> f64 {
     t(u.ru_utime) + t(u.ru_stime)
 }
 
-/// Finds the embedded agent's UDP socket bound to `port` among this
-/// process's descriptors, sets its receive buffer to `bytes` when given,
-/// and says the size the kernel reports ("?" when not found).
-fn shard_rcvbuf(port: u16, bytes: Option<u64>) -> String {
+/// The receive buffer of the embedded agent's UDP socket bound to `port`
+/// (found among this process's descriptors) as the kernel reports it ("?"
+/// when not found).
+fn shard_rcvbuf(port: u16) -> String {
     let Ok(dir) = std::fs::read_dir("/proc/self/fd") else {
         return "?".into();
     };
@@ -348,27 +453,8 @@ fn shard_rcvbuf(port: u16, bytes: Option<u64>) -> String {
             {
                 continue;
             }
-            if let Some(b) = bytes {
-                let v = b.min(i32::MAX as u64) as i32;
-                let size = std::mem::size_of::<i32>() as libc::socklen_t;
-                libc::setsockopt(
-                    fd,
-                    libc::SOL_SOCKET,
-                    libc::SO_RCVBUF,
-                    (&v as *const i32).cast(),
-                    size,
-                );
-            }
-            let (mut v, mut vlen) = (0i32, std::mem::size_of::<i32>() as libc::socklen_t);
-            libc::getsockopt(
-                fd,
-                libc::SOL_SOCKET,
-                libc::SO_RCVBUF,
-                (&mut v as *mut i32).cast(),
-                &mut vlen,
-            );
-            return v.to_string();
         }
+        return udp::rcvbuf(fd).map_or("?".into(), |v| v.to_string());
     }
     "?".into()
 }
@@ -393,12 +479,24 @@ fn warm(agent: SocketAddr) {
     panic!("the agent found no route");
 }
 
+/// Where the sequence number lies in an encoded getHost: the bytes that
+/// differ between two encodings that differ only in it.
+fn seq_offset() -> usize {
+    let mut enc = Encoder::new();
+    let a = enc.get_host_req(0x0102_0304, MODULE, 5, 5).to_vec();
+    let b = enc.get_host_req(0xa1b2_c3d4, MODULE, 5, 5).to_vec();
+    assert_eq!(a.len(), b.len());
+    let at = (0..a.len()).find(|&i| a[i] != b[i]).expect("seq in the bytes");
+    assert_eq!(&a[at..at + 4], &0x0102_0304u32.to_le_bytes());
+    at
+}
+
 #[allow(clippy::too_many_arguments)]
 fn send_loop(
     socket: &UdpSocket,
     agent: SocketAddr,
     seed: u64,
-    rate: Option<f64>,
+    rate: f64,
     mode: Mode,
     stop: &AtomicBool,
     measuring: &AtomicBool,
@@ -407,29 +505,38 @@ fn send_loop(
     results: &Mutex<Vec<Class>>,
 ) {
     let mut rng = fastrand::Rng::with_seed(seed + 1);
+    // Every request pre-encoded (class x user priority); only the
+    // sequence number is patched in per datagram.
+    let at = seq_offset();
     let mut enc = Encoder::new();
+    let mut templates: Vec<Vec<Vec<u8>>> = MIX
+        .iter()
+        .map(|&(b, _, _)| {
+            (0..=128u8)
+                .map(|u| enc.get_host_req(0, MODULE, b, u).to_vec())
+                .collect()
+        })
+        .collect();
     let mut out = SendBatch::new();
     let start = Instant::now();
     let mut seq = 0u32;
     let mut due = 0f64;
     let mut local: Vec<(u64, u64)> = vec![(0, 0); MIX.len()];
     while !stop.load(Relaxed) {
-        let batch = match rate {
-            None => 32,
-            Some(r) => {
-                let now = start.elapsed().as_secs_f64();
-                let n = ((now * r) - due).floor().clamp(0.0, 256.0);
-                if n < 1.0 {
-                    std::thread::sleep(Duration::from_micros(50));
-                    continue;
-                }
-                due += n;
-                n as usize
-            }
-        };
+        let now = start.elapsed().as_secs_f64();
+        let n = ((now * rate) - due).floor().clamp(0.0, 256.0);
+        if n < 1.0 {
+            // Sleep until the next datagram is due (at least 20 µs).
+            let wait = (due + 1.0) / rate - now;
+            std::thread::sleep(Duration::from_secs_f64(wait.max(20e-6)));
+            continue;
+        }
+        due += n;
+        let batch = n as usize;
         // The library's hold-back table decides, at this batch's time.
         let mut holdback = level.lock().unwrap();
-        let now_ms = clock_ns() / 1_000_000;
+        let now_ns = clock_ns() | 1;
+        let now_ms = now_ns / 1_000_000;
         let m = measuring.load(Relaxed);
         for _ in 0..batch {
             let x = rng.f64();
@@ -442,11 +549,13 @@ fn send_loop(
                 continue;
             }
             seq = seq.wrapping_add(1);
-            // seq's top bit holds the class; its ring slot the send time.
+            // seq's top bit holds the class; its ring slot the send time
+            // (the batch's: they leave in one system call).
             let tagged = (seq & 0x7fff_ffff) | ((class as u32) << 31);
-            let ns = clock_ns() | 1;
-            sent_at[(tagged & 0x7fff_ffff) as usize % RING].store(if m { ns } else { 0 }, Relaxed);
-            out.push(agent, enc.get_host_req(tagged, MODULE, b, u));
+            sent_at[(tagged & 0x7fff_ffff) as usize % RING].store(if m { now_ns } else { 0 }, Relaxed);
+            let req = &mut templates[class][usize::from(u)];
+            req[at..at + 4].copy_from_slice(&tagged.to_le_bytes());
+            out.push(agent, req);
             if m {
                 local[class].0 += 1;
             }
@@ -522,16 +631,24 @@ fn clock_ns() -> u64 {
     ORIGIN.get_or_init(Instant::now).elapsed().as_nanos() as u64
 }
 
-/// The shard's `lbagent_queuing_seconds_bucket` counts (le in µs, count).
-fn queuing_buckets(metrics: SocketAddr) -> Vec<(f64, u64)> {
+/// The agent's /metrics page.
+fn metrics_text(metrics: SocketAddr) -> String {
     let Ok(mut s) = TcpStream::connect(metrics) else {
-        return Vec::new();
+        return String::new();
     };
     let _ = s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n");
     let mut text = String::new();
     let _ = s.read_to_string(&mut text);
+    text
+}
+
+/// A histogram's bucket counts (le in µs, cumulative count) from the
+/// samples starting with `prefix`, of priority class `class` when given.
+fn buckets(text: &str, prefix: &str, class: Option<&str>) -> Vec<(f64, u64)> {
+    let want = class.map(|c| format!("class=\"{c}\""));
     text.lines()
-        .filter(|l| l.starts_with("lbagent_queuing_seconds_bucket"))
+        .filter(|l| l.starts_with(prefix))
+        .filter(|l| want.as_ref().is_none_or(|w| l.contains(w.as_str())))
         .filter_map(|l| {
             let le = l.split("le=\"").nth(1)?.split('"').next()?;
             let le = if le == "+Inf" {
@@ -548,10 +665,15 @@ fn queuing_buckets(metrics: SocketAddr) -> Vec<(f64, u64)> {
 /// The p50 / p99 bucket bounds of the queuing times counted between two
 /// readings.
 fn quantiles(a: &[(f64, u64)], b: &[(f64, u64)]) -> String {
-    if a.len() != b.len() || b.is_empty() {
+    if b.is_empty() || (!a.is_empty() && a.len() != b.len()) {
         return "-".into();
     }
-    let d: Vec<(f64, u64)> = a.iter().zip(b).map(|(x, y)| (y.0, y.1 - x.1)).collect();
+    // A series that did not exist at the first reading started at zero.
+    let d: Vec<(f64, u64)> = b
+        .iter()
+        .enumerate()
+        .map(|(i, y)| (y.0, y.1 - a.get(i).map_or(0, |x| x.1)))
+        .collect();
     let total = d.last().map_or(0, |x| x.1);
     if total == 0 {
         return "-".into();

@@ -34,6 +34,15 @@
 //! Run them: `target/release/examples/callgrind_workload update_route`,
 //! `... many_modules`.
 //!
+//! One more, not in the baseline (issue 12's shed path, for the README's
+//! agent-overload section): `shed` ([`shed_rejected`] and
+//! [`shed_answered`], each counted on its own): a shard with
+//! `agent_shedding` on whose level was driven below business priority 60
+//! handles 100,000 queued getHosts at priority 60 (each answered
+//! `Rejected`) and 100,000 at priority 5 (each answered with a host):
+//! what a rejection costs the shard against an answer.
+//! `valgrind --tool=callgrind --toggle-collect='callgrind_workload::shed_rejected' target/release/examples/callgrind_workload shed`.
+//!
 //! Run: `target/release/examples/callgrind_workload [N]` (N of each, default
 //! 1000000); under callgrind: `perf/check --callgrind-only`.
 //!
@@ -65,7 +74,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use lbagent::agent::heartbeat::{AgentInfo, HeartbeatWriter};
 use lbagent::agent::messages::ToShard;
-use lbagent::agent::shard::{ShardCore, ShardSetup};
+use lbagent::admission::AdmissionParams;
+use lbagent::agent::shard::{Queued, ShardCore, ShardSetup};
 use lbagent::client::{Client, ClientOptions, HostSource};
 use lbagent::config::Config;
 use lbagent::model::{ModuleId, NodeAddr, Policy, RouteNode};
@@ -463,8 +473,105 @@ fn many_modules_workload(shard: &mut ShardCore, reqs: &[(Vec<u8>, Vec<u8>)]) -> 
     answered
 }
 
+/// getHosts per half of the `shed` case.
+const SHED_N: u64 = 100_000;
+
+/// A shard with shedding on, its level driven below (60, 64) by
+/// overloaded 1 ms windows of priority-(60, 64) getHosts (not counted).
+/// Returns it and the time it stopped at: while the clock stays there, no
+/// window ends (the count bound is out of reach), so the level holds.
+fn shedding_shard() -> (ShardCore, u64) {
+    let mut shard = shard();
+    shard.set_shedding(Some(AdmissionParams {
+        window_us: 1000,
+        window_requests: u32::MAX,
+        queuing_threshold_us: 500,
+        ..AdmissionParams::default()
+    }));
+    let req = Encoder::new().get_host_req(1, MODULE, 60, 64).to_vec();
+    let mut t = 1_000_000_000u64;
+    for _ in 0..1_000_000 {
+        if !lbagent::admission::admits(shard.self_level(), 60, 64) {
+            break;
+        }
+        t += 1;
+        let q = Queued {
+            now_us: t,
+            waited_us: 5_000,
+        };
+        let _ = shard.handle_queued(&req, PEER, t / 1000, Some(q));
+    }
+    (shard, t)
+}
+
+/// `n` queued getHosts that the shard's level rejects. Returns how many
+/// answers were `Rejected`-sized (checked by the caller).
+#[inline(never)]
+fn shed_rejected(shard: &mut ShardCore, req: &[u8], t: u64, n: u64) -> (u64, Vec<u8>) {
+    // A constant of its own, so that the linker cannot fold the two
+    // counted functions into one symbol.
+    black_box(1u32);
+    shed_loop(shard, req, t, n)
+}
+
+/// `n` queued getHosts that the shard's level admits (answered with a host).
+#[inline(never)]
+fn shed_answered(shard: &mut ShardCore, req: &[u8], t: u64, n: u64) -> (u64, Vec<u8>) {
+    black_box(2u32);
+    shed_loop(shard, req, t, n)
+}
+
+fn shed_loop(shard: &mut ShardCore, req: &[u8], t: u64, n: u64) -> (u64, Vec<u8>) {
+    let mut answers = 0;
+    let mut last = Vec::new();
+    for i in 0..n {
+        let q = Queued {
+            now_us: t,
+            waited_us: 20,
+        };
+        if let Some(a) = shard.handle_queued(black_box(req), PEER, t / 1000, Some(q)) {
+            answers += 1;
+            if i + 1 == n {
+                last = a.to_vec();
+            }
+        }
+    }
+    (answers, last)
+}
+
+fn shed_main() -> ExitCode {
+    let (mut shard, t) = shedding_shard();
+    let level = shard.self_level();
+    let mut enc = Encoder::new();
+    let low = enc.get_host_req(7, MODULE, 60, 64).to_vec();
+    let high = enc.get_host_req(8, MODULE, 5, 64).to_vec();
+    let (rejected, last_r) = shed_rejected(&mut shard, &low, t, SHED_N);
+    let (answered, last_a) = shed_answered(&mut shard, &high, t, SHED_N);
+    let code = |b: &[u8]| match decode(b, &Limits::UDP) {
+        Ok(Message::GetHostResp(r)) => Some(r.retcode()),
+        _ => None,
+    };
+    println!(
+        "callgrind workload: shed: level {level:?}; {SHED_N} getHosts at priority 60 ({rejected} answered, last {:?}), {SHED_N} at priority 5 ({answered} answered, last {:?})",
+        code(&last_r),
+        code(&last_a)
+    );
+    if lbagent::admission::admits(level, 60, 64)
+        || shard.self_level() != level
+        || rejected != SHED_N
+        || answered != SHED_N
+        || code(&last_r) != Some(RetCode::Rejected)
+        || code(&last_a) != Some(RetCode::Ok)
+    {
+        eprintln!("callgrind workload: shed: the shard did not shed as expected: the count would mean nothing");
+        return ExitCode::FAILURE;
+    }
+    ExitCode::SUCCESS
+}
+
 fn main() -> ExitCode {
     match std::env::args().nth(1).as_deref() {
+        Some("shed") => return shed_main(),
         Some("update_route") => {
             let mut shard = shard();
             let changes = route_changes();

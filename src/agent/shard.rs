@@ -221,6 +221,9 @@ pub struct ShardCore {
     /// fed with each datagram's queuing time, it sheds getHosts below its
     /// level. None when off.
     shedding: Option<Box<Admission>>,
+    /// The shed answer for the shard's current level, encoded once per
+    /// level (see [`wire::RejectedAnswer`]).
+    rejected: Option<wire::RejectedAnswer>,
     /// Counters for the metrics endpoint.
     pub metrics: ShardMetrics,
 }
@@ -254,6 +257,7 @@ impl ShardCore {
             outbox: Vec::new(),
             last_kind: None,
             shedding: None,
+            rejected: None,
         }
     }
 
@@ -797,6 +801,12 @@ impl ShardCore {
                     self.metrics.count_request(Kind::GetHost);
                     self.metrics.self_rejected[class] += 1;
                     self.metrics.count_error(Kind::GetHost);
+                    if self.rejected.as_ref().is_none_or(|r| r.level() != level) {
+                        self.rejected = Some(wire::RejectedAnswer::new(&mut self.enc, level));
+                    }
+                    if let Some(r) = self.rejected.as_mut().and_then(|r| r.answer(seq, module)) {
+                        return Some(r);
+                    }
                     return Some(self.enc.get_host_resp(
                         seq,
                         module,

@@ -22,6 +22,7 @@
 
 #[path = "gen/mod.rs"]
 pub mod fb;
+mod canned;
 
 mod decode;
 mod encode;
@@ -33,6 +34,7 @@ mod values;
 pub use decode::{decode, DecodeError, Limits, Message, MIN_LEN};
 pub use encode::Encoder;
 pub use fb::RetCode;
+pub use canned::RejectedAnswer;
 pub use peek::peek_get_host;
 pub use frame::{write_frame, FrameDecoder, FrameError, MAX_FRAME_LEN};
 pub use validate::{

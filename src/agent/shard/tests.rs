@@ -921,6 +921,11 @@ fn an_overloaded_shard_sheds_low_priorities_and_keeps_high_ones() {
     assert_eq!(s.metrics.self_rejected[class60], shed60);
     assert_eq!(s.metrics.self_rejected[super::priority_class(5)], shed5);
     assert_eq!(s.metrics.self_level, s.self_level());
+    // Every queued getHost of class 5 is in its class's queuing histogram.
+    let class5: u64 = s.metrics.gethost_queuing[super::priority_class(5)]
+        .iter()
+        .sum();
+    assert_eq!(class5, 2100);
     // A getHost without a queuing time (no kernel stamp) is never shed.
     assert_eq!(get_host_as(&mut s, 60, 128, t / 1000).0, RetCode::Ok);
     // Calm again: the time-ended windows raise the level back to open.
