@@ -124,6 +124,10 @@ fn main() {
         }
     }
     println!("saturation S (shedding off): {s:.0} answered/s");
+    if s < 1.0 {
+        eprintln!("agent_overload: the shard answered nothing: no saturation rate to double");
+        std::process::exit(1);
+    }
     let per = bytes_per_datagram();
     let sized = o.rcvbuf.unwrap_or_else(|| {
         let held = o.threshold_us as f64 * 1e-6 * s;
@@ -144,9 +148,9 @@ fn main() {
         o.threshold_us
     );
     println!(
-        "| run | udp_rcvbuf_bytes (kernel reports) | class | offered/s | answered | rejected | unanswered | RTT p50 / p99 (µs) | this class's queuing p50 / p99 (µs) | all datagrams' queuing p50 / p99 (µs) | CPU (cores) | load average |"
+        "| run | udp_rcvbuf_bytes (kernel reports) | class | offered/s | answered | rejected | unanswered | RTT p50 / p99 (µs) | this class's queuing p50 / p99 (µs) | all datagrams' queuing p50 / p99 (µs) | the shard answered/s (both classes, Ok + Rejected) | CPU (cores) | load average |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for (mode, rcvbuf) in [
         (Mode::Off, None),
         (Mode::Shedding, None),
@@ -168,7 +172,7 @@ fn main() {
                 )
             };
             println!(
-                "| {} | {} ({}) | {b} | {:.0} | {:.3} | {:.3} | {:.3} | {rtt} | {} | {} | {:.2} | {} |",
+                "| {} | {} ({}) | {b} | {:.0} | {:.3} | {:.3} | {:.3} | {rtt} | {} | {} | {:.0} | {:.2} | {} |",
                 mode.name(),
                 rcvbuf.map_or("0 (system default)".to_string(), |v| v.to_string()),
                 r.rcvbuf,
@@ -178,6 +182,7 @@ fn main() {
                 k.sent.saturating_sub(k.ok + k.rejected) as f64 / offered,
                 r.class_queuing[c],
                 r.queuing,
+                r.answered_rate(),
                 r.cores,
                 r.load,
             );
@@ -506,14 +511,15 @@ fn send_loop(
 ) {
     let mut rng = fastrand::Rng::with_seed(seed + 1);
     // Every request pre-encoded (class x user priority); only the
-    // sequence number is patched in per datagram.
+    // sequence number is patched in per datagram (encoded non-zero: a
+    // zero field is left out, and the layout would differ).
     let at = seq_offset();
     let mut enc = Encoder::new();
     let mut templates: Vec<Vec<Vec<u8>>> = MIX
         .iter()
         .map(|&(b, _, _)| {
             (0..=128u8)
-                .map(|u| enc.get_host_req(0, MODULE, b, u).to_vec())
+                .map(|u| enc.get_host_req(1, MODULE, b, u).to_vec())
                 .collect()
         })
         .collect();
