@@ -491,7 +491,9 @@ fn seq_offset() -> usize {
     let a = enc.get_host_req(0x0102_0304, MODULE, 5, 5).to_vec();
     let b = enc.get_host_req(0xa1b2_c3d4, MODULE, 5, 5).to_vec();
     assert_eq!(a.len(), b.len());
-    let at = (0..a.len()).find(|&i| a[i] != b[i]).expect("seq in the bytes");
+    let at = (0..a.len())
+        .find(|&i| a[i] != b[i])
+        .expect("seq in the bytes");
     assert_eq!(&a[at..at + 4], &0x0102_0304u32.to_le_bytes());
     at
 }
@@ -558,7 +560,8 @@ fn send_loop(
             // seq's top bit holds the class; its ring slot the send time
             // (the batch's: they leave in one system call).
             let tagged = (seq & 0x7fff_ffff) | ((class as u32) << 31);
-            sent_at[(tagged & 0x7fff_ffff) as usize % RING].store(if m { now_ns } else { 0 }, Relaxed);
+            sent_at[(tagged & 0x7fff_ffff) as usize % RING]
+                .store(if m { now_ns } else { 0 }, Relaxed);
             let req = &mut templates[class][usize::from(u)];
             req[at..at + 4].copy_from_slice(&tagged.to_le_bytes());
             out.push(agent, req);

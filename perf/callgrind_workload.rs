@@ -72,9 +72,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use lbagent::admission::AdmissionParams;
 use lbagent::agent::heartbeat::{AgentInfo, HeartbeatWriter};
 use lbagent::agent::messages::ToShard;
-use lbagent::admission::AdmissionParams;
 use lbagent::agent::shard::{Queued, ShardCore, ShardSetup};
 use lbagent::client::{Client, ClientOptions, HostSource};
 use lbagent::config::Config;

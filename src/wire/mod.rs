@@ -20,9 +20,9 @@
 //! at about a million datagrams a second per core) neither allocates nor
 //! copies: decoding borrows the received bytes, encoding reuses one buffer.
 
+mod canned;
 #[path = "gen/mod.rs"]
 pub mod fb;
-mod canned;
 
 mod decode;
 mod encode;
@@ -31,12 +31,12 @@ mod peek;
 mod validate;
 mod values;
 
+pub use canned::RejectedAnswer;
 pub use decode::{decode, DecodeError, Limits, Message, MIN_LEN};
 pub use encode::Encoder;
 pub use fb::RetCode;
-pub use canned::RejectedAnswer;
-pub use peek::peek_get_host;
 pub use frame::{write_frame, FrameDecoder, FrameError, MAX_FRAME_LEN};
+pub use peek::peek_get_host;
 pub use validate::{
     BatchReport, GetHost, Pull, Register, Unchanged, ValidationError, MAX_CONSUMED, MAX_PRIORITY,
     MAX_PULL_MODULES, MAX_REGISTER_TIMEOUT_MS,

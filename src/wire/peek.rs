@@ -125,11 +125,15 @@ impl Table {
 }
 
 fn u16_at(buf: &[u8], at: usize) -> Option<u16> {
-    Some(u16::from_le_bytes(buf.get(at..at.checked_add(2)?)?.try_into().ok()?))
+    Some(u16::from_le_bytes(
+        buf.get(at..at.checked_add(2)?)?.try_into().ok()?,
+    ))
 }
 
 fn u32_at(buf: &[u8], at: usize) -> Option<u32> {
-    Some(u32::from_le_bytes(buf.get(at..at.checked_add(4)?)?.try_into().ok()?))
+    Some(u32::from_le_bytes(
+        buf.get(at..at.checked_add(4)?)?.try_into().ok()?,
+    ))
 }
 
 #[cfg(test)]
@@ -176,7 +180,11 @@ mod tests {
         let ok = enc.get_host_req(1, m, 1, 1).to_vec();
         assert_eq!(peek_get_host(&ok, ok.len() - 1), None, "over max_len");
         for cut in 0..ok.len() {
-            assert_eq!(peek_get_host(&ok[..cut], Limits::UDP.max_len), None, "cut {cut}");
+            assert_eq!(
+                peek_get_host(&ok[..cut], Limits::UDP.max_len),
+                None,
+                "cut {cut}"
+            );
         }
     }
 
