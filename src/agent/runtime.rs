@@ -374,7 +374,7 @@ fn size_receive_buffers(sockets: &[UdpSocket], bytes: u32) -> anyhow::Result<()>
             .with_context(|| format!("cannot set agent.udp_rcvbuf_bytes = {bytes} (SO_RCVBUF)"))?;
     }
     // Linux reports twice the size asked; less means it was capped.
-    if got < bytes as usize {
+    if got < 2 * bytes as usize {
         tracing::warn!(
             "agent.udp_rcvbuf_bytes = {bytes}: the kernel holds {got} bytes per shard socket \
              (capped by net.core.rmem_max; raise it to get the size asked)"
@@ -500,4 +500,20 @@ fn create_regions(config: &Config, shards: u32) -> anyhow::Result<Vec<Region>> {
             })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsRawFd;
+
+    #[test]
+    fn every_shard_socket_gets_the_receive_buffer_asked() {
+        let sockets = bind_shards(std::net::Ipv4Addr::LOCALHOST, 0, 3).unwrap();
+        size_receive_buffers(&sockets, 16_384).unwrap();
+        for s in &sockets {
+            // Linux doubles it (16 KiB is under any rmem_max).
+            assert_eq!(super::super::udp::rcvbuf(s.as_raw_fd()).unwrap(), 32_768);
+        }
+    }
 }
