@@ -44,7 +44,9 @@ fn a_short_run_against_the_floor_answers_every_get_host() {
     assert_eq!((s.error_total, s.static_route_answers), (0, 0), "{s}");
     assert!(s.report_errors.is_empty(), "{s}");
     assert!(s.reports > 0, "{s}");
-    assert!((0.9..2.0).contains(&s.seconds), "{s}");
+    // At least the second asked for; the upper bound only fails a run that
+    // does not stop (a stall of a busy machine can add a second or two).
+    assert!((0.9..10.0).contains(&s.seconds), "{s}");
     let l = s.latency_us.expect("latency of the answered getHosts");
     assert!(l.p50 > 0.0 && l.p50 <= l.p90 && l.p90 <= l.p99 && l.p99 <= l.p999 && l.p999 <= l.max);
     let cpu = s.server_cpu.as_ref().expect("the floor's CPU is known");

@@ -515,17 +515,17 @@ fn measure(opts: &QpsOptions, server: &Server, live: &mut dyn Write) -> anyhow::
     let mut last = (t0, cpu0.as_ref().map(|c| c.0));
     let end = t0 + opts.duration;
     let mut next = t0 + Duration::from_secs(1);
-    loop {
+    // A line every second and one at the end, however late this thread
+    // gets there (a stall of a busy machine may skip past the end: the last
+    // line still comes).
+    while !crate::signal::received() {
         let now = Instant::now();
-        if now >= end || crate::signal::received() {
-            break;
-        }
-        std::thread::sleep(
-            next.min(end)
-                .saturating_duration_since(now)
-                .min(Duration::from_millis(100)),
-        );
-        if Instant::now() < next.min(end) {
+        let due = next.min(end);
+        if now < due {
+            std::thread::sleep(
+                due.saturating_duration_since(now)
+                    .min(Duration::from_millis(100)),
+            );
             continue;
         }
         let at = Instant::now();
@@ -542,6 +542,9 @@ fn measure(opts: &QpsOptions, server: &Server, live: &mut dyn Write) -> anyhow::
         live.flush()?;
         last = (at, cpu);
         next += Duration::from_secs(1);
+        if at >= end {
+            break;
+        }
     }
     stop.store(true, Ordering::Release);
     let seconds = t0.elapsed().as_secs_f64();
