@@ -479,7 +479,9 @@ mod tests {
         assert!(floor.server_cpu_seconds().is_ok());
         let t0 = std::time::Instant::now();
         floor.stop().unwrap();
-        assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+        // One idle poll (50 ms); the margin is for a stall of a busy
+        // machine, and still fails a stop that hangs.
+        assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
     }
 
     #[test]
