@@ -28,7 +28,10 @@ use lbagent::shm::region::Region;
 use routesrc::RouteSource;
 
 const M: ModuleId = ModuleId::new(100, 1);
-const T: Duration = Duration::from_millis(1000);
+/// The timeout of a call that is meant to be answered: generous, so that a
+/// stall of a busy machine (a throttled cgroup stops the agent and this
+/// process alike) cannot turn an answer into a timeout or a static answer.
+const T: Duration = Duration::from_secs(5);
 
 fn node(i: u8) -> NodeAddr {
     NodeAddr::new(Ipv4Addr::new(10, 1, 0, i), 9000)
@@ -61,11 +64,12 @@ fn agent_with_route(dir: &Path, shards: u32, slots: u32) -> (RouteSource, AgentP
 /// Waits until the agent's metrics (shipped once a second) satisfy `ok`.
 fn wait_metric(agent: &AgentProc, name: &str, ok: impl Fn(f64) -> bool) -> f64 {
     let mut last = None;
-    wait_for(Duration::from_secs(5), || {
+    // 15 s: only a failure waits it out; a stall of a busy machine must not.
+    wait_for(Duration::from_secs(15), || {
         last = agent.metric(name);
         last.filter(|v| ok(*v))
     })
-    .unwrap_or_else(|| panic!("{name} = {last:?} within 5 s"))
+    .unwrap_or_else(|| panic!("{name} = {last:?} within 15 s"))
 }
 
 #[test]
@@ -181,14 +185,14 @@ fn a_client_killed_holding_a_slot_loses_it() {
     assert_eq!(attached_while_full, 0, "no free slot: UDP");
     // The shard takes both back (it checks once a second).
     assert!(
-        wait_for(Duration::from_secs(5), || (claimed(&region) == 0)
+        wait_for(Duration::from_secs(10), || (claimed(&region) == 0)
             .then_some(()))
         .is_some(),
         "the dead client's slots are reclaimed"
     );
     wait_metric(&agent, "lbagent_shm_reclaimed_total", |v| v >= 2.0);
     // And a client attaches again (after its retry delay).
-    let attached = wait_for(Duration::from_secs(5), || {
+    let attached = wait_for(Duration::from_secs(10), || {
         c.get_host(M.modid, M.cmdid, T).unwrap();
         (c.shm_attached() == 1).then_some(())
     });
@@ -433,7 +437,7 @@ fn the_timeout_holds_when_the_agent_is_stopped() {
         "a stopped agent times out: {r:?}"
     );
     assert!(
-        took >= timeout && took < timeout + Duration::from_secs(2),
+        took >= timeout && took < timeout + Duration::from_secs(5),
         "the timeout holds: {took:?}"
     );
     // Resumed, it answers again through the same slot.
