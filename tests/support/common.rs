@@ -41,8 +41,10 @@ pub fn unix_ms() -> u64 {
 /// GET `path`; the body when the status is 200.
 pub fn http_get(addr: SocketAddr, path: &str) -> Option<String> {
     use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    // Generous: a stall of a busy machine must not turn a scrape into
+    // None (the server answers and closes at once when it is well).
+    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
     write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").ok()?;
     let mut out = String::new();
     s.read_to_string(&mut out).ok()?;
