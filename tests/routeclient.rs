@@ -25,7 +25,9 @@ const B: ModuleId = ModuleId::new(10_002, 1);
 const UNKNOWN: ModuleId = ModuleId::new(99, 99);
 
 /// The longest any single expectation waits.
-const PATIENCE: Duration = Duration::from_secs(3);
+/// How long an awaited event may take: only a failure waits it out, and a
+/// stall of a busy machine must not.
+const PATIENCE: Duration = Duration::from_secs(10);
 
 fn node(last: u8) -> RouteNode {
     RouteNode {
@@ -39,7 +41,9 @@ fn config(addrs: Vec<SocketAddr>) -> RouteClientConfig {
         addrs,
         connect_timeout_ms: 500,
         keepalive_ms: 100,
-        idle_timeout_ms: 1000,
+        // Long: a stall of a busy machine (the source runs in this process)
+        // must not drop a live connection; the idle test sets its own.
+        idle_timeout_ms: 10_000,
         backoff_initial_ms: 20,
         backoff_max_ms: 200,
         max_modules_per_pull: 64,
@@ -237,9 +241,15 @@ fn a_push_arrives_without_a_pull() {
 #[test]
 fn keepalives_flow_while_idle() {
     let source = RouteSource::start();
-    let mut client = Client::start(config(vec![source.addr()]));
+    // Answered keepalives (every 100 ms) for longer than the idle timeout
+    // (2.5 s: a stall of a busy machine shorter than that cannot make the
+    // connection look idle) keep the connection.
+    let mut client = Client::start(RouteClientConfig {
+        idle_timeout_ms: 2500,
+        ..config(vec![source.addr()])
+    });
     client.expect_connected(source.addr());
-    eventually("three keepalives", || source.keepalives() >= 3);
+    eventually("thirty keepalives", || source.keepalives() >= 30);
     assert_eq!(
         source.accepted(),
         1,
@@ -289,9 +299,13 @@ fn a_dead_source_is_retried_with_backoff_and_the_pull_in_flight_reissued() {
         matches!(e, RouteClientEvent::Disconnected { .. }).then_some(())
     });
     client.expect_status(None);
-    // Let the back-off grow: 20 ms doubling to its 200 ms cap.
+    // Let the back-off grow: 20 ms doubling to its 200 ms cap. (The
+    // schedule itself is tested as pure code in src/agent/reconnect.rs;
+    // here, that the shell follows it.) A stall of a busy machine can
+    // lengthen one gap and shorten the next: the later gaps are judged by
+    // their median, which one stall cannot move.
     let mut failures = Vec::new();
-    while failures.len() < 6 {
+    while failures.len() < 8 {
         let at = client.expect("a failed attempt", |e| {
             matches!(e, RouteClientEvent::ConnectFailed { addr: a, .. } if *a == addr)
                 .then(Instant::now)
@@ -299,12 +313,18 @@ fn a_dead_source_is_retried_with_backoff_and_the_pull_in_flight_reissued() {
         failures.push(at);
     }
     let gaps: Vec<Duration> = failures.windows(2).map(|w| w[1] - w[0]).collect();
+    // gaps[3..]: ~160 ms, then the cap, 200 ms, each jittered down by up
+    // to half (doubling on without a cap, the upper median would be at
+    // least 320 ms).
+    let mut later = gaps[3..].to_vec();
+    later.sort();
+    let median = later[later.len() / 2];
     assert!(
-        gaps[3] >= Duration::from_millis(80) && gaps[4] >= Duration::from_millis(80),
+        median >= Duration::from_millis(80),
         "the back-off did not grow: {gaps:?}"
     );
     assert!(
-        gaps.iter().all(|g| *g < Duration::from_millis(800)),
+        median < Duration::from_millis(300),
         "the back-off exceeded its cap: {gaps:?}"
     );
 
@@ -339,7 +359,10 @@ fn a_silent_source_is_dropped_after_the_idle_timeout() {
     let source = RouteSource::start();
     source.set_mute(true);
     let started = Instant::now();
-    let mut client = Client::start(config(vec![source.addr()]));
+    let mut client = Client::start(RouteClientConfig {
+        idle_timeout_ms: 1000,
+        ..config(vec![source.addr()])
+    });
     client.want(A);
     client.expect("an idle disconnection", |e| {
         matches!(
