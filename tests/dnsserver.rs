@@ -546,7 +546,9 @@ fn a_change_is_pushed_to_exactly_the_subscribers_on_every_executor() {
     let v2 = db.add(A, node(3));
     assert_eq!(only_a.next(), push(A, v2, &[node(1), node(3)]));
     assert_eq!(both.next(), push(A, v2, &[node(1), node(3)]));
-    assert!(t0.elapsed() < Duration::from_secs(2), "pushed within 2 s");
+    // Polled every 50 ms: a push comes in tens of milliseconds; the bound
+    // is generous for a stall of a busy machine.
+    assert!(t0.elapsed() < Duration::from_secs(10), "pushed within 10 s");
     // B's subscriber heard nothing: the next thing it gets is its ack.
     only_b.keep_alive(4);
     assert_eq!(only_b.next(), Got::Ack(4));
@@ -869,7 +871,8 @@ fn stopping_closes_every_connection() {
     }
     let t0 = Instant::now();
     server.stop().unwrap();
-    assert!(t0.elapsed() < Duration::from_secs(3));
+    // Bounded (a hang fails it); generous for a stall of a busy machine.
+    assert!(t0.elapsed() < Duration::from_secs(10));
     for c in &mut clients {
         assert!(c.until_closed(PATIENCE).is_empty());
     }
@@ -1015,7 +1018,9 @@ fn silent_metrics_connections_do_not_delay_a_scrape() {
         .collect();
     let t0 = Instant::now();
     assert_eq!(metric(&server, "lbagent_dnsserver_store_up"), 1.0);
-    assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+    // Served in turn, the ten silent ones would delay it by their 2 s
+    // timeouts, 20 s; the bound leaves room for a stall of a busy machine.
+    assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
     eventually("the silent ones timed out", || {
         metric(&server, "lbagent_dnsserver_metrics_timeouts_total") == 10.0
     });
