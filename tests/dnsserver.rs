@@ -310,9 +310,13 @@ impl Client {
 }
 
 fn is_timeout(e: &std::io::Error) -> bool {
+    // Interrupted: a read with a timeout fails so when the process is
+    // stopped and continued; nothing happened to the connection.
     matches!(
         e.kind(),
-        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+        std::io::ErrorKind::WouldBlock
+            | std::io::ErrorKind::TimedOut
+            | std::io::ErrorKind::Interrupted
     )
 }
 

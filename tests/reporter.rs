@@ -164,6 +164,9 @@ impl Agent {
                 Ok(0) => return true,
                 Ok(_) => continue,
                 Err(e) if e.kind() == ErrorKind::ConnectionReset => return true,
+                // A read with a timeout fails so when the process is
+                // stopped and continued: read again.
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
                 Err(_) => return false,
             }
         }

@@ -250,10 +250,11 @@ fn keepalives_flow_while_idle() {
     });
     client.expect_connected(source.addr());
     eventually("thirty keepalives", || source.keepalives() >= 30);
+    let events: Vec<RouteClientEvent> = client.events.try_iter().map(|(_, e)| e).collect();
     assert_eq!(
         source.accepted(),
         1,
-        "answered keepalives keep the connection"
+        "answered keepalives keep the connection: {events:?}"
     );
 }
 

@@ -258,10 +258,14 @@ fn serve(mut stream: TcpStream, shared: &Shared, stop: &AtomicBool, conn: u64) {
                     break;
                 }
             }
+            // (Interrupted: a read with a timeout fails so when the process
+            // is stopped and continued; the connection is fine.)
             Err(e)
                 if matches!(
                     e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                    io::ErrorKind::WouldBlock
+                        | io::ErrorKind::TimedOut
+                        | io::ErrorKind::Interrupted
                 ) => {}
             Err(_) => break,
         }

@@ -302,10 +302,14 @@ fn serve(stream: TcpStream, shared: Arc<Shared>, stop: Arc<AtomicBool>) {
                     break;
                 }
             }
+            // (Interrupted: a read with a timeout fails so when the process
+            // is stopped and continued; the connection is fine.)
             Err(e)
                 if matches!(
                     e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                    io::ErrorKind::WouldBlock
+                        | io::ErrorKind::TimedOut
+                        | io::ErrorKind::Interrupted
                 ) => {}
             Err(_) => break,
         }
