@@ -15,7 +15,7 @@ mod routesrc;
 mod udpclient;
 
 use agentproc::AgentProc;
-use common::{free_tcp_port, http_get, wait_for};
+use common::{http_get, wait_for};
 use std::cell::Cell;
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
 use std::path::Path;
@@ -335,9 +335,11 @@ fn the_snapshot_is_valid_after_kill_9_at_any_moment_and_is_loaded_on_restart() {
 }
 
 /// A port nothing listens on: the route server of an agent that must live
-/// on its snapshot alone.
+/// on its snapshot alone. Port 1 (privileged, as the reporter that goes
+/// nowhere): a port that was free a moment ago could be another test's
+/// listener by the time the agent connects.
 fn nowhere() -> SocketAddr {
-    format!("127.0.0.1:{}", free_tcp_port()).parse().unwrap()
+    SocketAddr::from(([127, 0, 0, 1], 1))
 }
 
 #[test]
@@ -731,9 +733,10 @@ fn a_second_agent_on_the_same_heartbeat_path_refuses_to_start_and_names_the_firs
     let source = RouteSource::start();
     let first = start(dir.path(), source.addr(), 1);
     let first_pid = first.child.as_ref().unwrap().id();
-    // Same file, another metrics port (so that only the heartbeat clashes).
+    // Same file, another metrics port (so that only the heartbeat clashes:
+    // port 0, which no other test can take first).
     let config = dir.path().join("second.toml");
-    let metrics: SocketAddr = format!("127.0.0.1:{}", free_tcp_port()).parse().unwrap();
+    let metrics: SocketAddr = "127.0.0.1:0".parse().unwrap();
     std::fs::write(
         &config,
         AgentProc::config_text(

@@ -74,7 +74,12 @@ impl AgentProc {
         turn: Option<RwLockReadGuard<'static, ()>>,
     ) -> AgentProc {
         let config = dir.join("lbagent.toml");
-        let metrics = SocketAddr::from(([127, 0, 0, 1], free_tcp_port()));
+        // Port 0: the agent binds a free port and says which in its log (a
+        // port picked here and bound there later could be taken between by
+        // another test); with the log inherited there is none to read, so
+        // a port that was free a moment ago.
+        let port = if inherit_stderr() { free_tcp_port() } else { 0 };
+        let metrics = SocketAddr::from(([127, 0, 0, 1], port));
         let text = Self::config_text(dir, route_server, reporter, shards, metrics, extra);
         std::fs::write(&config, text).unwrap();
         let mut a = AgentProc {
@@ -92,14 +97,14 @@ impl AgentProc {
 
     /// Starts the binary and waits until it beats in the heartbeat file
     /// (reused in place across restarts, as in production), and offers its
-    /// regions when it has any. Its stderr goes to `agent.stderr` in the
-    /// directory (for tests that read the log), or to the test's with
-    /// `LBAGENT_TEST_STDERR` set.
+    /// regions when it has any, and (from its log) where its metrics are.
+    /// Its stderr goes to `agent.stderr` in the directory (for tests that
+    /// read the log), or to the test's with `LBAGENT_TEST_STDERR` set.
     pub fn spawn(&mut self) {
         let child = Command::new(env!("CARGO_BIN_EXE_lbagent"))
             .args(["agent", "--config", self.config.to_str().unwrap()])
             .stdout(Stdio::null())
-            .stderr(if std::env::var_os("LBAGENT_TEST_STDERR").is_some() {
+            .stderr(if inherit_stderr() {
                 Stdio::inherit()
             } else {
                 std::fs::File::create(self.dir.join("agent.stderr"))
@@ -117,6 +122,17 @@ impl AgentProc {
         })
         .expect("the agent beats (and offers its regions) within 20 s");
         self.port = port;
+        if !inherit_stderr() {
+            let log = self.dir.join("agent.stderr");
+            self.metrics = wait_for(Duration::from_secs(20), || {
+                let text = std::fs::read_to_string(&log).ok()?;
+                text.lines().find_map(|l| {
+                    let rest = l.split("metrics on http://").nth(1)?;
+                    rest.split('/').next()?.parse().ok()
+                })
+            })
+            .expect("the agent logs its metrics address within 20 s");
+        }
     }
 
     pub fn heartbeat_path(&self) -> PathBuf {
@@ -209,6 +225,11 @@ impl AgentProc {
         })
         .expect("the snapshot holds the module within 5 s");
     }
+}
+
+/// Whether the agents' stderr goes to the test's (`LBAGENT_TEST_STDERR`).
+fn inherit_stderr() -> bool {
+    std::env::var_os("LBAGENT_TEST_STDERR").is_some()
 }
 
 impl Drop for AgentProc {
