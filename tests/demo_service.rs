@@ -42,10 +42,14 @@ impl Caller {
     }
 
     fn recv(&mut self) -> Answer {
-        let n = self
-            .socket
-            .recv(&mut self.buf)
-            .expect("an answer within 10 s");
+        // Interrupted: a receive with a timeout fails so when the process is
+        // stopped and continued; receive again.
+        let n = loop {
+            match self.socket.recv(&mut self.buf) {
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                r => break r.expect("an answer within 10 s"),
+            }
+        };
         let Ok(Message::GetHostResp(resp)) = decode(&self.buf[..n], &Limits::UDP) else {
             panic!("not a GetHostResp");
         };

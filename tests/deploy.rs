@@ -51,10 +51,21 @@ impl Systemd {
 
     /// The next notification within `limit`.
     fn next(&self, limit: Duration) -> Option<String> {
-        self.sock.set_read_timeout(Some(limit)).unwrap();
+        let t0 = Instant::now();
         let mut buf = [0u8; 512];
-        let n = self.sock.recv(&mut buf).ok()?;
-        Some(String::from_utf8_lossy(&buf[..n]).into_owned())
+        loop {
+            let left = limit.checked_sub(t0.elapsed())?;
+            self.sock
+                .set_read_timeout(Some(left.max(Duration::from_millis(1))))
+                .unwrap();
+            match self.sock.recv(&mut buf) {
+                Ok(n) => return Some(String::from_utf8_lossy(&buf[..n]).into_owned()),
+                // A receive with a timeout fails so when the process is
+                // stopped and continued: receive again, for what is left.
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => return None,
+            }
+        }
     }
 
     /// Waits up to `limit` for `state`, skipping others.
