@@ -49,9 +49,22 @@ fn scratch() -> &'static Path {
 /// A datagram as the agent or the client receives it: decoded under the UDP
 /// limits; a message that decodes is walked field by field, validated when
 /// it is a request, and re-encoded, and the re-encoding must decode to the
-/// same fields.
+/// same fields. The shard's byte reader for shed getHosts
+/// ([`lbagent::wire::peek_get_host`]) must never accept what the decoder
+/// refuses, nor read a getHost differently.
 pub fn datagram(data: &[u8]) {
     message(data, &Limits::UDP);
+    if let Some(peeked) = lbagent::wire::peek_get_host(data, Limits::UDP.max_len) {
+        let full = match decode(data, &Limits::UDP) {
+            Ok(Message::GetHostReq(r)) => r.validate().ok(),
+            _ => None,
+        };
+        assert_eq!(
+            Some(peeked),
+            full,
+            "the peek read a getHost the decoder reads otherwise or refuses"
+        );
+    }
 }
 
 /// A TCP byte stream cut into frames by [`FrameDecoder`], fed in chunks
@@ -300,11 +313,7 @@ fn walk(msg: &Message<'_>) -> String {
                 .unwrap_or_default();
             let valid = m.validate().map(|p| (p.seq, p.modules_known().count()));
             let known: Option<Vec<u64>> = m.known_versions().map(|v| v.iter().collect());
-            let _ = write!(
-                w,
-                "PullReq {} {modules:?} {known:?} {valid:?}",
-                m.seq()
-            );
+            let _ = write!(w, "PullReq {} {modules:?} {known:?} {valid:?}", m.seq());
         }
         Message::RouteAnswer(m) => {
             let _ = write!(
@@ -505,7 +514,8 @@ fn reencode<'e>(msg: &Message<'_>, enc: &'e mut Encoder) -> Option<&'e [u8]> {
                 .iter()
                 .map(|(module, nodes)| ModuleStats {
                     module: *module,
-                    nodes, consumed: &[],
+                    nodes,
+                    consumed: &[],
                 })
                 .collect();
             enc.stats_report(m.seq(), m.caller(), m.time_s(), &modules)

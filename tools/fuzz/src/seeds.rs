@@ -50,9 +50,9 @@ pub fn messages() -> Vec<Vec<u8>> {
             bad_windows: 1,
             window_age_ms: 1_500,
             overload_age_ms: 0,
-        capacity: 0,
-        in_use: 0,
-        phi: 0.0,
+            capacity: 0,
+            in_use: 0,
+            phi: 0.0,
         })
         .collect();
     let nodes = route_nodes(4);
@@ -65,11 +65,13 @@ pub fn messages() -> Vec<Vec<u8>> {
     let modules = [
         ModuleStats {
             module: M,
-            nodes: &stats, consumed: &[],
+            nodes: &stats,
+            consumed: &[],
         },
         ModuleStats {
             module: ModuleId::new(1, 1),
-            nodes: &[], consumed: &[],
+            nodes: &[],
+            consumed: &[],
         },
     ];
     let report = Report {
