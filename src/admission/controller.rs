@@ -167,6 +167,18 @@ impl Admission {
         Some(self.end_window(end))
     }
 
+    /// When [`Admission::tick`] next has something to decide: the current
+    /// window's end by time, or `None` when ending it could change nothing
+    /// (the open level, no request counted and no sample in the window: the
+    /// level stays open, and the next request ends the stale window
+    /// itself). A window not yet started is due at once (time 0).
+    pub fn next_tick(&self) -> Option<Micros> {
+        if self.level == OPEN && self.window.samples() == 0 && self.histogram.total() == 0 {
+            return None;
+        }
+        Some(self.window.ends_at().unwrap_or(0))
+    }
+
     fn end_window(&mut self, window: WindowEnd) -> WindowOutcome {
         let before = self.level;
         let admitted = self.histogram.admitted_under(before);
@@ -292,6 +304,41 @@ mod tests {
         }
         assert_eq!(a.started(now + 1, queuing), None);
         a.tick(now + 1000 * MS).expect("the span is up")
+    }
+
+    #[test]
+    fn an_open_empty_window_needs_no_timer_and_a_cut_level_does() {
+        let mut a = Admission::new(params());
+        assert_eq!(a.next_tick(), None, "open, nothing counted");
+        assert_eq!(a.tick(5 * MS), None);
+        assert_eq!(a.next_tick(), None, "started, still nothing to decide");
+        a.admit(1, 1);
+        assert_eq!(
+            a.next_tick(),
+            Some(1005 * MS),
+            "a counted request: the window's end"
+        );
+        a.tick(1005 * MS).expect("the span is up");
+        assert_eq!(a.next_tick(), None, "open again, the window empty");
+        // After a flood the level is cut: an empty window must still end by
+        // time, so that the level climbs back.
+        let o = window(&mut a, 2000 * MS, 50 * MS);
+        assert_ne!(o.after, OPEN);
+        assert_eq!(a.next_tick(), Some(4000 * MS));
+        let mut at = 4000 * MS;
+        while a.level() != OPEN {
+            a.tick(at).expect("due");
+            at += 1000 * MS;
+            assert!(at < 10_000_000 * MS, "the level climbs back");
+        }
+        assert_eq!(a.next_tick(), None);
+    }
+
+    #[test]
+    fn a_window_not_yet_started_is_due_at_once_when_it_holds_something() {
+        let mut a = Admission::new(params());
+        a.admit(1, 1);
+        assert_eq!(a.next_tick(), Some(0));
     }
 
     #[test]

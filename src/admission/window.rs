@@ -47,6 +47,17 @@ impl Window {
         self.start
     }
 
+    /// When the current window ends by time: its start plus the span
+    /// (`None` before the first event).
+    pub fn ends_at(&self) -> Option<Micros> {
+        self.start.map(|s| s.saturating_add(self.span_us))
+    }
+
+    /// Samples in the current window.
+    pub fn samples(&self) -> u32 {
+        self.samples
+    }
+
     /// Records that a request started processing at `now` after queuing
     /// `queuing_us`. Returns the window's end when this sample ends it
     /// (by count, or by time when `now` is past the span); the next window

@@ -31,6 +31,7 @@ use super::shard_rt;
 use super::snapshot::{self, SnapshotIndex, SnapshotRoute};
 use super::snapshot_thread::SnapshotThread;
 use super::statsclient::{self, StatsClientConfig, StatsClientEvent, StatsClientStatus};
+use super::wake;
 use crate::lb::NodeCallStats;
 use crate::logging::{self, Verdict};
 use crate::metrics_http;
@@ -77,6 +78,21 @@ pub struct ControlParts {
 /// logged again, with the count of the attempts in between.
 const RELOG_MS: u64 = 60_000;
 
+/// How often the main loop looks at the stop flag and the reload slot
+/// (set by other threads) while serving: the control core's only timer
+/// that is not due to something.
+const STOP_POLL: Duration = Duration::from_millis(50);
+
+/// The same while the shards are starting (the first heartbeat waits for
+/// them).
+const STARTING_POLL: Duration = Duration::from_millis(5);
+
+/// Between two heartbeats.
+const BEAT_EVERY: Duration = Duration::from_secs(1);
+
+/// Between two attempts to hand the backlog to a full ring.
+const BACKLOG_RETRY: Duration = Duration::from_millis(10);
+
 /// How long shutdown waits for the final snapshot to be written.
 const SNAPSHOT_FINAL_WAIT: Duration = Duration::from_secs(5);
 
@@ -90,6 +106,8 @@ struct State {
     control: ControlMetrics,
     /// Route messages waiting for room in a shard's ring.
     backlog: Vec<VecDeque<ToShard>>,
+    /// Wakes the task that retries the backlog.
+    backlog_wake: local_channel::LocalSender<()>,
     last_beat: Instant,
 }
 
@@ -117,7 +135,9 @@ pub async fn run(parts: ControlParts) {
     // The snapshot's routes become our table, and its modules are
     // subscribed to, once the agent serves (below).
     let routes = snapshot.map_or_else(RouteTable::new, RouteTable::from_snapshot);
+    let (backlog_tx, backlog_rx) = local_channel::new_bounded::<()>(1);
     let state = Rc::new(RefCell::new(State {
+        backlog_wake: backlog_tx,
         routes,
         shard_metrics: (0..shards).map(ShardMetrics::new).collect(),
         control: ControlMetrics::default(),
@@ -125,16 +145,11 @@ pub async fn run(parts: ControlParts) {
         last_beat: Instant::now(),
     }));
 
-    let stopped = {
-        let stop = stop.clone();
-        move || {
-            let stop = stop.clone();
-            async move {
-                while !stop.load(Ordering::Relaxed) {
-                    glommio::timer::sleep(Duration::from_millis(20)).await;
-                }
-            }
-        }
+    // The route client stops when the main loop, the one place that looks
+    // at the stop flag, drops this sender (no timer of its own).
+    let (route_stop_tx, route_stop_rx) = local_channel::new_bounded::<()>(1);
+    let stopped = async move {
+        let _ = route_stop_rx.recv().await;
     };
 
     // The route client, fed by the shards' pulls and forgets.
@@ -145,7 +160,7 @@ pub async fn run(parts: ControlParts) {
         route_client,
         wants_rx,
         events_tx,
-        stopped(),
+        stopped,
         route_status.clone(),
     ));
     // The statistics client, fed by the shards' statistics.
@@ -156,14 +171,10 @@ pub async fn run(parts: ControlParts) {
     // what it held (or FLUSH_WAIT passed), so that SIGTERM loses nothing
     // that was counted.
     let drained = Rc::new(Cell::new(0u32));
-    let stats_stop = Rc::new(Cell::new(false));
-    let stats_stopped = {
-        let stats_stop = stats_stop.clone();
-        async move {
-            while !stats_stop.get() {
-                glommio::timer::sleep(Duration::from_millis(10)).await;
-            }
-        }
+    // It stops when this sender is dropped.
+    let (stats_stop_tx, stats_stop_rx) = local_channel::new_bounded::<()>(1);
+    let stats_stopped = async move {
+        let _ = stats_stop_rx.recv().await;
     };
     let stats_task = glommio::spawn_local(statsclient::run(
         stats_client,
@@ -294,23 +305,30 @@ pub async fn run(parts: ControlParts) {
         }
     }));
 
-    // Ring back-pressure: retry what did not fit.
+    // Ring back-pressure: retry what did not fit, every BACKLOG_RETRY while
+    // a backlog exists (deliver rings this task's doorbell when it starts
+    // one); nothing at all while there is none.
     tasks.push({
         let state = state.clone();
         let senders = senders.clone();
         glommio::spawn_local(async move {
-            loop {
-                glommio::timer::sleep(Duration::from_millis(10)).await;
-                let mut st = state.borrow_mut();
-                for shard in 0..st.backlog.len() {
-                    while let Some(msg) = st.backlog[shard].pop_front() {
-                        if let Err(e) = senders[shard].try_send(msg) {
-                            match into_inner(e) {
-                                Some(msg) => st.backlog[shard].push_front(msg),
-                                None => st.backlog[shard].clear(),
+            while backlog_rx.recv().await.is_some() {
+                loop {
+                    glommio::timer::sleep(BACKLOG_RETRY).await;
+                    let mut st = state.borrow_mut();
+                    for shard in 0..st.backlog.len() {
+                        while let Some(msg) = st.backlog[shard].pop_front() {
+                            if let Err(e) = senders[shard].try_send(msg) {
+                                match into_inner(e) {
+                                    Some(msg) => st.backlog[shard].push_front(msg),
+                                    None => st.backlog[shard].clear(),
+                                }
+                                break;
                             }
-                            break;
                         }
+                    }
+                    if st.backlog.iter().all(VecDeque::is_empty) {
+                        break;
                     }
                 }
             }
@@ -379,7 +397,18 @@ pub async fn run(parts: ControlParts) {
                 )));
             }
         }
-        glommio::timer::sleep(Duration::from_millis(if serving { 50 } else { 5 })).await;
+        let sleep = {
+            let st = state.borrow();
+            // At least the poll: a zero interval must not spin the loop.
+            let interval = snapshot_interval.max(STOP_POLL);
+            wake::control_sleep(
+                serving.then(|| BEAT_EVERY.saturating_sub(st.last_beat.elapsed())),
+                (!st.routes.filling()).then(|| interval.saturating_sub(last_snapshot.elapsed())),
+                STOP_POLL,
+                (!serving).then_some(STARTING_POLL),
+            )
+        };
+        glommio::timer::sleep(sleep).await;
         beat.beat();
         let mut st = state.borrow_mut();
         if let Some(update) = live.take() {
@@ -403,7 +432,7 @@ pub async fn run(parts: ControlParts) {
             }
             snapshot_interval = update.snapshot_interval;
         }
-        if serving && st.last_beat.elapsed() >= Duration::from_secs(1) {
+        if serving && st.last_beat.elapsed() >= BEAT_EVERY {
             heartbeat.beat(clock::unix_ms());
             st.last_beat = Instant::now();
         }
@@ -420,6 +449,8 @@ pub async fn run(parts: ControlParts) {
         }
     }
 
+    // The route client may stop now.
+    drop(route_stop_tx);
     // Shutdown: every shard hands over its statistics and says Drained
     // (each waits at most FLUSH_WAIT for room in its ring); then the stats
     // client makes one bounded attempt to deliver everything, and the
@@ -437,7 +468,7 @@ pub async fn run(parts: ControlParts) {
     }
     // Let the shards' rings be read to the end before the clients stop.
     glommio::yield_if_needed().await;
-    stats_stop.set(true);
+    drop(stats_stop_tx);
     drop(wants_tx);
     drop(stats_tx);
     let _ = route_task.await;
@@ -470,6 +501,8 @@ fn deliver(st: &mut State, senders: &[Rc<ConnectedSender<ToShard>>], shard: usiz
         st.control.ring_drops += 1;
         if let Some(msg) = into_inner(e) {
             st.backlog[shard].push_back(msg);
+            // Full: the task is already awake.
+            let _ = st.backlog_wake.try_send(());
         }
     }
 }

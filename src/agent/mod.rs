@@ -24,6 +24,8 @@
 //! - `conn`: the shell's waiting and racing primitives.
 //! - [`statsclient`]: the connection to the reporters: statistics out,
 //!   acks in, a bounded buffer, reconnect with back-off and fail-over.
+//! - [`wake`]: when the shard's and the control core's timers are next
+//!   due, so that an idle agent sleeps until then.
 
 pub mod clock;
 pub(crate) mod conn;
@@ -45,3 +47,4 @@ pub mod snapshot_thread;
 pub mod statsclient;
 pub mod timers;
 pub mod udp;
+pub mod wake;

@@ -293,6 +293,13 @@ impl ShardCore {
         }
     }
 
+    /// When [`ShardCore::tick_shedding`] next has something to decide
+    /// (realtime microseconds), None when shedding is off or its window
+    /// needs no timer (see [`Admission::next_tick`]).
+    pub fn shedding_due(&self) -> Option<Micros> {
+        self.shedding.as_ref().and_then(|a| a.next_tick())
+    }
+
     /// The kind of the last request [`ShardCore::handle`] served (None when
     /// it did not decode), so the shell can time getHosts.
     pub fn last_kind(&self) -> Option<Kind> {

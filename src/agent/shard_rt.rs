@@ -12,7 +12,7 @@
 //! queuing time, which feeds the queuing-time histogram and, with
 //! `admission.agent_shedding`, the shard's own admission level.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::net::UdpSocket as StdUdpSocket;
 use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd};
 use std::rc::Rc;
@@ -20,6 +20,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use glommio::channels::local_channel::{self, LocalSender};
 use glommio::channels::shared_channel::{ConnectedSender, SharedReceiver, SharedSender};
 use glommio::net::UdpSocket;
 
@@ -29,6 +30,7 @@ use super::metrics::{Kind, ShardMetrics};
 use super::shard::{Queued, ShardCore, ShardSetup};
 use super::snapshot::SnapshotIndex;
 use super::udp::{self, RecvBatch, SendBatch};
+use super::wake::{self, ShardTimers, TimerPlan};
 use crate::admission::AdmissionParams;
 use crate::shm::layout::{peer_slot, slot_peer};
 use crate::shm::region::Region;
@@ -42,7 +44,7 @@ pub const BATCH: usize = 32;
 /// How often an idle shard wakes to check for shutdown, and how often it
 /// ships its metrics to the control core.
 const TICK: Duration = Duration::from_millis(50);
-const METRICS_EVERY: Duration = Duration::from_secs(1);
+const METRICS_EVERY_MS: u64 = 1000;
 
 /// Everything a shard executor needs, built on the main thread.
 pub struct ShardParts {
@@ -129,9 +131,16 @@ pub async fn run(parts: ShardParts) {
     let from_control = from_control.connect().await;
     let metrics_out = metrics_out.connect().await;
 
+    // The timer task's plan, and its doorbell (see the tick task below).
+    let (wake_tx, wake_rx) = local_channel::new_bounded::<()>(1);
+    let timer = Rc::new(TimerWake {
+        plan: Cell::new(TimerPlan::new(clock::now_ms(), Duration::ZERO, false)),
+        tx: wake_tx,
+    });
     // Routes from the control core; register answers they release.
     let ring_task = {
         let core = core.clone();
+        let timer = timer.clone();
         let socket = socket.clone();
         let shm = shm.clone();
         glommio::spawn_local(async move {
@@ -142,54 +151,80 @@ pub async fn run(parts: ShardParts) {
                 }
                 let failed = out.flush(socket.as_raw_fd());
                 core.borrow_mut().metrics.send_errors += failed as u64;
+                timer.nudge(&core.borrow());
             }
         })
         .detach()
     };
 
-    // Register deadlines and the metrics heartbeat.
+    // Register deadlines, the admission window's end by time and the
+    // metrics second: the task sleeps until the first of them is due (see
+    // wake::shard_sleep), and the request loop and the ring task wake it
+    // when an event makes something due sooner (see nudge). It ends when
+    // the request loop drops it.
     let tick_task = {
         let core = core.clone();
         let socket = socket.clone();
         let to_control = to_control.clone();
-        let stop = stop.clone();
         let shm = shm.clone();
+        let timer = timer.clone();
         glommio::spawn_local(async move {
             let mut out = SendBatch::new();
-            let mut last_metrics = Instant::now();
+            let mut metrics_at = clock::now_ms() + METRICS_EVERY_MS;
             let mut told_truncated = false;
-            while !stop.load(Ordering::Relaxed) {
-                glommio::timer::sleep(Duration::from_millis(5)).await;
+            loop {
                 let now = clock::now_ms();
-                let mut c = core.borrow_mut();
-                c.tick_shedding(udp::realtime_ns() / 1000);
-                if c.next_deadline().is_some_and(|d| d <= now) {
-                    for (peer, bytes) in c.expire(now) {
-                        send_or_deliver(&mut out, shm.as_deref(), peer, &bytes);
-                    }
-                    let failed = out.flush(socket.as_raw_fd());
-                    c.metrics.send_errors += failed as u64;
-                    offer(&mut c, &to_control, now);
-                }
-                if last_metrics.elapsed() >= METRICS_EVERY {
-                    last_metrics = Instant::now();
-                    if let Some(s) = &shm {
-                        // Once a second: slots of dead clients go back.
-                        let mut s = s.borrow_mut();
-                        s.reclaim_dead();
-                        c.metrics.shm = s.counts;
-                        if s.truncated() && !told_truncated {
-                            told_truncated = true;
-                            tracing::warn!(
-                                "the shared-memory region's file was truncated under the shard: \
-                                 the region is closed (its clients go by UDP); restart the agent \
-                                 to make a new one"
-                            );
+                let now_us = udp::realtime_ns() / 1000;
+                let sleep = {
+                    let mut c = core.borrow_mut();
+                    c.tick_shedding(now_us);
+                    if c.next_deadline().is_some_and(|d| d <= now) {
+                        for (peer, bytes) in c.expire(now) {
+                            send_or_deliver(&mut out, shm.as_deref(), peer, &bytes);
                         }
+                        let failed = out.flush(socket.as_raw_fd());
+                        c.metrics.send_errors += failed as u64;
+                        offer(&mut c, &to_control, now);
                     }
-                    c.refresh_gauges();
-                    // A full ring drops this second's copy; the next one follows.
-                    let _ = metrics_out.try_send(Box::new(c.metrics.clone()));
+                    if now >= metrics_at {
+                        metrics_at = wake::next_second(metrics_at, now);
+                        if let Some(s) = &shm {
+                            // Once a second: slots of dead clients go back.
+                            let mut s = s.borrow_mut();
+                            s.reclaim_dead();
+                            c.metrics.shm = s.counts;
+                            if s.truncated() && !told_truncated {
+                                told_truncated = true;
+                                tracing::warn!(
+                                    "the shared-memory region's file was truncated under the shard: \
+                                     the region is closed (its clients go by UDP); restart the agent \
+                                     to make a new one"
+                                );
+                            }
+                        }
+                        c.refresh_gauges();
+                        // A full ring drops this second's copy; the next one follows.
+                        let _ = metrics_out.try_send(Box::new(c.metrics.clone()));
+                    }
+                    let window_us = c.shedding_due();
+                    let sleep = wake::shard_sleep(&ShardTimers {
+                        now_ms: now,
+                        deadline_ms: c.next_deadline(),
+                        metrics_ms: metrics_at,
+                        now_us,
+                        window_us,
+                    });
+                    timer
+                        .plan
+                        .set(TimerPlan::new(now, sleep, window_us.is_some()));
+                    sleep
+                };
+                if sleep > Duration::ZERO {
+                    let _ = glommio::timer::timeout(sleep, async {
+                        let _ = wake_rx.recv().await;
+                        Ok(())
+                    })
+                    .await;
                 }
             }
         })
@@ -217,6 +252,9 @@ pub async fn run(parts: ShardParts) {
                 let full = full_next || turn % FULL_EVERY == 0;
                 full_next = false;
                 let served = serve_slots(&core, s, &to_control, full);
+                if served > 0 {
+                    timer.nudge(&core.borrow());
+                }
                 udp_credit += if served > 0 {
                     QUIET_CHECK / UDP_EVERY
                 } else {
@@ -271,14 +309,25 @@ pub async fn run(parts: ShardParts) {
                     continue;
                 }
             }
-            // Nothing queued: park until a datagram arrives or a tick passes.
-            let _ =
-                glommio::timer::timeout(TICK, async { socket.peek_from(&mut peek).await }).await;
+            // Nothing queued: park until a datagram arrives or a tick passes
+            // (the shard's one look at the stop flag while idle).
+            let woken = glommio::timer::timeout(TICK, async { socket.peek_from(&mut peek).await })
+                .await
+                .is_ok();
             if let Some(s) = &shm {
                 s.borrow().unpark();
-                quiet_since = None;
                 // Read the socket at the next turn: the doorbell is there.
                 udp_credit = QUIET_CHECK;
+                if woken {
+                    quiet_since = None;
+                } else {
+                    // Only the tick passed: sweep every slot once (a
+                    // client that set no bit), then park again at once,
+                    // without the spin that waits for a busy client.
+                    full_next = true;
+                    quiet_turns = QUIET_CHECK - 1;
+                    quiet_since = Instant::now().checked_sub(SHARD_SPIN);
+                }
             }
             continue;
         }
@@ -325,6 +374,7 @@ pub async fn run(parts: ShardParts) {
             if !c.outbox.is_empty() {
                 offer(&mut c, &to_control, now);
             }
+            timer.nudge(&c);
         }
         glommio::yield_if_needed().await;
     }
@@ -432,6 +482,28 @@ fn serve_slots(
         offer(&mut c, to_control, now);
     }
     served
+}
+
+/// The timer task's plan and the doorbell that wakes it early.
+struct TimerWake {
+    plan: Cell<TimerPlan>,
+    tx: LocalSender<()>,
+}
+
+impl TimerWake {
+    /// Wakes the timer task when the core now has something due sooner
+    /// than it planned for (a new register deadline, an admission window
+    /// that began to matter). One comparison when nothing changed.
+    fn nudge(&self, core: &ShardCore) {
+        if self
+            .plan
+            .get()
+            .needs_wake(core.next_deadline(), core.shedding_due().is_some())
+        {
+            // Full: a wake is already pending.
+            let _ = self.tx.try_send(());
+        }
+    }
 }
 
 /// Queues an answer the core released later for its UDP peer, or writes
