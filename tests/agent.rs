@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use lbagent::agent::heartbeat::HeartbeatReader;
 use lbagent::agent::snapshot;
 use lbagent::model::{ModuleId, NodeAddr, RouteNode};
-use lbagent::wire::{Encoder, RetCode};
+use lbagent::wire::{decode, Encoder, Limits, Message, RetCode};
 use routesrc::RouteSource;
 use udpclient::Client;
 
@@ -146,6 +146,35 @@ fn failures_overload_a_node_get_host_skips_it_but_probes_and_get_route_shows_it(
     let hosts: Vec<NodeAddr> = (0..22).map(|_| c.get_host(M).1.unwrap()).collect();
     let probes: Vec<usize> = (0..hosts.len()).filter(|&i| hosts[i] == node(1)).collect();
     assert_eq!(probes, vec![10, 21], "only probes reach node 1: {hosts:?}");
+}
+
+/// An idle shard's timer task sleeps until the metrics second; a register
+/// that arrives must still time out on its own deadline, not at the next
+/// wake-up that happens to come (and never before it).
+#[test]
+fn an_idle_shard_answers_a_register_timeout_on_its_deadline() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = RouteSource::start();
+    source.set_mute(true);
+    let agent = start(dir.path(), source.addr(), 1);
+    // One try per request: the register is sent once.
+    let mut c = Client::patient(agent.port, Duration::from_secs(10));
+    for timeout_ms in [150u32, 400] {
+        let m = ModuleId::new(100, 10 + timeout_ms);
+        let t0 = Instant::now();
+        let a = c.ask(|e, seq| e.register_req(seq, m, timeout_ms).to_vec());
+        let waited = t0.elapsed();
+        let Message::RegisterResp(r) = decode(&a, &Limits::UDP).unwrap() else {
+            panic!("not a register answer");
+        };
+        assert_eq!(r.retcode(), RetCode::Timeout);
+        assert!(
+            waited >= Duration::from_millis(u64::from(timeout_ms) - 1),
+            "answered after {waited:?}, before its {timeout_ms} ms"
+        );
+        // Generous: a busy machine may be slow, but not by seconds.
+        assert!(waited < Duration::from_secs(5), "answered after {waited:?}");
+    }
 }
 
 #[test]
