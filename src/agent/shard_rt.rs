@@ -41,9 +41,12 @@ use std::net::SocketAddr;
 /// Datagrams moved per system call.
 pub const BATCH: usize = 32;
 
-/// How often an idle shard wakes to check for shutdown, and how often it
-/// ships its metrics to the control core.
+/// How often an idle shard's request loop wakes to check for shutdown (its
+/// executor's only wake-up that is not due to something).
 const TICK: Duration = Duration::from_millis(50);
+
+/// How often the shard ships its metrics to the control core (and reclaims
+/// dead clients' slots), milliseconds.
 const METRICS_EVERY_MS: u64 = 1000;
 
 /// Everything a shard executor needs, built on the main thread.
