@@ -1039,3 +1039,63 @@ fn the_client_library_holds_back_what_the_shedding_agent_would_reject() {
         "{sent} getHosts reached the agent"
     );
 }
+
+/// The shard's timer task sleeps while the admission window has nothing to
+/// decide, but a level cut by a flood must still climb back once the
+/// requests stop: windows keep ending by time while the shard is idle.
+#[test]
+fn a_shed_level_climbs_back_by_time_when_the_requests_stop() {
+    use lbagent::client::{Client as Lib, ClientError, ClientOptions, Priority};
+    let dir = tempfile::tempdir().unwrap();
+    let source = RouteSource::start();
+    source.set_route(M, &nodes(2));
+    // Every window of 5 requests is overloaded (any datagram waits more than
+    // 1 µs); a window also ends after 1.5 s (longer than the metrics
+    // second, so that a cut level shows).
+    let agent = start_with(
+        dir.path(),
+        source.addr(),
+        "127.0.0.1:1",
+        1,
+        (
+            "",
+            "[admission]\nagent_shedding = true\nagent_queuing_threshold_us = 1\n\
+             window_ms = 1500\nwindow_requests = 5\n",
+        ),
+    );
+    let mut plain = Lib::with_options(ClientOptions {
+        heartbeat_path: agent.heartbeat_path(),
+        snapshot_path: dir.path().join("not-the-snapshot"),
+        static_fallback: false,
+        holdback: Duration::ZERO,
+        ..ClientOptions::default()
+    })
+    .unwrap();
+    plain
+        .register(M.modid, M.cmdid, Duration::from_secs(5))
+        .unwrap();
+    let t = Duration::from_secs(3);
+    let business = "lbagent_admission_level{shard=\"0\",part=\"business\"}";
+    // Keep calling until the metrics show a cut level.
+    let cut = wait_for(Duration::from_secs(20), || {
+        for _ in 0..50 {
+            let r = plain.get_host_with(M.modid, M.cmdid, Priority::new(100, 100), t);
+            assert!(
+                matches!(r, Ok(_) | Err(ClientError::Rejected { .. })),
+                "{r:?}"
+            );
+        }
+        (metric(&agent, business) < 128.0).then_some(())
+    });
+    assert!(cut.is_some(), "the shard never showed a cut level");
+    // Idle now: the windows that end by time find nothing overloaded and
+    // open the level again (the metrics copy follows within a second).
+    let open = wait_for(Duration::from_secs(20), || {
+        (metric(&agent, business) == 128.0).then_some(())
+    });
+    assert!(
+        open.is_some(),
+        "the level stayed at business {} while idle",
+        metric(&agent, business)
+    );
+}
