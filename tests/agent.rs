@@ -1088,6 +1088,8 @@ fn a_shed_level_climbs_back_by_time_when_the_requests_stop() {
         (metric(&agent, business) < 128.0).then_some(())
     });
     assert!(cut.is_some(), "the shard never showed a cut level");
+    // Nothing of the client's may reach the shard from now on.
+    drop(plain);
     // Idle now: the windows that end by time find nothing overloaded and
     // open the level again (the metrics copy follows within a second).
     let open = wait_for(Duration::from_secs(20), || {

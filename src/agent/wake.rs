@@ -35,7 +35,10 @@ pub fn shard_sleep(t: &ShardTimers) -> Duration {
         sleep = sleep.min(ms(d));
     }
     if let Some(w) = t.window_us {
-        sleep = sleep.min(Duration::from_micros(w.saturating_sub(t.now_us)));
+        // Whole milliseconds, rounded up: a timer shorter than the
+        // runtime's resolution may come back before the window ends.
+        let us = w.saturating_sub(t.now_us);
+        sleep = sleep.min(Duration::from_millis(us.div_ceil(1000)));
     }
     sleep
 }
@@ -137,6 +140,11 @@ mod tests {
             ..t
         };
         assert_eq!(shard_sleep(&t), Duration::from_millis(7));
+        let t = ShardTimers {
+            window_us: Some(5_000_001),
+            ..t
+        };
+        assert_eq!(shard_sleep(&t), Duration::from_millis(1), "rounded up");
     }
 
     #[test]
