@@ -101,7 +101,8 @@ pub fn control_sleep(
     for until in [until_beat, until_snapshot].into_iter().flatten() {
         sleep = sleep.min(until);
     }
-    sleep
+    // Whole milliseconds, rounded up (see shard_sleep).
+    Duration::from_millis(sleep.as_micros().div_ceil(1000) as u64)
 }
 
 #[cfg(test)]
@@ -209,5 +210,11 @@ mod tests {
             Duration::ZERO
         );
         assert_eq!(control_sleep(None, None, poll, Some(ms(5))), ms(5));
+        let us = Duration::from_micros;
+        assert_eq!(
+            control_sleep(Some(us(1)), None, poll, None),
+            ms(1),
+            "rounded up"
+        );
     }
 }
