@@ -32,9 +32,9 @@ pub struct AdmissionConfig {
     /// Seconds between rotations of the user-priority hash key.
     pub user_key_period_s: u64,
     /// An overloaded window keeps the level instead of cutting it when its
-    /// queue drained fast enough to empty within threshold / alpha
-    /// (admitted ≤ (1 − alpha · avg / threshold)·started): the last cut is
-    /// already working (not in the paper; see README).
+    /// queue shrank by at least alpha of what started (admitted ≤
+    /// (1 − alpha)·started): the last cuts are already working (not in
+    /// the paper; see README).
     /// Never for the agent's own shedding.
     pub hold_while_draining: bool,
     /// The agent forgets a node's downstream level (collaborative

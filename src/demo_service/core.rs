@@ -9,7 +9,7 @@
 
 use std::collections::VecDeque;
 
-use crate::admission::{Admission, AdmissionLevel, AdmissionParams, Micros};
+use crate::admission::{Admission, AdmissionLevel, AdmissionParams, Micros, WindowOutcome};
 
 /// How the service sheds load at arrival.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -94,6 +94,8 @@ pub struct ServiceCore<T> {
     free_at: Vec<Micros>,
     in_service: VecDeque<(Micros, T)>,
     stats: ServiceStats,
+    /// The admission windows' outcomes, kept while tracing.
+    trace: Option<Vec<WindowOutcome>>,
 }
 
 impl<T> ServiceCore<T> {
@@ -111,8 +113,21 @@ impl<T> ServiceCore<T> {
             free_at: vec![0; params.workers as usize],
             in_service: VecDeque::new(),
             stats: ServiceStats::default(),
+            trace: None,
             params,
         }
+    }
+
+    /// Starts (`true`) or stops keeping every admission window's outcome
+    /// for [`ServiceCore::take_trace`] (off by default: it allocates).
+    pub fn trace_windows(&mut self, on: bool) {
+        self.trace = on.then(Vec::new);
+    }
+
+    /// The window outcomes kept since the last call (empty when not
+    /// tracing).
+    pub fn take_trace(&mut self) -> Vec<WindowOutcome> {
+        self.trace.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
     /// The parameters in use.
@@ -213,20 +228,23 @@ impl<T> ServiceCore<T> {
             self.in_service.push_back((finish, token));
             if matches!(self.params.shedding, Shedding::Dagor) {
                 if let Some(o) = self.admission.started(start, queuing) {
-                    self.count_window(o.window.overloaded);
+                    self.count_window(o);
                 }
             }
         }
         if matches!(self.params.shedding, Shedding::Dagor) {
             if let Some(o) = self.admission.tick(now) {
-                self.count_window(o.window.overloaded);
+                self.count_window(o);
             }
         }
     }
 
-    fn count_window(&mut self, overloaded: bool) {
+    fn count_window(&mut self, o: WindowOutcome) {
         self.stats.windows += 1;
-        self.stats.overloaded_windows += u64::from(overloaded);
+        self.stats.overloaded_windows += u64::from(o.window.overloaded);
+        if let Some(t) = &mut self.trace {
+            t.push(o);
+        }
     }
 }
 

@@ -27,6 +27,8 @@
 mod args;
 pub mod core;
 pub mod serve;
+#[cfg(test)]
+mod sim;
 
 pub use self::core::{Arrival, ServiceCore, ServiceParams, ServiceStats, Shedding};
 pub use args::{command, DemoServiceArgs, SheddingArg};
