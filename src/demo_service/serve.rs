@@ -1,14 +1,17 @@
-//! The socket shell: one thread, one blocking UDP socket. It decodes,
-//! calls [`ServiceCore`], encodes; it sleeps in `recv` until the next
-//! datagram or the next request due to finish.
+//! The socket shell: one thread, one UDP socket. It decodes, calls
+//! [`ServiceCore`], encodes; it sleeps in `ppoll` until the next datagram
+//! or the next request due to finish, and takes each request's arrival
+//! from the kernel's receive timestamp.
 
 use std::io;
 use std::net::{SocketAddr, UdpSocket};
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering::Relaxed};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use super::core::{Arrival, ServiceCore, ServiceParams};
 use crate::admission::{piggyback, Micros};
+use crate::agent::udp::{self, RecvBatch};
 use crate::model::ModuleId;
 use crate::wire::{decode, Encoder, Limits, Message, RetCode};
 
@@ -60,8 +63,18 @@ impl Counters {
 /// What the shell keeps to answer a request.
 type Token = (SocketAddr, u32, ModuleId);
 
+/// Datagrams taken from the socket per system call.
+const BATCH: usize = 64;
+
 /// Serves `socket` with a service of `params` until `stop` is set (checked
 /// at least every 20 ms). Requests still queued at the stop get no answer.
+///
+/// Each request's arrival is the kernel's receive timestamp
+/// (`SO_TIMESTAMPNS`, as the agent's shards use), so a thread that runs
+/// late (a busy machine) neither shortens the queuing times it measures
+/// nor leaves the workers idle while requests wait in the socket: the
+/// workers are time slots from the true arrival. Without timestamps (or
+/// for a datagram without one) the arrival is when it was read.
 ///
 /// # Errors
 /// The socket's error when receiving fails for another reason than a
@@ -73,14 +86,18 @@ pub fn serve(
     stop: &AtomicBool,
     counters: &Counters,
 ) -> io::Result<()> {
+    let fd = socket.as_raw_fd();
+    let stamped = udp::enable_timestamps(fd).is_ok();
     let epoch = Instant::now();
     let now = || epoch.elapsed().as_micros() as Micros;
     let mut core: ServiceCore<Token> = ServiceCore::new(params);
     let mut enc = Encoder::new();
-    let mut buf = vec![0u8; 65_536];
-    let mut last_wait = None;
+    let mut batch = RecvBatch::new(BATCH);
+    // The latest time given to the core (it takes times in order).
+    let mut last: Micros = 0;
     while !stop.load(Relaxed) {
-        let t = now();
+        let t = now().max(last);
+        last = t;
         while let Some((addr, seq, module)) = core.poll_done(t) {
             let level = core.level();
             let _ = socket.send_to(
@@ -92,47 +109,102 @@ pub fn serve(
             .next_event()
             .map_or(MAX_WAIT_US, |e| e.saturating_sub(t))
             .clamp(1, MAX_WAIT_US);
-        let wait = Some(Duration::from_micros(wait));
-        if wait != last_wait {
-            socket.set_read_timeout(wait)?;
-            last_wait = wait;
-        }
-        match socket.recv_from(&mut buf) {
-            Ok((n, addr)) => {
-                let answer = match decode(&buf[..n], &Limits::UDP) {
-                    Ok(Message::GetHostReq(req)) => req.validate().ok(),
-                    _ => None,
+        wait_readable(fd, wait)?;
+        let n = batch.recv(fd)?;
+        // The kernel stamps on CLOCK_REALTIME; the core's clock is `epoch`.
+        let (mono, real_us) = (now(), udp::realtime_ns() / 1000);
+        for i in 0..n {
+            let stamp = batch.arrived_ns(i).filter(|_| stamped);
+            let arrival = arrival_us(stamp, mono, real_us, last);
+            last = arrival;
+            let (bytes, addr, truncated) = batch.get(i);
+            let req = match decode(bytes, &Limits::UDP) {
+                Ok(Message::GetHostReq(req)) if !truncated => req.validate().ok(),
+                _ => None,
+            };
+            let Some(req) = req else {
+                counters.malformed.fetch_add(1, Relaxed);
+                continue;
+            };
+            let token = (addr, req.seq, req.module);
+            let retcode =
+                match core.arrive(arrival, req.business_priority, req.user_priority, token) {
+                    Arrival::Queued => None,
+                    Arrival::Rejected => Some(RetCode::Rejected),
+                    Arrival::QueueFull => Some(RetCode::Unavailable),
                 };
-                let Some(req) = answer else {
-                    counters.malformed.fetch_add(1, Relaxed);
-                    continue;
-                };
-                let token = (addr, req.seq, req.module);
-                let retcode =
-                    match core.arrive(now(), req.business_priority, req.user_priority, token) {
-                        Arrival::Queued => None,
-                        Arrival::Rejected => Some(RetCode::Rejected),
-                        Arrival::QueueFull => Some(RetCode::Unavailable),
-                    };
-                if let Some(rc) = retcode {
-                    let level = core.level();
-                    let _ = socket.send_to(
-                        enc.get_host_resp(req.seq, req.module, rc, None, level),
-                        addr,
-                    );
-                }
+            if let Some(rc) = retcode {
+                let level = core.level();
+                let _ = socket.send_to(
+                    enc.get_host_resp(req.seq, req.module, rc, None, level),
+                    addr,
+                );
             }
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock
-                        | io::ErrorKind::TimedOut
-                        | io::ErrorKind::Interrupted
-                ) => {}
-            Err(e) => return Err(e),
         }
         counters.publish(&core);
     }
     counters.publish(&core);
     Ok(())
+}
+
+/// A datagram's arrival on the core's clock: its kernel stamp (`stamp_ns`
+/// on `CLOCK_REALTIME`) moved by the offset between the clocks read
+/// together (`mono_us` on the core's clock, `real_us` on `CLOCK_REALTIME`),
+/// kept within `[last, mono_us]` (the core takes times in order, and a
+/// stamp cannot be later than now); `mono_us` without a stamp.
+fn arrival_us(stamp_ns: Option<u64>, mono_us: Micros, real_us: u64, last: Micros) -> Micros {
+    let hi = mono_us.max(last);
+    stamp_ns
+        .map_or(mono_us, |ns| {
+            mono_us.saturating_sub(real_us.saturating_sub(ns / 1000))
+        })
+        .clamp(last, hi)
+}
+
+/// Waits until `fd` is readable or `wait_us` passed.
+///
+/// # Errors
+/// `ppoll`'s error, other than an interrupt.
+fn wait_readable(fd: RawFd, wait_us: Micros) -> io::Result<()> {
+    let ts = libc::timespec {
+        tv_sec: (wait_us / 1_000_000) as libc::time_t,
+        tv_nsec: ((wait_us % 1_000_000) * 1000) as libc::c_long,
+    };
+    let mut pfd = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one live pollfd, a valid timespec, no signal mask.
+    let r = unsafe { libc::ppoll(&mut pfd, 1, &ts, std::ptr::null()) };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::arrival_us;
+
+    #[test]
+    fn the_arrival_is_the_kernel_stamp_on_the_core_clock() {
+        // Read at mono 50 ms = real 1000 s; stamped 7 ms before.
+        let real = 1_000_000_000;
+        let stamp = Some((real - 7_000) * 1000);
+        assert_eq!(arrival_us(stamp, 50_000, real, 0), 43_000);
+        // Never before the last time the core was given…
+        assert_eq!(arrival_us(stamp, 50_000, real, 45_000), 45_000);
+        // …nor after now (a stamp from a clock step ahead).
+        assert_eq!(
+            arrival_us(Some((real + 5_000) * 1000), 50_000, real, 0),
+            50_000
+        );
+        // No stamp: when it was read.
+        assert_eq!(arrival_us(None, 50_000, real, 0), 50_000);
+        assert_eq!(arrival_us(None, 50_000, real, 60_000), 60_000);
+    }
 }

@@ -285,7 +285,12 @@ mod tests {
         for (i, f) in FEEDS.iter().enumerate() {
             assert!(m1[i] >= 0.95, "M1 at {f}x: {:.3} of the optimum", m1[i]);
             assert!(m4[i] >= 0.95, "M4 at {f}x: {:.3} of the optimum", m4[i]);
-            assert!((m1[i] - m4[i]).abs() <= 0.04, "M4 {:.3} against M1 {:.3} at {f}x", m4[i], m1[i]);
+            assert!(
+                (m1[i] - m4[i]).abs() <= 0.04,
+                "M4 {:.3} against M1 {:.3} at {f}x",
+                m4[i],
+                m1[i]
+            );
         }
         assert_eq!((top1, top4), (1.0, 1.0), "class 1 always served");
     }
@@ -327,7 +332,10 @@ mod tests {
             env("SIM_SEEDS", "3")[0],
         );
         let seeds = 1..=nseeds;
-        println!("window {} ms / {} requests, warm-up {warm} ms", win[0], win[1]);
+        println!(
+            "window {} ms / {} requests, warm-up {warm} ms",
+            win[0], win[1]
+        );
         for (name, collab, hold) in [
             ("service, hold", false, true),
             ("service, paper", false, false),
