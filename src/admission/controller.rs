@@ -183,7 +183,13 @@ impl Admission {
         let admitted = self.histogram.admitted_under(before);
         let draining = window.overloaded
             && self.params.hold_while_draining
-            && drained(admitted, window.samples, self.params.alpha);
+            && drained(
+                admitted,
+                window.samples,
+                self.params.alpha,
+                window.avg_queuing_us,
+                self.params.queuing_threshold_us,
+            );
         let after = if draining {
             before
         } else {
@@ -209,14 +215,24 @@ impl Admission {
     }
 }
 
-/// Whether a window's queue shrank at least as fast as one cut from
-/// balance makes it shrink: by `alpha` of what started, i.e.
-/// `admitted ≤ (1 − alpha)·started`. Then the last cuts are already
-/// draining the queue and cutting again only over-shoots (the queuing time
-/// measured at the start of processing lags the level by the queue's
-/// length). A window in which nothing started did not drain.
-fn drained(admitted: u64, started: u32, alpha: f64) -> bool {
-    started > 0 && admitted as f64 <= (1.0 - alpha) * f64::from(started)
+/// Queues up to this many thresholds long need only drain by `alpha` to
+/// hold the level; longer ones proportionally more (see [`drained`]).
+pub const HOLD_QUEUE_THRESHOLDS: f64 = 5.0;
+
+/// Whether a window's queue shrank fast enough that the last cuts are
+/// already draining it: by at least `alpha` of what started (what one cut
+/// from balance gives), and by enough to empty within
+/// `HOLD_QUEUE_THRESHOLDS · threshold / alpha` (2 s at the paper's 20 ms
+/// and 5%), i.e. `admitted ≤ (1 − need)·started` with
+/// `need = alpha · max(1, avg / (HOLD_QUEUE_THRESHOLDS · threshold))`.
+/// A queue up to 5 thresholds long (100 ms) needs `alpha`; a queue that
+/// grew towards the callers' timeouts (at 500 ms, `5·alpha`) is cut as the
+/// paper cuts unless it empties fast. A window in which nothing started
+/// did not drain.
+fn drained(admitted: u64, started: u32, alpha: f64, avg_us: Micros, threshold_us: Micros) -> bool {
+    let depth = avg_us as f64 / (HOLD_QUEUE_THRESHOLDS * threshold_us.max(1) as f64);
+    let need = alpha * depth.max(1.0);
+    started > 0 && admitted as f64 <= (1.0 - need) * f64::from(started)
 }
 
 /// How many levels (user priorities) the level rises after a calm window
@@ -451,15 +467,23 @@ mod tests {
 
     #[test]
     fn drained_at_its_boundary() {
-        let d = |admitted, started| drained(admitted, started, 0.05);
-        assert!(d(95, 100), "(1 - alpha) of what started");
-        assert!(!d(96, 100));
-        assert!(d(1900, 2000));
-        assert!(!d(1901, 2000));
-        assert!(d(0, 1));
-        assert!(!d(0, 0), "nothing started: not drained");
-        assert!(!d(100, 100), "as many in as out");
-        assert!(!d(101, 100), "the queue grew");
+        let d =
+            |admitted, started, avg_ms: u64| drained(admitted, started, 0.05, avg_ms * MS, 20 * MS);
+        assert!(d(95, 100, 21), "(1 - alpha) of what started");
+        assert!(!d(96, 100, 21));
+        assert!(d(95, 100, 100), "up to five thresholds: alpha");
+        assert!(!d(96, 100, 100));
+        assert!(d(1900, 2000, 60));
+        assert!(!d(1901, 2000, 60));
+        assert!(d(90, 100, 200), "ten thresholds: twice alpha");
+        assert!(!d(91, 100, 200));
+        assert!(d(75, 100, 500), "at 500 ms: five times alpha");
+        assert!(!d(76, 100, 500));
+        assert!(!d(0, 100, 2001), "past 2 s nothing is enough");
+        assert!(d(0, 1, 21));
+        assert!(!d(0, 0, 21), "nothing started: not drained");
+        assert!(!d(100, 100, 21), "as many in as out");
+        assert!(!d(101, 100, 21), "the queue grew");
     }
 
     #[test]
@@ -474,10 +498,9 @@ mod tests {
         assert!(o.window.overloaded && !o.draining);
         let cut = o.after;
         assert_eq!(cut.business, 5);
-        // Still over the threshold, however far (200 ms, ten times it),
-        // but 950 admitted against 1000 started: drained by alpha, the
-        // level holds.
-        let o = counted_window(&mut a, 1000 * MS, (2, 950), 1000, 200 * MS);
+        // Still over the threshold (80 ms, four times it), but 950
+        // admitted against 1000 started: drained by alpha, the level holds.
+        let o = counted_window(&mut a, 1000 * MS, (2, 950), 1000, 80 * MS);
         assert!(o.window.overloaded && o.draining);
         assert_eq!(o.admitted, 950);
         assert_eq!(o.after, cut);
@@ -528,7 +551,7 @@ mod tests {
             admitted in 1u32..300,
             started in 0u32..300,
             hold in any::<bool>(),
-            queuing_ms in 21u64..2000,
+            queuing_ms in 21u64..3000,
         ) {
             let mut a = Admission::new(AdmissionParams {
                 window_requests: 10_000,
@@ -536,8 +559,9 @@ mod tests {
                 ..params()
             });
             let o = counted_window(&mut a, 0, (5, admitted), started.max(1), queuing_ms * MS);
-            // Whatever the queuing time: a drain of alpha (5%) of what started.
-            let drained = f64::from(admitted) <= 0.95 * f64::from(started.max(1));
+            // A drain of alpha (5%) of what started up to 100 ms, more beyond.
+            let need = 0.05 * (queuing_ms as f64 / 100.0).max(1.0);
+            let drained = f64::from(admitted) <= (1.0 - need) * f64::from(started.max(1));
             prop_assert_eq!(o.draining, hold && drained);
             if o.draining {
                 prop_assert_eq!(o.after, o.before);

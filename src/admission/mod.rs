@@ -32,7 +32,9 @@ pub mod priority;
 mod window;
 
 pub use crate::wire::AdmissionLevel;
-pub use controller::{Admission, AdmissionParams, WindowOutcome, CENSORED_STEP};
+pub use controller::{
+    Admission, AdmissionParams, WindowOutcome, CENSORED_STEP, HOLD_QUEUE_THRESHOLDS,
+};
 pub use histogram::{level_index, level_of_index, Histogram, LEVELS};
 pub use priority::{user_priority, UserPriorities};
 pub use window::{Window, WindowEnd};
