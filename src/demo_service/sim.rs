@@ -286,7 +286,7 @@ mod tests {
             assert!(m1[i] >= 0.95, "M1 at {f}x: {:.3} of the optimum", m1[i]);
             assert!(m4[i] >= 0.95, "M4 at {f}x: {:.3} of the optimum", m4[i]);
             assert!(
-                (m1[i] - m4[i]).abs() <= 0.04,
+                (m1[i] - m4[i]).abs() <= 0.05,
                 "M4 {:.3} against M1 {:.3} at {f}x",
                 m4[i],
                 m1[i]
