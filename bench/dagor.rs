@@ -79,6 +79,7 @@ fn main() {
         opts.measure.as_millis()
     );
     let started = Instant::now();
+    let load_before = load_average();
     let mut results = Vec::new();
     for (si, &k) in SHAPES.iter().enumerate() {
         let seed = 1000 + si as u64;
@@ -127,7 +128,12 @@ fn main() {
         }
     }
     println!("bench time: {:.0} s", started.elapsed().as_secs_f64());
-    let md = tables(&results, &opts);
+    let load = format!(
+        "{} at the start, {} at the end",
+        load_before,
+        load_average()
+    );
+    let md = tables(&results, &opts, &load);
     println!("\n{md}");
     if let Err(e) = std::fs::create_dir_all(&opts.out) {
         eprintln!("dagor bench: cannot create {}: {e}", opts.out.display());
@@ -650,7 +656,15 @@ fn per_shape(rows: &[Row], feed: f64, f: &dyn Fn(&Row) -> String) -> String {
         .join(" / ")
 }
 
-fn tables(rows: &[Row], opts: &Opts) -> String {
+/// The 1, 5 and 15 minute load averages (`/proc/loadavg`), or why not.
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg").map_or_else(
+        |e| format!("(no /proc/loadavg: {e})"),
+        |s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "),
+    )
+}
+
+fn tables(rows: &[Row], opts: &Opts, load: &str) -> String {
     let mut s = String::new();
     s.push_str("Success rate (upstream requests answered Ok within 500 ms / offered):\n\n");
     s.push_str(
@@ -720,7 +734,11 @@ fn tables(rows: &[Row], opts: &Opts) -> String {
     s.push_str(&format!(
         "\nService {WORKERS} workers x {SERVICE_US} us = {:.0} requests/s, queue {QUEUE}; \
          business priorities 1..={CLASSES} uniform, {USERS} users; warm-up {} ms and \
-         measure {} ms per feed; Poisson arrivals.\n",
+         measure {} ms per feed; Poisson arrivals. Load average (1, 5, 15 min) {load}: \
+         the driver, the service and the agent are threads of this one process, so a busy \
+         machine delays answers past the deadline in any mode. The algorithm alone, without \
+         the machine (seeded, exact time, the same feeds and shapes): \
+         `cargo test --lib sim_report -- --ignored --nocapture`.\n",
         f64::from(WORKERS) * 1e6 / SERVICE_US as f64,
         opts.warmup.as_millis(),
         opts.measure.as_millis(),
