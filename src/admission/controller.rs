@@ -23,11 +23,12 @@ pub struct AdmissionParams {
     /// of business priority 1 is admitted).
     pub floor: AdmissionLevel,
     /// An overloaded window cuts the level only when its queue did not
-    /// drain: when `N_adm > (1 − alpha)·N_started` (admitted arrivals
-    /// against requests that started processing). When the queue shrank
-    /// by at least `alpha` of what started (what one cut from balance
-    /// gives), the last cuts are already working and the level holds (not
-    /// in the paper; see [`Admission`]). Only for a service whose queue
+    /// drain: when `N_adm > (1 − need)·N_started` (admitted arrivals
+    /// against requests that started processing), `need` being `alpha`
+    /// (what one cut from balance gives) for a queue up to
+    /// [`HOLD_QUEUE_THRESHOLDS`] thresholds long and proportionally more
+    /// beyond. When the queue shrank that fast, the last cuts are already
+    /// working and the level holds (not in the paper; see [`Admission`]). Only for a service whose queue
     /// holds nothing but admitted requests (not the agent's shard, whose
     /// kernel queue holds every datagram).
     pub hold_while_draining: bool,
@@ -82,8 +83,9 @@ pub struct WindowOutcome {
 /// the drain time, the level falls far below what fills the service and
 /// then climbs back at `beta` a window. So an overloaded window whose
 /// queue shrank by at least `alpha` of what started (`N_adm ≤ (1 −
-/// alpha)·N_started`, what one cut from balance gives) keeps the level:
-/// the last cuts are already draining the queue.
+/// alpha)·N_started`, what one cut from balance gives; more for a queue
+/// over [`HOLD_QUEUE_THRESHOLDS`] thresholds, see `drained`) keeps the
+/// level: the last cuts are already draining the queue.
 #[derive(Clone, Debug)]
 pub struct Admission {
     params: AdmissionParams,

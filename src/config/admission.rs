@@ -33,8 +33,9 @@ pub struct AdmissionConfig {
     pub user_key_period_s: u64,
     /// An overloaded window keeps the level instead of cutting it when its
     /// queue shrank by at least alpha of what started (admitted ≤
-    /// (1 − alpha)·started): the last cuts are already working (not in
-    /// the paper; see README).
+    /// (1 − alpha)·started; a queue deeper than five thresholds must
+    /// shrink proportionally faster): the last cuts are already working
+    /// (not in the paper; see README).
     /// Never for the agent's own shedding.
     pub hold_while_draining: bool,
     /// The agent forgets a node's downstream level (collaborative
