@@ -165,6 +165,8 @@ pub struct ShardMetrics {
     /// getHosts by priority class and queuing time: per class, one count
     /// per bucket of [`QUEUING_BUCKETS_US`], then +Inf.
     pub gethost_queuing: [[u64; QUEUING_BUCKETS_US.len() + 1]; CLASSES],
+    /// Per priority class, the sum of those getHosts' queuing times, µs.
+    pub gethost_queuing_sum_us: [u64; CLASSES],
     /// The shared-memory transport's counters (zero without `[shm]`).
     pub shm: crate::shm::serve::ShmCounts,
     /// Modules with downstream levels and the most permissive one (gauge;
@@ -220,6 +222,7 @@ impl ShardMetrics {
             queuing_buckets: [0; QUEUING_BUCKETS_US.len() + 1],
             queuing_sum_us: 0,
             gethost_queuing: [[0; QUEUING_BUCKETS_US.len() + 1]; CLASSES],
+            gethost_queuing_sum_us: [0; CLASSES],
             shm: Default::default(),
             module_levels: Vec::new(),
         }
@@ -269,9 +272,11 @@ impl ShardMetrics {
     }
 
     /// Counts a getHost of priority class `class` in queuing-time bucket
-    /// `bucket` (as [`ShardMetrics::record_queuing_us`] returned it).
-    pub fn record_gethost_queuing(&mut self, class: usize, bucket: usize) {
+    /// `bucket` (as [`ShardMetrics::record_queuing_us`] returned it) that
+    /// waited `us` µs.
+    pub fn record_gethost_queuing(&mut self, class: usize, bucket: usize, us: u64) {
         self.gethost_queuing[class][bucket] += 1;
+        self.gethost_queuing_sum_us[class] = self.gethost_queuing_sum_us[class].saturating_add(us);
     }
 
     /// Records one getHost's service time, ns.
@@ -838,6 +843,12 @@ fn render_gethost_queuing(o: &mut String, shards: &[ShardMetrics]) {
             }
             sample(
                 o,
+                "lbagent_gethost_queuing_seconds_sum",
+                &[("shard", &s), ("class", class)],
+                m.gethost_queuing_sum_us[c] as f64 / 1e6,
+            );
+            sample(
+                o,
                 "lbagent_gethost_queuing_seconds_count",
                 &[("shard", &s), ("class", class)],
                 cumulative as f64,
@@ -890,7 +901,7 @@ mod tests {
             m.record_queuing_us(us);
         }
         let b = m.record_queuing_us(400);
-        m.record_gethost_queuing(priority_class(5), b);
+        m.record_gethost_queuing(priority_class(5), b, 400);
         let text = render(&[m], &ControlMetrics::default());
         for want in [
             "lbagent_admission_level{shard=\"0\",part=\"business\"} 20\n",
@@ -902,6 +913,7 @@ mod tests {
             "lbagent_queuing_seconds_bucket{shard=\"0\",le=\"0.00001\"} 2\n",
             "lbagent_gethost_queuing_seconds_bucket{shard=\"0\",class=\"4-7\",le=\"0.00025\"} 0\n",
             "lbagent_gethost_queuing_seconds_bucket{shard=\"0\",class=\"4-7\",le=\"0.0005\"} 1\n",
+            "lbagent_gethost_queuing_seconds_sum{shard=\"0\",class=\"4-7\"} 0.0004\n",
             "lbagent_gethost_queuing_seconds_count{shard=\"0\",class=\"4-7\"} 1\n",
             "lbagent_queuing_seconds_bucket{shard=\"0\",le=\"0.000025\"} 3\n",
             "lbagent_queuing_seconds_bucket{shard=\"0\",le=\"0.005\"} 5\n",

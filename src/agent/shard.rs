@@ -335,7 +335,7 @@ impl ShardCore {
         let mut shed = false;
         let mut bucket = None;
         if let Some(q) = queued {
-            bucket = Some(self.metrics.record_queuing_us(q.waited_us));
+            bucket = Some((self.metrics.record_queuing_us(q.waited_us), q.waited_us));
             if let Some(a) = self.shedding.as_mut() {
                 if let Some(o) = a.started(q.now_us, q.waited_us) {
                     self.metrics.self_level = o.after;
@@ -784,18 +784,18 @@ impl ShardCore {
     }
 
     /// A getHost; `shed`: the shard's own level applies; `bucket`: its
-    /// queuing-time bucket, when the kernel stamped it.
+    /// queuing-time bucket and queuing time (µs), when the kernel stamped it.
     fn get_host(
         &mut self,
         g: wire::GetHost,
         now: Millis,
         shed: bool,
-        bucket: Option<usize>,
+        bucket: Option<(usize, u64)>,
     ) -> Option<&[u8]> {
         let (seq, module) = (g.seq, g.module);
         let class = priority_class(g.business_priority);
-        if let Some(b) = bucket {
-            self.metrics.record_gethost_queuing(class, b);
+        if let Some((b, us)) = bucket {
+            self.metrics.record_gethost_queuing(class, b, us);
         }
         // Shed below the shard's own level before anything else: no
         // module lookup, no LB work (a getHost for another shard's module

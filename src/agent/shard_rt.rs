@@ -128,7 +128,6 @@ pub async fn run(parts: ShardParts) {
                 glommio::timer::sleep(Duration::from_millis(1)).await;
             }
         })
-        .detach()
     };
     let to_control = Rc::new(to_control.connect().await);
     let from_control = from_control.connect().await;
@@ -157,13 +156,12 @@ pub async fn run(parts: ShardParts) {
                 timer.nudge(&core.borrow());
             }
         })
-        .detach()
     };
 
     // Register deadlines, the admission window's end by time and the
     // metrics second: the task sleeps until the first of them is due (see
     // wake::shard_sleep), and the request loop and the ring task wake it
-    // when an event makes something due sooner (see nudge). It ends when
+    // when an event makes something due sooner (see nudge). Cancelled when
     // the request loop drops it.
     let tick_task = {
         let core = core.clone();
@@ -231,7 +229,6 @@ pub async fn run(parts: ShardParts) {
                 }
             }
         })
-        .detach()
     };
 
     let mut rx = RecvBatch::new(BATCH);
@@ -381,6 +378,9 @@ pub async fn run(parts: ShardParts) {
         }
         glommio::yield_if_needed().await;
     }
+    // The tasks are held, not detached: dropping one cancels it, so no
+    // timer expiry, route or preload runs into the shutdown below (a
+    // detached task would run on until the executor ends).
     drop(ring_task);
     drop(tick_task);
     drop(preload_task);

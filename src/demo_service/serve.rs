@@ -95,21 +95,20 @@ pub fn serve(
     let mut batch = RecvBatch::new(BATCH);
     // The latest time given to the core (it takes times in order).
     let mut last: Micros = 0;
-    while !stop.load(Relaxed) {
-        let t = now().max(last);
-        last = t;
-        while let Some((addr, seq, module)) = core.poll_done(t) {
+    // Answers every request the core finished by `at`.
+    let answer_done = |core: &mut ServiceCore<Token>, enc: &mut Encoder, at: Micros| {
+        while let Some((addr, seq, module)) = core.poll_done(at) {
             let level = core.level();
             let _ = socket.send_to(
                 enc.get_host_resp(seq, module, RetCode::Ok, None, level),
                 addr,
             );
         }
-        let wait = core
-            .next_event()
-            .map_or(MAX_WAIT_US, |e| e.saturating_sub(t))
-            .clamp(1, MAX_WAIT_US);
-        wait_readable(fd, wait)?;
+    };
+    while !stop.load(Relaxed) {
+        // Read first (the socket does not block), so that what arrived
+        // while the last turn ran is fed to the core at its stamp, before
+        // the core's clock moves on to now.
         let n = batch.recv(fd)?;
         // The kernel stamps on CLOCK_REALTIME; the core's clock is `epoch`.
         let (mono, real_us) = (now(), udp::realtime_ns() / 1000);
@@ -117,6 +116,8 @@ pub fn serve(
             let stamp = batch.arrived_ns(i).filter(|_| stamped);
             let arrival = arrival_us(stamp, mono, real_us, last);
             last = arrival;
+            // Workers that finished before this arrival are free for it.
+            answer_done(&mut core, &mut enc, arrival);
             let (bytes, addr, truncated) = batch.get(i);
             let req = match decode(bytes, &Limits::UDP) {
                 Ok(Message::GetHostReq(req)) if !truncated => req.validate().ok(),
@@ -141,7 +142,22 @@ pub fn serve(
                 );
             }
         }
+        if n > 0 {
+            // More may have come while this batch was handled: read again
+            // before the core's clock moves on to now, so no datagram that
+            // waited in the socket is dated later than its stamp.
+            counters.publish(&core);
+            continue;
+        }
+        let t = now().max(last);
+        last = t;
+        answer_done(&mut core, &mut enc, t);
         counters.publish(&core);
+        let wait = core
+            .next_event()
+            .map_or(MAX_WAIT_US, |e| e.saturating_sub(t))
+            .clamp(1, MAX_WAIT_US);
+        wait_readable(fd, wait)?;
     }
     counters.publish(&core);
     Ok(())
