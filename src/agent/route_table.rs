@@ -181,6 +181,17 @@ mod tests {
         Arc::new(snapshot::read_index(&path).unwrap())
     }
 
+    /// Modules 0..4 at version 1, two nodes each.
+    fn four_modules() -> Vec<SnapshotRoute> {
+        (0..4)
+            .map(|k| SnapshotRoute {
+                module: m(k),
+                version: 1,
+                nodes: nodes(2),
+            })
+            .collect()
+    }
+
     fn m(k: u32) -> ModuleId {
         ModuleId::new(k, 1)
     }
@@ -220,13 +231,7 @@ mod tests {
 
     #[test]
     fn the_route_servers_word_wins_over_the_snapshot() {
-        let routes: Vec<SnapshotRoute> = (0..4)
-            .map(|k| SnapshotRoute {
-                module: m(k),
-                version: 1,
-                nodes: nodes(2),
-            })
-            .collect();
+        let routes = four_modules();
         let mut t = RouteTable::from_snapshot(index(&routes));
         // Before their slice: 0 updated, 1 gone at the route server, 2
         // forgotten by its shard.
@@ -247,13 +252,7 @@ mod tests {
 
     #[test]
     fn only_dropped_modules_ahead_of_the_fill_are_remembered() {
-        let routes: Vec<SnapshotRoute> = (0..4)
-            .map(|k| SnapshotRoute {
-                module: m(k),
-                version: 1,
-                nodes: nodes(2),
-            })
-            .collect();
+        let routes = four_modules();
         let mut t = RouteTable::from_snapshot(index(&routes));
         assert!(t.fill_step(1, |_| {}));
         t.set(m(0), 9, Vec::new()); // behind the fill
