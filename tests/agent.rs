@@ -956,25 +956,33 @@ fn gethosts_after(agent: &AgentProc, marker: &str, want: f64) -> f64 {
     )
 }
 
+/// One shard shedding on its own level, whose every window of 5 requests is
+/// overloaded (any datagram waits more than the 1 µs threshold between the
+/// kernel and the shard); a window also ends after `window_ms`.
+fn start_shedding(dir: &Path, route_server: SocketAddr, window_ms: u64) -> AgentProc {
+    start_with(
+        dir,
+        route_server,
+        "127.0.0.1:1",
+        1,
+        (
+            "",
+            &format!(
+                "[admission]\nagent_shedding = true\nagent_queuing_threshold_us = 1\n\
+                 window_ms = {window_ms}\nwindow_requests = 5\n"
+            ),
+        ),
+    )
+}
+
 #[test]
 fn the_client_library_holds_back_what_the_shedding_agent_would_reject() {
     use lbagent::client::{Client as Lib, ClientError, ClientOptions, Priority};
     let dir = tempfile::tempdir().unwrap();
     let source = RouteSource::start();
     source.set_route(M, &nodes(2));
-    // Every window (5 requests; never ended by time) is overloaded: any
-    // datagram waits more than 1 µs between the kernel and the shard.
-    let agent = start_with(
-        dir.path(),
-        source.addr(),
-        "127.0.0.1:1",
-        1,
-        (
-            "",
-            "[admission]\nagent_shedding = true\nagent_queuing_threshold_us = 1\n\
-             window_ms = 60000\nwindow_requests = 5\n",
-        ),
-    );
+    // Every window (5 requests; never ended by time) is overloaded.
+    let agent = start_shedding(dir.path(), source.addr(), 60_000);
     let options = |holdback| ClientOptions {
         heartbeat_path: agent.heartbeat_path(),
         snapshot_path: dir.path().join("not-the-snapshot"),
@@ -1049,20 +1057,9 @@ fn a_shed_level_climbs_back_by_time_when_the_requests_stop() {
     let dir = tempfile::tempdir().unwrap();
     let source = RouteSource::start();
     source.set_route(M, &nodes(2));
-    // Every window of 5 requests is overloaded (any datagram waits more than
-    // 1 µs); a window also ends after 1.5 s (longer than the metrics
-    // second, so that a cut level shows).
-    let agent = start_with(
-        dir.path(),
-        source.addr(),
-        "127.0.0.1:1",
-        1,
-        (
-            "",
-            "[admission]\nagent_shedding = true\nagent_queuing_threshold_us = 1\n\
-             window_ms = 1500\nwindow_requests = 5\n",
-        ),
-    );
+    // Every window of 5 requests is overloaded; a window also ends after
+    // 1.5 s (longer than the metrics second, so that a cut level shows).
+    let agent = start_shedding(dir.path(), source.addr(), 1_500);
     let mut plain = Lib::with_options(ClientOptions {
         heartbeat_path: agent.heartbeat_path(),
         snapshot_path: dir.path().join("not-the-snapshot"),
