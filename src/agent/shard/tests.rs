@@ -15,17 +15,22 @@ fn node(i: u8) -> NodeAddr {
     NodeAddr::new(Ipv4Addr::new(10, 0, 0, i), 80)
 }
 
+/// Nodes 1..=n, weight 1.
+fn route_nodes(n: u8) -> Vec<RouteNode> {
+    (1..=n)
+        .map(|i| RouteNode {
+            addr: node(i),
+            weight: 1,
+        })
+        .collect()
+}
+
 fn route(n: u8) -> ToShard {
     ToShard::Route {
         module: M,
         exists: true,
         version: 7,
-        nodes: (1..=n)
-            .map(|i| RouteNode {
-                addr: node(i),
-                weight: 1,
-            })
-            .collect(),
+        nodes: route_nodes(n),
         policy: Policy::L5,
     }
 }
@@ -960,12 +965,7 @@ fn preloaded(modules: u32, nodes: u8) -> Arc<SnapshotIndex> {
     let route = |module, n: u8| SnapshotRoute {
         module,
         version: 1,
-        nodes: (1..=n)
-            .map(|i| RouteNode {
-                addr: node(i),
-                weight: 1,
-            })
-            .collect(),
+        nodes: route_nodes(n),
     };
     let routes: Vec<SnapshotRoute> = (0..modules)
         .flat_map(|k| {
