@@ -5,8 +5,10 @@
 # cell; then latency where the agent keeps up (1 and 2 threads, clients
 # off the shard's core); then the idle CPU of a parked agent with 30
 # attached clients. Prints Markdown tables. Environment: SECONDS_EACH (3),
-# ROUNDS (3), KEEPUP (1; 0 skips the latency table). With N shards the
-# threads spread over N modules, one per shard, so every shard has work.
+# ROUNDS (3), KEEPUP (1; 0 skips the latency table), SHM_SHARDS ("1 2";
+# more on a many-core machine, e.g. "1 2 4 8"), IDLE (1; 0 skips the idle
+# runs). With N shards the threads spread over N modules, one per shard, so
+# every shard has work.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 SECONDS_EACH=${SECONDS_EACH:-3}
@@ -29,7 +31,7 @@ $(json_number "$json" p50) $(json_number "$json" p99) $(json_number "$json" erro
 
 echo "| shards | calls | transport | getHost per agent CPU-s | × floor | wall getHost/s | p50 µs | p99 µs | errors |"
 echo "|---:|---|---|---:|---:|---:|---:|---:|---:|"
-for shards in 1 2; do
+for shards in ${SHM_SHARDS:-1 2}; do
   for calls in report no-report; do
     extra=()
     [[ $calls == no-report ]] && extra=(--no-report)
@@ -92,6 +94,7 @@ fi
 # Idle: 30 threads each take one host and hold it 12 s without a call:
 # the agent's CPU over the 8 s run is that of a parked agent with 30
 # attached clients (qpstest counts the agent threads' CPU).
+[[ ${IDLE:-1} == 0 ]] && exit 0
 for t in udp shm; do
   json="$scratch/idle-$t.json"
   "$LBAGENT" qpstest --json --threads 30 --duration 8 --hold-ms 12000 --standalone \
