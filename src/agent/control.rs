@@ -72,19 +72,20 @@ pub struct ControlParts {
     pub ready: Arc<AtomicU32>,
     /// Reloaded configurations to apply (SIGHUP).
     pub live: super::live::LiveSlot,
+    /// The main loop's longest sleep while serving
+    /// ([`super::liveness::idle_tick`]): its look at the reload slot (set
+    /// by another thread), and a turn for the liveness watchdog. The stop
+    /// flag needs no poll: the shards stop first and their `Drained` wakes
+    /// the loop (this tick is the fallback).
+    pub idle_tick: Duration,
 }
 
 /// How often a link that stays down (connection attempts failing) is
 /// logged again, with the count of the attempts in between.
 const RELOG_MS: u64 = 60_000;
 
-/// How often the main loop looks at the stop flag and the reload slot
-/// (set by other threads) while serving: the control core's only timer
-/// that is not due to something.
-const STOP_POLL: Duration = Duration::from_millis(50);
-
-/// The same while the shards are starting (the first heartbeat waits for
-/// them).
+/// How often the main loop looks whether every shard is ready while they
+/// start (the first heartbeat waits for them).
 const STARTING_POLL: Duration = Duration::from_millis(5);
 
 /// Between two heartbeats.
@@ -130,6 +131,7 @@ pub async fn run(parts: ControlParts) {
         beat,
         ready,
         live,
+        idle_tick,
     } = parts;
     let mut snapshot_interval = snapshot_interval;
     // The snapshot's routes become our table, and its modules are
@@ -186,12 +188,18 @@ pub async fn run(parts: ControlParts) {
 
     let wants_tx = Rc::new(wants_tx);
     let stats_tx = Rc::new(stats_tx);
+    // The shards stop first (the stop flag wakes them) and each says
+    // Drained: that wakes the main loop at once, instead of a short poll
+    // of the flag.
+    let (stop_wake_tx, stop_wake_rx) = local_channel::new_bounded::<()>(1);
+    let stop_wake_tx = Rc::new(stop_wake_tx);
     let mut tasks = Vec::new();
     for rx in from_shards {
         let wants_tx = wants_tx.clone();
         let stats_tx = stats_tx.clone();
         let state = state.clone();
         let drained = drained.clone();
+        let stop_wake_tx = stop_wake_tx.clone();
         tasks.push(glommio::spawn_local(async move {
             let rx = rx.connect().await;
             while let Some(msg) = rx.recv().await {
@@ -208,7 +216,10 @@ pub async fn run(parts: ControlParts) {
                     ToControl::Stats { module, nodes } => {
                         let _ = stats_tx.try_send((module, nodes));
                     }
-                    ToControl::Drained => drained.set(drained.get() + 1),
+                    ToControl::Drained => {
+                        drained.set(drained.get() + 1);
+                        let _ = stop_wake_tx.try_send(());
+                    }
                 }
             }
         }));
@@ -400,15 +411,19 @@ pub async fn run(parts: ControlParts) {
         let sleep = {
             let st = state.borrow();
             // At least the poll: a zero interval must not spin the loop.
-            let interval = snapshot_interval.max(STOP_POLL);
+            let interval = snapshot_interval.max(idle_tick);
             wake::control_sleep(
                 serving.then(|| BEAT_EVERY.saturating_sub(st.last_beat.elapsed())),
                 (!st.routes.filling()).then(|| interval.saturating_sub(last_snapshot.elapsed())),
-                STOP_POLL,
+                idle_tick,
                 (!serving).then_some(STARTING_POLL),
             )
         };
-        glommio::timer::sleep(sleep).await;
+        let _ = glommio::timer::timeout(sleep, async {
+            let _ = stop_wake_rx.recv().await;
+            Ok(())
+        })
+        .await;
         beat.beat();
         let mut st = state.borrow_mut();
         if let Some(update) = live.take() {

@@ -4,7 +4,7 @@
 //! shard plus the control core's. [`run`] adds the signal handling of the
 //! `lbagent agent` command.
 
-use std::net::{SocketAddr, TcpListener, ToSocketAddrs, UdpSocket};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, ToSocketAddrs, UdpSocket};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -36,6 +36,10 @@ pub struct Agent {
     shards: Vec<ExecutorJoinHandle<()>>,
     control: Option<ExecutorJoinHandle<()>>,
     ports: Vec<u16>,
+    /// Where the shards' sockets are reached from this host (the bind
+    /// address, or loopback when that is unspecified), for the stop's
+    /// doorbells.
+    bind: Ipv4Addr,
     metrics_addr: SocketAddr,
     routes_loaded: usize,
     liveness: Arc<Liveness>,
@@ -122,6 +126,7 @@ impl Agent {
         let io_memory = a.io_memory_kib as usize * 1024;
         let control_core = ncpu - 1;
         let live = Liveness::new(shards);
+        let idle_tick = super::liveness::idle_tick(crate::sdnotify::watchdog_interval());
         let live_slot = LiveSlot::default();
 
         let mut from_shards = Vec::new();
@@ -159,6 +164,7 @@ impl Agent {
                 ready: ready.clone(),
                 shedding: config.admission.agent_params(),
                 shm: regions.next(),
+                idle_tick,
             };
             let core = i % ncpu.max(1);
             let h = LocalExecutorBuilder::new(Placement::Fixed(core))
@@ -201,6 +207,7 @@ impl Agent {
             beat: live.control(),
             ready,
             live: live_slot.clone(),
+            idle_tick,
         };
         let control = LocalExecutorBuilder::new(Placement::Fixed(control_core))
             .name("lbagent-control")
@@ -217,6 +224,11 @@ impl Agent {
             shards: shard_handles,
             control: Some(control),
             ports,
+            bind: if a.bind.is_unspecified() {
+                Ipv4Addr::LOCALHOST
+            } else {
+                a.bind
+            },
             metrics_addr,
             routes_loaded,
             liveness: live,
@@ -267,7 +279,21 @@ impl Agent {
     /// An executor panicked.
     pub fn stop(mut self) -> anyhow::Result<()> {
         self.stop.store(true, Ordering::SeqCst);
+        self.ring_shards();
         self.join()
+    }
+
+    /// Wakes every parked shard to see the stop flag: an empty datagram on
+    /// its socket (what a shared-memory client's doorbell is). A shard that
+    /// is not parked sees the flag at its next turn; one whose doorbell is
+    /// lost sees it at its next tick.
+    fn ring_shards(&self) {
+        let Ok(sock) = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)) else {
+            return;
+        };
+        for &port in &self.ports {
+            let _ = sock.send_to(&[], (self.bind, port));
+        }
     }
 
     fn join(&mut self) -> anyhow::Result<()> {
@@ -285,7 +311,10 @@ impl Agent {
 
 impl Drop for Agent {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
+        if !self.shards.is_empty() {
+            self.stop.store(true, Ordering::SeqCst);
+            self.ring_shards();
+        }
         let _ = self.join();
     }
 }
@@ -386,7 +415,7 @@ fn size_receive_buffers(sockets: &[UdpSocket], bytes: u32) -> anyhow::Result<()>
 }
 
 /// Binds shard i on `base + i`. With `base == 0`, finds a free range.
-fn bind_shards(ip: std::net::Ipv4Addr, base: u16, shards: u32) -> anyhow::Result<Vec<UdpSocket>> {
+fn bind_shards(ip: Ipv4Addr, base: u16, shards: u32) -> anyhow::Result<Vec<UdpSocket>> {
     let bind_range = |base: u16| -> std::io::Result<Vec<UdpSocket>> {
         (0..shards)
             .map(|i| UdpSocket::bind((ip, base + i as u16)))

@@ -4,8 +4,8 @@
 //!
 //! The request loop receives and answers in batches with `recvmmsg` /
 //! `sendmmsg` on the socket's descriptor; only when nothing is queued does it
-//! park on one io_uring peek until a datagram arrives (or a tick passes, to
-//! notice shutdown). Under load every system call moves a batch.
+//! park on one io_uring peek until a datagram arrives (or its idle tick
+//! passes, see [`ShardParts::idle_tick`]). Under load every system call moves a batch.
 //!
 //! The kernel stamps each datagram's arrival (`SO_TIMESTAMPNS`); the loop
 //! reads the clock once per batch and hands the core each datagram's
@@ -41,10 +41,6 @@ use std::net::SocketAddr;
 /// Datagrams moved per system call.
 pub const BATCH: usize = 32;
 
-/// How often an idle shard's request loop wakes to check for shutdown (its
-/// executor's only wake-up that is not due to something).
-const TICK: Duration = Duration::from_millis(50);
-
 /// How often the shard ships its metrics to the control core (and reclaims
 /// dead clients' slots), milliseconds.
 const METRICS_EVERY_MS: u64 = 1000;
@@ -79,6 +75,12 @@ pub struct ShardParts {
     pub shedding: Option<AdmissionParams>,
     /// The shard's shared-memory region (`[shm]`), None when off.
     pub shm: Option<Region>,
+    /// How long the idle request loop parks before it turns anyway
+    /// ([`super::liveness::idle_tick`]): so that the liveness watchdog sees
+    /// an idle loop alive, and to sweep every shared-memory slot once (a
+    /// client that set no pending bit). Shutdown does not wait for it:
+    /// `Agent::stop` rings every shard's socket with an empty datagram.
+    pub idle_tick: Duration,
 }
 
 /// Runs a shard until `stop` is set. Call inside its glommio executor.
@@ -95,6 +97,7 @@ pub async fn run(parts: ShardParts) {
         ready,
         shedding,
         shm,
+        idle_tick,
     } = parts;
     let shm = shm.map(|r| Rc::new(RefCell::new(Server::new(r))));
     let fd = socket.into_raw_fd();
@@ -309,11 +312,13 @@ pub async fn run(parts: ShardParts) {
                     continue;
                 }
             }
-            // Nothing queued: park until a datagram arrives or a tick passes
-            // (the shard's one look at the stop flag while idle).
-            let woken = glommio::timer::timeout(TICK, async { socket.peek_from(&mut peek).await })
-                .await
-                .is_ok();
+            // Nothing queued: park until a datagram arrives (a request, a
+            // client's doorbell, or the agent's own at stop) or a tick
+            // passes.
+            let woken =
+                glommio::timer::timeout(idle_tick, async { socket.peek_from(&mut peek).await })
+                    .await
+                    .is_ok();
             if let Some(s) = &shm {
                 s.borrow().unpark();
                 // Read the socket at the next turn: the doorbell is there.
@@ -340,8 +345,9 @@ pub async fn run(parts: ShardParts) {
             let now_ns = if stamped { udp::realtime_ns() } else { 0 };
             for i in 0..n {
                 let (bytes, peer, truncated) = rx.get(i);
-                if bytes.is_empty() && shm.is_some() {
-                    // A client's doorbell: it woke the shard, nothing more.
+                if bytes.is_empty() {
+                    // A doorbell (a shared-memory client's, or the agent's
+                    // own at stop): it woke the shard, nothing more.
                     continue;
                 }
                 let queued = if stamped {

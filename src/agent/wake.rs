@@ -89,8 +89,9 @@ pub fn next_second(due: Millis, now_ms: Millis) -> Millis {
 
 /// How long the control core's main loop may sleep: until the next
 /// heartbeat or snapshot is due (`None`: none is), but at most `poll` (its
-/// single look at the process-wide stop flag and reload slot, which other
-/// threads set), or `starting` while it waits for the shards to be ready.
+/// look at the reload slot, which another thread sets, and its turn for
+/// the liveness watchdog; the stop wakes it through the shards' `Drained`),
+/// or `starting` while it waits for the shards to be ready.
 pub fn control_sleep(
     until_beat: Option<Duration>,
     until_snapshot: Option<Duration>,
