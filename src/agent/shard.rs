@@ -534,20 +534,17 @@ impl ShardCore {
     }
 
     /// Makes more of the preloaded modules at `now`, until modules of
-    /// `max_nodes` nodes in all were made (at least one); true while some
-    /// remain.
+    /// `max_nodes` nodes in all were made (at least one module, even with
+    /// `max_nodes` 0); true while some remain. Nothing to make (an empty
+    /// snapshot, or a share of routes with no node, which
+    /// [`ShardCore::preload`] marks made): false at once.
     pub fn preload_step(&mut self, now: Millis, max_nodes: usize) -> bool {
         let mut made = 0;
         while (made == 0 || made < max_nodes) && self.preload.left > 0 {
             let i = self.preload.next;
             self.preload.next += 1;
             if !self.preload.is_made(i) {
-                made += self
-                    .preload
-                    .snapshot
-                    .as_ref()
-                    .map_or(1, |s| s.node_count(i));
-                self.make_preloaded(i, now);
+                made += self.make_preloaded(i, now);
             }
         }
         if self.preload.left == 0 {
@@ -576,16 +573,20 @@ impl ShardCore {
     }
 
     /// Makes route `i` of the snapshot a module, as a route from the
-    /// control core would.
-    fn make_preloaded(&mut self, i: usize, now: Millis) {
+    /// control core would; the number of its nodes (at least 1: routes
+    /// with none are never made). The snapshot is held while any route is
+    /// left to make (0 if not: nothing made).
+    fn make_preloaded(&mut self, i: usize, now: Millis) -> usize {
         let Some(snapshot) = &self.preload.snapshot else {
-            return;
+            return 0;
         };
+        let nodes = snapshot.nodes(i);
+        let count = nodes.len();
         let msg = ToShard::Route {
             module: snapshot.module(i),
             exists: true,
             version: snapshot.version(i),
-            nodes: snapshot.nodes(i),
+            nodes,
             // The static route file keeps no policy: `l5` until the
             // module's route is pulled again.
             policy: Policy::L5,
@@ -595,6 +596,7 @@ impl ShardCore {
         // No register can wait on a module not yet made: nothing released.
         let released = self.apply_route(msg, now);
         debug_assert!(released.is_empty());
+        count
     }
 
     /// Runs every timer due at `now`: register requests past their

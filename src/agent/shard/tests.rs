@@ -1042,6 +1042,51 @@ fn a_preload_slice_is_bounded_by_nodes_not_modules() {
 }
 
 #[test]
+fn a_preload_step_counts_the_nodes_it_made_and_always_makes_one_module() {
+    let mut s = shard();
+    s.preload(preloaded(6, 5));
+    // A budget of 0 still makes one module (no step can stall the drain).
+    assert!(s.preload_step(7, 0));
+    assert_eq!((s.preloading(), s.modules.len()), (5, 1));
+    // 10 nodes: exactly two modules of 5.
+    assert!(s.preload_step(7, 10));
+    assert_eq!((s.preloading(), s.modules.len()), (3, 3));
+    // 11 nodes: a third module after two; the last ones, so done.
+    assert!(!s.preload_step(7, 11));
+    assert_eq!((s.preloading(), s.modules.len()), (0, 6));
+}
+
+#[test]
+fn a_share_with_no_route_to_make_holds_nothing_and_its_step_is_done_at_once() {
+    // The shard's share is only routes with no node (and the other shard's
+    // routes): nothing to make, nothing held.
+    use crate::agent::snapshot::{self, SnapshotRoute};
+    let route = |modid, n| SnapshotRoute {
+        module: ModuleId::new(modid, 1),
+        version: 1,
+        nodes: route_nodes(n),
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("routes.snapshot");
+    // (1, 1) and (3, 1) are shard 0's, (2, 1) the other shard's.
+    snapshot::write(&path, 1, &[route(1, 0), route(2, 3), route(3, 0)]).unwrap();
+    let index = Arc::new(snapshot::read_index(&path).unwrap());
+    let mut s = shard();
+    assert_eq!(ModuleId::new(2, 1).shard(2), 1, "not this shard's");
+    s.preload(index.clone());
+    assert_eq!(s.preloading(), 0);
+    assert!(s.preload.snapshot.is_none(), "nothing of the snapshot held");
+    assert!(!s.preload_step(7, 0));
+    assert!(s.modules.is_empty());
+    // An empty snapshot: the same.
+    snapshot::write(&path, 1, &[]).unwrap();
+    s.preload(Arc::new(snapshot::read_index(&path).unwrap()));
+    assert!(!s.preload_step(7, 1));
+    assert_eq!((s.preloading(), s.modules.len()), (0, 0));
+    assert_eq!(Arc::strong_count(&index), 1, "the shard let go of it");
+}
+
+#[test]
 fn a_route_for_a_preloaded_module_replaces_the_snapshots() {
     let mut s = shard();
     s.preload(preloaded(3, 3));
