@@ -16,7 +16,7 @@ use lbagent::agent::snapshot;
 use lbagent::client::{Client, ClientOptions};
 use lbagent::model::ModuleId;
 
-use super::common::{free_tcp_port, http_get, wait_for};
+use super::common::{addr_after, http_get, spawn_logged, wait_for, wait_logged};
 
 /// A running agent: its directory (heartbeat, snapshot, config, its
 /// stderr in `agent.stderr`), its first shard's port, its metrics address,
@@ -76,10 +76,8 @@ impl AgentProc {
         let config = dir.join("lbagent.toml");
         // Port 0: the agent binds a free port and says which in its log (a
         // port picked here and bound there later could be taken between by
-        // another test); with the log inherited there is none to read, so
-        // a port that was free a moment ago.
-        let port = if inherit_stderr() { free_tcp_port() } else { 0 };
-        let metrics = SocketAddr::from(([127, 0, 0, 1], port));
+        // another test).
+        let metrics = SocketAddr::from(([127, 0, 0, 1], 0));
         let text = Self::config_text(dir, route_server, reporter, shards, metrics, extra);
         std::fs::write(&config, text).unwrap();
         let mut a = AgentProc {
@@ -99,19 +97,16 @@ impl AgentProc {
     /// (reused in place across restarts, as in production), and offers its
     /// regions when it has any, and (from its log) where its metrics are.
     /// Its stderr goes to `agent.stderr` in the directory (for tests that
-    /// read the log), or to the test's with `LBAGENT_TEST_STDERR` set.
+    /// read the log), and to the test's too with `LBAGENT_TEST_STDERR` set.
     pub fn spawn(&mut self) {
-        let child = Command::new(env!("CARGO_BIN_EXE_lbagent"))
-            .args(["agent", "--config", self.config.to_str().unwrap()])
-            .stdout(Stdio::null())
-            .stderr(if inherit_stderr() {
-                Stdio::inherit()
-            } else {
-                std::fs::File::create(self.dir.join("agent.stderr"))
-                    .map_or_else(|_| Stdio::null(), Stdio::from)
-            })
-            .spawn()
-            .expect("start lbagent agent");
+        let log = self.dir.join("agent.stderr");
+        let child = spawn_logged(
+            Command::new(env!("CARGO_BIN_EXE_lbagent"))
+                .args(["agent", "--config", self.config.to_str().unwrap()])
+                .stdout(Stdio::null()),
+            &log,
+        )
+        .expect("start lbagent agent");
         let pid = child.id();
         self.child = Some(child);
         let port = wait_for(Duration::from_secs(20), || {
@@ -122,17 +117,11 @@ impl AgentProc {
         })
         .expect("the agent beats (and offers its regions) within 20 s");
         self.port = port;
-        if !inherit_stderr() {
-            let log = self.dir.join("agent.stderr");
-            self.metrics = wait_for(Duration::from_secs(20), || {
-                let text = std::fs::read_to_string(&log).ok()?;
-                text.lines().find_map(|l| {
-                    let rest = l.split("metrics on http://").nth(1)?;
-                    rest.split('/').next()?.parse().ok()
-                })
-            })
-            .expect("the agent logs its metrics address within 20 s");
-        }
+        let child = self.child.as_mut().expect("just started");
+        self.metrics = wait_logged(child, &log, Duration::from_secs(20), |l| {
+            addr_after(l, "metrics on http://")
+        })
+        .unwrap_or_else(|e| panic!("the agent logs its metrics address within 20 s: {e}"));
     }
 
     pub fn heartbeat_path(&self) -> PathBuf {
@@ -225,11 +214,6 @@ impl AgentProc {
         })
         .expect("the snapshot holds the module within 5 s");
     }
-}
-
-/// Whether the agents' stderr goes to the test's (`LBAGENT_TEST_STDERR`).
-fn inherit_stderr() -> bool {
-    std::env::var_os("LBAGENT_TEST_STDERR").is_some()
 }
 
 impl Drop for AgentProc {

@@ -1,9 +1,18 @@
-//! Small helpers every end-to-end test file needs: bounded waits, a free
-//! loopback port, the wall clock in milliseconds, a GET of a metrics page. Include it with
+//! Small helpers every end-to-end test file needs: bounded waits, a child
+//! process's log in a file (and the addresses it bound, read from it), a
+//! loopback address nothing listens on, the wall clock in milliseconds, a
+//! GET of a metrics page. Include it with
 //! `#[path = "support/common.rs"] mod common;`.
+//!
+//! No helper here picks a "free" port for a process to bind later: another
+//! test can take such a port in between. Servers bind port 0 and the test
+//! reads the port they got from their log ([`wait_logged`], [`addr_after`]).
 #![allow(dead_code)]
 
-use std::net::{SocketAddr, TcpListener};
+use std::io::{Read, Write};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// Calls `f` every 20 ms until it returns Some, at most `limit`.
@@ -20,14 +29,101 @@ pub fn wait_for<T>(limit: Duration, mut f: impl FnMut() -> Option<T>) -> Option<
     }
 }
 
-/// A TCP port on 127.0.0.1 that was free a moment ago (for a server that
-/// must be restarted on the same port).
+/// A loopback address nothing listens on, TCP or UDP: port 1 is below the
+/// range the kernel hands out for port 0 and no test binds it (a port that
+/// was free a moment ago could be another test's listener by the time it
+/// is used). A connection is refused; a datagram meets "port unreachable".
+pub fn nowhere() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 1))
+}
+
+/// A TCP port on 127.0.0.1 that was free a moment ago. Racy: another
+/// test can take it before it is bound; its last users are moved to port 0
+/// in the commits that follow.
 pub fn free_tcp_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
+    std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
         .port()
+}
+
+/// Starts `cmd` with its standard error in the file `log`, for the test to
+/// read (the addresses a server bound, its log lines); with
+/// `LBAGENT_TEST_STDERR` set, also copied to the test's standard error.
+pub fn spawn_logged(cmd: &mut Command, log: &Path) -> std::io::Result<Child> {
+    let file = std::fs::File::create(log)?;
+    if std::env::var_os("LBAGENT_TEST_STDERR").is_none() {
+        return cmd.stderr(file).spawn();
+    }
+    let mut child = cmd.stderr(Stdio::piped()).spawn()?;
+    let mut from = child.stderr.take().expect("piped");
+    // Ends when the child (and whatever inherited its stderr) is gone.
+    std::thread::spawn(move || {
+        let mut file = file;
+        let mut buf = [0u8; 4096];
+        loop {
+            match from.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => {
+                    let _ = file.write_all(&buf[..n]);
+                    let _ = std::io::stderr().write_all(&buf[..n]);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => break,
+            }
+        }
+    });
+    Ok(child)
+}
+
+/// The first complete line (ended by a newline: a line being written is
+/// not read half) of the file `log` for which `f` gives Some.
+pub fn find_in_log<T>(log: &Path, f: impl FnMut(&str) -> Option<T>) -> Option<T> {
+    let text = std::fs::read_to_string(log).ok()?;
+    let complete = &text[..text.rfind('\n')? + 1];
+    complete.lines().find_map(f)
+}
+
+/// Waits (at most `limit`) until a complete line of `child`'s `log` gives
+/// Some through `f`. Err, with the log, when the child exited first or the
+/// time ran out.
+pub fn wait_logged<T>(
+    child: &mut Child,
+    log: &Path,
+    limit: Duration,
+    mut f: impl FnMut(&str) -> Option<T>,
+) -> Result<T, String> {
+    let t0 = Instant::now();
+    loop {
+        if let Some(v) = find_in_log(log, &mut f) {
+            return Ok(v);
+        }
+        let log_text = || std::fs::read_to_string(log).unwrap_or_default();
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(format!(
+                "the process exited ({status}); its log:\n{}",
+                log_text()
+            ));
+        }
+        if t0.elapsed() > limit {
+            return Err(format!(
+                "not logged within {limit:?}; the log:\n{}",
+                log_text()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The socket address right after `marker` in `line` ("metrics on
+/// http://127.0.0.1:4242/metrics" with marker "http://": 127.0.0.1:4242).
+pub fn addr_after(line: &str, marker: &str) -> Option<SocketAddr> {
+    let rest = &line[line.find(marker)? + marker.len()..];
+    let end = rest
+        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == ':'))
+        .unwrap_or(rest.len());
+    rest[..end].parse().ok()
 }
 
 /// Milliseconds since the Unix epoch.
@@ -40,7 +136,6 @@ pub fn unix_ms() -> u64 {
 
 /// GET `path`; the body when the status is 200.
 pub fn http_get(addr: SocketAddr, path: &str) -> Option<String> {
-    use std::io::{Read, Write};
     // Generous: a stall of a busy machine must not turn a scrape into
     // None (the server answers and closes at once when it is well).
     let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5)).ok()?;
