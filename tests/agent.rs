@@ -15,7 +15,7 @@ mod routesrc;
 mod udpclient;
 
 use agentproc::AgentProc;
-use common::{http_get, wait_for};
+use common::{http_get, nowhere, wait_for};
 use std::cell::Cell;
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
 use std::path::Path;
@@ -89,7 +89,7 @@ fn start(dir: &Path, route_server: SocketAddr, shards: u32) -> AgentProc {
     start_with_reporter(dir, route_server, "127.0.0.1:1", shards)
 }
 
-/// A UDP client speaking the wire format, matching answers by sequence.
+/// The module most tests route.
 const M: ModuleId = ModuleId::new(100, 1);
 
 #[test]
@@ -361,14 +361,6 @@ fn the_snapshot_is_valid_after_kill_9_at_any_moment_and_is_loaded_on_restart() {
     let (code, host) = c.get_host(M);
     assert_eq!(code, RetCode::Ok, "served from the snapshot");
     assert!(nodes(3).iter().any(|n| Some(n.addr) == host));
-}
-
-/// A port nothing listens on: the route server of an agent that must live
-/// on its snapshot alone. Port 1 (privileged, as the reporter that goes
-/// nowhere): a port that was free a moment ago could be another test's
-/// listener by the time the agent connects.
-fn nowhere() -> SocketAddr {
-    SocketAddr::from(([127, 0, 0, 1], 1))
 }
 
 #[test]
