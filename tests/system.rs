@@ -1,16 +1,17 @@
 //! The whole system end to end, through the real binary: `lbagent
 //! dnsserver` on the embedded store, `lbagent agent`, `lbagent route
 //! add|del|list`, and `lbagent standalone`. Every process binds loopback
-//! ports the OS picks (or a free port found just before); every wait is
-//! bounded.
+//! ports the OS picks and says which in its log (a route server restarted
+//! binds its old port again, retried while another process holds it);
+//! every wait is bounded.
 
 #[path = "support/common.rs"]
 mod common;
 #[path = "support/udpclient.rs"]
 mod udpclient;
 
-use common::{free_tcp_port, wait_for};
-use std::net::{Ipv4Addr, SocketAddr};
+use common::{addr_after, http_get, spawn_logged, wait_for, wait_logged};
+use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -23,24 +24,13 @@ use lbagent::wire::RetCode;
 
 const BIN: &str = env!("CARGO_BIN_EXE_lbagent");
 
-fn stderr_mode() -> Stdio {
-    if std::env::var_os("LBAGENT_TEST_STDERR").is_some() {
-        Stdio::inherit()
-    } else {
-        Stdio::null()
-    }
-}
-
 /// A child process killed when dropped.
 struct Proc(Child);
 
 impl Proc {
-    fn spawn(args: &[&str]) -> Proc {
-        let child = Command::new(BIN)
-            .args(args)
-            .stdout(Stdio::null())
-            .stderr(stderr_mode())
-            .spawn()
+    /// `lbagent ARGS`, its log in the file `log` ([`spawn_logged`]).
+    fn spawn(args: &[&str], log: &Path) -> Proc {
+        let child = spawn_logged(Command::new(BIN).args(args).stdout(Stdio::null()), log)
             .unwrap_or_else(|e| panic!("start lbagent {args:?}: {e}"));
         Proc(child)
     }
@@ -81,43 +71,84 @@ fn route_ok(store: &str, args: &[&str]) {
     );
 }
 
-/// Starts `lbagent dnsserver` on `127.0.0.1:port` and waits until it
-/// accepts connections.
-fn dnsserver(store: &str, port: u16) -> Proc {
-    let listen = format!("dnsserver.listen=127.0.0.1:{port}");
-    let p = Proc::spawn(&[
-        "dnsserver",
-        "--store",
-        store,
-        "--set",
-        &listen,
-        "--set",
-        "dnsserver.metrics_addr=127.0.0.1:0",
-    ]);
-    wait_for(Duration::from_secs(10), || {
-        std::net::TcpStream::connect(("127.0.0.1", port)).ok()
-    })
-    .expect("the route server accepts connections within 10 s");
-    p
+/// Starts `lbagent dnsserver` on `listen` with its log in `log`; the
+/// process and the address it serves pulls on, as it logged it (so a port
+/// another process holds is never taken for this server's), or why it did
+/// not start, with its log.
+fn try_dnsserver(
+    store: &str,
+    listen: SocketAddr,
+    log: &Path,
+) -> Result<(Proc, SocketAddr), String> {
+    let listen = format!("dnsserver.listen={listen}");
+    let mut p = Proc::spawn(
+        &[
+            "dnsserver",
+            "--store",
+            store,
+            "--set",
+            &listen,
+            "--set",
+            "dnsserver.metrics_addr=127.0.0.1:0",
+        ],
+        log,
+    );
+    let addr = wait_logged(&mut p.0, log, Duration::from_secs(20), |l| {
+        addr_after(l, "serving pulls on ")
+    })?;
+    Ok((p, addr))
+}
+
+/// A route server on a port the OS picks, its log in `dir`.
+fn dnsserver(store: &str, dir: &Path) -> (Proc, SocketAddr) {
+    let any = SocketAddr::from(([127, 0, 0, 1], 0));
+    try_dnsserver(store, any, &dir.join("dnsserver.log"))
+        .unwrap_or_else(|e| panic!("the route server starts within 20 s: {e}"))
+}
+
+/// A route server again on `addr`, the port of one that was killed (the
+/// agent's config names it). While it was down, another process (a test
+/// beside this one binding port 0 or connecting out) may have been handed
+/// the port: the server retries for 3 s itself, and this starts it again
+/// for up to 30 s, until whatever took the port lets go.
+fn restart_dnsserver(store: &str, addr: SocketAddr, dir: &Path) -> Proc {
+    let log = dir.join("dnsserver.log");
+    let t0 = Instant::now();
+    loop {
+        match try_dnsserver(store, addr, &log) {
+            Ok((p, got)) => {
+                assert_eq!(got, addr, "the route server is back on its port");
+                return p;
+            }
+            Err(e) if e.contains("address in use") && t0.elapsed() < Duration::from_secs(30) => {
+                eprintln!("port {} still taken; starting again", addr.port());
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            Err(e) => panic!("the route server restarts on {addr}: {e}"),
+        }
+    }
 }
 
 /// Writes an agent config into `dir` and starts `lbagent agent`; returns
 /// the process and its first shard's UDP port, once the heartbeat shows it.
-fn agent(dir: &Path, route_server: u16, reporter: &str) -> (Proc, u16) {
+fn agent(dir: &Path, route_server: SocketAddr, reporter: &str) -> (Proc, u16) {
     let heartbeat = dir.join("heartbeat");
     let config = dir.join("agent.toml");
     std::fs::write(
         &config,
         format!(
             "[lb]\nreport_timeout = 1\n[agent]\nbase_port = 0\nshards = 1\n\
-             route_servers = [\"127.0.0.1:{route_server}\"]\nreporters = [\"{reporter}\"]\n\
+             route_servers = [\"{route_server}\"]\nreporters = [\"{reporter}\"]\n\
              heartbeat_path = \"{}\"\nsnapshot_path = \"{}\"\nmetrics_addr = \"127.0.0.1:0\"\n",
             heartbeat.display(),
             dir.join("routes.snapshot").display()
         ),
     )
     .unwrap();
-    let p = Proc::spawn(&["agent", "--config", config.to_str().unwrap()]);
+    let p = Proc::spawn(
+        &["agent", "--config", config.to_str().unwrap()],
+        &dir.join("agent.log"),
+    );
     let port = wait_heartbeat(&heartbeat, p.pid());
     (p, port)
 }
@@ -154,19 +185,6 @@ fn sqlite_url(dir: &Path) -> String {
     format!("sqlite:{}", dir.join("lbagent.db").display())
 }
 
-/// The body of `GET /metrics` on a loopback port.
-fn http_get(port: u16) -> Option<String> {
-    use std::io::{Read, Write};
-    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
-    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-    write!(s, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").ok()?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).ok()?;
-    let (head, body) = out.split_once("\r\n\r\n")?;
-    head.starts_with("HTTP/1.1 200").then(|| body.to_string())
-}
-
 const M: ModuleId = ModuleId::new(4001, 7);
 
 /// How long a pushed route change may take to reach the agent: well under
@@ -178,9 +196,8 @@ const PUSHED: Duration = Duration::from_secs(10);
 fn route_changes_reach_a_subscribed_agent_within_2_s_and_survive_a_route_server_restart() {
     let dir = tempfile::tempdir().unwrap();
     let store = sqlite_url(dir.path());
-    let port = free_tcp_port();
-    let mut server = dnsserver(&store, port);
-    let (_agent, udp_port) = agent(dir.path(), port, "127.0.0.1:1");
+    let (mut server, server_addr) = dnsserver(&store, dir.path());
+    let (_agent, udp_port) = agent(dir.path(), server_addr, "127.0.0.1:1");
     let mut udp = Client::new(udp_port);
 
     // The first getHost makes the agent ask; the route server has nothing.
@@ -236,7 +253,7 @@ fn route_changes_reach_a_subscribed_agent_within_2_s_and_survive_a_route_server_
 
     // A change made while the server is down arrives once it is back.
     route_ok(&store, &["add", "4001", "7", "10.9.0.4:80"]);
-    let _server = dnsserver(&store, port);
+    let _server = restart_dnsserver(&store, server_addr, dir.path());
     let t0 = Instant::now();
     wait_for(Duration::from_secs(20), || {
         (hosts(&mut udp, M) == vec![addr("10.9.0.3:80"), addr("10.9.0.4:80")]).then_some(())
@@ -344,13 +361,12 @@ fn standalone_serves_routes_added_with_route_add_and_writes_call_statistics() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let heartbeat = dir.path().join("heartbeat");
-    let (reporter_metrics, agent_metrics) = (free_tcp_port(), free_tcp_port());
     let sets = [
         "dnsserver.listen=127.0.0.1:0".to_string(),
         "dnsserver.metrics_addr=127.0.0.1:0".to_string(),
         "reporter.listen=127.0.0.1:0".to_string(),
-        format!("reporter.metrics_addr=127.0.0.1:{reporter_metrics}"),
-        format!("agent.metrics_addr=127.0.0.1:{agent_metrics}"),
+        "reporter.metrics_addr=127.0.0.1:0".to_string(),
+        "agent.metrics_addr=127.0.0.1:0".to_string(),
         "agent.base_port=0".to_string(),
         "agent.shards=1".to_string(),
         "lb.report_timeout=2".to_string(),
@@ -360,8 +376,17 @@ fn standalone_serves_routes_added_with_route_add_and_writes_call_statistics() {
     for s in &sets {
         args.extend_from_slice(&["--set", s]);
     }
-    let standalone = Proc::spawn(&args);
+    let log = dir.path().join("standalone.log");
+    let mut standalone = Proc::spawn(&args, &log);
     let port = wait_heartbeat(&heartbeat, standalone.pid());
+    // "metrics on AGENT, DNSSERVER, REPORTER; ...": the ports they got.
+    let [agent_metrics, _, reporter_metrics] =
+        wait_logged(&mut standalone.0, &log, Duration::from_secs(20), |l| {
+            let list = l.split_once("metrics on ")?.1;
+            let mut addrs = list.split(", ").map(|a| addr_after(a, ""));
+            Some([addrs.next()??, addrs.next()??, addrs.next()??])
+        })
+        .unwrap_or_else(|e| panic!("standalone logs its metrics addresses: {e}"));
     let store = sqlite_url(&data);
     assert!(
         data.join("lbagent.db").exists(),
@@ -397,8 +422,8 @@ fn standalone_serves_routes_added_with_route_add_and_writes_call_statistics() {
     .unwrap_or_else(|| {
         panic!(
             "call statistics reach the store within 10 s; agent metrics:\n{}\nreporter metrics:\n{}",
-            http_get(agent_metrics).unwrap_or_default(),
-            http_get(reporter_metrics).unwrap_or_default()
+            http_get(agent_metrics, "/metrics").unwrap_or_default(),
+            http_get(reporter_metrics, "/metrics").unwrap_or_default()
         )
     });
     assert!(rows.iter().all(|r| r.node == host));
