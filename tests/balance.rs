@@ -5,7 +5,7 @@
 #[path = "support/common.rs"]
 mod common;
 
-use common::{free_tcp_port, wait_for};
+use common::wait_for;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
@@ -58,8 +58,8 @@ fn standalone(dir: &Path) -> (Proc, String) {
         "dnsserver.listen=127.0.0.1:0".to_string(),
         "dnsserver.metrics_addr=127.0.0.1:0".to_string(),
         "reporter.listen=127.0.0.1:0".to_string(),
-        format!("reporter.metrics_addr=127.0.0.1:{}", free_tcp_port()),
-        format!("agent.metrics_addr=127.0.0.1:{}", free_tcp_port()),
+        "reporter.metrics_addr=127.0.0.1:0".to_string(),
+        "agent.metrics_addr=127.0.0.1:0".to_string(),
         "agent.base_port=0".to_string(),
         "agent.shards=1".to_string(),
         "lb.report_timeout=1".to_string(),
