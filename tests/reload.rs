@@ -9,9 +9,8 @@ mod routesrc;
 #[path = "support/udpclient.rs"]
 mod udpclient;
 
-use common::{free_tcp_port, wait_for};
-use std::io::Read;
-use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use common::{addr_after, http_get, nowhere, spawn_logged, wait_for, wait_logged};
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -42,18 +41,13 @@ struct Agent {
 /// The config: `lb` is the `[lb]` table's extra lines, `agent` the
 /// `[agent]` table's. Consecutive failures never overload (contin_err_lim
 /// 1000) and windows never end within a test (clear_timeout 3600): only
-/// `err_rate` decides.
-fn config_text(
-    dir: &Path,
-    route_server: SocketAddr,
-    metrics: SocketAddr,
-    lb: &str,
-    agent: &str,
-) -> String {
+/// `err_rate` decides. Metrics on port 0 (the agent says which it got in
+/// its log), in every version of the file: a reload changes nothing there.
+fn config_text(dir: &Path, route_server: SocketAddr, lb: &str, agent: &str) -> String {
     format!(
         "[lb]\ncontin_err_lim = 1000\nclear_timeout = 3600\n{lb}\n\
          [agent]\nbase_port = 0\nshards = 1\nroute_servers = [\"{route_server}\"]\nreporters = [\"127.0.0.1:1\"]\n\
-         heartbeat_path = \"{}\"\nsnapshot_path = \"{}\"\nmetrics_addr = \"{metrics}\"\n{agent}\n\
+         heartbeat_path = \"{}\"\nsnapshot_path = \"{}\"\nmetrics_addr = \"127.0.0.1:0\"\n{agent}\n\
          [log]\nformat = \"json\"\n",
         dir.join("heartbeat").display(),
         dir.join("routes.snapshot").display()
@@ -62,16 +56,16 @@ fn config_text(
 
 impl Agent {
     fn start(dir: &Path, route_server: SocketAddr, lb: &str) -> Agent {
-        let metrics: SocketAddr = format!("127.0.0.1:{}", free_tcp_port()).parse().unwrap();
         let config = dir.join("lbagent.toml");
-        std::fs::write(&config, config_text(dir, route_server, metrics, lb, "")).unwrap();
+        std::fs::write(&config, config_text(dir, route_server, lb, "")).unwrap();
         let log = dir.join("agent.log");
-        let child = Command::new(env!("CARGO_BIN_EXE_lbagent"))
-            .args(["agent", "--config", config.to_str().unwrap()])
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .expect("start lbagent agent");
+        let mut child = spawn_logged(
+            Command::new(env!("CARGO_BIN_EXE_lbagent"))
+                .args(["agent", "--config", config.to_str().unwrap()])
+                .stdout(Stdio::null()),
+            &log,
+        )
+        .expect("start lbagent agent");
         let pid = child.id();
         let hb = wait_for(Duration::from_secs(10), || {
             let h = HeartbeatReader::open(&dir.join("heartbeat"))
@@ -81,6 +75,10 @@ impl Agent {
             (h.info.pid == pid && h.beat_unix_ms > 0).then_some(h)
         })
         .expect("the agent writes its heartbeat within 10 s");
+        let metrics = wait_logged(&mut child, &log, Duration::from_secs(10), |l| {
+            addr_after(l, "metrics on http://")
+        })
+        .unwrap_or_else(|e| panic!("the agent logs its metrics address within 10 s: {e}"));
         Agent {
             child: Some(child),
             pid,
@@ -129,10 +127,13 @@ impl Agent {
             .unwrap_or(0)
     }
 
-    /// The log lines so far, each parsed as JSON (panics on one that is not).
+    /// The complete log lines so far (a line being written is left for
+    /// later, not read half), each parsed as JSON (panics on one that is
+    /// not).
     fn log_lines(&self) -> Vec<serde_json::Value> {
-        std::fs::read_to_string(&self.log)
-            .unwrap()
+        let text = std::fs::read_to_string(&self.log).unwrap();
+        let complete = &text[..text.rfind('\n').map_or(0, |i| i + 1)];
+        complete
             .lines()
             .map(|l| {
                 serde_json::from_str(l).unwrap_or_else(|e| panic!("not a JSON line ({e}): {l}"))
@@ -155,16 +156,6 @@ impl Drop for Agent {
             let _ = c.wait();
         }
     }
-}
-
-fn http_get(addr: SocketAddr, path: &str) -> Option<String> {
-    use std::io::Write;
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").ok()?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).ok()?;
-    Some(out)
 }
 
 /// Reports `n` failures of node 1, then whether getRoute shows it
@@ -206,13 +197,7 @@ fn sighup_changes_err_rate_live_and_a_node_overloads_at_the_new_rate() {
     // parameters reach the shard through its ring after the reload is
     // counted; until then a failure only adds to verr, so report one at a
     // time until it overloads, far below the 181 the old rate needs.
-    let text = config_text(
-        dir.path(),
-        source.addr(),
-        agent.metrics,
-        "err_rate = 0.1",
-        "",
-    );
+    let text = config_text(dir.path(), source.addr(), "err_rate = 0.1", "");
     agent.reload(&text, "ok");
     // One failure per 50 ms: the old rate would need 151 more (7.5 s).
     let mut failures = 30;
@@ -248,13 +233,12 @@ fn an_invalid_or_refused_reload_keeps_the_old_config() {
     // Not TOML: refused, one line naming the file and the place.
     agent.reload("[lb\nerr_rate = 0.1\n", "failed");
     // Out of range: refused, naming the field.
-    let bad = config_text(dir.path(), source.addr(), agent.metrics, "err_rate = 7", "");
+    let bad = config_text(dir.path(), source.addr(), "err_rate = 7", "");
     agent.reload(&bad, "failed");
     // A field that cannot change live beside a live one: refused whole.
     let fixed = config_text(
         dir.path(),
         source.addr(),
-        agent.metrics,
         "err_rate = 0.1",
         "max_modules = 5000",
     );
@@ -308,10 +292,11 @@ fn an_invalid_or_refused_reload_keeps_the_old_config() {
 fn the_servers_reload_the_log_level_and_refuse_their_own_fields() {
     for role in ["dnsserver", "reporter"] {
         let dir = tempfile::tempdir().unwrap();
-        let metrics: SocketAddr = format!("127.0.0.1:{}", free_tcp_port()).parse().unwrap();
+        // Port 0 in every version of the file: the server says which port
+        // it got in its log, and a reload changes nothing there.
         let text = |extra: &str, level: &str| {
             format!(
-                "[store]\nurl = \"sqlite:{}\"\n[{role}]\nlisten = \"127.0.0.1:0\"\nmetrics_addr = \"{metrics}\"\n{extra}\n\
+                "[store]\nurl = \"sqlite:{}\"\n[{role}]\nlisten = \"127.0.0.1:0\"\nmetrics_addr = \"127.0.0.1:0\"\n{extra}\n\
                  [log]\nformat = \"json\"\nlevel = \"{level}\"\n",
                 dir.path().join("lbagent.db").display()
             )
@@ -319,15 +304,20 @@ fn the_servers_reload_the_log_level_and_refuse_their_own_fields() {
         let config = dir.path().join("lbagent.toml");
         std::fs::write(&config, text("", "info")).unwrap();
         let log = dir.path().join("server.log");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_lbagent"))
-            .args([role, "--config", config.to_str().unwrap()])
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
+        let mut child = spawn_logged(
+            Command::new(env!("CARGO_BIN_EXE_lbagent"))
+                .args([role, "--config", config.to_str().unwrap()])
+                .stdout(Stdio::null()),
+            &log,
+        )
+        .unwrap();
+        // "metrics on http://..." (dnsserver), "metrics at http://..."
+        // (reporter): logged once it serves them.
+        let metrics = wait_logged(&mut child, &log, Duration::from_secs(15), |l| {
+            addr_after(l, "on http://").or_else(|| addr_after(l, "at http://"))
+        })
+        .unwrap_or_else(|e| panic!("{role} logs its metrics address within 15 s: {e}"));
         let server = Agent::attach(child.id(), &config, &log, metrics);
-        wait_for(Duration::from_secs(15), || http_get(metrics, "/metrics"))
-            .unwrap_or_else(|| panic!("{role} serves its metrics within 15 s"));
 
         server.reload(&text("", "debug"), "ok");
         // An agent's field: not the server's business.
@@ -363,8 +353,7 @@ fn the_servers_reload_the_log_level_and_refuse_their_own_fields() {
 #[test]
 fn sighup_moves_the_agent_to_a_new_route_server_list() {
     let dir = tempfile::tempdir().unwrap();
-    let dead: SocketAddr = format!("127.0.0.1:{}", free_tcp_port()).parse().unwrap();
-    let agent = Agent::start(dir.path(), dead, "");
+    let agent = Agent::start(dir.path(), nowhere(), "");
     let mut c = Client::new(agent.port);
     assert_eq!(c.get_host(M).0, lbagent::wire::RetCode::NoSuchModule);
 
@@ -376,7 +365,7 @@ fn sighup_moves_the_agent_to_a_new_route_server_list() {
             weight: 1,
         }],
     );
-    let text = config_text(dir.path(), source.addr(), agent.metrics, "", "");
+    let text = config_text(dir.path(), source.addr(), "", "");
     agent.reload(&text, "ok");
     // Taken at the next connection attempt (back-off at most 5 s).
     wait_for(Duration::from_secs(20), || {
