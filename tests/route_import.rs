@@ -8,7 +8,7 @@ mod common;
 #[path = "support/udpclient.rs"]
 mod udpclient;
 
-use common::{free_tcp_port, wait_for};
+use common::{addr_after, spawn_logged, wait_for, wait_logged};
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -178,17 +178,9 @@ fn export_then_import_is_the_identity_and_replace_replaces_named_modules() {
 struct Proc(Child);
 
 impl Proc {
-    fn spawn(args: &[&str]) -> Proc {
-        let stderr = if std::env::var_os("LBAGENT_TEST_STDERR").is_some() {
-            Stdio::inherit()
-        } else {
-            Stdio::null()
-        };
-        let child = Command::new(BIN)
-            .args(args)
-            .stdout(Stdio::null())
-            .stderr(stderr)
-            .spawn()
+    /// `lbagent ARGS`, its log in the file `log` ([`spawn_logged`]).
+    fn spawn(args: &[&str], log: &Path) -> Proc {
+        let child = spawn_logged(Command::new(BIN).args(args).stdout(Stdio::null()), log)
             .unwrap_or_else(|e| panic!("start lbagent {args:?}: {e}"));
         Proc(child)
     }
@@ -225,21 +217,24 @@ fn a_large_import_reaches_a_subscribed_agent_by_push() {
     let store = sqlite_url(dir.path(), "lbagent.db");
     ok(&store, &["add", "999999", "1", "10.255.0.1:80", "--create"]);
 
-    let port = free_tcp_port();
-    let listen = format!("dnsserver.listen=127.0.0.1:{port}");
-    let _server = Proc::spawn(&[
-        "dnsserver",
-        "--store",
-        &store,
-        "--set",
-        &listen,
-        "--set",
-        "dnsserver.metrics_addr=127.0.0.1:0",
-    ]);
-    wait_for(Duration::from_secs(10), || {
-        std::net::TcpStream::connect(("127.0.0.1", port)).ok()
+    // Port 0: the route server says which port it got in its log.
+    let log = dir.path().join("dnsserver.log");
+    let mut server = Proc::spawn(
+        &[
+            "dnsserver",
+            "--store",
+            &store,
+            "--set",
+            "dnsserver.listen=127.0.0.1:0",
+            "--set",
+            "dnsserver.metrics_addr=127.0.0.1:0",
+        ],
+        &log,
+    );
+    let server_addr = wait_logged(&mut server.0, &log, Duration::from_secs(20), |l| {
+        addr_after(l, "serving pulls on ")
     })
-    .expect("the route server accepts connections within 10 s");
+    .unwrap_or_else(|e| panic!("the route server starts within 20 s: {e}"));
 
     let heartbeat = dir.path().join("heartbeat");
     let config = dir.path().join("agent.toml");
@@ -247,14 +242,17 @@ fn a_large_import_reaches_a_subscribed_agent_by_push() {
         &config,
         format!(
             "[lb]\nupdate_timeout = 300\n[agent]\nbase_port = 0\nshards = 1\n\
-             route_servers = [\"127.0.0.1:{port}\"]\nreporters = [\"127.0.0.1:1\"]\n\
+             route_servers = [\"{server_addr}\"]\nreporters = [\"127.0.0.1:1\"]\n\
              heartbeat_path = \"{}\"\nsnapshot_path = \"{}\"\nmetrics_addr = \"127.0.0.1:0\"\n",
             heartbeat.display(),
             dir.path().join("routes.snapshot").display()
         ),
     )
     .unwrap();
-    let agent = Proc::spawn(&["agent", "--config", config.to_str().unwrap()]);
+    let agent = Proc::spawn(
+        &["agent", "--config", config.to_str().unwrap()],
+        &dir.path().join("agent.log"),
+    );
     let pid = agent.0.id();
     let udp_port = wait_for(Duration::from_secs(15), || {
         let h = HeartbeatReader::open(&heartbeat).ok()?.read().ok()?;

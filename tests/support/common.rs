@@ -37,17 +37,6 @@ pub fn nowhere() -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], 1))
 }
 
-/// A TCP port on 127.0.0.1 that was free a moment ago. Racy: another
-/// test can take it before it is bound; its last users are moved to port 0
-/// in the commits that follow.
-pub fn free_tcp_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// Starts `cmd` with its standard error in the file `log`, for the test to
 /// read (the addresses a server bound, its log lines); with
 /// `LBAGENT_TEST_STDERR` set, also copied to the test's standard error.
