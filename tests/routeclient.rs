@@ -52,12 +52,12 @@ fn config(addrs: Vec<SocketAddr>) -> RouteClientConfig {
     }
 }
 
-/// A port nothing listens on (bound, then released).
+/// A loopback address where nothing listens: port 1, below the range the
+/// kernel hands out for port 0, which no test binds (a port bound and
+/// released here could be another test's listener by the time it is
+/// dialled).
 fn dead_addr() -> SocketAddr {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
+    SocketAddr::from(([127, 0, 0, 1], 1))
 }
 
 /// The route client running on its own executor thread, driven through
