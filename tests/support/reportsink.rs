@@ -91,11 +91,12 @@ impl ReportSink {
         }
     }
 
-    /// Listens on `127.0.0.1:port` (0: any free port), keeping the reports
+    /// Listens on `127.0.0.1:port` (0: any free port; another: retried
+    /// while in use, see [`bind_again`]), keeping the reports
     /// and knobs of earlier runs. Stops a current run first.
     pub fn start_on(&mut self, port: u16) -> io::Result<SocketAddr> {
         self.stop();
-        let listener = TcpListener::bind(("127.0.0.1", port))?;
+        let listener = bind_again(port)?;
         listener.set_nonblocking(true)?;
         let addr = listener.local_addr()?;
         let stop = Arc::new(AtomicBool::new(false));
@@ -318,4 +319,24 @@ fn handle_frames(
         });
     }
     answers.is_empty() || stream.write_all(&answers).is_ok()
+}
+
+/// Binds `127.0.0.1:port`; a port other than 0 (the one of an earlier run,
+/// which clients are told to dial) is retried while in use, for up to 30 s:
+/// while it was free, a test beside this one binding port 0 or connecting
+/// out may have been handed it, and such a holder lets go again.
+fn bind_again(port: u16) -> io::Result<TcpListener> {
+    let t0 = Instant::now();
+    loop {
+        match TcpListener::bind(("127.0.0.1", port)) {
+            Err(e)
+                if port != 0
+                    && e.kind() == io::ErrorKind::AddrInUse
+                    && t0.elapsed() < Duration::from_secs(30) =>
+            {
+                thread::sleep(Duration::from_millis(100));
+            }
+            other => return other,
+        }
+    }
 }

@@ -19,7 +19,7 @@ use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::{self, JoinHandle};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use lbagent::model::{ModuleId, RouteNode};
 use lbagent::wire::{decode, write_frame, Encoder, FrameDecoder, Limits, Message, RetCode};
@@ -90,11 +90,12 @@ impl RouteSource {
         }
     }
 
-    /// Listens on `127.0.0.1:port` (0: any free port), keeping the routes
+    /// Listens on `127.0.0.1:port` (0: any free port; another: retried
+    /// while in use, see [`bind_again`]), keeping the routes
     /// and counters of earlier runs. Stops a current run first.
     pub fn start_on(&mut self, port: u16) -> io::Result<SocketAddr> {
         self.stop();
-        let listener = TcpListener::bind(("127.0.0.1", port))?;
+        let listener = bind_again(port)?;
         listener.set_nonblocking(true)?;
         let addr = listener.local_addr()?;
         let stop = Arc::new(AtomicBool::new(false));
@@ -402,6 +403,26 @@ fn handle_frames(frames: &mut FrameDecoder, shared: &Shared, id: u64) -> bool {
                 let frame = enc.error_resp(0, ModuleId::new(0, 0), RetCode::BadRequest, &message);
                 conn.send(shared, frame);
             }
+        }
+    }
+}
+
+/// Binds `127.0.0.1:port`; a port other than 0 (the one of an earlier run,
+/// which clients are told to dial) is retried while in use, for up to 30 s:
+/// while it was free, a test beside this one binding port 0 or connecting
+/// out may have been handed it, and such a holder lets go again.
+fn bind_again(port: u16) -> io::Result<TcpListener> {
+    let t0 = Instant::now();
+    loop {
+        match TcpListener::bind(("127.0.0.1", port)) {
+            Err(e)
+                if port != 0
+                    && e.kind() == io::ErrorKind::AddrInUse
+                    && t0.elapsed() < Duration::from_secs(30) =>
+            {
+                thread::sleep(Duration::from_millis(100));
+            }
+            other => return other,
         }
     }
 }
