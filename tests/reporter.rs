@@ -151,6 +151,9 @@ impl Agent {
             match self.stream.read(&mut buf) {
                 Ok(0) => panic!("the reporter closed the connection after {out:?}"),
                 Ok(k) => self.frames.feed(&buf[..k]),
+                // A read with a timeout fails so when the process is
+                // stopped and continued: read again.
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
                 Err(e) => panic!("no answer after {out:?}: {e}"),
             }
         }
