@@ -45,6 +45,12 @@ fn nodes(n: u8) -> Vec<RouteNode> {
         .collect()
 }
 
+/// The timeout of a tool call an agent (real, or the fake one's thread)
+/// must answer: 5 s, not 500 ms, so that a stall of a loaded machine
+/// delays the answer instead of turning it into a timeout (no call of
+/// these helpers is meant to time out; the one that is sets its own).
+const ANSWERED_MS: u64 = 5000;
+
 fn conn(dir: &Path, timeout_ms: u64) -> AgentConnArgs {
     AgentConnArgs {
         heartbeat: Some(dir.join("heartbeat")),
@@ -61,7 +67,7 @@ fn gethost(dir: &Path, m: ModuleId, json: bool) -> ToolOutcome {
         priority: None,
         user: None,
         user_hash_seed: 0,
-        conn: conn(dir, 500),
+        conn: conn(dir, ANSWERED_MS),
     })
 }
 
@@ -70,7 +76,7 @@ fn getroute(dir: &Path, m: ModuleId, json: bool) -> ToolOutcome {
         modid: m.modid,
         cmdid: m.cmdid,
         json,
-        conn: conn(dir, 500),
+        conn: conn(dir, ANSWERED_MS),
     })
 }
 
@@ -84,7 +90,7 @@ fn report(dir: &Path, m: ModuleId, n: NodeAddr, retcode: i32, json: bool) -> Too
         downstream_level: None,
         consume: None,
         json,
-        conn: conn(dir, 500),
+        conn: conn(dir, ANSWERED_MS),
     })
 }
 
