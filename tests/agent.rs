@@ -638,11 +638,12 @@ fn a_flood_of_a_million_unknown_modules_is_refused_and_the_agent_recovers() {
         "the module in use answers after the flood"
     );
 
-    // A module added afterwards answers within 2 s of being asked for.
+    // A module added afterwards answers within 5 s of being asked for.
     // (The test route source, a debug build on a loaded machine, may still
     // be answering the flood's pulls: wait until the agent receives no
-    // more routes, so that the 2 s measure the agent, not the fixture's
-    // backlog. 664 ms seen; a loaded machine can take many times that.)
+    // more routes, so that the 5 s measure the agent, not the fixture's
+    // backlog. 664 ms seen; 5 s, not 2 s, so that a stall of a loaded
+    // machine of 2 s or more cannot fail it.)
     let flood_end = Instant::now();
     let mut last = -1.0;
     let quiet = wait_for(Duration::from_secs(60), || {
@@ -675,8 +676,8 @@ fn a_flood_of_a_million_unknown_modules_is_refused_and_the_agent_recovers() {
     let took = t1.elapsed();
     assert!(ok.is_some(), "the new module did not answer within 10 s");
     assert!(
-        took <= Duration::from_secs(2),
-        "the new module answered after {took:?}, not within 2 s"
+        took <= Duration::from_secs(5),
+        "the new module answered after {took:?}, not within 5 s"
     );
 
     // The refusals are counted; the table is back to its small size.
