@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # perf/soak.sh: a bounded soak of the whole system (not run by CI).
 #
-# Starts a private system in a temporary directory, on free loopback ports
-# and a generated configuration: `lbagent dnsserver`, `lbagent reporter` and
-# `lbagent agent` as separate processes on a SQLite store. Then, for
+# Starts a private system in a temporary directory, on loopback ports the
+# OS picks (read from each process's log) and a generated configuration:
+# `lbagent dnsserver`, `lbagent reporter` and `lbagent agent` as separate
+# processes on a SQLite store. Then, for
 # SOAK_SECONDS (default 600):
 #   - saturation load: `lbagent qpstest` (getHost + report) against the agent
 #     through its heartbeat, in back-to-back bounded runs;
@@ -101,47 +102,10 @@ trap 'echo "soak: interrupted" >&2; exit 130' INT TERM
 die() { echo "soak: $*" >&2; VERDICT=FAIL; exit 2; }
 now() { date +%s; }
 
-# Free loopback ports: 5 TCP (route server, reporter, three metrics) and one
-# UDP port per shard (one shard). Bound and released: a small race with
-# other processes, which a start failure reports.
-read -r DNS_PORT REP_PORT DNS_MPORT REP_MPORT AGENT_MPORT UDP_PORT < <(python3 - <<'EOF'
-import socket
-socks, ports = [], []
-for _ in range(5):
-    s = socket.socket(); s.bind(("127.0.0.1", 0)); socks.append(s); ports.append(s.getsockname()[1])
-u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.bind(("127.0.0.1", 0)); ports.append(u.getsockname()[1])
-print(*ports)
-EOF
-)
-[ -n "$UDP_PORT" ] || die "could not find free ports"
-
 STORE="sqlite:$DIR/lbagent.db"
 HEARTBEAT="$DIR/heartbeat"
 SNAPSHOT="$DIR/routes.snapshot"
 CONFIG="$DIR/lbagent.toml"
-cat >"$CONFIG" <<EOF
-[lb]
-report_timeout = 1
-[agent]
-bind = "127.0.0.1"
-base_port = $UDP_PORT
-shards = 1
-route_servers = ["127.0.0.1:$DNS_PORT"]
-reporters = ["127.0.0.1:$REP_PORT"]
-heartbeat_path = "$HEARTBEAT"
-snapshot_path = "$SNAPSHOT"
-snapshot_interval = 5
-metrics_addr = "127.0.0.1:$AGENT_MPORT"
-[store]
-url = "$STORE"
-[dnsserver]
-listen = "127.0.0.1:$DNS_PORT"
-metrics_addr = "127.0.0.1:$DNS_MPORT"
-[reporter]
-listen = "127.0.0.1:$REP_PORT"
-metrics_addr = "127.0.0.1:$REP_MPORT"
-EOF
-"$BIN" agent --check --config "$CONFIG" >/dev/null || die "generated config $CONFIG is invalid"
 
 # The store and the modules qpstest uses: MODULES modules of 10 nodes.
 CREATE=--create
@@ -154,21 +118,51 @@ for ((m = 0; m < MODULES; m++)); do
     done
 done
 
-wait_tcp() { # PORT SECONDS
-    local deadline=$(($(now) + $2))
+# Every process binds port 0 and says in its log which port it got (a port
+# picked free here and bound there later could be taken between by another
+# process). The agent's first start pins its ports in its config, so that
+# restarts come back on them (the agent retries a port still held for 3 s).
+
+# The first match of the sed expression (printing its capture) in FILE,
+# waiting up to SECONDS. The expressions match only a whole line (the text
+# after the address included), never one half written.
+logged() { # FILE SED_EXPR SECONDS
+    local deadline=$(($(now) + $3)) v
     while [ "$(now)" -lt "$deadline" ]; do
-        (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
+        v=$(sed -n "$2" "$1" 2>/dev/null | head -1)
+        [ -n "$v" ] && { echo "$v"; return 0; }
         sleep 0.2
     done
     return 1
 }
 
-"$BIN" dnsserver --config "$CONFIG" >"$DIR/dnsserver.log" 2>&1 &
+"$BIN" dnsserver --store "$STORE" --set dnsserver.listen=127.0.0.1:0 --set dnsserver.metrics_addr=127.0.0.1:0 >"$DIR/dnsserver.log" 2>&1 &
 DNS_PID=$!
-"$BIN" reporter --config "$CONFIG" >"$DIR/reporter.log" 2>&1 &
+"$BIN" reporter --store "$STORE" --set reporter.listen=127.0.0.1:0 --set reporter.metrics_addr=127.0.0.1:0 >"$DIR/reporter.log" 2>&1 &
 REP_PID=$!
-wait_tcp "$DNS_PORT" 20 || { tail -5 "$DIR/dnsserver.log" >&2; die "the route server did not listen within 20 s"; }
-wait_tcp "$REP_PORT" 20 || { tail -5 "$DIR/reporter.log" >&2; die "the reporter did not listen within 20 s"; }
+DNS_ADDR=$(logged "$DIR/dnsserver.log" 's/.*serving pulls on \([0-9.]*:[0-9]*\) (.*/\1/p' 20) ||
+    { tail -5 "$DIR/dnsserver.log" >&2; die "the route server did not listen within 20 s"; }
+REP_ADDR=$(logged "$DIR/reporter.log" 's/.*listening for agents on \([0-9.]*:[0-9]*\), .*/\1/p' 20) ||
+    { tail -5 "$DIR/reporter.log" >&2; die "the reporter did not listen within 20 s"; }
+
+write_config() { # UDP_PORT METRICS_PORT (0: the agent picks)
+    cat >"$CONFIG" <<EOF
+[lb]
+report_timeout = 1
+[agent]
+bind = "127.0.0.1"
+base_port = $1
+shards = 1
+route_servers = ["$DNS_ADDR"]
+reporters = ["$REP_ADDR"]
+heartbeat_path = "$HEARTBEAT"
+snapshot_path = "$SNAPSHOT"
+snapshot_interval = 5
+metrics_addr = "127.0.0.1:$2"
+EOF
+}
+write_config 0 0
+"$BIN" agent --check --config "$CONFIG" >/dev/null || die "generated config $CONFIG is invalid"
 
 AGENT_STARTS=0
 start_agent() {
@@ -195,8 +189,14 @@ wait_answer() { # START_EPOCH_NS
 
 t0=$(date +%s%N)
 start_agent
+# "serving on 127.0.0.1:[PORT] (1 shards), metrics on http://ADDR/metrics":
+# the ports it got, pinned for its restarts.
+read -r UDP_PORT AGENT_MPORT < <(logged "$DIR/agent.log" \
+    's/.*serving on 127\.0\.0\.1:\[\([0-9]*\)\] .*metrics on http:\/\/127\.0\.0\.1:\([0-9]*\)\/metrics.*/\1 \2/p' 20)
+[ -n "${AGENT_MPORT:-}" ] || { tail -5 "$DIR/agent.log" >&2; die "the agent did not start within 20 s"; }
+write_config "$UDP_PORT" "$AGENT_MPORT"
 first=$(wait_answer "$t0") || { tail -5 "$DIR/agent.log" >&2; die "the agent did not answer within ${ANSWER_BOUND_S} s of its start"; }
-echo "soak: $DIR; route server :$DNS_PORT, reporter :$REP_PORT, agent udp :$UDP_PORT (answered ${first} s after start); $SECONDS_TOTAL s, qpstest $THREADS threads x $MODULES modules"
+echo "soak: $DIR; route server $DNS_ADDR, reporter $REP_ADDR, agent udp :$UDP_PORT (answered ${first} s after start); $SECONDS_TOTAL s, qpstest $THREADS threads x $MODULES modules"
 
 START=$(now)
 END=$((START + SECONDS_TOTAL))
