@@ -32,6 +32,14 @@ pub struct AdmissionParams {
     /// holds nothing but admitted requests (not the agent's shard, whose
     /// kernel queue holds every datagram).
     pub hold_while_draining: bool,
+    /// Callers hold back below this level before sending (the agent's own
+    /// shedding: its answers carry the level, and the client library's
+    /// `HoldBack` sheds below it), so a calm window's histogram above the
+    /// level is incomplete (censored): it holds only what callers with a
+    /// stale level sent. The rise is then placed on the demand's mix as
+    /// the last window at the open level saw it (see [`Admission`]), not
+    /// on the censored histogram. Off for a service (the paper's rule).
+    pub callers_hold_back: bool,
 }
 
 impl Default for AdmissionParams {
@@ -44,6 +52,7 @@ impl Default for AdmissionParams {
             beta: 0.01,
             floor: AdmissionLevel::new(1, 128),
             hold_while_draining: true,
+            callers_hold_back: false,
         }
     }
 }
@@ -60,6 +69,9 @@ pub struct WindowOutcome {
     /// The window was overloaded but its queue drained fast enough
     /// ([`AdmissionParams::hold_while_draining`]): the level held.
     pub draining: bool,
+    /// The calm window's rise was placed on the remembered demand
+    /// ([`AdmissionParams::callers_hold_back`]).
+    pub censored_rise: bool,
     /// The level during the window.
     pub before: AdmissionLevel,
     /// The level from now on.
@@ -86,11 +98,29 @@ pub struct WindowOutcome {
 /// alpha)·N_started`, what one cut from balance gives; more for a queue
 /// over [`HOLD_QUEUE_THRESHOLDS`] thresholds, see `drained`) keeps the
 /// level: the last cuts are already draining the queue.
+///
+/// With [`AdmissionParams::callers_hold_back`] (the agent's own shedding)
+/// the controller also keeps the histogram of the last window that ran at
+/// the open level with at least [`MIN_DEMAND`] requests: the demand's mix
+/// by priority before any caller held anything back. A calm window below
+/// the open level then rises to the lowest level that admits at least
+/// `(1 + beta)` times what the current level admits *of that mix* (and at
+/// least one request of it more), fully open when none does. The current
+/// window's histogram cannot place the rise: above the level it holds
+/// only what callers with a stale level sent, a thin and arbitrary
+/// sample; reading it as the demand over-steps (the paper's rule then
+/// finds `+beta` far too high, or opens fully when the thin part falls
+/// short of it), every caller releases the requests it held within a
+/// round trip, and the shard floods. Without a remembered mix (no window
+/// at the open level yet), the paper's rule applies.
 #[derive(Clone, Debug)]
 pub struct Admission {
     params: AdmissionParams,
     level: AdmissionLevel,
     histogram: Histogram,
+    /// With `callers_hold_back`: the last full enough window at the open
+    /// level (empty until there is one).
+    demand: Option<Histogram>,
     window: Window,
     admitted_total: u64,
     rejected_total: u64,
@@ -110,6 +140,7 @@ impl Admission {
                 params.window_requests,
                 params.queuing_threshold_us,
             ),
+            demand: params.callers_hold_back.then(Histogram::new),
             params,
             level: OPEN,
             histogram: Histogram::new(),
@@ -153,6 +184,14 @@ impl Admission {
         ok
     }
 
+    /// `n` requests were dropped before they could be handled (the queue
+    /// was full: the agent's kernel receive queue, `SO_RXQ_OVFL`): the
+    /// current window is overloaded (see [`Window::dropped`]). Their
+    /// priorities are unknown, so they are not in the histogram.
+    pub fn dropped(&mut self, n: u32) {
+        self.window.dropped(n);
+    }
+
     /// An admitted request started processing at `now` after waiting
     /// `queuing_us` since its arrival. When this ends the window, the level
     /// moves and the outcome says how.
@@ -192,8 +231,17 @@ impl Admission {
                 window.avg_queuing_us,
                 self.params.queuing_threshold_us,
             );
+        // The remembered mix places a calm window's rise below the open
+        // level (callers_hold_back).
+        let demand = self
+            .demand
+            .as_ref()
+            .filter(|d| !window.overloaded && before != OPEN && d.total() > 0);
+        let censored_rise = demand.is_some();
         let after = if draining {
             before
+        } else if let Some(d) = demand {
+            rise_on(d, before, &self.params)
         } else {
             next_level(
                 &self.histogram,
@@ -208,10 +256,19 @@ impl Admission {
             arrived: self.histogram.total(),
             admitted,
             draining,
+            censored_rise,
             before,
             after,
         };
         self.level = after;
+        match self.demand.as_mut() {
+            // A window at the open level saw the whole demand: keep it (the
+            // old one becomes the next window's, cleared below).
+            Some(d) if before == OPEN && self.histogram.total() >= MIN_DEMAND => {
+                std::mem::swap(d, &mut self.histogram)
+            }
+            _ => {}
+        }
         self.histogram.clear();
         outcome
     }
@@ -235,6 +292,26 @@ fn drained(admitted: u64, started: u32, alpha: f64, avg_us: Micros, threshold_us
     let depth = avg_us as f64 / (HOLD_QUEUE_THRESHOLDS * threshold_us.max(1) as f64);
     let need = alpha * depth.max(1.0);
     started > 0 && admitted as f64 <= (1.0 - need) * f64::from(started)
+}
+
+/// The fewest requests a window at the open level must hold to become the
+/// remembered demand mix ([`AdmissionParams::callers_hold_back`]): a
+/// handful seen after a quiet spell says little about the mix.
+pub const MIN_DEMAND: u64 = 100;
+
+/// A calm window's level when callers hold back: the lowest level that
+/// admits at least `(1 + beta)` times what `level` admits of the
+/// remembered demand `d` and at least one request of it more (open when
+/// none does), never below the floor.
+fn rise_on(d: &Histogram, level: AdmissionLevel, p: &AdmissionParams) -> AdmissionLevel {
+    let admitted = d.admitted_under(level);
+    let target = ((1.0 + p.beta) * admitted as f64).ceil() as u64;
+    let moved = d.lowest_at_least(target.max(admitted + 1)).unwrap_or(OPEN);
+    if level_index(moved) < level_index(p.floor) {
+        p.floor
+    } else {
+        moved
+    }
 }
 
 /// How many levels (user priorities) the level rises after a calm window
@@ -434,6 +511,110 @@ mod tests {
         let o = a.tick(2000 * MS).unwrap();
         assert!(!o.window.overloaded);
         assert_eq!(o.after, lv(10, 50 + CENSORED_STEP as u8));
+    }
+
+    /// Callers that hold back: the window at the open level is the demand
+    /// (classes 1..=10, 100 each); below it callers send only what the
+    /// level admits.
+    #[test]
+    fn with_callers_holding_back_a_calm_window_rises_beta_of_the_remembered_mix() {
+        let mut a = Admission::new(AdmissionParams {
+            callers_hold_back: true,
+            ..params()
+        });
+        let o = window(&mut a, 0, 50 * MS);
+        assert!(!o.censored_rise, "overloaded: the paper's cut");
+        assert_eq!(o.after, lv(10, 50));
+        // Calm, nothing above the level arrived: +1% of the remembered
+        // mix's 950 admitted = 960 (class 10 up to u = 60), not the
+        // censored step of 32.
+        let calm = |a: &mut Admission, now: Micros| {
+            assert_eq!(a.tick(now), None);
+            let level = a.level();
+            for b in 1..=10u8 {
+                for u in 1..=100u8 {
+                    if admits(level, b, u) {
+                        a.admit(b, u);
+                    }
+                }
+            }
+            // A caller with a stale level sent a few from above.
+            a.admit(10, 100);
+            a.admit(10, 99);
+            a.started(now + 1, 10);
+            a.tick(now + 1000 * MS).expect("the span is up")
+        };
+        let o = calm(&mut a, 1000 * MS);
+        assert!(o.censored_rise && !o.window.overloaded);
+        assert_eq!(o.after, lv(10, 60));
+        let o = calm(&mut a, 2000 * MS);
+        // ceil(1.01 * 960) = 970: u = 70.
+        assert_eq!(o.after, lv(10, 70));
+        // Rising past the mix opens fully (from (10, 95): 995 -> 1005).
+        let mut at = 3000 * MS;
+        while a.level() != OPEN {
+            let o = calm(&mut a, at);
+            assert!(level_index(o.after) > level_index(o.before));
+            at += 1000 * MS;
+            assert!(at < 100_000 * MS, "it opens");
+        }
+        // Without the option the paper's rule opens at once: the two
+        // stale requests above are all there is above the level, short
+        // of +1%.
+        let mut b = Admission::new(params());
+        window(&mut b, 0, 50 * MS);
+        let o = calm(&mut b, 1000 * MS);
+        assert!(!o.censored_rise);
+        assert_eq!(o.after, OPEN);
+    }
+
+    #[test]
+    fn the_remembered_mix_needs_a_full_enough_window_at_the_open_level() {
+        let mut a = Admission::new(AdmissionParams {
+            callers_hold_back: true,
+            ..params()
+        });
+        // An overloaded window of MIN_DEMAND - 1 requests at the open
+        // level (class 5) cuts, and is too few to remember.
+        let o = counted_window(&mut a, 0, (5, MIN_DEMAND as u32 - 1), 1, 50 * MS);
+        let cut = o.after;
+        assert_eq!(cut.business, 5);
+        // The calm window after it has no mix to rise on: the paper's rule
+        // (nothing above the level arrived: the censored step).
+        let o = counted_window(&mut a, 1000 * MS, (4, 50), 1, MS);
+        assert!(!o.censored_rise);
+        assert_eq!(
+            level_index(o.after),
+            level_index(cut) + CENSORED_STEP,
+            "{cut:?} -> {:?}",
+            o.after
+        );
+        // An open window of MIN_DEMAND is remembered: after the next cut,
+        // the calm rise is placed on it.
+        while a.level() != OPEN {
+            let at = a.next_tick().unwrap();
+            a.tick(at);
+        }
+        let at = 100_000 * MS;
+        a.tick(at);
+        let o = counted_window(&mut a, at, (5, MIN_DEMAND as u32), 1, 50 * MS);
+        assert_eq!(o.after.business, 5);
+        let o = counted_window(&mut a, at + 1000 * MS, (4, 50), 1, MS);
+        assert!(o.censored_rise);
+    }
+
+    #[test]
+    fn dropped_requests_make_a_calm_window_overloaded() {
+        let mut a = Admission::new(params());
+        assert_eq!(a.tick(0), None);
+        for u in 1..=100u8 {
+            a.admit(5, u);
+        }
+        a.started(1, MS);
+        a.dropped(1);
+        let o = a.tick(1000 * MS).unwrap();
+        assert!(o.window.overloaded && o.window.dropped == 1);
+        assert_eq!(o.after, lv(5, 95));
     }
 
     #[test]

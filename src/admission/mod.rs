@@ -18,6 +18,10 @@
 //!   default `(1, 128)`: the most important business class is never shed).
 //!   One deviation, on by default: an overloaded window whose queue drains
 //!   fast enough keeps the level ([`AdmissionParams::hold_while_draining`]).
+//!   For the agent's own shedding, whose callers hold back below its level,
+//!   a calm window's rise is placed on the demand's remembered mix
+//!   ([`AdmissionParams::callers_hold_back`]), and requests the kernel
+//!   dropped make a window overloaded ([`Admission::dropped`]).
 //! - **Admission rule** ([`admits`]): `b < B*`, or `b == B*` and `u ≤ U*`.
 //! - **The level on the wire** ([`piggyback`]): a 2-byte encoding a service
 //!   can put in its own responses, and the FlatBuffers `AdmissionLevel`.
@@ -33,7 +37,7 @@ mod window;
 
 pub use crate::wire::AdmissionLevel;
 pub use controller::{
-    Admission, AdmissionParams, WindowOutcome, CENSORED_STEP, HOLD_QUEUE_THRESHOLDS,
+    Admission, AdmissionParams, WindowOutcome, CENSORED_STEP, HOLD_QUEUE_THRESHOLDS, MIN_DEMAND,
 };
 pub use histogram::{level_index, level_of_index, Histogram, LEVELS};
 pub use priority::{user_priority, UserPriorities};

@@ -15,6 +15,9 @@ pub struct WindowEnd {
     pub overloaded: bool,
     /// Why it ended: `true` by count, `false` by time.
     pub by_count: bool,
+    /// Requests the queue turned away in the window (see
+    /// [`Window::dropped`]); any makes the window overloaded.
+    pub dropped: u32,
 }
 
 /// The current window of queuing-time samples.
@@ -26,6 +29,7 @@ pub struct Window {
     start: Option<Micros>,
     samples: u32,
     sum_us: u64,
+    dropped: u32,
 }
 
 impl Window {
@@ -39,7 +43,19 @@ impl Window {
             start: None,
             samples: 0,
             sum_us: 0,
+            dropped: 0,
         }
+    }
+
+    /// Counts `n` requests that found the queue full and were dropped
+    /// before anyone could handle them (the agent's kernel receive queue:
+    /// `SO_RXQ_OVFL`). A dropped request waited longer than any queuing
+    /// time the window measures (it is never handled), so a window with
+    /// any drop is overloaded, whatever the average of the others: a
+    /// queue bounded at about the threshold's worth (a sized receive
+    /// buffer) never averages above the threshold, it overflows instead.
+    pub fn dropped(&mut self, n: u32) {
+        self.dropped = self.dropped.saturating_add(n);
     }
 
     /// When the current window started (`None` before the first event).
@@ -99,12 +115,14 @@ impl Window {
         let end = WindowEnd {
             samples: self.samples,
             avg_queuing_us: avg,
-            overloaded: avg > self.threshold_us,
+            overloaded: avg > self.threshold_us || self.dropped > 0,
             by_count,
+            dropped: self.dropped,
         };
         self.start = Some(now);
         self.samples = 0;
         self.sum_us = 0;
+        self.dropped = 0;
         end
     }
 }
@@ -159,6 +177,27 @@ mod tests {
         let end = w.tick(3500 * MS).expect("span from 2500 ms");
         assert_eq!((end.samples, end.avg_queuing_us), (2, 20 * MS));
         assert!(!end.overloaded, "exactly the threshold is not overload");
+    }
+
+    #[test]
+    fn a_drop_makes_the_window_overloaded_and_is_counted_once() {
+        let mut w = Window::new(1000 * MS, 3, 500);
+        assert_eq!(w.record(0, 10), None);
+        w.dropped(2);
+        w.dropped(1);
+        assert_eq!(w.record(1, 10), None);
+        let end = w.record(2, 10).expect("by count");
+        assert_eq!((end.avg_queuing_us, end.dropped), (10, 3));
+        assert!(end.overloaded, "short queue, but it overflowed");
+        // The next window starts without drops.
+        w.record(3, 10);
+        w.record(4, 10);
+        let end = w.record(5, 10).unwrap();
+        assert!(!end.overloaded && end.dropped == 0);
+        // Drops alone (nothing handled) end overloaded by time.
+        w.dropped(1);
+        let end = w.tick(5 + 1000 * MS).unwrap();
+        assert!(end.overloaded && end.samples == 0);
     }
 
     #[test]

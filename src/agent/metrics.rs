@@ -139,6 +139,10 @@ pub struct ShardMetrics {
     pub waiting_registers: u64,
     /// Answers that could not be sent.
     pub send_errors: u64,
+    /// Datagrams the kernel dropped on the shard's socket for want of
+    /// receive buffer (`SO_RXQ_OVFL`; counted only with
+    /// `admission.agent_shedding`).
+    pub kernel_drops: u64,
     /// Modules with a route (gauge).
     pub modules: u64,
     /// Idle nodes (gauge).
@@ -210,6 +214,7 @@ impl ShardMetrics {
             unknown_modules: 0,
             waiting_registers: 0,
             send_errors: 0,
+            kernel_drops: 0,
             modules: 0,
             nodes_idle: 0,
             nodes_overloaded: 0,
@@ -390,7 +395,7 @@ pub fn render(shards: &[ShardMetrics], control: &ControlMetrics) -> String {
             );
         }
     }
-    let per_shard: [Figure; 31] = [
+    let per_shard: [Figure; 32] = [
         (
             "lbagent_shm_requests_total",
             "counter",
@@ -528,6 +533,12 @@ pub fn render(shards: &[ShardMetrics], control: &ControlMetrics) -> String {
             "counter",
             "Answers that could not be sent.",
             |m| m.send_errors,
+        ),
+        (
+            "lbagent_udp_receive_drops_total",
+            "counter",
+            "Requests the kernel dropped on the shard's socket, its receive buffer full (counted with admission.agent_shedding only).",
+            |m| m.kernel_drops,
         ),
         (
             "lbagent_transitions_to_overloaded_total",

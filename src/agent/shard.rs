@@ -221,11 +221,27 @@ pub struct ShardCore {
     /// fed with each datagram's queuing time, it sheds getHosts below its
     /// level. None when off.
     shedding: Option<Box<Admission>>,
+    /// The kernel's drop count as last seen ([`ShardCore::kernel_drops`]).
+    drops_seen: u32,
     /// The shed answer for the shard's current level, encoded once per
     /// level (see [`wire::RejectedAnswer`]).
     rejected: Option<wire::RejectedAnswer>,
     /// Counters for the metrics endpoint.
     pub metrics: ShardMetrics,
+}
+
+/// The admission parameters a shard's own shedding runs with: `p` with
+/// `hold_while_draining` off (the kernel's receive queue holds every
+/// datagram, admitted or not, so the counts do not measure its drain) and
+/// `callers_hold_back` on (every answer carries the shard's level while it
+/// sheds, and callers hold back below it: a calm window's rise is placed on
+/// the demand's remembered mix, see [`Admission`]).
+pub fn agent_params(p: AdmissionParams) -> AdmissionParams {
+    AdmissionParams {
+        hold_while_draining: false,
+        callers_hold_back: true,
+        ..p
+    }
 }
 
 /// How long a datagram waited in the socket before the shard handled it.
@@ -257,6 +273,7 @@ impl ShardCore {
             outbox: Vec::new(),
             last_kind: None,
             shedding: None,
+            drops_seen: 0,
             rejected: None,
         }
     }
@@ -264,17 +281,29 @@ impl ShardCore {
     /// Turns the shard's own admission control on (`Some`) or off. While
     /// on, [`ShardCore::handle_queued`] feeds it each datagram's queuing
     /// time and a getHost its level does not admit is answered `Rejected`
-    /// with the shard's level attached. The level never holds while the
-    /// queue drains (`hold_while_draining` is turned off): the kernel's
-    /// receive queue holds every datagram, admitted or not.
+    /// with the shard's level attached. See [`agent_params`] for how the
+    /// parameters are adapted to a shard.
     pub fn set_shedding(&mut self, params: Option<AdmissionParams>) {
-        self.shedding = params.map(|p| {
-            Box::new(Admission::new(AdmissionParams {
-                hold_while_draining: false,
-                ..p
-            }))
-        });
+        self.shedding = params.map(|p| Box::new(Admission::new(agent_params(p))));
         self.metrics.self_level = OPEN;
+        self.drops_seen = 0;
+    }
+
+    /// The kernel's count of datagrams it dropped on this shard's socket
+    /// for want of receive buffer (`SO_RXQ_OVFL`, as the latest datagram
+    /// carried it: a running count that wraps). With shedding on, the
+    /// drops since the last count make the current admission window
+    /// overloaded ([`Admission::dropped`]): a receive buffer sized to the
+    /// threshold overflows before its queue averages above the threshold.
+    pub fn kernel_drops(&mut self, total: u32) {
+        let new = total.wrapping_sub(self.drops_seen);
+        self.drops_seen = total;
+        if new > 0 {
+            self.metrics.kernel_drops += u64::from(new);
+            if let Some(a) = self.shedding.as_mut() {
+                a.dropped(new);
+            }
+        }
     }
 
     /// The shard's own admission level (open when shedding is off).

@@ -110,6 +110,19 @@ pub async fn run(parts: ShardParts) {
             false
         }
     };
+    // With shedding, the kernel's drop count rides on every datagram: a
+    // full receive buffer is overload the queuing time cannot show.
+    let counted = stamped
+        && shedding.is_some()
+        && match udp::enable_drop_count(fd) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(
+                    "no receive drop count ({e}): overload shows only as queuing time,                      not as the datagrams a full receive buffer drops"
+                );
+                false
+            }
+        };
     // SAFETY: fd is a bound UDP socket we own; glommio takes it over.
     let socket = Rc::new(unsafe { UdpSocket::from_raw_fd(fd) });
     let core = Rc::new(RefCell::new(ShardCore::new(setup)));
@@ -343,6 +356,13 @@ pub async fn run(parts: ShardParts) {
             // One clock read per batch: a datagram's queuing time is the
             // batch's receive time minus its arrival stamp.
             let now_ns = if stamped { udp::realtime_ns() } else { 0 };
+            if counted {
+                // The running count as the batch's last datagram carried
+                // it (the drops before it was queued).
+                if let Some(d) = rx.drops(n - 1) {
+                    c.kernel_drops(d);
+                }
+            }
             for i in 0..n {
                 let (bytes, peer, truncated) = rx.get(i);
                 if bytes.is_empty() {

@@ -31,7 +31,8 @@ pub struct RecvBatch {
 }
 
 /// Control-message space per datagram, in 8-byte words: one
-/// `CMSG_SPACE(sizeof(struct timespec))` is 32 bytes on 64-bit Linux.
+/// `CMSG_SPACE(sizeof(struct timespec))` is 32 bytes on 64-bit Linux, one
+/// `CMSG_SPACE(sizeof(u32))` (the drop count) 24.
 const CTRL_WORDS: usize = 8;
 
 /// Which receive timestamp a socket delivers.
@@ -69,6 +70,31 @@ pub fn enable_timestamps(fd: RawFd) -> io::Result<Stamping> {
         }
     }
     Err(io::Error::last_os_error())
+}
+
+/// Asks the kernel to attach to every datagram received on `fd` its
+/// running count of datagrams dropped on that socket for want of receive
+/// buffer (`SO_RXQ_OVFL`), read back with [`RecvBatch::drops`].
+///
+/// # Errors
+/// The system refused the option.
+pub fn enable_drop_count(fd: RawFd) -> io::Result<()> {
+    let on: libc::c_int = 1;
+    // SAFETY: a valid option value of the right size.
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_RXQ_OVFL,
+            (&on as *const libc::c_int).cast(),
+            size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
 }
 
 /// Gives the core to another runnable thread, if there is one
@@ -236,6 +262,30 @@ impl RecvBatch {
                 if level == libc::SOL_SOCKET && kind == libc::SCM_TIMESTAMP {
                     let tv: libc::timeval = std::ptr::read_unaligned(data.cast());
                     return Some(tv.tv_sec as u64 * 1_000_000_000 + tv.tv_usec as u64 * 1000);
+                }
+                c = libc::CMSG_NXTHDR(h, c);
+            }
+        }
+        None
+    }
+
+    /// The kernel's running count of datagrams dropped on the socket as
+    /// datagram `i` of the last receive carried it (see
+    /// [`enable_drop_count`]: the count when the datagram was queued;
+    /// it wraps). `None` when it carried none: the option is off, or the
+    /// socket has dropped nothing yet.
+    pub fn drops(&self, i: usize) -> Option<u32> {
+        assert!(i < self.len, "datagram {i} of {}", self.len);
+        let h = &self.msgs[i].msg_hdr;
+        if h.msg_controllen == 0 {
+            return None;
+        }
+        // SAFETY: as in arrived_ns.
+        unsafe {
+            let mut c = libc::CMSG_FIRSTHDR(h);
+            while !c.is_null() {
+                if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SO_RXQ_OVFL {
+                    return Some(std::ptr::read_unaligned(libc::CMSG_DATA(c).cast()));
                 }
                 c = libc::CMSG_NXTHDR(h, c);
             }
@@ -429,6 +479,55 @@ mod tests {
         // The stamp lies between the send and the receive (a microsecond
         // stamp may round down below `before` by under 1 µs).
         assert!(at + 1000 >= before && at <= after, "{before} {at} {after}");
+    }
+
+    #[test]
+    fn the_kernel_counts_the_datagrams_a_full_buffer_dropped() {
+        let server = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let client = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let to = server.local_addr().unwrap();
+        set_rcvbuf(server.as_raw_fd(), 4096).unwrap();
+        enable_timestamps(server.as_raw_fd()).unwrap();
+        enable_drop_count(server.as_raw_fd()).unwrap();
+        client.set_nonblocking(true).unwrap();
+        // Far more than a 4 KiB buffer holds (each costs hundreds of bytes
+        // of it), none read meanwhile.
+        for _ in 0..200 {
+            let _ = client.send_to(&[1u8; 100], to);
+        }
+        let mut batch = RecvBatch::new(32);
+        let (mut got, mut last) = (0u32, None);
+        for _ in 0..100 {
+            let n = batch.recv(server.as_raw_fd()).unwrap();
+            for i in 0..n {
+                assert!(batch.arrived_ns(i).is_some(), "both messages fit");
+                if let Some(d) = batch.drops(i) {
+                    assert!(last.is_none_or(|l| d >= l), "a running count");
+                    last = Some(d);
+                }
+            }
+            got += n as u32;
+            if n == 0 && got > 0 {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        // Every datagram is either received or counted dropped; the first
+        // ones queued before any drop carry no count.
+        let dropped = last.expect("drops counted");
+        assert_eq!(got + dropped, 200, "{got} received, {dropped} dropped");
+        // A new datagram carries the count as it stands.
+        client.send_to(&[2u8; 10], to).unwrap();
+        let mut n = 0;
+        for _ in 0..100 {
+            n = batch.recv(server.as_raw_fd()).unwrap();
+            if n > 0 {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert_eq!(n, 1);
+        assert_eq!(batch.drops(0), Some(dropped));
     }
 
     #[test]

@@ -89,6 +89,7 @@ impl AdmissionConfig {
             beta: self.beta,
             floor: AdmissionLevel::new(self.min_business, self.min_user),
             hold_while_draining: self.hold_while_draining,
+            callers_hold_back: false,
         }
     }
 
@@ -98,6 +99,7 @@ impl AdmissionConfig {
         self.agent_shedding.then(|| AdmissionParams {
             queuing_threshold_us: self.agent_queuing_threshold_us,
             hold_while_draining: false,
+            callers_hold_back: true,
             ..self.params()
         })
     }
