@@ -69,6 +69,10 @@ pub struct WindowOutcome {
     /// The window was overloaded but its queue drained fast enough
     /// ([`AdmissionParams::hold_while_draining`]): the level held.
     pub draining: bool,
+    /// The window was overloaded, but more than [`NOT_HELD_BACK`] of its
+    /// requests were above the level: its callers do not hold back, and
+    /// the level held ([`AdmissionParams::callers_hold_back`] only).
+    pub not_held_back: bool,
     /// The calm window's rise was placed on the remembered demand
     /// ([`AdmissionParams::callers_hold_back`]).
     pub censored_rise: bool,
@@ -238,7 +242,11 @@ impl Admission {
             .as_ref()
             .filter(|d| !window.overloaded && before != OPEN && d.total() > 0);
         let censored_rise = demand.is_some();
-        let after = if draining {
+        let arrived = self.histogram.total();
+        let not_held_back = window.overloaded
+            && self.params.callers_hold_back
+            && (arrived - admitted) as f64 > NOT_HELD_BACK * arrived as f64;
+        let after = if draining || not_held_back {
             before
         } else if let Some(d) = demand {
             rise_on(d, before, &self.params)
@@ -253,9 +261,10 @@ impl Admission {
         };
         let outcome = WindowOutcome {
             window,
-            arrived: self.histogram.total(),
+            arrived,
             admitted,
             draining,
+            not_held_back,
             censored_rise,
             before,
             after,
@@ -298,6 +307,18 @@ fn drained(admitted: u64, started: u32, alpha: f64, avg_us: Micros, threshold_us
 /// remembered demand mix ([`AdmissionParams::callers_hold_back`]): a
 /// handful seen after a quiet spell says little about the mix.
 pub const MIN_DEMAND: u64 = 100;
+
+/// With [`AdmissionParams::callers_hold_back`], an overloaded window in
+/// which more than this share of the requests were above the level keeps
+/// the level. Callers that hold back send almost nothing above it (only
+/// those whose level went stale: 0.1% in the simulation,
+/// `agent::overload_sim`); when most of what arrives is refused, the
+/// callers are not holding back, and a refusal costs the agent's shard
+/// about what an answer costs (the kernel's receive and send are most of
+/// either), so a further cut would not lighten the load; it would only
+/// refuse the more important classes as well (the level sank below every
+/// class before this rule).
+pub const NOT_HELD_BACK: f64 = 0.5;
 
 /// A calm window's level when callers hold back: the lowest level that
 /// admits at least `(1 + beta)` times what `level` admits of the
@@ -601,6 +622,44 @@ mod tests {
         assert_eq!(o.after.business, 5);
         let o = counted_window(&mut a, at + 1000 * MS, (4, 50), 1, MS);
         assert!(o.censored_rise);
+    }
+
+    #[test]
+    fn with_callers_holding_back_an_overloaded_window_mostly_above_the_level_holds() {
+        let mut a = Admission::new(AdmissionParams {
+            callers_hold_back: true,
+            window_requests: 10_000,
+            ..params()
+        });
+        let cut = counted_window(&mut a, 0, (5, 1000), 1, 50 * MS).after;
+        assert_eq!(cut.business, 5);
+        let above = |a: &mut Admission, now: Micros, n_above: u32, n_below: u32| {
+            assert_eq!(a.tick(now), None);
+            for i in 0..n_above {
+                a.admit(6, (i % 128) as u8 + 1);
+            }
+            for i in 0..n_below {
+                a.admit(4, (i % 128) as u8 + 1);
+            }
+            a.started(now + 1, 50 * MS);
+            a.tick(now + 1000 * MS).expect("the span is up")
+        };
+        // Half above the level: not more than half, cut.
+        let o = above(&mut a, 1000 * MS, 500, 500);
+        assert!(!o.not_held_back && level_index(o.after) < level_index(cut));
+        // 501 of 1000 above: the callers do not hold back, hold.
+        let level = o.after;
+        let o = above(&mut a, 2000 * MS, 501, 499);
+        assert!(o.not_held_back && o.window.overloaded);
+        assert_eq!(o.after, level);
+        // Without the option the paper's rule cuts.
+        let mut b = Admission::new(AdmissionParams {
+            window_requests: 10_000,
+            ..params()
+        });
+        counted_window(&mut b, 0, (5, 1000), 1, 50 * MS);
+        let o = above(&mut b, 1000 * MS, 900, 100);
+        assert!(!o.not_held_back && level_index(o.after) < level_index(cut));
     }
 
     #[test]

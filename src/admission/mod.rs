@@ -38,6 +38,7 @@ mod window;
 pub use crate::wire::AdmissionLevel;
 pub use controller::{
     Admission, AdmissionParams, WindowOutcome, CENSORED_STEP, HOLD_QUEUE_THRESHOLDS, MIN_DEMAND,
+    NOT_HELD_BACK,
 };
 pub use histogram::{level_index, level_of_index, Histogram, LEVELS};
 pub use priority::{user_priority, UserPriorities};

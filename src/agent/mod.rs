@@ -36,6 +36,7 @@ pub mod live;
 pub mod liveness;
 pub mod messages;
 pub mod metrics;
+pub mod overload_sim;
 pub mod reconnect;
 pub mod route_table;
 pub mod routeclient;

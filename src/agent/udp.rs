@@ -526,7 +526,11 @@ mod tests {
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
         assert_eq!(n, 1);
-        assert_eq!(batch.arrived_ns(0).map(|_| ()), Some(()), "both messages fit");
+        assert_eq!(
+            batch.arrived_ns(0).map(|_| ()),
+            Some(()),
+            "both messages fit"
+        );
         assert_eq!(batch.drops(0), Some(200 - got));
     }
 
