@@ -28,6 +28,10 @@
 //! that class's getHosts (`lbagent_gethost_queuing_seconds`, p50 / p99 as
 //! the bucket bounds that hold them); then the queuing time of all
 //! datagrams, the CPU this process used (cores) and the load average.
+//! After the table, per run: the datagrams the kernel dropped on the
+//! shard's socket per second, and the shard's level over the measured
+//! part, per 100 ms, as the lowest..highest level its answers carried (so
+//! that a run shows whether the level oscillates).
 //!
 //! ```text
 //! nice -n -15 cargo bench --locked --bench agent_overload -- [--seconds 2] [--senders 1] [--threshold-us 500] [--rcvbuf BYTES]
@@ -36,12 +40,12 @@
 use std::io::{Read, Write as _};
 use std::net::{SocketAddr, TcpStream, UdpSocket};
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
-use lbagent::admission::AdmissionLevel;
+use lbagent::admission::{level_index, level_of_index, AdmissionLevel, OPEN};
 use lbagent::agent::udp::{self, RecvBatch, SendBatch};
 use lbagent::client::holdback::{HoldBack, DEFAULT_HOLDBACK_MS};
 use lbagent::model::{ModuleId, NodeAddr, RouteNode};
@@ -151,6 +155,7 @@ fn main() {
         "| run | udp_rcvbuf_bytes (kernel reports) | class | offered/s | answered | rejected | unanswered | RTT p50 / p99 (µs) | this class's queuing p50 / p99 (µs) | all datagrams' queuing p50 / p99 (µs) | the shard answered/s (both classes, Ok + Rejected) | CPU (cores) | load average |"
     );
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let mut traces = Vec::new();
     for (mode, rcvbuf) in [
         (Mode::Off, None),
         (Mode::Shedding, None),
@@ -187,6 +192,22 @@ fn main() {
                 r.load,
             );
         }
+        traces.push(format!(
+            "{} ({}): kernel drops {:.0}/s; level per 100 ms: {}",
+            mode.name(),
+            rcvbuf.map_or("default buffer".to_string(), |v| format!(
+                "udp_rcvbuf_bytes {v}"
+            )),
+            r.drops_rate,
+            r.levels
+        ));
+    }
+    println!(
+        "\nThe shard's level over each run's measured part, per 100 ms: the lowest..highest level its answers \
+         carried (B,U; 128,128 = open: no level attached; - = no answer in the slot):\n"
+    );
+    for t in traces {
+        println!("{t}");
     }
 }
 
@@ -302,6 +323,46 @@ struct Run {
     cores: f64,
     /// The load average at the end of the measured part.
     load: String,
+    /// Per 100 ms of the measured part, the lowest..highest level the
+    /// shard's answers carried.
+    levels: String,
+    /// Datagrams the kernel dropped on the shard's socket per second
+    /// (`lbagent_udp_receive_drops_total`; counted with shedding on).
+    drops_rate: f64,
+}
+
+/// The lowest and highest level index the answers carried since the last
+/// [`LevelSpan::take`] (an answer without a level counts as open).
+struct LevelSpan {
+    lo: AtomicUsize,
+    hi: AtomicUsize,
+}
+
+impl LevelSpan {
+    fn new() -> Self {
+        LevelSpan {
+            lo: AtomicUsize::new(usize::MAX),
+            hi: AtomicUsize::new(0),
+        }
+    }
+    fn note(&self, lo: usize, hi: usize) {
+        self.lo.fetch_min(lo, Relaxed);
+        self.hi.fetch_max(hi, Relaxed);
+    }
+    /// "B,U..B,U" since the last take ("-" when no answer came).
+    fn take(&self) -> String {
+        let lo = self.lo.swap(usize::MAX, Relaxed);
+        let hi = self.hi.swap(0, Relaxed);
+        if lo == usize::MAX {
+            return "-".into();
+        }
+        let (a, b) = (level_of_index(lo), level_of_index(hi));
+        if a == b {
+            format!("{},{}", a.business, a.user)
+        } else {
+            format!("{},{}..{},{}", a.business, a.user, b.business, b.user)
+        }
+    }
 }
 
 impl Run {
@@ -349,6 +410,7 @@ fn run(o: &Opts, mode: Mode, rcvbuf: Option<u64>, rate: f64) -> Run {
     let results = Arc::new(Mutex::new(
         (0..MIX.len()).map(|_| Class::default()).collect::<Vec<_>>(),
     ));
+    let span = Arc::new(LevelSpan::new());
     let mut threads = Vec::new();
     for t in 0..o.senders {
         let socket = UdpSocket::bind("127.0.0.1:0").expect("bind");
@@ -375,15 +437,16 @@ fn run(o: &Opts, mode: Mode, rcvbuf: Option<u64>, rate: f64) -> Run {
                 &res_s,
             )
         }));
-        let (stop_r, meas_r, level_r, res_r) = (
+        let (stop_r, meas_r, level_r, res_r, span_r) = (
             stop.clone(),
             measuring.clone(),
             level.clone(),
             results.clone(),
+            span.clone(),
         );
         threads.push(std::thread::spawn(move || {
             pin_generator();
-            recv_loop(&rx, &stop_r, &meas_r, &level_r, &sent_at, &res_r)
+            recv_loop(&rx, &stop_r, &meas_r, &level_r, &sent_at, &res_r, &span_r)
         }));
     }
     std::thread::sleep(Duration::from_secs(1));
@@ -391,7 +454,15 @@ fn run(o: &Opts, mode: Mode, rcvbuf: Option<u64>, rate: f64) -> Run {
     let cpu0 = cpu_seconds();
     measuring.store(true, Relaxed);
     let t0 = Instant::now();
-    std::thread::sleep(Duration::from_secs(o.seconds));
+    span.take();
+    // The level the answers carried, per 100 ms.
+    let mut levels = Vec::new();
+    let mut next = Duration::from_millis(100);
+    while next <= Duration::from_secs(o.seconds) {
+        std::thread::sleep(next.saturating_sub(t0.elapsed()));
+        levels.push(span.take());
+        next += Duration::from_millis(100);
+    }
     measuring.store(false, Relaxed);
     let seconds = t0.elapsed().as_secs_f64();
     let cores = (cpu_seconds() - cpu0) / seconds;
@@ -404,6 +475,12 @@ fn run(o: &Opts, mode: Mode, rcvbuf: Option<u64>, rate: f64) -> Run {
     system.stop().expect("stop");
     let _ = std::fs::remove_dir_all(&dir);
     let classes = std::mem::take(&mut *results.lock().unwrap());
+    let drops = |t: &str| {
+        t.lines()
+            .filter(|l| l.starts_with("lbagent_udp_receive_drops_total"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>()
+    };
     let all = |t: &str| buckets(t, "lbagent_queuing_seconds_bucket{", None);
     let class = |t: &str, c: &str| buckets(t, "lbagent_gethost_queuing_seconds_bucket{", Some(c));
     Run {
@@ -417,6 +494,8 @@ fn run(o: &Opts, mode: Mode, rcvbuf: Option<u64>, rate: f64) -> Run {
         rcvbuf,
         cores,
         load,
+        levels: levels.join(" "),
+        drops_rate: (drops(&text1) - drops(&text0)) / seconds,
     }
 }
 /// User + system CPU seconds of this process so far.
@@ -586,7 +665,9 @@ fn recv_loop(
     level: &Mutex<HoldBack>,
     sent_at: &[AtomicU64],
     results: &Mutex<Vec<Class>>,
+    span: &LevelSpan,
 ) {
+    let open = level_index(OPEN);
     let mut rx = RecvBatch::new(32);
     let mut local: Vec<Class> = (0..MIX.len()).map(|_| Class::default()).collect();
     let fd = socket.as_raw_fd();
@@ -598,12 +679,18 @@ fn recv_loop(
         }
         let now_ms = clock_ns() / 1_000_000;
         let mut holdback = level.lock().unwrap();
+        let (mut lo, mut hi) = (usize::MAX, 0);
         for i in 0..n {
             let (bytes, _, _) = rx.get(i);
             let Ok(Message::GetHostResp(r)) = decode(bytes, &Limits::UDP) else {
                 continue;
             };
-            holdback.observe(0, AdmissionLevel::from_wire(r.admission_level()), now_ms);
+            let seen = AdmissionLevel::from_wire(r.admission_level());
+            let at = seen
+                .filter(|l| (1..=128).contains(&l.business) && (1..=128).contains(&l.user))
+                .map_or(open, level_index);
+            (lo, hi) = (lo.min(at), hi.max(at));
+            holdback.observe(0, seen, now_ms);
             let tagged = r.seq();
             let class = (tagged >> 31) as usize;
             let slot = &sent_at[(tagged & 0x7fff_ffff) as usize % RING];
@@ -620,6 +707,10 @@ fn recv_loop(
                 RetCode::Rejected => c.rejected += 1,
                 _ => {}
             }
+        }
+        drop(holdback);
+        if lo != usize::MAX {
+            span.note(lo, hi);
         }
     }
     let mut r = results.lock().unwrap();

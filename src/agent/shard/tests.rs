@@ -954,6 +954,46 @@ fn an_overloaded_shard_sheds_low_priorities_and_keeps_high_ones() {
     assert!(total > 4200, "every queued datagram is counted: {total}");
 }
 
+#[test]
+fn kernel_drops_make_the_shards_window_overloaded() {
+    let mut s = shard();
+    get_host(&mut s, M, 0);
+    s.apply(route(2), 0);
+    s.set_shedding(Some(AdmissionParams {
+        window_us: 1_000_000,
+        window_requests: 100,
+        queuing_threshold_us: 500,
+        ..AdmissionParams::default()
+    }));
+    // Short queuing (a receive buffer sized to the threshold never holds
+    // more), but the kernel dropped datagrams meanwhile: overloaded.
+    let mut t = 1_000_000;
+    for i in 0..100u32 {
+        t += 10;
+        if i == 50 {
+            s.kernel_drops(7);
+        }
+        queued_get_host(&mut s, 60, (i % 128) as u8 + 1, t, 50);
+    }
+    assert!(s.self_level().business == 60 && s.self_level().user < 128);
+    assert_eq!(s.metrics.kernel_drops, 7);
+    // Without new drops (the same running count again), the same queuing
+    // is calm: the level rises.
+    let level = s.self_level();
+    s.kernel_drops(7);
+    for i in 0..100u32 {
+        t += 10;
+        queued_get_host(&mut s, 60, (i % 128) as u8 + 1, t, 50);
+    }
+    assert!(
+        crate::admission::level_index(s.self_level()) > crate::admission::level_index(level)
+    );
+    // The count wraps.
+    s.kernel_drops(u32::MAX);
+    s.kernel_drops(2);
+    assert_eq!(s.metrics.kernel_drops, u64::from(u32::MAX) + 3);
+}
+
 // === the snapshot's routes at start (preload) ===
 
 /// Modules owned by shard 0 of 2, each with `nodes` nodes, in module order.
