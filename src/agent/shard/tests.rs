@@ -985,9 +985,7 @@ fn kernel_drops_make_the_shards_window_overloaded() {
         t += 10;
         queued_get_host(&mut s, 60, (i % 128) as u8 + 1, t, 50);
     }
-    assert!(
-        crate::admission::level_index(s.self_level()) > crate::admission::level_index(level)
-    );
+    assert!(crate::admission::level_index(s.self_level()) > crate::admission::level_index(level));
     // The count wraps.
     s.kernel_drops(u32::MAX);
     s.kernel_drops(2);
