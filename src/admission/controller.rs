@@ -116,7 +116,8 @@ pub struct WindowOutcome {
 /// finds `+beta` far too high, or opens fully when the thin part falls
 /// short of it), every caller releases the requests it held within a
 /// round trip, and the shard floods. Without a remembered mix (no window
-/// at the open level yet), the paper's rule applies.
+/// at the open level yet), and for an empty window (which opens), the
+/// paper's rule applies.
 #[derive(Clone, Debug)]
 pub struct Admission {
     params: AdmissionParams,
@@ -237,10 +238,10 @@ impl Admission {
             );
         // The remembered mix places a calm window's rise below the open
         // level (callers_hold_back).
-        let demand = self
-            .demand
-            .as_ref()
-            .filter(|d| !window.overloaded && before != OPEN && d.total() > 0);
+        // An empty window still opens (nothing to protect).
+        let demand = self.demand.as_ref().filter(|d| {
+            !window.overloaded && before != OPEN && d.total() > 0 && self.histogram.total() > 0
+        });
         let censored_rise = demand.is_some();
         let arrived = self.histogram.total();
         let not_held_back = window.overloaded
@@ -579,6 +580,12 @@ mod tests {
             at += 1000 * MS;
             assert!(at < 100_000 * MS, "it opens");
         }
+        // An empty window opens at once, as in the paper's rule.
+        window(&mut a, at, 50 * MS);
+        assert_ne!(a.level(), OPEN);
+        a.tick(at + 2000 * MS);
+        let o = a.tick(at + 3000 * MS).expect("an empty window");
+        assert_eq!((o.arrived, o.censored_rise, o.after), (0, false, OPEN));
         // Without the option the paper's rule opens at once: the two
         // stale requests above are all there is above the level, short
         // of +1%.
