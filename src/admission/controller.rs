@@ -200,6 +200,7 @@ impl Admission {
     /// An admitted request started processing at `now` after waiting
     /// `queuing_us` since its arrival. When this ends the window, the level
     /// moves and the outcome says how.
+    #[inline]
     pub fn started(&mut self, now: Micros, queuing_us: Micros) -> Option<WindowOutcome> {
         let end = self.window.record(now, queuing_us)?;
         Some(self.end_window(end))
@@ -224,6 +225,10 @@ impl Admission {
         Some(self.window.ends_at().unwrap_or(0))
     }
 
+    // Once per window: kept out of line, so that the per-request callers
+    // (`started`, `tick`) stay small enough to inline.
+    #[cold]
+    #[inline(never)]
     fn end_window(&mut self, window: WindowEnd) -> WindowOutcome {
         let before = self.level;
         let admitted = self.histogram.admitted_under(before);
