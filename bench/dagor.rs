@@ -23,7 +23,13 @@
 //!
 //! ```text
 //! cargo bench --bench dagor -- [--warmup-ms 3000] [--measure-ms 2000] [--out DIR]
+//!                              [--only MODE:K [--trace]]
 //! ```
+//! `--only dagor:1` (MODE `dagor`, `paper` or `collab`; K 1, 2 or 4) runs
+//! that one service through the five feeds and prints each feed's figures
+//! (about 25 s); with `--trace` it also writes every request the service
+//! saw (`DIR/trace-MODE-MK-arrivals.csv`) and every admission window
+//! (`DIR/trace-MODE-MK-windows.csv`), on the service's clock.
 //! writes DIR/dagor.md (the tables) and DIR/dagor.png (the plot; needs a
 //! TrueType font: DejaVu Sans from Debian's fonts-dejavu-core, or the file
 //! named by LBAGENT_PLOT_FONT). DIR defaults to target/dagor.
@@ -36,7 +42,9 @@ use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::time::{Duration, Instant, SystemTime};
 
 use lbagent::admission::{piggyback, AdmissionParams, UserPriorities};
-use lbagent::demo_service::{serve, Counters, ServiceParams, Shedding};
+use lbagent::demo_service::{
+    serve, serve_traced, Arrival, Counters, ServiceParams, ServiceTrace, Shedding,
+};
 use lbagent::model::{ModuleId, NodeAddr, RouteNode};
 use lbagent::standalone::{Standalone, StandaloneOptions};
 use lbagent::store::{self, StoreUrl};
@@ -78,6 +86,10 @@ fn main() {
         opts.warmup.as_millis(),
         opts.measure.as_millis()
     );
+    if let Some((mode, k)) = opts.only.clone() {
+        only(&mode, k, &opts);
+        return;
+    }
     let started = Instant::now();
     let load_before = load_average();
     let mut results = Vec::new();
@@ -150,11 +162,106 @@ fn main() {
     }
 }
 
+/// Runs one mode and call shape through the five feeds (`--only`), prints
+/// each feed's figures and, with `--trace`, writes the service's trace.
+fn only(mode: &str, k: u32, opts: &Opts) {
+    let capacity = service(Shedding::Off).capacity();
+    let rates: Vec<f64> = FEEDS.iter().map(|f| f * capacity).collect();
+    let seed = 1000 + SHAPES.iter().position(|&s| s == k).unwrap_or(0) as u64;
+    let params = match mode {
+        "paper" => paper_rule(service(Shedding::Dagor)),
+        _ => service(Shedding::Dagor),
+    };
+    let mut trace = opts.trace.then(ServiceTrace::default);
+    let load_before = load_average();
+    let phases = with_service_traced(params, trace.as_mut(), |addr, c| {
+        if mode == "collab" {
+            with_agent(addr, |agent| {
+                drive(addr, Some(agent), c, k, &rates, opts, seed)
+            })
+        } else {
+            drive(addr, None, c, k, &rates, opts, seed)
+        }
+    });
+    for (feed, p) in FEEDS.iter().zip(&phases) {
+        let optimum = (1.0 / feed).min(1.0);
+        println!(
+            "{mode} M{k} {feed:.1}x: success {:.3} ({:.1}% of optimum), class 1 {:.3}, \
+             rejected {:.3}, avg queuing {:.1} ms",
+            p.success(),
+            100.0 * p.success() / optimum,
+            p.top_success(),
+            p.rejected_fraction(),
+            p.avg_queuing_ms()
+        );
+    }
+    println!(
+        "load average {load_before} at the start, {} at the end",
+        load_average()
+    );
+    if let Some(t) = trace {
+        if let Err(e) = write_trace(&t, &opts.out, &format!("{mode}-M{k}")) {
+            eprintln!("dagor bench: cannot write the trace: {e}");
+            std::process::exit(1);
+        }
+    }
+}
+
+/// Writes `trace` as `DIR/trace-NAME-arrivals.csv` and `-windows.csv`.
+fn write_trace(trace: &ServiceTrace, dir: &Path, name: &str) -> io::Result<()> {
+    use std::fmt::Write as _;
+    std::fs::create_dir_all(dir)?;
+    let mut s = String::from("arrival_us,read_us,business,user,outcome\n");
+    for a in &trace.arrivals {
+        let outcome = match a.outcome {
+            Arrival::Queued => "queued",
+            Arrival::Rejected => "rejected",
+            Arrival::QueueFull => "full",
+        };
+        let _ = writeln!(
+            s,
+            "{},{},{},{},{outcome}",
+            a.arrival_us, a.read_us, a.business, a.user
+        );
+    }
+    let arrivals = dir.join(format!("trace-{name}-arrivals.csv"));
+    std::fs::write(&arrivals, s)?;
+    let mut s = String::from(
+        "taken_us,queued,before_b,before_u,after_b,after_u,avg_queuing_us,\
+         samples,by_count,overloaded,held,arrived,admitted\n",
+    );
+    for (at, queued, o) in &trace.windows {
+        let _ = writeln!(
+            s,
+            "{at},{queued},{},{},{},{},{},{},{},{},{},{},{}",
+            o.before.business,
+            o.before.user,
+            o.after.business,
+            o.after.user,
+            o.window.avg_queuing_us,
+            o.window.samples,
+            u8::from(o.window.by_count),
+            u8::from(o.window.overloaded),
+            u8::from(o.draining),
+            o.arrived,
+            o.admitted
+        );
+    }
+    let windows = dir.join(format!("trace-{name}-windows.csv"));
+    std::fs::write(&windows, s)?;
+    println!("wrote {} and {}", arrivals.display(), windows.display());
+    Ok(())
+}
+
 /// The command line.
 struct Opts {
     warmup: Duration,
     measure: Duration,
     out: PathBuf,
+    /// `--only MODE:K`: one mode and call shape.
+    only: Option<(String, u32)>,
+    /// `--trace`: with `--only`, write the service's trace.
+    trace: bool,
 }
 
 impl Opts {
@@ -163,6 +270,8 @@ impl Opts {
             warmup: Duration::from_millis(3000),
             measure: Duration::from_millis(2000),
             out: PathBuf::from("target/dagor"),
+            only: None,
+            trace: false,
         };
         let ms = |v: Option<String>, flag: &str| -> Result<Duration, String> {
             v.and_then(|v| v.parse::<u64>().ok())
@@ -175,10 +284,28 @@ impl Opts {
                 "--warmup-ms" => o.warmup = ms(args.next(), "--warmup-ms")?,
                 "--measure-ms" => o.measure = ms(args.next(), "--measure-ms")?,
                 "--out" => o.out = args.next().ok_or("--out takes a directory")?.into(),
+                "--only" => {
+                    let v = args.next().unwrap_or_default();
+                    let bad = || {
+                        format!(
+                            "--only takes MODE:K (dagor, paper or collab; 1, 2 or 4), not `{v}`"
+                        )
+                    };
+                    let (mode, k) = v.split_once(':').ok_or_else(bad)?;
+                    let k: u32 = k.parse().map_err(|_| bad())?;
+                    if !["dagor", "paper", "collab"].contains(&mode) || !SHAPES.contains(&k) {
+                        return Err(bad());
+                    }
+                    o.only = Some((mode.to_string(), k));
+                }
+                "--trace" => o.trace = true,
                 // cargo bench passes --bench; other harness flags mean nothing here.
                 "--bench" => {}
                 other => return Err(format!("unknown argument `{other}`")),
             }
+        }
+        if o.trace && o.only.is_none() {
+            return Err("--trace goes with --only".into());
         }
         Ok(o)
     }
@@ -212,12 +339,24 @@ fn paper_rule(mut p: ServiceParams) -> ServiceParams {
 
 /// Runs a demo service on 127.0.0.1:0 while `f` drives it.
 fn with_service<R>(params: ServiceParams, f: impl FnOnce(SocketAddr, &Counters) -> R) -> R {
+    with_service_traced(params, None, f)
+}
+
+/// [`with_service`], keeping the service's trace in `trace` when given.
+fn with_service_traced<R>(
+    params: ServiceParams,
+    trace: Option<&mut ServiceTrace>,
+    f: impl FnOnce(SocketAddr, &Counters) -> R,
+) -> R {
     let socket = UdpSocket::bind("127.0.0.1:0").expect("bind the service");
     let addr = socket.local_addr().expect("service address");
     let stop = AtomicBool::new(false);
     let counters = Counters::default();
     std::thread::scope(|s| {
-        let server = s.spawn(|| serve(&socket, params, &stop, &counters));
+        let server = s.spawn(|| match trace {
+            Some(t) => serve_traced(&socket, params, &stop, &counters, t),
+            None => serve(&socket, params, &stop, &counters),
+        });
         let r = f(addr, &counters);
         stop.store(true, Relaxed);
         server

@@ -32,4 +32,4 @@ mod sim;
 
 pub use self::core::{Arrival, ServiceCore, ServiceParams, ServiceStats, Shedding};
 pub use args::{command, DemoServiceArgs, SheddingArg};
-pub use serve::{serve, Counters};
+pub use serve::{serve, serve_traced, Counters, ServiceTrace, TracedArrival};

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering::Relaxed};
 use std::time::Instant;
 
 use super::core::{Arrival, ServiceCore, ServiceParams};
-use crate::admission::{piggyback, Micros};
+use crate::admission::{piggyback, Micros, WindowOutcome};
 use crate::agent::udp::{self, RecvBatch};
 use crate::model::ModuleId;
 use crate::wire::{decode, Encoder, Limits, Message, RetCode};
@@ -60,6 +60,41 @@ impl Counters {
     }
 }
 
+/// One request as the shell fed it to the core, kept by [`serve_traced`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TracedArrival {
+    /// The arrival given to the core, on its clock (the kernel's stamp).
+    pub arrival_us: Micros,
+    /// When the shell read the datagram, on the same clock.
+    pub read_us: Micros,
+    /// Business priority as received.
+    pub business: u8,
+    /// User priority as received.
+    pub user: u8,
+    /// What the core did with it.
+    pub outcome: Arrival,
+}
+
+/// What [`serve_traced`] keeps: every request and every admission window
+/// (for investigation: it grows with every request).
+#[derive(Clone, Debug, Default)]
+pub struct ServiceTrace {
+    /// Every valid request, in the order fed to the core.
+    pub arrivals: Vec<TracedArrival>,
+    /// Every admission window: the shell's time when it was taken (at or
+    /// just after the window's end), the requests queued then, and the
+    /// window's outcome.
+    pub windows: Vec<(Micros, usize, WindowOutcome)>,
+}
+
+impl ServiceTrace {
+    fn take_windows<T>(&mut self, core: &mut ServiceCore<T>, at: Micros) {
+        let queued = core.queued();
+        self.windows
+            .extend(core.take_trace().into_iter().map(|o| (at, queued, o)));
+    }
+}
+
 /// What the shell keeps to answer a request.
 type Token = (SocketAddr, u32, ModuleId);
 
@@ -86,11 +121,37 @@ pub fn serve(
     stop: &AtomicBool,
     counters: &Counters,
 ) -> io::Result<()> {
+    serve_inner(socket, params, stop, counters, None)
+}
+
+/// [`serve`], keeping every request and admission window in `trace` (for
+/// investigation; it allocates per request).
+///
+/// # Errors
+/// As [`serve`].
+pub fn serve_traced(
+    socket: &UdpSocket,
+    params: ServiceParams,
+    stop: &AtomicBool,
+    counters: &Counters,
+    trace: &mut ServiceTrace,
+) -> io::Result<()> {
+    serve_inner(socket, params, stop, counters, Some(trace))
+}
+
+fn serve_inner(
+    socket: &UdpSocket,
+    params: ServiceParams,
+    stop: &AtomicBool,
+    counters: &Counters,
+    mut trace: Option<&mut ServiceTrace>,
+) -> io::Result<()> {
     let fd = socket.as_raw_fd();
     let stamped = udp::enable_timestamps(fd).is_ok();
     let epoch = Instant::now();
     let now = || epoch.elapsed().as_micros() as Micros;
     let mut core: ServiceCore<Token> = ServiceCore::new(params);
+    core.trace_windows(trace.is_some());
     let mut enc = Encoder::new();
     let mut batch = RecvBatch::new(BATCH);
     // The latest time given to the core (it takes times in order).
@@ -128,12 +189,23 @@ pub fn serve(
                 continue;
             };
             let token = (addr, req.seq, req.module);
-            let retcode =
-                match core.arrive(arrival, req.business_priority, req.user_priority, token) {
-                    Arrival::Queued => None,
-                    Arrival::Rejected => Some(RetCode::Rejected),
-                    Arrival::QueueFull => Some(RetCode::Unavailable),
-                };
+            let (b, u) = (req.business_priority, req.user_priority);
+            let outcome = core.arrive(arrival, b, u, token);
+            if let Some(tr) = trace.as_deref_mut() {
+                tr.arrivals.push(TracedArrival {
+                    arrival_us: arrival,
+                    read_us: mono,
+                    business: b,
+                    user: u,
+                    outcome,
+                });
+                tr.take_windows(&mut core, arrival);
+            }
+            let retcode = match outcome {
+                Arrival::Queued => None,
+                Arrival::Rejected => Some(RetCode::Rejected),
+                Arrival::QueueFull => Some(RetCode::Unavailable),
+            };
             if let Some(rc) = retcode {
                 let level = core.level();
                 let _ = socket.send_to(
@@ -152,6 +224,9 @@ pub fn serve(
         let t = now().max(last);
         last = t;
         answer_done(&mut core, &mut enc, t);
+        if let Some(tr) = trace.as_deref_mut() {
+            tr.take_windows(&mut core, t);
+        }
         counters.publish(&core);
         let wait = core
             .next_event()

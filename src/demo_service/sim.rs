@@ -373,6 +373,105 @@ mod tests {
         }
     }
 
+    /// Replays a bench trace (`cargo bench --bench dagor -- --only
+    /// dagor:1 --trace`) through the same core: `REPLAY=FILE` (the
+    /// `-arrivals.csv`), `REPLAY_HOLD=0|1` (default 1), `REPLAY_VARY=` `as-is`
+    /// (default), `poisson` (the trace's priorities at Poisson times of the
+    /// feed's rate), `uniform` (the trace's times, priorities drawn as the
+    /// simulation draws them); `REPLAY_WINDOWS=FROM_S,TO_S` prints those
+    /// windows. M1 only: per feed, the share answered in time against the
+    /// optimum, and the trace's own queued share.
+    #[test]
+    #[ignore = "a replay for investigation, not a check"]
+    fn replay() {
+        let path = std::env::var("REPLAY").expect("REPLAY=path of a -arrivals.csv");
+        let text = std::fs::read_to_string(&path).expect("read the trace");
+        let hold = std::env::var("REPLAY_HOLD").map_or(true, |v| v != "0");
+        let vary = std::env::var("REPLAY_VARY").unwrap_or("as-is".into());
+        let mut rows: Vec<(Micros, u8, u8, bool)> = text
+            .lines()
+            .skip(1)
+            .map(|l| {
+                let f: Vec<&str> = l.split(',').collect();
+                (
+                    f[0].parse().unwrap(),
+                    f[2].parse().unwrap(),
+                    f[3].parse().unwrap(),
+                    f[4] == "queued",
+                )
+            })
+            .collect();
+        let t0 = rows[0].0;
+        let span = 5000 * MS;
+        let mut rng = fastrand::Rng::with_seed(1);
+        match vary.as_str() {
+            "poisson" => {
+                let (mut t, mut i) = (0.0f64, 0);
+                for (p, f) in FEEDS.iter().enumerate() {
+                    let end = ((p + 1) as Micros * span) as f64 / 1e6;
+                    while t < end && i < rows.len() {
+                        rows[i].0 = t0 + (t * 1e6) as Micros;
+                        t += -(1.0 - rng.f64()).ln() / (f * 2000.0);
+                        i += 1;
+                    }
+                    t = t.max(end);
+                }
+                rows.truncate(i);
+            }
+            "uniform" => {
+                for r in &mut rows {
+                    r.1 = rng.u8(1..=8);
+                    r.2 = rng.u8(1..=128);
+                }
+            }
+            _ => {}
+        }
+        let mut sim = Sim::bench_like(&FEEDS, 1, 1);
+        sim.admission.hold_while_draining = hold;
+        let mut s: ServiceCore<(usize, Micros)> = ServiceCore::new(sim.service());
+        s.trace_windows(true);
+        // Per feed: offered, answered in time (replay), queued (trace).
+        let mut per = [[0u64; 3]; 5];
+        let phase = |t: Micros| {
+            let rel = t - t0;
+            let p = (rel / span) as usize;
+            (p < 5 && rel % span >= 3000 * MS).then_some(p)
+        };
+        let mut trace = Vec::new();
+        let done = |s: &mut ServiceCore<(usize, Micros)>, now, per: &mut [[u64; 3]; 5]| {
+            while let Some((_, arrived)) = s.poll_done(now) {
+                if let (Some(p), true) = (phase(arrived), now - arrived <= DEADLINE) {
+                    per[p][1] += 1;
+                }
+            }
+        };
+        for (i, &(t, b, u, queued)) in rows.iter().enumerate() {
+            done(&mut s, t, &mut per);
+            s.arrive(t, b, u, (i, t));
+            if let Some(p) = phase(t) {
+                per[p][0] += 1;
+                per[p][2] += u64::from(queued);
+            }
+            trace.extend(s.take_trace().into_iter().map(|o| (t, o)));
+        }
+        done(&mut s, Micros::MAX / 2, &mut per);
+        if let Ok(w) = std::env::var("REPLAY_WINDOWS") {
+            let w: Vec<f64> = w.split(',').map(|x| x.parse().unwrap()).collect();
+            let at = |x: f64| t0 + (x * 1e6) as Micros;
+            print_trace(&trace, at(w[0]), at(w[1]));
+        }
+        println!("{path}: hold {hold}, {vary}");
+        for (p, f) in FEEDS.iter().enumerate() {
+            let [n, ok, q] = per[p];
+            let opt = (1.0 / f).min(1.0);
+            println!(
+                "{f}x: offered {n}, replay {:.1}% of optimum, trace queued {:.1}% of optimum",
+                100.0 * ok as f64 / n.max(1) as f64 / opt,
+                100.0 * q as f64 / n.max(1) as f64 / opt
+            );
+        }
+    }
+
     /// One run's windows: `SIM_TRACE=K,COLLAB,HOLD,SEED,FROM_S,TO_S cargo
     /// test --lib sim_trace -- --ignored --nocapture`.
     #[test]
