@@ -23,13 +23,18 @@
 //!
 //! ```text
 //! cargo bench --bench dagor -- [--warmup-ms 3000] [--measure-ms 2000] [--out DIR]
-//!                              [--only MODE:K [--trace]]
+//!                              [--seeds 3] [--only MODE:K [--trace]]
 //! ```
+//! Each DAGOR mode runs `--seeds` times (3) with different driver seeds
+//! (arrival times, priorities): one 2 s measurement is one realization of
+//! a level that cycles about once a second, and differs from the next by
+//! a few points; the tables pool the realizations (answered / offered
+//! over all of them) and give the lowest and highest one.
 //! `--only dagor:1` (MODE `dagor`, `paper` or `collab`; K 1, 2 or 4) runs
-//! that one service through the five feeds and prints each feed's figures
-//! (about 25 s); with `--trace` it also writes every request the service
-//! saw (`DIR/trace-MODE-MK-arrivals.csv`) and every admission window
-//! (`DIR/trace-MODE-MK-windows.csv`), on the service's clock.
+//! that one service through the five feeds, once per seed, and prints
+//! each feed's figures (about 25 s a seed); with `--trace` it also writes
+//! every request the service saw (`DIR/trace-MODE-MK-seedS-arrivals.csv`)
+//! and every admission window (`...-windows.csv`), on the service's clock.
 //! writes DIR/dagor.md (the tables) and DIR/dagor.png (the plot; needs a
 //! TrueType font: DejaVu Sans from Debian's fonts-dejavu-core, or the file
 //! named by LBAGENT_PLOT_FONT). DIR defaults to target/dagor.
@@ -94,25 +99,36 @@ fn main() {
     let load_before = load_average();
     let mut results = Vec::new();
     for (si, &k) in SHAPES.iter().enumerate() {
-        let seed = 1000 + si as u64;
+        let seed = seed_of(si, 0);
         let rates: Vec<f64> = FEEDS.iter().map(|f| f * capacity).collect();
-        let dagor = with_service(service(Shedding::Dagor), |addr, c| {
-            drive(addr, None, c, k, &rates, &opts, seed)
-        });
+        let realizations = |params: ServiceParams, via_agent: bool| {
+            Runs::of(
+                (0..opts.seeds)
+                    .map(|j| {
+                        with_service(params, |addr, c| {
+                            let seed = seed_of(si, j);
+                            if via_agent {
+                                with_agent(addr, |agent| {
+                                    drive(addr, Some(agent), c, k, &rates, &opts, seed)
+                                })
+                            } else {
+                                drive(addr, None, c, k, &rates, &opts, seed)
+                            }
+                        })
+                    })
+                    .collect(),
+            )
+        };
+        let dagor = realizations(service(Shedding::Dagor), false);
         // The same, with the paper's rule (every overloaded window cuts):
         // the same-run baseline for `hold_while_draining`.
-        let paper = with_service(paper_rule(service(Shedding::Dagor)), |addr, c| {
-            drive(addr, None, c, k, &rates, &opts, seed)
-        });
-        let collab = with_service(service(Shedding::Dagor), |addr, c| {
-            with_agent(addr, |agent| {
-                drive(addr, Some(agent), c, k, &rates, &opts, seed)
-            })
-        });
+        let paper = realizations(paper_rule(service(Shedding::Dagor)), false);
+        let collab = realizations(service(Shedding::Dagor), true);
+        let (dagor, paper, collab) = (&dagor, &paper, &collab);
         let mut random = Vec::new();
         let mut off = Vec::new();
         for (i, &rate) in rates.iter().enumerate() {
-            let reject = dagor[i].rejected_fraction();
+            let reject = dagor.pooled[i].rejected_fraction();
             let shedding = Shedding::Random { rate: reject };
             random.push(
                 with_service(service(shedding), |addr, c| {
@@ -129,9 +145,12 @@ fn main() {
             let row = Row {
                 feed: FEEDS[i],
                 k,
-                dagor: dagor[i],
-                paper: paper[i],
-                collab: collab[i],
+                dagor: dagor.pooled[i],
+                paper: paper.pooled[i],
+                collab: collab.pooled[i],
+                dagor_range: dagor.range(i),
+                paper_range: paper.range(i),
+                collab_range: collab.range(i),
                 random: random[i],
                 off: off[i],
             };
@@ -167,44 +186,47 @@ fn main() {
 fn only(mode: &str, k: u32, opts: &Opts) {
     let capacity = service(Shedding::Off).capacity();
     let rates: Vec<f64> = FEEDS.iter().map(|f| f * capacity).collect();
-    let seed = 1000 + SHAPES.iter().position(|&s| s == k).unwrap_or(0) as u64;
+    let si = SHAPES.iter().position(|&s| s == k).unwrap_or(0);
     let params = match mode {
         "paper" => paper_rule(service(Shedding::Dagor)),
         _ => service(Shedding::Dagor),
     };
-    let mut trace = opts.trace.then(ServiceTrace::default);
     let load_before = load_average();
-    let phases = with_service_traced(params, trace.as_mut(), |addr, c| {
-        if mode == "collab" {
-            with_agent(addr, |agent| {
-                drive(addr, Some(agent), c, k, &rates, opts, seed)
-            })
-        } else {
-            drive(addr, None, c, k, &rates, opts, seed)
+    for j in 0..opts.seeds {
+        let seed = seed_of(si, j);
+        let mut trace = opts.trace.then(ServiceTrace::default);
+        let phases = with_service_traced(params, trace.as_mut(), |addr, c| {
+            if mode == "collab" {
+                with_agent(addr, |agent| {
+                    drive(addr, Some(agent), c, k, &rates, opts, seed)
+                })
+            } else {
+                drive(addr, None, c, k, &rates, opts, seed)
+            }
+        });
+        for (feed, p) in FEEDS.iter().zip(&phases) {
+            let optimum = (1.0 / feed).min(1.0);
+            println!(
+                "{mode} M{k} seed {seed} {feed:.1}x: success {:.3} ({:.1}% of optimum), \
+                 class 1 {:.3}, rejected {:.3}, avg queuing {:.1} ms",
+                p.success(),
+                100.0 * p.success() / optimum,
+                p.top_success(),
+                p.rejected_fraction(),
+                p.avg_queuing_ms()
+            );
         }
-    });
-    for (feed, p) in FEEDS.iter().zip(&phases) {
-        let optimum = (1.0 / feed).min(1.0);
-        println!(
-            "{mode} M{k} {feed:.1}x: success {:.3} ({:.1}% of optimum), class 1 {:.3}, \
-             rejected {:.3}, avg queuing {:.1} ms",
-            p.success(),
-            100.0 * p.success() / optimum,
-            p.top_success(),
-            p.rejected_fraction(),
-            p.avg_queuing_ms()
-        );
+        if let Some(t) = trace {
+            if let Err(e) = write_trace(&t, &opts.out, &format!("{mode}-M{k}-seed{seed}")) {
+                eprintln!("dagor bench: cannot write the trace: {e}");
+                std::process::exit(1);
+            }
+        }
     }
     println!(
         "load average {load_before} at the start, {} at the end",
         load_average()
     );
-    if let Some(t) = trace {
-        if let Err(e) = write_trace(&t, &opts.out, &format!("{mode}-M{k}")) {
-            eprintln!("dagor bench: cannot write the trace: {e}");
-            std::process::exit(1);
-        }
-    }
 }
 
 /// Writes `trace` as `DIR/trace-NAME-arrivals.csv` and `-windows.csv`.
@@ -262,6 +284,8 @@ struct Opts {
     only: Option<(String, u32)>,
     /// `--trace`: with `--only`, write the service's trace.
     trace: bool,
+    /// `--seeds N`: realizations (driver seeds) of each DAGOR run.
+    seeds: u32,
 }
 
 impl Opts {
@@ -272,6 +296,7 @@ impl Opts {
             out: PathBuf::from("target/dagor"),
             only: None,
             trace: false,
+            seeds: 3,
         };
         let ms = |v: Option<String>, flag: &str| -> Result<Duration, String> {
             v.and_then(|v| v.parse::<u64>().ok())
@@ -299,6 +324,13 @@ impl Opts {
                     o.only = Some((mode.to_string(), k));
                 }
                 "--trace" => o.trace = true,
+                "--seeds" => {
+                    o.seeds = args
+                        .next()
+                        .and_then(|v| v.parse().ok())
+                        .filter(|n| (1..=20).contains(n))
+                        .ok_or("--seeds takes a count in 1..=20")?;
+                }
                 // cargo bench passes --bench; other harness flags mean nothing here.
                 "--bench" => {}
                 other => return Err(format!("unknown argument `{other}`")),
@@ -446,6 +478,21 @@ struct Phase {
 }
 
 impl Phase {
+    /// Adds `o`'s counts (another realization of the same feed).
+    fn add(&mut self, o: &Phase) {
+        self.offered += o.offered;
+        self.ok += o.ok;
+        self.top_offered += o.top_offered;
+        self.top_ok += o.top_ok;
+        self.arrived += o.arrived;
+        self.rejected += o.rejected;
+        self.queue_full += o.queue_full;
+        self.started += o.started;
+        self.queuing_us_sum += o.queuing_us_sum;
+        self.agent_rejected += o.agent_rejected;
+        self.agent_asked += o.agent_asked;
+    }
+
     fn success(&self) -> f64 {
         ratio(self.ok, self.offered)
     }
@@ -732,14 +779,53 @@ fn drive(
     phases
 }
 
+/// The driver's seed for call shape `si` (index in [`SHAPES`]) in
+/// realization `j` (0 is the seed of a one-realization run).
+fn seed_of(si: usize, j: u32) -> u64 {
+    1000 + si as u64 + 100 * u64::from(j)
+}
+
+/// One mode's runs through the feeds, one per realization (seed).
+struct Runs {
+    /// Per feed: the realizations' phases added up.
+    pooled: Vec<Phase>,
+    /// Per realization, per feed.
+    each: Vec<Vec<Phase>>,
+}
+
+impl Runs {
+    fn of(each: Vec<Vec<Phase>>) -> Runs {
+        let mut pooled = vec![Phase::default(); FEEDS.len()];
+        for run in &each {
+            for (p, q) in pooled.iter_mut().zip(run) {
+                p.add(q);
+            }
+        }
+        Runs { pooled, each }
+    }
+
+    /// The lowest and highest success of one realization at feed `i`.
+    fn range(&self, i: usize) -> (f64, f64) {
+        self.each
+            .iter()
+            .map(|r| r[i].success())
+            .fold((1.0f64, 0.0f64), |(lo, hi), x| (lo.min(x), hi.max(x)))
+    }
+}
+
 /// One feed of one call shape, in the three modes.
 struct Row {
     feed: f64,
     k: u32,
+    /// The DAGOR modes pooled over `--seeds` realizations, and the lowest
+    /// and highest success of one realization.
     dagor: Phase,
     /// DAGOR at the service only with the paper's rule.
     paper: Phase,
     collab: Phase,
+    dagor_range: (f64, f64),
+    paper_range: (f64, f64),
+    collab_range: (f64, f64),
     random: Phase,
     off: Phase,
 }
@@ -795,6 +881,13 @@ fn per_shape(rows: &[Row], feed: f64, f: &dyn Fn(&Row) -> String) -> String {
         .join(" / ")
 }
 
+/// `success` (pooled) as % of `optimum`, then the lowest and highest
+/// realization's: `95.8 (93.0–97.1)`.
+fn pct_range(success: f64, (lo, hi): (f64, f64), optimum: f64) -> String {
+    let pct = |x: f64| 100.0 * x / optimum;
+    format!("{:.1} ({:.1}–{:.1})", pct(success), pct(lo), pct(hi))
+}
+
 /// The 1, 5 and 15 minute load averages (`/proc/loadavg`), or why not.
 fn load_average() -> String {
     std::fs::read_to_string("/proc/loadavg").map_or_else(
@@ -805,7 +898,12 @@ fn load_average() -> String {
 
 fn tables(rows: &[Row], opts: &Opts, load: &str) -> String {
     let mut s = String::new();
-    s.push_str("Success rate (upstream requests answered Ok within 500 ms / offered):\n\n");
+    s.push_str(&format!(
+        "Success rate (upstream requests answered Ok within 500 ms / offered; the DAGOR \
+         modes pooled over {} realizations, each a different driver seed, i.e. other \
+         arrival times and priorities):\n\n",
+        opts.seeds
+    ));
     s.push_str(
         "| feed | optimum | collaborative M1 | collaborative M2 | collaborative M4 \
          | DAGOR M1 | DAGOR M2 | DAGOR M4 | random M1 | random M2 | random M4 \
@@ -831,7 +929,7 @@ fn tables(rows: &[Row], opts: &Opts, load: &str) -> String {
     }
     s.push_str(
         "\nCollaborative admission in detail (M1 / M2 / M4): success as a share of the \
-         optimum, business class 1's success, the share of getHosts the agent answered \
+         optimum (pooled, then the lowest and highest realization), business class 1's success, the share of getHosts the agent answered \
          Rejected, calls the service itself rejected, the service's average queuing time:\n\n",
     );
     s.push_str(
@@ -842,7 +940,7 @@ fn tables(rows: &[Row], opts: &Opts, load: &str) -> String {
         let join = |f: &dyn Fn(&Row) -> String| per_shape(rows, feed, f);
         s.push_str(&format!(
             "| {feed:.1}x | {} | {} | {} | {} | {} |\n",
-            join(&|r| format!("{:.1}", 100.0 * r.collab.success() / r.optimum())),
+            join(&|r| pct_range(r.collab.success(), r.collab_range, r.optimum())),
             join(&|r| format!("{:.3}", r.collab.top_success())),
             join(&|r| format!("{:.3}", r.collab.agent_rejected_fraction())),
             join(&|r| r.collab.rejected.to_string()),
@@ -850,7 +948,8 @@ fn tables(rows: &[Row], opts: &Opts, load: &str) -> String {
         ));
     }
     s.push_str(
-        "\nDAGOR at the service only in detail (M1 / M2 / M4): success as a share of the optimum, business \
+        "\nDAGOR at the service only in detail (M1 / M2 / M4): success as a share of the optimum \
+         (pooled, then the lowest and highest realization), business \
          class 1's success, the share of calls the service rejected (random shedding used \
          the same share), the service's average queuing time, and the same run's service \
          with the paper's rule (every overloaded window cuts; hold_while_draining = false):\n\n",
@@ -861,12 +960,12 @@ fn tables(rows: &[Row], opts: &Opts, load: &str) -> String {
         let join = |f: &dyn Fn(&Row) -> String| per_shape(rows, feed, f);
         s.push_str(&format!(
             "| {feed:.1}x | {} | {} | {} | {} | {} | {} | {} |\n",
-            join(&|r| format!("{:.1}", 100.0 * r.dagor.success() / r.optimum())),
+            join(&|r| pct_range(r.dagor.success(), r.dagor_range, r.optimum())),
             join(&|r| format!("{:.3}", r.dagor.top_success())),
             join(&|r| format!("{:.3}", r.dagor.rejected_fraction())),
             join(&|r| format!("{:.1}", r.dagor.avg_queuing_ms())),
             join(&|r| format!("{:.3}", r.random.top_success())),
-            join(&|r| format!("{:.1}", 100.0 * r.paper.success() / r.optimum())),
+            join(&|r| pct_range(r.paper.success(), r.paper_range, r.optimum())),
             join(&|r| format!("{:.1}", r.paper.avg_queuing_ms())),
         ));
     }

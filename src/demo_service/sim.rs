@@ -403,28 +403,51 @@ mod tests {
             .collect();
         let t0 = rows[0].0;
         let span = 5000 * MS;
-        let mut rng = fastrand::Rng::with_seed(1);
-        match vary.as_str() {
-            "poisson" => {
-                let (mut t, mut i) = (0.0f64, 0);
-                for (p, f) in FEEDS.iter().enumerate() {
-                    let end = ((p + 1) as Micros * span) as f64 / 1e6;
-                    while t < end && i < rows.len() {
-                        rows[i].0 = t0 + (t * 1e6) as Micros;
-                        t += -(1.0 - rng.f64()).ln() / (f * 2000.0);
-                        i += 1;
-                    }
-                    t = t.max(end);
-                }
-                rows.truncate(i);
+        let seed = std::env::var("REPLAY_SEED").map_or(1, |v| v.parse().unwrap());
+        let mut rng = fastrand::Rng::with_seed(seed);
+        if vary.contains("uniform") {
+            for r in &mut rows {
+                r.1 = rng.u8(1..=8);
+                r.2 = rng.u8(1..=128);
             }
-            "uniform" => {
-                for r in &mut rows {
-                    r.1 = rng.u8(1..=8);
-                    r.2 = rng.u8(1..=128);
-                }
+        }
+        if vary.contains("shuffle") {
+            // The trace's priorities in a random order.
+            let mut pr: Vec<(u8, u8)> = rows.iter().map(|r| (r.1, r.2)).collect();
+            rng.shuffle(&mut pr);
+            for (r, p) in rows.iter_mut().zip(pr) {
+                (r.1, r.2) = p;
             }
-            _ => {}
+        }
+        if vary.contains("uhist") {
+            // Business priorities drawn anew, user priorities from the
+            // trace's distribution.
+            let us: Vec<u8> = rows.iter().map(|r| r.2).collect();
+            for r in &mut rows {
+                r.1 = rng.u8(1..=8);
+                r.2 = us[rng.usize(0..us.len())];
+            }
+        }
+        if vary.contains("jitter") {
+            // Up to 20 us later each, in order: a quiet machine's noise.
+            let mut last = 0;
+            for r in &mut rows {
+                r.0 = (r.0 + rng.u64(0..20)).max(last);
+                last = r.0;
+            }
+        }
+        if vary.contains("poisson") {
+            let (mut t, mut i) = (0.0f64, 0);
+            for (p, f) in FEEDS.iter().enumerate() {
+                let end = ((p + 1) as Micros * span) as f64 / 1e6;
+                while t < end && i < rows.len() {
+                    rows[i].0 = t0 + (t * 1e6) as Micros;
+                    t += -(1.0 - rng.f64()).ln() / (f * 2000.0);
+                    i += 1;
+                }
+                t = t.max(end);
+            }
+            rows.truncate(i);
         }
         let mut sim = Sim::bench_like(&FEEDS, 1, 1);
         sim.admission.hold_while_draining = hold;
