@@ -9,7 +9,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use lbagent::admission::{AdmissionLevel, AdmissionParams};
-use lbagent::demo_service::{serve, Counters, ServiceParams, Shedding};
+use lbagent::demo_service::{
+    serve, serve_traced, Arrival, Counters, ServiceParams, ServiceTrace, Shedding,
+};
 use lbagent::model::ModuleId;
 use lbagent::wire::{decode, Encoder, Limits, Message, RetCode};
 
@@ -143,6 +145,55 @@ fn a_bad_datagram_is_dropped_and_the_service_keeps_serving() {
         assert_eq!(c.call(9, 1, 1).1, RetCode::Ok);
         assert_eq!(counters.malformed.load(Ordering::Relaxed), 2);
     });
+}
+
+#[test]
+fn the_traced_shell_keeps_every_request_and_window() {
+    // Windows of one request: each start ends one.
+    let p = ServiceParams {
+        admission: AdmissionParams {
+            window_requests: 1,
+            ..AdmissionParams::default()
+        },
+        ..params(Shedding::Dagor)
+    };
+    let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let addr = socket.local_addr().unwrap();
+    let stop = AtomicBool::new(false);
+    let counters = Counters::default();
+    let mut trace = ServiceTrace::default();
+    std::thread::scope(|s| {
+        let server = s.spawn(|| serve_traced(&socket, p, &stop, &counters, &mut trace));
+        let mut c = Caller::new(addr);
+        c.socket.send(b"junk").unwrap();
+        assert_eq!(c.call(1, 3, 4).1, RetCode::Ok);
+        assert_eq!(c.call(2, 5, 6).1, RetCode::Ok);
+        stop.store(true, Ordering::Relaxed);
+        server.join().unwrap().unwrap();
+    });
+    let seen: Vec<_> = trace
+        .arrivals
+        .iter()
+        .map(|a| (a.business, a.user, a.outcome))
+        .collect();
+    assert_eq!(
+        seen,
+        [(3, 4, Arrival::Queued), (5, 6, Arrival::Queued)],
+        "the valid requests, in order; the junk is not one"
+    );
+    for a in &trace.arrivals {
+        assert!(
+            a.arrival_us <= a.read_us,
+            "stamped before it was read: {a:?}"
+        );
+    }
+    assert!(trace.arrivals[0].arrival_us <= trace.arrivals[1].arrival_us);
+    // Each start ended a window of one sample.
+    assert_eq!(trace.windows.len(), 2, "{trace:?}");
+    for (at, _, o) in &trace.windows {
+        assert!(*at >= trace.arrivals[0].arrival_us);
+        assert_eq!(o.window.samples, 1);
+    }
 }
 
 #[test]
