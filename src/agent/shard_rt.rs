@@ -27,12 +27,12 @@ use glommio::net::UdpSocket;
 use super::clock;
 use super::messages::{ToControl, ToShard};
 use super::metrics::{Kind, ShardMetrics};
-use super::shard::{Queued, ShardCore, ShardSetup};
+use super::shard::{FixedReply, Queued, ShardCore, ShardSetup};
 use super::snapshot::SnapshotIndex;
 use super::udp::{self, RecvBatch, SendBatch};
 use super::wake::{self, ShardTimers, TimerPlan};
 use crate::admission::AdmissionParams;
-use crate::shm::layout::{peer_slot, slot_peer};
+use crate::shm::layout::{self, peer_slot, slot_peer};
 use crate::shm::region::Region;
 use crate::shm::serve::Server;
 use crate::wire::DecodeError;
@@ -492,12 +492,30 @@ fn serve_slots(
         if let Some(report) = srv.first(&t) {
             // A report sent ahead of the request in the same cell: it has
             // no answer (anything else there would be dropped as over UDP).
-            c.handle_queued(report, slot_peer(slot), now, queued);
+            if t.first_format == layout::FMT_FIXED {
+                if let FixedReply::Garbage(_) = c.handle_fixed(report, now, queued) {
+                    srv.counts.garbage += 1;
+                }
+            } else {
+                c.handle_queued(report, slot_peer(slot), now, queued);
+            }
         }
         let t0 = (!timed).then(Instant::now);
-        match c.handle_queued(srv.request(&t), slot_peer(slot), now, queued) {
-            Some(answer) => srv.respond(slot, t.seq, Some(answer)),
-            None => srv.unanswered(&t),
+        if t.format == layout::FMT_FIXED {
+            match c.handle_fixed(srv.request(&t), now, queued) {
+                FixedReply::Host(a) => srv.respond_host(slot, t.seq, &a),
+                FixedReply::Bytes(answer) => srv.respond(slot, t.seq, Some(answer)),
+                FixedReply::Nothing => srv.respond(slot, t.seq, None),
+                FixedReply::Garbage(_) => {
+                    srv.counts.garbage += 1;
+                    srv.respond(slot, t.seq, None);
+                }
+            }
+        } else {
+            match c.handle_queued(srv.request(&t), slot_peer(slot), now, queued) {
+                Some(answer) => srv.respond(slot, t.seq, Some(answer)),
+                None => srv.unanswered(&t),
+            }
         }
         if let Some(t0) = t0 {
             if c.last_kind() == Some(Kind::GetHost) {
