@@ -39,6 +39,10 @@ use crate::model::{ModuleId, Policy, RouteNode};
 use crate::shm::fixed::{self, HostAnswer};
 use crate::wire::{self, CacheRoute, Encoder, Limits, Message, NodeStatus, RetCode};
 
+/// The shard's module table, looked up two or three times per request:
+/// foldhash (seeded per process), not SipHash.
+type Modules = HashMap<ModuleId, Box<ModuleEntry>, foldhash::fast::RandomState>;
+
 /// The default most modules one shard tracks (`agent.max_modules`).
 pub const MAX_MODULES: usize = 1 << 20;
 
@@ -196,7 +200,7 @@ pub struct ShardCore {
     /// Boxed: the table then holds 16 bytes a slot instead of an entry's
     /// 230, which its free slots (up to half of them after it grows) would
     /// waste; the entry is allocated once, when the module is first named.
-    modules: HashMap<ModuleId, Box<ModuleEntry>>,
+    modules: Modules,
     timers: Timers<(ModuleId, Due)>,
     /// Modules without a route (Unknown or Absent).
     unknown: usize,
@@ -285,7 +289,7 @@ impl ShardCore {
         ShardCore {
             metrics: ShardMetrics::new(setup.id),
             setup,
-            modules: HashMap::new(),
+            modules: Modules::default(),
             timers: Timers::new(),
             unknown: 0,
             waiting: 0,
@@ -1400,7 +1404,7 @@ impl ShardCore {
 /// only after forgetting it. A free function over the fields it needs, so
 /// callers keep the other fields.
 fn touch<'m>(
-    modules: &'m mut HashMap<ModuleId, Box<ModuleEntry>>,
+    modules: &'m mut Modules,
     outbox: &mut Vec<ToControl>,
     setup: &ShardSetup,
     module: ModuleId,

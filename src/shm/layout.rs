@@ -94,14 +94,26 @@ pub fn pending_words(slots: u32) -> usize {
 }
 
 /// The slots named by the bits of pending word `word` that a region of
-/// `slots` slots has (a bit past the last slot is garbage: skipped).
+/// `slots` slots has, in order (a bit past the last slot is garbage:
+/// skipped). Visits the set bits only: a walk over all 64 was two fifths
+/// of a shard's instructions per request (callgrind).
 pub fn pending_slots(word: usize, bits: u64, slots: u32) -> impl Iterator<Item = u32> {
     let base = word as u64 * 64;
-    (0..64u64)
-        .filter(move |b| bits & (1 << b) != 0)
-        .map(move |b| base + b)
-        .filter(move |&s| s < u64::from(slots))
-        .map(|s| s as u32)
+    let mut rest = bits;
+    std::iter::from_fn(move || {
+        if rest == 0 {
+            return None;
+        }
+        let s = base + u64::from(rest.trailing_zeros());
+        rest &= rest - 1;
+        if s < u64::from(slots) {
+            Some(s as u32)
+        } else {
+            // The bits go up: every later one is past the end too.
+            rest = 0;
+            None
+        }
+    })
 }
 
 /// Slot offsets.
