@@ -84,14 +84,14 @@ use lbagent::agent::heartbeat::{AgentInfo, HeartbeatWriter};
 use lbagent::agent::messages::ToShard;
 use lbagent::agent::shard::{Queued, ShardCore, ShardSetup};
 use lbagent::agent::shard_rt::sweep;
+use lbagent::client::{Client, ClientOptions, HostSource};
+use lbagent::config::Config;
+use lbagent::model::{ModuleId, NodeAddr, Policy, RouteNode};
 use lbagent::shm::attach::Attachment;
 use lbagent::shm::fixed;
 use lbagent::shm::layout::{Geometry, FMT_FIXED, FMT_FLATBUFFERS};
 use lbagent::shm::region::{Access, Identity, Region};
 use lbagent::shm::serve::Server;
-use lbagent::client::{Client, ClientOptions, HostSource};
-use lbagent::config::Config;
-use lbagent::model::{ModuleId, NodeAddr, Policy, RouteNode};
 use lbagent::wire::{decode, CacheRoute, Encoder, Limits, Message, Report, RetCode};
 
 /// The module: shard 0 of 1 owns every module.
@@ -708,7 +708,11 @@ fn shm_main(mode: Option<&str>) -> ExitCode {
         srv.counts.requests,
         srv.counts.garbage,
     );
-    if missing > 0 || srv.counts.requests != 2 * SHM_N || srv.counts.garbage > 0 || m.unknown_node_reports > 0 {
+    if missing > 0
+        || srv.counts.requests != 2 * SHM_N
+        || srv.counts.garbage > 0
+        || m.unknown_node_reports > 0
+    {
         eprintln!("callgrind workload: shm: not every request was answered as expected: the count would mean nothing");
         return ExitCode::FAILURE;
     }

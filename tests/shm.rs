@@ -22,10 +22,10 @@ use std::time::{Duration, Instant};
 
 use agentproc::AgentProc;
 use lbagent::client::{Client, ClientError, ClientOptions, HostSource, Priority};
-use lbagent::wire::AdmissionLevel;
 use lbagent::model::{ModuleId, NodeAddr, RouteNode};
 use lbagent::shm::layout;
 use lbagent::shm::region::Region;
+use lbagent::wire::AdmissionLevel;
 use routesrc::RouteSource;
 
 const M: ModuleId = ModuleId::new(100, 1);
@@ -193,7 +193,11 @@ fn a_region_of_another_layout_version_is_refused_and_the_client_goes_by_udp() {
         assert_eq!(h.source, HostSource::Agent);
         c.report(M.modid, M.cmdid, h.addr, 0, 1).unwrap();
     }
-    assert_eq!(c.shm_attached(), 0, "a region of another version is refused");
+    assert_eq!(
+        c.shm_attached(),
+        0,
+        "a region of another version is refused"
+    );
     // Its own version again: the next attach (a second later) takes it.
     region
         .u32(layout::H_VERSION)
@@ -202,7 +206,11 @@ fn a_region_of_another_layout_version_is_refused_and_the_client_goes_by_udp() {
         c.get_host(M.modid, M.cmdid, T).unwrap();
         (c.shm_attached() == 1).then_some(())
     });
-    assert!(attached.is_some(), "the client attaches to a v{} region", layout::VERSION);
+    assert!(
+        attached.is_some(),
+        "the client attaches to a v{} region",
+        layout::VERSION
+    );
 }
 
 #[test]

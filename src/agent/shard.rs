@@ -906,19 +906,21 @@ impl ShardCore {
         bucket: Option<(usize, u64)>,
     ) -> Option<&[u8]> {
         match self.decide_get_host(g, now, shed, bucket) {
-            HostDecision::Answer(a) => {
-                Some(
-                    self.enc
-                        .get_host_resp(a.seq, a.module, a.retcode, a.host, a.level),
-                )
-            }
+            HostDecision::Answer(a) => Some(
+                self.enc
+                    .get_host_resp(a.seq, a.module, a.retcode, a.host, a.level),
+            ),
             HostDecision::Shed(a, level) => {
                 // One answer encoded per level, its sequence and module
                 // patched in.
                 if self.rejected.as_ref().is_none_or(|r| r.level() != level) {
                     self.rejected = Some(wire::RejectedAnswer::new(&mut self.enc, level));
                 }
-                if let Some(r) = self.rejected.as_mut().and_then(|r| r.answer(a.seq, a.module)) {
+                if let Some(r) = self
+                    .rejected
+                    .as_mut()
+                    .and_then(|r| r.answer(a.seq, a.module))
+                {
                     return Some(r);
                 }
                 Some(
@@ -962,10 +964,7 @@ impl ShardCore {
                     self.metrics.count_request(Kind::GetHost);
                     self.metrics.self_rejected[class] += 1;
                     self.metrics.count_error(Kind::GetHost);
-                    return HostDecision::Shed(
-                        answer(RetCode::Rejected, None, Some(level)),
-                        level,
-                    );
+                    return HostDecision::Shed(answer(RetCode::Rejected, None, Some(level)), level);
                 }
             }
         }

@@ -9,12 +9,12 @@ use super::cache::{Pick, Refreshed, RouteCache};
 use super::clock::Clock;
 use super::holdback::HoldBack;
 use super::link::{Answer, Failure, Link};
-use crate::shm::fixed::{self, HostAnswer};
 use super::locate::{Endpoints, Liveness, Locator};
 use super::statics::StaticRoutes;
 use super::{ClientError, ClientOptions, Host, HostSource, Priority, RouteView};
 use crate::agent::heartbeat::AgentInfo;
 use crate::model::{ModuleId, NodeAddr, Policy, RouteNode};
+use crate::shm::fixed::{self, HostAnswer};
 use crate::wire::{
     fb, AdmissionLevel, Encoder, Message, NodeStatus, Report, RetCode, MAX_REGISTER_TIMEOUT_MS,
 };
@@ -566,8 +566,13 @@ impl Client {
     ) -> Result<(u64, Vec<P>), Trouble> {
         let mut restarts = 0;
         'whole: loop {
-            let first =
-                self.exchange(module, deadline, None, |e, seq| build(e, seq, 0), flat(&answer))?;
+            let first = self.exchange(
+                module,
+                deadline,
+                None,
+                |e, seq| build(e, seq, 0),
+                flat(&answer),
+            )?;
             let (version, parts) = (first.version, first.parts);
             if parts > crate::wire::MAX_ROUTE_PARTS || first.part != 0 {
                 return Err(Trouble::Error(ClientError::BadResponse(format!(
@@ -585,8 +590,7 @@ impl Client {
                     None,
                     |e, seq| build(e, seq, k),
                     flat(&answer),
-                )
-                {
+                ) {
                     Ok(p) => p,
                     // The route shrank between parts: this part is gone.
                     Err(Trouble::Error(ClientError::BadRequest(_))) if restarts < PART_RESTARTS => {

@@ -524,7 +524,13 @@ mod tests {
     }
 
     fn any_request() -> impl Strategy<Value = Request> {
-        let get_host = (any::<u32>(), any::<u32>(), any::<u32>(), 0..=MAX_PRIORITY, 0..=MAX_PRIORITY)
+        let get_host = (
+            any::<u32>(),
+            any::<u32>(),
+            any::<u32>(),
+            0..=MAX_PRIORITY,
+            0..=MAX_PRIORITY,
+        )
             .prop_map(|(seq, modid, cmdid, b, u)| {
                 Request::GetHost(GetHost {
                     seq,
@@ -540,17 +546,19 @@ mod tests {
             any_level(),
             0..=MAX_CONSUMED,
         )
-            .prop_map(|((seq, modid, cmdid), (ip, port), (rc, tcost), level, consumed)| {
-                Request::Report(Report {
-                    seq,
-                    module: ModuleId::new(modid, cmdid),
-                    host: NodeAddr { ip, port },
-                    retcode: rc,
-                    tcost_ms: tcost,
-                    downstream_level: level,
-                    consumed,
-                })
-            });
+            .prop_map(
+                |((seq, modid, cmdid), (ip, port), (rc, tcost), level, consumed)| {
+                    Request::Report(Report {
+                        seq,
+                        module: ModuleId::new(modid, cmdid),
+                        host: NodeAddr { ip, port },
+                        retcode: rc,
+                        tcost_ms: tcost,
+                        downstream_level: level,
+                        consumed,
+                    })
+                },
+            );
         prop_oneof![get_host, report]
     }
 

@@ -1297,13 +1297,20 @@ fn a_fixed_record_takes_the_path_of_its_datagram_to_the_same_answer() {
         };
         assert_eq!(a.retcode, RetCode::Ok);
         let host = a.host.expect("a node");
-        t.send(rep(host, if i % 7 == 0 { 1 } else { 0 }, None), 10 + i, None);
+        t.send(
+            rep(host, if i % 7 == 0 { 1 } else { 0 }, None),
+            10 + i,
+            None,
+        );
     }
     // Downstream levels: a getHost below every node's level is Rejected,
     // one above is answered.
     let level = wire::AdmissionLevel::new(10, 128);
     for i in 1..=3 {
-        assert_eq!(t.send(rep(node(i), 0, Some(level)), 100, None), Said::Nothing);
+        assert_eq!(
+            t.send(rep(node(i), 0, Some(level)), 100, None),
+            Said::Nothing
+        );
     }
     let Said::Host(low) = t.send(gh(M, 20, 1), 101, None) else {
         panic!("a getHost answer")
@@ -1350,7 +1357,10 @@ fn a_fixed_record_takes_the_path_of_its_datagram_to_the_same_answer() {
         }
     }
     assert!(shed > 1000, "the shard shed class 60: {shed}");
-    assert!(levelled > 1000, "answers carry the shard's level: {levelled}");
+    assert!(
+        levelled > 1000,
+        "answers carry the shard's level: {levelled}"
+    );
     assert_eq!(t.flat.self_level(), t.fixed.self_level());
     t.assert_same_counts();
     // Bytes that are no record: refused, nothing counted as a request.
