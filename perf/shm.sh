@@ -7,14 +7,17 @@
 # attached clients. Prints Markdown tables. Environment: SECONDS_EACH (3),
 # ROUNDS (3), KEEPUP (1; 0 skips the latency table), SHM_SHARDS ("1 2";
 # more on a many-core machine, e.g. "1 2 4 8"), IDLE (1; 0 skips the idle
-# runs). With N shards the threads spread over N modules, one per shard, so
+# runs), LBAGENT (a binary to measure instead of building this tree's, e.g.
+# another branch's, for a before/after comparison). With N shards the threads spread over N modules, one per shard, so
 # every shard has work.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 SECONDS_EACH=${SECONDS_EACH:-3}
 ROUNDS=${ROUNDS:-3}
-LBAGENT=target/release/lbagent
-cargo build --release --locked --bin lbagent >&2
+if [[ -z ${LBAGENT:-} ]]; then
+  LBAGENT=target/release/lbagent
+  cargo build --release --locked --bin lbagent >&2
+fi
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
 

@@ -21,10 +21,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use agentproc::AgentProc;
-use lbagent::client::{Client, ClientError, ClientOptions, HostSource};
+use lbagent::client::{Client, ClientError, ClientOptions, HostSource, Priority};
 use lbagent::model::{ModuleId, NodeAddr, RouteNode};
 use lbagent::shm::layout;
 use lbagent::shm::region::Region;
+use lbagent::wire::AdmissionLevel;
 use routesrc::RouteSource;
 
 const M: ModuleId = ModuleId::new(100, 1);
@@ -134,12 +135,82 @@ fn every_request_kind_goes_through_shared_memory_with_the_answers_of_udp() {
         .register(unknown.modid, unknown.cmdid, Duration::from_secs(3))
         .unwrap_err();
     assert_eq!(e, ClientError::NoSuchModule { module: unknown });
+    // DAGOR: a downstream's level, reported through the slot (fixed
+    // records), rejects the getHosts below it on both transports alike;
+    // one above it gets a node. (The shm client's getHost follows its own
+    // reports through its slot; the UDP client's come after that.)
+    let level = AdmissionLevel::new(10, 128);
+    for i in 1..=3 {
+        shm.report_with_level(M.modid, M.cmdid, node(i), 0, 1, Some(level))
+            .unwrap();
+    }
+    let (low, high) = (Priority::new(20, 1), Priority::new(5, 1));
+    let rejected = ClientError::Rejected { module: M };
+    assert_eq!(
+        shm.get_host_with(M.modid, M.cmdid, low, T).unwrap_err(),
+        rejected
+    );
+    assert_eq!(
+        udp.get_host_with(M.modid, M.cmdid, low, T).unwrap_err(),
+        rejected
+    );
+    for c in [&mut shm, &mut udp] {
+        let h = c.get_host_with(M.modid, M.cmdid, high, T).unwrap();
+        assert_eq!(h.source, HostSource::Agent);
+        assert!((1..=3).any(|i| h.addr == node(i)), "{h:?}");
+    }
+    // That answer came as a fixed record in the shm client's slot.
+    let region = Region::open(&agent.region_path(M.shard(2))).unwrap();
+    let g = *region.geometry();
+    let me = std::process::id();
+    let formats: Vec<u32> = (0..g.slots)
+        .map(|s| g.slot_offset(s))
+        .filter(|&b| region.u32(b + layout::S_STATE).load(Ordering::SeqCst) == me)
+        .map(|b| region.u32(b + layout::S_RESP_FORMAT).load(Ordering::SeqCst))
+        .collect();
+    assert_eq!(formats, [u32::from(layout::FMT_FIXED)]);
     wait_metric(&agent, "lbagent_shm_requests_total", |v| v >= 8.0);
     assert_eq!(agent.metric("lbagent_shm_garbage_total"), Some(0.0));
     // The regions are the agent user's alone by default.
     use std::os::unix::fs::MetadataExt;
     let mode = std::fs::metadata(agent.region_path(0)).unwrap().mode();
     assert_eq!(mode & 0o777, 0o600);
+}
+
+#[test]
+fn a_region_of_another_layout_version_is_refused_and_the_client_goes_by_udp() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_source, agent) = agent_with_route(dir.path(), 1, 4);
+    // The region says another layout version (as this build's v3 region
+    // reads to a v2 client): the client does not attach, UDP answers.
+    let region = Region::open(&agent.region_path(0)).unwrap();
+    region
+        .u32(layout::H_VERSION)
+        .store(layout::VERSION - 1, Ordering::SeqCst);
+    let mut c = agent.client();
+    for _ in 0..3 {
+        let h = c.get_host(M.modid, M.cmdid, T).unwrap();
+        assert_eq!(h.source, HostSource::Agent);
+        c.report(M.modid, M.cmdid, h.addr, 0, 1).unwrap();
+    }
+    assert_eq!(
+        c.shm_attached(),
+        0,
+        "a region of another version is refused"
+    );
+    // Its own version again: the next attach (a second later) takes it.
+    region
+        .u32(layout::H_VERSION)
+        .store(layout::VERSION, Ordering::SeqCst);
+    let attached = wait_for(Duration::from_secs(10), || {
+        c.get_host(M.modid, M.cmdid, T).unwrap();
+        (c.shm_attached() == 1).then_some(())
+    });
+    assert!(
+        attached.is_some(),
+        "the client attaches to a v{} region",
+        layout::VERSION
+    );
 }
 
 #[test]
@@ -239,6 +310,19 @@ fn garbage_in_a_slot_is_counted_and_harms_only_that_slot() {
                 region
                     .u32(base + layout::S_REQ_LEN)
                     .store(len, Ordering::SeqCst);
+                // FlatBuffers, fixed records, a report in front, garbage.
+                let format = match rng.u8(..4) {
+                    0 => layout::req_format(layout::FMT_FIXED, layout::FMT_FLATBUFFERS),
+                    1 => layout::req_format(layout::FMT_FIXED, layout::FMT_FIXED),
+                    2 => rng.u32(..),
+                    _ => 0,
+                };
+                region
+                    .u32(base + layout::S_REQ_FORMAT)
+                    .store(format, Ordering::SeqCst);
+                region
+                    .u32(base + layout::S_REQ_SPLIT)
+                    .store(rng.u32(..20), Ordering::SeqCst);
                 region
                     .u64(base + layout::S_REQ_STAMP)
                     .store(rng.u64(..), Ordering::SeqCst);

@@ -36,7 +36,12 @@ use super::timers::Timers;
 use crate::admission::{Admission, AdmissionLevel, AdmissionParams, Micros, OPEN};
 use crate::lb::{LbParams, Millis, ModuleLb, NodeCallStats, NodeState, Outcome, Pick, Units};
 use crate::model::{ModuleId, Policy, RouteNode};
+use crate::shm::fixed::{self, HostAnswer};
 use crate::wire::{self, CacheRoute, Encoder, Limits, Message, NodeStatus, RetCode};
+
+/// The shard's module table, looked up two or three times per request:
+/// foldhash (seeded per process), not SipHash.
+type Modules = HashMap<ModuleId, Box<ModuleEntry>, foldhash::fast::RandomState>;
 
 /// The default most modules one shard tracks (`agent.max_modules`).
 pub const MAX_MODULES: usize = 1 << 20;
@@ -195,7 +200,7 @@ pub struct ShardCore {
     /// Boxed: the table then holds 16 bytes a slot instead of an entry's
     /// 230, which its free slots (up to half of them after it grows) would
     /// waste; the entry is allocated once, when the module is first named.
-    modules: HashMap<ModuleId, Box<ModuleEntry>>,
+    modules: Modules,
     timers: Timers<(ModuleId, Due)>,
     /// Modules without a route (Unknown or Absent).
     unknown: usize,
@@ -244,6 +249,31 @@ pub fn agent_params(p: AdmissionParams) -> AdmissionParams {
     }
 }
 
+/// What the shard answers to a record of the fixed layout
+/// ([`ShardCore::handle_fixed`]).
+#[derive(Debug)]
+pub enum FixedReply<'a> {
+    /// A getHost's answer, as values.
+    Host(HostAnswer),
+    /// An answer in FlatBuffers bytes (an ErrorResp: wrong shard,
+    /// unavailable, bad request).
+    Bytes(&'a [u8]),
+    /// Nothing to answer (a report).
+    Nothing,
+    /// The bytes are no record: why.
+    Garbage(&'static str),
+}
+
+/// A getHost's decision.
+enum HostDecision {
+    /// Answer with these values.
+    Answer(HostAnswer),
+    /// Rejected below the shard's own level (this one).
+    Shed(HostAnswer, AdmissionLevel),
+    /// An ErrorResp is encoded in the shard's encoder.
+    Encoded,
+}
+
 /// How long a datagram waited in the socket before the shard handled it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Queued {
@@ -259,7 +289,7 @@ impl ShardCore {
         ShardCore {
             metrics: ShardMetrics::new(setup.id),
             setup,
-            modules: HashMap::new(),
+            modules: Modules::default(),
             timers: Timers::new(),
             unknown: 0,
             waiting: 0,
@@ -360,18 +390,7 @@ impl ShardCore {
         now: Millis,
         queued: Option<Queued>,
     ) -> Option<&[u8]> {
-        self.last_kind = None;
-        let mut shed = false;
-        let mut bucket = None;
-        if let Some(q) = queued {
-            bucket = Some((self.metrics.record_queuing_us(q.waited_us), q.waited_us));
-            if let Some(a) = self.shedding.as_mut() {
-                if let Some(o) = a.started(q.now_us, q.waited_us) {
-                    self.metrics.self_level = o.after;
-                }
-                shed = true;
-            }
-        }
+        let (shed, bucket) = self.queued_start(queued);
         if shed {
             // The shed path: a getHost read straight from the bytes (no
             // verifier; anything it cannot vouch for takes the full decode
@@ -439,6 +458,69 @@ impl ShardCore {
                 self.metrics.unexpected += 1;
                 None
             }
+        }
+    }
+
+    /// What every request does first: no kind yet; with `queued`, its
+    /// queuing time counted and, with shedding on, fed to the shard's
+    /// admission window. Returns whether the shard's level applies and the
+    /// queuing-time bucket.
+    fn queued_start(&mut self, queued: Option<Queued>) -> (bool, Option<(usize, u64)>) {
+        self.last_kind = None;
+        let mut shed = false;
+        let mut bucket = None;
+        if let Some(q) = queued {
+            bucket = Some((self.metrics.record_queuing_us(q.waited_us), q.waited_us));
+            if let Some(a) = self.shedding.as_mut() {
+                if let Some(o) = a.started(q.now_us, q.waited_us) {
+                    self.metrics.self_level = o.after;
+                }
+                shed = true;
+            }
+        }
+        (shed, bucket)
+    }
+
+    /// [`ShardCore::handle_queued`] for a getHost or report record of the
+    /// shared memory's fixed layout ([`crate::shm::fixed`]): decoded into
+    /// the same request the FlatBuffers datagram gives, and taken through
+    /// the same path (the same L5 and DAGOR decisions, the same counts); a
+    /// getHost's answer comes back as values, not bytes. A record whose
+    /// values are out of range is answered BadRequest (FlatBuffers bytes),
+    /// as over UDP; bytes that are no record are [`FixedReply::Garbage`].
+    pub fn handle_fixed(
+        &mut self,
+        record: &[u8],
+        now: Millis,
+        queued: Option<Queued>,
+    ) -> FixedReply<'_> {
+        let (shed, bucket) = self.queued_start(queued);
+        match fixed::decode_request(record) {
+            Ok(fixed::Request::GetHost(g)) => match self.decide_get_host(g, now, shed, bucket) {
+                HostDecision::Answer(a) | HostDecision::Shed(a, _) => FixedReply::Host(a),
+                HostDecision::Encoded => FixedReply::Bytes(self.enc.finished()),
+            },
+            Ok(fixed::Request::Report(r)) => match self.report(&r, now) {
+                Some(b) => FixedReply::Bytes(b),
+                None => FixedReply::Nothing,
+            },
+            Err(fixed::FixedError::Invalid {
+                kind,
+                seq,
+                module,
+                error,
+            }) => {
+                let kind = if kind == fixed::GET_HOST {
+                    Kind::GetHost
+                } else {
+                    Kind::Report
+                };
+                match self.bad_request(kind, u64::from(seq), module, &error) {
+                    Some(b) => FixedReply::Bytes(b),
+                    None => FixedReply::Nothing,
+                }
+            }
+            Err(fixed::FixedError::Garbage(why)) => FixedReply::Garbage(why),
         }
     }
 
@@ -823,7 +905,50 @@ impl ShardCore {
         shed: bool,
         bucket: Option<(usize, u64)>,
     ) -> Option<&[u8]> {
+        match self.decide_get_host(g, now, shed, bucket) {
+            HostDecision::Answer(a) => Some(
+                self.enc
+                    .get_host_resp(a.seq, a.module, a.retcode, a.host, a.level),
+            ),
+            HostDecision::Shed(a, level) => {
+                // One answer encoded per level, its sequence and module
+                // patched in.
+                if self.rejected.as_ref().is_none_or(|r| r.level() != level) {
+                    self.rejected = Some(wire::RejectedAnswer::new(&mut self.enc, level));
+                }
+                if let Some(r) = self
+                    .rejected
+                    .as_mut()
+                    .and_then(|r| r.answer(a.seq, a.module))
+                {
+                    return Some(r);
+                }
+                Some(
+                    self.enc
+                        .get_host_resp(a.seq, a.module, a.retcode, None, a.level),
+                )
+            }
+            HostDecision::Encoded => Some(self.enc.finished()),
+        }
+    }
+
+    /// A getHost's decision, before any encoding (the UDP path encodes
+    /// it, the fixed layout writes it as it is).
+    fn decide_get_host(
+        &mut self,
+        g: wire::GetHost,
+        now: Millis,
+        shed: bool,
+        bucket: Option<(usize, u64)>,
+    ) -> HostDecision {
         let (seq, module) = (g.seq, g.module);
+        let answer = |retcode, host, level| HostAnswer {
+            seq,
+            module,
+            retcode,
+            host,
+            level,
+        };
         let class = priority_class(g.business_priority);
         if let Some((b, us)) = bucket {
             self.metrics.record_gethost_queuing(class, b, us);
@@ -839,27 +964,16 @@ impl ShardCore {
                     self.metrics.count_request(Kind::GetHost);
                     self.metrics.self_rejected[class] += 1;
                     self.metrics.count_error(Kind::GetHost);
-                    if self.rejected.as_ref().is_none_or(|r| r.level() != level) {
-                        self.rejected = Some(wire::RejectedAnswer::new(&mut self.enc, level));
-                    }
-                    if let Some(r) = self.rejected.as_mut().and_then(|r| r.answer(seq, module)) {
-                        return Some(r);
-                    }
-                    return Some(self.enc.get_host_resp(
-                        seq,
-                        module,
-                        RetCode::Rejected,
-                        None,
-                        Some(level),
-                    ));
+                    return HostDecision::Shed(answer(RetCode::Rejected, None, Some(level)), level);
                 }
             }
         }
         if !self.admit(Kind::GetHost, u64::from(seq), module, now) {
-            return Some(self.enc.finished());
+            return HostDecision::Encoded;
         }
         if let Err(why) = self.ensure(module, now) {
-            return Some(self.refuse(Kind::GetHost, u64::from(seq), module, why));
+            self.refuse(Kind::GetHost, u64::from(seq), module, why);
+            return HostDecision::Encoded;
         }
         let Self {
             modules,
@@ -896,7 +1010,7 @@ impl ShardCore {
         // caller can shed below it before sending (collaborative admission
         // with the agent itself).
         let level = Some(self.self_level()).filter(|&l| l != OPEN);
-        Some(self.enc.get_host_resp(seq, module, retcode, host, level))
+        HostDecision::Answer(answer(retcode, host, level))
     }
 
     fn report(&mut self, rep: &wire::Report, now: Millis) -> Option<&[u8]> {
@@ -1289,7 +1403,7 @@ impl ShardCore {
 /// only after forgetting it. A free function over the fields it needs, so
 /// callers keep the other fields.
 fn touch<'m>(
-    modules: &'m mut HashMap<ModuleId, Box<ModuleEntry>>,
+    modules: &'m mut Modules,
     outbox: &mut Vec<ToControl>,
     setup: &ShardSetup,
     module: ModuleId,

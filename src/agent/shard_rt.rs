@@ -27,12 +27,12 @@ use glommio::net::UdpSocket;
 use super::clock;
 use super::messages::{ToControl, ToShard};
 use super::metrics::{Kind, ShardMetrics};
-use super::shard::{Queued, ShardCore, ShardSetup};
+use super::shard::{FixedReply, Queued, ShardCore, ShardSetup};
 use super::snapshot::SnapshotIndex;
 use super::udp::{self, RecvBatch, SendBatch};
 use super::wake::{self, ShardTimers, TimerPlan};
 use crate::admission::AdmissionParams;
-use crate::shm::layout::{peer_slot, slot_peer};
+use crate::shm::layout::{self, peer_slot, slot_peer};
 use crate::shm::region::Region;
 use crate::shm::serve::Server;
 use crate::wire::DecodeError;
@@ -252,7 +252,7 @@ pub async fn run(parts: ShardParts) {
     let mut peek = [0u8; 1];
     // With a region: when the slots and the socket last had nothing, the
     // loop's turn, the quiet turns in a row, and the credit toward the
-    // next read of the socket (see UDP_EVERY).
+    // next read of the socket (see QUIET_CHECK).
     let mut quiet_since: Option<Instant> = None;
     let mut turn: u32 = 0;
     let mut quiet_turns: u32 = 0;
@@ -267,23 +267,21 @@ pub async fn run(parts: ShardParts) {
             Some(s) => {
                 let full = full_next || turn % FULL_EVERY == 0;
                 full_next = false;
-                let served = serve_slots(&core, s, &to_control, full);
+                let time_one = turn % TIME_EVERY == 0;
+                let served = serve_slots(&core, s, &to_control, full, time_one);
                 if served > 0 {
                     timer.nudge(&core.borrow());
                 }
-                udp_credit += if served > 0 {
-                    QUIET_CHECK / UDP_EVERY
-                } else {
-                    1
-                };
+                // One credit per request served or quiet turn.
+                udp_credit += (served as u32).max(1);
                 served
             }
             None => 0,
         };
         // A receive error (e.g. an ICMP error queued on the socket) is
         // consumed by the call; treat it as an empty batch.
-        // With a region: the socket is read every UDP_EVERY busy turns,
-        // or every QUIET_CHECK quiet ones (a quiet turn is much shorter).
+        // With a region: the socket is read every QUIET_CHECK requests
+        // served from the slots or quiet turns (a system call each).
         let n = if shm.is_none() || udp_credit >= QUIET_CHECK {
             udp_credit = 0;
             rx.recv(socket.as_raw_fd()).unwrap_or_default()
@@ -437,11 +435,6 @@ pub async fn run(parts: ShardParts) {
     .await;
 }
 
-/// With a region, the socket is read every this many turns of the loop
-/// while the slots keep it busy (each read is a system call), and every
-/// [`QUIET_CHECK`] turns while they are quiet.
-const UDP_EVERY: u32 = 16;
-
 /// How long a shard with a region keeps polling after the last request
 /// before it parks.
 const SHARD_SPIN: Duration = Duration::from_micros(50);
@@ -453,32 +446,55 @@ const FULL_EVERY: u32 = 256;
 
 /// Quiet turns of a shard with a region between two looks at the clock
 /// and at the socket (a quiet turn reads the pending words: tens of
-/// nanoseconds).
+/// nanoseconds); and while the slots keep it busy, requests served from
+/// them between two reads of the socket (a read is a system call; read
+/// every 16 busy turns, it was a tenth of a busy shard's time, perf): a
+/// UDP datagram waits for at most the sweep that passes this many.
 const QUIET_CHECK: u32 = 64;
 
+/// A sweep in this many turns times one getHost for the service-time
+/// histogram (two clock reads; the other sweeps time none).
+const TIME_EVERY: u32 = 16;
+
 /// Serves the slots whose clients set their pending bit, or with `full`
-/// every slot that holds a new request: one sweep. Returns how many.
-/// Reads the clock twice per sweep (realtime for the queuing times, the
-/// monotonic milliseconds of the core), and times one getHost per sweep
-/// for the service-time histogram (a sample: two clock reads per request
-/// cost more than the core's own handling of it).
+/// every slot that holds a new request: one sweep ([`sweep`]), then hands
+/// what the core has for the control core to it. Returns how many.
 fn serve_slots(
     core: &RefCell<ShardCore>,
     shm: &RefCell<Server>,
     to_control: &ConnectedSender<ToControl>,
     full: bool,
+    time_one: bool,
 ) -> usize {
     let mut srv = shm.borrow_mut();
+    let mut c = core.borrow_mut();
+    let served = sweep(&mut c, &mut srv, full, time_one);
+    if !c.outbox.is_empty() {
+        offer(&mut c, to_control, clock::now_ms());
+    }
+    served
+}
+
+/// One sweep of a shard's region: takes every new request of the slots
+/// [`Server::ready`] names, hands it to the core (a record of the fixed
+/// layout through [`ShardCore::handle_fixed`], FlatBuffers bytes through
+/// [`ShardCore::handle_queued`], as from the slot's
+/// [`slot_peer`]), and writes the answer back. Returns how many requests
+/// it took. Touches no socket and no ring (the caller hands the core's
+/// outbox on); reads the clock twice per sweep (realtime for the queuing
+/// times, the monotonic milliseconds of the core), and with `time_one`
+/// times one getHost for the service-time histogram (a sample: two clock
+/// reads per request cost more than the core's own handling of it).
+pub fn sweep(c: &mut ShardCore, srv: &mut Server, full: bool, time_one: bool) -> usize {
     let ready = srv.ready(full);
     if ready == 0 {
         return 0;
     }
-    let mut c = core.borrow_mut();
     let now_ns = udp::realtime_ns();
     let visited = srv.begin_sweep(now_ns);
     let now = clock::now_ms();
     let mut served = 0;
-    let mut timed = false;
+    let mut timed = !time_one;
     for i in 0..ready {
         let slot = srv.ready_slot(i);
         let Some(t) = srv.take(slot, now_ns, visited) else {
@@ -492,12 +508,30 @@ fn serve_slots(
         if let Some(report) = srv.first(&t) {
             // A report sent ahead of the request in the same cell: it has
             // no answer (anything else there would be dropped as over UDP).
-            c.handle_queued(report, slot_peer(slot), now, queued);
+            if t.first_format == layout::FMT_FIXED {
+                if let FixedReply::Garbage(_) = c.handle_fixed(report, now, queued) {
+                    srv.counts.garbage += 1;
+                }
+            } else {
+                c.handle_queued(report, slot_peer(slot), now, queued);
+            }
         }
         let t0 = (!timed).then(Instant::now);
-        match c.handle_queued(srv.request(&t), slot_peer(slot), now, queued) {
-            Some(answer) => srv.respond(slot, t.seq, Some(answer)),
-            None => srv.unanswered(&t),
+        if t.format == layout::FMT_FIXED {
+            match c.handle_fixed(srv.request(&t), now, queued) {
+                FixedReply::Host(a) => srv.respond_host(slot, t.seq, &a),
+                FixedReply::Bytes(answer) => srv.respond(slot, t.seq, Some(answer)),
+                FixedReply::Nothing => srv.respond(slot, t.seq, None),
+                FixedReply::Garbage(_) => {
+                    srv.counts.garbage += 1;
+                    srv.respond(slot, t.seq, None);
+                }
+            }
+        } else {
+            match c.handle_queued(srv.request(&t), slot_peer(slot), now, queued) {
+                Some(answer) => srv.respond(slot, t.seq, Some(answer)),
+                None => srv.unanswered(&t),
+            }
         }
         if let Some(t0) = t0 {
             if c.last_kind() == Some(Kind::GetHost) {
@@ -506,9 +540,6 @@ fn serve_slots(
                 c.metrics.record_gethost_ns(ns);
             }
         }
-    }
-    if !c.outbox.is_empty() {
-        offer(&mut c, to_control, now);
     }
     served
 }

@@ -8,12 +8,13 @@ use std::time::{Duration, Instant};
 use super::cache::{Pick, Refreshed, RouteCache};
 use super::clock::Clock;
 use super::holdback::HoldBack;
-use super::link::{Failure, Link};
+use super::link::{Answer, Failure, Link};
 use super::locate::{Endpoints, Liveness, Locator};
 use super::statics::StaticRoutes;
 use super::{ClientError, ClientOptions, Host, HostSource, Priority, RouteView};
 use crate::agent::heartbeat::AgentInfo;
 use crate::model::{ModuleId, NodeAddr, Policy, RouteNode};
+use crate::shm::fixed::{self, HostAnswer};
 use crate::wire::{
     fb, AdmissionLevel, Encoder, Message, NodeStatus, Report, RetCode, MAX_REGISTER_TIMEOUT_MS,
 };
@@ -428,7 +429,8 @@ impl Client {
             downstream_level,
             consumed,
         };
-        let sent = self.link.send(shard, |e, seq| {
+        let record = fixed::Request::Report(report);
+        let sent = self.link.send(shard, Some(record), |e, seq| {
             e.report_req(&Report { seq, ..report });
         });
         self.note_send(shard, sent);
@@ -463,10 +465,11 @@ impl Client {
         let r = self.exchange(
             module,
             started + timeout,
+            None,
             |e, seq| {
                 e.register_req(seq, module, agent_wait);
             },
-            |msg| match msg {
+            flat(|msg| match msg {
                 Message::RegisterResp(r) => {
                     if let Some(e) = other_module(module, r.modid(), r.cmdid(), "RegisterResp") {
                         return Reply::Done(Err(e));
@@ -481,7 +484,7 @@ impl Client {
                     }
                 }
                 other => other_reply(module, other, "RegisterReq"),
-            },
+            }),
         );
         r.map_err(|t| self.not_answered(module, started, t))
     }
@@ -563,7 +566,13 @@ impl Client {
     ) -> Result<(u64, Vec<P>), Trouble> {
         let mut restarts = 0;
         'whole: loop {
-            let first = self.exchange(module, deadline, |e, seq| build(e, seq, 0), &answer)?;
+            let first = self.exchange(
+                module,
+                deadline,
+                None,
+                |e, seq| build(e, seq, 0),
+                flat(&answer),
+            )?;
             let (version, parts) = (first.version, first.parts);
             if parts > crate::wire::MAX_ROUTE_PARTS || first.part != 0 {
                 return Err(Trouble::Error(ClientError::BadResponse(format!(
@@ -575,8 +584,13 @@ impl Client {
             let mut bodies = Vec::with_capacity(parts as usize);
             bodies.push(first.body);
             for k in 1..parts {
-                let next = match self.exchange(module, deadline, |e, seq| build(e, seq, k), &answer)
-                {
+                let next = match self.exchange(
+                    module,
+                    deadline,
+                    None,
+                    |e, seq| build(e, seq, k),
+                    flat(&answer),
+                ) {
                     Ok(p) => p,
                     // The route shrank between parts: this part is gone.
                     Err(Trouble::Error(ClientError::BadRequest(_))) if restarts < PART_RESTARTS => {
@@ -756,8 +770,9 @@ impl Client {
         &mut self,
         module: ModuleId,
         deadline: Instant,
+        record: Option<fixed::Request>,
         build: impl Fn(&mut Encoder, u32),
-        mut answer: impl FnMut(Message<'_>) -> Reply<T>,
+        mut answer: impl FnMut(Answer<'_>) -> Reply<T>,
     ) -> Result<T, Trouble> {
         let mut attempt = 0;
         loop {
@@ -768,7 +783,10 @@ impl Client {
             let (why, timed_out) = if remaining.is_zero() {
                 ("no time left".to_string(), true)
             } else {
-                match self.link.request(shard, remaining, &build, &mut answer) {
+                match self
+                    .link
+                    .request(shard, remaining, record, &build, &mut answer)
+                {
                     Ok(Reply::Done(r)) => return r.map_err(Trouble::Error),
                     Ok(Reply::WrongShard(msg)) => {
                         if attempt == 1 && self.follow() {
@@ -853,30 +871,25 @@ impl Client {
         level: &mut Option<Option<AdmissionLevel>>,
     ) -> Result<Host, ClientError> {
         let (b, u) = (prio.business, prio.user);
+        let record = fixed::Request::GetHost(crate::wire::GetHost {
+            seq: 0,
+            module,
+            business_priority: b,
+            user_priority: u,
+        });
         let r = self.exchange(
             module,
             deadline,
+            Some(record),
             |e, seq| {
                 e.get_host_req(seq, module, b, u);
             },
-            |msg| match msg {
-                Message::GetHostResp(r) => {
-                    if let Some(e) = other_module(module, r.modid(), r.cmdid(), "GetHostResp") {
-                        return Reply::Done(Err(e));
-                    }
-                    *level = Some(AdmissionLevel::from_wire(r.admission_level()));
-                    match (r.retcode(), r.host()) {
-                        (RetCode::Ok, Some(h)) if h.port() != 0 => {
-                            Reply::Done(Ok(NodeAddr::from(h)))
-                        }
-                        (RetCode::Ok, h) => Reply::Done(Err(ClientError::BadResponse(format!(
-                            "GetHostResp for module {module} says Ok but names {}",
-                            h.map_or("no host".to_string(), |h| NodeAddr::from(h).to_string())
-                        )))),
-                        (rc, _) => retcode_reply(module, rc, ""),
-                    }
+            |a| match a {
+                Answer::Host(a) => host_reply(module, &a, level),
+                Answer::Msg(Message::GetHostResp(r)) => {
+                    host_reply(module, &HostAnswer::from_resp(&r), level)
                 }
-                other => other_reply(module, other, "GetHostReq"),
+                Answer::Msg(other) => other_reply(module, other, "GetHostReq"),
             },
         );
         match r {
@@ -1034,7 +1047,7 @@ impl Client {
             return;
         }
         let Client { link, batch, .. } = self;
-        let sent = link.send(shard, |e, seq| {
+        let sent = link.send(shard, None, |e, seq| {
             e.batch_report_req(seq, module, batch);
         });
         self.batch.clear();
@@ -1103,6 +1116,38 @@ fn cache_route_reply(module: ModuleId, r: fb::CacheGetRouteResp<'_>) -> Reply<Pa
         parts: r.parts().max(1),
         body: (r.version(), r.unchanged(), r.any_overloaded(), nodes),
     }))
+}
+
+/// What a getHost's answer means, whichever layout carried it; `level`
+/// gets the admission level it carries.
+fn host_reply(
+    module: ModuleId,
+    a: &HostAnswer,
+    level: &mut Option<Option<AdmissionLevel>>,
+) -> Reply<NodeAddr> {
+    if let Some(e) = other_module(module, a.module.modid, a.module.cmdid, "GetHostResp") {
+        return Reply::Done(Err(e));
+    }
+    *level = Some(a.level);
+    match (a.retcode, a.host) {
+        (RetCode::Ok, Some(h)) if h.port != 0 => Reply::Done(Ok(h)),
+        (RetCode::Ok, h) => Reply::Done(Err(ClientError::BadResponse(format!(
+            "GetHostResp for module {module} says Ok but names {}",
+            h.map_or("no host".to_string(), |h| h.to_string())
+        )))),
+        (rc, _) => retcode_reply(module, rc, ""),
+    }
+}
+
+/// An answer reader for the requests whose answers are FlatBuffers only:
+/// a getHost answer record to one of them is a bad response.
+fn flat<T>(mut f: impl FnMut(Message<'_>) -> Reply<T>) -> impl FnMut(Answer<'_>) -> Reply<T> {
+    move |a| match a {
+        Answer::Msg(m) => f(m),
+        Answer::Host(_) => Reply::Done(Err(ClientError::BadResponse(
+            "a getHost answer record where another answer was expected".into(),
+        ))),
+    }
 }
 
 /// The error for an answer about another module than the one asked.

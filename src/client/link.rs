@@ -26,7 +26,9 @@
 //! When the heartbeat offers regions ([`Link::sync`]) and the client allows
 //! it, a request to a shard goes through a slot of that shard's region
 //! ([`crate::shm::attach`]) instead: the same bytes, the same answer, no
-//! re-sending (nothing is lost). A region the agent closed, or one that
+//! re-sending (nothing is lost); a getHost or report goes as a record of
+//! the fixed layout ([`crate::shm::fixed`]), and a getHost's answer comes
+//! back as one ([`Answer::Host`]). A region the agent closed, or one that
 //! cannot be attached, sends the request by UDP instead (attaching is tried
 //! again a second later), so every failure path stays UDP's.
 //!
@@ -40,7 +42,20 @@ use std::time::{Duration, Instant};
 
 use super::locate::Endpoints;
 use crate::shm::attach::{Attachment, ShmFailure, REPORT_WAIT};
+use crate::shm::fixed::{self, HostAnswer};
+use crate::shm::layout::{FMT_FIXED, FMT_FLATBUFFERS};
 use crate::wire::{decode, Encoder, Limits, Message};
+
+/// An answer, as it came: a FlatBuffers message (UDP, and shared memory
+/// for every answer but a getHost's), or a getHost answer record of the
+/// fixed layout (shared memory).
+#[derive(Debug)]
+pub(crate) enum Answer<'a> {
+    /// A decoded message.
+    Msg(Message<'a>),
+    /// A getHost's answer in the fixed layout.
+    Host(HostAnswer),
+}
 
 /// The shortest interval between copies of a request.
 pub const MIN_RESEND: Duration = Duration::from_millis(10);
@@ -260,9 +275,10 @@ impl Link {
     fn shm_exchange(
         &mut self,
         shard: u32,
+        record: Option<&fixed::Request>,
         answer: bool,
         deadline: Instant,
-    ) -> Result<Option<usize>, ShmFailure> {
+    ) -> Result<Option<(usize, u8)>, ShmFailure> {
         self.socket(shard).map_err(|_| ShmFailure::Closed)?;
         let Link {
             sockets,
@@ -278,13 +294,21 @@ impl Link {
         let mut ring = || {
             let _ = sock.send(&[]);
         };
-        let seq = match slot.post(enc.finished(), answer, deadline, &mut ring) {
+        let mut rec = [0u8; fixed::MAX_LEN];
+        let (req, format) = match record {
+            Some(r) => {
+                let n = fixed::encode_request(r, &mut rec);
+                (&rec[..n], FMT_FIXED)
+            }
+            None => (enc.finished(), FMT_FLATBUFFERS),
+        };
+        let seq = match slot.post(req, format, answer, deadline, &mut ring) {
             Ok(seq) => seq,
             Err(ShmFailure::Closed) => return Ok(None),
             Err(e) => return Err(e),
         };
         if !answer {
-            return Ok(Some(0));
+            return Ok(Some((0, format)));
         }
         match slot.wait(seq, deadline, buf, &mut ring) {
             Ok(n) => Ok(Some(n)),
@@ -324,18 +348,26 @@ impl Link {
     pub fn send(
         &mut self,
         shard: u32,
+        record: Option<fixed::Request>,
         build: impl FnOnce(&mut Encoder, u32),
     ) -> Result<(), Failure> {
         let seq = self.next_seq();
-        build(&mut self.enc, seq);
+        let record = record.map(|r| r.with_seq(seq));
+        let mut build = Some(build);
         if self.attach(shard) {
+            if record.is_none() {
+                (build.take().expect("not built yet"))(&mut self.enc, seq);
+            }
             let deadline = Instant::now() + REPORT_WAIT;
-            match self.shm_exchange(shard, false, deadline) {
+            match self.shm_exchange(shard, record.as_ref(), false, deadline) {
                 Ok(Some(_)) => return Ok(()),
                 Ok(None) => self.detach(shard),
                 // The slot's previous request is not consumed yet: UDP.
                 Err(_) => {}
             }
+        }
+        if let Some(build) = build {
+            build(&mut self.enc, seq);
         }
         self.socket(shard)?;
         let Link { sockets, enc, .. } = self;
@@ -358,18 +390,33 @@ impl Link {
         &mut self,
         shard: u32,
         timeout: Duration,
+        record: Option<fixed::Request>,
         build: impl FnOnce(&mut Encoder, u32),
-        mut answer: impl FnMut(Message<'_>) -> T,
+        mut answer: impl FnMut(Answer<'_>) -> T,
     ) -> Result<T, Failure> {
         let seq = self.next_seq();
-        build(&mut self.enc, seq);
+        let record = record.map(|r| r.with_seq(seq));
+        let mut build = Some(build);
         if self.attach(shard) {
-            match self.shm_exchange(shard, true, Instant::now() + timeout) {
-                Ok(Some(n)) => {
+            if record.is_none() {
+                (build.take().expect("not built yet"))(&mut self.enc, seq);
+            }
+            match self.shm_exchange(shard, record.as_ref(), true, Instant::now() + timeout) {
+                Ok(Some((n, FMT_FIXED))) => {
+                    let a = fixed::decode_answer(&self.buf[..n])
+                        .map_err(|e| Failure::Garbage(format!("undecodable answer: {e}")))?;
+                    if a.seq != seq {
+                        return Err(Failure::Garbage(
+                            "an answer to another request in the shared-memory slot".into(),
+                        ));
+                    }
+                    return Ok(answer(Answer::Host(a)));
+                }
+                Ok(Some((n, _))) => {
                     let msg = decode(&self.buf[..n], &Limits::UDP)
                         .map_err(|e| Failure::Garbage(format!("undecodable answer: {e}")))?;
                     return match judge(&msg, seq) {
-                        Verdict::Ours => Ok(answer(msg)),
+                        Verdict::Ours => Ok(answer(Answer::Msg(msg))),
                         Verdict::Stale => Err(Failure::Garbage(
                             "an answer to another request in the shared-memory slot".into(),
                         )),
@@ -382,6 +429,9 @@ impl Link {
                 Err(ShmFailure::TimedOut | ShmFailure::Dropped) => return Err(Failure::TimedOut),
                 Err(ShmFailure::Garbage(why)) => return Err(Failure::Garbage(why)),
             }
+        }
+        if let Some(build) = build {
+            build(&mut self.enc, seq);
         }
         self.socket(shard)?;
         let Link {
@@ -420,7 +470,7 @@ impl Link {
                         Err(e) => return Err(Failure::Garbage(format!("undecodable answer: {e}"))),
                     };
                     match judge(&msg, seq) {
-                        Verdict::Ours => return Ok(answer(msg)),
+                        Verdict::Ours => return Ok(answer(Answer::Msg(msg))),
                         Verdict::Stale => continue,
                         Verdict::Garbage(why) => return Err(Failure::Garbage(why)),
                     }
@@ -554,11 +604,12 @@ mod tests {
             .request(
                 0,
                 Duration::from_secs(5),
+                None,
                 |e, seq| {
                     e.get_host_req(seq, M, 0, 0);
                 },
                 |m| match m {
-                    Message::GetHostResp(r) => r.host().map(NodeAddr::from),
+                    Answer::Msg(Message::GetHostResp(r)) => r.host().map(NodeAddr::from),
                     _ => None,
                 },
             )
@@ -587,6 +638,7 @@ mod tests {
         let r = link.request(
             0,
             Duration::from_secs(20),
+            None,
             |e, s| {
                 e.get_route_req(s, M);
             },
@@ -614,6 +666,7 @@ mod tests {
         let r = link.request(
             0,
             timeout,
+            None,
             |e, s| {
                 e.get_route_req(s, M);
             },

@@ -134,7 +134,8 @@ impl Attachment {
                 == self.pid
     }
 
-    /// Publishes `req` (an encoded request); `answer` says whether one is
+    /// Publishes `req` (an encoded request, FlatBuffers or a record of the
+    /// fixed layout as `format` says); `answer` says whether one is
     /// expected. Rings `doorbell` if the shard is parked. Waits first, until
     /// `deadline`, for the previous request to be consumed if it expected
     /// no answer.
@@ -145,6 +146,7 @@ impl Attachment {
     pub fn post(
         &mut self,
         req: &[u8],
+        format: u8,
         answer: bool,
         deadline: Instant,
         doorbell: &mut dyn FnMut(),
@@ -162,6 +164,7 @@ impl Attachment {
         // of this request (one cell, one sweep); read already: wait for
         // the shard to finish it (it is handling it now).
         let mut split = 0;
+        let mut first_format = layout::FMT_FLATBUFFERS;
         if self.unacked {
             let resp = self.region.u32(base + layout::S_RESP_SEQ);
             let report_len = self
@@ -188,6 +191,11 @@ impl Attachment {
                     .is_ok()
             {
                 split = report_len;
+                // The report's own format (this client wrote it, alone).
+                first_format = self
+                    .region
+                    .u32(base + layout::S_REQ_FORMAT)
+                    .load(Ordering::Relaxed) as u8;
             } else {
                 let took = self.wait_seq(self.seq, deadline, doorbell)?;
                 self.recent = wait::smooth(self.recent, took);
@@ -202,6 +210,9 @@ impl Attachment {
         self.region
             .u32(base + layout::S_REQ_SPLIT)
             .store(split as u32, Ordering::Relaxed);
+        self.region
+            .u32(base + layout::S_REQ_FORMAT)
+            .store(layout::req_format(format, first_format), Ordering::Relaxed);
         self.region
             .u64(base + layout::S_REQ_STAMP)
             .store(realtime_ns(), Ordering::Relaxed);
@@ -294,7 +305,8 @@ impl Attachment {
     }
 
     /// Waits for the answer to request `seq` until `deadline` and copies
-    /// it into `buf` (resized); returns its length.
+    /// it into `buf` (resized); returns its length and its format
+    /// ([`layout::FMT_FLATBUFFERS`] or [`layout::FMT_FIXED`]).
     ///
     /// # Errors
     /// [`ShmFailure::TimedOut`], [`ShmFailure::Closed`],
@@ -305,7 +317,7 @@ impl Attachment {
         deadline: Instant,
         buf: &mut Vec<u8>,
         doorbell: &mut dyn FnMut(),
-    ) -> Result<usize, ShmFailure> {
+    ) -> Result<(usize, u8), ShmFailure> {
         let took = self.wait_seq(seq, deadline, doorbell)?;
         self.recent = wait::smooth(self.recent, took);
         let base = self.base();
@@ -314,6 +326,18 @@ impl Attachment {
             .u32(base + layout::S_RESP_LEN)
             .load(Ordering::Relaxed);
         let cap = self.region.geometry().resp_cap;
+        let format = self
+            .region
+            .u32(base + layout::S_RESP_FORMAT)
+            .load(Ordering::Relaxed);
+        let format = match u8::try_from(format) {
+            Ok(f @ (layout::FMT_FLATBUFFERS | layout::FMT_FIXED)) => f,
+            _ => {
+                return Err(ShmFailure::Garbage(format!(
+                    "a response format of {format} (0 or 1)"
+                )))
+            }
+        };
         let len = match layout::response_len(raw, cap) {
             Some(Some(n)) => n,
             Some(None) => return Err(ShmFailure::Dropped),
@@ -331,7 +355,7 @@ impl Attachment {
             &mut buf[..len],
         );
         fence(Ordering::Acquire);
-        Ok(len)
+        Ok((len, format))
     }
 }
 

@@ -640,6 +640,23 @@ mod tests {
     }
 
     #[test]
+    fn a_region_of_another_layout_version_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("r.0");
+        let made = Region::create(&path, Geometry::new(2), ident(), Access::Owner).unwrap();
+        assert!(Region::open(&path).is_ok());
+        // Version 2 (before the fixed layout), and one from the future.
+        for other in [2, layout::VERSION + 1] {
+            made.u32(layout::H_VERSION).store(other, Ordering::SeqCst);
+            let e = Region::open(&path).unwrap_err().to_string();
+            assert!(
+                e.contains(&format!("layout version {other}, this build reads 3")),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
     fn a_futex_waiter_is_woken_and_a_silent_one_times_out() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("r.0");

@@ -7,6 +7,7 @@
 
 use std::sync::atomic::{fence, Ordering};
 
+use super::fixed;
 use super::layout::{self, Geometry};
 use super::region::{process_gone, Region};
 use crate::wire::{decode, Limits, Message};
@@ -36,6 +37,11 @@ pub struct Taken {
     pub len: usize,
     /// Where the request starts: 0, or after a report sent with it.
     pub split: usize,
+    /// The request's format ([`layout::FMT_FLATBUFFERS`] or
+    /// [`layout::FMT_FIXED`]).
+    pub format: u8,
+    /// The format of the report in front of it, if any.
+    pub first_format: u8,
     /// How long it waited in the slot, µs (see [`layout::waited_us`]).
     pub waited_us: u64,
 }
@@ -135,9 +141,15 @@ impl Server {
             .region
             .u32(base + layout::S_REQ_SPLIT)
             .load(Ordering::Relaxed);
-        let parts = layout::request_len(raw_len, self.g().req_cap)
-            .and_then(|len| Some((len, layout::split_at(raw_split, len)?)));
-        let Some((len, split)) = parts else {
+        let raw_format = self
+            .region
+            .u32(base + layout::S_REQ_FORMAT)
+            .load(Ordering::Relaxed);
+        let parts = layout::request_len(raw_len, self.g().req_cap).and_then(|len| {
+            let (format, first_format) = layout::formats(raw_format)?;
+            Some((len, layout::split_at(raw_split, len)?, format, first_format))
+        });
+        let Some((len, split, format, first_format)) = parts else {
             self.counts.garbage += 1;
             self.respond(slot, seq, None);
             return None;
@@ -155,6 +167,8 @@ impl Server {
             seq,
             len,
             split,
+            format,
+            first_format,
             waited_us: layout::waited_us(now_ns, stamp, visited_ns),
         })
     }
@@ -174,6 +188,18 @@ impl Server {
     /// than the slot's response area is counted as garbage and replaced by
     /// no answer.
     pub fn respond(&mut self, slot: u32, seq: u32, answer: Option<&[u8]>) {
+        self.respond_as(slot, seq, answer, layout::FMT_FLATBUFFERS);
+    }
+
+    /// Writes getHost answer `a` to request `seq` of `slot` as a record of
+    /// the fixed layout, and wakes the client if it sleeps.
+    pub fn respond_host(&mut self, slot: u32, seq: u32, a: &fixed::HostAnswer) {
+        let mut rec = [0u8; fixed::HOST_ANSWER_LEN];
+        fixed::encode_answer(a, &mut rec);
+        self.respond_as(slot, seq, Some(&rec), layout::FMT_FIXED);
+    }
+
+    fn respond_as(&mut self, slot: u32, seq: u32, answer: Option<&[u8]>, format: u8) {
         let g = *self.g();
         let base = g.slot_offset(slot);
         let len = match answer {
@@ -191,6 +217,9 @@ impl Server {
             .u32(base + layout::S_RESP_LEN)
             .store(len, Ordering::Relaxed);
         self.region
+            .u32(base + layout::S_RESP_FORMAT)
+            .store(u32::from(format), Ordering::Relaxed);
+        self.region
             .u32(base + layout::S_RESP_SEQ)
             .store(seq, Ordering::SeqCst);
         let sleeping = self.region.u32(base + layout::S_SLEEPING);
@@ -206,6 +235,11 @@ impl Server {
     /// [`Server::deliver`]); anything else (a report, a dropped datagram)
     /// is acknowledged as consumed.
     pub fn unanswered(&mut self, t: &Taken) {
+        if t.format != layout::FMT_FLATBUFFERS {
+            // A getHost or report record: never held.
+            self.respond(t.slot, t.seq, None);
+            return;
+        }
         let wire = match decode(self.request(t), &Limits::UDP) {
             Ok(Message::RegisterReq(r)) => Some(u64::from(r.seq())),
             _ => None,

@@ -1187,3 +1187,189 @@ fn node_gauges_follow_routes_transitions_and_forgets_without_a_walk() {
     assert!(s.modules.is_empty());
     assert_eq!((s.metrics.nodes_idle, s.metrics.nodes_overloaded), (0, 0));
 }
+
+// === the shared memory's fixed layout (issue 16) ===
+
+/// What a shard answered, whichever layout: a getHost's values, or the
+/// bytes of any other answer, or nothing.
+#[derive(Debug, PartialEq)]
+enum Said {
+    Host(HostAnswer),
+    Bytes(Vec<u8>),
+    Nothing,
+}
+
+/// Two shards fed the same requests, one as FlatBuffers datagrams and one
+/// as fixed records: every answer and every count must be the same.
+struct Twins {
+    flat: ShardCore,
+    fixed: ShardCore,
+}
+
+impl Twins {
+    fn new() -> Twins {
+        Twins {
+            flat: shard(),
+            fixed: shard(),
+        }
+    }
+
+    fn both(&mut self, f: impl Fn(&mut ShardCore)) {
+        f(&mut self.flat);
+        f(&mut self.fixed);
+    }
+
+    /// Sends `req` to both (with `queued`, if any); asserts that both said
+    /// the same, and returns it.
+    fn send(&mut self, req: fixed::Request, now: Millis, queued: Option<Queued>) -> Said {
+        let mut enc = Encoder::new();
+        let datagram = match req {
+            fixed::Request::GetHost(g) => enc
+                .get_host_req(g.seq, g.module, g.business_priority, g.user_priority)
+                .to_vec(),
+            fixed::Request::Report(r) => enc.report_req(&r).to_vec(),
+        };
+        let flat = match self.flat.handle_queued(&datagram, PEER, now, queued) {
+            None => Said::Nothing,
+            Some(b) => match decode(b, &Limits::UDP).unwrap() {
+                Message::GetHostResp(r) => Said::Host(HostAnswer::from_resp(&r)),
+                _ => Said::Bytes(b.to_vec()),
+            },
+        };
+        let mut rec = [0u8; fixed::MAX_LEN];
+        let n = fixed::encode_request(&req, &mut rec);
+        let fixed = match self.fixed.handle_fixed(&rec[..n], now, queued) {
+            FixedReply::Host(a) => Said::Host(a),
+            FixedReply::Bytes(b) => Said::Bytes(b.to_vec()),
+            FixedReply::Nothing => Said::Nothing,
+            FixedReply::Garbage(why) => panic!("a valid record refused: {why}"),
+        };
+        assert_eq!(flat, fixed, "{req:?}");
+        assert_eq!(self.flat.last_kind(), self.fixed.last_kind());
+        flat
+    }
+
+    fn assert_same_counts(&self) {
+        assert_eq!(
+            format!("{:?}", self.flat.metrics),
+            format!("{:?}", self.fixed.metrics)
+        );
+    }
+}
+
+fn gh(m: ModuleId, b: u8, u: u8) -> fixed::Request {
+    fixed::Request::GetHost(wire::GetHost {
+        seq: 9,
+        module: m,
+        business_priority: b,
+        user_priority: u,
+    })
+}
+
+fn rep(host: NodeAddr, retcode: i32, level: Option<wire::AdmissionLevel>) -> fixed::Request {
+    fixed::Request::Report(Report {
+        seq: 4,
+        module: M,
+        host,
+        retcode,
+        tcost_ms: 150,
+        downstream_level: level,
+        consumed: 0,
+    })
+}
+
+#[test]
+fn a_fixed_record_takes_the_path_of_its_datagram_to_the_same_answer() {
+    let mut t = Twins::new();
+    // Unknown module: NoSuchModule and a pull, on both.
+    let first = t.send(gh(M, 0, 0), 0, None);
+    assert!(
+        matches!(first, Said::Host(a) if a.retcode == RetCode::NoSuchModule),
+        "{first:?}"
+    );
+    t.both(|s| {
+        s.apply(route(3), 0);
+    });
+    // L5 picks, reports (failures too) move both the same way.
+    for i in 0..60u64 {
+        let Said::Host(a) = t.send(gh(M, 0, 0), 10 + i, None) else {
+            panic!("a getHost answer")
+        };
+        assert_eq!(a.retcode, RetCode::Ok);
+        let host = a.host.expect("a node");
+        t.send(
+            rep(host, if i % 7 == 0 { 1 } else { 0 }, None),
+            10 + i,
+            None,
+        );
+    }
+    // Downstream levels: a getHost below every node's level is Rejected,
+    // one above is answered.
+    let level = wire::AdmissionLevel::new(10, 128);
+    for i in 1..=3 {
+        assert_eq!(
+            t.send(rep(node(i), 0, Some(level)), 100, None),
+            Said::Nothing
+        );
+    }
+    let Said::Host(low) = t.send(gh(M, 20, 1), 101, None) else {
+        panic!("a getHost answer")
+    };
+    assert_eq!((low.retcode, low.host), (RetCode::Rejected, None));
+    let Said::Host(high) = t.send(gh(M, 5, 1), 102, None) else {
+        panic!("a getHost answer")
+    };
+    assert_eq!(high.retcode, RetCode::Ok);
+    // Out-of-range values: the same BadRequest bytes; another shard's
+    // module: the same WrongShard bytes; a report of an unknown node.
+    for req in [
+        gh(M, 129, 1),
+        rep(NodeAddr::new(Ipv4Addr::LOCALHOST, 0), 0, None),
+        rep(node(1), 0, Some(wire::AdmissionLevel::new(0, 3))),
+        gh(ModuleId::new(3, 2), 0, 0),
+        rep(node(9), 0, None),
+    ] {
+        t.send(req, 103, None);
+    }
+    // The shard's own overload: the same sheds, the same level on every
+    // answer.
+    t.both(|s| {
+        s.set_shedding(Some(AdmissionParams {
+            window_us: 1_000_000,
+            window_requests: 100,
+            queuing_threshold_us: 500,
+            ..AdmissionParams::default()
+        }))
+    });
+    let (mut now_us, mut shed, mut levelled) = (1_000_000, 0, 0);
+    for i in 0..3000u32 {
+        now_us += 10;
+        let b = if i % 2 == 0 { 5 } else { 60 };
+        let waited_us = if t.flat.self_level().business >= 60 {
+            2_000
+        } else {
+            100
+        };
+        let q = Some(Queued { now_us, waited_us });
+        if let Said::Host(a) = t.send(gh(M, b, (i % 128) as u8 + 1), now_us / 1000, q) {
+            shed += u32::from(a.retcode == RetCode::Rejected && b == 60);
+            levelled += u32::from(a.level.is_some());
+        }
+    }
+    assert!(shed > 1000, "the shard shed class 60: {shed}");
+    assert!(
+        levelled > 1000,
+        "answers carry the shard's level: {levelled}"
+    );
+    assert_eq!(t.flat.self_level(), t.fixed.self_level());
+    t.assert_same_counts();
+    // Bytes that are no record: refused, nothing counted as a request.
+    let before = t.fixed.metrics.clone();
+    for junk in [&[][..], &[1, 0, 0, 0][..], &[7; 16][..], &[2; 36][..]] {
+        assert!(matches!(
+            t.fixed.handle_fixed(junk, 200, None),
+            FixedReply::Garbage(_)
+        ));
+    }
+    assert_eq!(format!("{before:?}"), format!("{:?}", t.fixed.metrics));
+}

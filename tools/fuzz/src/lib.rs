@@ -51,9 +51,11 @@ fn scratch() -> &'static Path {
 /// it is a request, and re-encoded, and the re-encoding must decode to the
 /// same fields. The shard's byte reader for shed getHosts
 /// ([`lbagent::wire::peek_get_host`]) must never accept what the decoder
-/// refuses, nor read a getHost differently.
+/// refuses, nor read a getHost differently. The same bytes are also read
+/// as a shared-memory cell of the fixed layout ([`fixed_record`]).
 pub fn datagram(data: &[u8]) {
     message(data, &Limits::UDP);
+    fixed_record(data);
     if let Some(peeked) = lbagent::wire::peek_get_host(data, Limits::UDP.max_len) {
         let full = match decode(data, &Limits::UDP) {
             Ok(Message::GetHostReq(r)) => r.validate().ok(),
@@ -64,6 +66,37 @@ pub fn datagram(data: &[u8]) {
             full,
             "the peek read a getHost the decoder reads otherwise or refuses"
         );
+    }
+}
+
+/// A shared-memory cell read as a record of the fixed layout
+/// ([`lbagent::shm::fixed`]), as the shard reads a request and the client
+/// an answer: a record that decodes must encode back to the same bytes, and
+/// a request must be the one its FlatBuffers datagram decodes to.
+pub fn fixed_record(data: &[u8]) {
+    use lbagent::shm::fixed;
+    if let Ok(req) = fixed::decode_request(data) {
+        let mut out = [0u8; fixed::MAX_LEN];
+        let n = fixed::encode_request(&req, &mut out);
+        assert_eq!(&out[..n], data, "a request record that does not encode back");
+        let mut e = Encoder::new();
+        let flat = match req {
+            fixed::Request::GetHost(g) => e
+                .get_host_req(g.seq, g.module, g.business_priority, g.user_priority)
+                .to_vec(),
+            fixed::Request::Report(r) => e.report_req(&r).to_vec(),
+        };
+        let msg = decode(&flat, &Limits::UDP).expect("an encoded request decodes");
+        assert_eq!(
+            fixed::from_message(&msg),
+            Some(req),
+            "the fixed record and its FlatBuffers datagram read differently"
+        );
+    }
+    if let Ok(a) = fixed::decode_answer(data) {
+        let mut out = [0u8; fixed::HOST_ANSWER_LEN];
+        fixed::encode_answer(&a, &mut out);
+        assert_eq!(&out[..], data, "an answer record that does not encode back");
     }
 }
 

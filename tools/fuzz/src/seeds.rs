@@ -133,6 +133,46 @@ pub fn messages() -> Vec<Vec<u8>> {
     ]
 }
 
+/// One record of each kind of the shared memory's fixed layout
+/// ([`lbagent::shm::fixed`]).
+pub fn fixed_records() -> Vec<Vec<u8>> {
+    use lbagent::shm::fixed::{self, HostAnswer, Request};
+    let g = Request::GetHost(lbagent::wire::GetHost {
+        seq: 1,
+        module: M,
+        business_priority: 5,
+        user_priority: 128,
+    });
+    let r = Request::Report(Report {
+        seq: 2,
+        module: M,
+        host: addr(1),
+        retcode: -1,
+        tcost_ms: 30,
+        downstream_level: Some(AdmissionLevel::new(3, 9)),
+        consumed: 2,
+    });
+    let mut out = Vec::new();
+    for req in [g, r] {
+        let mut b = [0u8; fixed::MAX_LEN];
+        let n = fixed::encode_request(&req, &mut b);
+        out.push(b[..n].to_vec());
+    }
+    let mut a = [0u8; fixed::HOST_ANSWER_LEN];
+    fixed::encode_answer(
+        &HostAnswer {
+            seq: 1,
+            module: M,
+            retcode: lbagent::wire::RetCode::Ok,
+            host: Some(addr(2)),
+            level: Some(AdmissionLevel::new(10, 50)),
+        },
+        &mut a,
+    );
+    out.push(a.to_vec());
+    out
+}
+
 /// Writes every target's corpus under `dir/TARGET/`.
 ///
 /// # Errors
@@ -146,6 +186,9 @@ pub fn write_all(dir: &Path) -> io::Result<()> {
     let messages = messages();
     for (i, m) in messages.iter().enumerate() {
         put("datagram", format!("msg{i:02}"), m)?;
+    }
+    for (i, r) in fixed_records().iter().enumerate() {
+        put("datagram", format!("fixed{i:02}"), r)?;
     }
     // Frame streams: a chunk-size byte, then a few frames; one cut short.
     for (i, group) in messages.chunks(4).enumerate() {
