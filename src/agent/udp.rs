@@ -239,34 +239,50 @@ impl RecvBatch {
         (bytes, from_sockaddr(&self.addrs[i]), truncated)
     }
 
-    /// When datagram `i` of the last receive arrived, nanoseconds on
-    /// `CLOCK_REALTIME`, if the kernel stamped it (see [`enable_timestamps`]).
-    pub fn arrived_ns(&self, i: usize) -> Option<u64> {
+    /// The first control message of datagram `i` of the last receive for
+    /// which `pick` (level, type, data) returns a value.
+    #[inline]
+    fn find_cmsg<T>(
+        &self,
+        i: usize,
+        mut pick: impl FnMut(i32, i32, *const u8) -> Option<T>,
+    ) -> Option<T> {
         assert!(i < self.len, "datagram {i} of {}", self.len);
         let h = &self.msgs[i].msg_hdr;
         if h.msg_controllen == 0 {
             return None;
         }
         // SAFETY: the header's control fields describe self.ctrl[i], which
-        // the kernel filled; the CMSG_* walk stays within msg_controllen.
+        // the kernel filled; the CMSG_* walk stays within msg_controllen,
+        // and `pick` reads only the data of the kind it matched.
         unsafe {
             let mut c = libc::CMSG_FIRSTHDR(h);
             while !c.is_null() {
-                let level = (*c).cmsg_level;
-                let kind = (*c).cmsg_type;
-                let data = libc::CMSG_DATA(c);
-                if level == libc::SOL_SOCKET && kind == libc::SCM_TIMESTAMPNS {
-                    let ts: libc::timespec = std::ptr::read_unaligned(data.cast());
-                    return Some(ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64);
-                }
-                if level == libc::SOL_SOCKET && kind == libc::SCM_TIMESTAMP {
-                    let tv: libc::timeval = std::ptr::read_unaligned(data.cast());
-                    return Some(tv.tv_sec as u64 * 1_000_000_000 + tv.tv_usec as u64 * 1000);
+                if let Some(v) = pick((*c).cmsg_level, (*c).cmsg_type, libc::CMSG_DATA(c)) {
+                    return Some(v);
                 }
                 c = libc::CMSG_NXTHDR(h, c);
             }
         }
         None
+    }
+
+    /// When datagram `i` of the last receive arrived, nanoseconds on
+    /// `CLOCK_REALTIME`, if the kernel stamped it (see [`enable_timestamps`]).
+    pub fn arrived_ns(&self, i: usize) -> Option<u64> {
+        // SAFETY (reads): the kernel wrote a timespec / timeval as the data
+        // of a control message of that type.
+        self.find_cmsg(i, |level, kind, data| unsafe {
+            if level == libc::SOL_SOCKET && kind == libc::SCM_TIMESTAMPNS {
+                let ts: libc::timespec = std::ptr::read_unaligned(data.cast());
+                return Some(ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64);
+            }
+            if level == libc::SOL_SOCKET && kind == libc::SCM_TIMESTAMP {
+                let tv: libc::timeval = std::ptr::read_unaligned(data.cast());
+                return Some(tv.tv_sec as u64 * 1_000_000_000 + tv.tv_usec as u64 * 1000);
+            }
+            None
+        })
     }
 
     /// The kernel's running count of datagrams dropped on the socket as
@@ -275,22 +291,11 @@ impl RecvBatch {
     /// it wraps). `None` when it carried none: the option is off, or the
     /// socket has dropped nothing yet.
     pub fn drops(&self, i: usize) -> Option<u32> {
-        assert!(i < self.len, "datagram {i} of {}", self.len);
-        let h = &self.msgs[i].msg_hdr;
-        if h.msg_controllen == 0 {
-            return None;
-        }
-        // SAFETY: as in arrived_ns.
-        unsafe {
-            let mut c = libc::CMSG_FIRSTHDR(h);
-            while !c.is_null() {
-                if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SO_RXQ_OVFL {
-                    return Some(std::ptr::read_unaligned(libc::CMSG_DATA(c).cast()));
-                }
-                c = libc::CMSG_NXTHDR(h, c);
-            }
-        }
-        None
+        // SAFETY (read): the kernel wrote a u32 as SO_RXQ_OVFL's data.
+        self.find_cmsg(i, |level, kind, data| unsafe {
+            (level == libc::SOL_SOCKET && kind == libc::SO_RXQ_OVFL)
+                .then(|| std::ptr::read_unaligned(data.cast::<u32>()))
+        })
     }
 }
 
