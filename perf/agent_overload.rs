@@ -5,8 +5,17 @@
 //! i to CPU i); this runner pins its sender and receiver threads to the
 //! other CPUs (`sched_setaffinity`), so that the shard's queuing time is
 //! the shard's, not the generator's. The senders are cheap: pre-encoded
-//! requests with the sequence number patched in, `sendmmsg` batches, and
-//! pacing that sleeps while nothing is due.
+//! requests with the sequence number patched in, pacing that sleeps while
+//! nothing is due, and UDP segmentation offload (`UDP_SEGMENT`): one
+//! `send` of up to 64 equal-sized getHosts, which the kernel carries
+//! through loopback as one packet and cuts into datagrams at the shard's
+//! socket. A loopback datagram's delivery (route, IP, the loopback device,
+//! the receive path up to the socket) is paid by the sending CPU, so a
+//! sender with one datagram a system-call slot cannot offer more than
+//! about what one shard answers; with segmentation it pays that path once
+//! per 64. The shard sees ordinary datagrams, each with its own receive
+//! stamp, as from any callers (`--no-gso` sends `sendmmsg` batches of
+//! single datagrams instead).
 //!
 //! 1. Saturation: paced senders at doubling rates, shedding off; the most
 //!    the shard answered is its saturation rate S.
@@ -34,7 +43,7 @@
 //! that a run shows whether the level oscillates).
 //!
 //! ```text
-//! nice -n -15 cargo bench --locked --bench agent_overload -- [--seconds 2] [--senders 1] [--threshold-us 500] [--rcvbuf BYTES]
+//! nice -n -15 cargo bench --locked --bench agent_overload -- [--seconds 2] [--senders 1] [--threshold-us 500] [--rcvbuf BYTES] [--no-gso]
 //! ```
 
 use std::io::{Read, Write as _};
@@ -60,12 +69,17 @@ const MIX: [(u8, f64, &str); 2] = [(5, 0.2, "4-7"), (60, 0.8, "32-63")];
 const RING: usize = 1 << 20;
 /// The CPU the agent pins its only shard to.
 const SHARD_CPU: usize = 0;
+/// getHosts per segmented send (the kernel's `UDP_MAX_SEGMENTS` is 64 on
+/// older kernels, 128 on newer).
+const GSO_SEGMENTS: usize = 64;
 
 struct Opts {
     seconds: u64,
     senders: usize,
     threshold_us: u64,
     rcvbuf: Option<u64>,
+    /// Send with UDP segmentation offload (`--no-gso` turns it off).
+    gso: bool,
 }
 
 fn main() {
@@ -74,6 +88,7 @@ fn main() {
         senders: 1,
         threshold_us: 500,
         rcvbuf: None,
+        gso: true,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -91,6 +106,7 @@ fn main() {
             "--senders" => o.senders = num("--senders") as usize,
             "--threshold-us" => o.threshold_us = num("--threshold-us"),
             "--rcvbuf" => o.rcvbuf = Some(num("--rcvbuf")),
+            "--no-gso" => o.gso = false,
             "--bench" => {}
             other => {
                 eprintln!("agent_overload: unknown argument `{other}`");
@@ -101,24 +117,33 @@ fn main() {
     let ncpu = std::thread::available_parallelism().map_or(1, |n| n.get());
     println!(
         "agent_overload: {} CPUs; the shard on CPU {SHARD_CPU}, {} sender(s) and receiver(s) on CPUs {:?}; \
-         {} s measured per run after 1 s of warm-up; load average at the start: {}",
+         senders {}; {} s measured per run after 1 s of warm-up; load average at the start: {}",
         ncpu,
         o.senders,
         generator_cpus(),
+        if o.gso {
+            format!("segment (UDP_SEGMENT, up to {GSO_SEGMENTS} getHosts a send)")
+        } else {
+            "send sendmmsg batches of single datagrams (--no-gso)".to_string()
+        },
         o.seconds,
         loadavg()
     );
-    // Paced senders, rates doubling: the most the shard answered is its
-    // saturation rate.
+    // Paced senders, rates doubling: the most answers that came back is
+    // the shard's saturation rate (what callers get; the shard's own
+    // count is printed beside it).
     let mut s = 0f64;
     for rate in [
         25_000.0, 50_000.0, 100_000.0, 200_000.0, 400_000.0, 800_000.0,
     ] {
         let r = run(&o, Mode::Off, None, rate);
         println!(
-            "saturation search: asked {rate:.0}/s, offered {:.0}/s, answered {:.0}/s (load average {})",
+            "saturation search: asked {rate:.0}/s, offered {:.0}/s, the shard answered {:.0}/s \
+             ({:.0}/s came back, {:.0}/s dropped by the generator's socket; load average {})",
             r.sent_rate(),
+            r.shard_rate,
             r.answered_rate(),
+            r.lost_rate,
             r.load
         );
         let best = s;
@@ -152,9 +177,9 @@ fn main() {
         o.threshold_us
     );
     println!(
-        "| run | udp_rcvbuf_bytes (kernel reports) | class | offered/s | answered | rejected | unanswered | RTT p50 / p99 (µs) | this class's queuing p50 / p99 (µs) | all datagrams' queuing p50 / p99 (µs) | the shard answered/s (both classes, Ok + Rejected) | CPU (cores) | load average |"
+        "| run | udp_rcvbuf_bytes (kernel reports) | class | offered/s | answered | rejected | unanswered | RTT p50 / p99 (µs) | this class's queuing p50 / p99 (µs) | all datagrams' queuing p50 / p99 (µs) | the shard read/s (both classes) | answers back/s (Ok + Rejected) | answers lost at the generator/s | CPU (cores) | load average |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let mut traces = Vec::new();
     for (mode, rcvbuf) in [
         (Mode::Off, None),
@@ -177,7 +202,7 @@ fn main() {
                 )
             };
             println!(
-                "| {} | {} ({}) | {b} | {:.0} | {:.3} | {:.3} | {:.3} | {rtt} | {} | {} | {:.0} | {:.2} | {} |",
+                "| {} | {} ({}) | {b} | {:.0} | {:.3} | {:.3} | {:.3} | {rtt} | {} | {} | {:.0} | {:.0} | {:.0} | {:.2} | {} |",
                 mode.name(),
                 rcvbuf.map_or("0 (system default)".to_string(), |v| v.to_string()),
                 r.rcvbuf,
@@ -187,7 +212,9 @@ fn main() {
                 k.sent.saturating_sub(k.ok + k.rejected) as f64 / offered,
                 r.class_queuing[c],
                 r.queuing,
+                r.shard_rate,
                 r.answered_rate(),
+                r.lost_rate,
                 r.cores,
                 r.load,
             );
@@ -329,6 +356,11 @@ struct Run {
     /// Datagrams the kernel dropped on the shard's socket per second
     /// (`lbagent_udp_receive_drops_total`; counted with shedding on).
     drops_rate: f64,
+    /// Requests the shard read per second (`lbagent_requests_total`).
+    shard_rate: f64,
+    /// Answers the kernel dropped on the generator's sockets per second
+    /// (`SO_RXQ_OVFL`): lost to the generator, not to the shard.
+    lost_rate: f64,
 }
 
 /// The lowest and highest level index the answers carried since the last
@@ -411,13 +443,16 @@ fn run(o: &Opts, mode: Mode, rcvbuf: Option<u64>, rate: f64) -> Run {
         (0..MIX.len()).map(|_| Class::default()).collect::<Vec<_>>(),
     ));
     let span = Arc::new(LevelSpan::new());
+    // Each receiver's socket's running count of dropped answers.
+    let lost: Arc<Vec<AtomicU64>> = Arc::new((0..o.senders).map(|_| AtomicU64::new(0)).collect());
+    let lost_now = || lost.iter().map(|c| c.load(Relaxed)).sum::<u64>() as f64;
     let mut threads = Vec::new();
     for t in 0..o.senders {
         let socket = UdpSocket::bind("127.0.0.1:0").expect("bind");
         socket.connect(agent).expect("connect");
         // Room for the answers: a receiver that falls behind must not
-        // turn answers into "unanswered" (capped by net.core.rmem_max).
-        let _ = udp::set_rcvbuf(socket.as_raw_fd(), 8 << 20);
+        // turn answers into "unanswered".
+        answer_room(&socket);
         let rx = socket.try_clone().expect("clone");
         let sent_at: Arc<Vec<AtomicU64>> = Arc::new((0..RING).map(|_| AtomicU64::new(0)).collect());
         // This sender's hold-back table (the one shard is shard 0).
@@ -430,27 +465,34 @@ fn run(o: &Opts, mode: Mode, rcvbuf: Option<u64>, rate: f64) -> Run {
             results.clone(),
             sent_at.clone(),
         );
+        let gso = o.gso;
         threads.push(std::thread::spawn(move || {
             pin_generator();
             send_loop(
-                &socket, agent, t as u64, per_sender, mode, &stop_s, &meas_s, &level_s, &sent_s,
-                &res_s,
+                &socket, agent, t as u64, per_sender, mode, gso, &stop_s, &meas_s, &level_s,
+                &sent_s, &res_s,
             )
         }));
-        let (stop_r, meas_r, level_r, res_r, span_r) = (
+        let (stop_r, meas_r, level_r, res_r, span_r, lost_r) = (
             stop.clone(),
             measuring.clone(),
             level.clone(),
             results.clone(),
             span.clone(),
+            lost.clone(),
         );
         threads.push(std::thread::spawn(move || {
             pin_generator();
-            recv_loop(&rx, &stop_r, &meas_r, &level_r, &sent_at, &res_r, &span_r)
+            recv_loop(
+                &rx, &stop_r, &meas_r, &level_r, &sent_at, &res_r, &span_r, &lost_r[t],
+            )
         }));
     }
     std::thread::sleep(Duration::from_secs(1));
-    let text0 = metrics_text(metrics);
+    // The shard ships its counts to the control core once a second: the
+    // metrics' rates are taken between two fresh shipments.
+    let (text0, m0) = next_shipment(metrics);
+    let lost0 = lost_now();
     let cpu0 = cpu_seconds();
     measuring.store(true, Relaxed);
     let t0 = Instant::now();
@@ -466,7 +508,9 @@ fn run(o: &Opts, mode: Mode, rcvbuf: Option<u64>, rate: f64) -> Run {
     measuring.store(false, Relaxed);
     let seconds = t0.elapsed().as_secs_f64();
     let cores = (cpu_seconds() - cpu0) / seconds;
-    let text1 = metrics_text(metrics);
+    let lost1 = lost_now();
+    let (text1, m1) = next_shipment(metrics);
+    let shipped = (m1 - m0).as_secs_f64();
     let load = loadavg();
     stop.store(true, Relaxed);
     for t in threads {
@@ -475,12 +519,8 @@ fn run(o: &Opts, mode: Mode, rcvbuf: Option<u64>, rate: f64) -> Run {
     system.stop().expect("stop");
     let _ = std::fs::remove_dir_all(&dir);
     let classes = std::mem::take(&mut *results.lock().unwrap());
-    let drops = |t: &str| {
-        t.lines()
-            .filter(|l| l.starts_with("lbagent_udp_receive_drops_total"))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum::<f64>()
-    };
+    let drops = |t: &str| family_sum(t, "lbagent_udp_receive_drops_total{");
+    let read = |t: &str| family_sum(t, "lbagent_requests_total{");
     let all = |t: &str| buckets(t, "lbagent_queuing_seconds_bucket{", None);
     let class = |t: &str, c: &str| buckets(t, "lbagent_gethost_queuing_seconds_bucket{", Some(c));
     Run {
@@ -495,7 +535,9 @@ fn run(o: &Opts, mode: Mode, rcvbuf: Option<u64>, rate: f64) -> Run {
         cores,
         load,
         levels: levels.join(" "),
-        drops_rate: (drops(&text1) - drops(&text0)) / seconds,
+        drops_rate: (drops(&text1) - drops(&text0)) / shipped,
+        shard_rate: (read(&text1) - read(&text0)) / shipped,
+        lost_rate: (lost1 - lost0) / seconds,
     }
 }
 /// User + system CPU seconds of this process so far.
@@ -543,6 +585,26 @@ fn shard_rcvbuf(port: u16) -> String {
     "?".into()
 }
 
+/// Gives a generator socket 8 MiB of receive buffer: past
+/// `net.core.rmem_max` with `SO_RCVBUFFORCE` where the process may
+/// (`CAP_NET_ADMIN`), else as much as `SO_RCVBUF` gets.
+fn answer_room(socket: &UdpSocket) {
+    let v: libc::c_int = 8 << 20;
+    // SAFETY: setsockopt reads an int from a live local.
+    let forced = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUFFORCE,
+            (&v as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    } == 0;
+    if !forced {
+        let _ = udp::set_rcvbuf(socket.as_raw_fd(), 8 << 20);
+    }
+}
+
 /// Asks for a host until the agent has the route.
 fn warm(agent: SocketAddr) {
     let s = UdpSocket::bind("127.0.0.1:0").expect("bind");
@@ -584,6 +646,7 @@ fn send_loop(
     seed: u64,
     rate: f64,
     mode: Mode,
+    gso: bool,
     stop: &AtomicBool,
     measuring: &AtomicBool,
     level: &Mutex<HoldBack>,
@@ -605,6 +668,16 @@ fn send_loop(
         })
         .collect();
     let mut out = SendBatch::new();
+    // Segmentation needs every datagram of a send the same size: the
+    // templates sent are (user priorities 1..=128, all fields non-zero),
+    // checked here.
+    let size = templates[0][1].len();
+    let gso = gso
+        && templates
+            .iter()
+            .all(|c| c[1..].iter().all(|t| t.len() == size))
+        && enable_gso(socket, size).is_ok();
+    let mut segments: Vec<u8> = Vec::with_capacity(GSO_SEGMENTS * size);
     let start = Instant::now();
     let mut seq = 0u32;
     let mut due = 0f64;
@@ -643,13 +716,24 @@ fn send_loop(
                 .store(if m { now_ns } else { 0 }, Relaxed);
             let req = &mut templates[class][usize::from(u)];
             req[at..at + 4].copy_from_slice(&tagged.to_le_bytes());
-            out.push(agent, req);
+            if gso {
+                segments.extend_from_slice(req);
+                if segments.len() == GSO_SEGMENTS * size {
+                    send_segments(socket, &mut segments);
+                }
+            } else {
+                out.push(agent, req);
+            }
             if m {
                 local[class].0 += 1;
             }
         }
         drop(holdback);
-        out.flush(socket.as_raw_fd());
+        if gso {
+            send_segments(socket, &mut segments);
+        } else {
+            out.flush(socket.as_raw_fd());
+        }
     }
     let mut r = results.lock().unwrap();
     for (c, (sent, held)) in local.into_iter().enumerate() {
@@ -658,6 +742,39 @@ fn send_loop(
     }
 }
 
+/// Asks the kernel to cut every send on `socket` into datagrams of `size`
+/// bytes (`UDP_SEGMENT`; Linux 4.18 and later).
+fn enable_gso(socket: &UdpSocket, size: usize) -> std::io::Result<()> {
+    let v = size as libc::c_int;
+    // SAFETY: setsockopt reads an int from a live local.
+    let r = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::SOL_UDP,
+            libc::UDP_SEGMENT,
+            (&v as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r != 0 {
+        let e = std::io::Error::last_os_error();
+        eprintln!("agent_overload: UDP_SEGMENT unavailable ({e}); sending single datagrams");
+        return Err(e);
+    }
+    Ok(())
+}
+
+/// Sends the equal-sized getHosts in `segments` in one system call (the
+/// kernel cuts them apart) and empties it. A failed send is dropped, as
+/// UDP would.
+fn send_segments(socket: &UdpSocket, segments: &mut Vec<u8>) {
+    if !segments.is_empty() {
+        let _ = socket.send(segments);
+        segments.clear();
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
 fn recv_loop(
     socket: &UdpSocket,
     stop: &AtomicBool,
@@ -666,16 +783,23 @@ fn recv_loop(
     sent_at: &[AtomicU64],
     results: &Mutex<Vec<Class>>,
     span: &LevelSpan,
+    lost: &AtomicU64,
 ) {
     let open = level_index(OPEN);
     let mut rx = RecvBatch::new(32);
     let mut local: Vec<Class> = (0..MIX.len()).map(|_| Class::default()).collect();
     let fd = socket.as_raw_fd();
+    if let Err(e) = udp::enable_drop_count(fd) {
+        eprintln!("agent_overload: answers lost at the generator will not be counted: {e}");
+    }
     while !stop.load(Relaxed) {
         let n = rx.recv(fd).unwrap_or(0);
         if n == 0 {
             std::thread::sleep(Duration::from_micros(20));
             continue;
+        }
+        if let Some(d) = rx.drops(n - 1) {
+            lost.store(u64::from(d), Relaxed);
         }
         let now_ms = clock_ns() / 1_000_000;
         let mut holdback = level.lock().unwrap();
@@ -729,6 +853,31 @@ fn rtt_ns(at: u64) -> u64 {
 fn clock_ns() -> u64 {
     static ORIGIN: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
     ORIGIN.get_or_init(Instant::now).elapsed().as_nanos() as u64
+}
+
+/// The agent's /metrics page as soon as it shows a new shipment of the
+/// shard's counts (its request count moved; at most 1.5 s of polling), and
+/// when that was seen.
+fn next_shipment(metrics: SocketAddr) -> (String, Instant) {
+    let read = |t: &str| family_sum(t, "lbagent_requests_total{");
+    let before = read(&metrics_text(metrics));
+    let t0 = Instant::now();
+    loop {
+        let text = metrics_text(metrics);
+        let at = Instant::now();
+        if read(&text) != before || t0.elapsed() > Duration::from_millis(1500) {
+            return (text, at);
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// The sum of the samples whose lines start with `prefix`.
+fn family_sum(text: &str, prefix: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(prefix))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
 }
 
 /// The agent's /metrics page.
