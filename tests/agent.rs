@@ -7,6 +7,8 @@ mod agentproc;
 #[path = "support/common.rs"]
 mod common;
 
+#[path = "support/rebind.rs"]
+mod rebind;
 #[path = "support/reportsink.rs"]
 mod reportsink;
 #[path = "support/routesrc.rs"]

@@ -6,6 +6,8 @@
 #[path = "support/common.rs"]
 mod common;
 
+#[path = "support/rebind.rs"]
+mod rebind;
 #[path = "support/routesrc.rs"]
 mod routesrc;
 

@@ -122,6 +122,29 @@ fn every_answer_carries_the_level_under_dagor() {
 }
 
 #[test]
+fn a_full_queue_answers_unavailable_with_the_level() {
+    // One worker busy for a second, one waiting place: of three requests
+    // sent at once the third finds the queue full (the first is being
+    // served or waiting, the second waiting or refused alike).
+    let p = ServiceParams {
+        workers: 1,
+        service_us: 1_000_000,
+        queue: 1,
+        ..params(Shedding::Dagor)
+    };
+    with_service(p, |addr, _| {
+        let mut c = Caller::new(addr);
+        c.send(1, 128, 128);
+        c.send(2, 128, 128);
+        assert_eq!(
+            c.call(3, 128, 128),
+            (3, RetCode::Unavailable, Some(AdmissionLevel::new(128, 128))),
+            "a refusal for a full queue carries the level too"
+        );
+    });
+}
+
+#[test]
 fn no_level_without_dagor_and_random_shedding_at_rate_one_rejects_all() {
     with_service(params(Shedding::Off), |addr, _| {
         assert_eq!(Caller::new(addr).call(1, 3, 3), (1, RetCode::Ok, None));

@@ -4,6 +4,8 @@
 
 #[path = "support/common.rs"]
 mod common;
+#[path = "support/rebind.rs"]
+mod rebind;
 #[path = "support/routesrc.rs"]
 mod routesrc;
 #[path = "support/udpclient.rs"]

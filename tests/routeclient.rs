@@ -2,6 +2,8 @@
 //! LocalExecutor in its own thread, against the test route source on
 //! loopback. Every wait is bounded (a few seconds at most).
 
+#[path = "support/rebind.rs"]
+mod rebind;
 #[path = "support/routesrc.rs"]
 mod routesrc;
 

@@ -4,6 +4,8 @@
 //! bridge (std channels in, a snapshot of the status out). Every wait is
 //! bounded; a test takes a few seconds at most.
 
+#[path = "support/rebind.rs"]
+mod rebind;
 #[path = "support/reportsink.rs"]
 mod reportsink;
 

@@ -1,6 +1,6 @@
 //! The `[admission]` table: DAGOR admission control (seed 004), for every
-//! service that embeds [`crate::admission`] (`lbagent demo-service`, and
-//! the agent once it sheds by priority).
+//! service that embeds [`crate::admission`] (`lbagent demo-service`) and
+//! for the agent's shards when `agent_shedding` is on.
 
 use serde::{Deserialize, Serialize};
 

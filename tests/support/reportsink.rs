@@ -10,8 +10,11 @@
 //!
 //! Every loop polls a stop flag at least every 20 ms; every write times out
 //! after 1 s. Include it with
-//! `#[path = "support/reportsink.rs"] mod reportsink;`.
+//! `#[path = "support/reportsink.rs"] mod reportsink;` and
+//! `#[path = "support/rebind.rs"] mod rebind;` (its restart's bind).
 #![allow(dead_code)]
+
+use crate::rebind::bind_again;
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -319,24 +322,4 @@ fn handle_frames(
         });
     }
     answers.is_empty() || stream.write_all(&answers).is_ok()
-}
-
-/// Binds `127.0.0.1:port`; a port other than 0 (the one of an earlier run,
-/// which clients are told to dial) is retried while in use, for up to 30 s:
-/// while it was free, a test beside this one binding port 0 or connecting
-/// out may have been handed it, and such a holder lets go again.
-fn bind_again(port: u16) -> io::Result<TcpListener> {
-    let t0 = Instant::now();
-    loop {
-        match TcpListener::bind(("127.0.0.1", port)) {
-            Err(e)
-                if port != 0
-                    && e.kind() == io::ErrorKind::AddrInUse
-                    && t0.elapsed() < Duration::from_secs(30) =>
-            {
-                thread::sleep(Duration::from_millis(100));
-            }
-            other => return other,
-        }
-    }
 }

@@ -10,8 +10,11 @@
 //!
 //! Every loop polls a stop flag at least every 20 ms; every write times out
 //! after 1 s. Include it with
-//! `#[path = "support/routesrc.rs"] mod routesrc;`.
+//! `#[path = "support/routesrc.rs"] mod routesrc;` and
+//! `#[path = "support/rebind.rs"] mod rebind;` (its restart's bind).
 #![allow(dead_code)]
+
+use crate::rebind::bind_again;
 
 use std::collections::{HashMap, HashSet};
 use std::io::{self, Read, Write};
@@ -19,7 +22,7 @@ use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::{self, JoinHandle};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use lbagent::model::{ModuleId, RouteNode};
 use lbagent::wire::{decode, write_frame, Encoder, FrameDecoder, Limits, Message, RetCode};
@@ -403,26 +406,6 @@ fn handle_frames(frames: &mut FrameDecoder, shared: &Shared, id: u64) -> bool {
                 let frame = enc.error_resp(0, ModuleId::new(0, 0), RetCode::BadRequest, &message);
                 conn.send(shared, frame);
             }
-        }
-    }
-}
-
-/// Binds `127.0.0.1:port`; a port other than 0 (the one of an earlier run,
-/// which clients are told to dial) is retried while in use, for up to 30 s:
-/// while it was free, a test beside this one binding port 0 or connecting
-/// out may have been handed it, and such a holder lets go again.
-fn bind_again(port: u16) -> io::Result<TcpListener> {
-    let t0 = Instant::now();
-    loop {
-        match TcpListener::bind(("127.0.0.1", port)) {
-            Err(e)
-                if port != 0
-                    && e.kind() == io::ErrorKind::AddrInUse
-                    && t0.elapsed() < Duration::from_secs(30) =>
-            {
-                thread::sleep(Duration::from_millis(100));
-            }
-            other => return other,
         }
     }
 }
