@@ -7,8 +7,10 @@ use std::time::Duration;
 use lbagent::agent::heartbeat::HeartbeatReader;
 use lbagent::agent::runtime::Agent;
 use lbagent::agent::snapshot::{self, SnapshotRoute};
+use lbagent::client::{Client, ClientOptions};
 use lbagent::config::Config;
 use lbagent::qpstest::{self, demo_nodes, QpsOptions, Summary, Target};
+use lbagent::wire::AdmissionLevel;
 
 fn short(target: Target) -> QpsOptions {
     QpsOptions {
@@ -107,11 +109,10 @@ fn an_agent_that_is_not_there_counts_every_call_as_an_error_and_qps_zero() {
     );
 }
 
-#[test]
-fn a_short_run_against_a_real_agent_counts_its_answers_and_its_cpu() {
-    let dir = tempfile::tempdir().unwrap();
-    let opts = short(Target::Heartbeat(dir.path().join("heartbeat")));
-    let snap = dir.path().join("routes.snapshot");
+/// An agent with one shard on `dir`, serving module 0 of `opts` from a
+/// snapshot (no route server, no reporter), once it has beaten.
+fn start_agent(dir: &std::path::Path, opts: &QpsOptions, level_timeout_ms: u64) -> Agent {
+    let snap = dir.join("routes.snapshot");
     snapshot::write(
         &snap,
         0,
@@ -127,11 +128,20 @@ fn a_short_run_against_a_real_agent_counts_its_answers_and_its_cpu() {
     config.agent.shards = 1;
     config.agent.route_servers = vec!["127.0.0.1:1".into()];
     config.agent.reporters = vec!["127.0.0.1:1".into()];
-    config.agent.heartbeat_path = dir.path().join("heartbeat");
+    config.agent.heartbeat_path = dir.join("heartbeat");
     config.agent.snapshot_path = snap;
     config.agent.metrics_addr = (Ipv4Addr::LOCALHOST, 0).into();
+    config.admission.level_timeout_ms = level_timeout_ms;
     let agent = Agent::start(&config).expect("the agent starts");
     wait_for_first_beat(&config.agent.heartbeat_path);
+    agent
+}
+
+#[test]
+fn a_short_run_against_a_real_agent_counts_its_answers_and_its_cpu() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = short(Target::Heartbeat(dir.path().join("heartbeat")));
+    let agent = start_agent(dir.path(), &opts, 3_000);
     let mut out = Vec::new();
     let s = qpstest::run(&opts, &mut out).unwrap();
     agent.stop().unwrap();
@@ -141,6 +151,64 @@ fn a_short_run_against_a_real_agent_counts_its_answers_and_its_cpu() {
     let cpu = s.server_cpu.as_ref().expect("the agent's CPU is known");
     assert!(cpu.what.contains("agent threads"), "{text}");
     assert!(cpu.seconds > 0.0, "{text}");
+}
+
+#[test]
+fn a_priority_mix_against_an_agent_holding_a_level_counts_each_class_apart() {
+    let dir = tempfile::tempdir().unwrap();
+    let heartbeat = dir.path().join("heartbeat");
+    let opts = QpsOptions {
+        threads: 2,
+        // Reports without a level would clear the nodes' levels.
+        report: false,
+        json: true,
+        priority_mix: Some("5:0.5,20:0.5".parse().unwrap()),
+        ..short(Target::Heartbeat(heartbeat.clone()))
+    };
+    // Levels held for a minute: the run and its setup fit well inside.
+    let agent = start_agent(dir.path(), &opts, 60_000);
+    // Every node of the module reports the level (10, 128): business
+    // priority 20 is refused everywhere, 5 admitted.
+    let mut c = Client::with_options(ClientOptions {
+        heartbeat_path: heartbeat,
+        ..ClientOptions::default()
+    })
+    .unwrap();
+    let m = opts.module(0);
+    c.get_host(m.modid, m.cmdid, Duration::from_secs(5))
+        .expect("the module is served");
+    for node in demo_nodes(0) {
+        c.report_with_level(
+            m.modid,
+            m.cmdid,
+            node.addr,
+            0,
+            1,
+            Some(AdmissionLevel::new(10, 128)),
+        )
+        .unwrap();
+    }
+    let (s, json) = run_json(&opts);
+    agent.stop().unwrap();
+    let classes = &s.priority_classes;
+    assert_eq!(classes.len(), 2, "{s}");
+    let (high, low) = (&classes[0], &classes[1]);
+    assert_eq!((high.business, low.business), (5, 20), "{s}");
+    assert!(high.calls > 0 && low.calls > 0, "{s}");
+    assert_eq!(
+        (high.answered, high.rejected, high.other_errors),
+        (high.calls, 0, 0),
+        "{s}"
+    );
+    assert_eq!(
+        (low.answered, low.rejected, low.other_errors),
+        (0, low.calls, 0),
+        "{s}"
+    );
+    assert_eq!(
+        json["priority_classes"][1]["rejected"].as_u64(),
+        Some(low.calls)
+    );
 }
 
 /// Until the control core's first beat, clients rightly see the agent as down.
