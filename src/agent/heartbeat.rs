@@ -239,14 +239,15 @@ pub enum HeartbeatError {
         holder: String,
     },
     /// A system call failed.
-    #[error("cannot {op} heartbeat file {path}: {source}")]
+    #[error("cannot {op} heartbeat file {path}: {error}")]
     Io {
         /// What was being done: "open", "size", "map", ...
         op: &'static str,
         /// The heartbeat file.
         path: PathBuf,
-        /// The system's error.
-        source: io::Error,
+        /// The system's error (in the message, not a `source()`: a chain
+        /// printed with `{:#}` would name it twice).
+        error: io::Error,
     },
 }
 
@@ -534,10 +535,10 @@ pub(crate) fn file_kind(t: &std::fs::FileType) -> &'static str {
 }
 
 fn io_error<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> HeartbeatError + 'a {
-    move |source| HeartbeatError::Io {
+    move |error| HeartbeatError::Io {
         op,
         path: path.to_path_buf(),
-        source,
+        error,
     }
 }
 
@@ -698,7 +699,7 @@ fn lock(file: &std::fs::File, path: &Path) -> Result<(), HeartbeatError> {
         return Err(HeartbeatError::Io {
             op: "lock",
             path: path.to_path_buf(),
-            source: e,
+            error: e,
         });
     }
     let holder = match HeartbeatReader::open(path).and_then(|r| r.read()) {

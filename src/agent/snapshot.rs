@@ -118,14 +118,15 @@ pub enum SnapshotError {
         path: PathBuf,
     },
     /// A system call failed.
-    #[error("cannot {op} {path}: {source}")]
+    #[error("cannot {op} {path}: {error}")]
     Io {
         /// What was being done: "open", "read", "write", "fsync", "rename", ...
         op: &'static str,
         /// The file or directory it was done to.
         path: PathBuf,
-        /// The system's error.
-        source: io::Error,
+        /// The system's error (in the message, not a `source()`: a chain
+        /// printed with `{:#}` would name it twice).
+        error: io::Error,
     },
     /// The path names something other than a regular file (a FIFO, a
     /// device, a directory, a socket): nothing is read from it.
@@ -201,10 +202,10 @@ pub enum SnapshotError {
 }
 
 fn io_error<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> SnapshotError + 'a {
-    move |source| SnapshotError::Io {
+    move |error| SnapshotError::Io {
         op,
         path: path.to_path_buf(),
-        source,
+        error,
     }
 }
 

@@ -3,7 +3,7 @@
 //! calls, and asking whether a pid is alive. Everything above it works
 //! with offsets that [`super::layout`] computed and this module checks.
 
-use std::fs::OpenOptions;
+use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
@@ -20,14 +20,15 @@ use super::layout::{self, Geometry};
 #[derive(Debug, thiserror::Error)]
 pub enum RegionError {
     /// A system call on the file failed.
-    #[error("shared-memory region {path}: cannot {op}: {source}")]
+    #[error("shared-memory region {path}: cannot {op}: {error}")]
     Io {
         /// What was being done.
         op: &'static str,
         /// The region file.
         path: PathBuf,
-        /// The system's error.
-        source: io::Error,
+        /// The system's error (in the message, not a `source()`: a chain
+        /// printed with `{:#}` would name it twice).
+        error: io::Error,
     },
     /// The file is not a region this build can use.
     #[error("shared-memory region {path} is unusable: {why}")]
@@ -88,10 +89,30 @@ impl std::fmt::Debug for Region {
 }
 
 fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> RegionError + 'a {
-    move |source| RegionError::Io {
+    move |error| RegionError::Io {
         op,
         path: path.to_path_buf(),
-        source,
+        error,
+    }
+}
+
+/// Allocates the whole of `file`'s first `len` bytes now
+/// (`posix_fallocate`). A region file is sized with a hole; on a full
+/// tmpfs (`/dev/shm`) the first touch of a page in the hole would raise
+/// `SIGBUS` in whichever process touched it, a client's application
+/// included. Reserved at creation, the pages exist, and a full file system
+/// is a clear error naming the file when the agent starts.
+fn reserve(file: &File, len: usize) -> io::Result<()> {
+    let len = libc::off_t::try_from(len)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "region too large"))?;
+    loop {
+        // SAFETY: posix_fallocate on a descriptor we own; it returns the
+        // error number instead of setting errno.
+        match unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, len) } {
+            0 => return Ok(()),
+            libc::EINTR => continue,
+            e => return Err(io::Error::from_raw_os_error(e)),
+        }
     }
 }
 
@@ -141,6 +162,10 @@ impl Region {
             }
             file.set_len(geometry.file_len() as u64)
                 .map_err(io_err("size", &tmp))?;
+            reserve(&file, geometry.file_len()).map_err(io_err(
+                "reserve its memory (is the file system full? free space in it, or lower [shm] slots)",
+                &tmp,
+            ))?;
             let map = MmapOptions::new()
                 .len(geometry.file_len())
                 .map_raw(&file)
@@ -590,6 +615,13 @@ mod tests {
         let meta = std::fs::metadata(&path).unwrap();
         assert_eq!(meta.mode() & 0o777, 0o600);
         assert_eq!(meta.len(), g.file_len() as u64);
+        // Allocated, not a hole: no first touch can fault for want of space.
+        assert!(
+            meta.blocks() * 512 >= g.file_len() as u64,
+            "{} bytes allocated of {}",
+            meta.blocks() * 512,
+            g.file_len()
+        );
         let opened = Region::open(&path).unwrap();
         assert_eq!(opened.identity(), ident());
         assert_eq!(*opened.geometry(), g);
