@@ -111,8 +111,10 @@ impl Agent {
             )
         })?;
 
-        let mut regions = create_regions(config, shards)?.into_iter();
-        if config.shm.enabled {
+        let regions = create_regions(config, shards)?;
+        let offered = !regions.is_empty();
+        let mut regions = regions.into_iter();
+        if offered {
             let prefix = shm_prefix(config);
             heartbeat
                 .set_shm(Some(&prefix))
@@ -494,7 +496,10 @@ fn shm_prefix(config: &Config) -> std::path::PathBuf {
 }
 
 /// One region per shard when `shm.enabled` (else none), each a fresh file
-/// replacing any a previous agent left.
+/// replacing any a previous agent left. A file system without room for
+/// them (a full `/dev/shm`: the host's state, not the configuration) is
+/// not fatal: the agent warns, removes what it made and offers none, so
+/// its clients use UDP; any other failure stops the start.
 fn create_regions(config: &Config, shards: u32) -> anyhow::Result<Vec<Region>> {
     if !config.shm.enabled {
         return Ok(Vec::new());
@@ -513,22 +518,40 @@ fn create_regions(config: &Config, shards: u32) -> anyhow::Result<Vec<Region>> {
     let prefix = shm_prefix(config);
     let boot = fastrand::u64(..);
     let geometry = Geometry::new(config.shm.slots);
-    (0..shards)
-        .map(|i| {
-            let identity = Identity {
-                shard: i,
-                pid: std::process::id(),
-                boot,
-            };
-            let path = crate::shm::region_path(&prefix, i);
-            Region::create(&path, geometry, identity, access).with_context(|| {
-                format!(
-                    "cannot create shard {i}'s region in shm.dir = {}",
+    let mut made = Vec::with_capacity(shards as usize);
+    for i in 0..shards {
+        let identity = Identity {
+            shard: i,
+            pid: std::process::id(),
+            boot,
+        };
+        let path = crate::shm::region_path(&prefix, i);
+        match Region::create(&path, geometry, identity, access) {
+            Ok(r) => made.push(r),
+            Err(e) if e.is_no_space() => {
+                tracing::warn!(
+                    "shared memory is off for this run: {e}; regions of up to {} bytes a shard are needed in \
+                     shm.dir = {}; clients use UDP (free space there, or lower [shm] slots, \
+                     and restart the agent to offer shared memory again)",
+                    geometry.file_len(),
                     config.shm.dir.display()
-                )
-            })
-        })
-        .collect()
+                );
+                for r in made.drain(..) {
+                    let _ = std::fs::remove_file(r.path());
+                }
+                return Ok(Vec::new());
+            }
+            Err(e) => {
+                return Err(e).with_context(|| {
+                    format!(
+                        "cannot create shard {i}'s region in shm.dir = {}",
+                        config.shm.dir.display()
+                    )
+                })
+            }
+        }
+    }
+    Ok(made)
 }
 
 #[cfg(test)]

@@ -40,6 +40,15 @@ pub enum RegionError {
     },
 }
 
+impl RegionError {
+    /// True when the file system had no room for the region (`ENOSPC`: a
+    /// full `/dev/shm`), a condition of the host rather than of the
+    /// configuration.
+    pub fn is_no_space(&self) -> bool {
+        matches!(self, RegionError::Io { error, .. } if error.raw_os_error() == Some(libc::ENOSPC))
+    }
+}
+
 /// Who may open a region: the agent's user only (mode 0600), or also a
 /// group (mode 0660, the file's group set to it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -96,24 +105,40 @@ fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> Reg
     }
 }
 
-/// Allocates the whole of `file`'s first `len` bytes now
-/// (`posix_fallocate`). A region file is sized with a hole; on a full
-/// tmpfs (`/dev/shm`) the first touch of a page in the hole would raise
-/// `SIGBUS` in whichever process touched it, a client's application
-/// included. Reserved at creation, the pages exist, and a full file system
-/// is a clear error naming the file when the agent starts.
-fn reserve(file: &File, len: usize) -> io::Result<()> {
-    let len = libc::off_t::try_from(len)
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "region too large"))?;
-    loop {
-        // SAFETY: posix_fallocate on a descriptor we own; it returns the
-        // error number instead of setting errno.
-        match unsafe { libc::posix_fallocate(file.as_raw_fd(), 0, len) } {
-            0 => return Ok(()),
-            libc::EINTR => continue,
-            e => return Err(io::Error::from_raw_os_error(e)),
+/// Allocates now (`posix_fallocate`) every page of the region a client
+/// writes: the header and, in each slot, its control words and request
+/// area. A region file is sized with a hole; on a full tmpfs (`/dev/shm`)
+/// the first write to a page in the hole would raise `SIGBUS` in the
+/// process writing, a client's application included. Reserved at
+/// creation, a full file system is instead an error naming the file when
+/// the agent starts ([`RegionError::is_no_space`]: the agent then offers no
+/// regions). The response areas (most of a slot) stay a hole until used:
+/// only the agent writes them, and its mappings are guarded
+/// ([`Region::guard`]: such a fault closes the region, its clients go by
+/// UDP); a client reads only what the agent wrote.
+fn reserve(file: &File, g: &Geometry) -> io::Result<()> {
+    let spans = std::iter::once((0, layout::HEADER_LEN))
+        .chain((0..g.slots).map(|i| (g.slot_offset(i), layout::S_DATA + g.req_cap)));
+    for (at, len) in spans {
+        let (at, len) = (
+            libc::off_t::try_from(at).map_err(|_| too_large())?,
+            libc::off_t::try_from(len).map_err(|_| too_large())?,
+        );
+        loop {
+            // SAFETY: posix_fallocate on a descriptor we own; it returns
+            // the error number instead of setting errno.
+            match unsafe { libc::posix_fallocate(file.as_raw_fd(), at, len) } {
+                0 => break,
+                libc::EINTR => continue,
+                e => return Err(io::Error::from_raw_os_error(e)),
+            }
         }
     }
+    Ok(())
+}
+
+fn too_large() -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidInput, "region too large")
 }
 
 impl Region {
@@ -162,7 +187,7 @@ impl Region {
             }
             file.set_len(geometry.file_len() as u64)
                 .map_err(io_err("size", &tmp))?;
-            reserve(&file, geometry.file_len()).map_err(io_err(
+            reserve(&file, &geometry).map_err(io_err(
                 "reserve its memory (is the file system full? free space in it, or lower [shm] slots)",
                 &tmp,
             ))?;
@@ -615,11 +640,13 @@ mod tests {
         let meta = std::fs::metadata(&path).unwrap();
         assert_eq!(meta.mode() & 0o777, 0o600);
         assert_eq!(meta.len(), g.file_len() as u64);
-        // Allocated, not a hole: no first touch can fault for want of space.
+        // What clients write is allocated, not a hole (no write of theirs
+        // can fault for want of space); the response areas are not.
+        let allocated = meta.blocks() * 512;
+        let written = (layout::HEADER_LEN + 3 * (layout::S_DATA + g.req_cap)) as u64;
         assert!(
-            meta.blocks() * 512 >= g.file_len() as u64,
-            "{} bytes allocated of {}",
-            meta.blocks() * 512,
+            (written..g.file_len() as u64).contains(&allocated),
+            "{allocated} bytes allocated, {written} written by clients, {} in all",
             g.file_len()
         );
         let opened = Region::open(&path).unwrap();
@@ -632,6 +659,22 @@ mod tests {
         assert_eq!(&got, b"hello");
         // Nothing but the region is left in the directory.
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn only_a_full_file_system_is_no_space() {
+        let err = |errno| RegionError::Io {
+            op: "reserve its memory",
+            path: PathBuf::from("/dev/shm/x"),
+            error: io::Error::from_raw_os_error(errno),
+        };
+        assert!(err(libc::ENOSPC).is_no_space());
+        assert!(!err(libc::EACCES).is_no_space());
+        let invalid = RegionError::Invalid {
+            path: PathBuf::from("/dev/shm/x"),
+            why: "bad magic".into(),
+        };
+        assert!(!invalid.is_no_space());
     }
 
     #[test]
