@@ -78,13 +78,7 @@ impl WakeFd {
 pub fn wake_raw(fd: RawFd) {
     let one = 1u64;
     // SAFETY: writes 8 bytes from a u64; the result is not needed (see above).
-    unsafe {
-        libc::write(
-            fd,
-            (&one as *const u64).cast(),
-            std::mem::size_of::<u64>(),
-        )
-    };
+    unsafe { libc::write(fd, (&one as *const u64).cast(), std::mem::size_of::<u64>()) };
 }
 
 /// `poll`'s timeout argument for `timeout`: -1 (none) for `None`, else the

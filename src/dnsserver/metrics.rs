@@ -8,9 +8,9 @@
 //! touches an atomic or a lock.
 
 use crate::metrics_http;
+use crate::wakefd::StopEvent;
 use std::fmt::Write as _;
 use std::net::TcpListener;
-use crate::wakefd::StopEvent;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 

@@ -198,7 +198,7 @@ impl Conn {
     }
 }
 
-/// Runs one executor until the stop flag is set, then closes its
+/// Runs one executor until its stop doorbell rings, then closes its
 /// connections (waiting up to 2 s for them) and returns.
 pub async fn run(parts: ExecParts) {
     let ExecParts {
@@ -444,11 +444,7 @@ async fn shut_down(exec: &Rc<RefCell<Exec>>) {
     }
 }
 
-async fn accept_loop(
-    listener: TcpListener,
-    exec: Rc<RefCell<Exec>>,
-    connections: Arc<Budget>,
-) {
+async fn accept_loop(listener: TcpListener, exec: Rc<RefCell<Exec>>, connections: Arc<Budget>) {
     let mut last_error_log: Option<Instant> = None;
     loop {
         match listener.accept().await {

@@ -270,7 +270,11 @@ mod tests {
     #[test]
     fn the_next_line_is_due_only_while_drops_wait_to_be_said() {
         let mut notes = LossNotes::new(10_000);
-        assert_eq!(notes.next_due(), None, "nothing dropped: nothing to wake for");
+        assert_eq!(
+            notes.next_due(),
+            None,
+            "nothing dropped: nothing to wake for"
+        );
         notes.dropped(3, 1_000);
         assert_eq!(notes.next_due(), Some(0), "no line yet: due now");
         assert!(notes.due(1_000, 100).is_some());
@@ -278,7 +282,10 @@ mod tests {
         notes.dropped(2, 4_000);
         assert_eq!(notes.next_due(), Some(11_000), "an interval after the line");
         assert_eq!(notes.due(10_999, 100), None);
-        assert!(notes.due(11_000, 100).is_some(), "due when it said it would be");
+        assert!(
+            notes.due(11_000, 100).is_some(),
+            "due when it said it would be"
+        );
         assert_eq!(notes.next_due(), None);
     }
 
