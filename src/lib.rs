@@ -21,6 +21,9 @@
 //! - [`metrics_http`]: the `GET /metrics` exchange every server answers.
 //! - [`sdnotify`]: systemd readiness and watchdog notifications.
 //! - [`signal`]: SIGTERM / SIGINT for the long-running subcommands.
+//! - [`doorbell`], [`wakefd`]: wake-ups across threads for a glommio task
+//!   and for a thread blocked in `poll`, so that idle servers sleep
+//!   instead of polling stop flags.
 //! - [`store`]: routes, the change log and call status in SQLite or
 //!   PostgreSQL.
 #![warn(missing_docs)]
@@ -31,6 +34,7 @@ pub mod client;
 pub mod config;
 pub mod demo_service;
 pub mod dnsserver;
+pub mod doorbell;
 pub mod floor;
 pub mod lb;
 pub mod logging;
@@ -44,4 +48,5 @@ pub mod shm;
 pub mod signal;
 pub mod standalone;
 pub mod store;
+pub mod wakefd;
 pub mod wire;

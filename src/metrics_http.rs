@@ -11,8 +11,10 @@
 use std::io::{self, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+
+use crate::wakefd::{poll_timeout_ms, StopEvent};
 
 /// The longest request head read; a longer one is answered as it stands.
 pub const MAX_REQUEST_HEAD: usize = 8192;
@@ -122,25 +124,28 @@ impl Exchange {
     }
 }
 
-/// Serves `GET /metrics` with `body()` on `listener` until `stop` is set
-/// (looked at every 100 ms), on the calling thread: every connection is
-/// non-blocking and served as its bytes come, so silent connections never
-/// delay another; at most [`MAX_CONNECTIONS`] at once, each closed at
-/// [`REQUEST_TIMEOUT`]. Refusals and timeouts are counted in `counters`.
+/// Serves `GET /metrics` with `body()` on `listener` until `stop` is set,
+/// on the calling thread: every connection is non-blocking and served as
+/// its bytes come, so silent connections never delay another; at most
+/// [`MAX_CONNECTIONS`] at once, each closed at [`REQUEST_TIMEOUT`].
+/// Refusals and timeouts are counted in `counters`. The thread sleeps in
+/// `poll` until a connection, a byte, the next request's deadline or the
+/// stop (its descriptor is in the set): nothing wakes it while idle.
 ///
 /// # Errors
 /// When `listener` cannot be made non-blocking.
 pub fn serve_blocking(
     listener: &TcpListener,
-    stop: &AtomicBool,
+    stop: &StopEvent,
     counters: &HttpCounters,
     body: &dyn Fn() -> String,
 ) -> io::Result<()> {
     listener.set_nonblocking(true)?;
     let mut open: Vec<Exchange> = Vec::new();
     let mut fds: Vec<libc::pollfd> = Vec::new();
-    while !stop.load(Ordering::Relaxed) {
+    while !stop.is_set() {
         fds.clear();
+        fds.push(pollfd(stop.fd(), libc::POLLIN));
         fds.push(pollfd(listener.as_raw_fd(), libc::POLLIN));
         fds.extend(
             open.iter()
@@ -150,19 +155,17 @@ pub fn serve_blocking(
         let wait = open
             .iter()
             .map(|x| x.deadline.saturating_duration_since(now))
-            .min()
-            .unwrap_or(Duration::MAX)
-            .min(Duration::from_millis(100));
-        // SAFETY: `fds` is a valid array of `fds.len()` pollfds.
+            .min();
+        // SAFETY: `fds` is a valid, initialised slice of pollfd.
         unsafe {
             libc::poll(
                 fds.as_mut_ptr(),
                 fds.len() as libc::nfds_t,
-                wait.as_millis() as libc::c_int + 1,
+                poll_timeout_ms(wait),
             )
         };
         let now = Instant::now();
-        let mut i = 0;
+        let mut i = 1;
         open.retain_mut(|x| {
             i += 1;
             if fds[i].revents != 0 && x.step(body) {
@@ -252,13 +255,13 @@ mod tests {
     /// stop flag, the counters and the thread.
     fn endpoint() -> (
         std::net::SocketAddr,
-        Arc<AtomicBool>,
+        Arc<StopEvent>,
         Arc<HttpCounters>,
         std::thread::JoinHandle<()>,
     ) {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
-        let stop = Arc::new(AtomicBool::new(false));
+        let stop = Arc::new(StopEvent::new().unwrap());
         let counters = Arc::new(HttpCounters::default());
         let (s, c) = (stop.clone(), counters.clone());
         let h = std::thread::spawn(move || {
@@ -293,7 +296,7 @@ mod tests {
         }
         assert_eq!(counters.timed_out(), 10);
         drop(silent);
-        stop.store(true, Ordering::Relaxed);
+        stop.set();
         h.join().unwrap();
     }
 
@@ -314,7 +317,7 @@ mod tests {
         assert!(text.starts_with("HTTP/1.1 503"), "{text}");
         assert!(counters.refused() >= 1);
         drop(held);
-        stop.store(true, Ordering::Relaxed);
+        stop.set();
         h.join().unwrap();
     }
 }

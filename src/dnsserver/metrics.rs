@@ -8,9 +8,9 @@
 //! touches an atomic or a lock.
 
 use crate::metrics_http;
+use crate::wakefd::StopEvent;
 use std::fmt::Write as _;
 use std::net::TcpListener;
-use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -438,7 +438,7 @@ fn render(
 /// Serves `GET /metrics` from `board` on `listener` until `stop` is set,
 /// within the bounds of [`metrics_http::serve_blocking`] (counted in
 /// `board.http`).
-pub fn serve(listener: TcpListener, board: Arc<Board>, stop: Arc<AtomicBool>) {
+pub fn serve(listener: TcpListener, board: Arc<Board>, stop: Arc<StopEvent>) {
     let body = || board.render(Instant::now()) + &crate::reload::metrics_text();
     if let Err(e) = metrics_http::serve_blocking(&listener, &stop, &board.http, &body) {
         tracing::error!("the metrics endpoint stopped: {e}");

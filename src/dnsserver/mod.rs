@@ -67,7 +67,6 @@ pub mod updates;
 
 use std::io;
 use std::net::{SocketAddr, TcpListener};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -78,10 +77,12 @@ use glommio::{ExecutorJoinHandle, LocalExecutorBuilder, Placement};
 
 use crate::config::DnsServerConfig;
 use crate::store::{StoreError, StoreUrl};
+use crate::wakefd::StopEvent;
 use metrics::Board;
 pub use reload::StoreOpener;
 use reload::{Intervals, Poller};
 use subs::Budget;
+use updates::Doorbell;
 
 /// How long a start waits for the first load before serving without it.
 pub const START_WAIT: Duration = Duration::from_secs(5);
@@ -97,7 +98,10 @@ pub struct DnsServer {
     addr: SocketAddr,
     metrics_addr: SocketAddr,
     board: Arc<Board>,
-    stop: Arc<AtomicBool>,
+    /// The metrics thread's stop (it waits in `poll` on its descriptor).
+    stop: Arc<StopEvent>,
+    /// Each executor's stop: a ring wakes its tick at once.
+    exec_stops: Vec<Arc<Doorbell>>,
     executors: Vec<ExecutorJoinHandle<()>>,
     store_thread: Option<(JoinHandle<()>, mpsc::Sender<()>)>,
     metrics_thread: Option<JoinHandle<()>>,
@@ -164,7 +168,11 @@ impl DnsServer {
             addr,
             metrics_addr,
             board: board.clone(),
-            stop: Arc::new(AtomicBool::new(false)),
+            stop: Arc::new(
+                StopEvent::new()
+                    .context("cannot create the route server's stop event (raise `ulimit -n`)")?,
+            ),
+            exec_stops: Vec::new(),
             executors: Vec::new(),
             store_thread: None,
             metrics_thread: None,
@@ -210,12 +218,14 @@ impl DnsServer {
         let subscriptions = Arc::new(Budget::new(cfg.max_subscriptions as usize));
         let connections = Arc::new(Budget::new(cfg.max_connections as usize));
         for (i, (listener, updates)) in listeners.into_iter().zip(receivers).enumerate() {
+            let stop = Arc::new(Doorbell::default());
+            server.exec_stops.push(stop.clone());
             let parts = serve::ExecParts {
                 index: i,
                 listener,
                 updates,
                 board: board.clone(),
-                stop: server.stop.clone(),
+                stop,
                 idle_timeout_ms,
                 max_subscriptions_per_connection: cfg.max_subscriptions_per_connection as usize,
                 subscriptions: subscriptions.clone(),
@@ -269,7 +279,10 @@ impl DnsServer {
     }
 
     fn shut_down(&mut self) -> anyhow::Result<()> {
-        self.stop.store(true, Ordering::SeqCst);
+        self.stop.set();
+        for stop in &self.exec_stops {
+            stop.ring();
+        }
         let mut failed = Vec::new();
         for (i, h) in self.executors.drain(..).enumerate() {
             if let Err(e) = h.join() {

@@ -6,9 +6,14 @@
 //! that installs new tables and queues their pushes as soon as the store
 //! thread sends them (it rings the channel's doorbell), and one tick task:
 //! the low-precision timer that expires silent connections, publishes the
-//! counters and watches for the stop flag. Everything on the executor is
-//! single-threaded; the only things that cross threads are the update
-//! channel from the store thread and the published counters.
+//! counters and hears the stop (a doorbell [`super::DnsServer::stop`]
+//! rings). The tick runs only when something is due ([`next_tick`]):
+//! within [`TICK`] of a change to the counters, and at the earliest instant
+//! a connection can have been silent too long; an executor with nothing to
+//! publish and no connection sleeps until a connection, an update or the
+//! stop wakes it. Everything on the executor is single-threaded; the only
+//! things that cross threads are the update channel from the store thread,
+//! the stop's doorbell and the published counters.
 //!
 //! A connection task reads whatever the socket has, lets its session
 //! answer every complete frame into one buffer, and writes that buffer in
@@ -22,7 +27,6 @@ use std::future::poll_fn;
 use std::net::TcpListener as StdTcpListener;
 use std::os::fd::{FromRawFd, IntoRawFd};
 use std::rc::Rc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::TryRecvError;
 use std::sync::Arc;
 use std::task::{Poll, Waker};
@@ -36,13 +40,14 @@ use super::reload::Update;
 use super::session::{CloseReason, Ctx, Session};
 use super::subs::{Budget, ConnId, Registry};
 use super::table::RouteTable;
-use super::updates::UpdateReceiver;
+use super::updates::{Doorbell, UpdateReceiver};
 use crate::agent::conn::{race, Either};
 use crate::model::ModuleId;
 use crate::wire::{write_frame, Encoder, RetCode};
 
-/// The tick: how often an executor checks deadlines and publishes its
-/// counters (updates are installed when they come).
+/// The tick: how soon after a change an executor publishes its counters
+/// (updates are installed when they come; nothing is ticked while nothing
+/// changes).
 pub const TICK: Duration = Duration::from_millis(25);
 
 /// Bytes one read may take from a socket.
@@ -67,8 +72,8 @@ pub struct ExecParts {
     pub updates: UpdateReceiver,
     /// Where it publishes its counters.
     pub board: Arc<Board>,
-    /// Set when the route server stops.
-    pub stop: Arc<AtomicBool>,
+    /// Rung when the route server stops.
+    pub stop: Arc<Doorbell>,
     /// Milliseconds of silence after which a connection is closed.
     pub idle_timeout_ms: u64,
     /// Most modules one connection may subscribe to.
@@ -85,8 +90,65 @@ struct Exec {
     registry: Registry<Rc<Conn>>,
     enc: Encoder,
     counters: Counters,
-    /// Milliseconds since the executor started, as of the last tick.
+    /// When the executor started: the origin of its milliseconds.
+    t0: Instant,
+    /// Milliseconds since `t0`, as of the last tick or read.
     now: u64,
+    /// The tick's waker while it waits for something to happen (not for a
+    /// deadline within [`TICK`]): any change wakes it through [`Exec::poke`].
+    tick_waker: Option<Waker>,
+    /// Set by a poke that woke the tick.
+    poked: bool,
+}
+
+impl Exec {
+    /// Milliseconds since the executor started, now (also kept in `now`).
+    fn clock(&mut self) -> u64 {
+        self.now = self.t0.elapsed().as_millis() as u64;
+        self.now
+    }
+
+    /// Something changed (a connection, a frame, a table): a tick waiting
+    /// for something to happen wakes to plan its next deadline. Costs an
+    /// `Option::take` when the tick is not waiting so.
+    fn poke(&mut self) {
+        if let Some(w) = self.tick_waker.take() {
+            self.poked = true;
+            w.wake();
+        }
+    }
+
+    /// The counters as [`publish`] would publish them now.
+    fn snapshot(&self) -> Counters {
+        let mut c = self.counters;
+        c.connections = self.registry.connections() as u64;
+        c.subscriptions = self.registry.subscriptions() as u64;
+        c
+    }
+}
+
+/// When the tick next has work, in the executor's milliseconds, or `None`
+/// when nothing is due until something happens: within `tick_ms` of `now`
+/// while the executor is `busy` (its counters changed since they were
+/// published, or in the tick before), and at `next_check` (`u64::MAX`: no
+/// connection) for the idle supervisor. Pure.
+pub fn next_tick(now: u64, busy: bool, next_check: u64, tick_ms: u64) -> Option<u64> {
+    let publish = busy.then(|| now.saturating_add(tick_ms));
+    let expire = (next_check != u64::MAX).then_some(next_check);
+    match (publish, expire) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// What ended one wait of the tick.
+enum TickWake {
+    /// The route server stops.
+    Stop,
+    /// The planned deadline came.
+    Due,
+    /// Something changed: plan again.
+    Poked,
 }
 
 /// What the executor holds of one connection: the way to reach its task.
@@ -136,7 +198,7 @@ impl Conn {
     }
 }
 
-/// Runs one executor until the stop flag is set, then closes its
+/// Runs one executor until its stop doorbell rings, then closes its
 /// connections (waiting up to 2 s for them) and returns.
 pub async fn run(parts: ExecParts) {
     let ExecParts {
@@ -160,14 +222,17 @@ pub async fn run(parts: ExecParts) {
         ),
         enc: Encoder::new(),
         counters: Counters::default(),
+        t0,
         now: 0,
+        tick_waker: None,
+        poked: false,
     }));
     // Serve the table the store thread already loaded from the first
     // connection on.
     drain_updates(&exec, &updates);
     // SAFETY: a bound, listening, non-blocking TCP socket that we own.
     let listener = unsafe { TcpListener::from_raw_fd(listener.into_raw_fd()) };
-    let acceptor = glommio::spawn_local(accept_loop(listener, exec.clone(), t0, connections));
+    let acceptor = glommio::spawn_local(accept_loop(listener, exec.clone(), connections));
     // New tables are installed (and their pushes queued) as they come:
     // the store thread rings when it sends. Ends when the store thread does.
     let installer = {
@@ -183,11 +248,58 @@ pub async fn run(parts: ExecParts) {
     };
 
     let mut expired = Vec::new();
-    while !stop.load(Ordering::Relaxed) {
-        glommio::timer::sleep(TICK).await;
-        exec.borrow_mut().now = t0.elapsed().as_millis() as u64;
-        expire(&exec, &mut expired);
-        publish(&exec, &board, index);
+    let tick_ms = TICK.as_millis() as u64;
+    let mut published = publish(&exec, &board, index);
+    // Whether the last tick published a change: the executor ticks once
+    // more before it waits for pokes, so that under steady traffic the
+    // tick is a plain 25 ms timer, as it always was, with no poke to wake it.
+    let mut active = false;
+    loop {
+        let (now, at) = {
+            let mut ex = exec.borrow_mut();
+            let now = ex.clock();
+            let busy = active || ex.snapshot() != published;
+            (now, next_tick(now, busy, ex.registry.next_check(), tick_ms))
+        };
+        // A wait for the tick's own deadline needs no pokes.
+        let woke = match at {
+            Some(at) if at <= now.saturating_add(tick_ms) => {
+                let timer = glommio::timer::sleep(Duration::from_millis(at.saturating_sub(now)));
+                match race(stop.rung(), timer).await {
+                    Either::Left(()) => TickWake::Stop,
+                    Either::Right(()) => TickWake::Due,
+                }
+            }
+            Some(at) => {
+                let timer = glommio::timer::sleep(Duration::from_millis(at.saturating_sub(now)));
+                let woke = match race(stop.rung(), race(timer, poked(&exec))).await {
+                    Either::Left(()) => TickWake::Stop,
+                    Either::Right(Either::Left(())) => TickWake::Due,
+                    Either::Right(Either::Right(())) => TickWake::Poked,
+                };
+                exec.borrow_mut().tick_waker = None;
+                woke
+            }
+            None => {
+                let woke = match race(stop.rung(), poked(&exec)).await {
+                    Either::Left(()) => TickWake::Stop,
+                    Either::Right(()) => TickWake::Poked,
+                };
+                exec.borrow_mut().tick_waker = None;
+                woke
+            }
+        };
+        match woke {
+            TickWake::Stop => break,
+            TickWake::Poked => continue,
+            TickWake::Due => {
+                exec.borrow_mut().clock();
+                expire(&exec, &mut expired);
+                let now_published = publish(&exec, &board, index);
+                active = now_published != published;
+                published = now_published;
+            }
+        }
     }
 
     drop(acceptor);
@@ -196,12 +308,29 @@ pub async fn run(parts: ExecParts) {
     publish(&exec, &board, index);
 }
 
+/// Ready once [`Exec::poke`] woke the tick (registers the tick's waker).
+async fn poked(exec: &RefCell<Exec>) {
+    poll_fn(|cx| {
+        let mut ex = exec.borrow_mut();
+        if std::mem::take(&mut ex.poked) {
+            return Poll::Ready(());
+        }
+        ex.tick_waker = Some(cx.waker().clone());
+        Poll::Pending
+    })
+    .await
+}
+
 /// Installs every update waiting on the channel and queues its pushes.
 /// Returns false once the channel is closed (the store thread ended).
 fn drain_updates(exec: &Rc<RefCell<Exec>>, updates: &UpdateReceiver) -> bool {
     loop {
         match updates.try_recv() {
-            Ok(update) => install(&mut exec.borrow_mut(), &update),
+            Ok(update) => {
+                let mut ex = exec.borrow_mut();
+                install(&mut ex, &update);
+                ex.poke();
+            }
             Err(TryRecvError::Empty) => return true,
             Err(TryRecvError::Disconnected) => return false,
         }
@@ -288,11 +417,13 @@ fn expire(exec: &Rc<RefCell<Exec>>, expired: &mut Vec<ConnId>) {
     }
 }
 
-fn publish(exec: &Rc<RefCell<Exec>>, board: &Board, index: usize) {
+/// Publishes the executor's counters on `board`; returns what it published.
+fn publish(exec: &Rc<RefCell<Exec>>, board: &Board, index: usize) -> Counters {
     let mut ex = exec.borrow_mut();
-    ex.counters.connections = ex.registry.connections() as u64;
-    ex.counters.subscriptions = ex.registry.subscriptions() as u64;
-    board.publish(index, &ex.counters);
+    let c = ex.snapshot();
+    ex.counters = c;
+    board.publish(index, &c);
+    c
 }
 
 /// Closes every connection and waits (up to [`DRAIN`]) for their tasks.
@@ -313,17 +444,16 @@ async fn shut_down(exec: &Rc<RefCell<Exec>>) {
     }
 }
 
-async fn accept_loop(
-    listener: TcpListener,
-    exec: Rc<RefCell<Exec>>,
-    t0: Instant,
-    connections: Arc<Budget>,
-) {
+async fn accept_loop(listener: TcpListener, exec: Rc<RefCell<Exec>>, connections: Arc<Budget>) {
     let mut last_error_log: Option<Instant> = None;
     loop {
         match listener.accept().await {
             Ok(stream) if !connections.try_take() => {
-                exec.borrow_mut().counters.connections_refused += 1;
+                {
+                    let mut ex = exec.borrow_mut();
+                    ex.counters.connections_refused += 1;
+                    ex.poke();
+                }
                 let message = format!(
                     "the route server holds dnsserver.max_connections = {} connections: try again later",
                     connections.max()
@@ -344,8 +474,10 @@ async fn accept_loop(
                 let id = {
                     let mut ex = exec.borrow_mut();
                     ex.counters.accepted += 1;
-                    let now = ex.now.max(t0.elapsed().as_millis() as u64);
-                    ex.registry.open(conn.clone(), now)
+                    let now = ex.clock();
+                    let id = ex.registry.open(conn.clone(), now);
+                    ex.poke();
+                    id
                 };
                 let connections = connections.clone();
                 let exec = exec.clone();
@@ -356,7 +488,11 @@ async fn accept_loop(
                 .detach();
             }
             Err(e) => {
-                exec.borrow_mut().counters.accept_errors += 1;
+                {
+                    let mut ex = exec.borrow_mut();
+                    ex.counters.accept_errors += 1;
+                    ex.poke();
+                }
                 if last_error_log.is_none_or(|t| t.elapsed() >= Duration::from_secs(10)) {
                     tracing::warn!("accept failed: {e} (raise `ulimit -n`?); retrying");
                     last_error_log = Some(Instant::now());
@@ -416,6 +552,9 @@ async fn serve(mut stream: TcpStream, exec: Rc<RefCell<Exec>>, conn: Rc<Conn>, i
                 let handled = {
                     let mut guard = exec.borrow_mut();
                     let ex = &mut *guard;
+                    // A fresh stamp: the tick may not have run for a while.
+                    ex.clock();
+                    ex.poke();
                     let mut ctx = Ctx {
                         table: &ex.table,
                         registry: &mut ex.registry,
@@ -439,6 +578,7 @@ async fn serve(mut stream: TcpStream, exec: Rc<RefCell<Exec>>, conn: Rc<Conn>, i
     let mut ex = exec.borrow_mut();
     ex.counters.closed[reason.kind() as usize] += 1;
     ex.registry.release(id);
+    ex.poke();
     // Dropping the stream closes the socket.
 }
 
@@ -464,5 +604,21 @@ mod tests {
         conn.close(CloseReason::Shutdown);
         let reason = conn.close.borrow_mut().take();
         assert!(matches!(reason, Some(CloseReason::Idle)));
+    }
+
+    #[test]
+    fn the_tick_is_due_only_after_a_change_or_at_the_supervisors_deadline() {
+        // Idle, no connection: no tick at all.
+        assert_eq!(next_tick(1_000, false, u64::MAX, 25), None);
+        // Busy: published one tick later.
+        assert_eq!(next_tick(1_000, true, u64::MAX, 25), Some(1_025));
+        // Idle connections: the supervisor's next look, nothing sooner.
+        assert_eq!(next_tick(1_000, false, 31_000, 25), Some(31_000));
+        // Both: the earlier.
+        assert_eq!(next_tick(1_000, true, 31_000, 25), Some(1_025));
+        assert_eq!(next_tick(1_000, true, 1_010, 25), Some(1_010));
+        // A deadline already passed stays passed (the tick runs at once).
+        assert_eq!(next_tick(1_000, false, 900, 25), Some(900));
+        assert_eq!(next_tick(u64::MAX - 1, true, u64::MAX, 25), Some(u64::MAX));
     }
 }

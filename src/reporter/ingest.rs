@@ -20,7 +20,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener as StdTcpListener};
 use std::os::fd::{FromRawFd, IntoRawFd};
 use std::pin::pin;
 use std::rc::Rc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc};
 use std::task::{Poll, Waker};
 use std::time::{Duration, Instant};
@@ -34,6 +34,7 @@ use super::notes::Throttle;
 use super::session::Session;
 use super::shared::{unix_ms, Shared};
 use crate::agent::conn::{race, Either};
+use crate::doorbell::Doorbell;
 use crate::metrics_http;
 use crate::model::ModuleId;
 use crate::wire::{write_frame, Encoder, RetCode};
@@ -47,12 +48,6 @@ const READ_BUF: usize = 8 << 10;
 /// A connection whose answers cannot be written for this long is closed
 /// (a peer that does not read its acks).
 const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// How often the executor looks at the stop flag.
-const TICK: Duration = Duration::from_millis(20);
-
-/// How often pending log lines (rows dropped) are looked at.
-const HOUSEKEEPING: Duration = Duration::from_secs(1);
 
 /// How long a stop waits for connections to close.
 const CLOSE_WAIT: Duration = Duration::from_secs(2);
@@ -88,7 +83,7 @@ const NOTE_INTERVAL_MS: u64 = 10_000;
 
 /// The running executor.
 pub(super) struct Ingest {
-    stop: Arc<AtomicBool>,
+    stop: Arc<Doorbell>,
     handle: ExecutorJoinHandle<()>,
 }
 
@@ -104,7 +99,7 @@ impl Ingest {
         shared: Arc<Shared>,
         limits: ConnLimits,
     ) -> anyhow::Result<Ingest> {
-        let stop = Arc::new(AtomicBool::new(false));
+        let stop = Arc::new(Doorbell::default());
         let flag = stop.clone();
         let (ready_tx, ready_rx) = mpsc::channel();
         let handle = LocalExecutorBuilder::new(Placement::Unbound)
@@ -138,23 +133,26 @@ impl Ingest {
     /// # Errors
     /// When the executor thread failed.
     pub(super) fn stop(self) -> anyhow::Result<()> {
-        self.stop.store(true, Ordering::SeqCst);
+        self.stop.ring();
         self.handle
             .join()
             .map_err(|e| anyhow!("the reporter's executor failed: {e}"))
     }
 }
 
-/// The executor's main task: the acceptors, then the stop flag and the
-/// periodic log lines, then the shutdown.
+/// The executor's main task: the acceptors, then the stop and the summary
+/// lines of dropped rows, then the shutdown. It sleeps until the stop rings
+/// `flag`, a connection says that rows were dropped (`loss`), or the next
+/// summary line is due: nothing wakes an idle reporter.
 async fn serve(
     agents: StdTcpListener,
     metrics: StdTcpListener,
     shared: Arc<Shared>,
-    flag: Arc<AtomicBool>,
+    flag: Arc<Doorbell>,
     limits: ConnLimits,
 ) {
     let stop = Rc::new(StopSignal::default());
+    let loss = Rc::new(Doorbell::default());
     let open = Rc::new(Cell::new(0usize));
     // SAFETY: both are bound, listening TCP sockets whose ownership moves
     // here.
@@ -168,16 +166,26 @@ async fn serve(
         agents,
         shared.clone(),
         stop.clone(),
+        loss.clone(),
         open.clone(),
         limits,
     ));
     let http = glommio::spawn_local(accept_metrics(metrics, shared.clone(), stop.clone()));
-    let mut last = Instant::now();
-    while !flag.load(Ordering::SeqCst) {
-        glommio::timer::sleep(TICK).await;
-        if last.elapsed() >= HOUSEKEEPING {
-            last = Instant::now();
-            shared.housekeeping();
+    loop {
+        // Rung or due: the summary is looked at again (it logs when due).
+        let stopped = match shared.housekeeping() {
+            Some(at) => {
+                let timer =
+                    glommio::timer::sleep(Duration::from_millis(at.saturating_sub(unix_ms())));
+                race(flag.rung(), race(timer, loss.rung())).await
+            }
+            None => match race(flag.rung(), loss.rung()).await {
+                Either::Left(()) => Either::Left(()),
+                Either::Right(()) => Either::Right(Either::Right(())),
+            },
+        };
+        if let Either::Left(()) = stopped {
+            break;
         }
     }
     stop.fire();
@@ -193,6 +201,7 @@ async fn accept_agents(
     listener: TcpListener,
     shared: Arc<Shared>,
     stop: Rc<StopSignal>,
+    loss: Rc<Doorbell>,
     open: Rc<Cell<usize>>,
     limits: ConnLimits,
 ) {
@@ -230,15 +239,16 @@ async fn accept_agents(
         }
         shared.connection_opened();
         open.set(open.get() + 1);
-        let (shared, stop, open, notes, partial) = (
+        let (shared, stop, loss, open, notes, partial) = (
             shared.clone(),
             stop.clone(),
+            loss.clone(),
             open.clone(),
             notes.clone(),
             partial.clone(),
         );
         glommio::spawn_local(async move {
-            serve_agent(stream, &shared, &stop, &notes, &partial, limits).await;
+            serve_agent(stream, &shared, &stop, &loss, &notes, &partial, limits).await;
             open.set(open.get() - 1);
             shared.connection_closed();
         })
@@ -301,11 +311,12 @@ fn deadline(
 
 /// Serves one agent until it closes, misbehaves, passes a bound, or the
 /// reporter stops. `partial` holds the bytes of incomplete frames of every
-/// connection.
+/// connection; `loss` is rung when dropped rows wait to be said.
 async fn serve_agent(
     mut stream: TcpStream,
     shared: &Shared,
     stop: &Rc<StopSignal>,
+    loss: &Doorbell,
     notes: &RefCell<ConnNotes>,
     partial: &Cell<u64>,
     limits: ConnLimits,
@@ -349,7 +360,9 @@ async fn serve_agent(
         partial.set(total);
         held = buffered;
         shared.partial_bytes.store(total, Ordering::Relaxed);
-        shared.accept(session.rows(), fed.reports, fed.refused);
+        if shared.accept(session.rows(), fed.reports, fed.refused) {
+            loss.ring();
+        }
         shared.accept_consumed(session.consumed_units());
         if let Some(refusal) = &fed.last_refusal {
             if let Some(hidden) = notes.borrow_mut().refusals.allow(unix_ms()) {

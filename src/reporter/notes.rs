@@ -59,6 +59,19 @@ impl LossNotes {
         Some(line)
     }
 
+    /// When [`Self::due`] will next have a line, in milliseconds since the
+    /// epoch: `None` while no drop waits to be said (nothing to wake for),
+    /// else an interval after the previous line (0: now, none yet).
+    pub fn next_due(&self) -> Option<u64> {
+        if self.pending == 0 {
+            return None;
+        }
+        Some(
+            self.last_line_ms
+                .map_or(0, |last| last.saturating_add(self.interval_ms)),
+        )
+    }
+
     /// The line for drops not yet said, whatever the interval (at stop).
     pub fn flush(&mut self, bound: usize) -> Option<String> {
         if self.pending == 0 {
@@ -252,6 +265,28 @@ mod tests {
         );
         assert!(second.contains("(15 dropped since start)"), "{second}");
         assert_eq!(notes.due(1_700_000_030_000, 100), None, "nothing new");
+    }
+
+    #[test]
+    fn the_next_line_is_due_only_while_drops_wait_to_be_said() {
+        let mut notes = LossNotes::new(10_000);
+        assert_eq!(
+            notes.next_due(),
+            None,
+            "nothing dropped: nothing to wake for"
+        );
+        notes.dropped(3, 1_000);
+        assert_eq!(notes.next_due(), Some(0), "no line yet: due now");
+        assert!(notes.due(1_000, 100).is_some());
+        assert_eq!(notes.next_due(), None, "said");
+        notes.dropped(2, 4_000);
+        assert_eq!(notes.next_due(), Some(11_000), "an interval after the line");
+        assert_eq!(notes.due(10_999, 100), None);
+        assert!(
+            notes.due(11_000, 100).is_some(),
+            "due when it said it would be"
+        );
+        assert_eq!(notes.next_due(), None);
     }
 
     #[test]

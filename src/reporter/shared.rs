@@ -155,26 +155,28 @@ impl Shared {
 
     /// Queues the rows of `reports` accepted reports (and counts `refused`
     /// refused ones), wakes the writers concerned, and logs a loss when one
-    /// is due. Never waits for a writer.
-    pub(super) fn accept(&self, rows: &[CallStatus], reports: u64, refused: u64) {
+    /// is due. Never waits for a writer. Returns true when drops wait to be
+    /// said later (then [`Self::housekeeping`] must run when they are due).
+    pub(super) fn accept(&self, rows: &[CallStatus], reports: u64, refused: u64) -> bool {
         self.reports.fetch_add(reports, Ordering::Relaxed);
         self.reports_refused.fetch_add(refused, Ordering::Relaxed);
         if rows.is_empty() {
-            return;
+            return false;
         }
         let now = unix_ms();
-        let line = {
+        let (line, pending) = {
             let mut core = self.lock();
             let dropped = core.buffer.push(rows);
             let Core { buffer, loss, .. } = &mut *core;
             buffer.drain_touched(|i| self.wake[i].notify_one());
             loss.dropped(dropped, now);
             let bound = buffer.bound();
-            loss.due(now, bound)
+            (loss.due(now, bound), loss.next_due().is_some())
         };
         if let Some(line) = line {
             self.log(&line);
         }
+        pending
     }
 
     /// Queues capacity units consumed for good for the writer of each
@@ -208,16 +210,20 @@ impl Shared {
         }
     }
 
-    /// Logs the summary of dropped rows when one is due.
-    pub(super) fn housekeeping(&self) {
-        let line = {
+    /// Logs the summary of dropped rows when one is due. Returns when the
+    /// next one will be (milliseconds since the epoch), `None` while no
+    /// drop waits to be said.
+    pub(super) fn housekeeping(&self) -> Option<u64> {
+        let (line, next) = {
             let mut core = self.lock();
             let bound = core.buffer.bound();
-            core.loss.due(unix_ms(), bound)
+            let line = core.loss.due(unix_ms(), bound);
+            (line, core.loss.next_due())
         };
         if let Some(line) = line {
             self.log(&line);
         }
+        next
     }
 
     /// An agent connected.

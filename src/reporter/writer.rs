@@ -18,8 +18,9 @@
 //! - While stopping, a writer writes what its shard holds and ends when it
 //!   is empty; past the deadline it ends after its current attempt.
 //!
-//! A writer waits on its own condition variable: the executor wakes it
-//! when rows arrive in its shard; it never makes the executor wait.
+//! A writer waits on its own condition variable, without a timeout: the
+//! executor wakes it when rows arrive in its shard, a stop when the phase
+//! changes; it never makes the executor wait.
 
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
@@ -40,10 +41,6 @@ pub const WRITE_STALL: Duration = Duration::from_secs(1);
 
 /// The first retry delay, milliseconds (capped by `retry_max_ms`).
 const BACKOFF_INITIAL_MS: u64 = 50;
-
-/// How long an idle writer sleeps before it looks at the phase again
-/// (a wake-up normally comes first).
-const IDLE_WAIT: Duration = Duration::from_secs(1);
 
 /// The retry delay after `failures` (at least 1) consecutive failures:
 /// `min(max, initial * 2^(failures-1))`, jittered down by up to a half with
@@ -179,12 +176,14 @@ impl<'a> Writer<'a> {
             if rows || !core.consumed[self.i].is_empty() {
                 return true;
             }
+            // No timeout: rows, consumed units and every phase change are
+            // made under the lock and notified, so nothing is missed, and
+            // an idle writer sleeps until one comes.
             core = self
                 .shared
                 .wake(self.i)
-                .wait_timeout(core, IDLE_WAIT)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
+                .wait(core)
+                .unwrap_or_else(|p| p.into_inner());
         }
     }
 
