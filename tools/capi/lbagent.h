@@ -223,9 +223,7 @@ int lb_report_with_level(struct LbClient *client,
 //
 // # Safety
 // `out` is NULL or points to 2 writable bytes.
-int lb_level_encode(uint8_t business,
-                    uint8_t user,
-                    uint8_t *out);
+int lb_level_encode(uint8_t business, uint8_t user, uint8_t *out);
 
 // For a caller: reads the level a downstream attached to its response
 // from the first two of the `len` bytes at `bytes` (`[B*, U*]`; more
@@ -239,10 +237,7 @@ int lb_level_encode(uint8_t business,
 // # Safety
 // `bytes` is NULL or points to `len` readable bytes; `business` and
 // `user` are NULL or point to a writable `uint8_t` each.
-int lb_level_decode(const uint8_t *bytes,
-                    size_t len,
-                    uint8_t *business,
-                    uint8_t *user);
+int lb_level_decode(const uint8_t *bytes, size_t len, uint8_t *business, uint8_t *user);
 
 // Reports the result of a call to `host` of module `(modid, cmdid)`:
 // `retcode` 0 is success, anything else a failure, which counts
