@@ -68,7 +68,8 @@ fn gethost(dir: &Path, m: ModuleId, json: bool) -> ToolOutcome {
         json,
         priority: None,
         user: None,
-        user_hash_seed: 0,
+        user_hash_seed: None,
+        config: None,
         conn: conn(dir, ANSWERED_MS),
     })
 }
@@ -191,6 +192,134 @@ fn a_reported_downstream_level_makes_the_real_agent_reject_lower_priorities() {
     // A bad level is refused by the argument parser.
     let (code, _) = tool_binary(d, &["report", m, c, &n, "0", "--downstream-level", "0,7"]);
     assert_ne!(code, i32::from(EXIT_OK));
+}
+
+/// The user priority `U` of `user` now, under `seed` and `period_s`, with
+/// the period number it belongs to.
+fn user_u(seed: u64, period_s: u64, user: &str) -> (u8, u64) {
+    let now = unix_ms() / 1000;
+    let mut keys = lbagent::admission::UserPriorities::new(seed, period_s);
+    (keys.priority(user.as_bytes(), now), keys.period_of(now))
+}
+
+#[test]
+fn the_client_hashes_user_ids_and_gethost_takes_the_key_from_its_config() {
+    use lbagent::admission::AdmissionLevel;
+    use lbagent::client::{Client, ClientError, ClientOptions};
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let source = RouteSource::start();
+    source.set_route(M, &nodes(1));
+    let _agent = AgentProc::start(d, &source);
+    let (modid, cmdid) = (M.modid.to_string(), M.cmdid.to_string());
+    let (m, c) = (modid.as_str(), cmdid.as_str());
+    wait_for(Duration::from_secs(10), || {
+        (tool_binary(d, &["gethost", m, c]).0 == i32::from(EXIT_OK)).then_some(())
+    })
+    .expect("the route arrives");
+    let n = node(1);
+    let (seed, period) = (99u64, 86_400u64);
+    let defaults = lbagent::config::AdmissionConfig::default();
+    let t = Duration::from_millis(ANSWERED_MS);
+
+    // The Rust client: its own hash under its options' seed and period.
+    let mut client = Client::with_options(ClientOptions {
+        heartbeat_path: d.join("heartbeat"),
+        snapshot_path: d.join("routes.snapshot"),
+        user_hash_seed: seed,
+        user_key_period_s: period,
+        ..ClientOptions::default()
+    })
+    .unwrap();
+    let (u, _) = user_u(seed, period, "alice");
+    assert_eq!(client.user_priority(b"alice"), u);
+    // A level (10, 128) from the downstream: business 20 is shed at the
+    // caller, business 5 gets the node.
+    client
+        .report_with_level(
+            M.modid,
+            M.cmdid,
+            n,
+            0,
+            3,
+            Some(AdmissionLevel::new(10, 128)),
+        )
+        .unwrap();
+    let e = client
+        .get_host_for_user(M.modid, M.cmdid, 20, b"alice", t)
+        .unwrap_err();
+    assert!(matches!(e, ClientError::Rejected { .. }), "{e}");
+    let h = client
+        .get_host_for_user(M.modid, M.cmdid, 5, b"alice", t)
+        .unwrap();
+    assert_eq!(h.addr, n);
+
+    // gethost --user hashes with --config's seed and key period: a user
+    // whose U under the config is below its U under the packaged defaults,
+    // and a level (10, U under the config) between them: admitted with
+    // --config, rejected without.
+    let config = d.join("service.toml");
+    std::fs::write(
+        &config,
+        format!("[admission]\nuser_hash_seed = {seed}\nuser_key_period_s = {period}\n"),
+    )
+    .unwrap();
+    let cfg = config.to_str().unwrap();
+    let mut checked = false;
+    // A period that ends between the hash and the call changes U: try again.
+    for _attempt in 0..3 {
+        let before = (0..1000)
+            .map(|i| format!("user-{i}"))
+            .map(|id| {
+                let (uc, pc) = user_u(seed, period, &id);
+                let (ud, pd) = user_u(defaults.user_hash_seed, defaults.user_key_period_s, &id);
+                (id, uc, ud, (pc, pd))
+            })
+            .find(|(_, uc, ud, _)| uc < ud)
+            .expect("some user hashes lower under the config's key");
+        let (id, uc, _, periods) = before;
+        client
+            .report_with_level(M.modid, M.cmdid, n, 0, 3, Some(AdmissionLevel::new(10, uc)))
+            .unwrap();
+        let with = tool_binary(
+            d,
+            &[
+                "gethost",
+                m,
+                c,
+                "--priority",
+                "10",
+                "--user",
+                &id,
+                "--config",
+                cfg,
+            ],
+        );
+        let without = tool_binary(d, &["gethost", m, c, "--priority", "10", "--user", &id]);
+        let (_, pc) = user_u(seed, period, &id);
+        let (_, pd) = user_u(defaults.user_hash_seed, defaults.user_key_period_s, &id);
+        if (pc, pd) != periods {
+            continue;
+        }
+        assert_eq!(
+            (with.0, with.1.trim()),
+            (i32::from(EXIT_OK), n.to_string().as_str())
+        );
+        assert_eq!(without.0, i32::from(EXIT_REJECTED), "{}", without.1);
+        checked = true;
+        break;
+    }
+    assert!(checked, "three key periods ended during the test");
+    // An unusable config file is named, exit 78.
+    let out = Command::new(env!("CARGO_BIN_EXE_lbagent"))
+        .args(["gethost", m, c, "--user", "u1", "--config"])
+        .arg(d.join("missing.toml"))
+        .arg("--heartbeat")
+        .arg(d.join("heartbeat"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(78));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("missing.toml"));
 }
 
 #[test]

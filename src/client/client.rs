@@ -12,6 +12,7 @@ use super::link::{Answer, Failure, Link};
 use super::locate::{Endpoints, Liveness, Locator};
 use super::statics::StaticRoutes;
 use super::{ClientError, ClientOptions, Host, HostSource, Priority, RouteView};
+use crate::admission::UserPriorities;
 use crate::agent::heartbeat::AgentInfo;
 use crate::model::{ModuleId, NodeAddr, Policy, RouteNode};
 use crate::shm::fixed::{self, HostAnswer};
@@ -49,6 +50,9 @@ pub struct Client {
     cached_until: u64,
     /// Per shard, the agent's own admission level (uncached getHost).
     holdback: HoldBack,
+    /// User ids to `U` ([`Client::get_host_for_user`]), under the options'
+    /// seed and key period.
+    users: UserPriorities,
 }
 
 impl std::fmt::Debug for Client {
@@ -124,6 +128,7 @@ impl Client {
             clock,
             cached_until: 0,
             holdback: HoldBack::new(u64::try_from(opts.holdback.as_millis()).unwrap_or(u64::MAX)),
+            users: UserPriorities::new(opts.user_hash_seed, opts.user_key_period_s),
             opts,
         })
     }
@@ -210,6 +215,40 @@ impl Client {
         check_timeout(timeout)?;
         prio.validate()?;
         self.get_host_checked(ModuleId::new(modid, cmdid), Some(prio), timeout)
+    }
+
+    /// [`Client::get_host_with`] for a call of business priority `business`
+    /// (0 = unset, else 1..=128) on behalf of user `user_id`, whose user
+    /// priority `U` is [`Client::user_priority`] of the id now: the keyed
+    /// hash under [`ClientOptions::user_hash_seed`], its key rotating every
+    /// [`ClientOptions::user_key_period_s`] (one `U` per user within a
+    /// period). A numeric id is hashed as its 8 little-endian bytes
+    /// (`&id.to_le_bytes()`), as the admission core does.
+    ///
+    /// # Errors
+    /// As [`Client::get_host_with`]: [`ClientError::Rejected`] when the
+    /// downstream level of every idle node refuses `(business, U)`;
+    /// [`ClientError::BadRequest`] for a business priority above 128.
+    #[inline]
+    pub fn get_host_for_user(
+        &mut self,
+        modid: u32,
+        cmdid: u32,
+        business: u8,
+        user_id: &[u8],
+        timeout: Duration,
+    ) -> Result<Host, ClientError> {
+        let prio = Priority::new(business, self.user_priority(user_id));
+        self.get_host_with(modid, cmdid, prio, timeout)
+    }
+
+    /// The user priority `U` (1..=128) this client gives `user_id` now
+    /// (wall-clock time), as [`Client::get_host_for_user`] sends it.
+    pub fn user_priority(&mut self, user_id: &[u8]) -> u8 {
+        let unix_s = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        self.users.priority(user_id, unix_s)
     }
 
     /// A getHost whose timeout and priorities are valid (None: the options'). The
@@ -1277,6 +1316,66 @@ mod tests {
             (c.options().business_priority, c.options().user_priority),
             (3, 128)
         );
+    }
+
+    #[test]
+    fn the_user_hash_options_default_to_the_admission_config_and_are_checked() {
+        let d = ClientOptions::default();
+        let a = crate::config::AdmissionConfig::default();
+        assert_eq!(
+            (d.user_hash_seed, d.user_key_period_s),
+            (a.user_hash_seed, a.user_key_period_s)
+        );
+        for period in [0, super::super::MAX_USER_KEY_PERIOD_S + 1] {
+            let e = Client::with_options(ClientOptions {
+                user_key_period_s: period,
+                ..ClientOptions::default()
+            })
+            .unwrap_err();
+            assert!(
+                matches!(&e, ClientError::BadRequest(m) if m.contains("user_key_period_s")),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_client_hashes_user_ids_with_its_own_seed_and_period() {
+        let unix_s = || {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_secs()
+        };
+        let opts = |seed| ClientOptions {
+            user_hash_seed: seed,
+            user_key_period_s: 86_400,
+            ..ClientOptions::default()
+        };
+        let mut c = Client::with_options(opts(11)).unwrap();
+        let mut other = Client::with_options(opts(12)).unwrap();
+        // Outside the last second of a day, both reads fall in one period.
+        let t = unix_s();
+        let mut keys = UserPriorities::new(11, 86_400);
+        let expect: Vec<u8> = (0..64u64).map(|u| keys.priority_of_id(u, t)).collect();
+        let got: Vec<u8> = (0..64u64)
+            .map(|u| c.user_priority(&u.to_le_bytes()))
+            .collect();
+        if UserPriorities::new(11, 86_400).period_of(unix_s()) == keys.period_of(t) {
+            assert_eq!(got, expect);
+        }
+        let differs = (0..64u64)
+            .filter(|u| c.user_priority(&u.to_le_bytes()) != other.user_priority(&u.to_le_bytes()))
+            .count();
+        assert!(
+            differs > 50,
+            "only {differs} of 64 users differ between seeds"
+        );
+        // The business priority is checked as get_host_with checks it.
+        let e = c
+            .get_host_for_user(1, 1, 129, b"alice", Duration::from_millis(1))
+            .unwrap_err();
+        assert!(matches!(e, ClientError::BadRequest(_)), "{e}");
     }
 
     #[test]

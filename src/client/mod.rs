@@ -69,6 +69,34 @@
 //! with [`ClientError::Rejected`] and without a datagram, a call the level
 //! does not admit (see [`holdback`]). [`Client::held_back`] counts them.
 //!
+//! # DAGOR priorities and levels
+//!
+//! [`Client::get_host_for_user`] takes a call's business priority and its
+//! user id: the client hashes the id to `U` with the admission core's
+//! rotating key ([`ClientOptions::user_hash_seed`],
+//! [`ClientOptions::user_key_period_s`], by default the `[admission]`
+//! defaults), so callers need not keep a
+//! [`crate::admission::UserPriorities`] of their own.
+//! [`Client::get_host_with`] takes the two priorities as they are
+//! ([`Priority`]). [`Client::report_with_level`] passes on the level a
+//! downstream attached to its response.
+//!
+//! A helper lets a service attach its level to a response and read it
+//! back: [`level`] (the same module as [`crate::admission::piggyback`]):
+//! [`level::encode`] / [`level::decode`] for the two bytes `[B*, U*]` of a
+//! service's own protocol (`[0, 0]` = no level), [`level::to_fb`] /
+//! [`level::from_fb`] for the schema's `AdmissionLevel`.
+//!
+//! ```
+//! use lbagent::client::level;
+//! use lbagent::admission::AdmissionLevel;
+//!
+//! // The service, in its response:
+//! let bytes = level::encode(Some(AdmissionLevel::new(10, 128)));
+//! // The caller, reading it back for `report_with_level`:
+//! assert_eq!(level::decode(&bytes), Ok(Some(AdmissionLevel::new(10, 128))));
+//! ```
+//!
 //! # Layout
 //!
 //! - [`error`]: the one error type, [`ClientError`].
@@ -103,6 +131,11 @@ pub use error::ClientError;
 pub use link::{resend_interval, MAX_RESEND, MIN_RESEND};
 pub use priority::Priority;
 
+/// The admission level on the wire, for a service that attaches its level
+/// to its responses and for its callers that read it back (re-exported
+/// from [`crate::admission::piggyback`]).
+pub use crate::admission::piggyback as level;
+
 use crate::model::{ModuleId, NodeAddr};
 use crate::wire::NodeStatus;
 
@@ -114,6 +147,10 @@ pub const SNAPSHOT_ENV: &str = "LBAGENT_SNAPSHOT";
 
 /// The longest [`ClientOptions::holdback`] accepted: 60 s.
 pub const MAX_HOLDBACK: Duration = Duration::from_secs(60);
+
+/// The longest [`ClientOptions::user_key_period_s`] accepted (a year, as
+/// `admission.user_key_period_s`).
+pub const MAX_USER_KEY_PERIOD_S: u64 = 31_536_000;
 
 /// How a [`Client`] finds and uses the agent.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -154,11 +191,21 @@ pub struct ClientOptions {
     /// memory"), UDP otherwise and whenever a region is unusable. Default
     /// true.
     pub shm: bool,
+    /// The seed of the user-priority hash that [`Client::get_host_for_user`]
+    /// uses to turn a user id into `U`: every process that assigns user
+    /// priorities must share it. Default: the packaged
+    /// `admission.user_hash_seed`.
+    pub user_hash_seed: u64,
+    /// How often, in seconds, the user-priority hash's key rotates (a user
+    /// keeps one `U` within a period): 1..=31536000. Default: the packaged
+    /// `admission.user_key_period_s` (3600).
+    pub user_key_period_s: u64,
 }
 
 impl Default for ClientOptions {
     fn default() -> Self {
         let agent = crate::config::AgentConfig::default();
+        let admission = crate::config::AdmissionConfig::default();
         let env_path = |var: &str| {
             std::env::var_os(var)
                 .filter(|v| !v.is_empty())
@@ -174,6 +221,8 @@ impl Default for ClientOptions {
             static_fallback: true,
             holdback: Duration::from_millis(holdback::DEFAULT_HOLDBACK_MS),
             shm: true,
+            user_hash_seed: admission.user_hash_seed,
+            user_key_period_s: admission.user_key_period_s,
         }
     }
 }
@@ -184,7 +233,8 @@ impl ClientOptions {
     /// # Errors
     /// [`ClientError::BadRequest`] naming the field: an empty path, a
     /// heartbeat age under 1 ms, a priority above
-    /// [`crate::wire::MAX_PRIORITY`].
+    /// [`crate::wire::MAX_PRIORITY`], a `user_key_period_s` outside
+    /// 1..=[`MAX_USER_KEY_PERIOD_S`].
     pub fn validate(&self) -> Result<(), ClientError> {
         let bad = |what: String| Err(ClientError::BadRequest(what));
         if self.heartbeat_path.as_os_str().is_empty() {
@@ -204,6 +254,13 @@ impl ClientOptions {
                 "holdback {:?} is over {MAX_HOLDBACK:?}: a level is worth trusting for a few \
                  admission windows (100 ms); zero turns holding back off",
                 self.holdback
+            ));
+        }
+        if !(1..=MAX_USER_KEY_PERIOD_S).contains(&self.user_key_period_s) {
+            return bad(format!(
+                "user_key_period_s {} is out of range: 1..={MAX_USER_KEY_PERIOD_S} seconds, \
+                 the same as the services' admission.user_key_period_s (default 3600)",
+                self.user_key_period_s
             ));
         }
         for (name, p) in [

@@ -54,6 +54,9 @@ fn parse_level(s: &str) -> Result<AdmissionLevel, String> {
 
 /// Exit status: success.
 pub const EXIT_OK: u8 = 0;
+/// Exit status: `lbagent gethost --config FILE` cannot be read or is
+/// invalid (the binary's "configuration invalid", sysexits EX_CONFIG).
+pub const EXIT_CONFIG: u8 = 78;
 /// Exit status: the agent has no route for the module.
 pub const EXIT_NO_SUCH_MODULE: u8 = 3;
 /// Exit status: every node of the module is overloaded.
@@ -152,14 +155,21 @@ pub struct GethostArgs {
     #[arg(long, value_name = "B", value_parser = clap::value_parser!(u8).range(1..=128))]
     pub priority: Option<u8>,
     /// The user the call is for: its user priority U is the keyed hash of
-    /// this id (the admission core's hourly rotating key under
-    /// --user-hash-seed); unset, U counts as 128.
+    /// this id under --user-hash-seed, the key rotating every
+    /// admission.user_key_period_s of --config (without --config: the
+    /// packaged default, 3600 s); unset, U counts as 128.
     #[arg(long, value_name = "ID")]
     pub user: Option<String>,
-    /// The seed of the user-priority hash (admission.user_hash_seed of the
-    /// services that assign user priorities).
-    #[arg(long, value_name = "SEED", default_value_t = crate::config::AdmissionConfig::default().user_hash_seed)]
-    pub user_hash_seed: u64,
+    /// The seed of the user-priority hash [default: admission.user_hash_seed
+    /// of --config, else the packaged admission.user_hash_seed]: the
+    /// services that assign user priorities must use the same.
+    #[arg(long, value_name = "SEED")]
+    pub user_hash_seed: Option<u64>,
+    /// A configuration file (the services' or the agent's) whose
+    /// admission.user_hash_seed and admission.user_key_period_s hash --user
+    /// (exit 78 when it cannot be read or is invalid).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
     /// Finding the agent.
     #[command(flatten)]
     pub conn: AgentConnArgs,
@@ -273,6 +283,28 @@ impl ToolOutcome {
     }
 }
 
+/// The user-priority hash of `lbagent gethost --user`: seed and key period
+/// from `--config`'s `[admission]` (the packaged defaults without it), the
+/// seed overridden by `--user-hash-seed`.
+fn user_keys(args: &GethostArgs) -> Result<UserPriorities, String> {
+    let admission = match &args.config {
+        Some(path) => {
+            crate::config::Config::load(Some(path), &[])
+                .map_err(|e| {
+                    format!(
+                        "--config {}: {e}: fix the file, or leave --config out to hash \
+                         --user with the packaged admission defaults",
+                        path.display()
+                    )
+                })?
+                .admission
+        }
+        None => crate::config::AdmissionConfig::default(),
+    };
+    let seed = args.user_hash_seed.unwrap_or(admission.user_hash_seed);
+    Ok(UserPriorities::new(seed, admission.user_key_period_s))
+}
+
 /// `lbagent gethost`: one getHost through the client library (after a
 /// register when the agent does not know the module yet). Prints the
 /// node as `A.B.C.D:PORT` (or the JSON object); exit status as the module
@@ -285,13 +317,24 @@ pub fn gethost(args: &GethostArgs) -> ToolOutcome {
         Err(e) => return fail(&e),
     };
     let timeout = args.conn.timeout();
-    let unix_s = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let user = args.user.as_deref().map_or(0, |id| {
-        let mut keys = UserPriorities::new(args.user_hash_seed, 3600);
-        keys.priority(id.as_bytes(), unix_s)
-    });
+    let user = match &args.user {
+        None => 0,
+        Some(id) => match user_keys(args) {
+            Ok(mut keys) => {
+                let unix_s = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs());
+                keys.priority(id.as_bytes(), unix_s)
+            }
+            Err(why) => {
+                return ToolOutcome {
+                    code: EXIT_CONFIG,
+                    stdout: String::new(),
+                    stderr: format!("lbagent gethost: {why}\n"),
+                }
+            }
+        },
+    };
     let prio = super::Priority::new(args.priority.unwrap_or(0), user);
     let host = match client.get_host_with(args.modid, args.cmdid, prio, timeout) {
         Ok(h) => h,

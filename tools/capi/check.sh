@@ -6,7 +6,10 @@
 #      links against each;
 #   3. both example programs run against a real system: `lbagent standalone`
 #      on free loopback ports in a temporary directory, with one module
-#      added by `lbagent route add`. Their output is printed.
+#      added by `lbagent route add`. Their output is printed;
+#   4. tools/capi/dagor.c (DAGOR through the C ABI: getHost by user id, a
+#      report with a downstream level, the level's two bytes) runs against
+#      the same system on a module of one node, and must exit 0.
 # Needs cbindgen on PATH (`cargo install cbindgen --locked`) and a C compiler.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
@@ -47,6 +50,8 @@ cc -std=c99 -D_POSIX_C_SOURCE=200809L -Wall -Wextra -Werror -Itools/capi tools/c
   "$lib/liblbagent_c.a" -lpthread -ldl -lm -o "$tmp/example-static"
 cc -std=c99 -D_POSIX_C_SOURCE=200809L -Wall -Wextra -Werror -Itools/capi tools/capi/example.c \
   -L"$lib" -llbagent_c -o "$tmp/example-shared"
+cc -std=c99 -D_POSIX_C_SOURCE=200809L -Wall -Wextra -Werror -Itools/capi tools/capi/dagor.c \
+  "$lib/liblbagent_c.a" -lpthread -ldl -lm -o "$tmp/dagor"
 
 echo "--- start lbagent standalone in $tmp"
 bin=target/debug/lbagent
@@ -68,9 +73,11 @@ done
 [[ -s "$hb" ]] || { cat "$tmp/standalone.log"; echo "no heartbeat in 10 s" >&2; exit 1; }
 "$bin" route add 77 1 10.7.0.1:80 --store "$store"
 "$bin" route add 77 1 10.7.0.2:80 --store "$store"
+"$bin" route add 79 1 10.9.0.1:80 --store "$store"
 ok=""
 for _ in $(seq 1 100); do
-  if "$bin" gethost 77 1 --heartbeat "$hb" --timeout-ms 200 >/dev/null 2>&1; then ok=1; break; fi
+  if "$bin" gethost 77 1 --heartbeat "$hb" --timeout-ms 200 >/dev/null 2>&1 &&
+    "$bin" gethost 79 1 --heartbeat "$hb" --timeout-ms 200 >/dev/null 2>&1; then ok=1; break; fi
   sleep 0.1
 done
 [[ -n "$ok" ]] || { cat "$tmp/standalone.log"; echo "the route did not reach the agent in 10 s+" >&2; exit 1; }
@@ -79,4 +86,6 @@ echo "--- example (static library)"
 "$tmp/example-static" "$hb" 77 1
 echo "--- example (shared library)"
 LD_LIBRARY_PATH="$lib" "$tmp/example-shared" "$hb" 77 1
+echo "--- DAGOR (dagor.c: module 79/1, one node)"
+"$tmp/dagor" "$hb" 79 1
 echo "--- C ABI check passed"

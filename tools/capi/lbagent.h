@@ -73,6 +73,14 @@ typedef struct LbClientOptions {
   const char *snapshot_path;
   // Route cache on (non-zero) or off (0).
   int cache;
+  // The seed of the user-priority hash of [`lb_get_host_for_user`]
+  // (the services' `admission.user_hash_seed`); 0 for the packaged
+  // default.
+  uint64_t user_hash_seed;
+  // How often the user-priority hash's key rotates, in seconds
+  // (1..=31536000, the services' `admission.user_key_period_s`); 0 for
+  // the packaged default (3600).
+  uint64_t user_key_period_s;
 } LbClientOptions;
 
 // A node to call, as [`lb_get_host`] returns it and [`lb_report`] takes
@@ -121,7 +129,7 @@ extern "C" {
 // [`lb_client_free`]; on failure `*out` is NULL.
 //
 // Returns `LB_OK`, or `LB_ERR_BAD_ARGUMENT` (NULL `out`, a path that is
-// not UTF-8).
+// not UTF-8, a `user_key_period_s` above 31536000).
 //
 // # Safety
 // `opts` is NULL or points to an `LbClientOptions` whose paths are NULL
@@ -160,6 +168,76 @@ int lb_get_host(struct LbClient *client,
                 uint8_t business_priority,
                 uint8_t user_priority,
                 struct LbHost *out);
+
+// [`lb_get_host`] for a call of business priority `business_priority`
+// (0 = unset, else 1..=128) on behalf of the user whose id is the
+// `user_id_len` bytes at `user_id`: the client hashes the id to the user
+// priority `U` with the admission core's rotating key (the options'
+// `user_hash_seed` and `user_key_period_s`), so one user keeps one `U`
+// within a key period. A numeric id is hashed as its 8 little-endian
+// bytes. `user_id` may be NULL when `user_id_len` is 0.
+//
+// Returns as [`lb_get_host`]: `LB_ERR_REJECTED` when the downstream
+// level of every idle node refuses `(B, U)`; `LB_ERR_BAD_ARGUMENT` also
+// for a NULL `user_id` with a length.
+//
+// # Safety
+// As [`lb_get_host`]; `user_id` is NULL or points to `user_id_len`
+// readable bytes.
+int lb_get_host_for_user(struct LbClient *client,
+                         uint32_t modid,
+                         uint32_t cmdid,
+                         uint32_t timeout_ms,
+                         uint8_t business_priority,
+                         const uint8_t *user_id,
+                         size_t user_id_len,
+                         struct LbHost *out);
+
+// [`lb_report`] passing on the admission level `(level_business,
+// level_user)` the downstream attached to its response (DAGOR
+// collaborative admission; `(0, 0)` = none, else each 1..=128): the agent
+// keeps it for the node (`admission.level_timeout_ms`) and rejects the
+// getHosts it refuses with `LB_ERR_REJECTED`. A report with a level is
+// never held by the route cache.
+//
+// Returns `LB_OK`, or `LB_ERR_BAD_ARGUMENT` (port 0, a level part outside
+// 1..=128, a NULL client).
+//
+// # Safety
+// `client` as in [`lb_client_free`] (not freed).
+int lb_report_with_level(struct LbClient *client,
+                         uint32_t modid,
+                         uint32_t cmdid,
+                         struct LbHost host,
+                         int32_t retcode,
+                         uint32_t tcost_ms,
+                         uint8_t level_business,
+                         uint8_t level_user);
+
+// For a service: writes its admission level `(business, user)` as the
+// two bytes `[B*, U*]` to attach to a response in its own protocol, into
+// `out[0..2]`. `(0, 0)` (no level) writes `[0, 0]`.
+//
+// Returns `LB_OK`, or `LB_ERR_BAD_ARGUMENT` (NULL `out`, a part outside
+// 1..=128 other than `(0, 0)`).
+//
+// # Safety
+// `out` is NULL or points to 2 writable bytes.
+int lb_level_encode(uint8_t business, uint8_t user, uint8_t *out);
+
+// For a caller: reads the level a downstream attached to its response
+// from the first two of the `len` bytes at `bytes` (`[B*, U*]`; more
+// bytes are the service's own), into `*business` and `*user` (`(0, 0)`:
+// no level), ready for [`lb_report_with_level`].
+//
+// Returns `LB_OK`, or `LB_ERR_BAD_ARGUMENT` (a NULL pointer, fewer than
+// 2 bytes, a part outside 1..=128 other than `[0, 0]`; `*business` and
+// `*user` are then left as they were).
+//
+// # Safety
+// `bytes` is NULL or points to `len` readable bytes; `business` and
+// `user` are NULL or point to a writable `uint8_t` each.
+int lb_level_decode(const uint8_t *bytes, size_t len, uint8_t *business, uint8_t *user);
 
 // Reports the result of a call to `host` of module `(modid, cmdid)`:
 // `retcode` 0 is success, anything else a failure, which counts

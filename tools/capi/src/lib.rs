@@ -29,8 +29,9 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 use std::time::Duration;
 
+use lbagent::admission::AdmissionLevel;
 use lbagent::client::tools::exit_code;
-use lbagent::client::{Client, ClientError, ClientOptions, HostSource};
+use lbagent::client::{level, Client, ClientError, ClientOptions, Host, HostSource};
 use lbagent::model::NodeAddr;
 
 /// Success.
@@ -84,6 +85,14 @@ pub struct LbClientOptions {
     pub snapshot_path: *const c_char,
     /// Route cache on (non-zero) or off (0).
     pub cache: c_int,
+    /// The seed of the user-priority hash of [`lb_get_host_for_user`]
+    /// (the services' `admission.user_hash_seed`); 0 for the packaged
+    /// default.
+    pub user_hash_seed: u64,
+    /// How often the user-priority hash's key rotates, in seconds
+    /// (1..=31536000, the services' `admission.user_key_period_s`); 0 for
+    /// the packaged default (3600).
+    pub user_key_period_s: u64,
 }
 
 /// A node to call, as [`lb_get_host`] returns it and [`lb_report`] takes
@@ -197,6 +206,24 @@ unsafe fn with_client(
     code
 }
 
+fn lb_host(host: Host) -> LbHost {
+    let source = match host.source {
+        HostSource::Agent => LB_SOURCE_AGENT,
+        HostSource::Cache => LB_SOURCE_CACHE,
+        HostSource::StaticRoutes => LB_SOURCE_STATIC_ROUTES,
+    };
+    LbHost {
+        ip: host.addr.ip,
+        port: host.addr.port,
+        source,
+    }
+}
+
+/// A level from its two parts: `(0, 0)` is none, else each 1..=128.
+fn level_of(business: u8, user: u8, what: &str) -> Result<Option<AdmissionLevel>, ClientError> {
+    level::decode(&[business, user]).map_err(|e| ClientError::BadRequest(format!("{what}: {e}")))
+}
+
 fn timeout(ms: u32) -> Result<Duration, ClientError> {
     if ms == 0 {
         return Err(ClientError::BadRequest(
@@ -229,7 +256,7 @@ unsafe fn path(p: *const c_char, what: &str) -> Result<Option<PathBuf>, c_int> {
 /// [`lb_client_free`]; on failure `*out` is NULL.
 ///
 /// Returns `LB_OK`, or `LB_ERR_BAD_ARGUMENT` (NULL `out`, a path that is
-/// not UTF-8).
+/// not UTF-8, a `user_key_period_s` above 31536000).
 ///
 /// # Safety
 /// `opts` is NULL or points to an `LbClientOptions` whose paths are NULL
@@ -261,6 +288,12 @@ pub unsafe extern "C" fn lb_client_new(
                 Err(code) => return code,
             }
             o.cache = given.cache != 0;
+            if given.user_hash_seed != 0 {
+                o.user_hash_seed = given.user_hash_seed;
+            }
+            if given.user_key_period_s != 0 {
+                o.user_key_period_s = given.user_key_period_s;
+            }
         }
         match Client::with_options(o) {
             Ok(client) => {
@@ -333,20 +366,166 @@ pub unsafe extern "C" fn lb_get_host(
                 c.set_priorities(business_priority, user_priority)?;
             }
             let host = c.get_host(modid, cmdid, timeout(timeout_ms)?)?;
-            let source = match host.source {
-                HostSource::Agent => LB_SOURCE_AGENT,
-                HostSource::Cache => LB_SOURCE_CACHE,
-                HostSource::StaticRoutes => LB_SOURCE_STATIC_ROUTES,
-            };
             // SAFETY: checked non-null; the caller's contract.
-            *out = LbHost {
-                ip: host.addr.ip,
-                port: host.addr.port,
-                source,
-            };
+            *out = lb_host(host);
             Ok(LB_OK)
         })
     }
+}
+
+/// [`lb_get_host`] for a call of business priority `business_priority`
+/// (0 = unset, else 1..=128) on behalf of the user whose id is the
+/// `user_id_len` bytes at `user_id`: the client hashes the id to the user
+/// priority `U` with the admission core's rotating key (the options'
+/// `user_hash_seed` and `user_key_period_s`), so one user keeps one `U`
+/// within a key period. A numeric id is hashed as its 8 little-endian
+/// bytes. `user_id` may be NULL when `user_id_len` is 0.
+///
+/// Returns as [`lb_get_host`]: `LB_ERR_REJECTED` when the downstream
+/// level of every idle node refuses `(B, U)`; `LB_ERR_BAD_ARGUMENT` also
+/// for a NULL `user_id` with a length.
+///
+/// # Safety
+/// As [`lb_get_host`]; `user_id` is NULL or points to `user_id_len`
+/// readable bytes.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn lb_get_host_for_user(
+    client: *mut LbClient,
+    modid: u32,
+    cmdid: u32,
+    timeout_ms: u32,
+    business_priority: u8,
+    user_id: *const u8,
+    user_id_len: usize,
+    out: *mut LbHost,
+) -> c_int {
+    if out.is_null() {
+        return bad("out is NULL: pass the address of an LbHost");
+    }
+    let id: &[u8] = if user_id_len == 0 {
+        &[]
+    } else if user_id.is_null() {
+        return bad("user_id is NULL with user_id_len > 0: pass the id's bytes");
+    } else {
+        // SAFETY: non-null, `user_id_len` readable bytes by the contract.
+        unsafe { std::slice::from_raw_parts(user_id, user_id_len) }
+    };
+    // SAFETY: the caller's contract.
+    unsafe {
+        with_client(client, |c| {
+            let t = timeout(timeout_ms)?;
+            let host = c.get_host_for_user(modid, cmdid, business_priority, id, t)?;
+            // SAFETY: checked non-null; the caller's contract.
+            *out = lb_host(host);
+            Ok(LB_OK)
+        })
+    }
+}
+
+/// [`lb_report`] passing on the admission level `(level_business,
+/// level_user)` the downstream attached to its response (DAGOR
+/// collaborative admission; `(0, 0)` = none, else each 1..=128): the agent
+/// keeps it for the node (`admission.level_timeout_ms`) and rejects the
+/// getHosts it refuses with `LB_ERR_REJECTED`. A report with a level is
+/// never held by the route cache.
+///
+/// Returns `LB_OK`, or `LB_ERR_BAD_ARGUMENT` (port 0, a level part outside
+/// 1..=128, a NULL client).
+///
+/// # Safety
+/// `client` as in [`lb_client_free`] (not freed).
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn lb_report_with_level(
+    client: *mut LbClient,
+    modid: u32,
+    cmdid: u32,
+    host: LbHost,
+    retcode: i32,
+    tcost_ms: u32,
+    level_business: u8,
+    level_user: u8,
+) -> c_int {
+    // SAFETY: the caller's contract.
+    unsafe {
+        with_client(client, |c| {
+            let l = level_of(level_business, level_user, "downstream level")?;
+            let addr = NodeAddr {
+                ip: host.ip,
+                port: host.port,
+            };
+            c.report_with_level(modid, cmdid, addr, retcode, tcost_ms, l)?;
+            Ok(LB_OK)
+        })
+    }
+}
+
+/// For a service: writes its admission level `(business, user)` as the
+/// two bytes `[B*, U*]` to attach to a response in its own protocol, into
+/// `out[0..2]`. `(0, 0)` (no level) writes `[0, 0]`.
+///
+/// Returns `LB_OK`, or `LB_ERR_BAD_ARGUMENT` (NULL `out`, a part outside
+/// 1..=128 other than `(0, 0)`).
+///
+/// # Safety
+/// `out` is NULL or points to 2 writable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn lb_level_encode(business: u8, user: u8, out: *mut u8) -> c_int {
+    guard(|| {
+        if out.is_null() {
+            return bad("out is NULL: pass 2 writable bytes");
+        }
+        match level_of(business, user, "level") {
+            Ok(l) => {
+                let bytes = level::encode(l);
+                // SAFETY: non-null, 2 writable bytes by the contract.
+                unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), out, bytes.len()) };
+                LB_OK
+            }
+            Err(e) => fail(&e),
+        }
+    })
+}
+
+/// For a caller: reads the level a downstream attached to its response
+/// from the first two of the `len` bytes at `bytes` (`[B*, U*]`; more
+/// bytes are the service's own), into `*business` and `*user` (`(0, 0)`:
+/// no level), ready for [`lb_report_with_level`].
+///
+/// Returns `LB_OK`, or `LB_ERR_BAD_ARGUMENT` (a NULL pointer, fewer than
+/// 2 bytes, a part outside 1..=128 other than `[0, 0]`; `*business` and
+/// `*user` are then left as they were).
+///
+/// # Safety
+/// `bytes` is NULL or points to `len` readable bytes; `business` and
+/// `user` are NULL or point to a writable `uint8_t` each.
+#[no_mangle]
+pub unsafe extern "C" fn lb_level_decode(
+    bytes: *const u8,
+    len: usize,
+    business: *mut u8,
+    user: *mut u8,
+) -> c_int {
+    guard(|| {
+        if bytes.is_null() || business.is_null() || user.is_null() {
+            return bad("bytes, business and user must not be NULL");
+        }
+        // SAFETY: non-null, `len` readable bytes by the contract.
+        let data = unsafe { std::slice::from_raw_parts(bytes, len) };
+        match level::decode(data) {
+            Ok(l) => {
+                let [b, u] = level::encode(l);
+                // SAFETY: non-null, writable by the contract.
+                unsafe {
+                    *business = b;
+                    *user = u;
+                }
+                LB_OK
+            }
+            Err(e) => bad(&e.to_string()),
+        }
+    })
 }
 
 /// Reports the result of a call to `host` of module `(modid, cmdid)`:
@@ -577,6 +756,8 @@ mod tests {
             heartbeat_path: hb.as_ptr(),
             snapshot_path: snap.as_ptr(),
             cache: 1,
+            user_hash_seed: 0,
+            user_key_period_s: 0,
         };
         unsafe {
             let mut c = std::ptr::null_mut();
@@ -633,6 +814,100 @@ mod tests {
             let zero = LbHost { port: 0, ..host };
             assert_eq!(lb_report(c, 1, 2, zero, 0, 5), LB_ERR_BAD_ARGUMENT);
             lb_client_free(c);
+        }
+    }
+
+    #[test]
+    fn the_dagor_entry_points_check_their_arguments() {
+        let dir = std::env::temp_dir().join(format!("lbagent-capi-dagor-{}", std::process::id()));
+        let hb = CString::new(dir.join("no-heartbeat").to_str().unwrap()).unwrap();
+        let mut opts = LbClientOptions {
+            heartbeat_path: hb.as_ptr(),
+            snapshot_path: hb.as_ptr(),
+            cache: 0,
+            user_hash_seed: 5,
+            user_key_period_s: 31_536_001,
+        };
+        unsafe {
+            let mut c = std::ptr::null_mut();
+            assert_eq!(lb_client_new(&opts, &mut c), LB_ERR_BAD_ARGUMENT);
+            let msg = CStr::from_ptr(lb_last_error()).to_str().unwrap();
+            assert!(msg.contains("user_key_period_s"), "{msg}");
+            opts.user_key_period_s = 0;
+            assert_eq!(lb_client_new(&opts, &mut c), LB_OK);
+            let mut h = LbHost::default();
+            let id = b"alice";
+            assert_eq!(
+                lb_get_host_for_user(c, 1, 2, 50, 1, std::ptr::null(), 3, &mut h),
+                LB_ERR_BAD_ARGUMENT
+            );
+            assert_eq!(
+                lb_get_host_for_user(c, 1, 2, 50, 129, id.as_ptr(), id.len(), &mut h),
+                LB_ERR_BAD_ARGUMENT
+            );
+            assert_eq!(
+                lb_get_host_for_user(c, 1, 2, 50, 1, id.as_ptr(), id.len(), std::ptr::null_mut()),
+                LB_ERR_BAD_ARGUMENT
+            );
+            // No agent, no static route file: the call got that far.
+            assert_eq!(
+                lb_get_host_for_user(c, 1, 2, 50, 1, id.as_ptr(), id.len(), &mut h),
+                LB_ERR_STATIC_ROUTES
+            );
+            let host = LbHost {
+                ip: 0x0a00_0001,
+                port: 80,
+                source: 0,
+            };
+            assert_eq!(
+                lb_report_with_level(c, 1, 2, host, 0, 5, 0, 7),
+                LB_ERR_BAD_ARGUMENT
+            );
+            let msg = CStr::from_ptr(lb_last_error()).to_str().unwrap();
+            assert!(msg.contains("(0, 7)"), "{msg}");
+            assert_eq!(
+                lb_report_with_level(c, 1, 2, host, 0, 5, 129, 1),
+                LB_ERR_BAD_ARGUMENT
+            );
+            // Dropped while the agent is down.
+            assert_eq!(lb_report_with_level(c, 1, 2, host, 0, 5, 10, 128), LB_OK);
+            lb_client_free(c);
+        }
+    }
+
+    #[test]
+    fn levels_round_trip_through_the_two_bytes() {
+        unsafe {
+            let mut out = [9u8; 2];
+            for (b, u) in [(1u8, 1u8), (10, 128), (128, 128), (0, 0)] {
+                assert_eq!(lb_level_encode(b, u, out.as_mut_ptr()), LB_OK);
+                assert_eq!(out, [b, u]);
+                let (mut b2, mut u2) = (7u8, 7u8);
+                assert_eq!(lb_level_decode(out.as_ptr(), 2, &mut b2, &mut u2), LB_OK);
+                assert_eq!((b2, u2), (b, u));
+            }
+            assert_eq!(lb_level_encode(0, 5, out.as_mut_ptr()), LB_ERR_BAD_ARGUMENT);
+            assert_eq!(
+                lb_level_encode(1, 1, std::ptr::null_mut()),
+                LB_ERR_BAD_ARGUMENT
+            );
+            let (mut b, mut u) = (7u8, 7u8);
+            let short = [3u8];
+            assert_eq!(
+                lb_level_decode(short.as_ptr(), 1, &mut b, &mut u),
+                LB_ERR_BAD_ARGUMENT
+            );
+            let msg = CStr::from_ptr(lb_last_error()).to_str().unwrap();
+            assert!(msg.contains("needs 2 bytes"), "{msg}");
+            let wrong = [129u8, 1, 0];
+            assert_eq!(
+                lb_level_decode(wrong.as_ptr(), 3, &mut b, &mut u),
+                LB_ERR_BAD_ARGUMENT
+            );
+            assert_eq!((b, u), (7, 7), "left as they were");
+            let trailing = [3u8, 4, 99];
+            assert_eq!(lb_level_decode(trailing.as_ptr(), 3, &mut b, &mut u), LB_OK);
+            assert_eq!((b, u), (3, 4));
         }
     }
 

@@ -26,6 +26,7 @@ from ._native import (
     Timeout,
 )
 from ._native import Client as _NativeClient
+from ._native import decode_level, encode_level
 
 __all__ = [
     "Client",
@@ -38,6 +39,8 @@ __all__ = [
     "Timeout",
     "BadResponse",
     "BadArgument",
+    "encode_level",
+    "decode_level",
 ]
 
 #: The retcode `call` reports when the block raises.
@@ -48,11 +51,11 @@ class Client(_NativeClient):
     """A client of the local agent (see the package documentation)."""
 
     @contextmanager
-    def call(self, modid, cmdid, timeout=1.0, business_priority=0, user_priority=0):
+    def call(self, modid, cmdid, timeout=1.0, business_priority=0, user_priority=0, user_id=None):
         """get_host, then report when the block ends: success, or failure
         (retcode FAILURE_RETCODE) with the measured tcost when it raises. The
         exception propagates."""
-        host = self.get_host(modid, cmdid, timeout, business_priority, user_priority)
+        host = self.get_host(modid, cmdid, timeout, business_priority, user_priority, user_id)
         t0 = time.monotonic()
         try:
             yield host

@@ -6,6 +6,12 @@ FAILURE_RETCODE: int
 
 Host = Tuple[str, int]
 
+#: An admission level (B, U), each 1..=128.
+Level = Tuple[int, int]
+
+def encode_level(level: Optional[Level]) -> bytes: ...
+def decode_level(data: bytes) -> Optional[Level]: ...
+
 class RouteNode(TypedDict):
     ip: str
     port: int
@@ -38,6 +44,8 @@ class Client:
         heartbeat: Optional[Union[str, PathLike[str]]] = None,
         cache: bool = False,
         snapshot: Optional[Union[str, PathLike[str]]] = None,
+        user_hash_seed: Optional[int] = None,
+        user_key_period_s: Optional[int] = None,
     ) -> None: ...
     def get_host(
         self,
@@ -46,12 +54,26 @@ class Client:
         timeout: float = 1.0,
         business_priority: int = 0,
         user_priority: int = 0,
+        user_id: Optional[Union[bytes, str]] = None,
     ) -> Host: ...
     def get_host_source(
-        self, modid: int, cmdid: int, timeout: float = 1.0
+        self,
+        modid: int,
+        cmdid: int,
+        timeout: float = 1.0,
+        business_priority: int = 0,
+        user_priority: int = 0,
+        user_id: Optional[Union[bytes, str]] = None,
     ) -> Tuple[str, int, str]: ...
+    def user_priority(self, user_id: Union[bytes, str]) -> int: ...
     def report(
-        self, modid: int, cmdid: int, host: Host, retcode: int = 0, tcost_ms: int = 0
+        self,
+        modid: int,
+        cmdid: int,
+        host: Host,
+        retcode: int = 0,
+        tcost_ms: int = 0,
+        downstream_level: Optional[Level] = None,
     ) -> None: ...
     def register(self, modid: int, cmdid: int, timeout: float = 1.0) -> int: ...
     def get_route(self, modid: int, cmdid: int, timeout: float = 1.0) -> List[RouteNode]: ...
@@ -63,4 +85,5 @@ class Client:
         timeout: float = 1.0,
         business_priority: int = 0,
         user_priority: int = 0,
+        user_id: Optional[Union[bytes, str]] = None,
     ) -> AbstractContextManager[Host]: ...

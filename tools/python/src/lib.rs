@@ -15,7 +15,8 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use lbagent::client::{Client as RustClient, ClientError, ClientOptions, HostSource};
+use lbagent::admission::AdmissionLevel;
+use lbagent::client::{level, Client as RustClient, ClientError, ClientOptions, Host, HostSource};
 use lbagent::model::NodeAddr;
 use pyo3::create_exception;
 use pyo3::exceptions::PyException;
@@ -122,8 +123,67 @@ fn node(py: Python<'_>, host: (String, u16)) -> PyResult<NodeAddr> {
     Ok(NodeAddr::new(ip, host.1))
 }
 
+/// A user id as Python passes it: `bytes`, or `str` (hashed as its UTF-8).
+#[derive(FromPyObject)]
+enum UserId {
+    #[pyo3(transparent, annotation = "bytes")]
+    Bytes(Vec<u8>),
+    #[pyo3(transparent, annotation = "str")]
+    Text(String),
+}
+
+impl UserId {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            UserId::Bytes(b) => b,
+            UserId::Text(s) => s.as_bytes(),
+        }
+    }
+}
+
+/// A level from Python: None, or `(B, U)` each 1..=128.
+fn level_arg(py: Python<'_>, l: Option<(u8, u8)>, what: &str) -> PyResult<Option<AdmissionLevel>> {
+    match l {
+        None => Ok(None),
+        Some((0, 0)) => Err(bad(
+            py,
+            format!("{what} (0, 0) is not a level: pass None for no level"),
+        )),
+        Some((b, u)) => level::decode(&[b, u]).map_err(|e| bad(py, format!("{what}: {e}"))),
+    }
+}
+
+/// `encode_level(level)`: a service's admission level `(B, U)` (or None)
+/// as the two bytes `[B, U]` to attach to a response (`[0, 0]` for
+/// None).
+#[pyfunction]
+#[pyo3(signature = (level))]
+fn encode_level(py: Python<'_>, level: Option<(u8, u8)>) -> PyResult<Vec<u8>> {
+    let l = level_arg(py, level, "level")?;
+    Ok(level::encode(l).to_vec())
+}
+
+/// `decode_level(data)`: the level a downstream attached, from the first
+/// two bytes of `data` (more bytes are the service's own): `(B, U)`, or
+/// None for `[0, 0]`. BadArgument for fewer than two bytes or a part
+/// outside 1..=128.
+#[pyfunction]
+fn decode_level(py: Python<'_>, data: Vec<u8>) -> PyResult<Option<(u8, u8)>> {
+    level::decode(&data)
+        .map(|l| l.map(|l| (l.business, l.user)))
+        .map_err(|e| bad(py, e.to_string()))
+}
+
+fn source_name(h: &Host) -> &'static str {
+    match h.source {
+        HostSource::Agent => "agent",
+        HostSource::Cache => "cache",
+        HostSource::StaticRoutes => "static_routes",
+    }
+}
+
 /// A client of the local agent: `Client(heartbeat=None, cache=False,
-/// snapshot=None)`.
+/// snapshot=None, user_hash_seed=None, user_key_period_s=None)`.
 #[pyclass(subclass, module = "lbagent._native")]
 struct Client {
     inner: Mutex<RustClient>,
@@ -155,15 +215,51 @@ impl Client {
     }
 }
 
+impl Client {
+    /// The getHost of get_host and get_host_source.
+    #[allow(clippy::too_many_arguments)]
+    fn host(
+        &self,
+        py: Python<'_>,
+        modid: u32,
+        cmdid: u32,
+        timeout: f64,
+        business_priority: u8,
+        user_priority: u8,
+        user_id: Option<UserId>,
+    ) -> PyResult<Host> {
+        let t = self::timeout(py, timeout)?;
+        if user_id.is_some() && user_priority != 0 {
+            return Err(bad(
+                py,
+                "give user_priority or user_id, not both: user_id is hashed to the user priority"
+                    .into(),
+            ));
+        }
+        self.with(py, true, |c| match &user_id {
+            Some(id) => c.get_host_for_user(modid, cmdid, business_priority, id.bytes(), t),
+            None => {
+                let o = c.options();
+                if (o.business_priority, o.user_priority) != (business_priority, user_priority) {
+                    c.set_priorities(business_priority, user_priority)?;
+                }
+                c.get_host(modid, cmdid, t)
+            }
+        })
+    }
+}
+
 #[pymethods]
 impl Client {
     #[new]
-    #[pyo3(signature = (heartbeat=None, cache=false, snapshot=None))]
+    #[pyo3(signature = (heartbeat=None, cache=false, snapshot=None, user_hash_seed=None, user_key_period_s=None))]
     fn new(
         py: Python<'_>,
         heartbeat: Option<PathBuf>,
         cache: bool,
         snapshot: Option<PathBuf>,
+        user_hash_seed: Option<u64>,
+        user_key_period_s: Option<u64>,
     ) -> PyResult<Self> {
         let mut o = ClientOptions {
             cache,
@@ -175,14 +271,23 @@ impl Client {
         if let Some(p) = snapshot {
             o.snapshot_path = p;
         }
+        if let Some(seed) = user_hash_seed {
+            o.user_hash_seed = seed;
+        }
+        if let Some(period) = user_key_period_s {
+            o.user_key_period_s = period;
+        }
         let c = RustClient::with_options(o).map_err(|e| to_py(py, e))?;
         Ok(Client {
             inner: Mutex::new(c),
         })
     }
 
-    /// A node of module (modid, cmdid) as `(ip, port)`.
-    #[pyo3(signature = (modid, cmdid, timeout=1.0, business_priority=0, user_priority=0))]
+    /// A node of module (modid, cmdid) as `(ip, port)`. With `user_id`
+    /// (bytes or str) the user priority is the client's keyed hash of it
+    /// (give `user_priority` or `user_id`, not both).
+    #[pyo3(signature = (modid, cmdid, timeout=1.0, business_priority=0, user_priority=0, user_id=None))]
+    #[allow(clippy::too_many_arguments)]
     fn get_host(
         &self,
         py: Python<'_>,
@@ -191,40 +296,57 @@ impl Client {
         timeout: f64,
         business_priority: u8,
         user_priority: u8,
+        user_id: Option<UserId>,
     ) -> PyResult<(String, u16)> {
-        let t = self::timeout(py, timeout)?;
-        let addr = self.with(py, true, |c| {
-            let o = c.options();
-            if (o.business_priority, o.user_priority) != (business_priority, user_priority) {
-                c.set_priorities(business_priority, user_priority)?;
-            }
-            c.get_host(modid, cmdid, t).map(|h| h.addr)
-        })?;
-        Ok((addr.ipv4().to_string(), addr.port))
+        let h = self.host(
+            py,
+            modid,
+            cmdid,
+            timeout,
+            business_priority,
+            user_priority,
+            user_id,
+        )?;
+        Ok((h.addr.ipv4().to_string(), h.addr.port))
     }
 
     /// Like get_host, plus where the node came from: `(ip, port, source)`
     /// with source "agent", "cache" or "static_routes".
-    #[pyo3(signature = (modid, cmdid, timeout=1.0))]
+    #[pyo3(signature = (modid, cmdid, timeout=1.0, business_priority=0, user_priority=0, user_id=None))]
+    #[allow(clippy::too_many_arguments)]
     fn get_host_source(
         &self,
         py: Python<'_>,
         modid: u32,
         cmdid: u32,
         timeout: f64,
+        business_priority: u8,
+        user_priority: u8,
+        user_id: Option<UserId>,
     ) -> PyResult<(String, u16, &'static str)> {
-        let t = self::timeout(py, timeout)?;
-        let h = self.with(py, true, |c| c.get_host(modid, cmdid, t))?;
-        let source = match h.source {
-            HostSource::Agent => "agent",
-            HostSource::Cache => "cache",
-            HostSource::StaticRoutes => "static_routes",
-        };
-        Ok((h.addr.ipv4().to_string(), h.addr.port, source))
+        let h = self.host(
+            py,
+            modid,
+            cmdid,
+            timeout,
+            business_priority,
+            user_priority,
+            user_id,
+        )?;
+        Ok((h.addr.ipv4().to_string(), h.addr.port, source_name(&h)))
+    }
+
+    /// The user priority (1..=128) this client gives `user_id` now, as
+    /// get_host(user_id=...) sends it.
+    fn user_priority(&self, py: Python<'_>, user_id: UserId) -> PyResult<u8> {
+        self.with(py, false, |c| Ok(c.user_priority(user_id.bytes())))
     }
 
     /// Reports a call to `host` (an `(ip, port)`): retcode 0 is success.
-    #[pyo3(signature = (modid, cmdid, host, retcode=0, tcost_ms=0))]
+    /// `downstream_level`: the `(B, U)` level the downstream attached to
+    /// its response (each 1..=128), passed on to the agent; None for none.
+    #[pyo3(signature = (modid, cmdid, host, retcode=0, tcost_ms=0, downstream_level=None))]
+    #[allow(clippy::too_many_arguments)]
     fn report(
         &self,
         py: Python<'_>,
@@ -233,10 +355,12 @@ impl Client {
         host: (String, u16),
         retcode: i32,
         tcost_ms: u32,
+        downstream_level: Option<(u8, u8)>,
     ) -> PyResult<()> {
         let addr = node(py, host)?;
+        let l = level_arg(py, downstream_level, "downstream_level")?;
         self.with(py, false, |c| {
-            c.report(modid, cmdid, addr, retcode, tcost_ms)
+            c.report_with_level(modid, cmdid, addr, retcode, tcost_ms, l)
         })
     }
 
@@ -288,6 +412,8 @@ impl Client {
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add_class::<Client>()?;
+    m.add_function(wrap_pyfunction!(encode_level, m)?)?;
+    m.add_function(wrap_pyfunction!(decode_level, m)?)?;
     m.add("LbError", py.get_type::<LbError>())?;
     m.add("NoSuchModule", py.get_type::<NoSuchModule>())?;
     m.add("Overloaded", py.get_type::<Overloaded>())?;

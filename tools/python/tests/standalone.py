@@ -1,6 +1,6 @@
 """A real lbagent system for the tests and the benchmark: `lbagent standalone`
 on free loopback ports in a temporary directory, with module (77, 1) of two
-nodes added by `lbagent route add`. Every wait is bounded."""
+nodes, and (78, 1) and (79, 1) of one each, added by `lbagent route add`. Every wait is bounded."""
 
 import os
 import subprocess
@@ -14,6 +14,10 @@ NODES = ("10.7.0.1:80", "10.7.0.2:80")
 #: A second module with one node, for tests that count its reports.
 SINGLE = (78, 1)
 SINGLE_NODE = "10.8.0.1:80"
+#: A third module with one node, for the DAGOR tests' downstream levels
+#: (a level rejects getHosts of the whole module while it lives).
+DAGOR = (79, 1)
+DAGOR_NODE = "10.9.0.1:80"
 
 
 def binary():
@@ -59,19 +63,19 @@ class System:
         self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)
         try:
             self._wait(lambda: os.path.getsize(self.heartbeat) > 0 and (d / "data" / "lbagent.db").exists(), 15, "a heartbeat")
-            for module, node in [(MODULE, n) for n in NODES] + [(SINGLE, SINGLE_NODE)]:
+            for module, node in [(MODULE, n) for n in NODES] + [(SINGLE, SINGLE_NODE), (DAGOR, DAGOR_NODE)]:
                 subprocess.run(
                     [self.bin, "route", "add", str(module[0]), str(module[1]), node, "--store", self.store],
                     check=True,
                     capture_output=True,
                 )
-            self._wait(self._served, 15, "modules 77/1 and 78/1 served by the agent")
+            self._wait(self._served, 15, "modules 77/1, 78/1 and 79/1 served by the agent")
         except BaseException:
             self.stop()
             raise
 
     def _served(self):
-        for m in (MODULE, SINGLE):
+        for m in (MODULE, SINGLE, DAGOR):
             r = subprocess.run(
                 [self.bin, "gethost", str(m[0]), str(m[1]), "--heartbeat", self.heartbeat, "--timeout-ms", "200"],
                 capture_output=True,

@@ -6,7 +6,7 @@ import time
 import pytest
 
 import lbagent
-from standalone import MODULE, NODES, SINGLE, SINGLE_NODE
+from standalone import DAGOR, DAGOR_NODE, MODULE, NODES, SINGLE, SINGLE_NODE
 
 
 def counts(client, module, node):
@@ -144,3 +144,55 @@ def test_a_client_is_usable_from_several_threads(system):
     for t in threads:
         t.join(60)
     assert not errors, errors
+
+
+def test_levels_encode_and_decode_for_a_services_protocol():
+    assert lbagent.encode_level((10, 128)) == bytes([10, 128])
+    assert lbagent.encode_level(None) == bytes([0, 0])
+    assert lbagent.decode_level(bytes([10, 128, 99])) == (10, 128)
+    assert lbagent.decode_level(b"\x00\x00") is None
+    for bad in (b"\x05", bytes([0, 7]), bytes([129, 1])):
+        with pytest.raises(lbagent.BadArgument):
+            lbagent.decode_level(bad)
+    with pytest.raises(lbagent.BadArgument):
+        lbagent.encode_level((0, 5))
+    with pytest.raises(lbagent.BadArgument):
+        lbagent.encode_level((1, 129))
+
+
+def test_user_ids_hash_with_the_clients_seed_and_period(system):
+    a = lbagent.Client(heartbeat=system.heartbeat, user_hash_seed=11, user_key_period_s=86400)
+    b = lbagent.Client(heartbeat=system.heartbeat, user_hash_seed=12, user_key_period_s=86400)
+    ids = ["user-%d" % i for i in range(64)]
+    pa = [a.user_priority(i) for i in ids]
+    assert all(1 <= p <= 128 for p in pa)
+    assert pa == [a.user_priority(i.encode()) for i in ids], "str is hashed as its UTF-8"
+    assert sum(x != y for x, y in zip(pa, [b.user_priority(i) for i in ids])) > 50
+    with pytest.raises(lbagent.BadArgument) as e:
+        lbagent.Client(heartbeat=system.heartbeat, user_key_period_s=0)
+    assert "user_key_period_s" in str(e.value)
+    with pytest.raises(lbagent.BadArgument):
+        a.get_host(*DAGOR, user_priority=3, user_id="alice")
+
+
+def test_a_reported_downstream_level_rejects_lower_priorities(system):
+    client = lbagent.Client(heartbeat=system.heartbeat)
+    ip, port = DAGOR_NODE.split(":")
+    node = (ip, int(port))
+    assert client.get_host(*DAGOR, user_id="alice") == node
+    with pytest.raises(lbagent.BadArgument):
+        client.report(*DAGOR, node, 0, 3, downstream_level=(0, 7))
+    # The downstream said (10, 128), as a service's response would carry it.
+    level = lbagent.decode_level(lbagent.encode_level((10, 128)))
+    client.report(*DAGOR, node, 0, 3, downstream_level=level)
+    try:
+        # The level lives admission.level_timeout_ms (3 s).
+        with pytest.raises(lbagent.Rejected) as e:
+            client.get_host(*DAGOR, business_priority=20, user_id="alice")
+        assert (e.value.code, e.value.kind) == (5, "rejected")
+        assert client.get_host(*DAGOR, business_priority=5, user_id="alice") == node
+        assert client.get_host_source(*DAGOR, business_priority=10, user_id=b"alice") == node + ("agent",)
+    finally:
+        # (128, 128) is the open level: the agent forgets the node's level.
+        client.report(*DAGOR, node, 0, 3, downstream_level=(128, 128))
+    assert client.get_host(*DAGOR, business_priority=20, user_id="alice") == node
