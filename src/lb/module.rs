@@ -177,12 +177,11 @@ impl ModuleLb {
     /// - no idle node: [`Pick::Overloaded`] as before; idle nodes, none of
     ///   which admits: [`Pick::Rejected`].
     ///
-    /// A `balance` module keeps the
-    /// same rules: probes go whatever the level, the draw from `Φ` is
-    /// restricted to the nodes whose level admits the request, and "idle"
-    /// reads "with a free unit": no node with a free unit is
-    /// [`Pick::Overloaded`], nodes with free units none of which admits are
-    /// [`Pick::Rejected`].
+    /// A `balance` module keeps the same rules: probes go whatever the
+    /// level, the draw from `Φ` is restricted to the nodes whose level
+    /// admits the request, and "idle" reads "with a free unit": no node
+    /// with a free unit is [`Pick::Overloaded`], nodes with free units none
+    /// of which admits are [`Pick::Rejected`].
     ///
     /// Levels not refreshed by `now` are forgotten here first.
     pub fn get_host_for(&mut self, p: &LbParams, business: u8, user: u8, now: Millis) -> Pick {

@@ -236,7 +236,7 @@ impl Units {
     }
 }
 
-/// xorshift64*: the next uniform `u64` of the state `x` (never 0).
+/// xorshift64*: the next uniform `u64` from `state` (odd, so never 0).
 #[inline]
 fn xorshift(state: &mut u64) -> u64 {
     let mut x = *state;
