@@ -83,6 +83,33 @@
 //! equal free units (an O(1) swap found by an O(log N) binary search) and
 //! updates one Fenwick entry: O(log N). Only a capacity change rebuilds the
 //! order, O(N log N).
+//!
+//! # A draw restricted to the nodes that admit a request
+//!
+//! With downstream admission levels (DAGOR), a request may go only to the
+//! nodes whose level admits it. [`Balance::choose_admitted`] draws from `Φ`
+//! restricted to them: node `i` with probability `Φ(i) / Σ Φ(admitting)`,
+//! the same line for the same `η`, so the admitting nodes keep their
+//! relative shares. It first makes up to [`PLAIN_DRAWS`] plain draws and
+//! keeps the first that lands on an admitting node, then, if none did, one
+//! exact draw over the admitting nodes' integer shares. A plain draw
+//! accepted only when its node admits is distributed as `Φ` restricted
+//! (rejection sampling), and so is the exact draw, so their mix is exact.
+//! Why not the exact draw alone: it asks every node with a free unit
+//! whether it admits (a level lookup each, O(N log L)), while in the
+//! common case (a few nodes levelled, or levels that admit the request)
+//! the first plain draw lands on an admitting node for O(log N) and one
+//! lookup. With an admitting share `m` the plain draws fall through with
+//! probability `(1 − m)^4` (1/16 at `m = 1/2`), so the exact pass bounds the
+//! worst case (O(N), as the `l5` walk of the idle list) without costing
+//! the common one.
+//!
+//! When the admitting nodes have free units but `Φ` gives them nothing
+//! (they are all below the balance line, which the `η` choosers spread
+//! over every node set), there is no share to restrict to: the request is
+//! drawn from the `Φ` of the admitting nodes alone, for the same `η` (the
+//! model applied to the boxes the request may use; O(k log k) for `k`
+//! admitting nodes, on this path only).
 
 use thiserror::Error;
 
@@ -98,6 +125,35 @@ pub enum UnitError {
     /// The node has no unit in use to return.
     #[error("node {0} has no unit in use to return")]
     NoneInUse(usize),
+}
+
+/// How many plain draws [`Balance::choose_admitted`] makes before its exact
+/// draw over the admitting nodes (see the module's doc).
+pub const PLAIN_DRAWS: u32 = 4;
+
+/// Why a draw restricted to the admitting nodes chose none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
+pub enum NoChoice {
+    /// No node has a free unit.
+    #[error("no node has a free unit")]
+    NoFreeUnit,
+    /// Some node has a free unit, but none of those admits the request.
+    #[error("no node with a free unit admits the request")]
+    NoneAdmits,
+}
+
+/// The admitting nodes' part of a line (the exact restricted draw's first
+/// pass).
+#[derive(Debug, Clone, Copy)]
+struct Mass {
+    /// How many places hold a node with a free unit (a prefix).
+    live: usize,
+    /// Σ the admitting nodes' share numerators.
+    mass: u64,
+    /// Whether some node with a free unit admits.
+    any: bool,
+    /// The last place of an admitting node with a positive share.
+    last: usize,
 }
 
 /// The balance router's state: per node, capacity and units in use, kept
@@ -388,6 +444,123 @@ impl Balance {
     pub fn draw(&self, line: &Line, u: u64) -> usize {
         let t = ((u128::from(u) * u128::from(line.range())) >> 64) as u64;
         self.order[self.draw_place(line, t)] as usize
+    }
+
+    /// Draws a node from `Φ` for `η` concurrent choosers restricted to the
+    /// nodes for which `admits` is true (`Φ(i) / Σ Φ(admitting)`; the
+    /// admitting nodes' own `Φ` when that sum is 0 though some of them has
+    /// a free unit), taking uniform random `u64`s from `next_u` (at most
+    /// [`PLAIN_DRAWS`] + 1). `admits` must answer the same for a node
+    /// throughout the call. O(log N) when a plain draw lands on an
+    /// admitting node, else O(N) (see the module's doc). Does not take the
+    /// unit.
+    ///
+    /// # Errors
+    ///
+    /// [`NoChoice::NoFreeUnit`] when no node has a free unit;
+    /// [`NoChoice::NoneAdmits`] when some do but none of those admits.
+    pub fn choose_admitted(
+        &self,
+        eta: u64,
+        mut next_u: impl FnMut() -> u64,
+        admits: impl Fn(usize) -> bool,
+    ) -> Result<usize, NoChoice> {
+        let line = self.line(eta).ok_or(NoChoice::NoFreeUnit)?;
+        for _ in 0..PLAIN_DRAWS {
+            let i = self.draw(&line, next_u());
+            if admits(i) {
+                return Ok(i);
+            }
+        }
+        self.draw_admitted(&line, next_u(), admits)
+    }
+
+    /// The exact restricted draw of [`Balance::choose_admitted`], with `u`
+    /// a uniform random `u64`: one pass over the nodes with a free unit
+    /// sums the admitting ones' shares, a second walks them to the share
+    /// that `u` picks.
+    fn draw_admitted(
+        &self,
+        line: &Line,
+        u: u64,
+        admits: impl Fn(usize) -> bool,
+    ) -> Result<usize, NoChoice> {
+        let m = self.admitted_mass(line, &admits);
+        if m.mass == 0 {
+            return if m.any {
+                self.draw_among_admitting(line.eta(), u, m.live, admits)
+            } else {
+                Err(NoChoice::NoneAdmits)
+            };
+        }
+        let t = ((u128::from(u) * u128::from(m.mass)) >> 64) as u64;
+        Ok(self.walk_admitted(line, &m, t, admits))
+    }
+
+    /// The first pass of the exact restricted draw: the admitting nodes'
+    /// shares of `line`, summed.
+    fn admitted_mass(&self, line: &Line, admits: impl Fn(usize) -> bool) -> Mass {
+        let live = self.sorted.partition_point(|&f| f > 0);
+        let mut m = Mass {
+            live,
+            mass: 0,
+            any: false,
+            last: 0,
+        };
+        for p in 0..live {
+            if admits(self.order[p] as usize) {
+                m.any = true;
+                let share = line.share(self.sorted[p]).0;
+                if share > 0 {
+                    m.mass += share;
+                    m.last = p;
+                }
+            }
+        }
+        m
+    }
+
+    /// The second pass: the node whose admitting share holds `t` in
+    /// `[0, m.mass)`, walking the places in order.
+    fn walk_admitted(
+        &self,
+        line: &Line,
+        m: &Mass,
+        mut t: u64,
+        admits: impl Fn(usize) -> bool,
+    ) -> usize {
+        for p in 0..m.last {
+            let share = line.share(self.sorted[p]).0;
+            if share > 0 && admits(self.order[p] as usize) {
+                if t < share {
+                    return self.order[p] as usize;
+                }
+                t -= share;
+            }
+        }
+        // What is left of the mass is the last admitting share.
+        self.order[m.last] as usize
+    }
+
+    /// Draws from the `Φ` of the admitting nodes among the first `live`
+    /// places alone (every one with a free unit, some admitting), for `η`.
+    #[cold]
+    fn draw_among_admitting(
+        &self,
+        eta: u64,
+        u: u64,
+        live: usize,
+        admits: impl Fn(usize) -> bool,
+    ) -> Result<usize, NoChoice> {
+        let nodes: Vec<usize> = self.order[..live]
+            .iter()
+            .map(|&i| i as usize)
+            .filter(|&i| admits(i))
+            .collect();
+        let sub = Balance::new(nodes.iter().map(|&i| (self.free(i), 0)));
+        sub.choose(eta, u)
+            .map(|j| nodes[j])
+            .ok_or(NoChoice::NoneAdmits)
     }
 
     /// The place drawn by `t` in `[0, line.range())`; exposed to the tests,

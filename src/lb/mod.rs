@@ -31,7 +31,9 @@
 //! - **downstream levels** ([`ModuleLb::set_level`],
 //!   [`ModuleLb::get_host_for`]): DAGOR collaborative admission; a node's
 //!   level, as reports carry it, filters among the idle nodes L5 would
-//!   choose, until it times out ([`Pick::Rejected`] when none admits).
+//!   choose (a `balance` module's draw: among the nodes with a free unit,
+//!   by `Φ` restricted to the admitting ones), until it times out
+//!   ([`Pick::Rejected`] when none admits).
 //! - **route update** ([`ModuleLb::update_route`]) keeps the nodes that stay,
 //!   in time linear in the nodes of the route.
 //!

@@ -4,6 +4,7 @@
 
 use std::collections::VecDeque;
 
+use super::balance::NoChoice;
 use super::levels::Levels;
 use super::node::{Millis, Node, NodeState, Outcome, Transition};
 use super::params::LbParams;
@@ -23,8 +24,9 @@ pub enum Pick {
     Overloaded,
     /// The module's route is empty.
     NoSuchModule,
-    /// Idle nodes exist, but the downstream level of every one refuses the
-    /// request's priorities (DAGOR collaborative admission).
+    /// Idle nodes exist (for a `balance` module: nodes with a free unit),
+    /// but the downstream level of every one refuses the request's
+    /// priorities (DAGOR collaborative admission).
     Rejected,
 }
 
@@ -175,16 +177,21 @@ impl ModuleLb {
     /// - no idle node: [`Pick::Overloaded`] as before; idle nodes, none of
     ///   which admits: [`Pick::Rejected`].
     ///
+    /// A `balance` module keeps the same rules: probes go whatever the
+    /// level, the draw from `Φ` is restricted to the nodes whose level
+    /// admits the request, and "idle" reads "with a free unit": no node
+    /// with a free unit is [`Pick::Overloaded`], nodes with free units none
+    /// of which admits are [`Pick::Rejected`].
+    ///
     /// Levels not refreshed by `now` are forgotten here first.
     pub fn get_host_for(&mut self, p: &LbParams, business: u8, user: u8, now: Millis) -> Pick {
         if self.levels.is_none() && self.units.is_none() {
             return self.get_host(p);
         }
         if self.units.is_some() {
-            return self.get_host_balance(p, now);
+            return self.get_host_balance(p, business, user, now);
         }
-        if !self.levels.as_mut().is_some_and(|l| l.expire(now)) {
-            self.levels = None;
+        if !self.levels_live(now) {
             return self.get_host(p);
         }
         if !self.overload.is_empty() {
@@ -218,6 +225,16 @@ impl ModuleLb {
             }
             None => Pick::Rejected,
         }
+    }
+
+    /// Forgets the levels not refreshed by `now` (the table itself when
+    /// none is left); true when some remain.
+    fn levels_live(&mut self, now: Millis) -> bool {
+        if self.levels.as_mut().is_some_and(|l| l.expire(now)) {
+            return true;
+        }
+        self.levels = None;
+        false
     }
 
     /// Sets `addr`'s downstream admission level, as a report carried it,
@@ -478,15 +495,24 @@ impl ModuleLb {
         u.expire(now, |key| nodes.binary_search_by_key(&key, Node::key).ok())
     }
 
-    /// getHost of a `balance` module: the L5 probe rule first (while some
-    /// node is overloaded, every `probe_num + 1`-th getHost probes the head
-    /// of the overload list, taking no unit: an overloaded node has no
-    /// capacity), then a draw from `Φ` that takes a unit due back by
+    /// getHost of a `balance` module for a request of priorities
+    /// `(business, user)`: the L5 probe rule first (while some node is
+    /// overloaded, every `probe_num + 1`-th getHost probes the head of the
+    /// overload list, taking no unit: an overloaded node has no capacity;
+    /// a probe goes whatever the node's level, as for an `l5` module), then
+    /// a draw from `Φ` that takes a unit due back by
     /// `now + unit_timeout_ms`; [`Pick::Overloaded`] when no node has a
-    /// free unit. Downstream levels do not apply to `balance` modules.
-    fn get_host_balance(&mut self, p: &LbParams, now: Millis) -> Pick {
+    /// free unit. With live downstream levels (expired ones are forgotten
+    /// first) the draw is restricted to the nodes whose level admits the
+    /// request ([`ModuleLb::take_admitted`]), and nodes with free units
+    /// none of which admits answer [`Pick::Rejected`], as the idle nodes of
+    /// an `l5` module do.
+    fn get_host_balance(&mut self, p: &LbParams, business: u8, user: u8, now: Millis) -> Pick {
         if self.nodes.is_empty() {
             return Pick::NoSuchModule;
+        }
+        if self.levels.is_some() {
+            self.levels_live(now);
         }
         if !self.overload.is_empty() {
             if self.access_cnt >= p.probe_num {
@@ -498,10 +524,37 @@ impl ModuleLb {
         } else {
             self.access_cnt = 0;
         }
+        let deadline = now.saturating_add(p.unit_timeout_ms);
+        if self.levels.is_some() {
+            return self.take_admitted(deadline, business, user);
+        }
         let units = self.units.as_deref_mut().expect("a balance module");
-        match units.take(now.saturating_add(p.unit_timeout_ms)) {
+        match units.take(deadline) {
             Some(i) => Pick::Idle(self.nodes[i].addr()),
             None => Pick::Overloaded,
+        }
+    }
+
+    /// The draw of a `balance` module with live levels: `Φ` restricted to
+    /// the nodes whose level admits `(business, user)` (a node without a
+    /// level admits everything), taking a unit due back by `deadline`.
+    /// Out of line: the calm path pays only the test.
+    #[cold]
+    #[inline(never)]
+    fn take_admitted(&mut self, deadline: Millis, business: u8, user: u8) -> Pick {
+        let (b, u) = (clamp_priority(business), clamp_priority(user));
+        let units = self.units.as_deref_mut().expect("a balance module");
+        let levels = self.levels.as_deref().expect("checked by the caller");
+        let nodes = &self.nodes;
+        let admitting = |i: usize| {
+            levels
+                .get(nodes[i].addr().key())
+                .is_none_or(|l| admits(l, b, u))
+        };
+        match units.take_admitted(deadline, admitting) {
+            Ok(i) => Pick::Idle(nodes[i].addr()),
+            Err(NoChoice::NoneAdmits) => Pick::Rejected,
+            Err(NoChoice::NoFreeUnit) => Pick::Overloaded,
         }
     }
 

@@ -19,7 +19,7 @@
 
 use std::collections::VecDeque;
 
-use super::balance::Balance;
+use super::balance::{Balance, NoChoice};
 use super::node::{Millis, Node, NodeState};
 
 /// One `balance` module's units on this agent.
@@ -132,6 +132,30 @@ impl Units {
         Some(i)
     }
 
+    /// As [`Units::take`], drawing only among the nodes for which `admits`
+    /// is true (a request's downstream admission levels): `Φ` restricted
+    /// to them ([`Balance::choose_admitted`]).
+    ///
+    /// # Errors
+    ///
+    /// [`NoChoice::NoFreeUnit`] when no node has a free unit,
+    /// [`NoChoice::NoneAdmits`] when some do but none of those admits;
+    /// nothing is taken.
+    pub fn take_admitted(
+        &mut self,
+        deadline: Millis,
+        admits: impl Fn(usize) -> bool,
+    ) -> Result<usize, NoChoice> {
+        let eta = self.eta();
+        let rng = &mut self.rng;
+        let i = self.router.choose_admitted(eta, || xorshift(rng), admits)?;
+        // The draw chose a node with a free unit.
+        self.router.take(i).map_err(|_| NoChoice::NoFreeUnit)?;
+        self.held += 1;
+        self.deadlines.push_back((deadline, self.keys[i]));
+        Ok(i)
+    }
+
     /// A report for node `i`: returns its oldest unit in use. False when it
     /// has none (a probe's report, a unit already timed out, a report of a
     /// host this agent did not hand out).
@@ -206,15 +230,21 @@ impl Units {
         std::mem::take(&mut self.consumed[i])
     }
 
-    /// xorshift64*: the draw's uniform `u64`.
+    /// The draw's uniform `u64`.
     fn next_u64(&mut self) -> u64 {
-        let mut x = self.rng;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.rng = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+        xorshift(&mut self.rng)
     }
+}
+
+/// xorshift64*: the next uniform `u64` from `state` (odd, so never 0).
+#[inline]
+fn xorshift(state: &mut u64) -> u64 {
+    let mut x = *state;
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    *state = x;
+    x.wrapping_mul(0x2545_F491_4F6C_DD1D)
 }
 
 #[cfg(test)]

@@ -851,6 +851,54 @@ fn a_level_reported_for_a_node_not_in_the_route_is_ignored() {
     assert_eq!(get_host_as(&mut s, 20, 1, 11), (RetCode::Ok, Some(node(1))));
 }
 
+#[test]
+fn a_balance_module_draws_among_the_nodes_its_levels_admit() {
+    let mut s = shard();
+    get_host(&mut s, M, 0);
+    s.apply(
+        ToShard::Route {
+            module: M,
+            exists: true,
+            version: 7,
+            nodes: vec![
+                RouteNode {
+                    addr: node(1),
+                    weight: 3,
+                },
+                RouteNode {
+                    addr: node(2),
+                    weight: 2,
+                },
+            ],
+            policy: Policy::Balance,
+        },
+        0,
+    );
+    report_level(&mut s, node(1), wire::AdmissionLevel::new(10, 128), 10);
+    // Priority 20: node 2's two units, then Rejected (node 1's three free
+    // units refuse it), counted as a downstream rejection.
+    for now in 11..13 {
+        assert_eq!(
+            get_host_as(&mut s, 20, 1, now),
+            (RetCode::Ok, Some(node(2)))
+        );
+    }
+    assert_eq!(get_host_as(&mut s, 20, 1, 13), (RetCode::Rejected, None));
+    assert_eq!(s.metrics.rejected, 1);
+    // Priority 5 is admitted by node 1; with every unit out, Overloaded.
+    for now in 14..17 {
+        assert_eq!(get_host_as(&mut s, 5, 1, now), (RetCode::Ok, Some(node(1))));
+    }
+    assert_eq!(get_host_as(&mut s, 5, 1, 17), (RetCode::Overloaded, None));
+    // The level times out: node 1's returned unit serves priority 20.
+    report(&mut s, node(1), 0, 18);
+    let later = 10 + LEVEL_TIMEOUT_MS;
+    assert_eq!(
+        get_host_as(&mut s, 20, 1, later),
+        (RetCode::Ok, Some(node(1)))
+    );
+}
+
 // === the shard's own admission control (issue 12 item 4) ===
 
 /// A getHost of priorities `(b, u)` that waited `waited_us` in the socket,

@@ -253,3 +253,149 @@ proptest! {
         }
     }
 }
+
+// === draws restricted to the nodes that admit a request ===
+
+/// xorshift64* from `seed`: the tests' uniform `u64`s.
+fn uniform(seed: u64) -> impl FnMut() -> u64 {
+    let mut x = seed | 1;
+    move || {
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+}
+
+/// How often the exact restricted draw picks each node over every `t` of
+/// the admitting mass.
+fn admitted_counts(b: &Balance, l: &Line, admits: &[bool]) -> Vec<u64> {
+    let m = b.admitted_mass(l, |i| admits[i]);
+    let mut c = vec![0u64; b.len()];
+    for t in 0..m.mass {
+        c[b.walk_admitted(l, &m, t, |i| admits[i])] += 1;
+    }
+    c
+}
+
+#[test]
+fn a_restricted_draw_says_why_it_chose_nothing() {
+    let none_free = Balance::new([(3, 3), (2, 2)]);
+    assert_eq!(
+        none_free.choose_admitted(4, uniform(1), |_| true),
+        Err(NoChoice::NoFreeUnit)
+    );
+    // Node 0 admits but is full; node 1 has free units but refuses.
+    let b = Balance::new([(2, 2), (5, 1)]);
+    assert_eq!(
+        b.choose_admitted(1, uniform(1), |i| i == 0),
+        Err(NoChoice::NoneAdmits)
+    );
+    assert_eq!(b.choose_admitted(1, uniform(1), |i| i == 1), Ok(1));
+}
+
+#[test]
+fn when_phi_gives_the_admitting_nodes_nothing_their_own_phi_decides() {
+    // η = 1 puts every share on node 0 (10 free), which refuses: nodes 1
+    // and 2 (1 and 2 free) are below the line. Their own Φ for η = 1
+    // picks the one with the most free units.
+    let b = Balance::with_capacities(&[10, 1, 2]);
+    assert_eq!(b.phi(1, 1) + b.phi(2, 1), 0.0);
+    let mut u = uniform(7);
+    for _ in 0..100 {
+        assert_eq!(b.choose_admitted(1, &mut u, |i| i != 0), Ok(2));
+    }
+    // η = 3 fills both: each of their 3 units equally likely.
+    let mut counts = [0u32; 3];
+    for _ in 0..30_000 {
+        counts[b.choose_admitted(3, &mut u, |i| i != 0).unwrap()] += 1;
+    }
+    assert_eq!(counts[0], 0);
+    let f = f64::from(counts[2]) / 30_000.0;
+    assert!((f - 2.0 / 3.0).abs() < 0.02, "{counts:?}");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 400, ..ProptestConfig::default() })]
+
+    #[test]
+    fn a_restricted_draw_lands_on_an_admitting_node_with_a_free_unit(
+        b in router(),
+        eta in 1u64..300,
+        admits in proptest::collection::vec(any::<bool>(), 40),
+        seed in any::<u64>(),
+    ) {
+        let admitting_free = (0..b.len()).any(|i| admits[i] && b.free(i) > 0);
+        match b.choose_admitted(eta, uniform(seed), |i| admits[i]) {
+            Ok(i) => prop_assert!(admits[i] && b.free(i) > 0, "chose {}", i),
+            Err(NoChoice::NoFreeUnit) => prop_assert_eq!(b.total_free(), 0),
+            Err(NoChoice::NoneAdmits) => {
+                prop_assert!(b.total_free() > 0);
+                prop_assert!(!admitting_free);
+            }
+        }
+    }
+
+    #[test]
+    fn the_exact_restricted_draw_lands_as_the_restricted_phi_says(
+        b in router(),
+        eta in 1u64..300,
+        admits in proptest::collection::vec(any::<bool>(), 40),
+    ) {
+        prop_assume!(b.total_free() > 0);
+        let l = b.line(eta).unwrap();
+        let counts = admitted_counts(&b, &l, &admits);
+        for (i, c) in counts.into_iter().enumerate() {
+            let want = if admits[i] { l.share(b.free(i)).0 } else { 0 };
+            prop_assert_eq!(c, want, "node {}", i);
+        }
+    }
+}
+
+/// Over many draws with a fixed seed, the admitting nodes are chosen in
+/// proportion to their `Φ` (plain draws and the exact pass mixed), within
+/// 6 standard deviations of a binomial count plus 0.2 points.
+#[test]
+fn over_many_draws_the_admitting_nodes_share_as_their_phi() {
+    use proptest::strategy::ValueTree;
+    use proptest::test_runner::TestRunner;
+    const DRAWS: u32 = 20_000;
+    let cases = (
+        router(),
+        1u64..300,
+        proptest::collection::vec(prop_oneof![1 => Just(false), 2 => Just(true)], 40),
+    );
+    let mut runner = TestRunner::deterministic();
+    // Cases whose admitting share is under 1/2: the plain draws all miss
+    // more than 1 time in 16, so the exact pass runs often.
+    let mut small_shares = 0;
+    for case in 0..60 {
+        let (b, eta, admits) = cases.new_tree(&mut runner).unwrap().current();
+        let Some(l) = b.line(eta) else { continue };
+        let phi: Vec<f64> = (0..b.len())
+            .map(|i| if admits[i] { l.phi(b.free(i)) } else { 0.0 })
+            .collect();
+        let mass: f64 = phi.iter().sum();
+        if mass == 0.0 {
+            continue;
+        }
+        small_shares += u32::from(mass < 0.5);
+        let mut counts = vec![0u32; b.len()];
+        let mut u = uniform(case);
+        for _ in 0..DRAWS {
+            counts[b.choose_admitted(eta, &mut u, |i| admits[i]).unwrap()] += 1;
+        }
+        for i in 0..b.len() {
+            let p = phi[i] / mass;
+            let f = f64::from(counts[i]) / f64::from(DRAWS);
+            let bound = 6.0 * (p * (1.0 - p) / f64::from(DRAWS)).sqrt() + 0.002;
+            assert!(
+                (f - p).abs() <= bound,
+                "case {case}: node {i} drawn {f} of the time, its restricted Φ is {p} (free {:?}, admits {:?}, eta {eta})",
+                (0..b.len()).map(|j| b.free(j)).collect::<Vec<_>>(),
+                &admits[..b.len()],
+            );
+        }
+    }
+    assert!(small_shares > 0, "no case with a small admitting share");
+}

@@ -210,3 +210,224 @@ fn with_nothing_in_flight_the_draw_picks_the_node_with_most_free_units() {
         "η = 1: the largest"
     );
 }
+
+// === downstream admission levels (DAGOR) on a `balance` module ===
+
+use crate::admission::admits;
+use crate::wire::AdmissionLevel;
+use proptest::prelude::*;
+
+const TTL: Millis = 3_000;
+
+fn get_as(m: &mut ModuleLb, p: &LbParams, b: u8, u: u8, now: Millis) -> Pick {
+    m.get_host_for(p, b, u, now)
+}
+
+#[test]
+fn a_level_restricts_the_draw_to_the_admitting_nodes_then_rejects() {
+    let (mut m, p) = balance(&[3, 2]);
+    m.set_level(addr(1), Some(AdmissionLevel::new(10, 128)), T0 + TTL)
+        .unwrap();
+    // Priority 20 is refused by node 1: node 2's units only.
+    for _ in 0..2 {
+        assert_eq!(get_as(&mut m, &p, 20, 1, T0), Pick::Idle(addr(2)));
+    }
+    // Node 1 still has free units, and refuses: Rejected at once.
+    assert_eq!(get_as(&mut m, &p, 20, 1, T0), Pick::Rejected);
+    assert_eq!(in_use(&m), [0, 2]);
+    // Priority 5 (and b == B*, u <= U*) is admitted: node 1's units.
+    assert_eq!(get_as(&mut m, &p, 5, 1, T0), Pick::Idle(addr(1)));
+    assert_eq!(get_as(&mut m, &p, 10, 128, T0), Pick::Idle(addr(1)));
+    assert_eq!(get_as(&mut m, &p, 10, 128, T0), Pick::Idle(addr(1)));
+    // No free unit anywhere: Overloaded, whatever the priority.
+    assert_eq!(get_as(&mut m, &p, 20, 1, T0), Pick::Overloaded);
+    assert_eq!(get_as(&mut m, &p, 1, 1, T0), Pick::Overloaded);
+    // A unit of the refusing node comes back: still Rejected for 20.
+    m.report(addr(1), Outcome::Success, T0, &p).unwrap();
+    assert_eq!(get_as(&mut m, &p, 20, 1, T0), Pick::Rejected);
+    m.check_invariants().unwrap();
+}
+
+#[test]
+fn a_level_not_refreshed_is_forgotten_by_the_balance_draw() {
+    let (mut m, p) = balance(&[1, 1]);
+    m.set_level(addr(1), Some(AdmissionLevel::new(10, 128)), T0 + TTL)
+        .unwrap();
+    m.set_level(addr(2), Some(AdmissionLevel::new(10, 128)), T0 + TTL)
+        .unwrap();
+    assert_eq!(get_as(&mut m, &p, 0, 0, T0 + TTL - 1), Pick::Rejected);
+    assert_eq!(m.levels_held(), 2);
+    assert!(matches!(get_as(&mut m, &p, 0, 0, T0 + TTL), Pick::Idle(_)));
+    assert_eq!(m.levels_held(), 0, "expired levels go at the getHost");
+    assert!(matches!(get_as(&mut m, &p, 0, 0, T0 + TTL), Pick::Idle(_)));
+}
+
+#[test]
+fn probes_of_a_balance_module_go_whatever_the_level() {
+    let (mut m, p) = balance(&[5, 5]);
+    for _ in 0..p.contin_err_lim {
+        m.report(addr(1), Outcome::Failure { tcost_ms: 0 }, T0, &p)
+            .unwrap();
+    }
+    assert_eq!(m.nodes()[0].state(), NodeState::Overloaded);
+    for i in 1..=2 {
+        m.set_level(addr(i), Some(AdmissionLevel::new(1, 1)), T0 + TTL)
+            .unwrap();
+    }
+    // Node 2 has free units and refuses; node 1 has none (overloaded).
+    for _ in 0..p.probe_num {
+        assert_eq!(get_as(&mut m, &p, 20, 1, T0), Pick::Rejected);
+    }
+    assert_eq!(get_as(&mut m, &p, 20, 1, T0), Pick::Probe(addr(1)));
+    // An admitting level does not give the overloaded node units.
+    m.set_level(addr(1), Some(AdmissionLevel::new(100, 1)), T0 + TTL)
+        .unwrap();
+    assert_eq!(get_as(&mut m, &p, 20, 1, T0), Pick::Rejected);
+    assert_eq!(in_use(&m), [0, 0]);
+}
+
+#[test]
+fn without_levels_the_balance_draw_is_unchanged() {
+    // The same module twice, one of which had a level that expired: the
+    // same draws (the level path consumes no randomness once forgotten).
+    let (mut a, p) = balance(&[4, 3, 2]);
+    let mut b = a.clone();
+    b.set_level(addr(1), Some(AdmissionLevel::new(1, 1)), T0)
+        .unwrap();
+    for i in 0..9 {
+        assert_eq!(
+            get_as(&mut a, &p, 50, 50, T0 + i),
+            get_as(&mut b, &p, 50, 50, T0 + i)
+        );
+    }
+}
+
+/// A `balance` module of `weights` (nodes 1, 2, ...) with `held` units
+/// taken first (η > 1), and `levels` per node (None: no level).
+fn levelled(weights: &[u32], held: u32, levels: &[Option<(u8, u8)>]) -> (ModuleLb, LbParams) {
+    let (mut m, p) = balance(weights);
+    for _ in 0..held {
+        get_as(&mut m, &p, 0, 0, T0);
+    }
+    for (i, l) in levels.iter().enumerate().take(weights.len()) {
+        if let &Some((b, u)) = l {
+            m.set_level(
+                addr(i as u8 + 1),
+                Some(AdmissionLevel::new(b, u)),
+                Millis::MAX,
+            )
+            .unwrap();
+        }
+    }
+    (m, p)
+}
+
+fn admitted_by(m: &ModuleLb, i: usize, b: u8, u: u8) -> bool {
+    m.level_of(m.nodes()[i].addr())
+        .is_none_or(|l| admits(l, b, u))
+}
+
+fn level() -> impl Strategy<Value = Option<(u8, u8)>> {
+    prop_oneof![1 => Just(None), 2 => (1u8..=128, 1u8..=128).prop_map(Some)]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+
+    /// Every answer of a levelled `balance` module, over getHosts of
+    /// arbitrary priorities and reports: a node that admits the request
+    /// and had a free unit; `Rejected` only with free units none of which
+    /// is on an admitting node; `Overloaded` only with no free unit.
+    #[test]
+    fn with_levels_the_chosen_node_always_admits_the_request(
+        weights in proptest::collection::vec(0u32..8, 1..10),
+        held in 0u32..20,
+        levels in proptest::collection::vec(level(), 10),
+        ops in proptest::collection::vec((1u8..=128, 1u8..=128, 0u8..12), 1..80),
+    ) {
+        let (mut m, p) = levelled(&weights, held, &levels);
+        for (b, u, report) in ops {
+            if usize::from(report) < weights.len() {
+                m.report(addr(report + 1), Outcome::Success, T0, &p).unwrap();
+                continue;
+            }
+            let before = in_use(&m);
+            let units = m.units().unwrap();
+            let free: Vec<bool> = (0..weights.len()).map(|i| units.capacity(i) > units.in_use(i)).collect();
+            let admitting_free = (0..weights.len()).any(|i| free[i] && admitted_by(&m, i, b, u));
+            match get_as(&mut m, &p, b, u, T0) {
+                Pick::Idle(a) => {
+                    let i = m.nodes().iter().position(|n| n.addr() == a).unwrap();
+                    prop_assert!(admitted_by(&m, i, b, u), "node {} refuses ({}, {})", i, b, u);
+                    prop_assert!(free[i]);
+                    prop_assert_eq!(in_use(&m)[i], before[i] + 1);
+                }
+                Pick::Rejected => {
+                    prop_assert!(free.iter().any(|&f| f));
+                    prop_assert!(!admitting_free);
+                }
+                Pick::Overloaded => prop_assert!(!free.iter().any(|&f| f)),
+                other => prop_assert!(false, "{:?}", other),
+            }
+        }
+    }
+}
+
+/// Through the module, as the shard drives it: with units held (η > 1)
+/// and each unit handed out returned at once (so `Φ` stays put), the
+/// admitting nodes are chosen in proportion to their `Φ`. Fixed seeds
+/// (the cases and the module's draw), within 6 standard deviations of a
+/// binomial count plus 0.2 points.
+#[test]
+fn with_levels_the_admitting_nodes_share_as_their_phi() {
+    use proptest::strategy::ValueTree;
+    use proptest::test_runner::TestRunner;
+    const DRAWS: u32 = 20_000;
+    let cases = (
+        proptest::collection::vec(1u32..30, 2..10),
+        0u32..60,
+        proptest::collection::vec(level(), 10),
+        (1u8..=128, 1u8..=128),
+    );
+    let mut runner = TestRunner::deterministic();
+    let mut tested = 0;
+    for case in 0..40 {
+        let (weights, held, levels, (b, u)) = cases.new_tree(&mut runner).unwrap().current();
+        let (mut m, p) = levelled(&weights, held, &levels);
+        let n = weights.len();
+        let units = m.units().unwrap();
+        let phi: Vec<f64> = (0..n)
+            .map(|i| {
+                if admitted_by(&m, i, b, u) {
+                    units.phi(i)
+                } else {
+                    0.0
+                }
+            })
+            .collect();
+        let mass: f64 = phi.iter().sum();
+        if mass == 0.0 {
+            continue;
+        }
+        tested += 1;
+        let mut counts = vec![0u32; n];
+        for _ in 0..DRAWS {
+            let Pick::Idle(a) = get_as(&mut m, &p, b, u, T0) else {
+                panic!("case {case}: no node though the admitting Φ is {mass}");
+            };
+            let i = m.nodes().iter().position(|x| x.addr() == a).unwrap();
+            counts[i] += 1;
+            m.report(a, Outcome::Success, T0, &p).unwrap();
+        }
+        for i in 0..n {
+            let want = phi[i] / mass;
+            let f = f64::from(counts[i]) / f64::from(DRAWS);
+            let bound = 6.0 * (want * (1.0 - want) / f64::from(DRAWS)).sqrt() + 0.002;
+            assert!(
+                (f - want).abs() <= bound,
+                "case {case}: node {i} drawn {f} of the time, its restricted Φ is {want} (weights {weights:?}, held {held}, levels {levels:?}, priority ({b}, {u}))"
+            );
+        }
+    }
+    assert!(tested >= 20, "only {tested} cases with an admitting Φ");
+}
