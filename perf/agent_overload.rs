@@ -589,19 +589,9 @@ fn shard_rcvbuf(port: u16) -> String {
 /// `net.core.rmem_max` with `SO_RCVBUFFORCE` where the process may
 /// (`CAP_NET_ADMIN`), else as much as `SO_RCVBUF` gets.
 fn answer_room(socket: &UdpSocket) {
-    let v: libc::c_int = 8 << 20;
-    // SAFETY: setsockopt reads an int from a live local.
-    let forced = unsafe {
-        libc::setsockopt(
-            socket.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_RCVBUFFORCE,
-            (&v as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    } == 0;
-    if !forced {
-        let _ = udp::set_rcvbuf(socket.as_raw_fd(), 8 << 20);
+    let fd = socket.as_raw_fd();
+    if udp::set_int_option(fd, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, 8 << 20).is_err() {
+        let _ = udp::set_rcvbuf(fd, 8 << 20);
     }
 }
 
@@ -745,23 +735,12 @@ fn send_loop(
 /// Asks the kernel to cut every send on `socket` into datagrams of `size`
 /// bytes (`UDP_SEGMENT`; Linux 4.18 and later).
 fn enable_gso(socket: &UdpSocket, size: usize) -> std::io::Result<()> {
-    let v = size as libc::c_int;
-    // SAFETY: setsockopt reads an int from a live local.
-    let r = unsafe {
-        libc::setsockopt(
-            socket.as_raw_fd(),
-            libc::SOL_UDP,
-            libc::UDP_SEGMENT,
-            (&v as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if r != 0 {
-        let e = std::io::Error::last_os_error();
-        eprintln!("agent_overload: UDP_SEGMENT unavailable ({e}); sending single datagrams");
-        return Err(e);
-    }
-    Ok(())
+    let fd = socket.as_raw_fd();
+    udp::set_int_option(fd, libc::SOL_UDP, libc::UDP_SEGMENT, size as libc::c_int).inspect_err(
+        |e| {
+            eprintln!("agent_overload: UDP_SEGMENT unavailable ({e}); sending single datagrams");
+        },
+    )
 }
 
 /// Sends the equal-sized getHosts in `segments` in one system call (the

@@ -163,20 +163,28 @@ fn tool_binary(dir: &Path, args: &[&str]) -> (i32, String) {
     )
 }
 
+/// A route source serving `M` on one node and a real agent in `d` that
+/// answers `lbagent gethost` for it (gethost registers on first use; the
+/// route arrives within the wait).
+fn agent_serving_m(d: &Path) -> (RouteSource, AgentProc) {
+    let source = RouteSource::start();
+    source.set_route(M, &nodes(1));
+    let agent = AgentProc::start(d, &source);
+    let (m, c) = (M.modid.to_string(), M.cmdid.to_string());
+    wait_for(Duration::from_secs(10), || {
+        (tool_binary(d, &["gethost", &m, &c]).0 == i32::from(EXIT_OK)).then_some(())
+    })
+    .expect("the route arrives");
+    (source, agent)
+}
+
 #[test]
 fn a_reported_downstream_level_makes_the_real_agent_reject_lower_priorities() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let source = RouteSource::start();
-    source.set_route(M, &nodes(1));
-    let _agent = AgentProc::start(d, &source);
+    let (_source, _agent) = agent_serving_m(d);
     let (modid, cmdid) = (M.modid.to_string(), M.cmdid.to_string());
     let (m, c) = (modid.as_str(), cmdid.as_str());
-    // gethost registers on first use; the route arrives within the wait.
-    wait_for(Duration::from_secs(10), || {
-        (tool_binary(d, &["gethost", m, c]).0 == i32::from(EXIT_OK)).then_some(())
-    })
-    .expect("the route arrives");
     let n = node(1).to_string();
     let (code, out) = tool_binary(
         d,
@@ -208,15 +216,9 @@ fn the_client_hashes_user_ids_and_gethost_takes_the_key_from_its_config() {
     use lbagent::client::{Client, ClientError, ClientOptions};
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let source = RouteSource::start();
-    source.set_route(M, &nodes(1));
-    let _agent = AgentProc::start(d, &source);
+    let (_source, _agent) = agent_serving_m(d);
     let (modid, cmdid) = (M.modid.to_string(), M.cmdid.to_string());
     let (m, c) = (modid.as_str(), cmdid.as_str());
-    wait_for(Duration::from_secs(10), || {
-        (tool_binary(d, &["gethost", m, c]).0 == i32::from(EXIT_OK)).then_some(())
-    })
-    .expect("the route arrives");
     let n = node(1);
     let (seed, period) = (99u64, 86_400u64);
     let defaults = lbagent::config::AdmissionConfig::default();

@@ -50,26 +50,39 @@ pub enum Stamping {
 /// # Errors
 /// Neither option could be set.
 pub fn enable_timestamps(fd: RawFd) -> io::Result<Stamping> {
-    let on: libc::c_int = 1;
-    for (opt, stamping) in [
-        (libc::SO_TIMESTAMPNS, Stamping::Nanos),
-        (libc::SO_TIMESTAMP, Stamping::Micros),
-    ] {
-        // SAFETY: a valid option value of the right size.
-        let r = unsafe {
-            libc::setsockopt(
-                fd,
-                libc::SOL_SOCKET,
-                opt,
-                (&on as *const libc::c_int).cast(),
-                size_of::<libc::c_int>() as libc::socklen_t,
-            )
-        };
-        if r == 0 {
-            return Ok(stamping);
-        }
+    set_int_option(fd, libc::SOL_SOCKET, libc::SO_TIMESTAMPNS, 1)
+        .map(|()| Stamping::Nanos)
+        .or_else(|_| {
+            set_int_option(fd, libc::SOL_SOCKET, libc::SO_TIMESTAMP, 1).map(|()| Stamping::Micros)
+        })
+}
+
+/// Sets the `int` socket option `(level, name)` of `fd` to `value`
+/// (`setsockopt`).
+///
+/// # Errors
+/// The system refused the option.
+pub fn set_int_option(
+    fd: RawFd,
+    level: libc::c_int,
+    name: libc::c_int,
+    value: libc::c_int,
+) -> io::Result<()> {
+    // SAFETY: a valid option value of the right size, read during the call.
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            name,
+            (&value as *const libc::c_int).cast(),
+            size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
     }
-    Err(io::Error::last_os_error())
 }
 
 /// Asks the kernel to attach to every datagram received on `fd` its
@@ -79,22 +92,7 @@ pub fn enable_timestamps(fd: RawFd) -> io::Result<Stamping> {
 /// # Errors
 /// The system refused the option.
 pub fn enable_drop_count(fd: RawFd) -> io::Result<()> {
-    let on: libc::c_int = 1;
-    // SAFETY: a valid option value of the right size.
-    let r = unsafe {
-        libc::setsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_RXQ_OVFL,
-            (&on as *const libc::c_int).cast(),
-            size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if r == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
+    set_int_option(fd, libc::SOL_SOCKET, libc::SO_RXQ_OVFL, 1)
 }
 
 /// Gives the core to another runnable thread, if there is one
@@ -114,19 +112,7 @@ pub fn yield_core() {
 /// The system refused the option.
 pub fn set_rcvbuf(fd: RawFd, bytes: u32) -> io::Result<usize> {
     let v = bytes.min(i32::MAX as u32) as libc::c_int;
-    // SAFETY: a valid option value of the right size.
-    let r = unsafe {
-        libc::setsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_RCVBUF,
-            (&v as *const libc::c_int).cast(),
-            size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if r != 0 {
-        return Err(io::Error::last_os_error());
-    }
+    set_int_option(fd, libc::SOL_SOCKET, libc::SO_RCVBUF, v)?;
     rcvbuf(fd)
 }
 

@@ -547,17 +547,9 @@ pub unsafe extern "C" fn lb_report(
     retcode: i32,
     tcost_ms: u32,
 ) -> c_int {
-    // SAFETY: the caller's contract.
-    unsafe {
-        with_client(client, |c| {
-            let addr = NodeAddr {
-                ip: host.ip,
-                port: host.port,
-            };
-            c.report(modid, cmdid, addr, retcode, tcost_ms)?;
-            Ok(LB_OK)
-        })
-    }
+    // SAFETY: the caller's contract, which is lb_report_with_level's;
+    // (0, 0) is no level, as `Client::report` passes none.
+    unsafe { lb_report_with_level(client, modid, cmdid, host, retcode, tcost_ms, 0, 0) }
 }
 
 /// Asks the agent to pull module `(modid, cmdid)` before first use and
