@@ -54,9 +54,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
+use lbagent::admission::holdback::{HoldBack, DEFAULT_HOLDBACK_MS};
 use lbagent::admission::{level_index, level_of_index, AdmissionLevel, OPEN};
-use lbagent::agent::udp::{self, RecvBatch, SendBatch};
-use lbagent::client::holdback::{HoldBack, DEFAULT_HOLDBACK_MS};
+use lbagent::host::udp::{self, RecvBatch, SendBatch};
 use lbagent::model::{ModuleId, NodeAddr, RouteNode};
 use lbagent::standalone::{Standalone, StandaloneOptions};
 use lbagent::store::{self, StoreUrl};

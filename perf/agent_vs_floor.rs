@@ -24,9 +24,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lbagent::agent::runtime::Agent;
-use lbagent::agent::snapshot::{self, SnapshotRoute};
 use lbagent::config::Config;
 use lbagent::floor::{Floor, FloorOptions};
+use lbagent::host::snapshot::{self, SnapshotRoute};
 use lbagent::model::{ModuleId, NodeAddr, RouteNode};
 use lbagent::qpstest::cpu::named_threads_cpu_seconds;
 use lbagent::wire::{decode, Encoder, Limits, Message, RetCode};

@@ -80,12 +80,12 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use lbagent::admission::AdmissionParams;
-use lbagent::agent::heartbeat::{AgentInfo, HeartbeatWriter};
 use lbagent::agent::messages::ToShard;
 use lbagent::agent::shard::{Queued, ShardCore, ShardSetup};
 use lbagent::agent::shard_rt::sweep;
 use lbagent::client::{Client, ClientOptions, HostSource};
 use lbagent::config::Config;
+use lbagent::host::heartbeat::{AgentInfo, HeartbeatWriter};
 use lbagent::model::{ModuleId, NodeAddr, Policy, RouteNode};
 use lbagent::shm::attach::Attachment;
 use lbagent::shm::fixed;

@@ -43,9 +43,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use lbagent::agent::runtime::Agent;
-use lbagent::agent::snapshot::{self, SnapshotRoute};
 use lbagent::client::{Client, ClientOptions, HostSource};
 use lbagent::config::Config;
+use lbagent::host::snapshot::{self, SnapshotRoute};
 use lbagent::lb::{LbParams, ModuleLb};
 use lbagent::model::{ModuleId, NodeAddr, RouteNode};
 use lbagent::qpstest::{self, cpu, QpsOptions, Target};

@@ -3,7 +3,7 @@
 //! baseline taken in the same run on the same machine.
 //!
 //! One thread, pinned to a core, runs a bare `recvmmsg` / `sendmmsg` loop
-//! ([`crate::agent::udp`]) on one UDP socket. Every getHost is verified and
+//! ([`crate::host::udp`]) on one UDP socket. Every getHost is verified and
 //! decoded (to echo its sequence number) and answered with one fixed host,
 //! encoded: no LB, no maps, no rings. Reports are decoded and ignored (the
 //! agent does not answer them either). So that the client library and
@@ -24,9 +24,9 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 use std::{fmt, io};
 
-use crate::agent::clock;
-use crate::agent::heartbeat::{AgentInfo, HeartbeatWriter};
-use crate::agent::udp::{RecvBatch, SendBatch};
+use crate::host::clock;
+use crate::host::heartbeat::{AgentInfo, HeartbeatWriter};
+use crate::host::udp::{RecvBatch, SendBatch};
 use crate::model::{ModuleId, NodeAddr, RouteNode};
 use crate::qpstest::cpu;
 use crate::wire::{decode, CacheRoute, Encoder, Limits, Message, RetCode};
@@ -370,7 +370,7 @@ fn wait_readable(fd: RawFd, timeout_ms: i32) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::agent::heartbeat::HeartbeatReader;
+    use crate::host::heartbeat::HeartbeatReader;
     use crate::wire::Report;
 
     fn ask(sock: &UdpSocket, bytes: &[u8]) -> Option<Vec<u8>> {

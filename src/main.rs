@@ -67,12 +67,12 @@ enum Command {
     /// node overloaded; 5 rejected by admission control; 6 agent down;
     /// 7 agent down and no usable static route; 8 timeout; 9 bad response;
     /// 10 bad argument.
-    Gethost(lbagent::client::tools::GethostArgs),
+    Gethost(lbagent::client_tools::GethostArgs),
     /// Report a call's result to the local agent (exit status as gethost).
-    Report(lbagent::client::tools::ReportArgs),
+    Report(lbagent::client_tools::ReportArgs),
     /// The agent's view of a module: every node, its state and counters
     /// (exit status as gethost).
-    Getroute(lbagent::client::tools::GetrouteArgs),
+    Getroute(lbagent::client_tools::GetrouteArgs),
     /// The load generator: T synchronous client threads looping getHost
     /// (+ report) against the local agent, the floor or an embedded
     /// standalone system; live line every second, summary with latency
@@ -311,15 +311,15 @@ fn main() -> ExitCode {
         Command::Standalone(args) => standalone(args),
         Command::Route(cmd) => {
             // The store's warnings (a bad row skipped) reach standard error.
-            lbagent::logging::init(&Default::default());
+            lbagent::service::logging::init(&Default::default());
             route(cmd)
         }
-        Command::Gethost(args) => lbagent::client::tools::gethost(&args).emit(),
-        Command::Report(args) => lbagent::client::tools::report(&args).emit(),
-        Command::Getroute(args) => lbagent::client::tools::getroute(&args).emit(),
+        Command::Gethost(args) => lbagent::client_tools::gethost(&args).emit(),
+        Command::Report(args) => lbagent::client_tools::report(&args).emit(),
+        Command::Getroute(args) => lbagent::client_tools::getroute(&args).emit(),
         Command::Qpstest(args) => {
             // What an embedded standalone system logs (--standalone).
-            lbagent::logging::init(&Default::default());
+            lbagent::service::logging::init(&Default::default());
             lbagent::qpstest::command(&args)
         }
         Command::DemoService(args) => lbagent::demo_service::command(&args),
@@ -365,7 +365,7 @@ fn agent(args: AgentArgs) -> ExitCode {
         );
         return ExitCode::SUCCESS;
     }
-    lbagent::logging::init(&config.log);
+    lbagent::service::logging::init(&config.log);
     match lbagent::agent::runtime::run(&config, source) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -423,7 +423,7 @@ fn server(what: &str, args: ServerArgs) -> ExitCode {
         println!("config ok: {what} on {listen}, store {url}");
         return ExitCode::SUCCESS;
     }
-    lbagent::logging::init(&config.log);
+    lbagent::service::logging::init(&config.log);
     let _span = if what == "dnsserver" {
         tracing::info_span!("dnsserver").entered()
     } else {
@@ -437,8 +437,8 @@ fn server(what: &str, args: ServerArgs) -> ExitCode {
         Role::Reporter
     };
     let mut current = config.clone();
-    lbagent::signal::on_reload(move || {
-        lbagent::reload::reload(role, &source, &mut current, |_, _, _| Ok(()))
+    lbagent::service::signal::on_reload(move || {
+        lbagent::service::reload::reload(role, &source, &mut current, |_, _, _| Ok(()))
     });
     let result = if what == "dnsserver" {
         lbagent::dnsserver::run(&config.dnsserver, url)
@@ -467,7 +467,7 @@ fn standalone(args: StandaloneArgs) -> ExitCode {
             return ExitCode::from(EXIT_CONFIG);
         }
     };
-    lbagent::logging::init(&opts.config.log);
+    lbagent::service::logging::init(&opts.config.log);
     let _span = tracing::info_span!("standalone").entered();
     match lbagent::standalone::run(opts) {
         Ok(()) => ExitCode::SUCCESS,

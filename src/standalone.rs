@@ -212,7 +212,7 @@ impl Drop for Standalone {
 /// # Errors
 /// It could not start, or a part did not stop cleanly.
 pub fn run(opts: StandaloneOptions) -> anyhow::Result<()> {
-    crate::signal::install();
+    crate::service::signal::install();
     let s = Standalone::start(opts)?;
     let ports = s.agent_ports();
     let [am, dm, rm] = s.metrics_addrs();
@@ -233,7 +233,7 @@ pub fn run(opts: StandaloneOptions) -> anyhow::Result<()> {
          then `lbagent gethost MODID CMDID`",
         s.store_url()
     );
-    crate::signal::wait();
+    crate::service::signal::wait();
     s.stop()?;
     tracing::info!("stopped");
     Ok(())

@@ -25,8 +25,8 @@ use std::process::Command;
 use std::sync::{PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
-use lbagent::agent::heartbeat::HeartbeatReader;
-use lbagent::agent::snapshot;
+use lbagent::host::heartbeat::HeartbeatReader;
+use lbagent::host::snapshot;
 use lbagent::model::{ModuleId, NodeAddr, RouteNode};
 use lbagent::wire::{decode, Encoder, Limits, Message, RetCode};
 use routesrc::RouteSource;
@@ -892,12 +892,12 @@ fn silent_metrics_connections_are_bounded_and_closed_by_their_timeout() {
     let source = RouteSource::start();
     let agent = start(dir.path(), source.addr(), 1);
     // A scrape works, then 32 connections that never send a request
-    // (lbagent::metrics_http::MAX_CONNECTIONS) fill the endpoint.
+    // (lbagent::service::metrics_http::MAX_CONNECTIONS) fill the endpoint.
     wait_for(Duration::from_secs(10), || {
         http_get(agent.metrics, "/metrics")
     })
     .expect("the metrics endpoint answers");
-    let held: Vec<std::net::TcpStream> = (0..lbagent::metrics_http::MAX_CONNECTIONS)
+    let held: Vec<std::net::TcpStream> = (0..lbagent::service::metrics_http::MAX_CONNECTIONS)
         .map(|_| std::net::TcpStream::connect(agent.metrics).unwrap())
         .collect();
     std::thread::sleep(Duration::from_millis(300));

@@ -11,7 +11,7 @@ use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
-use lbagent::agent::heartbeat::HeartbeatReader;
+use lbagent::host::heartbeat::HeartbeatReader;
 
 const BIN: &str = env!("CARGO_BIN_EXE_lbagent");
 

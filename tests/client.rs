@@ -23,9 +23,9 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use agentproc::AgentProc;
-use lbagent::agent::heartbeat::{AgentInfo, HeartbeatReader, HeartbeatWriter};
-use lbagent::agent::snapshot::{self, SnapshotRoute};
 use lbagent::client::{Client, ClientError, ClientOptions, HostSource};
+use lbagent::host::heartbeat::{AgentInfo, HeartbeatReader, HeartbeatWriter};
+use lbagent::host::snapshot::{self, SnapshotRoute};
 use lbagent::model::{ModuleId, NodeAddr, RouteNode};
 use lbagent::wire::{decode, CacheRoute, Encoder, Limits, Message, RetCode};
 use routesrc::RouteSource;

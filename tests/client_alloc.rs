@@ -13,8 +13,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use lbagent::agent::heartbeat::{AgentInfo, HeartbeatWriter};
 use lbagent::client::{Client, ClientOptions, HostSource};
+use lbagent::host::heartbeat::{AgentInfo, HeartbeatWriter};
 use lbagent::model::{ModuleId, NodeAddr, RouteNode};
 use lbagent::wire::{decode, CacheRoute, Encoder, Limits, Message, RetCode};
 

@@ -1,4 +1,4 @@
-//! The patched glommio (tools/glommio/LBAGENT-PATCH.md): an executor that
+//! The patched glommio (src/vendor/glommio/LBAGENT-PATCH.md): an executor that
 //! is preempted before it runs anything must not park with runnable tasks.
 //! A 1 ns preemption timer makes every run preempted at once, as a loaded
 //! machine does now and then with the default 100 ms; glommio 0.9.0 as

@@ -5,10 +5,10 @@
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
 
-use lbagent::agent::heartbeat::{
+use lbagent::host::heartbeat::{
     is_alive, AgentInfo, HeartbeatReader, HeartbeatWriter, DEFAULT_MAX_AGE_MS,
 };
-use lbagent::agent::snapshot::{self, SnapshotRoute};
+use lbagent::host::snapshot::{self, SnapshotRoute};
 use lbagent::model::{ModuleId, NodeAddr, RouteNode};
 
 #[test]

@@ -4,11 +4,11 @@
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
-use lbagent::agent::heartbeat::HeartbeatReader;
 use lbagent::agent::runtime::Agent;
-use lbagent::agent::snapshot::{self, SnapshotRoute};
 use lbagent::client::{Client, ClientOptions};
 use lbagent::config::Config;
+use lbagent::host::heartbeat::HeartbeatReader;
+use lbagent::host::snapshot::{self, SnapshotRoute};
 use lbagent::qpstest::{self, demo_nodes, QpsOptions, Summary, Target};
 use lbagent::wire::AdmissionLevel;
 

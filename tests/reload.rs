@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use lbagent::agent::heartbeat::HeartbeatReader;
+use lbagent::host::heartbeat::HeartbeatReader;
 use lbagent::model::{ModuleId, NodeAddr, RouteNode};
 use routesrc::RouteSource;
 use udpclient::Client;

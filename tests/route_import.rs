@@ -14,7 +14,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 use udpclient::Client;
 
-use lbagent::agent::heartbeat::HeartbeatReader;
+use lbagent::host::heartbeat::HeartbeatReader;
 use lbagent::model::{ModuleId, NodeAddr};
 use lbagent::wire::RetCode;
 

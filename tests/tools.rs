@@ -20,13 +20,13 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use lbagent::agent::heartbeat::{AgentInfo, HeartbeatReader, HeartbeatWriter};
-use lbagent::agent::snapshot::{self, SnapshotRoute};
-use lbagent::client::tools::{
-    self, AgentConnArgs, GethostArgs, GetrouteArgs, ReportArgs, ToolOutcome, EXIT_AGENT_DOWN,
-    EXIT_BAD_ARGUMENT, EXIT_BAD_RESPONSE, EXIT_NO_SUCH_MODULE, EXIT_OK, EXIT_OVERLOADED,
-    EXIT_REJECTED, EXIT_STATIC_ROUTES, EXIT_TIMEOUT,
+use lbagent::client_tools::{
+    self as tools, AgentConnArgs, GethostArgs, GetrouteArgs, ReportArgs, ToolOutcome,
+    EXIT_AGENT_DOWN, EXIT_BAD_ARGUMENT, EXIT_BAD_RESPONSE, EXIT_NO_SUCH_MODULE, EXIT_OK,
+    EXIT_OVERLOADED, EXIT_REJECTED, EXIT_STATIC_ROUTES, EXIT_TIMEOUT,
 };
+use lbagent::host::heartbeat::{AgentInfo, HeartbeatReader, HeartbeatWriter};
+use lbagent::host::snapshot::{self, SnapshotRoute};
 use lbagent::model::{ModuleId, NodeAddr, RouteNode};
 use lbagent::wire::{decode, Encoder, Limits, Message, RetCode};
 use routesrc::RouteSource;

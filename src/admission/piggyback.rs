@@ -10,7 +10,7 @@
 //! Decoding checks the range: a level is `(1..=128, 1..=128)` or none.
 
 use super::AdmissionLevel;
-use crate::wire::fb;
+use lbagent_wire::fb;
 
 /// Bytes of the compact encoding.
 pub const ENCODED_LEN: usize = 2;

@@ -12,6 +12,13 @@ use std::hash::Hasher;
 
 use siphasher::sip::SipHasher13;
 
+/// The packaged `admission.user_hash_seed`: the key every process that
+/// assigns user priorities shares unless configured otherwise.
+pub const DEFAULT_USER_HASH_SEED: u64 = 0x1bad_b002_dead_beef;
+
+/// The packaged `admission.user_key_period_s`: the key rotates hourly.
+pub const DEFAULT_USER_KEY_PERIOD_S: u64 = 3600;
+
 /// Constants that separate the two key words from each other and from the
 /// user hash (arbitrary, fixed: changing them changes every priority).
 const KEY_DOMAIN_0: u64 = 0x6c62_6167_656e_7430; // "lbagent0"

@@ -21,21 +21,21 @@ use glommio::channels::local_channel;
 use glommio::channels::shared_channel::{ConnectedSender, SharedReceiver, SharedSender};
 use glommio::net::{TcpListener, TcpStream};
 
-use super::clock;
-use super::heartbeat::HeartbeatWriter;
 use super::messages::{ToControl, ToShard};
 use super::metrics::{render, ControlMetrics, ShardMetrics};
 use super::route_table::RouteTable;
 use super::routeclient::{self, RouteClientConfig, RouteClientEvent, RouteClientStatus, Want};
 use super::shard_rt;
-use super::snapshot::{self, SnapshotIndex, SnapshotRoute};
 use super::snapshot_thread::SnapshotThread;
 use super::statsclient::{self, StatsClientConfig, StatsClientEvent, StatsClientStatus};
 use super::wake;
-use crate::lb::NodeCallStats;
-use crate::logging::{self, Verdict};
-use crate::metrics_http;
-use crate::model::ModuleId;
+use lbagent_host::clock;
+use lbagent_host::heartbeat::HeartbeatWriter;
+use lbagent_host::snapshot::{self, SnapshotIndex, SnapshotRoute};
+use lbagent_lb::NodeCallStats;
+use lbagent_model::ModuleId;
+use lbagent_service::logging::{self, Verdict};
+use lbagent_service::metrics_http;
 
 /// Everything the control executor needs, built on the main thread.
 pub struct ControlParts {
@@ -374,7 +374,8 @@ pub async fn run(parts: ControlParts) {
                 let body = {
                     let mut st = state.borrow_mut();
                     refresh_control(&mut st, &route_status, &stats_status);
-                    render(&st.shard_metrics, &st.control) + &crate::reload::metrics_text()
+                    render(&st.shard_metrics, &st.control)
+                        + &lbagent_service::reload::metrics_text()
                 };
                 open.set(open.get() + 1);
                 let open = open.clone();

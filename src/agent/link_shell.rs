@@ -21,9 +21,9 @@ use futures_lite::AsyncWriteExt;
 use glommio::channels::local_channel::{LocalReceiver, LocalSender};
 use glommio::net::TcpStream;
 
-use super::conn::{self, race, Either, Woken};
 use super::reconnect::Wake;
-use crate::wire::{FrameDecoder, FrameError};
+use lbagent_service::conn::{self, race, Either, Woken};
+use lbagent_wire::{FrameDecoder, FrameError};
 
 /// A protocol core the shell drives: sans-IO, time passed in (ms).
 pub(crate) trait LinkCore {

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::messages::LiveParams;
-use crate::config::Config;
+use lbagent_config::Config;
 
 /// The live part of a configuration, resolved.
 #[derive(Clone, Debug, PartialEq)]

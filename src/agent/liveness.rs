@@ -19,7 +19,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::runtime::Agent;
-use crate::sdnotify::Notifier;
+use lbagent_service::sdnotify::Notifier;
 
 /// One loop's counter, alone on its cache line so that shards writing
 /// their own never contend.
@@ -161,7 +161,7 @@ impl Systemd {
         let notifier = Notifier::from_env();
         notifier.notify_or_log("lbagent", "READY=1");
         let quit = Arc::new(AtomicBool::new(false));
-        let watchdog = match crate::sdnotify::watchdog_interval() {
+        let watchdog = match lbagent_service::sdnotify::watchdog_interval() {
             Some(every) if notifier.enabled() => Some(spawn_watchdog(
                 agent.liveness(),
                 Notifier::from_env(),
@@ -283,8 +283,8 @@ pub fn spawn_watchdog(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Config;
-    use crate::sdnotify::Target;
+    use lbagent_config::Config;
+    use lbagent_service::sdnotify::Target;
     use std::net::Ipv4Addr;
     use std::os::unix::net::UnixDatagram;
 

@@ -1,8 +1,8 @@
 //! What crosses the SPSC rings between a shard and the control core. These
 //! are messages, not shared state: each side owns what it receives.
 
-use crate::lb::{LbParams, NodeCallStats};
-use crate::model::{ModuleId, Policy, RouteNode};
+use lbagent_lb::{LbParams, NodeCallStats};
+use lbagent_model::{ModuleId, Policy, RouteNode};
 
 /// Shard → control core.
 #[derive(Clone, Debug, PartialEq)]

@@ -7,9 +7,9 @@ use std::fmt::Write;
 
 use hdrhistogram::Histogram;
 
-use crate::admission::{clamp_priority, AdmissionLevel, OPEN};
-use crate::lb::NodeState;
-use crate::wire::DecodeError;
+use lbagent_admission::{clamp_priority, AdmissionLevel, OPEN};
+use lbagent_lb::NodeState;
+use lbagent_wire::DecodeError;
 
 /// A request kind, for per-kind counters.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -172,10 +172,10 @@ pub struct ShardMetrics {
     /// Per priority class, the sum of those getHosts' queuing times, µs.
     pub gethost_queuing_sum_us: [u64; CLASSES],
     /// The shared-memory transport's counters (zero without `[shm]`).
-    pub shm: crate::shm::serve::ShmCounts,
+    pub shm: lbagent_shm::serve::ShmCounts,
     /// Modules with downstream levels and the most permissive one (gauge;
     /// at most [`MODULE_LEVELS_SHOWN`], by module).
-    pub module_levels: Vec<(crate::model::ModuleId, AdmissionLevel)>,
+    pub module_levels: Vec<(lbagent_model::ModuleId, AdmissionLevel)>,
 }
 
 /// The most modules per shard whose downstream level is exported.
@@ -905,7 +905,7 @@ mod tests {
         m.self_rejected[priority_class(0)] += 1;
         m.downstream_rejected[priority_class(1)] += 3;
         m.module_levels.push((
-            crate::model::ModuleId::new(7, 9),
+            lbagent_model::ModuleId::new(7, 9),
             AdmissionLevel::new(10, 128),
         ));
         for us in [5, 10, 11, 3_000, 1_000_000] {

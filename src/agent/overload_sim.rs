@@ -26,10 +26,10 @@ use std::collections::VecDeque;
 use hdrhistogram::Histogram;
 
 use super::shard::agent_params;
-use crate::admission::{
+use lbagent_admission::holdback::HoldBack;
+use lbagent_admission::{
     level_index, level_of_index, Admission, AdmissionLevel, AdmissionParams, Micros, OPEN,
 };
-use crate::client::holdback::HoldBack;
 
 /// The shard's timer task ends windows by time at least this often, ns.
 const TICK_NS: u64 = 5_000_000;

@@ -15,8 +15,8 @@ use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use super::snapshot::{SnapshotIndex, SnapshotRoute};
-use crate::model::{ModuleId, RouteNode};
+use lbagent_host::snapshot::{SnapshotIndex, SnapshotRoute};
+use lbagent_model::{ModuleId, RouteNode};
 
 /// module → (version, nodes): the routes the control core holds.
 #[derive(Debug, Default)]
@@ -159,8 +159,8 @@ impl RouteTable {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::agent::snapshot;
-    use crate::model::NodeAddr;
+    use lbagent_host::snapshot;
+    use lbagent_model::NodeAddr;
 
     fn nodes(n: u32) -> Vec<RouteNode> {
         (0..n)

@@ -85,8 +85,8 @@ use glommio::channels::local_channel::{LocalReceiver, LocalSender};
 use super::link_shell::{LinkCore, LinkShell};
 use super::reconnect::{LinkState, Reconnect, ReconnectPolicy};
 use super::timers::Timers;
-use crate::model::{ModuleId, Policy, RouteNode};
-use crate::wire::{
+use lbagent_model::{ModuleId, Policy, RouteNode};
+use lbagent_wire::{
     decode, write_frame, DecodeError, Encoder, FrameError, Limits, Message, RetCode,
     ValidationError, MAX_PULL_MODULES,
 };
@@ -1099,8 +1099,8 @@ impl LinkCore for RouteClientCore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::NodeAddr;
-    use crate::wire::FrameDecoder;
+    use lbagent_model::NodeAddr;
+    use lbagent_wire::FrameDecoder;
     use std::net::Ipv4Addr;
 
     const A: ModuleId = ModuleId::new(1, 1);
@@ -1416,21 +1416,21 @@ mod tests {
     #[test]
     fn an_unchanged_answer_with_a_version_per_module_missing_closes_the_connection() {
         let mut fbb = flatbuffers::FlatBufferBuilder::new();
-        let modules = fbb.create_vector(&[crate::wire::fb::ModuleId::from(A)]);
-        let args = crate::wire::fb::RouteUnchangedArgs {
+        let modules = fbb.create_vector(&[lbagent_wire::fb::ModuleId::from(A)]);
+        let args = lbagent_wire::fb::RouteUnchangedArgs {
             seq: 1,
             modules: Some(modules),
             versions: None,
         };
-        let body = crate::wire::fb::RouteUnchanged::create(&mut fbb, &args).as_union_value();
-        let env = crate::wire::fb::Envelope::create(
+        let body = lbagent_wire::fb::RouteUnchanged::create(&mut fbb, &args).as_union_value();
+        let env = lbagent_wire::fb::Envelope::create(
             &mut fbb,
-            &crate::wire::fb::EnvelopeArgs {
-                body_type: crate::wire::fb::Body::RouteUnchanged,
+            &lbagent_wire::fb::EnvelopeArgs {
+                body_type: lbagent_wire::fb::Body::RouteUnchanged,
                 body: Some(body),
             },
         );
-        crate::wire::fb::finish_envelope_buffer(&mut fbb, env);
+        lbagent_wire::fb::finish_envelope_buffer(&mut fbb, env);
         let mut core = connected(&config(), 0);
         let err = core.on_frame(fbb.finished_data(), 0).unwrap_err();
         assert!(matches!(err, RouteClientError::Invalid(_)), "{err}");

@@ -14,18 +14,18 @@ use glommio::channels::shared_channel;
 use glommio::{ExecutorJoinHandle, LocalExecutorBuilder, Placement};
 
 use super::control::{self, ControlParts};
-use super::heartbeat::{AgentInfo, HeartbeatLock, HeartbeatWriter};
 use super::live::{LiveSlot, LiveUpdate};
 use super::liveness::{self, Liveness};
 use super::routeclient::RouteClientConfig;
 use super::shard::ShardSetup;
 use super::shard_rt::{self, ShardParts};
-use super::snapshot::{self, SnapshotError, SnapshotIndex};
 use super::statsclient::StatsClientConfig;
-use crate::config::reload::Role;
-use crate::config::{Config, ConfigSource};
-use crate::shm::layout::Geometry;
-use crate::shm::region::{Access, Identity, Region};
+use lbagent_config::reload::Role;
+use lbagent_config::{Config, ConfigSource};
+use lbagent_host::heartbeat::{AgentInfo, HeartbeatLock, HeartbeatWriter};
+use lbagent_host::snapshot::{self, SnapshotError, SnapshotIndex};
+use lbagent_shm::layout::Geometry;
+use lbagent_shm::region::{Access, Identity, Region};
 
 /// Slots of each ring between a shard and the control core.
 pub const RING_CAPACITY: usize = 4096;
@@ -128,7 +128,7 @@ impl Agent {
         let io_memory = a.io_memory_kib as usize * 1024;
         let control_core = ncpu - 1;
         let live = Liveness::new(shards);
-        let idle_tick = super::liveness::idle_tick(crate::sdnotify::watchdog_interval());
+        let idle_tick = super::liveness::idle_tick(lbagent_service::sdnotify::watchdog_interval());
         let live_slot = LiveSlot::default();
 
         let mut from_shards = Vec::new();
@@ -239,7 +239,7 @@ impl Agent {
     }
 
     /// Applies the live part of `new`, a reloaded configuration that
-    /// followed `old` ([`crate::config::reload::plan`] said it changes only
+    /// followed `old` ([`lbagent_config::reload::plan`] said it changes only
     /// live fields): the `[lb]` parameters reach every shard through its
     /// ring, the server lists their clients.
     ///
@@ -336,18 +336,18 @@ fn apply_live(slot: &LiveSlot, old: &Config, new: &Config) -> anyhow::Result<()>
 /// Runs the agent until SIGTERM or SIGINT, then shuts down cleanly (stop
 /// accepting, flush statistics, write the snapshot) and returns. SIGHUP
 /// reads the configuration again from `source` and applies what may change
-/// live ([`crate::reload`]).
+/// live ([`lbagent_service::reload`]).
 ///
 /// # Errors
 /// The agent could not start, or an executor failed.
 pub fn run(config: &Config, source: ConfigSource) -> anyhow::Result<()> {
-    crate::signal::install();
+    lbagent_service::signal::install();
     let _span = tracing::info_span!("agent").entered();
     let agent = Agent::start(config)?;
     let slot = agent.live.clone();
     let mut current = config.clone();
-    crate::signal::on_reload(move || {
-        crate::reload::reload(Role::Agent, &source, &mut current, |old, new, _| {
+    lbagent_service::signal::on_reload(move || {
+        lbagent_service::reload::reload(Role::Agent, &source, &mut current, |old, new, _| {
             apply_live(&slot, old, new).map_err(|e| format!("{e:#}"))
         })
     });
@@ -360,7 +360,7 @@ pub fn run(config: &Config, source: ConfigSource) -> anyhow::Result<()> {
         agent.routes_loaded()
     );
     let systemd = liveness::Systemd::ready(&agent)?;
-    crate::signal::wait();
+    lbagent_service::signal::wait();
     systemd.stopping();
     let t0 = Instant::now();
     agent.stop()?;
@@ -401,7 +401,7 @@ fn size_receive_buffers(sockets: &[UdpSocket], bytes: u32) -> anyhow::Result<()>
     use std::os::fd::AsRawFd;
     let mut got = 0;
     for s in sockets {
-        got = super::udp::set_rcvbuf(s.as_raw_fd(), bytes)
+        got = lbagent_host::udp::set_rcvbuf(s.as_raw_fd(), bytes)
             .with_context(|| format!("cannot set agent.udp_rcvbuf_bytes = {bytes} (SO_RCVBUF)"))?;
     }
     // Linux reports twice the size asked; less means it was capped.
@@ -507,7 +507,7 @@ fn create_regions(config: &Config, shards: u32) -> anyhow::Result<Vec<Region>> {
     let access = if config.shm.group.is_empty() {
         Access::Owner
     } else {
-        let gid = crate::shm::region::group_id(&config.shm.group).with_context(|| {
+        let gid = lbagent_shm::region::group_id(&config.shm.group).with_context(|| {
             format!(
                 "shm.group = \"{}\" is not a group of this host",
                 config.shm.group
@@ -525,7 +525,7 @@ fn create_regions(config: &Config, shards: u32) -> anyhow::Result<Vec<Region>> {
             pid: std::process::id(),
             boot,
         };
-        let path = crate::shm::region_path(&prefix, i);
+        let path = lbagent_shm::region_path(&prefix, i);
         match Region::create(&path, geometry, identity, access) {
             Ok(r) => made.push(r),
             Err(e) if e.is_no_space() => {
@@ -565,7 +565,7 @@ mod tests {
         size_receive_buffers(&sockets, 16_384).unwrap();
         for s in &sockets {
             // Linux doubles it (16 KiB is under any rmem_max).
-            assert_eq!(super::super::udp::rcvbuf(s.as_raw_fd()).unwrap(), 32_768);
+            assert_eq!(lbagent_host::udp::rcvbuf(s.as_raw_fd()).unwrap(), 32_768);
         }
     }
 }

@@ -31,13 +31,13 @@ use std::sync::Arc;
 use super::messages::{ToControl, ToShard};
 use super::metrics::priority_class;
 use super::metrics::{Kind, ShardMetrics};
-use super::snapshot::SnapshotIndex;
 use super::timers::Timers;
-use crate::admission::{Admission, AdmissionLevel, AdmissionParams, Micros, OPEN};
-use crate::lb::{LbParams, Millis, ModuleLb, NodeCallStats, NodeState, Outcome, Pick, Units};
-use crate::model::{ModuleId, Policy, RouteNode};
-use crate::shm::fixed::{self, HostAnswer};
-use crate::wire::{self, CacheRoute, Encoder, Limits, Message, NodeStatus, RetCode};
+use lbagent_admission::{Admission, AdmissionLevel, AdmissionParams, Micros, OPEN};
+use lbagent_host::snapshot::SnapshotIndex;
+use lbagent_lb::{LbParams, Millis, ModuleLb, NodeCallStats, NodeState, Outcome, Pick, Units};
+use lbagent_model::{ModuleId, Policy, RouteNode};
+use lbagent_shm::fixed::{self, HostAnswer};
+use lbagent_wire::{self as wire, CacheRoute, Encoder, Limits, Message, NodeStatus, RetCode};
 
 /// The shard's module table, looked up two or three times per request:
 /// foldhash (seeded per process), not SipHash.
@@ -46,9 +46,7 @@ type Modules = HashMap<ModuleId, Box<ModuleEntry>, foldhash::fast::RandomState>;
 /// The default most modules one shard tracks (`agent.max_modules`).
 pub const MAX_MODULES: usize = 1 << 20;
 
-/// The default `admission.level_timeout_ms`: a downstream level not
-/// refreshed by a report within three 1 s windows is forgotten.
-pub const LEVEL_TIMEOUT_MS: u64 = 3_000;
+pub use lbagent_lb::LEVEL_TIMEOUT_MS;
 
 /// The most register requests one shard keeps waiting for routes; further
 /// ones are refused (`Unavailable`).
@@ -482,7 +480,7 @@ impl ShardCore {
     }
 
     /// [`ShardCore::handle_queued`] for a getHost or report record of the
-    /// shared memory's fixed layout ([`crate::shm::fixed`]): decoded into
+    /// shared memory's fixed layout ([`lbagent_shm::fixed`]): decoded into
     /// the same request the FlatBuffers datagram gives, and taken through
     /// the same path (the same L5 and DAGOR decisions, the same counts); a
     /// getHost's answer comes back as values, not bytes. A record whose
@@ -845,7 +843,7 @@ impl ShardCore {
                 e.lb.nodes()
                     .iter()
                     .filter_map(|n| e.lb.level_of(n.addr()))
-                    .max_by_key(|&l| crate::admission::level_index(l));
+                    .max_by_key(|&l| lbagent_admission::level_index(l));
             if let Some(l) = most {
                 self.metrics.module_levels.push((*m, l));
             }
@@ -1490,7 +1488,7 @@ fn new_entry(now: Millis, p: &LbParams) -> ModuleEntry {
 }
 
 /// Node `i`'s status; `units`: its module's, for a `balance` module.
-fn node_status(n: &crate::lb::Node, i: usize, units: Option<&Units>, now: Millis) -> NodeStatus {
+fn node_status(n: &lbagent_lb::Node, i: usize, units: Option<&Units>, now: Millis) -> NodeStatus {
     let overloaded = n.state() == NodeState::Overloaded;
     NodeStatus {
         addr: n.addr(),

@@ -24,18 +24,18 @@ use glommio::channels::local_channel::{self, LocalSender};
 use glommio::channels::shared_channel::{ConnectedSender, SharedReceiver, SharedSender};
 use glommio::net::UdpSocket;
 
-use super::clock;
 use super::messages::{ToControl, ToShard};
 use super::metrics::{Kind, ShardMetrics};
 use super::shard::{FixedReply, Queued, ShardCore, ShardSetup};
-use super::snapshot::SnapshotIndex;
-use super::udp::{self, RecvBatch, SendBatch};
 use super::wake::{self, ShardTimers, TimerPlan};
-use crate::admission::AdmissionParams;
-use crate::shm::layout::{self, peer_slot, slot_peer};
-use crate::shm::region::Region;
-use crate::shm::serve::Server;
-use crate::wire::DecodeError;
+use lbagent_admission::AdmissionParams;
+use lbagent_host::clock;
+use lbagent_host::snapshot::SnapshotIndex;
+use lbagent_host::udp::{self, RecvBatch, SendBatch};
+use lbagent_shm::layout::{self, peer_slot, slot_peer};
+use lbagent_shm::region::Region;
+use lbagent_shm::serve::Server;
+use lbagent_wire::DecodeError;
 use std::net::SocketAddr;
 
 /// Datagrams moved per system call.

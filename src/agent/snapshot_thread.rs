@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::snapshot::SnapshotRoute;
+use lbagent_host::snapshot::SnapshotRoute;
 
 /// A snapshot writer running on its own thread.
 pub struct SnapshotThread {

@@ -110,13 +110,13 @@ use futures_lite::{AsyncReadExt, AsyncWriteExt};
 use glommio::channels::local_channel::{LocalReceiver, LocalSender};
 use glommio::net::TcpStream;
 
-use super::clock;
-use super::conn::{race, Either};
 use super::link_shell::{LinkCore, LinkShell};
 use super::reconnect::{LinkState, Reconnect, ReconnectPolicy};
-use crate::lb::NodeCallStats;
-use crate::model::{ModuleId, NodeAddr};
-use crate::wire::{
+use lbagent_host::clock;
+use lbagent_lb::NodeCallStats;
+use lbagent_model::{ModuleId, NodeAddr};
+use lbagent_service::conn::{race, Either};
+use lbagent_wire::{
     decode, write_frame, DecodeError, Encoder, FrameError, Limits, Message, ModuleStats, NodeStats,
     RetCode,
 };
@@ -1066,8 +1066,8 @@ fn left(deadline: Instant) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::NodeAddr;
-    use crate::wire::FrameDecoder;
+    use lbagent_model::NodeAddr;
+    use lbagent_wire::FrameDecoder;
 
     const A: ModuleId = ModuleId::new(1, 1);
     const B: ModuleId = ModuleId::new(2, 1);
@@ -1233,7 +1233,7 @@ mod tests {
         let mut out = Vec::new();
         assert_eq!(core.poll_transmit(T0, &mut out), 1);
         assert!(
-            out.len() < crate::wire::MAX_FRAME_LEN,
+            out.len() < lbagent_wire::MAX_FRAME_LEN,
             "{} bytes",
             out.len()
         );

@@ -17,7 +17,7 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-use crate::lb::Millis;
+use lbagent_lb::Millis;
 
 /// A set of deadlines, each naming a key.
 #[derive(Debug)]

@@ -5,13 +5,13 @@
 
 use std::time::Duration;
 
-use crate::admission::Micros;
-use crate::lb::Millis;
+use lbagent_admission::Micros;
+use lbagent_lb::Millis;
 
 /// What a shard's timer task waits for, on the two clocks it uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ShardTimers {
-    /// The monotonic milliseconds now ([`super::clock::now_ms`]).
+    /// The monotonic milliseconds now ([`lbagent_host::clock::now_ms`]).
     pub now_ms: Millis,
     /// The next register (or retry) deadline, monotonic milliseconds.
     pub deadline_ms: Option<Millis>,

@@ -53,7 +53,7 @@ use std::collections::HashMap;
 
 use foldhash::fast::RandomState;
 
-use crate::model::{ModuleId, NodeAddr, RouteNode};
+use lbagent_model::{ModuleId, NodeAddr, RouteNode};
 
 /// How often a module in use is asked for again, at most: milliseconds.
 pub const REFRESH_INTERVAL_MS: u64 = 2_000;

@@ -7,16 +7,16 @@ use std::time::{Duration, Instant};
 
 use super::cache::{Pick, Refreshed, RouteCache};
 use super::clock::Clock;
-use super::holdback::HoldBack;
 use super::link::{Answer, Failure, Link};
 use super::locate::{Endpoints, Liveness, Locator};
 use super::statics::StaticRoutes;
 use super::{ClientError, ClientOptions, Host, HostSource, Priority, RouteView};
-use crate::admission::UserPriorities;
-use crate::agent::heartbeat::AgentInfo;
-use crate::model::{ModuleId, NodeAddr, Policy, RouteNode};
-use crate::shm::fixed::{self, HostAnswer};
-use crate::wire::{
+use lbagent_admission::holdback::HoldBack;
+use lbagent_admission::UserPriorities;
+use lbagent_host::heartbeat::AgentInfo;
+use lbagent_model::{ModuleId, NodeAddr, Policy, RouteNode};
+use lbagent_shm::fixed::{self, HostAnswer};
+use lbagent_wire::{
     fb, AdmissionLevel, Encoder, Message, NodeStatus, Report, RetCode, MAX_REGISTER_TIMEOUT_MS,
 };
 
@@ -140,7 +140,7 @@ impl Client {
 
     /// How many getHosts this client refused itself, without a datagram,
     /// because the agent shard's fresh admission level did not admit them
-    /// (see [`super::holdback`]).
+    /// (see [`lbagent_admission::holdback`]).
     pub fn held_back(&self) -> u64 {
         self.holdback.held()
     }
@@ -156,10 +156,10 @@ impl Client {
     /// previous priorities stay.
     pub fn set_priorities(&mut self, business: u8, user: u8) -> Result<(), ClientError> {
         for (name, p) in [("business_priority", business), ("user_priority", user)] {
-            if p > crate::wire::MAX_PRIORITY {
+            if p > lbagent_wire::MAX_PRIORITY {
                 return Err(ClientError::BadRequest(format!(
                     "{name} {p} is out of range: 0 (unset) or 1..={}",
-                    crate::wire::MAX_PRIORITY
+                    lbagent_wire::MAX_PRIORITY
                 )));
             }
         }
@@ -389,7 +389,7 @@ impl Client {
         downstream_level: Option<AdmissionLevel>,
         consumed: u32,
     ) -> Result<(), ClientError> {
-        if consumed > crate::wire::MAX_CONSUMED {
+        if consumed > lbagent_wire::MAX_CONSUMED {
             return Err(bad_consumed(consumed));
         }
         if let Some(l) = downstream_level {
@@ -613,11 +613,11 @@ impl Client {
                 flat(&answer),
             )?;
             let (version, parts) = (first.version, first.parts);
-            if parts > crate::wire::MAX_ROUTE_PARTS || first.part != 0 {
+            if parts > lbagent_wire::MAX_ROUTE_PARTS || first.part != 0 {
                 return Err(Trouble::Error(ClientError::BadResponse(format!(
                     "the route of module {module} comes as part {} of {parts}: at most {} parts are accepted",
                     first.part,
-                    crate::wire::MAX_ROUTE_PARTS
+                    lbagent_wire::MAX_ROUTE_PARTS
                 ))));
             }
             let mut bodies = Vec::with_capacity(parts as usize);
@@ -870,7 +870,7 @@ impl Client {
     }
 
     /// [`Client::agent_get_host`] remembering the level the answer carried
-    /// (the uncached path: see [`super::holdback`]).
+    /// (the uncached path: see [`lbagent_admission::holdback`]).
     fn agent_get_host_learning(
         &mut self,
         module: ModuleId,
@@ -910,7 +910,7 @@ impl Client {
         level: &mut Option<Option<AdmissionLevel>>,
     ) -> Result<Host, ClientError> {
         let (b, u) = (prio.business, prio.user);
-        let record = fixed::Request::GetHost(crate::wire::GetHost {
+        let record = fixed::Request::GetHost(lbagent_wire::GetHost {
             seq: 0,
             module,
             business_priority: b,
@@ -1259,7 +1259,7 @@ fn check_timeout(timeout: Duration) -> Result<(), ClientError> {
 fn bad_consumed(consumed: u32) -> ClientError {
     ClientError::BadRequest(format!(
         "consumed {consumed} units is out of range: at most {}",
-        crate::wire::MAX_CONSUMED
+        lbagent_wire::MAX_CONSUMED
     ))
 }
 
@@ -1319,12 +1319,14 @@ mod tests {
     }
 
     #[test]
-    fn the_user_hash_options_default_to_the_admission_config_and_are_checked() {
+    fn the_user_hash_options_default_to_the_packaged_admission_values_and_are_checked() {
         let d = ClientOptions::default();
-        let a = crate::config::AdmissionConfig::default();
         assert_eq!(
             (d.user_hash_seed, d.user_key_period_s),
-            (a.user_hash_seed, a.user_key_period_s)
+            (
+                lbagent_admission::priority::DEFAULT_USER_HASH_SEED,
+                lbagent_admission::priority::DEFAULT_USER_KEY_PERIOD_S
+            )
         );
         for period in [0, super::super::MAX_USER_KEY_PERIOD_S + 1] {
             let e = Client::with_options(ClientOptions {

@@ -301,7 +301,7 @@ impl Clock {
         if let Some(m) = &self.manual {
             return m.load(Ordering::Relaxed);
         }
-        crate::agent::clock::unix_ms()
+        lbagent_host::clock::unix_ms()
     }
 }
 

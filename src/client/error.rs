@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crate::model::ModuleId;
+use lbagent_model::ModuleId;
 
 /// Why a call of the client library failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

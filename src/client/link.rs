@@ -25,9 +25,9 @@
 //!
 //! When the heartbeat offers regions ([`Link::sync`]) and the client allows
 //! it, a request to a shard goes through a slot of that shard's region
-//! ([`crate::shm::attach`]) instead: the same bytes, the same answer, no
+//! ([`lbagent_shm::attach`]) instead: the same bytes, the same answer, no
 //! re-sending (nothing is lost); a getHost or report goes as a record of
-//! the fixed layout ([`crate::shm::fixed`]), and a getHost's answer comes
+//! the fixed layout ([`lbagent_shm::fixed`]), and a getHost's answer comes
 //! back as one ([`Answer::Host`]). A region the agent closed, or one that
 //! cannot be attached, sends the request by UDP instead (attaching is tried
 //! again a second later), so every failure path stays UDP's.
@@ -41,10 +41,10 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use super::locate::Endpoints;
-use crate::shm::attach::{Attachment, ShmFailure, REPORT_WAIT};
-use crate::shm::fixed::{self, HostAnswer};
-use crate::shm::layout::{FMT_FIXED, FMT_FLATBUFFERS};
-use crate::wire::{decode, Encoder, Limits, Message};
+use lbagent_shm::attach::{Attachment, ShmFailure, REPORT_WAIT};
+use lbagent_shm::fixed::{self, HostAnswer};
+use lbagent_shm::layout::{FMT_FIXED, FMT_FLATBUFFERS};
+use lbagent_wire::{decode, Encoder, Limits, Message};
 
 /// An answer, as it came: a FlatBuffers message (UDP, and shared memory
 /// for every answer but a getHost's), or a getHost answer record of the
@@ -251,7 +251,7 @@ impl Link {
         if self.attach_after[i].is_some_and(|t| now < t) {
             return false;
         }
-        match Attachment::attach(&crate::shm::region_path(prefix, shard), *pid) {
+        match Attachment::attach(&lbagent_shm::region_path(prefix, shard), *pid) {
             Ok(a) => {
                 self.slots[i] = Some(a);
                 true
@@ -505,8 +505,8 @@ fn ceil_ms(d: Duration) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{ModuleId, NodeAddr};
-    use crate::wire::RetCode;
+    use lbagent_model::{ModuleId, NodeAddr};
+    use lbagent_wire::RetCode;
 
     const M: ModuleId = ModuleId::new(4, 2);
 

@@ -17,14 +17,14 @@
 //! file was replaced, or when a request failed ([`Locator::reread`]). It
 //! must not touch sockets or the static route file.
 //!
-//! [`DEFAULT_MAX_AGE_MS`]: crate::agent::heartbeat::DEFAULT_MAX_AGE_MS
+//! [`DEFAULT_MAX_AGE_MS`]: lbagent_host::heartbeat::DEFAULT_MAX_AGE_MS
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use super::link::ShmTarget;
-use crate::agent::heartbeat::{is_alive, AgentInfo, HeartbeatReader};
+use lbagent_host::heartbeat::{is_alive, AgentInfo, HeartbeatReader};
 
 /// Where the agent's shards listen, as the heartbeat header says.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -385,7 +385,7 @@ fn stale_reason(path: &Path, beat: u64, now: u64, max_age: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::agent::heartbeat::HeartbeatWriter;
+    use lbagent_host::heartbeat::HeartbeatWriter;
 
     fn info(shards: u32, base_port: u16, snapshot: &str) -> AgentInfo {
         AgentInfo {
@@ -517,7 +517,7 @@ mod tests {
 
     #[test]
     fn the_header_stamp_ignores_beats_and_sees_every_other_field() {
-        use crate::agent::heartbeat::HeartbeatReader;
+        use lbagent_host::heartbeat::HeartbeatReader;
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("hb");
         let w = HeartbeatWriter::create(&path, &info(1, 9000, "/a")).unwrap();

@@ -1,7 +1,7 @@
 //! [`Priority`]: the DAGOR priorities a getHost carries.
 
 use super::ClientError;
-use crate::admission::UserPriorities;
+use lbagent_admission::UserPriorities;
 
 /// A call's DAGOR priorities: business `B` and user `U`, each 1..=128
 /// (1 = most important), or 0 = unset (the agent counts it as 128).

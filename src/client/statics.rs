@@ -3,14 +3,14 @@
 //! modification time), and asked for a random node of a module.
 //!
 //! Owns the loaded [`Snapshot`] (or why it could not be loaded). The file
-//! format and its validation belong to [`crate::agent::snapshot`]: whatever
+//! format and its validation belong to [`lbagent_host::snapshot`]: whatever
 //! the bytes, the answer is a node the agent wrote, or an error.
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use crate::agent::snapshot::{self, Snapshot};
-use crate::model::{ModuleId, NodeAddr};
+use lbagent_host::snapshot::{self, Snapshot};
+use lbagent_model::{ModuleId, NodeAddr};
 
 /// What identifies one version of the file: a rename over it changes the
 /// inode, a rewrite in place the size or the modification time.
@@ -111,8 +111,8 @@ impl StaticRoutes {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::agent::snapshot::SnapshotRoute;
-    use crate::model::RouteNode;
+    use lbagent_host::snapshot::SnapshotRoute;
+    use lbagent_model::RouteNode;
     use std::net::Ipv4Addr;
 
     const M: ModuleId = ModuleId::new(7, 1);

@@ -17,9 +17,9 @@ use std::time::Duration;
 use super::cache::{HOLD_LIMIT_MS, REFRESH_INTERVAL_MS};
 use super::clock::{Clock, STOPPED};
 use super::{Client, ClientError, ClientOptions, HostSource};
-use crate::agent::heartbeat::{AgentInfo, HeartbeatWriter};
-use crate::model::{ModuleId, NodeAddr, RouteNode};
-use crate::wire::{decode, CacheRoute, Encoder, Limits, Message, RetCode};
+use lbagent_host::heartbeat::{AgentInfo, HeartbeatWriter};
+use lbagent_model::{ModuleId, NodeAddr, RouteNode};
+use lbagent_wire::{decode, CacheRoute, Encoder, Limits, Message, RetCode};
 
 const M: ModuleId = ModuleId::new(31, 7);
 /// Every call here must be answered: generous, so a stall of the fake agent

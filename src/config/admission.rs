@@ -1,11 +1,11 @@
 //! The `[admission]` table: DAGOR admission control (seed 004), for every
-//! service that embeds [`crate::admission`] (`lbagent demo-service`) and
+//! service that embeds [`lbagent_admission`] (`lbagent demo-service`) and
 //! for the agent's shards when `agent_shedding` is on.
 
 use serde::{Deserialize, Serialize};
 
 use super::{in_range, ConfigError};
-use crate::admission::{AdmissionLevel, AdmissionParams};
+use lbagent_admission::{AdmissionLevel, AdmissionParams};
 
 /// The `[admission]` table. Defaults are the paper's.
 #[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
@@ -69,9 +69,9 @@ impl Default for AdmissionConfig {
             min_business: p.floor.business,
             min_user: p.floor.user,
             hold_while_draining: p.hold_while_draining,
-            user_hash_seed: 0x1bad_b002_dead_beef,
-            user_key_period_s: 3600,
-            level_timeout_ms: crate::agent::shard::LEVEL_TIMEOUT_MS,
+            user_hash_seed: lbagent_admission::priority::DEFAULT_USER_HASH_SEED,
+            user_key_period_s: lbagent_admission::priority::DEFAULT_USER_KEY_PERIOD_S,
+            level_timeout_ms: lbagent_lb::LEVEL_TIMEOUT_MS,
             agent_shedding: false,
             agent_queuing_threshold_us: AGENT_QUEUING_THRESHOLD_US,
         }

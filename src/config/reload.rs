@@ -116,7 +116,7 @@ pub fn plan(role: Role, old: &Config, new: &Config) -> Plan {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::LogLevel;
+    use crate::LogLevel;
 
     #[test]
     fn no_change_is_an_empty_apply() {
@@ -165,9 +165,7 @@ mod tests {
             ("agent.metrics_addr", |c| {
                 c.agent.metrics_addr = "127.0.0.1:1".parse().unwrap()
             }),
-            ("log.format", |c| {
-                c.log.format = crate::config::LogFormat::Json
-            }),
+            ("log.format", |c| c.log.format = crate::LogFormat::Json),
             ("admission.level_timeout_ms", |c| {
                 c.admission.level_timeout_ms = 500
             }),

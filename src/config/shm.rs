@@ -40,8 +40,8 @@ impl ShmConfig {
     /// [`ConfigError::Invalid`] naming the field.
     pub fn validate(&self) -> Result<(), ConfigError> {
         absolute("shm.dir", &self.dir)?;
-        in_range("shm.slots", self.slots, 1, crate::shm::layout::MAX_SLOTS)?;
-        if !self.group.is_empty() && crate::shm::region::group_id(&self.group).is_none() {
+        in_range("shm.slots", self.slots, 1, lbagent_shm::layout::MAX_SLOTS)?;
+        if !self.group.is_empty() && lbagent_shm::region::group_id(&self.group).is_none() {
             return Err(ConfigError::Invalid {
                 field: "shm.group",
                 value: format!("\"{}\"", self.group),
@@ -54,7 +54,7 @@ impl ShmConfig {
 
 #[cfg(test)]
 mod tests {
-    use crate::config::Config;
+    use crate::Config;
 
     #[test]
     fn the_shm_table_is_checked_field_by_field() {
@@ -77,7 +77,7 @@ mod tests {
 
     #[test]
     fn a_changed_shm_table_needs_a_restart() {
-        use crate::config::reload::{reloadable, Reloadable, Role};
+        use crate::reload::{reloadable, Reloadable, Role};
         assert_eq!(reloadable(Role::Agent, "shm.enabled"), Reloadable::Restart);
         assert_eq!(
             reloadable(Role::Dnsserver, "shm.slots"),

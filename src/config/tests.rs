@@ -43,7 +43,7 @@ fn defaults_are_the_original_lbagent_ini() {
         ),
         (0.95, 0.1, 0.7, 2)
     );
-    assert_eq!(lb.params(), crate::lb::LbParams::default());
+    assert_eq!(lb.params(), lbagent_lb::LbParams::default());
     Config::default().validate().unwrap();
 }
 

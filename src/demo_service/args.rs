@@ -91,7 +91,7 @@ impl DemoServiceArgs {
 /// Runs `lbagent demo-service` until SIGTERM or SIGINT: exit 0 then, 78 for
 /// a bad configuration, 2 for a bad flag, 1 when the socket fails.
 pub fn command(args: &DemoServiceArgs) -> ExitCode {
-    crate::signal::install();
+    crate::service::signal::install();
     let config = match Config::load(args.config.as_deref(), &args.set) {
         Ok(c) => c,
         Err(e) => {
@@ -126,7 +126,7 @@ pub fn command(args: &DemoServiceArgs) -> ExitCode {
     let counters = Counters::default();
     let result = std::thread::scope(|s| {
         let server = s.spawn(|| serve(&socket, params, &stop, &counters));
-        while !crate::signal::received() && !server.is_finished() {
+        while !crate::service::signal::received() && !server.is_finished() {
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
         stop.store(true, Ordering::Relaxed);

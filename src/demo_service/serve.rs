@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use super::core::{Arrival, ServiceCore, ServiceParams};
 use crate::admission::{piggyback, Micros, WindowOutcome};
-use crate::agent::udp::{self, RecvBatch};
+use crate::host::udp::{self, RecvBatch};
 use crate::model::ModuleId;
 use crate::wire::{decode, Encoder, Limits, Message, RetCode};
 

@@ -7,8 +7,8 @@
 //! endpoint renders whatever the slots hold. Nothing on the request path
 //! touches an atomic or a lock.
 
-use crate::metrics_http;
-use crate::wakefd::StopEvent;
+use lbagent_service::metrics_http;
+use lbagent_service::wakefd::StopEvent;
 use std::fmt::Write as _;
 use std::net::TcpListener;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -439,7 +439,7 @@ fn render(
 /// within the bounds of [`metrics_http::serve_blocking`] (counted in
 /// `board.http`).
 pub fn serve(listener: TcpListener, board: Arc<Board>, stop: Arc<StopEvent>) {
-    let body = || board.render(Instant::now()) + &crate::reload::metrics_text();
+    let body = || board.render(Instant::now()) + &lbagent_service::reload::metrics_text();
     if let Err(e) = metrics_http::serve_blocking(&listener, &stop, &board.http, &body) {
         tracing::error!("the metrics endpoint stopped: {e}");
     }

@@ -15,7 +15,7 @@
 
 use std::sync::Arc;
 
-use crate::model::ModuleId;
+use lbagent_model::ModuleId;
 
 /// Slots per level: 64 × 64 leaves.
 pub const FAN: usize = 64;

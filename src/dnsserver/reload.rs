@@ -38,14 +38,14 @@ use std::time::{Duration, Instant};
 use super::metrics::{Board, StoreStatus};
 use super::table::{Change, Reloaded, RouteTable};
 use super::updates::UpdateSender;
-use crate::model::ModuleId;
-use crate::store::{Store, StoreError, Wake};
-use crate::wire::Encoder;
+use lbagent_model::ModuleId;
+use lbagent_store::{Store, StoreError, Wake};
+use lbagent_wire::Encoder;
 
 /// Opens a connection to the store; called at start and after every
 /// failure ([`DnsServer::start`](super::DnsServer::start) creates a
 /// missing SQLite file only on the first call: see
-/// [`crate::store::open_existing`]).
+/// [`lbagent_store::open_existing`]).
 pub type StoreOpener = Box<dyn FnMut() -> Result<Box<dyn Store>, StoreError> + Send>;
 
 /// A new table for the executors, with what changed since the previous.
@@ -433,9 +433,9 @@ fn stop_requested(stop: &Receiver<()>) -> bool {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::model::{NodeAddr, Policy, RouteNode};
-    use crate::store::{CallStatus, Changes, ModuleRoute, RouteSet};
-    use crate::wire::{decode, FrameDecoder, Limits, Message};
+    use lbagent_model::{NodeAddr, Policy, RouteNode};
+    use lbagent_store::{CallStatus, Changes, ModuleRoute, RouteSet};
+    use lbagent_wire::{decode, FrameDecoder, Limits, Message};
     use std::collections::BTreeMap;
     use std::net::Ipv4Addr;
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -566,7 +566,7 @@ pub(crate) mod tests {
             &mut self,
             rows: &[(ModuleId, RouteNode)],
             _replace: bool,
-        ) -> Result<crate::store::Imported, StoreError> {
+        ) -> Result<lbagent_store::Imported, StoreError> {
             self.check()?;
             let mut data = self.data.lock().unwrap();
             data.version += 1;
@@ -582,7 +582,7 @@ pub(crate) mod tests {
             for m in &modules {
                 data.log.push((v, *m));
             }
-            Ok(crate::store::Imported {
+            Ok(lbagent_store::Imported {
                 version: v,
                 modules: modules.len(),
                 nodes: rows.len(),
@@ -628,9 +628,9 @@ pub(crate) mod tests {
         fn consume(
             &mut self,
             rows: &[(ModuleId, NodeAddr, u32)],
-        ) -> Result<crate::store::Consumed, StoreError> {
+        ) -> Result<lbagent_store::Consumed, StoreError> {
             self.check()?;
-            crate::store::check_consumed(rows)?;
+            lbagent_store::check_consumed(rows)?;
             let mut data = self.data.lock().unwrap();
             let mut changed = Vec::new();
             for &(module, node, units) in rows {
@@ -650,7 +650,7 @@ pub(crate) mod tests {
                     data.log.push((v, m));
                 }
             }
-            Ok(crate::store::Consumed {
+            Ok(lbagent_store::Consumed {
                 version: data.version,
                 nodes,
             })

@@ -41,9 +41,9 @@ use super::session::{CloseReason, Ctx, Session};
 use super::subs::{Budget, ConnId, Registry};
 use super::table::RouteTable;
 use super::updates::{Doorbell, UpdateReceiver};
-use crate::agent::conn::{race, Either};
-use crate::model::ModuleId;
-use crate::wire::{write_frame, Encoder, RetCode};
+use lbagent_model::ModuleId;
+use lbagent_service::conn::{race, Either};
+use lbagent_wire::{write_frame, Encoder, RetCode};
 
 /// The tick: how soon after a change an executor publishes its counters
 /// (updates are installed when they come; nothing is ticked while nothing

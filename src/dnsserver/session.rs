@@ -30,8 +30,8 @@ use std::fmt;
 use super::metrics::{CloseKind, Counters};
 use super::subs::{ConnId, Registry, Subscribed};
 use super::table::RouteTable;
-use crate::model::ModuleId;
-use crate::wire::{
+use lbagent_model::ModuleId;
+use lbagent_wire::{
     decode, write_frame, DecodeError, Encoder, FrameDecoder, FrameError, Limits, Message, RetCode,
     ValidationError,
 };
@@ -308,8 +308,8 @@ fn write(out: &mut Vec<u8>, payload: &[u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{NodeAddr, RouteNode};
-    use crate::store::{ModuleRoute, RouteSet};
+    use lbagent_model::{NodeAddr, RouteNode};
+    use lbagent_store::{ModuleRoute, RouteSet};
     use std::net::Ipv4Addr;
 
     const A: ModuleId = ModuleId::new(10, 1);
@@ -333,13 +333,13 @@ mod tests {
                     module: A,
                     version: 5,
                     nodes: nodes(3),
-                    policy: crate::model::Policy::L5,
+                    policy: lbagent_model::Policy::L5,
                 },
                 ModuleRoute {
                     module: B,
                     version: 7,
                     nodes: nodes(1),
-                    policy: crate::model::Policy::L5,
+                    policy: lbagent_model::Policy::L5,
                 },
             ],
         };
@@ -499,22 +499,22 @@ mod tests {
     fn a_pull_with_a_version_count_that_is_not_the_module_count_is_refused() {
         use flatbuffers::FlatBufferBuilder;
         let mut fbb = FlatBufferBuilder::new();
-        let modules = fbb.create_vector(&[crate::wire::fb::ModuleId::from(A)]);
+        let modules = fbb.create_vector(&[lbagent_wire::fb::ModuleId::from(A)]);
         let known_versions = fbb.create_vector(&[5u64, 6]);
-        let args = crate::wire::fb::PullReqArgs {
+        let args = lbagent_wire::fb::PullReqArgs {
             seq: 4,
             modules: Some(modules),
             known_versions: Some(known_versions),
         };
-        let body = crate::wire::fb::PullReq::create(&mut fbb, &args).as_union_value();
-        let env = crate::wire::fb::Envelope::create(
+        let body = lbagent_wire::fb::PullReq::create(&mut fbb, &args).as_union_value();
+        let env = lbagent_wire::fb::Envelope::create(
             &mut fbb,
-            &crate::wire::fb::EnvelopeArgs {
-                body_type: crate::wire::fb::Body::PullReq,
+            &lbagent_wire::fb::EnvelopeArgs {
+                body_type: lbagent_wire::fb::Body::PullReq,
                 body: Some(body),
             },
         );
-        crate::wire::fb::finish_envelope_buffer(&mut fbb, env);
+        lbagent_wire::fb::finish_envelope_buffer(&mut fbb, env);
         let mut out = Vec::new();
         h_read_ok(&frame(fbb.finished_data()), &mut out);
         assert_eq!(replies(&out), vec![Reply::Error(4, RetCode::BadRequest)]);

@@ -22,7 +22,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use crate::model::ModuleId;
+use lbagent_model::ModuleId;
 
 /// A connection's handle in a [`Registry`]: a slot index, reused only once
 /// the connection's task has [released](Registry::release) it.

@@ -21,9 +21,9 @@ use std::sync::Arc;
 
 use super::module_map::ModuleMap;
 
-use crate::model::{ModuleId, Policy, RouteNode};
-use crate::store::{Changes, ModuleRoute, RouteSet};
-use crate::wire::{decode, fb, write_frame, Encoder, FrameError, Limits, Message};
+use lbagent_model::{ModuleId, Policy, RouteNode};
+use lbagent_store::{Changes, ModuleRoute, RouteSet};
+use lbagent_wire::{decode, fb, write_frame, Encoder, FrameError, Limits, Message};
 
 /// The length of a frame's length prefix.
 const PREFIX_LEN: usize = 4;
@@ -346,8 +346,8 @@ fn deleted(module: ModuleId, version: u64, enc: &mut Encoder) -> Change {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::NodeAddr;
-    use crate::wire::FrameDecoder;
+    use lbagent_model::NodeAddr;
+    use lbagent_wire::FrameDecoder;
     use std::net::Ipv4Addr;
 
     const A: ModuleId = ModuleId::new(1, 1);

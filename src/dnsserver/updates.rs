@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::reload::Update;
-pub use crate::doorbell::Doorbell;
+pub use lbagent_service::doorbell::Doorbell;
 
 /// A new update channel: the store thread's end and the executor's.
 pub fn channel() -> (UpdateSender, UpdateReceiver) {

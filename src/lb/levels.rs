@@ -9,7 +9,11 @@
 //! it expires (it can no longer be chosen, so it changes no answer).
 
 use super::node::Millis;
-use crate::wire::AdmissionLevel;
+use lbagent_admission::AdmissionLevel;
+
+/// The default `admission.level_timeout_ms`: a downstream level not
+/// refreshed by a report within three 1 s windows is forgotten.
+pub const LEVEL_TIMEOUT_MS: u64 = 3_000;
 
 /// One node's live level.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

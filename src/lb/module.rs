@@ -9,9 +9,9 @@ use super::levels::Levels;
 use super::node::{Millis, Node, NodeState, Outcome, Transition};
 use super::params::LbParams;
 use super::units::Units;
-use crate::admission::{admits, clamp_priority, OPEN};
-use crate::model::{NodeAddr, Policy, RouteNode};
-use crate::wire::AdmissionLevel;
+use lbagent_admission::AdmissionLevel;
+use lbagent_admission::{admits, clamp_priority, OPEN};
+use lbagent_model::{NodeAddr, Policy, RouteNode};
 
 /// What getHost answers for a module.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -3,7 +3,7 @@
 //! [`super::ModuleLb`]; this file decides, the module moves.
 
 use super::params::LbParams;
-use crate::model::{NodeAddr, RouteNode};
+use lbagent_model::{NodeAddr, RouteNode};
 
 /// Milliseconds on a monotonic clock chosen by the caller. The core never
 /// reads a clock: every rule that involves time takes `now` as an argument.

@@ -1,7 +1,7 @@
 //! The overload algorithm's knobs, as the LB core sees them.
 
 /// The parameters of the L5 overload algorithm. Defaults are the original
-/// agent's `lbagent.ini`; [`crate::config`] reads them from the `[lb]` table
+/// agent's `lbagent.ini`; [`lbagent_config`] reads them from the `[lb]` table
 /// and validates their ranges before they reach the core.
 #[derive(Clone, Debug, PartialEq)]
 pub struct LbParams {

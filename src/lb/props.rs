@@ -3,7 +3,7 @@
 //! original's rules, over arbitrary histories.
 
 use super::*;
-use crate::model::{NodeAddr, RouteNode};
+use lbagent_model::{NodeAddr, RouteNode};
 use proptest::prelude::*;
 use proptest::test_runner::FileFailurePersistence;
 use std::net::Ipv4Addr;

@@ -2,7 +2,7 @@
 //! the crossing. Defaults are the original `lbagent.ini`.
 
 use super::*;
-use crate::model::{NodeAddr, RouteNode};
+use lbagent_model::{NodeAddr, RouteNode};
 use std::net::Ipv4Addr;
 
 fn addr(i: u8) -> NodeAddr {
@@ -694,7 +694,7 @@ fn a_10000_node_route_change_keeps_the_state_of_every_node_that_stays() {
 
 // === downstream admission levels (DAGOR collaborative admission) ===
 
-use crate::wire::AdmissionLevel;
+use lbagent_admission::AdmissionLevel;
 
 const TTL: Millis = 3_000;
 

@@ -126,7 +126,7 @@ impl QpstestArgs {
 /// failures on stderr as one line. Installs the SIGTERM / SIGINT handler,
 /// so that Ctrl-C ends the run early with its summary.
 pub fn command(args: &QpstestArgs) -> ExitCode {
-    crate::signal::install();
+    crate::service::signal::install();
     let mut stdout = std::io::stdout().lock();
     match super::run(&args.options(), &mut stdout) {
         Ok(s) if s.get_hosts > 0 => ExitCode::SUCCESS,

@@ -40,9 +40,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 
-use crate::agent::heartbeat::HeartbeatReader;
 use crate::client::{Client, ClientOptions, HostSource};
 use crate::floor::{Floor, FloorOptions};
+use crate::host::heartbeat::HeartbeatReader;
 use crate::model::{ModuleId, NodeAddr, RouteNode};
 use crate::standalone::{Standalone, StandaloneOptions};
 use crate::store::{self, StoreUrl};
@@ -177,7 +177,7 @@ pub const MAX_MODULES: u32 = 100_000;
 /// Runs the load described by `opts`, prints a live line every second and
 /// the summary (text, or JSON with `opts.json`) to `out`, and returns the
 /// summary. Stops early, with a summary of what it measured, on SIGTERM /
-/// SIGINT when [`crate::signal::install`] was called.
+/// SIGINT when [`crate::service::signal::install`] was called.
 ///
 /// # Errors
 /// Invalid options, a floor or standalone system that cannot start, a
@@ -518,7 +518,7 @@ fn measure(opts: &QpsOptions, server: &Server, live: &mut dyn Write) -> anyhow::
     // A line every second and one at the end, however late this thread
     // gets there (a stall of a busy machine may skip past the end: the last
     // line still comes).
-    while !crate::signal::received() {
+    while !crate::service::signal::received() {
         let now = Instant::now();
         let due = next.min(end);
         if now < due {

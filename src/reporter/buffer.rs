@@ -24,8 +24,8 @@
 use std::collections::hash_map::Entry as MapEntry;
 use std::collections::{HashMap, VecDeque};
 
-use crate::model::{ModuleId, NodeAddr};
-use crate::store::CallStatus;
+use lbagent_model::{ModuleId, NodeAddr};
+use lbagent_store::CallStatus;
 
 /// What identifies a row in the store: module, node, caller.
 type Key = (ModuleId, NodeAddr, u32);

@@ -33,11 +33,11 @@ use glommio::{ExecutorJoinHandle, LocalExecutorBuilder, Placement};
 use super::notes::Throttle;
 use super::session::Session;
 use super::shared::{unix_ms, Shared};
-use crate::agent::conn::{race, Either};
-use crate::doorbell::Doorbell;
-use crate::metrics_http;
-use crate::model::ModuleId;
-use crate::wire::{write_frame, Encoder, RetCode};
+use lbagent_model::ModuleId;
+use lbagent_service::conn::{race, Either};
+use lbagent_service::doorbell::Doorbell;
+use lbagent_service::metrics_http;
+use lbagent_wire::{write_frame, Encoder, RetCode};
 
 /// The I/O memory the executor registers.
 pub const IO_MEMORY: usize = 256 << 10;
@@ -67,7 +67,7 @@ pub(super) struct ConnLimits {
 
 impl ConnLimits {
     /// The bounds `cfg` sets.
-    pub(super) fn of(cfg: &crate::config::ReporterConfig) -> Self {
+    pub(super) fn of(cfg: &lbagent_config::ReporterConfig) -> Self {
         ConnLimits {
             max_connections: cfg.max_connections as usize,
             idle_timeout: Duration::from_secs(cfg.idle_timeout),
@@ -443,7 +443,7 @@ async fn serve_metrics(mut stream: TcpStream, shared: &Shared) {
         }
     }
     let resp = metrics_http::response(&req, || {
-        super::metrics::render(&shared.stats()) + &crate::reload::metrics_text()
+        super::metrics::render(&shared.stats()) + &lbagent_service::reload::metrics_text()
     });
     let _ = stream.write_all(resp.as_bytes()).await;
     let _ = stream.close().await;

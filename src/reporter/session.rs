@@ -17,9 +17,9 @@
 use std::fmt;
 use std::net::Ipv4Addr;
 
-use crate::model::{ModuleId, NodeAddr};
-use crate::store::CallStatus;
-use crate::wire::{
+use lbagent_model::{ModuleId, NodeAddr};
+use lbagent_store::CallStatus;
+use lbagent_wire::{
     decode, fb, write_frame, DecodeError, Encoder, FrameDecoder, FrameError, Limits, Message,
     RetCode, MAX_FRAME_LEN,
 };
@@ -275,7 +275,7 @@ impl Session {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::{ModuleStats, NodeStats};
+    use lbagent_wire::{ModuleStats, NodeStats};
 
     fn node(port: u16, succ: u32, err: u32, overloaded: bool) -> NodeStats {
         NodeStats {

@@ -14,8 +14,8 @@ use super::buffer::Buffer;
 use super::metrics::ReporterStats;
 use super::notes::LossNotes;
 use super::Log;
-use crate::model::{ModuleId, NodeAddr};
-use crate::store::CallStatus;
+use lbagent_model::{ModuleId, NodeAddr};
+use lbagent_store::CallStatus;
 
 /// At most one line about dropped rows per this many milliseconds.
 pub(super) const LOSS_NOTE_INTERVAL_MS: u64 = 10_000;
@@ -56,7 +56,7 @@ pub(super) struct Core {
     /// The latest store error, for the stop report.
     pub(super) last_error: Option<String>,
     /// Per writer (the shard of the module): `(module, node, units)`
-    /// consumed for good, waiting for [`crate::store::Store::consume`].
+    /// consumed for good, waiting for [`lbagent_store::Store::consume`].
     pub(super) consumed: Vec<Vec<(ModuleId, NodeAddr, u32)>>,
     /// Consumed entries dropped at [`MAX_CONSUMED_WAITING`] per writer.
     pub(super) consumed_dropped: u64,
@@ -92,7 +92,7 @@ pub(super) struct Shared {
     /// Times a writer found the SQLite file deleted or replaced.
     pub(super) store_replaced: AtomicU64,
     /// What the metrics endpoint refused or timed out.
-    pub(super) http: crate::metrics_http::HttpCounters,
+    pub(super) http: lbagent_service::metrics_http::HttpCounters,
     log: Log,
     /// Rows per transaction.
     pub(super) batch_rows: usize,
@@ -135,7 +135,7 @@ impl Shared {
             buffer_full_closed: AtomicU64::new(0),
             partial_bytes: AtomicU64::new(0),
             store_replaced: AtomicU64::new(0),
-            http: crate::metrics_http::HttpCounters::default(),
+            http: lbagent_service::metrics_http::HttpCounters::default(),
             log,
             batch_rows: batch_rows.max(1),
             retry_max_ms,

@@ -30,7 +30,7 @@ use super::buffer::Batch;
 use super::notes::OutageNotes;
 use super::shared::{unix_ms, Phase, Shared};
 use super::OpenStore;
-use crate::store::{Store, StoreError};
+use lbagent_store::{Store, StoreError};
 
 /// At most one reminder per writer per this many milliseconds while the
 /// store stays down.

@@ -13,7 +13,7 @@ use super::layout;
 use super::region::Region;
 use super::serve::reclaim_if_dead;
 use super::wait;
-use crate::agent::udp::realtime_ns;
+use lbagent_host::udp::realtime_ns;
 
 /// While asleep, a client wakes this often to ring the doorbell again if
 /// the shard still sleeps (a doorbell datagram can be lost).

@@ -9,8 +9,8 @@
 //!
 //! Pure: bytes in, values out. Nothing read is trusted: every length,
 //! tag, reserved byte and value is checked, and the field rules are those
-//! of the FlatBuffers path ([`crate::wire::fb::GetHostReq::validate`],
-//! [`crate::wire::fb::ReportReq::validate`]), so that both decode to the
+//! of the FlatBuffers path ([`lbagent_wire::fb::GetHostReq::validate`],
+//! [`lbagent_wire::fb::ReportReq::validate`]), so that both decode to the
 //! same request (a property test checks it) and an out-of-range value gets
 //! the same BadRequest answer.
 //!
@@ -47,7 +47,7 @@
 //! | 22 | 2 | reserved |
 //! | 24 | 4 | the call's retcode (i32) |
 //! | 28 | 4 | tcost, ms |
-//! | 32 | 4 | consumed units (at most [`crate::wire::MAX_CONSUMED`]) |
+//! | 32 | 4 | consumed units (at most [`lbagent_wire::MAX_CONSUMED`]) |
 //!
 //! getHost answer ([`HOST_ANSWER`], [`HOST_ANSWER_LEN`] bytes), what a
 //! GetHostResp carries:
@@ -66,9 +66,9 @@
 //! | 22 | 1 | flags: bit 0 = a host is named; other bits 0 |
 //! | 23 | 1 | reserved |
 
-use crate::model::{ModuleId, NodeAddr};
-use crate::wire::fb;
-use crate::wire::{
+use lbagent_model::{ModuleId, NodeAddr};
+use lbagent_wire::fb;
+use lbagent_wire::{
     AdmissionLevel, GetHost, Message, Report, RetCode, ValidationError, MAX_CONSUMED, MAX_PRIORITY,
 };
 
@@ -373,7 +373,7 @@ pub fn from_message(msg: &Message<'_>) -> Option<Request> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::{decode, Encoder, Limits};
+    use lbagent_wire::{decode, Encoder, Limits};
     use proptest::prelude::*;
     use std::net::Ipv4Addr;
 

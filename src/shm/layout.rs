@@ -191,9 +191,9 @@ pub fn split_at(split: u32, len: usize) -> Option<usize> {
 pub const NO_ANSWER: u32 = u32::MAX;
 
 /// The request capacity: the shard's UDP receive buffer
-/// ([`crate::agent::udp::MAX_REQUEST`]), so a request that fits one fits
+/// ([`lbagent_host::udp::MAX_REQUEST`]), so a request that fits one fits
 /// the other.
-pub const REQ_CAP: usize = crate::agent::udp::MAX_REQUEST;
+pub const REQ_CAP: usize = lbagent_host::udp::MAX_REQUEST;
 /// The response capacity: the largest UDP payload, so every answer the
 /// shard can send over UDP fits.
 pub const RESP_CAP: usize = 65_536;

@@ -10,7 +10,7 @@ use std::sync::atomic::{fence, Ordering};
 use super::fixed;
 use super::layout::{self, Geometry};
 use super::region::{process_gone, Region};
-use crate::wire::{decode, Limits, Message};
+use lbagent_wire::{decode, Limits, Message};
 
 /// Counters of the shard's side, shipped with the shard's metrics.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -407,7 +407,7 @@ pub fn reclaim_if_dead(region: &Region, slot: u32) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::shm::region::{Access, Identity};
+    use crate::region::{Access, Identity};
 
     /// A region of 70 slots (two pending words) and its server; `publish`
     /// stores a request of 3 bytes in a slot as a client does, with or

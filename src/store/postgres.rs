@@ -30,7 +30,7 @@ use super::{
     BadRows, CallStatus, ChangeRow, Changes, Consumed, Imported, ModuleRoute, PolicyRow, RouteRow,
     RouteSet, StatusRow, Store, StoreError, Wake, CONNECT_TIMEOUT,
 };
-use crate::model::{ModuleId, NodeAddr, Policy, RouteNode};
+use lbagent_model::{ModuleId, NodeAddr, Policy, RouteNode};
 
 /// Connection attempts still waiting for a server that accepted the TCP
 /// connection and then said nothing. Each holds a thread; past

@@ -23,7 +23,7 @@ use super::{
     CallStatus, ChangeRow, Changes, Consumed, Imported, ModuleRoute, PolicyRow, RouteRow, RouteSet,
     StatusRow, Store, StoreError, SQLITE_BUSY_TIMEOUT,
 };
-use crate::model::{ModuleId, NodeAddr, Policy, RouteNode};
+use lbagent_model::{ModuleId, NodeAddr, Policy, RouteNode};
 
 /// One connection to a SQLite store.
 ///

@@ -28,7 +28,7 @@ use std::net::Ipv4Addr;
 use std::path::Path;
 
 use super::{check_imported_node, ModuleRoute};
-use crate::model::{ModuleId, NodeAddr, RouteNode};
+use lbagent_model::{ModuleId, NodeAddr, RouteNode};
 
 /// The fields of a row, in the order export writes them.
 pub const FIELDS: [&str; 5] = ["modid", "cmdid", "ip", "port", "weight"];
@@ -387,13 +387,13 @@ mod tests {
                 module: ModuleId::new(1, 2),
                 version: 3,
                 nodes: vec![node("10.0.0.1:80", 5), node("10.0.0.2:81", 1)],
-                policy: crate::model::Policy::L5,
+                policy: lbagent_model::Policy::L5,
             },
             ModuleRoute {
                 module: ModuleId::new(7, 0),
                 version: 4,
                 nodes: vec![node("192.168.1.1:65535", 1_000_000)],
-                policy: crate::model::Policy::L5,
+                policy: lbagent_model::Policy::L5,
             },
         ];
         for format in [TableFormat::Csv, TableFormat::Jsonl] {

@@ -10,7 +10,7 @@
 //! sequence number or module id is encoded in full instead.
 
 use super::{AdmissionLevel, Encoder, RetCode};
-use crate::model::ModuleId;
+use lbagent_model::ModuleId;
 
 /// A `Rejected` GetHostResp for one level.
 #[derive(Clone, Debug)]

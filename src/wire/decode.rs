@@ -199,9 +199,9 @@ messages! {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{ModuleId, NodeAddr, RouteNode};
-    use crate::wire::{Encoder, NodeStatus, Report, RetCode};
+    use crate::{Encoder, NodeStatus, Report, RetCode};
     use flatbuffers::{FlatBufferBuilder, WIPOffset};
+    use lbagent_model::{ModuleId, NodeAddr, RouteNode};
     use proptest::prelude::*;
 
     const M: ModuleId = ModuleId::new(3, 4);
@@ -434,13 +434,13 @@ mod tests {
             addr: HOST,
             weight: 2,
         }];
-        let stats = [crate::wire::NodeStats {
+        let stats = [crate::NodeStats {
             addr: HOST,
             succ: 1,
             err: 2,
             overloaded: true,
         }];
-        let modules = [crate::wire::ModuleStats {
+        let modules = [crate::ModuleStats {
             module: M,
             nodes: &stats,
             consumed: &[],
@@ -451,10 +451,10 @@ mod tests {
             host: HOST,
             retcode: 1,
             tcost_ms: 300,
-            downstream_level: Some(crate::wire::AdmissionLevel::new(2, 3)),
+            downstream_level: Some(crate::AdmissionLevel::new(2, 3)),
             consumed: 0,
         };
-        let cache = crate::wire::CacheRoute {
+        let cache = crate::CacheRoute {
             seq: 1,
             module: M,
             retcode: RetCode::Ok,

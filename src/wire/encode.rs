@@ -7,7 +7,7 @@ use flatbuffers::{FlatBufferBuilder, Push, UOffsetT, Vector, WIPOffset};
 use super::fb;
 use super::values::{CacheRoute, ModuleStats, NodeStats, NodeStatus, Report};
 use super::{AdmissionLevel, RetCode};
-use crate::model::{ModuleId, NodeAddr, Policy, RouteNode};
+use lbagent_model::{ModuleId, NodeAddr, Policy, RouteNode};
 
 /// Encodes messages into one reusable buffer.
 ///
@@ -562,7 +562,7 @@ impl Encoder {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::{decode, Limits, Message};
+    use crate::{decode, Limits, Message};
     use std::net::Ipv4Addr;
 
     const M: ModuleId = ModuleId::new(10_001, 7);

@@ -15,7 +15,7 @@
 use super::decode::MIN_LEN;
 use super::fb;
 use super::validate::GetHost;
-use crate::model::ModuleId;
+use lbagent_model::ModuleId;
 
 /// The union member a getHost's envelope carries.
 const GET_HOST: u8 = fb::Body::GetHostReq.0;
@@ -139,7 +139,7 @@ fn u32_at(buf: &[u8], at: usize) -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::{decode, Encoder, Limits, Message};
+    use crate::{decode, Encoder, Limits, Message};
     use proptest::prelude::*;
 
     fn full(buf: &[u8]) -> Option<GetHost> {

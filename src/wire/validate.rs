@@ -8,7 +8,7 @@ use flatbuffers::Vector;
 
 use super::fb;
 use super::values::{AdmissionLevel, Report};
-use crate::model::{ModuleId, NodeAddr};
+use lbagent_model::{ModuleId, NodeAddr};
 
 /// The largest DAGOR priority or admission level part (1 = most important).
 pub const MAX_PRIORITY: u8 = 128;
@@ -338,7 +338,7 @@ impl<'a> fb::RouteUnchanged<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::{decode, Encoder, Limits, Message};
+    use crate::{decode, Encoder, Limits, Message};
     use flatbuffers::FlatBufferBuilder;
 
     const M: ModuleId = ModuleId::new(1, 2);

@@ -1,9 +1,9 @@
-//! Plain values that messages carry beyond the [`crate::model`] types, and
+//! Plain values that messages carry beyond the [`lbagent_model`] types, and
 //! the conversions between the generated structs and plain values.
 
 use super::fb;
 use super::RetCode;
-use crate::model::{ModuleId, NodeAddr, RouteNode};
+use lbagent_model::{ModuleId, NodeAddr, RouteNode};
 
 /// A DAGOR compound admission level `(B*, U*)`, each 1..=128 (1 = most
 /// important). A request of priorities `(b, u)` is admitted when `b < B*`,

@@ -11,9 +11,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::RwLockReadGuard;
 use std::time::{Duration, Instant};
 
-use lbagent::agent::heartbeat::HeartbeatReader;
-use lbagent::agent::snapshot;
 use lbagent::client::{Client, ClientOptions};
+use lbagent::host::heartbeat::HeartbeatReader;
+use lbagent::host::snapshot;
 use lbagent::model::ModuleId;
 
 use super::common::{addr_after, http_get, spawn_logged, wait_for, wait_logged};

@@ -1,6 +1,6 @@
 use super::*;
-use crate::model::NodeAddr;
-use crate::wire::{decode, Report};
+use lbagent_model::NodeAddr;
+use lbagent_wire::{decode, Report};
 use std::net::Ipv4Addr;
 
 const PEER: SocketAddr = SocketAddr::V4(std::net::SocketAddrV4::new(Ipv4Addr::LOCALHOST, 40000));
@@ -343,7 +343,7 @@ fn garbage_is_counted_and_dropped() {
     };
     assert_eq!(e.retcode(), RetCode::BadRequest);
     // A refused request is still a request: errors never exceed requests.
-    let report = crate::agent::metrics::Kind::Report as usize;
+    let report = crate::metrics::Kind::Report as usize;
     assert_eq!(
         (
             s.metrics.requests[report],
@@ -944,7 +944,7 @@ fn an_overloaded_shard_sheds_low_priorities_and_keeps_high_ones() {
         let b = if i % 2 == 0 { 5 } else { 60 };
         assert_eq!(queued_get_host(&mut s, b, 1, t, 50), (RetCode::Ok, None));
     }
-    assert_eq!(s.self_level(), crate::admission::OPEN);
+    assert_eq!(s.self_level(), lbagent_admission::OPEN);
     // Overloaded (2 ms queuing) while class 60 is admitted at all: the
     // level falls until class 60 is shed, while class 5 keeps its answers
     // (but for the odd -5% step that cuts into it when little of class 60
@@ -964,7 +964,7 @@ fn an_overloaded_shard_sheds_low_priorities_and_keeps_high_ones() {
         } else if rc == RetCode::Rejected {
             shed60 += 1;
             let l = level.expect("a shed answer carries the shard's level");
-            assert!(!crate::admission::admits(l, 60, (i % 128) as u8 + 1));
+            assert!(!lbagent_admission::admits(l, 60, (i % 128) as u8 + 1));
         }
     }
     assert!(shed60 > 1500, "class 60 shed {shed60} of 2000");
@@ -986,12 +986,12 @@ fn an_overloaded_shard_sheds_low_priorities_and_keeps_high_ones() {
         t += 1_000_000;
         s.tick_shedding(t);
         queued_get_host(&mut s, 60, 128, t + 1, 10);
-        if s.self_level() == crate::admission::OPEN {
+        if s.self_level() == lbagent_admission::OPEN {
             assert!(k > 0);
             break;
         }
     }
-    assert_eq!(s.self_level(), crate::admission::OPEN);
+    assert_eq!(s.self_level(), lbagent_admission::OPEN);
     // Off: nothing is shed whatever the queuing time.
     s.set_shedding(None);
     assert_eq!(
@@ -1033,7 +1033,7 @@ fn kernel_drops_make_the_shards_window_overloaded() {
         t += 10;
         queued_get_host(&mut s, 60, (i % 128) as u8 + 1, t, 50);
     }
-    assert!(crate::admission::level_index(s.self_level()) > crate::admission::level_index(level));
+    assert!(lbagent_admission::level_index(s.self_level()) > lbagent_admission::level_index(level));
     // The count wraps.
     s.kernel_drops(u32::MAX);
     s.kernel_drops(2);
@@ -1047,7 +1047,7 @@ fn kernel_drops_make_the_shards_window_overloaded() {
 /// nodes each, between which lie modules of shard 1, (2k + 1, 0), and
 /// modules of shard 0 with no node, (2k, 1): neither is made.
 fn preloaded(modules: u32, nodes: u8) -> Arc<SnapshotIndex> {
-    use crate::agent::snapshot::{self, SnapshotRoute};
+    use lbagent_host::snapshot::{self, SnapshotRoute};
     let route = |module, n: u8| SnapshotRoute {
         module,
         version: 1,
@@ -1146,7 +1146,7 @@ fn a_preload_step_counts_the_nodes_it_made_and_always_makes_one_module() {
 fn a_share_with_no_route_to_make_holds_nothing_and_its_step_is_done_at_once() {
     // The shard's share is only routes with no node (and the other shard's
     // routes): nothing to make, nothing held.
-    use crate::agent::snapshot::{self, SnapshotRoute};
+    use lbagent_host::snapshot::{self, SnapshotRoute};
     let route = |modid, n| SnapshotRoute {
         module: ModuleId::new(modid, 1),
         version: 1,

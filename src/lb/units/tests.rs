@@ -1,9 +1,9 @@
 //! The balance policy in a module: units taken and returned, the time-out,
-//! the overload rules, route changes. Through [`crate::lb::ModuleLb`], as
+//! the overload rules, route changes. Through [`crate::ModuleLb`], as
 //! the shard drives it.
 
-use crate::lb::{LbParams, Millis, ModuleLb, NodeState, Outcome, Pick};
-use crate::model::{NodeAddr, Policy, RouteNode};
+use crate::{LbParams, Millis, ModuleLb, NodeState, Outcome, Pick};
+use lbagent_model::{NodeAddr, Policy, RouteNode};
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 
@@ -213,8 +213,8 @@ fn with_nothing_in_flight_the_draw_picks_the_node_with_most_free_units() {
 
 // === downstream admission levels (DAGOR) on a `balance` module ===
 
-use crate::admission::admits;
-use crate::wire::AdmissionLevel;
+use lbagent_admission::admits;
+use lbagent_admission::AdmissionLevel;
 use proptest::prelude::*;
 
 const TTL: Millis = 3_000;

@@ -29,10 +29,10 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use lbagent::admission::AdmissionLevel;
-use lbagent::client::tools::exit_code;
-use lbagent::client::{level, Client, ClientError, ClientOptions, Host, HostSource};
-use lbagent::model::NodeAddr;
+use lbagent_admission::AdmissionLevel;
+use lbagent_client::exit::exit_code;
+use lbagent_client::{level, Client, ClientError, ClientOptions, Host, HostSource};
+use lbagent_model::NodeAddr;
 
 /// Success.
 pub const LB_OK: c_int = 0;
@@ -702,7 +702,7 @@ pub extern "C" fn lb_status_name(code: c_int) -> *const c_char {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use lbagent::client::tools;
+    use lbagent_client::exit as tools;
 
     #[test]
     fn codes_are_the_tool_commands_exit_statuses() {

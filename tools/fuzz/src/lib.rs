@@ -14,8 +14,8 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use lbagent::agent::heartbeat::{self, HeartbeatReader};
-use lbagent::agent::snapshot;
+use lbagent::host::heartbeat::{self, HeartbeatReader};
+use lbagent::host::snapshot;
 use lbagent::client::{Client, ClientError, ClientOptions};
 use lbagent::config::Config;
 use lbagent::model::{ModuleId, NodeAddr, RouteNode};

@@ -6,8 +6,8 @@ use std::io;
 use std::net::Ipv4Addr;
 use std::path::Path;
 
-use lbagent::agent::heartbeat::{self, AgentInfo, HeartbeatWriter};
-use lbagent::agent::snapshot::{self, SnapshotRoute};
+use lbagent::host::heartbeat::{self, AgentInfo, HeartbeatWriter};
+use lbagent::host::snapshot::{self, SnapshotRoute};
 use lbagent::model::{ModuleId, NodeAddr, RouteNode};
 use lbagent::wire::{
     write_frame, AdmissionLevel, CacheRoute, Encoder, ModuleStats, NodeStats, NodeStatus, Report,

@@ -15,9 +15,9 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use lbagent::admission::AdmissionLevel;
-use lbagent::client::{level, Client as RustClient, ClientError, ClientOptions, Host, HostSource};
-use lbagent::model::NodeAddr;
+use lbagent_admission::AdmissionLevel;
+use lbagent_client::{level, Client as RustClient, ClientError, ClientOptions, Host, HostSource};
+use lbagent_model::NodeAddr;
 use pyo3::create_exception;
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
@@ -75,7 +75,7 @@ create_exception!(
 
 /// The Python exception for a client error, with `code` and `kind` set.
 fn to_py(py: Python<'_>, e: ClientError) -> PyErr {
-    let code = lbagent::client::tools::exit_code(&e);
+    let code = lbagent_client::exit::exit_code(&e);
     let kind = e.kind();
     let msg = e.to_string();
     let err = match e {

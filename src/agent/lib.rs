@@ -2,11 +2,14 @@
 //! core for everything else (route server, reporter, heartbeat, snapshot,
 //! metrics), linked by SPSC rings.
 //!
+//! The files it shares with clients (the heartbeat, the static route file),
+//! its batched UDP and its clocks live in `lbagent-host`; the pure
+//! decisions in `lbagent-lb` and `lbagent-admission`.
+//!
 //! # Layout
 //!
-//! - [`heartbeat`]: the shared-memory heartbeat file (writer and reader).
-//! - [`snapshot`]: the static route file, written atomically, read back.
-//! - [`snapshot_thread`]: the thread that writes it, off the control core.
+//! - [`snapshot_thread`]: the thread that writes the static route file, off
+//!   the control core.
 //! - [`route_table`]: the control core's copy of the routes, filled from
 //!   the snapshot in slices after a restart.
 //! - [`routeclient`]: the connection to the route servers: pulls, answers,
@@ -16,21 +19,17 @@
 //! - [`messages`]: what crosses the rings between shards and the control core.
 //! - [`metrics`]: counters, the service-time histogram, Prometheus text.
 //! - [`liveness`]: per-loop turn counters and the systemd watchdog.
-//! - [`udp`]: batched datagram I/O (recvmmsg / sendmmsg).
 //! - [`reconnect`]: what the two TCP clients' cores share: the server list,
 //!   its rotation, the back-off, replaceable at runtime.
 //! - `link_shell`: the one glommio shell both TCP clients run in (connect,
 //!   frame I/O, deadlines, input, events), around their sans-IO cores.
-//! - `conn`: the shell's waiting and racing primitives.
 //! - [`statsclient`]: the connection to the reporters: statistics out,
 //!   acks in, a bounded buffer, reconnect with back-off and fail-over.
 //! - [`wake`]: when the shard's and the control core's timers are next
 //!   due, so that an idle agent sleeps until then.
+#![warn(missing_docs)]
 
-pub mod clock;
-pub(crate) mod conn;
 pub mod control;
-pub mod heartbeat;
 pub(crate) mod link_shell;
 pub mod live;
 pub mod liveness;
@@ -43,9 +42,7 @@ pub mod routeclient;
 pub mod runtime;
 pub mod shard;
 pub mod shard_rt;
-pub mod snapshot;
 pub mod snapshot_thread;
 pub mod statsclient;
 pub mod timers;
-pub mod udp;
 pub mod wake;

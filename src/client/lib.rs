@@ -76,13 +76,13 @@
 //! rotating key ([`ClientOptions::user_hash_seed`],
 //! [`ClientOptions::user_key_period_s`], by default the `[admission]`
 //! defaults), so callers need not keep a
-//! [`crate::admission::UserPriorities`] of their own.
+//! [`lbagent_admission::UserPriorities`] of their own.
 //! [`Client::get_host_with`] takes the two priorities as they are
 //! ([`Priority`]). [`Client::report_with_level`] passes on the level a
 //! downstream attached to its response.
 //!
 //! A helper lets a service attach its level to a response and read it
-//! back: [`level`] (the same module as [`crate::admission::piggyback`]):
+//! back: [`level`] (the same module as [`lbagent_admission::piggyback`]):
 //! [`level::encode`] / [`level::decode`] for the two bytes `[B*, U*]` of a
 //! service's own protocol (`[0, 0]` = no level), [`level::to_fb`] /
 //! [`level::from_fb`] for the schema's `AdmissionLevel`.
@@ -105,23 +105,25 @@
 //! - `link`: the UDP sockets, sequence numbers, re-sends.
 //! - `statics`: the static route file, re-read only when it changed.
 //! - [`cache`]: the route cache's rules, sans-IO.
-//! - [`holdback`]: the agent's own level, remembered per shard, sans-IO.
+//! - [`holdback`]: the agent's own level, remembered per shard, sans-IO
+//!   (pure, it lives in `lbagent-admission`; re-exported).
+//! - [`exit`]: the tool commands' exit status for each error.
 //! - `client`: [`Client`], the shell that ties them together.
-//! - [`tools`]: `lbagent gethost`, `report` and `getroute`.
+#![warn(missing_docs)]
 
 pub mod cache;
 #[allow(clippy::module_inception)]
 mod client;
 mod clock;
 pub mod error;
-pub mod holdback;
+pub mod exit;
+pub use lbagent_admission::holdback;
 mod link;
 mod locate;
 mod priority;
 mod statics;
 #[cfg(test)]
 mod timed_tests;
-pub mod tools;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -133,11 +135,11 @@ pub use priority::Priority;
 
 /// The admission level on the wire, for a service that attaches its level
 /// to its responses and for its callers that read it back (re-exported
-/// from [`crate::admission::piggyback`]).
-pub use crate::admission::piggyback as level;
+/// from [`lbagent_admission::piggyback`]).
+pub use lbagent_admission::piggyback as level;
 
-use crate::model::{ModuleId, NodeAddr};
-use crate::wire::NodeStatus;
+use lbagent_model::{ModuleId, NodeAddr};
+use lbagent_wire::NodeStatus;
 
 /// The environment variable that overrides the default heartbeat path.
 pub const HEARTBEAT_ENV: &str = "LBAGENT_HEARTBEAT";
@@ -204,25 +206,25 @@ pub struct ClientOptions {
 
 impl Default for ClientOptions {
     fn default() -> Self {
-        let agent = crate::config::AgentConfig::default();
-        let admission = crate::config::AdmissionConfig::default();
         let env_path = |var: &str| {
             std::env::var_os(var)
                 .filter(|v| !v.is_empty())
                 .map(PathBuf::from)
         };
         ClientOptions {
-            heartbeat_path: env_path(HEARTBEAT_ENV).unwrap_or(agent.heartbeat_path),
+            heartbeat_path: env_path(HEARTBEAT_ENV)
+                .unwrap_or_else(|| PathBuf::from(lbagent_host::heartbeat::DEFAULT_PATH)),
             cache: false,
-            max_heartbeat_age: Duration::from_millis(crate::agent::heartbeat::DEFAULT_MAX_AGE_MS),
+            max_heartbeat_age: Duration::from_millis(lbagent_host::heartbeat::DEFAULT_MAX_AGE_MS),
             business_priority: 0,
             user_priority: 0,
-            snapshot_path: env_path(SNAPSHOT_ENV).unwrap_or(agent.snapshot_path),
+            snapshot_path: env_path(SNAPSHOT_ENV)
+                .unwrap_or_else(|| PathBuf::from(lbagent_host::snapshot::DEFAULT_PATH)),
             static_fallback: true,
             holdback: Duration::from_millis(holdback::DEFAULT_HOLDBACK_MS),
             shm: true,
-            user_hash_seed: admission.user_hash_seed,
-            user_key_period_s: admission.user_key_period_s,
+            user_hash_seed: lbagent_admission::priority::DEFAULT_USER_HASH_SEED,
+            user_key_period_s: lbagent_admission::priority::DEFAULT_USER_KEY_PERIOD_S,
         }
     }
 }
@@ -233,7 +235,7 @@ impl ClientOptions {
     /// # Errors
     /// [`ClientError::BadRequest`] naming the field: an empty path, a
     /// heartbeat age under 1 ms, a priority above
-    /// [`crate::wire::MAX_PRIORITY`], a `user_key_period_s` outside
+    /// [`lbagent_wire::MAX_PRIORITY`], a `user_key_period_s` outside
     /// 1..=[`MAX_USER_KEY_PERIOD_S`].
     pub fn validate(&self) -> Result<(), ClientError> {
         let bad = |what: String| Err(ClientError::BadRequest(what));
@@ -267,10 +269,10 @@ impl ClientOptions {
             ("business_priority", self.business_priority),
             ("user_priority", self.user_priority),
         ] {
-            if p > crate::wire::MAX_PRIORITY {
+            if p > lbagent_wire::MAX_PRIORITY {
                 return bad(format!(
                     "{name} {p} is out of range: 0 (unset) or 1..={}",
-                    crate::wire::MAX_PRIORITY
+                    lbagent_wire::MAX_PRIORITY
                 ));
             }
         }
@@ -318,7 +320,7 @@ pub struct RouteView {
     /// The route's version, as the route server numbered it.
     pub version: u64,
     /// The module's policy.
-    pub policy: crate::model::Policy,
+    pub policy: lbagent_model::Policy,
     /// Every node, in the agent's order, with its LB state and counters.
     pub nodes: Vec<NodeStatus>,
 }

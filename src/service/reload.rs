@@ -1,5 +1,5 @@
 //! Reloading the configuration of a running process (SIGHUP, `systemctl
-//! reload`): the thin shell around [`crate::config::reload::plan`]. The file
+//! reload`): the thin shell around [`lbagent_config::reload::plan`]. The file
 //! is read again the way it was at start ([`ConfigSource`]); an invalid file
 //! or a change that needs a restart changes nothing and is one log line;
 //! otherwise the log level and the role's live fields are applied. The
@@ -8,8 +8,8 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::config::reload::{plan, Plan, Role};
-use crate::config::{Config, ConfigSource};
+use lbagent_config::reload::{plan, Plan, Role};
+use lbagent_config::{Config, ConfigSource};
 
 static RELOADS_OK: AtomicU64 = AtomicU64::new(0);
 static RELOADS_FAILED: AtomicU64 = AtomicU64::new(0);

@@ -55,6 +55,7 @@
 //!
 //! Several route servers may poll one store: nothing in the store belongs
 //! to an instance.
+#![warn(missing_docs)]
 
 pub mod metrics;
 pub mod module_map;
@@ -75,9 +76,9 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context};
 use glommio::{ExecutorJoinHandle, LocalExecutorBuilder, Placement};
 
-use crate::config::DnsServerConfig;
-use crate::store::{StoreError, StoreUrl};
-use crate::wakefd::StopEvent;
+use lbagent_config::DnsServerConfig;
+use lbagent_service::wakefd::StopEvent;
+use lbagent_store::{StoreError, StoreUrl};
 use metrics::Board;
 pub use reload::StoreOpener;
 use reload::{Intervals, Poller};
@@ -127,9 +128,9 @@ impl DnsServer {
         let mut opened = false;
         let open = move || {
             let result = if opened {
-                crate::store::open_existing(&store)
+                lbagent_store::open_existing(&store)
             } else {
-                crate::store::open(&store)
+                lbagent_store::open(&store)
             };
             opened |= result.is_ok();
             result
@@ -333,7 +334,7 @@ impl Drop for DnsServer {
 /// # Errors
 /// What [`DnsServer::start`] and [`DnsServer::stop`] return.
 pub fn run(cfg: &DnsServerConfig, store: StoreUrl) -> anyhow::Result<()> {
-    crate::signal::install();
+    lbagent_service::signal::install();
     let label = store.to_string();
     let server = DnsServer::start(cfg, store)?;
     let threads = server.board.executors();
@@ -342,8 +343,8 @@ pub fn run(cfg: &DnsServerConfig, store: StoreUrl) -> anyhow::Result<()> {
         server.addr(),
         server.metrics_addr(),
     );
-    crate::sdnotify::ready("lbagent dnsserver");
-    crate::signal::wait();
+    lbagent_service::sdnotify::ready("lbagent dnsserver");
+    lbagent_service::signal::wait();
     let t0 = Instant::now();
     server.stop()?;
     tracing::info!("stopped in {} ms", t0.elapsed().as_millis());

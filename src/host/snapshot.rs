@@ -44,10 +44,14 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::model::{ModuleId, NodeAddr, RouteNode};
+use lbagent_model::{ModuleId, NodeAddr, RouteNode};
 
 /// The first 8 bytes of every snapshot file.
 pub const MAGIC: [u8; 8] = *b"LBAGSNAP";
+
+/// The packaged static route file (`agent.snapshot_path`), where clients
+/// look unless told otherwise.
+pub const DEFAULT_PATH: &str = "/var/tmp/lbagent/routes.snapshot";
 
 /// The format version this code writes and reads.
 pub const FORMAT_VERSION: u32 = 1;
@@ -403,7 +407,7 @@ fn read_bytes(path: &Path) -> Result<Vec<u8>, SnapshotError> {
     if !meta.is_file() {
         return Err(SnapshotError::NotAFile {
             path: path.to_path_buf(),
-            kind: crate::agent::heartbeat::file_kind(&meta.file_type()),
+            kind: crate::heartbeat::file_kind(&meta.file_type()),
         });
     }
     if meta.len() > MAX_LEN {

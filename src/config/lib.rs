@@ -7,17 +7,20 @@
 //! (see `lbagent.toml` beside this file, which `lbagent agent
 //! --print-config` prints and a test keeps equal to [`Config::default`]).
 //! This module reads and checks; it must not start anything.
+#![warn(missing_docs)]
+#![forbid(unsafe_code)]
 
 use std::net::{Ipv4Addr, SocketAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::lb::LbParams;
+use lbagent_lb::LbParams;
 
 mod admission;
 pub mod reload;
 mod shm;
+pub mod store_url;
 pub use admission::AdmissionConfig;
 pub use shm::ShmConfig;
 
@@ -250,8 +253,8 @@ impl Default for AgentConfig {
             shards: 0,
             route_servers: vec!["127.0.0.1:7777".into()],
             reporters: vec!["127.0.0.1:7778".into()],
-            heartbeat_path: "/dev/shm/lbagent.heartbeat".into(),
-            snapshot_path: "/var/tmp/lbagent/routes.snapshot".into(),
+            heartbeat_path: lbagent_host::heartbeat::DEFAULT_PATH.into(),
+            snapshot_path: lbagent_host::snapshot::DEFAULT_PATH.into(),
             snapshot_interval: 60,
             metrics_addr: SocketAddr::from((Ipv4Addr::LOCALHOST, 9888)),
             io_memory_kib: 512,
@@ -597,10 +600,10 @@ impl Config {
             });
         }
 
-        if let Err(e) = self.store.url.parse::<crate::store::StoreUrl>() {
+        if let Err(e) = self.store.url.parse::<store_url::StoreUrl>() {
             return Err(ConfigError::Invalid {
                 field: "store.url",
-                value: format!("\"{}\"", crate::store::redact(&self.store.url)),
+                value: format!("\"{}\"", store_url::redact(&self.store.url)),
                 allowed: format!("sqlite:PATH or a postgres:// URL ({e})"),
             });
         }

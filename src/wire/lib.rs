@@ -19,6 +19,7 @@
 //! the file identifier [`FILE_IDENTIFIER`]. The hot path (getHost and report
 //! at about a million datagrams a second per core) neither allocates nor
 //! copies: decoding borrows the received bytes, encoding reuses one buffer.
+#![warn(missing_docs)]
 
 mod canned;
 #[path = "gen/mod.rs"]

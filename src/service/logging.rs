@@ -19,7 +19,7 @@ use tracing_subscriber::reload;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::Registry;
 
-use crate::config::{LogConfig, LogFormat, LogLevel};
+use lbagent_config::{LogConfig, LogFormat, LogLevel};
 
 /// The live level, set by [`init`].
 static LEVEL: OnceLock<reload::Handle<LevelFilter, Registry>> = OnceLock::new();

@@ -42,6 +42,8 @@
 //!
 //! It must not touch: sockets, clocks, logging, the wire format. Time is the
 //! caller's `now` in milliseconds.
+#![warn(missing_docs)]
+#![forbid(unsafe_code)]
 
 pub mod balance;
 mod levels;
@@ -50,6 +52,7 @@ mod node;
 mod params;
 mod units;
 
+pub use levels::LEVEL_TIMEOUT_MS;
 pub use module::{ModuleLb, NodeCallStats, Pick, UnknownNode};
 pub use node::{Millis, Node, NodeState, Outcome, Reason, Transition, MAX_ERRORS_PER_FAILURE};
 pub use params::LbParams;

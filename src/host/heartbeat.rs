@@ -105,6 +105,10 @@ pub const FILE_LEN: u64 = 4096;
 /// The seed's rule: a beat more than 2 s old means the agent is down.
 pub const DEFAULT_MAX_AGE_MS: u64 = 2_000;
 
+/// The packaged heartbeat path (`agent.heartbeat_path`), where clients look
+/// unless told otherwise.
+pub const DEFAULT_PATH: &str = "/dev/shm/lbagent.heartbeat";
+
 const OFF_SEQ: usize = 0;
 const OFF_MAGIC: usize = 8;
 const OFF_VERSION: usize = 12;

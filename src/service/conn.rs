@@ -17,13 +17,15 @@ use glommio::channels::local_channel::LocalReceiver;
 use glommio::net::TcpStream;
 
 /// Which of two raced futures completed.
-pub(crate) enum Either<A, B> {
+pub enum Either<A, B> {
+    /// The first future completed.
     Left(A),
+    /// The second future completed.
     Right(B),
 }
 
 /// The first of `a` and `b` to complete (`a` when both are ready).
-pub(crate) async fn race<A: Future, B: Future>(a: A, b: B) -> Either<A::Output, B::Output> {
+pub async fn race<A: Future, B: Future>(a: A, b: B) -> Either<A::Output, B::Output> {
     let (mut a, mut b) = (pin!(a), pin!(b));
     poll_fn(|cx| {
         if let Poll::Ready(x) = a.as_mut().poll(cx) {
@@ -35,11 +37,14 @@ pub(crate) async fn race<A: Future, B: Future>(a: A, b: B) -> Either<A::Output, 
 }
 
 /// What woke a [`wait`].
-pub(crate) enum Woken<T> {
+pub enum Woken<T> {
+    /// The shutdown future completed.
     Shutdown,
     /// An input item, or `None`: the input channel is closed.
     Input(Option<T>),
+    /// Bytes were read into the buffer (or the read failed).
     Read(io::Result<usize>),
+    /// The deadline passed.
     Timer,
 }
 
@@ -48,7 +53,7 @@ pub(crate) enum Woken<T> {
 /// checked in that order when several are ready. Every branch is
 /// cancel-safe: glommio reads only when the socket is ready, into the
 /// buffer, on completion; a channel item is taken only when it is returned.
-pub(crate) async fn wait<T>(
+pub async fn wait<T>(
     shutdown: Pin<&mut impl Future<Output = ()>>,
     input: Option<&LocalReceiver<T>>,
     stream: Option<(&mut TcpStream, &mut [u8])>,
@@ -92,7 +97,7 @@ pub(crate) async fn wait<T>(
 
 /// Takes one item `rx` already holds, without waiting: `Some(Some(item))`,
 /// `Some(None)` when the channel is closed, `None` when it is empty.
-pub(crate) async fn try_recv<T>(rx: &LocalReceiver<T>) -> Option<Option<T>> {
+pub async fn try_recv<T>(rx: &LocalReceiver<T>) -> Option<Option<T>> {
     poll_fn(|cx| {
         let recv = pin!(rx.recv());
         Poll::Ready(match recv.poll(cx) {

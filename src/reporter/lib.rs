@@ -11,7 +11,7 @@
 //!
 //! - **Ingest** ([`session`], the `ingest` shell): every agent connection
 //!   carries u32-LE length-prefixed StatsReport frames; each becomes one
-//!   [`CallStatus`](crate::store::CallStatus) row per node and is answered
+//!   [`CallStatus`](lbagent_store::CallStatus) row per node and is answered
 //!   StatsAck `seq` once its rows are in the buffer. A malformed frame
 //!   closes that connection (counted); a report the store could not hold
 //!   is refused with ErrorResp. One glommio executor serves every
@@ -41,6 +41,7 @@
 //!
 //! Owns the reporter's sockets, threads and buffer; reads the store only
 //! through [`Store::upsert_status`], and touches nothing of the agent.
+#![warn(missing_docs)]
 
 pub mod buffer;
 mod ingest;
@@ -60,9 +61,9 @@ use anyhow::{bail, Context};
 
 pub use metrics::ReporterStats;
 
-use crate::config::{Config, ReporterConfig};
-use crate::store::{Store, StoreError, StoreUrl};
 use ingest::Ingest;
+use lbagent_config::{Config, ReporterConfig};
+use lbagent_store::{Store, StoreError, StoreUrl};
 use shared::{Phase, Shared};
 
 /// The longest [`Reporter::stop`] spends writing what is buffered.
@@ -122,9 +123,9 @@ impl Reporter {
         let opened = std::sync::atomic::AtomicBool::new(false);
         let open: OpenStore = Arc::new(move || {
             let result = if opened.load(std::sync::atomic::Ordering::Acquire) {
-                crate::store::open_existing(&store)
+                lbagent_store::open_existing(&store)
             } else {
-                crate::store::open(&store)
+                lbagent_store::open(&store)
             };
             if result.is_ok() {
                 opened.store(true, std::sync::atomic::Ordering::Release);
@@ -325,7 +326,7 @@ impl fmt::Debug for Reporter {
 /// When it cannot start (see [`Reporter::start_with`]), or rows were left
 /// unwritten at the stop.
 pub fn run(cfg: &ReporterConfig, store: StoreUrl) -> anyhow::Result<()> {
-    crate::signal::install();
+    lbagent_service::signal::install();
     let url = store.to_string();
     let reporter = Reporter::start(cfg, store)?;
     tracing::info!(
@@ -335,8 +336,8 @@ pub fn run(cfg: &ReporterConfig, store: StoreUrl) -> anyhow::Result<()> {
         cfg.writers,
         cfg.buffer_rows
     );
-    crate::sdnotify::ready("lbagent reporter");
-    crate::signal::wait();
+    lbagent_service::sdnotify::ready("lbagent reporter");
+    lbagent_service::signal::wait();
     tracing::info!(
         "stopping; writing {} buffered rows",
         reporter.stats().rows_buffered

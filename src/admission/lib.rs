@@ -25,22 +25,27 @@
 //! - **Admission rule** ([`admits`]): `b < B*`, or `b == B*` and `u ≤ U*`.
 //! - **The level on the wire** ([`piggyback`]): a 2-byte encoding a service
 //!   can put in its own responses, and the FlatBuffers `AdmissionLevel`.
+//! - **Holding back** ([`holdback`]): the caller's side of the agent's own
+//!   shedding: the last level each shard sent, and whether to send at all.
 //!
 //! It must not touch: sockets, clocks, logging. Time is the caller's `now`
 //! in microseconds on any monotonic clock.
+#![warn(missing_docs)]
+#![forbid(unsafe_code)]
 
 mod controller;
 mod histogram;
+pub mod holdback;
 pub mod piggyback;
 pub mod priority;
 mod window;
 
-pub use crate::wire::AdmissionLevel;
 pub use controller::{
     Admission, AdmissionParams, WindowOutcome, CENSORED_STEP, HOLD_QUEUE_THRESHOLDS, MIN_DEMAND,
     NOT_HELD_BACK,
 };
 pub use histogram::{level_index, level_of_index, Histogram, LEVELS};
+pub use lbagent_wire::AdmissionLevel;
 pub use priority::{user_priority, UserPriorities};
 pub use window::{Window, WindowEnd};
 

@@ -4,7 +4,7 @@
 //! While an agent shard sheds, every getHost answer carries the shard's
 //! own admission level (B*, U*). [`HoldBack`] remembers, per shard, the
 //! last level seen and when. A getHost whose priorities that level does
-//! not admit ([`crate::admission::admits`], unset priorities counting as
+//! not admit ([`crate::admits`], unset priorities counting as
 //! 128) is refused at once with [`super::ClientError::Rejected`], without a
 //! datagram: it would cost the overloaded shard a queue slot and an answer
 //! only to be rejected (a `Rejected` costs the shard about what an answer
@@ -27,7 +27,7 @@
 //!
 //! Pure: time (coarse monotonic milliseconds) is passed in.
 
-use crate::admission::{admits, clamp_priority, AdmissionLevel, LEAST_IMPORTANT, MOST_IMPORTANT};
+use crate::{admits, clamp_priority, AdmissionLevel, LEAST_IMPORTANT, MOST_IMPORTANT};
 
 /// The default freshness of a shard's level: 100 ms.
 pub const DEFAULT_HOLDBACK_MS: u64 = 100;

@@ -32,8 +32,8 @@ use std::time::Duration;
 use clap::Args;
 use serde_json::{json, Value};
 
-use super::{Client, ClientError, ClientOptions, HostSource, RouteView};
 use crate::admission::UserPriorities;
+use crate::client::{Client, ClientError, ClientOptions, HostSource, RouteView};
 use crate::model::{NodeAddr, Policy};
 use crate::wire::{AdmissionLevel, NodeStatus};
 
@@ -52,41 +52,10 @@ fn parse_level(s: &str) -> Result<AdmissionLevel, String> {
     Ok(AdmissionLevel::new(b, u))
 }
 
-/// Exit status: success.
-pub const EXIT_OK: u8 = 0;
-/// Exit status: `lbagent gethost --config FILE` cannot be read or is
-/// invalid (the binary's "configuration invalid", sysexits EX_CONFIG).
-pub const EXIT_CONFIG: u8 = 78;
-/// Exit status: the agent has no route for the module.
-pub const EXIT_NO_SUCH_MODULE: u8 = 3;
-/// Exit status: every node of the module is overloaded.
-pub const EXIT_OVERLOADED: u8 = 4;
-/// Exit status: the agent's admission control rejected the request.
-pub const EXIT_REJECTED: u8 = 5;
-/// Exit status: the agent is down.
-pub const EXIT_AGENT_DOWN: u8 = 6;
-/// Exit status: the agent is down and the static route file cannot answer.
-pub const EXIT_STATIC_ROUTES: u8 = 7;
-/// Exit status: the agent did not answer in time.
-pub const EXIT_TIMEOUT: u8 = 8;
-/// Exit status: the answer was not a valid answer.
-pub const EXIT_BAD_RESPONSE: u8 = 9;
-/// Exit status: a bad argument, or a request the agent refused.
-pub const EXIT_BAD_ARGUMENT: u8 = 10;
-
-/// The exit status for an error (see the module documentation).
-pub fn exit_code(e: &ClientError) -> u8 {
-    match e {
-        ClientError::NoSuchModule { .. } => EXIT_NO_SUCH_MODULE,
-        ClientError::Overloaded { .. } => EXIT_OVERLOADED,
-        ClientError::Rejected { .. } => EXIT_REJECTED,
-        ClientError::AgentDown(_) => EXIT_AGENT_DOWN,
-        ClientError::StaticRoutes(_) => EXIT_STATIC_ROUTES,
-        ClientError::Timeout { .. } => EXIT_TIMEOUT,
-        ClientError::BadResponse(_) => EXIT_BAD_RESPONSE,
-        ClientError::BadRequest(_) => EXIT_BAD_ARGUMENT,
-    }
-}
+pub use crate::client::exit::{
+    exit_code, EXIT_AGENT_DOWN, EXIT_BAD_ARGUMENT, EXIT_BAD_RESPONSE, EXIT_CONFIG,
+    EXIT_NO_SUCH_MODULE, EXIT_OK, EXIT_OVERLOADED, EXIT_REJECTED, EXIT_STATIC_ROUTES, EXIT_TIMEOUT,
+};
 
 /// How the tools find the agent (shared by the three commands).
 #[derive(Args, Debug, Clone, PartialEq, Eq)]
@@ -335,7 +304,7 @@ pub fn gethost(args: &GethostArgs) -> ToolOutcome {
             }
         },
     };
-    let prio = super::Priority::new(args.priority.unwrap_or(0), user);
+    let prio = crate::client::Priority::new(args.priority.unwrap_or(0), user);
     let host = match client.get_host_with(args.modid, args.cmdid, prio, timeout) {
         Ok(h) => h,
         // A one-shot command is always a first use: the agent may not have

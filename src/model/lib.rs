@@ -2,6 +2,8 @@
 //! address, a route entry. No behaviour beyond formatting and parsing; the
 //! wire format and the LB core both speak these types so neither depends on
 //! the other.
+#![warn(missing_docs)]
+#![forbid(unsafe_code)]
 
 use std::fmt;
 use std::net::{Ipv4Addr, SocketAddrV4};

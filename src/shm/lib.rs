@@ -12,6 +12,7 @@
 //! - [`serve`]: the shard's side; [`attach`]: a client thread's side.
 //! - [`wait`]: how a waiting client spins, naps and sleeps (pure).
 //! - [`fixed`]: the fixed layout of the hot requests (pure).
+#![warn(missing_docs)]
 
 pub mod attach;
 pub mod fixed;

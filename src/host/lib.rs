@@ -1,0 +1,19 @@
+//! What the lbagent agent and its clients share on one host, both sides of
+//! each: the files the agent writes and clients read, the datagram I/O both
+//! use, and the clocks their timestamps come from. No runtime, no server
+//! dependency: the client library builds on this crate alone (with the wire
+//! format and shared memory).
+//!
+//! # Layout
+//!
+//! - [`heartbeat`]: the shared-memory heartbeat file (writer and reader).
+//! - [`snapshot`]: the static route file, written atomically, read back.
+//! - [`udp`]: batched datagram I/O (recvmmsg / sendmmsg), socket options,
+//!   the request size limit.
+//! - [`clock`]: monotonic milliseconds and Unix time.
+#![warn(missing_docs)]
+
+pub mod clock;
+pub mod heartbeat;
+pub mod snapshot;
+pub mod udp;
