@@ -30,6 +30,15 @@
 //!
 //! It must not touch: sockets, clocks, logging. Time is the caller's `now`
 //! in microseconds on any monotonic clock.
+//!
+//! # Layout
+//!
+//! - [`priority`]: business and user priorities, the rotating user hash.
+//! - `histogram` ([`Histogram`]): `C[B][U]` and its prefix sums.
+//! - `window` ([`Window`]): queuing time over a window.
+//! - `controller` ([`Admission`]): the adaptive level.
+//! - [`piggyback`]: the level on the wire.
+//! - [`holdback`]: a caller holding back below the agent's own level.
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 

@@ -14,7 +14,16 @@
 //!   the snapshot in slices after a restart.
 //! - [`routeclient`]: the connection to the route servers: pulls, answers,
 //!   pushes, reconnect with back-off and fail-over.
+//! - [`runtime`]: starting the agent: its config checked, its files and
+//!   sockets opened, its threads started; stopping it.
 //! - [`shard`]: one shard's request handling, sans-IO.
+//! - [`shard_rt`]: the shard's glommio shell: batched UDP in and out,
+//!   shared memory, timers, spin or park.
+//! - [`control`]: the control core: the rings, the two TCP clients, the
+//!   heartbeat, the snapshot, metrics, reloads.
+//! - [`live`]: a reloaded configuration on its way to the control core.
+//! - [`overload_sim`]: a seeded model of a shard protecting itself (the
+//!   agent's own DAGOR), run by `perf/agent_overload.rs`.
 //! - [`timers`]: the shard's deadlines, a min-heap with lazy deletion.
 //! - [`messages`]: what crosses the rings between shards and the control core.
 //! - [`metrics`]: counters, the service-time histogram, Prometheus text.

@@ -108,6 +108,7 @@
 //! - [`holdback`]: the agent's own level, remembered per shard, sans-IO
 //!   (pure, it lives in `lbagent-admission`; re-exported).
 //! - [`exit`]: the tool commands' exit status for each error.
+//! - `priority`: a call's business and user priority ([`Priority`]).
 //! - `client`: [`Client`], the shell that ties them together.
 #![warn(missing_docs)]
 

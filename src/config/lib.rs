@@ -7,6 +7,16 @@
 //! (see `lbagent.toml` beside this file, which `lbagent agent
 //! --print-config` prints and a test keeps equal to [`Config::default`]).
 //! This module reads and checks; it must not start anything.
+//!
+//! # Layout
+//!
+//! - this file: [`Config`] and its sections, loading, `validate()`.
+//! - `admission` ([`AdmissionConfig`]) and `shm` ([`ShmConfig`]): their
+//!   sections.
+//! - [`store_url`]: `sqlite:PATH` / `postgres://` parsed, passwords hidden.
+//! - [`reload`]: what a reload may change in each process (pure).
+//! - `lbagent.toml`: the documented default file, equal to
+//!   [`Config::default`] (a test keeps it so).
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 

@@ -13,6 +13,8 @@
 //! - [`session`]: one connection's protocol: bytes in, answers out. Pure.
 //! - [`reload`]: the store poller (pure but for the store it is given) and
 //!   the thread that runs it.
+//! - [`updates`]: the store thread's changes on their way to the serving
+//!   executors, and the doorbell that wakes them.
 //! - `serve`: the glommio shell of one serving executor (private).
 //! - [`metrics`]: counters, the Prometheus text and its endpoint.
 //!

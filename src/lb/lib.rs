@@ -42,6 +42,17 @@
 //!
 //! It must not touch: sockets, clocks, logging, the wire format. Time is the
 //! caller's `now` in milliseconds.
+//!
+//! # Layout
+//!
+//! - `module` ([`ModuleLb`]): one module's lists, probing, windows, the
+//!   route update; the entry point of every decision above.
+//! - `node` ([`Node`]): one node's counts, its state and its transitions.
+//! - `params` ([`LbParams`]): the knobs (the original `lbagent.ini`).
+//! - `levels`: downstream admission levels a module's reports carry, and
+//!   their expiry.
+//! - `units` ([`Units`]): balance units taken and returned.
+//! - [`balance`]: seed 002's capacity-balancing choice.
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 

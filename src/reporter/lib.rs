@@ -41,6 +41,16 @@
 //!
 //! Owns the reporter's sockets, threads and buffer; reads the store only
 //! through [`Store::upsert_status`], and touches nothing of the agent.
+//!
+//! # Layout
+//!
+//! - [`session`] (sans-IO) and `ingest` (its glommio shell): the agent
+//!   connections.
+//! - [`buffer`] (sans-IO): the bounded, sharded rows; [`notes`]: what it
+//!   logs about drops.
+//! - `writer`: the writer threads; `shared`: the phase and counters the
+//!   executor, the writers and [`Reporter`] share.
+//! - [`metrics`]: `GET /metrics`.
 #![warn(missing_docs)]
 
 pub mod buffer;

@@ -6,6 +6,8 @@
 //! so every request kind, answer, L5 and DAGOR decision is the same. See
 //! the README's "Shared memory" section.
 //!
+//! # Layout
+//!
 //! - [`layout`]: offsets and the pure checks on what a slot holds;
 //! - [`region`]: the mapping, atomics, futex and pid calls (the only
 //!   `unsafe` of the transport);

@@ -49,6 +49,13 @@
 //! connection), and count it in [`Store::bad_rows`]. A bad
 //! `route_version` cannot be skipped: reads fail with
 //! [`StoreError::BadInput`].
+//!
+//! # Layout
+//!
+//! - this file: the [`Store`] trait, the values it speaks, [`StoreError`].
+//! - `sqlite` and `postgres`: the two backends.
+//! - `migrations`: the schema's versions, applied at open.
+//! - [`table`]: route import and export files (CSV, JSON lines).
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 
