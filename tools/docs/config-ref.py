@@ -73,7 +73,7 @@ def parse(text):
 
 
 def cell(s):
-    return s.replace("|", "\\|")
+    return s.replace("|", "\\|").replace("<", "&lt;")
 
 
 def render():
