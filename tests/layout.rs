@@ -1,4 +1,4 @@
-//! The layout documents stay true: the workspace's layout section names
+//! The layout documents stay true: the workspace's layout section (the book's "Code layout" page) names
 //! every crate, every source file at the top of each crate and every module
 //! of the `lbagent` package; and every crate root's `//! # Layout` list
 //! names every module the crate declares. Adding a file or a module without
@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 /// The document that holds the workspace's layout, and the heading it is
 /// found under.
-const LAYOUT_DOC: &str = "README.md";
+const LAYOUT_DOC: &str = "docs/src/design/layout.md";
 const LAYOUT_HEADING: &str = "## Layout";
 
 fn repo() -> PathBuf {

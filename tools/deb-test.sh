@@ -48,7 +48,8 @@ for path in ./usr/bin/lbagent ./etc/lbagent/lbagent.toml \
   ./usr/lib/systemd/system/lbagent.service \
   ./usr/lib/systemd/system/lbagent-dnsserver.service \
   ./usr/lib/systemd/system/lbagent-reporter.service \
-  ./usr/share/doc/lbagent/README.md ./usr/share/doc/lbagent/lbagent-alerts.yml; do
+  ./usr/share/doc/lbagent/README.md ./usr/share/doc/lbagent/lbagent-alerts.yml \
+  ./usr/share/doc/lbagent/lbagent-dashboard.json; do
   grep -q " $path\$" <<<"$contents" || fail "the package lacks $path"
 done
 grep -q '^-rwxr-xr-x .* ./usr/bin/lbagent$' <<<"$contents" || fail "usr/bin/lbagent is not mode 755"

@@ -76,3 +76,10 @@ for ep in "agent $agent_m" "dnsserver $dns_m" "reporter $rep_m"; do
   [[ -z "$lint" ]] || fail "promtool check metrics, $role: $lint"
   say "$role /metrics ($addr): $(grep -c '^# TYPE' "$tmp/$role.prom") families, promtool check metrics clean"
 done
+
+# The Grafana dashboard (tools/grafana/lbagent-dashboard.json): every panel's
+# expression parses (as a recording rule through promtool) and names only
+# metrics these endpoints serve.
+python3 tools/grafana/check.py tools/grafana/lbagent-dashboard.json "$tmp/dashboard-rules.yml" \
+  "$tmp/agent.prom" "$tmp/dnsserver.prom" "$tmp/reporter.prom"
+"$promtool" check rules "$tmp/dashboard-rules.yml"
