@@ -290,3 +290,31 @@ fn the_receive_buffer_is_the_system_default_or_a_bounded_size() {
         "{e}"
     );
 }
+
+#[test]
+fn the_documented_file_names_every_field() {
+    // Every field the configuration has is written out, with its comment,
+    // in lbagent.toml: the book's configuration reference is generated from
+    // that file, so a field missing there would be missing from the docs.
+    let full: toml::Table = toml::from_str(&toml::to_string(&Config::default()).unwrap()).unwrap();
+    let documented: toml::Table = toml::from_str(DEFAULT_TOML).unwrap();
+    let mut missing = Vec::new();
+    for (section, fields) in &full {
+        let Some(fields) = fields.as_table() else {
+            continue;
+        };
+        for key in fields.keys() {
+            let there = documented
+                .get(section)
+                .and_then(|s| s.as_table())
+                .is_some_and(|s| s.contains_key(key));
+            if !there {
+                missing.push(format!("{section}.{key}"));
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "src/config/lbagent.toml lacks {missing:?}: add each with its comment (meaning, range) and default"
+    );
+}
