@@ -40,8 +40,8 @@
 //!
 //! ```no_run
 //! use glommio::channels::local_channel;
-//! use lbagent::agent::routeclient::{run, RouteClientConfig, RouteClientEvent, RouteClientStatus};
-//! use lbagent::model::ModuleId;
+//! use lbagent_agent::routeclient::{run, RouteClientConfig, RouteClientEvent, RouteClientStatus};
+//! use lbagent_model::ModuleId;
 //!
 //! glommio::LocalExecutorBuilder::default()
 //!     .io_memory(512 << 10)

@@ -55,9 +55,9 @@
 //!
 //! ```no_run
 //! use glommio::channels::local_channel;
-//! use lbagent::agent::statsclient::{run, StatsClientConfig, StatsClientStatus};
-//! use lbagent::lb::NodeCallStats;
-//! use lbagent::model::{ModuleId, NodeAddr};
+//! use lbagent_agent::statsclient::{run, StatsClientConfig, StatsClientStatus};
+//! use lbagent_lb::NodeCallStats;
+//! use lbagent_model::{ModuleId, NodeAddr};
 //!
 //! glommio::LocalExecutorBuilder::default()
 //!     .io_memory(512 << 10)

@@ -5,7 +5,7 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use lbagent::client::{Client, ClientError};
+//! use lbagent_client::{Client, ClientError};
 //!
 //! let mut client = Client::new()?;
 //! client.register(100, 1, Duration::from_secs(1))?; // pull before first use
@@ -88,8 +88,8 @@
 //! [`level::from_fb`] for the schema's `AdmissionLevel`.
 //!
 //! ```
-//! use lbagent::client::level;
-//! use lbagent::admission::AdmissionLevel;
+//! use lbagent_client::level;
+//! use lbagent_admission::AdmissionLevel;
 //!
 //! // The service, in its response:
 //! let bytes = level::encode(Some(AdmissionLevel::new(10, 128)));

@@ -1,7 +1,7 @@
 //! The servers' and the agent's log: `tracing` events written to standard
 //! error (journald takes it under systemd) as text or JSON lines, each with
 //! its time (UTC, RFC 3339), level, target (the component: the Rust module,
-//! e.g. `lbagent::agent::control`) and the spans it runs in (`agent`,
+//! e.g. `lbagent_agent::control`: the crate, then the module) and the spans it runs in (`agent`,
 //! `shard{id=3}`, `control`, `dnsserver`, `reporter`).
 //!
 //! [`init`] installs the subscriber once per process; [`set_level`] changes

@@ -40,7 +40,7 @@ pub enum FrameError {
 /// Reassembles length-prefixed frames from arbitrary chunks of a stream.
 ///
 /// ```
-/// use lbagent::wire::{write_frame, FrameDecoder};
+/// use lbagent_wire::{write_frame, FrameDecoder};
 ///
 /// let mut stream = Vec::new();
 /// write_frame(&mut stream, b"first").unwrap();
