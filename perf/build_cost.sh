@@ -38,6 +38,7 @@ printf 'incremental_after_touch_lb_s %.1f\n' "$(echo "$t1 - $t0" | bc)"
 printf 'liblbagent_c_so_bytes %s\n' "$(stat -c %s "$CARGO_TARGET_DIR/release/liblbagent_c.so")"
 printf 'liblbagent_c_a_bytes %s\n' "$(stat -c %s "$CARGO_TARGET_DIR/release/liblbagent_c.a")"
 python3 -m venv "$work/venv"
+export PATH="$work/venv/bin:$PATH"
 "$work/venv/bin/pip" install --quiet "maturin>=1.5,<2" >/dev/null
 # A target directory pip's build has to itself: the clean cost a user pays.
 export CARGO_TARGET_DIR="$work/pip-target"
