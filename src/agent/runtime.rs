@@ -66,11 +66,7 @@ impl Agent {
             )
         })?;
         let ncpu = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let shards = if a.shards == 0 {
-            (ncpu.saturating_sub(1)).max(1) as u32
-        } else {
-            a.shards
-        };
+        let shards = shard_count(a.shards, ncpu);
         let sockets = retry_in_use(|| bind_shards(a.bind, a.base_port, shards))?;
         if a.udp_rcvbuf_bytes != 0 {
             size_receive_buffers(&sockets, a.udp_rcvbuf_bytes)?;
@@ -79,14 +75,7 @@ impl Agent {
             .iter()
             .map(|s| s.local_addr().map(|a| a.port()).unwrap_or(0))
             .collect();
-        let metrics =
-            retry_in_use(|| Ok(TcpListener::bind(a.metrics_addr)?)).with_context(|| {
-                format!(
-                    "cannot bind the metrics endpoint agent.metrics_addr = {}",
-                    a.metrics_addr
-                )
-            })?;
-        metrics.set_nonblocking(true)?;
+        let metrics = bind_metrics(a.metrics_addr)?;
         let metrics_addr = metrics.local_addr()?;
 
         // The snapshot, read and checked once, is shared by the shards
@@ -94,27 +83,9 @@ impl Agent {
         // (its table): nothing of it is decoded or copied before the
         // executors start.
         let snapshot = load_snapshot(&a.snapshot_path);
-        let heartbeat = HeartbeatWriter::create_locked(
-            heartbeat_lock,
-            &AgentInfo {
-                shards,
-                base_port: ports[0],
-                bind: a.bind,
-                pid: std::process::id(),
-                snapshot_path: a.snapshot_path.clone(),
-            },
-        )
-        .with_context(|| {
-            format!(
-                "cannot create the heartbeat file agent.heartbeat_path = {}",
-                a.heartbeat_path.display()
-            )
-        })?;
-
+        let heartbeat = create_heartbeat(config, heartbeat_lock, shards, ports[0])?;
         let regions = create_regions(config, shards)?;
-        let offered = !regions.is_empty();
-        let mut regions = regions.into_iter();
-        if offered {
+        if !regions.is_empty() {
             let prefix = shm_prefix(config);
             heartbeat
                 .set_shm(Some(&prefix))
@@ -123,69 +94,14 @@ impl Agent {
 
         let route_addrs = resolve("agent.route_servers", &a.route_servers)?;
         let stats_addrs = resolve("agent.reporters", &a.reporters)?;
-        let stop = Arc::new(AtomicBool::new(false));
-        let ready = Arc::new(AtomicU32::new(0));
-        let io_memory = a.io_memory_kib as usize * 1024;
-        let control_core = ncpu - 1;
-        let live = Liveness::new(shards);
-        let idle_tick = super::liveness::idle_tick(lbagent_service::sdnotify::watchdog_interval());
+        let common = Common {
+            stop: Arc::new(AtomicBool::new(false)),
+            ready: Arc::new(AtomicU32::new(0)),
+            live: Liveness::new(shards),
+            idle_tick: super::liveness::idle_tick(lbagent_service::sdnotify::watchdog_interval()),
+        };
         let live_slot = LiveSlot::default();
-
-        let mut from_shards = Vec::new();
-        let mut to_shards = Vec::new();
-        let mut metrics_in = Vec::new();
-        let mut shard_handles = Vec::new();
-        for (i, socket) in sockets.into_iter().enumerate() {
-            let (to_control, from_shard) = shared_channel::new_bounded(RING_CAPACITY);
-            let (to_shard, from_control) = shared_channel::new_bounded(RING_CAPACITY);
-            let (metrics_out, metrics_rx) = shared_channel::new_bounded(4);
-            from_shards.push(from_shard);
-            to_shards.push(to_shard);
-            metrics_in.push(metrics_rx);
-            let parts = ShardParts {
-                setup: ShardSetup {
-                    id: i as u32,
-                    shards,
-                    base_port: ports[0],
-                    params: config.lb.params(),
-                    update_timeout_ms: config.lb.update_timeout * 1000,
-                    report_timeout_ms: config.lb.report_timeout * 1000,
-                    module_idle_ms: a.module_idle_timeout * 1000,
-                    unknown_ttl_ms: a.unknown_module_ttl_ms,
-                    max_modules: a.max_modules as usize,
-                    max_unknown: a.max_unknown_modules as usize,
-                    level_timeout_ms: config.admission.level_timeout_ms,
-                },
-                socket,
-                snapshot: snapshot.clone(),
-                to_control,
-                from_control,
-                metrics_out,
-                stop: stop.clone(),
-                beat: live.shard(i as u32),
-                ready: ready.clone(),
-                shedding: config.admission.agent_params(),
-                shm: regions.next(),
-                idle_tick,
-            };
-            let core = i % ncpu.max(1);
-            let h = LocalExecutorBuilder::new(Placement::Fixed(core))
-                .name(&format!("lbagent-shard-{i}"))
-                .io_memory(io_memory)
-                .spawn(move || async move {
-                    // Every line this executor logs names its shard.
-                    let _span = tracing::info_span!("shard", id = i).entered();
-                    shard_rt::run(parts).await
-                })
-                .map_err(|e| {
-                    anyhow::anyhow!(
-                        "cannot start shard {i}'s executor: {e} (agent.io_memory_kib = {}; check `ulimit -l`)",
-                        a.io_memory_kib
-                    )
-                })?;
-            shard_handles.push(h);
-        }
-
+        let rings = spawn_shards(config, &common, sockets, ports[0], &snapshot, regions, ncpu)?;
         let routes_loaded = snapshot.as_ref().map_or(0, |s| s.len());
         let parts = ControlParts {
             shards,
@@ -197,33 +113,24 @@ impl Agent {
                 caller: local_ip_towards(stats_addrs.first().copied()).unwrap_or(a.bind),
                 ..StatsClientConfig::new(stats_addrs)
             },
-            from_shards,
-            to_shards,
-            metrics_in,
+            from_shards: rings.from_shards,
+            to_shards: rings.to_shards,
+            metrics_in: rings.metrics_in,
             snapshot,
             heartbeat,
             snapshot_path: a.snapshot_path.clone(),
             snapshot_interval: Duration::from_secs(a.snapshot_interval),
             metrics_listener: metrics,
-            stop: stop.clone(),
-            beat: live.control(),
-            ready,
+            stop: common.stop.clone(),
+            beat: common.live.control(),
+            ready: common.ready.clone(),
             live: live_slot.clone(),
-            idle_tick,
+            idle_tick: common.idle_tick,
         };
-        let control = LocalExecutorBuilder::new(Placement::Fixed(control_core))
-            .name("lbagent-control")
-            .io_memory(io_memory)
-            .spawn(move || async move {
-                let _span = tracing::info_span!("control").entered();
-                control::run(parts).await
-            })
-            .map_err(|e| {
-                anyhow::anyhow!("cannot start the control core's executor: {e} (check `ulimit -l` against agent.io_memory_kib)")
-            })?;
+        let control = spawn_control(parts, ncpu - 1, a.io_memory_kib)?;
         Ok(Agent {
-            stop,
-            shards: shard_handles,
+            stop: common.stop,
+            shards: rings.handles,
             control: Some(control),
             ports,
             bind: if a.bind.is_unspecified() {
@@ -233,7 +140,7 @@ impl Agent {
             },
             metrics_addr,
             routes_loaded,
-            liveness: live,
+            liveness: common.live,
             live: live_slot,
         })
     }
@@ -370,6 +277,162 @@ pub fn run(config: &Config, source: ConfigSource) -> anyhow::Result<()> {
 
 /// How long a start waits for its ports to be released by a predecessor.
 const PORT_WAIT: Duration = Duration::from_secs(3);
+
+/// The shards to run: `agent.shards`, or with 0 one per core but the last
+/// (which holds the control core), at least one.
+fn shard_count(configured: u32, ncpu: usize) -> u32 {
+    if configured == 0 {
+        (ncpu.saturating_sub(1)).max(1) as u32
+    } else {
+        configured
+    }
+}
+
+/// The metrics endpoint's listener, non-blocking, bound before any thread
+/// starts so that a taken port stops the start with its name.
+fn bind_metrics(addr: SocketAddr) -> anyhow::Result<TcpListener> {
+    let metrics = retry_in_use(|| Ok(TcpListener::bind(addr)?))
+        .with_context(|| format!("cannot bind the metrics endpoint agent.metrics_addr = {addr}"))?;
+    metrics.set_nonblocking(true)?;
+    Ok(metrics)
+}
+
+/// The heartbeat file, created under the lock already taken, saying where
+/// the shards listen and where the static route file is.
+fn create_heartbeat(
+    config: &Config,
+    lock: HeartbeatLock,
+    shards: u32,
+    base_port: u16,
+) -> anyhow::Result<HeartbeatWriter> {
+    let a = &config.agent;
+    HeartbeatWriter::create_locked(
+        lock,
+        &AgentInfo {
+            shards,
+            base_port,
+            bind: a.bind,
+            pid: std::process::id(),
+            snapshot_path: a.snapshot_path.clone(),
+        },
+    )
+    .with_context(|| {
+        format!(
+            "cannot create the heartbeat file agent.heartbeat_path = {}",
+            a.heartbeat_path.display()
+        )
+    })
+}
+
+/// What every executor of one agent shares: the stop flag, the count of
+/// executors ready, their turn counters and the idle tick.
+struct Common {
+    stop: Arc<AtomicBool>,
+    ready: Arc<AtomicU32>,
+    live: Arc<Liveness>,
+    idle_tick: Duration,
+}
+
+/// The control core's ends of the rings to every shard, and the shards'
+/// executors.
+struct ShardRings {
+    from_shards: Vec<shared_channel::SharedReceiver<super::messages::ToControl>>,
+    to_shards: Vec<shared_channel::SharedSender<super::messages::ToShard>>,
+    metrics_in: Vec<shared_channel::SharedReceiver<Box<super::metrics::ShardMetrics>>>,
+    handles: Vec<ExecutorJoinHandle<()>>,
+}
+
+/// Builds each shard's rings and spawns its executor, pinned to core
+/// `i % ncpu`, on its socket (and its shared-memory region, when offered).
+fn spawn_shards(
+    config: &Config,
+    common: &Common,
+    sockets: Vec<UdpSocket>,
+    base_port: u16,
+    snapshot: &Option<Arc<SnapshotIndex>>,
+    regions: Vec<Region>,
+    ncpu: usize,
+) -> anyhow::Result<ShardRings> {
+    let a = &config.agent;
+    let shards = sockets.len() as u32;
+    let io_memory = a.io_memory_kib as usize * 1024;
+    let mut regions = regions.into_iter();
+    let mut rings = ShardRings {
+        from_shards: Vec::new(),
+        to_shards: Vec::new(),
+        metrics_in: Vec::new(),
+        handles: Vec::new(),
+    };
+    for (i, socket) in sockets.into_iter().enumerate() {
+        let (to_control, from_shard) = shared_channel::new_bounded(RING_CAPACITY);
+        let (to_shard, from_control) = shared_channel::new_bounded(RING_CAPACITY);
+        let (metrics_out, metrics_rx) = shared_channel::new_bounded(4);
+        rings.from_shards.push(from_shard);
+        rings.to_shards.push(to_shard);
+        rings.metrics_in.push(metrics_rx);
+        let parts = ShardParts {
+            setup: ShardSetup {
+                id: i as u32,
+                shards,
+                base_port,
+                params: config.lb.params(),
+                update_timeout_ms: config.lb.update_timeout * 1000,
+                report_timeout_ms: config.lb.report_timeout * 1000,
+                module_idle_ms: a.module_idle_timeout * 1000,
+                unknown_ttl_ms: a.unknown_module_ttl_ms,
+                max_modules: a.max_modules as usize,
+                max_unknown: a.max_unknown_modules as usize,
+                level_timeout_ms: config.admission.level_timeout_ms,
+            },
+            socket,
+            snapshot: snapshot.clone(),
+            to_control,
+            from_control,
+            metrics_out,
+            stop: common.stop.clone(),
+            beat: common.live.shard(i as u32),
+            ready: common.ready.clone(),
+            shedding: config.admission.agent_params(),
+            shm: regions.next(),
+            idle_tick: common.idle_tick,
+        };
+        let core = i % ncpu.max(1);
+        let h = LocalExecutorBuilder::new(Placement::Fixed(core))
+            .name(&format!("lbagent-shard-{i}"))
+            .io_memory(io_memory)
+            .spawn(move || async move {
+                // Every line this executor logs names its shard.
+                let _span = tracing::info_span!("shard", id = i).entered();
+                shard_rt::run(parts).await
+            })
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "cannot start shard {i}'s executor: {e} (agent.io_memory_kib = {}; check `ulimit -l`)",
+                    a.io_memory_kib
+                )
+            })?;
+        rings.handles.push(h);
+    }
+    Ok(rings)
+}
+
+/// Spawns the control core's executor, pinned to `core`.
+fn spawn_control(
+    parts: ControlParts,
+    core: usize,
+    io_memory_kib: u32,
+) -> anyhow::Result<ExecutorJoinHandle<()>> {
+    LocalExecutorBuilder::new(Placement::Fixed(core))
+        .name("lbagent-control")
+        .io_memory(io_memory_kib as usize * 1024)
+        .spawn(move || async move {
+            let _span = tracing::info_span!("control").entered();
+            control::run(parts).await
+        })
+        .map_err(|e| {
+            anyhow::anyhow!("cannot start the control core's executor: {e} (check `ulimit -l` against agent.io_memory_kib)")
+        })
+}
 
 /// Retries `bind` while the address is in use, up to [`PORT_WAIT`]: after a
 /// crash (`kill -9`) the kernel releases sockets that io_uring still
@@ -558,6 +621,15 @@ fn create_regions(config: &Config, shards: u32) -> anyhow::Result<Vec<Region>> {
 mod tests {
     use super::*;
     use std::os::fd::AsRawFd;
+
+    #[test]
+    fn shards_default_to_one_per_core_but_the_control_core_and_at_least_one() {
+        assert_eq!(shard_count(0, 16), 15);
+        assert_eq!(shard_count(0, 2), 1);
+        assert_eq!(shard_count(0, 1), 1);
+        assert_eq!(shard_count(0, 0), 1);
+        assert_eq!(shard_count(4, 2), 4);
+    }
 
     #[test]
     fn every_shard_socket_gets_the_receive_buffer_asked() {
