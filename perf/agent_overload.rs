@@ -61,6 +61,7 @@ use lbagent::model::{ModuleId, NodeAddr, RouteNode};
 use lbagent::standalone::{Standalone, StandaloneOptions};
 use lbagent::store::{self, StoreUrl};
 use lbagent::wire::{decode, Encoder, Limits, Message, RetCode};
+use nix::sys::socket::{setsockopt, sockopt};
 
 const MODULE: ModuleId = ModuleId::new(10_000, 1);
 /// (business priority, share of the getHosts, the metrics' class label).
@@ -589,9 +590,8 @@ fn shard_rcvbuf(port: u16) -> String {
 /// `net.core.rmem_max` with `SO_RCVBUFFORCE` where the process may
 /// (`CAP_NET_ADMIN`), else as much as `SO_RCVBUF` gets.
 fn answer_room(socket: &UdpSocket) {
-    let fd = socket.as_raw_fd();
-    if udp::set_int_option(fd, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, 8 << 20).is_err() {
-        let _ = udp::set_rcvbuf(fd, 8 << 20);
+    if setsockopt(socket, sockopt::RcvBufForce, &(8 << 20)).is_err() {
+        let _ = udp::set_rcvbuf(socket.as_raw_fd(), 8 << 20);
     }
 }
 
@@ -735,12 +735,11 @@ fn send_loop(
 /// Asks the kernel to cut every send on `socket` into datagrams of `size`
 /// bytes (`UDP_SEGMENT`; Linux 4.18 and later).
 fn enable_gso(socket: &UdpSocket, size: usize) -> std::io::Result<()> {
-    let fd = socket.as_raw_fd();
-    udp::set_int_option(fd, libc::SOL_UDP, libc::UDP_SEGMENT, size as libc::c_int).inspect_err(
-        |e| {
+    setsockopt(socket, sockopt::UdpGsoSegment, &(size as libc::c_int))
+        .map_err(std::io::Error::from)
+        .inspect_err(|e| {
             eprintln!("agent_overload: UDP_SEGMENT unavailable ({e}); sending single datagrams");
-        },
-    )
+        })
 }
 
 /// Sends the equal-sized getHosts in `segments` in one system call (the

@@ -16,13 +16,15 @@
 //! must do as well, or the comparison stops being a floor.
 
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 use std::time::Duration;
 use std::{fmt, io};
+
+use nix::poll::{poll, PollFd, PollFlags};
 
 use crate::host::clock;
 use crate::host::heartbeat::{AgentInfo, HeartbeatWriter};
@@ -41,7 +43,7 @@ pub const FLOOR_ROUTE_VERSION: u64 = 1;
 const BATCH: usize = crate::agent::shard_rt::BATCH;
 
 /// How long an idle loop waits for a datagram before it checks for stop.
-const IDLE_POLL_MS: i32 = 50;
+const IDLE_POLL_MS: u16 = 50;
 
 /// How often the heartbeat is written (as the agent's control core).
 const BEAT_EVERY: Duration = Duration::from_secs(1);
@@ -275,7 +277,7 @@ fn serve(socket: &UdpSocket, stop: &AtomicBool, counters: &Counters) {
         // any one bad peer.
         let n = rx.recv(fd).unwrap_or_default();
         if n == 0 {
-            wait_readable(fd, IDLE_POLL_MS);
+            wait_readable(socket.as_fd(), IDLE_POLL_MS);
             continue;
         }
         let mut local = FloorCounts::default();
@@ -357,14 +359,9 @@ impl Answerer {
 }
 
 /// Waits until `fd` is readable or `timeout_ms` passes.
-fn wait_readable(fd: RawFd, timeout_ms: i32) {
-    let mut pfd = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd for the duration of the call.
-    unsafe { libc::poll(&mut pfd, 1, timeout_ms) };
+fn wait_readable(fd: BorrowedFd<'_>, timeout_ms: u16) {
+    // An interrupted or failed poll is one more turn of the loop.
+    let _ = poll(&mut [PollFd::new(fd, PollFlags::POLLIN)], timeout_ms);
 }
 
 #[cfg(test)]

@@ -12,6 +12,8 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
 use lbagent::host::heartbeat::HeartbeatReader;
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
 
 const BIN: &str = env!("CARGO_BIN_EXE_lbagent");
 
@@ -312,10 +314,9 @@ fn a_balance_module_is_still_balance_after_the_agent_restarts_from_its_snapshot(
         policy_seen(&hb).expect("the agent has the balance module within 15 s");
         // SIGTERM: the agent writes its final snapshot before it exits.
         let mut system = system;
-        // SAFETY: kill(2) on our own child's pid.
         assert_eq!(
-            unsafe { libc::kill(system.0.id() as libc::pid_t, libc::SIGTERM) },
-            0
+            kill(Pid::from_raw(system.0.id() as i32), Signal::SIGTERM),
+            Ok(())
         );
         let exited = wait_for(Duration::from_secs(20), || system.0.try_wait().ok()?);
         assert!(exited.is_some(), "standalone exits within 20 s of SIGTERM");

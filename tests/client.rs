@@ -465,10 +465,7 @@ fn a_heartbeat_base_port_above_65535_is_corruption_not_another_port() {
 }
 
 fn mkfifo(path: &Path) {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
-    // SAFETY: a valid NUL-terminated path.
-    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo");
+    nix::unistd::mkfifo(path, nix::sys::stat::Mode::from_bits_truncate(0o600)).expect("mkfifo");
 }
 
 /// Runs `f` on a thread and fails the test if it takes more than `limit`

@@ -10,6 +10,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use lbagent::config::{Config, DEFAULT_TOML};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
 
 const PACKAGED: &str = include_str!("../tools/debian/lbagent.toml");
 
@@ -101,8 +103,7 @@ fn spawn(args: &[&str], systemd: &Systemd, watchdog_usec: Option<u64>) -> Child 
 }
 
 fn sigterm(child: &mut Child) -> bool {
-    // SAFETY: kill(2) on our own child's pid.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM);
     let t0 = Instant::now();
     while t0.elapsed() < Duration::from_secs(30) {
         if let Ok(Some(status)) = child.try_wait() {

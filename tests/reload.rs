@@ -12,6 +12,8 @@ mod routesrc;
 mod udpclient;
 
 use common::{addr_after, http_get, nowhere, spawn_logged, wait_for, wait_logged};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -108,7 +110,7 @@ impl Agent {
     fn reload(&self, text: &str, result: &str) {
         let before = self.reloads(result);
         std::fs::write(&self.config, text).unwrap();
-        unsafe { libc::kill(self.pid as i32, libc::SIGHUP) };
+        let _ = kill(Pid::from_raw(self.pid as i32), Signal::SIGHUP);
         wait_for(Duration::from_secs(10), || {
             (self.reloads(result) > before).then_some(())
         })

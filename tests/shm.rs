@@ -15,6 +15,8 @@ mod routesrc;
 mod agentproc;
 
 use common::wait_for;
+use nix::sys::signal::kill;
+use nix::unistd::Pid;
 use std::net::Ipv4Addr;
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -358,7 +360,7 @@ fn garbage_in_a_slot_is_counted_and_harms_only_that_slot() {
     wait_metric(&agent, "lbagent_shm_garbage_total", |v| v >= 1.0);
     wait_metric(&agent, "lbagent_malformed_datagrams_total", |v| v >= 1.0);
     // The shard survived: its process runs and answers a fresh client.
-    assert_eq!(unsafe { libc::kill(agent.pid(), 0) }, 0);
+    assert_eq!(kill(Pid::from_raw(agent.pid()), None), Ok(()));
     let h = agent.client().get_host(M.modid, M.cmdid, T).unwrap();
     assert_eq!(h.source, HostSource::Agent);
 }

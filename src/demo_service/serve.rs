@@ -5,9 +5,13 @@
 
 use std::io;
 use std::net::{SocketAddr, UdpSocket};
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering::Relaxed};
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+use nix::errno::Errno;
+use nix::poll::{ppoll, PollFd, PollFlags};
+use nix::sys::time::TimeSpec;
 
 use super::core::{Arrival, ServiceCore, ServiceParams};
 use crate::admission::{piggyback, Micros, WindowOutcome};
@@ -232,7 +236,7 @@ fn serve_inner(
             .next_event()
             .map_or(MAX_WAIT_US, |e| e.saturating_sub(t))
             .clamp(1, MAX_WAIT_US);
-        wait_readable(fd, wait)?;
+        wait_readable(socket.as_fd(), wait)?;
     }
     counters.publish(&core);
     Ok(())
@@ -256,25 +260,12 @@ fn arrival_us(stamp_ns: Option<u64>, mono_us: Micros, real_us: u64, last: Micros
 ///
 /// # Errors
 /// `ppoll`'s error, other than an interrupt.
-fn wait_readable(fd: RawFd, wait_us: Micros) -> io::Result<()> {
-    let ts = libc::timespec {
-        tv_sec: (wait_us / 1_000_000) as libc::time_t,
-        tv_nsec: ((wait_us % 1_000_000) * 1000) as libc::c_long,
-    };
-    let mut pfd = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: one live pollfd, a valid timespec, no signal mask.
-    let r = unsafe { libc::ppoll(&mut pfd, 1, &ts, std::ptr::null()) };
-    if r < 0 {
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e);
-        }
+fn wait_readable(fd: BorrowedFd<'_>, wait_us: Micros) -> io::Result<()> {
+    let ts = TimeSpec::from_duration(Duration::from_micros(wait_us));
+    match ppoll(&mut [PollFd::new(fd, PollFlags::POLLIN)], Some(ts), None) {
+        Ok(_) | Err(Errno::EINTR) => Ok(()),
+        Err(e) => Err(e.into()),
     }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -77,6 +77,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 
 use memmap2::{MmapOptions, MmapRaw};
+use nix::fcntl::{Flock, FlockArg};
 
 /// The magic word at offset 8: the bytes `"LBHB"` read as a little-endian `u32`.
 pub const MAGIC: u32 = u32::from_le_bytes(*b"LBHB");
@@ -554,7 +555,7 @@ pub struct HeartbeatWriter {
     shm: Shm,
     path: PathBuf,
     /// The open file whose `flock` says this agent owns the path.
-    _lock: std::fs::File,
+    _lock: Flock<std::fs::File>,
     _not_sync: PhantomData<Cell<()>>,
 }
 
@@ -563,7 +564,7 @@ pub struct HeartbeatWriter {
 /// agent on the same path stops at once, naming the first.
 #[derive(Debug)]
 pub struct HeartbeatLock {
-    file: std::fs::File,
+    file: Flock<std::fs::File>,
     path: PathBuf,
 }
 
@@ -583,7 +584,7 @@ impl HeartbeatLock {
             .mode(0o644)
             .open(path)
             .map_err(io_error("open", path))?;
-        lock(&file, path)?;
+        let file = lock(file, path)?;
         Ok(HeartbeatLock {
             file,
             path: path.to_path_buf(),
@@ -687,18 +688,15 @@ impl std::fmt::Debug for HeartbeatWriter {
     }
 }
 
-/// Takes the exclusive `flock` on the heartbeat file, held for as long as
-/// `file` is open (the writer's lifetime; the kernel releases it when the
-/// process dies, even by `kill -9`). Held: [`HeartbeatError::Locked`]
-/// naming the pid in the holder's header.
-fn lock(file: &std::fs::File, path: &Path) -> Result<(), HeartbeatError> {
-    use std::os::fd::AsRawFd;
-    // SAFETY: flock on a descriptor we own; no memory is involved.
-    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-    if rc == 0 {
-        return Ok(());
-    }
-    let e = io::Error::last_os_error();
+/// Takes the exclusive `flock` on the heartbeat file (nix's `Flock`), held
+/// for as long as the returned file is open (the writer's lifetime; the
+/// kernel releases it when the process dies, even by `kill -9`). Held:
+/// [`HeartbeatError::Locked`] naming the pid in the holder's header.
+fn lock(file: std::fs::File, path: &Path) -> Result<Flock<std::fs::File>, HeartbeatError> {
+    let e = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+        Ok(locked) => return Ok(locked),
+        Err((_, e)) => io::Error::from(e),
+    };
     if e.kind() != io::ErrorKind::WouldBlock {
         return Err(HeartbeatError::Io {
             op: "lock",
@@ -1104,9 +1102,7 @@ mod tests {
     fn special_files_are_refused_without_blocking() {
         let dir = tempfile::tempdir().unwrap();
         let fifo = dir.path().join("fifo");
-        let c = std::ffi::CString::new(fifo.as_os_str().as_bytes()).unwrap();
-        // SAFETY: a valid NUL-terminated path.
-        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
         // Without O_NONBLOCK this open would wait for a writer forever.
         for (path, kind) in [
             (fifo.as_path(), "FIFO"),

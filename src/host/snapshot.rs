@@ -740,12 +740,9 @@ mod tests {
 
     #[test]
     fn special_and_oversized_files_are_refused_without_reading_them() {
-        use std::os::unix::ffi::OsStrExt;
         let dir = tempfile::tempdir().unwrap();
         let fifo = dir.path().join("fifo");
-        let c = std::ffi::CString::new(fifo.as_os_str().as_bytes()).unwrap();
-        // SAFETY: a valid NUL-terminated path.
-        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
         for (path, kind) in [
             (fifo.as_path(), "FIFO"),
             (dir.path(), "directory"),
@@ -1005,8 +1002,7 @@ mod tests {
         write(&path, 1, &sample()).unwrap();
         let old = fs::read(&path).unwrap();
         fs::set_permissions(&ro, fs::Permissions::from_mode(0o555)).unwrap();
-        // SAFETY: geteuid has no preconditions.
-        let root = unsafe { libc::geteuid() } == 0;
+        let root = nix::unistd::geteuid().is_root();
         let result = write(&path, 2, &[]);
         fs::set_permissions(&ro, fs::Permissions::from_mode(0o755)).unwrap();
         if !root {

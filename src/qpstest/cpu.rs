@@ -8,15 +8,14 @@
 use std::io;
 use std::path::Path;
 
+use nix::unistd::{gettid, sysconf, SysconfVar};
+
 /// Clock ticks per second (`sysconf(_SC_CLK_TCK)`), the unit of the times
 /// in `/proc/*/stat`.
 fn ticks_per_second() -> f64 {
-    // SAFETY: sysconf has no preconditions.
-    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    if t > 0 {
-        t as f64
-    } else {
-        100.0
+    match sysconf(SysconfVar::CLK_TCK) {
+        Ok(Some(t)) if t > 0 => t as f64,
+        _ => 100.0,
     }
 }
 
@@ -99,8 +98,7 @@ fn read_comm(task: &Path) -> Option<String> {
 
 /// The calling thread's id (for [`thread_cpu_seconds`]).
 pub fn current_tid() -> u32 {
-    // SAFETY: gettid has no preconditions and cannot fail.
-    unsafe { libc::gettid() as u32 }
+    gettid().as_raw() as u32
 }
 
 #[cfg(test)]

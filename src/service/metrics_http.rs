@@ -10,11 +10,13 @@
 
 use std::io::{self, Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::os::fd::AsRawFd;
+use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::wakefd::{poll_timeout_ms, StopEvent};
+use nix::poll::{poll, PollFd, PollFlags};
+
+use crate::wakefd::{poll_timeout, StopEvent};
 
 /// The longest request head read; a longer one is answered as it stands.
 pub const MAX_REQUEST_HEAD: usize = 8192;
@@ -115,11 +117,11 @@ impl Exchange {
         true
     }
 
-    fn events(&self) -> libc::c_short {
+    fn events(&self) -> PollFlags {
         if self.out.is_empty() {
-            libc::POLLIN
+            PollFlags::POLLIN
         } else {
-            libc::POLLOUT
+            PollFlags::POLLOUT
         }
     }
 }
@@ -142,33 +144,33 @@ pub fn serve_blocking(
 ) -> io::Result<()> {
     listener.set_nonblocking(true)?;
     let mut open: Vec<Exchange> = Vec::new();
-    let mut fds: Vec<libc::pollfd> = Vec::new();
+    // Which open exchanges the last poll found ready (kept apart from the
+    // poll set, which borrows their streams).
+    let mut ready: Vec<bool> = Vec::new();
     while !stop.is_set() {
-        fds.clear();
-        fds.push(pollfd(stop.fd(), libc::POLLIN));
-        fds.push(pollfd(listener.as_raw_fd(), libc::POLLIN));
-        fds.extend(
-            open.iter()
-                .map(|x| pollfd(x.stream.as_raw_fd(), x.events())),
-        );
         let now = Instant::now();
         let wait = open
             .iter()
             .map(|x| x.deadline.saturating_duration_since(now))
             .min();
-        // SAFETY: `fds` is a valid, initialised slice of pollfd.
-        unsafe {
-            libc::poll(
-                fds.as_mut_ptr(),
-                fds.len() as libc::nfds_t,
-                poll_timeout_ms(wait),
-            )
-        };
+        let mut fds = Vec::with_capacity(open.len() + 2);
+        fds.push(PollFd::new(stop.as_fd(), PollFlags::POLLIN));
+        fds.push(PollFd::new(listener.as_fd(), PollFlags::POLLIN));
+        fds.extend(
+            open.iter()
+                .map(|x| PollFd::new(x.stream.as_fd(), x.events())),
+        );
+        // An interrupted poll is one more turn; the stop, the deadlines and
+        // the accept below are checked all the same.
+        let _ = poll(&mut fds, poll_timeout(wait));
+        ready.clear();
+        // Any event at all (HUP and ERR too; bits nix does not know as well).
+        ready.extend(fds[2..].iter().map(|f| f.any().unwrap_or(true)));
+        drop(fds);
         let now = Instant::now();
-        let mut i = 1;
+        let mut turn = ready.iter();
         open.retain_mut(|x| {
-            i += 1;
-            if fds[i].revents != 0 && x.step(body) {
+            if *turn.next().unwrap_or(&false) && x.step(body) {
                 return false;
             }
             if now >= x.deadline {
@@ -180,14 +182,6 @@ pub fn serve_blocking(
         accept_all(listener, &mut open, counters);
     }
     Ok(())
-}
-
-fn pollfd(fd: std::os::fd::RawFd, events: libc::c_short) -> libc::pollfd {
-    libc::pollfd {
-        fd,
-        events,
-        revents: 0,
-    }
 }
 
 /// Accepts every connection waiting on `listener`: into `open` while

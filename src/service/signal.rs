@@ -1,34 +1,32 @@
-//! SIGTERM / SIGINT for the long-running subcommands: install a handler
-//! that sets a flag, then wait for it. SIGHUP asks for a configuration
-//! reload: [`wait`] runs the hook [`on_reload`] set (on the waiting
-//! thread, not in the handler).
+//! SIGTERM / SIGINT for the long-running subcommands: install handlers that
+//! set a flag, then wait for it. SIGHUP asks for a configuration reload:
+//! [`wait`] runs the hook [`on_reload`] set (on the waiting thread, not in
+//! the handler).
 //!
-//! The handlers also wake an `eventfd` ([`crate::wakefd`]) that [`wait`]
-//! blocks on: the waiting thread sleeps until a signal comes, it does not
-//! poll the flags.
+//! The handlers are signal-hook's: `flag::register` sets the flags any
+//! thread reads ([`received`]), and a `Signals` iterator (its self-pipe)
+//! is what [`wait`] blocks on: the waiting thread sleeps until a signal
+//! comes, it does not poll the flags.
 
-use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, LazyLock, Mutex, OnceLock};
 use std::time::Duration;
 
-use crate::wakefd::{self, WakeFd};
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+use signal_hook::iterator::Signals;
 
-static SIGNALLED: AtomicBool = AtomicBool::new(false);
-static HANGUP: AtomicBool = AtomicBool::new(false);
+static SIGNALLED: LazyLock<Arc<AtomicBool>> = LazyLock::new(Arc::default);
+static HANGUP: LazyLock<Arc<AtomicBool>> = LazyLock::new(Arc::default);
 
-/// What the handlers wake; created by [`install`] (or the first [`wait`]).
-static WAKE: OnceLock<Option<WakeFd>> = OnceLock::new();
-/// [`WAKE`]'s descriptor for the handlers (-1: none).
-static WAKE_FD: AtomicI32 = AtomicI32::new(-1);
+/// What [`wait`] blocks on, created by [`install`] (or the first [`wait`]);
+/// `None` when the kernel refused its descriptors (then [`wait`] polls the
+/// flags).
+static WAKE: OnceLock<Option<Mutex<Signals>>> = OnceLock::new();
 
-/// The descriptor [`wait`] blocks on, created once; `None` when the kernel
-/// refused one (then [`wait`] polls the flags).
-fn wake_fd() -> Option<&'static WakeFd> {
-    WAKE.get_or_init(|| match WakeFd::new() {
-        Ok(w) => {
-            WAKE_FD.store(w.fd(), Ordering::SeqCst);
-            Some(w)
-        }
+/// The signals [`wait`] wakes for, created once.
+fn wake() -> Option<&'static Mutex<Signals>> {
+    WAKE.get_or_init(|| match Signals::new([SIGTERM, SIGINT, SIGHUP]) {
+        Ok(s) => Some(Mutex::new(s)),
         Err(e) => {
             tracing::warn!(
                 "cannot create the signal wake-up descriptor ({e}); polling for signals every 20 ms instead"
@@ -39,40 +37,25 @@ fn wake_fd() -> Option<&'static WakeFd> {
     .as_ref()
 }
 
-/// Wakes [`wait`] from a handler (async-signal-safe: one `write`).
-fn wake_waiter() {
-    let fd = WAKE_FD.load(Ordering::SeqCst);
-    if fd >= 0 {
-        wakefd::wake_raw(fd);
-    }
-}
-
 /// What a SIGHUP runs (none: it is logged and ignored).
 type ReloadHook = Box<dyn FnMut() + Send>;
 static RELOAD: Mutex<Option<ReloadHook>> = Mutex::new(None);
-
-extern "C" fn on_signal(_: libc::c_int) {
-    SIGNALLED.store(true, Ordering::SeqCst);
-    wake_waiter();
-}
-
-extern "C" fn on_hangup(_: libc::c_int) {
-    HANGUP.store(true, Ordering::SeqCst);
-    wake_waiter();
-}
 
 /// Installs the SIGTERM, SIGINT and SIGHUP handlers. Call before starting
 /// anything, so that a signal during start-up is not lost (a SIGHUP before
 /// [`wait`] is handled by it).
 pub fn install() {
-    let _ = wake_fd();
-    // SAFETY: the handlers only store to atomics and write to an eventfd,
-    // which are async-signal-safe.
-    unsafe {
-        libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
-        libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
-        libc::signal(libc::SIGHUP, on_hangup as *const () as libc::sighandler_t);
+    for (sig, flag) in [
+        (SIGTERM, &SIGNALLED),
+        (SIGINT, &SIGNALLED),
+        (SIGHUP, &HANGUP),
+    ] {
+        // Fails only for the signals that cannot be caught, not these.
+        if let Err(e) = signal_hook::flag::register(sig, Arc::clone(flag)) {
+            tracing::warn!("cannot install the handler of signal {sig}: {e}");
+        }
     }
+    let _ = wake();
 }
 
 /// Sets what a SIGHUP runs while [`wait`] waits (replacing any earlier hook).
@@ -100,15 +83,20 @@ pub fn received() -> bool {
 /// meanwhile. Sleeps until a signal wakes it (every 20 ms only if no
 /// wake-up descriptor could be made).
 pub fn wait() {
-    let wake = wake_fd();
+    let wake = wake();
     while !received() {
         reload_if_asked();
         if received() {
             break;
         }
         match wake {
+            // The signals that woke it set the flags here too: the flag
+            // handler of the same signal may not have run yet.
             Some(w) => {
-                w.wait(None);
+                for sig in w.lock().unwrap_or_else(|e| e.into_inner()).wait() {
+                    let flag = if sig == SIGHUP { &HANGUP } else { &SIGNALLED };
+                    flag.store(true, Ordering::SeqCst);
+                }
             }
             None => std::thread::sleep(Duration::from_millis(20)),
         }

@@ -1,18 +1,21 @@
 //! A stop that a blocked thread hears at once instead of polling for it:
-//! an `eventfd` that any thread (or a signal handler: `write` is
-//! async-signal-safe) makes readable, beside a flag. A thread that waits in
+//! an `eventfd` (nix's `EventFd`) that any thread makes readable, beside a
+//! flag. A thread that waits in
 //! `poll` adds [`WakeFd::fd`] to its set; a thread with nothing else to
 //! wait for calls [`WakeFd::wait`].
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
+
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sys::eventfd::{EfdFlags, EventFd};
 
 /// A readable-when-woken file descriptor (an `eventfd`, non-blocking).
 #[derive(Debug)]
 pub struct WakeFd {
-    fd: OwnedFd,
+    fd: EventFd,
 }
 
 impl WakeFd {
@@ -22,21 +25,15 @@ impl WakeFd {
     /// When the kernel refuses an `eventfd` (the open files limit: raise
     /// `ulimit -n`).
     pub fn new() -> io::Result<WakeFd> {
-        // SAFETY: eventfd takes no pointers; a negative result is an error.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: a new descriptor that nothing else owns.
-        Ok(WakeFd {
-            fd: unsafe { OwnedFd::from_raw_fd(fd) },
-        })
+        let fd = EventFd::from_flags(EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)?;
+        Ok(WakeFd { fd })
     }
 
-    /// Makes the descriptor readable until [`Self::drain`]ed. Async-signal-safe
-    /// through [`wake_raw`].
+    /// Makes the descriptor readable until [`Self::drain`]ed. A full counter
+    /// (2^64 - 2 wakes not taken) is already readable, so a failed write
+    /// loses nothing.
     pub fn wake(&self) {
-        wake_raw(self.fd.as_raw_fd());
+        let _ = self.fd.write(1);
     }
 
     /// The descriptor to add to a `poll` set (`POLLIN` when woken).
@@ -46,39 +43,29 @@ impl WakeFd {
 
     /// Takes every wake so far; true when there was one.
     pub fn drain(&self) -> bool {
-        let mut n = 0u64;
-        // SAFETY: reads 8 bytes into a u64 from a descriptor we own.
-        let got = unsafe {
-            libc::read(
-                self.fd.as_raw_fd(),
-                (&mut n as *mut u64).cast(),
-                std::mem::size_of::<u64>(),
-            )
-        };
-        got == std::mem::size_of::<u64>() as isize && n > 0
+        matches!(self.fd.read(), Ok(n) if n > 0)
     }
 
     /// Blocks until woken (then takes the wakes) or until `timeout` passed
     /// (`None`: no limit). True when woken.
     pub fn wait(&self, timeout: Option<Duration>) -> bool {
-        let mut fds = [libc::pollfd {
-            fd: self.fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        }];
-        // SAFETY: one valid pollfd.
-        unsafe { libc::poll(fds.as_mut_ptr(), 1, poll_timeout_ms(timeout)) };
+        let mut fds = [PollFd::new(self.fd.as_fd(), PollFlags::POLLIN)];
+        // An interrupted or failed poll only ends the wait early; the
+        // drain below says whether a wake came.
+        let _ = poll(&mut fds, poll_timeout(timeout));
         self.drain()
     }
 }
 
-/// Wakes the eventfd `fd` (what [`WakeFd::wake`] does): one `write`, safe
-/// inside a signal handler. A full counter (2^64 - 2 wakes not taken) is
-/// already readable, so a failed write loses nothing.
-pub fn wake_raw(fd: RawFd) {
-    let one = 1u64;
-    // SAFETY: writes 8 bytes from a u64; the result is not needed (see above).
-    unsafe { libc::write(fd, (&one as *const u64).cast(), std::mem::size_of::<u64>()) };
+impl AsFd for WakeFd {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+/// [`poll_timeout_ms`] as nix's `poll` takes it.
+pub fn poll_timeout(timeout: Option<Duration>) -> PollTimeout {
+    PollTimeout::try_from(poll_timeout_ms(timeout)).unwrap_or(PollTimeout::NONE)
 }
 
 /// `poll`'s timeout argument for `timeout`: -1 (none) for `None`, else the
@@ -132,6 +119,12 @@ impl StopEvent {
     }
 }
 
+impl AsFd for StopEvent {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -172,12 +165,7 @@ mod tests {
         assert!(!s.is_set());
         s.set();
         assert!(s.is_set());
-        let mut fds = [libc::pollfd {
-            fd: s.fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        }];
-        // SAFETY: one valid pollfd.
-        assert_eq!(unsafe { libc::poll(fds.as_mut_ptr(), 1, 0) }, 1);
+        let mut fds = [PollFd::new(s.as_fd(), PollFlags::POLLIN)];
+        assert_eq!(poll(&mut fds, PollTimeout::ZERO), Ok(1));
     }
 }

@@ -1,11 +1,13 @@
 //! The one place with `unsafe` for the shared-memory transport: mapping a
 //! region file, its words as atomics, copying bytes in and out, the futex
-//! calls, and asking whether a pid is alive. Everything above it works
-//! with offsets that [`super::layout`] computed and this module checks.
+//! calls and the `SIGBUS` guard (nix has no futex, and the guard's handler
+//! must stay async-signal-safe raw calls). The rest of its system calls
+//! (reserving, chown, whether a pid is alive, group lookup) go through
+//! nix's safe wrappers. Everything above it works with offsets that
+//! [`super::layout`] computed and this module checks.
 
 use std::fs::{File, OpenOptions};
 use std::io;
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -13,6 +15,10 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use memmap2::{MmapOptions, MmapRaw};
+use nix::errno::Errno;
+use nix::fcntl::posix_fallocate;
+use nix::sys::signal::kill;
+use nix::unistd::{fchown, sysconf, Gid, Group, Pid, SysconfVar};
 
 use super::layout::{self, Geometry};
 
@@ -125,12 +131,10 @@ fn reserve(file: &File, g: &Geometry) -> io::Result<()> {
             libc::off_t::try_from(len).map_err(|_| too_large())?,
         );
         loop {
-            // SAFETY: posix_fallocate on a descriptor we own; it returns
-            // the error number instead of setting errno.
-            match unsafe { libc::posix_fallocate(file.as_raw_fd(), at, len) } {
-                0 => break,
-                libc::EINTR => continue,
-                e => return Err(io::Error::from_raw_os_error(e)),
+            match posix_fallocate(file, at, len) {
+                Ok(()) => break,
+                Err(Errno::EINTR) => continue,
+                Err(e) => return Err(e.into()),
             }
         }
     }
@@ -177,13 +181,9 @@ impl Region {
             file.set_permissions(std::fs::Permissions::from_mode(mode))
                 .map_err(io_err("chmod", &tmp))?;
             if let Access::Group(gid) = access {
-                // SAFETY: fchown on a descriptor we own; -1 keeps the owner.
-                let rc = unsafe { libc::fchown(file.as_raw_fd(), u32::MAX, gid) };
-                if rc != 0 {
-                    return Err(io_err("chown to the group", &tmp)(
-                        io::Error::last_os_error(),
-                    ));
-                }
+                // No owner: the owner is kept.
+                fchown(&file, None, Some(Gid::from_raw(gid)))
+                    .map_err(|e| io_err("chown to the group", &tmp)(e.into()))?;
             }
             file.set_len(geometry.file_len() as u64)
                 .map_err(io_err("size", &tmp))?;
@@ -501,8 +501,11 @@ static PREVIOUS: OnceLock<(libc::sigaction, usize)> = OnceLock::new();
 fn install_sigbus_handler() -> bool {
     PREVIOUS
         .get_or_init(|| {
-            // SAFETY: sysconf has no preconditions.
-            let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize;
+            let page = sysconf(SysconfVar::PAGE_SIZE)
+                .ok()
+                .flatten()
+                .unwrap_or(4096)
+                .max(4096) as usize;
             // SAFETY: all-zero is a valid sigaction; both structs are live,
             // and the handler only touches atomics and async-signal-safe
             // calls (mmap, sigaction).
@@ -592,30 +595,16 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
 /// True when no process `pid` exists (`kill(pid, 0)` fails with ESRCH). A
 /// process of another user exists (EPERM).
 pub fn process_gone(pid: i32) -> bool {
-    // SAFETY: signal 0 sends nothing; only the existence check is made.
-    let rc = unsafe { libc::kill(pid, 0) };
-    rc != 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
+    // No signal: only the existence check is made.
+    kill(Pid::from_raw(pid), None) == Err(Errno::ESRCH)
 }
 
 /// The group id of group `name`, if the system knows it.
 pub fn group_id(name: &str) -> Option<u32> {
-    let c = std::ffi::CString::new(name).ok()?;
-    let mut buf = vec![0u8; 16 * 1024];
-    // SAFETY: all-zero is a valid `group`; getgrnam_r fills it with
-    // pointers into `buf`, which outlives the call; only gr_gid is read.
-    let mut grp: libc::group = unsafe { std::mem::zeroed() };
-    let mut out: *mut libc::group = std::ptr::null_mut();
-    // SAFETY: valid pointers to live buffers of the stated sizes.
-    let rc = unsafe {
-        libc::getgrnam_r(
-            c.as_ptr(),
-            &mut grp,
-            buf.as_mut_ptr().cast(),
-            buf.len(),
-            &mut out,
-        )
-    };
-    (rc == 0 && !out.is_null()).then_some(grp.gr_gid)
+    Group::from_name(name)
+        .ok()
+        .flatten()
+        .map(|g| g.gid.as_raw())
 }
 
 #[cfg(test)]
@@ -681,8 +670,7 @@ mod tests {
     fn a_group_region_is_0660_in_that_group() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("r.0");
-        // SAFETY: getegid has no preconditions.
-        let gid = unsafe { libc::getegid() };
+        let gid = nix::unistd::getegid().as_raw();
         Region::create(&path, Geometry::new(1), ident(), Access::Group(gid)).unwrap();
         let meta = std::fs::metadata(&path).unwrap();
         assert_eq!((meta.mode() & 0o777, meta.gid()), (0o660, gid));

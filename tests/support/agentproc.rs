@@ -15,6 +15,8 @@ use lbagent::client::{Client, ClientOptions};
 use lbagent::host::heartbeat::HeartbeatReader;
 use lbagent::host::snapshot;
 use lbagent::model::ModuleId;
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
 
 use super::common::{addr_after, http_get, spawn_logged, wait_for, wait_logged};
 
@@ -151,7 +153,8 @@ impl AgentProc {
     }
 
     pub fn signal(&self, sig: i32) {
-        assert_eq!(unsafe { libc::kill(self.pid(), sig) }, 0);
+        let sig = Signal::try_from(sig).expect("a signal number");
+        assert_eq!(kill(Pid::from_raw(self.pid()), sig), Ok(()));
     }
 
     pub fn kill9(&mut self) {
@@ -171,7 +174,7 @@ impl AgentProc {
     pub fn sigterm(&mut self) -> (Option<i32>, Duration) {
         let mut c = self.child.take().expect("running");
         let t0 = Instant::now();
-        assert_eq!(unsafe { libc::kill(c.id() as i32, libc::SIGTERM) }, 0);
+        assert_eq!(kill(Pid::from_raw(c.id() as i32), Signal::SIGTERM), Ok(()));
         let status =
             wait_for(Duration::from_secs(10), || c.try_wait().unwrap()).expect("the agent stops");
         (status.code(), t0.elapsed())
@@ -220,7 +223,7 @@ impl Drop for AgentProc {
     fn drop(&mut self) {
         if let Some(c) = &self.child {
             // A stopped process must be resumed to die on SIGKILL promptly.
-            unsafe { libc::kill(c.id() as i32, libc::SIGCONT) };
+            let _ = kill(Pid::from_raw(c.id() as i32), Signal::SIGCONT);
         }
         self.kill9();
     }
