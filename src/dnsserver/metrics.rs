@@ -1,5 +1,6 @@
-//! The route server's figures and their Prometheus text, and the tiny HTTP
-//! endpoint that serves them (`GET /metrics`).
+//! The route server's figures and their Prometheus text (written through
+//! prometheus-client's text encoder), and the tiny HTTP endpoint that
+//! serves them (`GET /metrics`).
 //!
 //! Counting is plain field increments on each executor's own [`Counters`]
 //! and the store thread's [`StoreStatus`]; each publishes a copy into a
@@ -9,7 +10,12 @@
 
 use lbagent_service::metrics_http;
 use lbagent_service::wakefd::StopEvent;
-use std::fmt::Write as _;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::text::encode_registry;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet};
+use prometheus_client::metrics::MetricType::{self, Counter, Gauge};
+use prometheus_client::registry::Registry;
+use std::fmt;
 use std::net::TcpListener;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
@@ -234,21 +240,27 @@ impl Board {
 
     /// The Prometheus text of everything on the board, ages taken at `now`.
     pub fn render(&self, now: Instant) -> String {
-        let per: Vec<Counters> = (0..self.executors.len())
-            .map(|i| self.executor(i))
-            .collect();
-        let mut text = render(&per, &self.total(), &self.store(), self.started, now);
-        let mut m = Text(String::new());
-        let help = "Metrics connections answered 503: too many were open.";
-        m.counter(
-            "metrics_connections_refused_total",
-            help,
-            self.http.refused(),
-        );
-        let help = "Metrics connections closed for taking too long.";
-        m.counter("metrics_timeouts_total", help, self.http.timed_out());
-        text.push_str(&m.0);
-        text
+        let age = |at: Option<Instant>| {
+            now.saturating_duration_since(at.unwrap_or(self.started))
+                .as_secs_f64()
+        };
+        let store = self.store();
+        let scrape = Scrape {
+            per: (0..self.executors.len())
+                .map(|i| self.executor(i))
+                .collect(),
+            total: self.total(),
+            store,
+            reload_age_s: age(store.last_full_reload),
+            store_ok_age_s: age(store.last_store_ok),
+            metrics_refused: self.http.refused(),
+            metrics_timeouts: self.http.timed_out(),
+        };
+        let mut registry = Registry::with_prefix("lbagent_dnsserver");
+        registry.register_collector(Box::new(scrape));
+        let mut out = String::with_capacity(6144);
+        encode_registry(&mut out, &registry).expect("a String takes every write");
+        out
     }
 }
 
@@ -256,181 +268,192 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// Prometheus text, one metric family at a time.
-struct Text(String);
+// === the exposition ===
+//
+// Written by prometheus-client's text encoder, every family under the
+// registry's prefix `lbagent_dnsserver_`. The endpoint serves the
+// Prometheus text format 0.0.4, which names a counter family by its sample
+// (`lbagent_dnsserver_pulls_total`), so each family is declared under that
+// name and its samples written as they are (`encode_gauge` adds no suffix;
+// prometheus-client's own counter writes OpenMetrics, which a 0.0.4 reader
+// and `promtool check metrics` take for an untyped family without HELP).
 
-impl Text {
-    /// A family of samples, each `(labels, value)`.
-    fn family(&mut self, name: &str, kind: &str, help: &str, samples: &[(&str, f64)]) {
-        let _ = writeln!(self.0, "# HELP lbagent_dnsserver_{name} {help}");
-        let _ = writeln!(self.0, "# TYPE lbagent_dnsserver_{name} {kind}");
-        for (labels, v) in samples {
-            let _ = writeln!(self.0, "lbagent_dnsserver_{name}{labels} {v}");
-        }
-    }
+/// What one scrape writes: a copy of the board (prometheus-client's
+/// collectors own what they encode), ages taken.
+#[derive(Debug)]
+struct Scrape {
+    per: Vec<Counters>,
+    total: Counters,
+    store: StoreStatus,
+    reload_age_s: f64,
+    store_ok_age_s: f64,
+    metrics_refused: u64,
+    metrics_timeouts: u64,
+}
 
-    fn counter(&mut self, name: &str, help: &str, v: u64) {
-        self.family(name, "counter", help, &[("", v as f64)]);
-    }
+impl Collector for Scrape {
+    fn encode(&self, mut e: DescriptorEncoder) -> fmt::Result {
+        let e = &mut e;
+        let (t, s) = (&self.total, &self.store);
+        let open = self.per.iter().enumerate();
+        let open = open.map(|(i, c)| ([("executor", i)], c.connections));
+        let help = "Open agent connections, by serving executor.";
+        family(e, "connections", Gauge, help, open)?;
+        let help = "Agent connections accepted.";
+        counter(e, "connections_accepted_total", help, t.accepted)?;
+        let help = "Failed accepts (out of file descriptors?).";
+        counter(e, "accept_errors_total", help, t.accept_errors)?;
+        let closed = |k: CloseKind| ([("reason", k.label())], t.closed[k as usize]);
+        let help = "Connections closed, by reason.";
+        family(
+            e,
+            "connections_closed_total",
+            Counter,
+            help,
+            CloseKind::ALL.map(closed),
+        )?;
+        let help = "Connections closed after staying silent past dnsserver.idle_timeout.";
+        counter(e, "idle_closes_total", help, closed(CloseKind::Idle).1)?;
+        let bad = [
+            CloseKind::BadFrame,
+            CloseKind::Undecodable,
+            CloseKind::Unexpected,
+        ];
+        let help = "Frames that closed their connection: not a frame, not a message, \
+                    or not a route server request.";
+        family(e, "bad_frames_total", Counter, help, bad.map(closed))?;
+        let help = "PullReqs refused with an ErrorResp (no modules or too many).";
+        counter(e, "bad_requests_total", help, t.bad_requests)?;
+        counter(
+            e,
+            "pull_requests_total",
+            "PullReq frames received.",
+            t.pull_reqs,
+        )?;
+        counter(e, "pulls_total", "Modules named in PullReqs.", t.pulls)?;
+        let answers = [
+            ([("exists", "true")], t.answers),
+            ([("exists", "false")], t.answers_unknown),
+        ];
+        family(e, "answers_total", Counter, "RouteAnswers sent.", answers)?;
+        let help = "Nodes sent in RouteAnswers (the cost of pulls on the wire).";
+        counter(e, "answer_nodes_total", help, t.answer_nodes)?;
+        let help = "Modules of versioned pulls unchanged at the version the agent holds \
+                    (answered in a RouteUnchanged, without nodes).";
+        counter(e, "unchanged_total", help, t.unchanged)?;
+        let help = "RouteUnchanged frames sent (one per PullReq at most).";
+        counter(e, "unchanged_frames_total", help, t.unchanged_frames)?;
+        let help = "Module pulls held because no route was loaded yet \
+                    (answered by push after the first load).";
+        counter(e, "pulls_held_total", help, t.pulls_held)?;
+        let help = "RoutePushes sent to subscribed connections.";
+        counter(e, "pushes_total", help, t.pushes)?;
+        counter(e, "keepalives_total", "KeepAlives answered.", t.keepalives)?;
+        let help = "Module subscriptions of open connections.";
+        gauge(e, "subscriptions", help, t.subscriptions)?;
+        let refused = [
+            ([("bound", "connection")], t.subscriptions_refused),
+            ([("bound", "total")], t.subscriptions_refused_total_bound),
+        ];
+        let help = "Subscriptions refused (the pull was answered): the connection, or every \
+                    connection together, holds the most allowed.";
+        family(e, "subscriptions_refused_total", Counter, help, refused)?;
+        let help = "Connections refused: dnsserver.max_connections were open.";
+        counter(e, "connections_refused_total", help, t.connections_refused)?;
+        let help = "Subscriptions dropped by an agent's Unsubscribe (the agent forgot the module).";
+        counter(e, "unsubscribes_total", help, t.unsubscribes)?;
 
-    fn gauge(&mut self, name: &str, help: &str, v: f64) {
-        self.family(name, "gauge", help, &[("", v)]);
+        let help = "1 when the last store operation succeeded, 0 when the store is \
+                    unreachable or refusing.";
+        gauge(e, "store_up", help, u64::from(s.up))?;
+        let help = "1 once routes were loaded from the store; 0 while pulls are held.";
+        gauge(e, "routes_loaded", help, u64::from(s.loaded))?;
+        gauge(e, "modules", "Modules loaded.", s.modules)?;
+        let help = "The route version the served table reflects.";
+        gauge(e, "route_version", help, s.route_version)?;
+        counter(e, "store_polls_total", "Store polls attempted.", s.polls)?;
+        let help = "Store polls that failed.";
+        counter(e, "store_poll_failures_total", help, s.poll_failures)?;
+        let reloads = [
+            ([("kind", "full")], s.full_reloads),
+            ([("kind", "changes")], s.change_reloads),
+        ];
+        let help =
+            "Successful reloads: of every route, or of the changes since the served version.";
+        family(e, "reloads_total", Counter, help, reloads)?;
+        let failures = [
+            ([("kind", "full")], s.full_reload_failures),
+            ([("kind", "changes")], s.change_reload_failures),
+        ];
+        family(
+            e,
+            "reload_failures_total",
+            Counter,
+            "Failed reloads.",
+            failures,
+        )?;
+        let help = "Modules found changed by reloads (each pushed to its subscribers).";
+        counter(e, "modules_changed_total", help, s.modules_changed)?;
+        let help = "Modules not served: their answer does not fit in one frame.";
+        gauge(e, "modules_refused", help, s.modules_refused)?;
+        let help = "Malformed store rows skipped by the last read.";
+        gauge(e, "store_bad_rows", help, s.bad_rows)?;
+        let help = "Times the store's SQLite file was found deleted or replaced under the server.";
+        counter(e, "store_replaced_total", help, s.store_replaced)?;
+        let help = "Seconds since the last successful full reload (since start when none).";
+        seconds(e, "last_reload_age_seconds", help, self.reload_age_s)?;
+        let help = "Seconds since the store last answered (since start when never).";
+        seconds(e, "store_ok_age_seconds", help, self.store_ok_age_s)?;
+        let help = "Metrics connections answered 503: too many were open.";
+        counter(
+            e,
+            "metrics_connections_refused_total",
+            help,
+            self.metrics_refused,
+        )?;
+        let help = "Metrics connections closed for taking too long.";
+        counter(e, "metrics_timeouts_total", help, self.metrics_timeouts)
     }
 }
 
-/// The Prometheus text exposition of the route server's figures.
-fn render(
-    per: &[Counters],
-    t: &Counters,
-    s: &StoreStatus,
-    started: Instant,
-    now: Instant,
-) -> String {
-    let mut m = Text(String::with_capacity(6144));
-    let labels: Vec<String> = (0..per.len())
-        .map(|i| format!("{{executor=\"{i}\"}}"))
-        .collect();
-    let open: Vec<(&str, f64)> = per
-        .iter()
-        .zip(&labels)
-        .map(|(c, l)| (l.as_str(), c.connections as f64))
-        .collect();
-    m.family(
-        "connections",
-        "gauge",
-        "Open agent connections, by serving executor.",
-        &open,
-    );
-    m.counter(
-        "connections_accepted_total",
-        "Agent connections accepted.",
-        t.accepted,
-    );
-    m.counter(
-        "accept_errors_total",
-        "Failed accepts (out of file descriptors?).",
-        t.accept_errors,
-    );
-    let closed = |k: CloseKind| t.closed[k as usize] as f64;
-    let labels: Vec<String> = CloseKind::ALL
-        .iter()
-        .map(|k| format!("{{reason=\"{}\"}}", k.label()))
-        .collect();
-    let by_reason: Vec<(&str, f64)> = CloseKind::ALL
-        .iter()
-        .zip(&labels)
-        .map(|(&k, l)| (l.as_str(), closed(k)))
-        .collect();
-    m.family(
-        "connections_closed_total",
-        "counter",
-        "Connections closed, by reason.",
-        &by_reason,
-    );
-    let help = "Connections closed after staying silent past dnsserver.idle_timeout.";
-    m.counter(
-        "idle_closes_total",
-        help,
-        t.closed[CloseKind::Idle as usize],
-    );
-    let bad = [
-        ("{reason=\"bad_frame\"}", closed(CloseKind::BadFrame)),
-        ("{reason=\"undecodable\"}", closed(CloseKind::Undecodable)),
-        ("{reason=\"unexpected\"}", closed(CloseKind::Unexpected)),
-    ];
-    let help = "Frames that closed their connection: not a frame, not a message, \
-                or not a route server request.";
-    m.family("bad_frames_total", "counter", help, &bad);
-    let help = "PullReqs refused with an ErrorResp (no modules or too many).";
-    m.counter("bad_requests_total", help, t.bad_requests);
-    m.counter(
-        "pull_requests_total",
-        "PullReq frames received.",
-        t.pull_reqs,
-    );
-    m.counter("pulls_total", "Modules named in PullReqs.", t.pulls);
-    let answers = [
-        ("{exists=\"true\"}", t.answers as f64),
-        ("{exists=\"false\"}", t.answers_unknown as f64),
-    ];
-    m.family("answers_total", "counter", "RouteAnswers sent.", &answers);
-    let help = "Nodes sent in RouteAnswers (the cost of pulls on the wire).";
-    m.counter("answer_nodes_total", help, t.answer_nodes);
-    let help = "Modules of versioned pulls unchanged at the version the agent holds \
-                (answered in a RouteUnchanged, without nodes).";
-    m.counter("unchanged_total", help, t.unchanged);
-    let help = "RouteUnchanged frames sent (one per PullReq at most).";
-    m.counter("unchanged_frames_total", help, t.unchanged_frames);
-    let help = "Module pulls held because no route was loaded yet \
-                (answered by push after the first load).";
-    m.counter("pulls_held_total", help, t.pulls_held);
-    let help = "RoutePushes sent to subscribed connections.";
-    m.counter("pushes_total", help, t.pushes);
-    m.counter("keepalives_total", "KeepAlives answered.", t.keepalives);
-    let help = "Module subscriptions of open connections.";
-    m.gauge("subscriptions", help, t.subscriptions as f64);
-    let refused = [
-        ("{bound=\"connection\"}", t.subscriptions_refused as f64),
-        (
-            "{bound=\"total\"}",
-            t.subscriptions_refused_total_bound as f64,
-        ),
-    ];
-    let help = "Subscriptions refused (the pull was answered): the connection, or every \
-                connection together, holds the most allowed.";
-    m.family("subscriptions_refused_total", "counter", help, &refused);
-    let help = "Connections refused: dnsserver.max_connections were open.";
-    m.counter("connections_refused_total", help, t.connections_refused);
-    let help = "Subscriptions dropped by an agent's Unsubscribe (the agent forgot the module).";
-    m.counter("unsubscribes_total", help, t.unsubscribes);
+/// Writes one family: its HELP and TYPE lines, then a sample per
+/// `(labels, value)` of `series`, in order.
+fn family<L: EncodeLabelSet>(
+    e: &mut DescriptorEncoder,
+    name: &str,
+    ty: MetricType,
+    help: &str,
+    series: impl IntoIterator<Item = (L, u64)>,
+) -> fmt::Result {
+    let mut m = e.encode_descriptor(name, help, None, ty)?;
+    for (labels, v) in series {
+        m.encode_family(&labels)?.encode_gauge(&int(v))?;
+    }
+    Ok(())
+}
 
-    let help = "1 when the last store operation succeeded, 0 when the store is \
-                unreachable or refusing.";
-    m.gauge("store_up", help, f64::from(u8::from(s.up)));
-    let help = "1 once routes were loaded from the store; 0 while pulls are held.";
-    m.gauge("routes_loaded", help, f64::from(u8::from(s.loaded)));
-    m.gauge("modules", "Modules loaded.", s.modules as f64);
-    let help = "The route version the served table reflects.";
-    m.gauge("route_version", help, s.route_version as f64);
-    m.counter("store_polls_total", "Store polls attempted.", s.polls);
-    m.counter(
-        "store_poll_failures_total",
-        "Store polls that failed.",
-        s.poll_failures,
-    );
-    let reloads = [
-        ("{kind=\"full\"}", s.full_reloads as f64),
-        ("{kind=\"changes\"}", s.change_reloads as f64),
-    ];
-    let help = "Successful reloads: of every route, or of the changes since the served version.";
-    m.family("reloads_total", "counter", help, &reloads);
-    let failures = [
-        ("{kind=\"full\"}", s.full_reload_failures as f64),
-        ("{kind=\"changes\"}", s.change_reload_failures as f64),
-    ];
-    m.family(
-        "reload_failures_total",
-        "counter",
-        "Failed reloads.",
-        &failures,
-    );
-    let help = "Modules found changed by reloads (each pushed to its subscribers).";
-    m.counter("modules_changed_total", help, s.modules_changed);
-    let help = "Modules not served: their answer does not fit in one frame.";
-    m.gauge("modules_refused", help, s.modules_refused as f64);
-    let help = "Malformed store rows skipped by the last read.";
-    m.gauge("store_bad_rows", help, s.bad_rows as f64);
-    let help = "Times the store's SQLite file was found deleted or replaced under the server.";
-    m.counter("store_replaced_total", help, s.store_replaced);
-    let age = |at: Option<Instant>| {
-        now.saturating_duration_since(at.unwrap_or(started))
-            .as_secs_f64()
-    };
-    let help = "Seconds since the last successful full reload (since start when none).";
-    m.gauge("last_reload_age_seconds", help, age(s.last_full_reload));
-    let help = "Seconds since the store last answered (since start when never).";
-    m.gauge("store_ok_age_seconds", help, age(s.last_store_ok));
-    m.0
+/// A counter family of one sample without labels.
+fn counter(e: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> fmt::Result {
+    e.encode_descriptor(name, help, None, Counter)?
+        .encode_gauge(&int(v))
+}
+
+/// A gauge family of one sample without labels.
+fn gauge(e: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> fmt::Result {
+    e.encode_descriptor(name, help, None, Gauge)?
+        .encode_gauge(&int(v))
+}
+
+/// A gauge of seconds, one sample without labels.
+fn seconds(e: &mut DescriptorEncoder, name: &str, help: &str, v: f64) -> fmt::Result {
+    e.encode_descriptor(name, help, None, Gauge)?
+        .encode_gauge(&v)
+}
+
+/// A count as prometheus-client writes integers (i64; no count of ours
+/// comes near its bound).
+fn int(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
 }
 
 // === the endpoint ===

@@ -1,8 +1,12 @@
-//! The reporter's figures and their Prometheus text rendering (what
-//! `GET /metrics` answers). Pure: the shell gathers a [`ReporterStats`]
-//! and renders it.
+//! The reporter's figures and their Prometheus text exposition (what
+//! `GET /metrics` answers), written through prometheus-client's text
+//! encoder. Pure: the shell gathers a [`ReporterStats`] and renders it.
 
-use std::fmt::Write;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::text::encode_registry;
+use prometheus_client::encoding::DescriptorEncoder;
+use prometheus_client::metrics::MetricType::{self, Counter, Gauge};
+use prometheus_client::registry::Registry;
 
 /// A snapshot of the reporter's counters and gauges.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -65,119 +69,147 @@ impl ReporterStats {
     }
 }
 
-/// The Prometheus text exposition (format 0.0.4) of `s`.
-pub fn render(s: &ReporterStats) -> String {
-    let mut o = String::with_capacity(4096);
-    let figures: [(&str, &str, &str, u64); 24] = [
-        ("connections", "gauge", "Agent connections open now.", s.connections_open),
-        ("connections_total", "counter", "Agent connections accepted.", s.connections),
-        ("reports_total", "counter", "StatsReports accepted and acknowledged.", s.reports),
+// === the exposition ===
+//
+// Declared once below and written by prometheus-client's text encoder. The
+// endpoint serves the Prometheus text format 0.0.4, which names a counter
+// family by its sample (`lbagent_reporter_reports_total`), so each family
+// is declared under that name and its sample written as it is
+// (`encode_gauge` adds no suffix; prometheus-client's own counter writes
+// OpenMetrics, which a 0.0.4 reader and `promtool check metrics` take for
+// an untyped family without HELP).
+
+/// A figure: name (after `lbagent_reporter_`), TYPE, HELP, how to read it.
+type Figure = (
+    &'static str,
+    MetricType,
+    &'static str,
+    fn(&ReporterStats) -> u64,
+);
+
+/// Every figure, in exposition order.
+const FIGURES: [Figure; 25] = [
+        ("connections", Gauge, "Agent connections open now.", |s| s.connections_open),
+        ("connections_total", Counter, "Agent connections accepted.", |s| s.connections),
+        ("reports_total", Counter, "StatsReports accepted and acknowledged.", |s| s.reports),
         (
             "reports_refused_total",
-            "counter",
+            Counter,
             "StatsReports refused with ErrorResp (content the store cannot hold).",
-            s.reports_refused,
+            |s| s.reports_refused,
         ),
         (
             "bad_frames_total",
-            "counter",
+            Counter,
             "Connections closed for a frame that is not a StatsReport.",
-            s.bad_frames,
+            |s| s.bad_frames,
         ),
         (
             "connections_refused_total",
-            "counter",
+            Counter,
             "Agent connections refused: reporter.max_connections were open.",
-            s.connections_refused,
+            |s| s.connections_refused,
         ),
         (
             "idle_closed_total",
-            "counter",
+            Counter,
             "Agent connections closed after reporter.idle_timeout without a frame.",
-            s.idle_closed,
+            |s| s.idle_closed,
         ),
         (
             "read_timeouts_total",
-            "counter",
+            Counter,
             "Agent connections closed: a frame took longer than reporter.read_timeout_ms.",
-            s.read_timeouts,
+            |s| s.read_timeouts,
         ),
         (
             "buffer_full_closed_total",
-            "counter",
+            Counter,
             "Agent connections closed: incomplete frames passed reporter.max_buffered_bytes.",
-            s.buffer_full_closed,
+            |s| s.buffer_full_closed,
         ),
-        ("partial_bytes", "gauge", "Bytes of incomplete frames held now.", s.partial_bytes),
+        ("partial_bytes", Gauge, "Bytes of incomplete frames held now.", |s| s.partial_bytes),
         (
             "store_replaced_total",
-            "counter",
+            Counter,
             "Times a writer found the store's SQLite file deleted or replaced under it (the rows stay buffered).",
-            s.store_replaced,
+            |s| s.store_replaced,
         ),
         (
             "metrics_connections_refused_total",
-            "counter",
+            Counter,
             "Metrics connections answered 503: too many were open.",
-            s.metrics_refused,
+            |s| s.metrics_refused,
         ),
         (
             "metrics_timeouts_total",
-            "counter",
+            Counter,
             "Metrics connections closed for taking too long.",
-            s.metrics_timeouts,
+            |s| s.metrics_timeouts,
         ),
-        ("rows_accepted_total", "counter", "Call status rows accepted into the buffer.", s.rows_accepted),
+        ("rows_accepted_total", Counter, "Call status rows accepted into the buffer.", |s| s.rows_accepted),
         (
             "rows_coalesced_total",
-            "counter",
+            Counter,
             "Rows replaced by a newer row of the same module, node and caller before being written.",
-            s.rows_coalesced,
+            |s| s.rows_coalesced,
         ),
-        ("rows_written_total", "counter", "Rows written to the store.", s.rows_written),
+        ("rows_written_total", Counter, "Rows written to the store.", |s| s.rows_written),
         (
             "rows_dropped_total",
-            "counter",
+            Counter,
             "Rows dropped, oldest first, because the buffer was full (the loss).",
-            s.rows_dropped,
+            |s| s.rows_dropped,
         ),
-        ("rows_rejected_total", "counter", "Rows the store refused as invalid.", s.rows_rejected),
-        ("rows_buffered", "gauge", "Rows held now, waiting or being written.", s.rows_buffered),
-        ("buffer_rows_max", "gauge", "The most rows held at once (reporter.buffer_rows).", s.buffer_rows),
-        ("transactions_total", "counter", "Transactions that wrote a batch.", s.transactions),
+        ("rows_rejected_total", Counter, "Rows the store refused as invalid.", |s| s.rows_rejected),
+        ("rows_buffered", Gauge, "Rows held now, waiting or being written.", |s| s.rows_buffered),
+        ("buffer_rows_max", Gauge, "The most rows held at once (reporter.buffer_rows).", |s| s.buffer_rows),
+        ("transactions_total", Counter, "Transactions that wrote a batch.", |s| s.transactions),
         (
             "write_failures_total",
-            "counter",
+            Counter,
             "Failed attempts to connect to the store or to write a batch.",
-            s.write_failures,
+            |s| s.write_failures,
         ),
-        ("writers", "gauge", "Writer threads.", s.writers),
+        ("writers", Gauge, "Writer threads.", |s| s.writers),
         (
             "writers_up",
-            "gauge",
+            Gauge,
             "Writers whose store connection is open and whose last write succeeded.",
-            s.writers_up,
+            |s| s.writers_up,
         ),
-    ];
-    for (name, kind, help, value) in figures {
-        figure(&mut o, name, kind, help, value);
-    }
-    let up = u64::from(s.store_up());
-    figure(
-        &mut o,
+    (
         "store_up",
-        "gauge",
+        Gauge,
         "1 when every writer reaches the store, else 0.",
-        up,
-    );
-    o
+        |s| u64::from(s.store_up()),
+    ),
+];
+
+/// The Prometheus text exposition (format 0.0.4) of `s`.
+pub fn render(s: &ReporterStats) -> String {
+    let mut registry = Registry::with_prefix("lbagent_reporter");
+    registry.register_collector(Box::new(Scrape(*s)));
+    let mut out = String::with_capacity(4096);
+    encode_registry(&mut out, &registry).expect("a String takes every write");
+    out
 }
 
-fn figure(o: &mut String, name: &str, kind: &str, help: &str, value: u64) {
-    let _ = writeln!(
-        o,
-        "# HELP lbagent_reporter_{name} {help}\n# TYPE lbagent_reporter_{name} {kind}\nlbagent_reporter_{name} {value}"
-    );
+/// What one scrape writes (prometheus-client's collectors own what they
+/// encode).
+#[derive(Debug)]
+struct Scrape(ReporterStats);
+
+impl Collector for Scrape {
+    fn encode(&self, mut e: DescriptorEncoder) -> std::fmt::Result {
+        for (name, ty, help, get) in FIGURES {
+            // No count of ours comes near i64's bound, the encoder's integer.
+            let v = i64::try_from(get(&self.0)).unwrap_or(i64::MAX);
+            e.encode_descriptor(name, help, None, ty)?
+                .encode_gauge(&v)?;
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
