@@ -1,0 +1,111 @@
+//! The callgrind regression check: the four workloads of
+//! `perf/workloads.rs` as Gungraun library benchmarks, each counted under
+//! callgrind from its own setup and compared with the committed baseline
+//! (`perf/callgrind-baseline/`). `perf/check` runs it with
+//! `--baseline=committed`; a count more than [`LIMIT_PCT`] above its
+//! baseline, or the cached client above [`CLIENT_MAX_PER_PAIR`]
+//! instructions per pair whatever the baseline says, fails the run (exit
+//! status 3). See perf/README.md.
+//!
+//! Only the benchmark function is counted (Gungraun's default entry point,
+//! a `--toggle-collect` on it): the setup that builds the shard and the
+//! requests, and the teardown that checks the answers, are not. The cached
+//! client counts [`workloads::cached_client`] only (a custom entry point),
+//! so that the heartbeat beats between its chunks stay out of the count,
+//! as they did under the hand-written runner.
+//!
+//! Run alone: `cargo bench --bench callgrind` (compares with the previous
+//! run under `target/gungraun/`); one case: `cargo bench --bench callgrind
+//! -- cached_client`.
+
+use std::hint::black_box;
+
+use gungraun::{
+    library_benchmark, library_benchmark_group, main, Callgrind, EntryPoint, EventKind,
+    FlamegraphConfig, FlamegraphKind, LibraryBenchmarkConfig,
+};
+
+#[path = "workloads.rs"]
+mod workloads;
+
+use workloads::{ClientRun, ClientSeen, ManyModulesRun, Seen, ShardRun, UpdateRouteRun, N};
+
+/// Instructions more than this percentage above the baseline fail.
+const LIMIT_PCT: f64 = 5.0;
+
+/// The cached client path's ceiling in instructions per getHost + report
+/// (issue 14's target), whatever the baseline says.
+const CLIENT_MAX_PER_PAIR: u64 = 80;
+
+// [`N`] getHosts and [`N`] reports through `ShardCore::handle`.
+#[library_benchmark]
+#[bench::million(args = (), setup = workloads::shard_run, teardown = check_shard)]
+fn shard_requests(mut run: ShardRun) -> (ShardRun, Seen) {
+    let seen = workloads::workload(&mut run.shard, &run.reqs, black_box(N));
+    (run, seen)
+}
+
+fn check_shard((_, seen): (ShardRun, Seen)) {
+    workloads::check_shard(&seen, N);
+}
+
+// [`N`] getHosts and [`N`] success reports through the client's route
+// cache; only [`workloads::cached_client`] is counted.
+#[library_benchmark(
+    config = LibraryBenchmarkConfig::default().tool(
+        Callgrind::default()
+            .entry_point(EntryPoint::Custom("*::workloads::cached_client".to_owned()))
+            .soft_limits([(EventKind::Ir, LIMIT_PCT)])
+            .hard_limits([(EventKind::Ir, CLIENT_MAX_PER_PAIR * N)])
+    )
+)]
+#[bench::million(args = (), setup = workloads::client_run, teardown = check_client)]
+fn cached_client(mut run: ClientRun) -> (ClientRun, ClientSeen) {
+    let seen = workloads::cached_client_chunks(&mut run, black_box(N));
+    (run, seen)
+}
+
+fn check_client((run, seen): (ClientRun, ClientSeen)) {
+    workloads::check_client(run, &seen, N);
+}
+
+// 20 route changes of a 10,000-node module through `ShardCore::apply`.
+#[library_benchmark]
+#[bench::changes_20(args = (), setup = workloads::update_route_run, teardown = check_update_route)]
+fn update_route(mut run: UpdateRouteRun) -> (UpdateRouteRun, u64) {
+    let changes = std::mem::take(&mut run.changes);
+    let held = workloads::update_route_workload(&mut run.shard, changes, &run.get_host);
+    (run, held)
+}
+
+fn check_update_route((_, held): (UpdateRouteRun, u64)) {
+    workloads::check_update_route(held);
+}
+
+// 50,000 getHosts and reports over 20,000 modules, 2,000 ticks.
+#[library_benchmark]
+#[bench::modules_20000(args = (), setup = workloads::many_modules_run, teardown = check_many_modules)]
+fn many_modules(mut run: ManyModulesRun) -> (ManyModulesRun, u64) {
+    let answered = workloads::many_modules_workload(&mut run.shard, &run.reqs);
+    (run, answered)
+}
+
+fn check_many_modules((_, answered): (ManyModulesRun, u64)) {
+    workloads::check_many_modules(answered);
+}
+
+library_benchmark_group!(
+    name = workloads_group,
+    benchmarks = [shard_requests, cached_client, update_route, many_modules]
+);
+
+// Differential flamegraphs against the baseline (SVG files beside the
+// callgrind output under Gungraun's home) show where a count moved.
+main!(
+    config = LibraryBenchmarkConfig::default().tool(
+        Callgrind::default()
+            .soft_limits([(EventKind::Ir, LIMIT_PCT)])
+            .flamegraph(FlamegraphConfig::default().kind(FlamegraphKind::Differential))
+    ),
+    library_benchmark_groups = workloads_group
+);
