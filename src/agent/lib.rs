@@ -10,7 +10,8 @@
 //!
 //! - [`runtime`]: starts the shards and the control core, each on its own
 //!   pinned glommio executor, and stops them.
-//! - [`shard`]: one shard's request handling, sans-IO.
+//! - [`shard`]: one shard's request handling, sans-IO (one file per request
+//!   kind under `shard/`).
 //! - [`shard_rt`]: the shard's glommio shell: the socket, the request loop,
 //!   the rings, the shared-memory sweep.
 //! - [`control_core`]: the control core's decisions, sans-IO: shard
