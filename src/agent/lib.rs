@@ -14,6 +14,8 @@
 //!   kind under `shard/`).
 //! - [`shard_rt`]: the shard's glommio shell: the socket, the request loop,
 //!   the rings, the shared-memory sweep.
+//! - [`park`]: when the shard's request loop reads its socket, spins and
+//!   parks, given what each turn saw and the time.
 //! - [`control_core`]: the control core's decisions, sans-IO: shard
 //!   messages, client events, heartbeat, snapshot and reload turns.
 //! - [`control`]: the control core's glommio shell around them: the rings,
@@ -50,6 +52,7 @@ pub mod liveness;
 pub mod messages;
 pub mod metrics;
 pub mod overload_sim;
+pub mod park;
 pub mod reconnect;
 pub mod route_table;
 pub mod routeclient;
