@@ -4,10 +4,10 @@
 //! route it received (so a snapshot never asks the shards).
 //!
 //! It talks to the shards only through the SPSC rings; it must not touch a
-//! shard's state.
+//! shard's state. This file is the glommio shell; what to do on each event
+//! is [`super::control_core`]'s.
 
 use std::cell::{Cell, RefCell};
-use std::collections::VecDeque;
 use std::net::TcpListener as StdTcpListener;
 use std::os::fd::{FromRawFd, IntoRawFd};
 use std::path::PathBuf;
@@ -21,20 +21,18 @@ use glommio::channels::local_channel;
 use glommio::channels::shared_channel::{ConnectedSender, SharedReceiver, SharedSender};
 use glommio::net::{TcpListener, TcpStream};
 
+use super::control_core::{ControlCore, Forward, Links, Log, Refused, ShardRings, FILL_NODES};
 use super::messages::{ToControl, ToShard};
-use super::metrics::{render, ControlMetrics, ShardMetrics};
-use super::route_table::RouteTable;
+use super::metrics::{render, ShardMetrics};
 use super::routeclient::{self, RouteClientConfig, RouteClientEvent, RouteClientStatus, Want};
 use super::shard_rt;
 use super::snapshot_thread::SnapshotThread;
 use super::statsclient::{self, StatsClientConfig, StatsClientEvent, StatsClientStatus};
-use super::wake;
 use lbagent_host::clock;
 use lbagent_host::heartbeat::HeartbeatWriter;
 use lbagent_host::snapshot::{self, SnapshotIndex, SnapshotRoute};
 use lbagent_lb::NodeCallStats;
 use lbagent_model::ModuleId;
-use lbagent_service::logging::{self, Verdict};
 use lbagent_service::metrics_http;
 
 /// Everything the control executor needs, built on the main thread.
@@ -80,40 +78,31 @@ pub struct ControlParts {
     pub idle_tick: Duration,
 }
 
-/// How often a link that stays down (connection attempts failing) is
-/// logged again, with the count of the attempts in between.
-const RELOG_MS: u64 = 60_000;
-
-/// How often the main loop looks whether every shard is ready while they
-/// start (the first heartbeat waits for them).
-const STARTING_POLL: Duration = Duration::from_millis(5);
-
-/// Between two heartbeats.
-const BEAT_EVERY: Duration = Duration::from_secs(1);
-
 /// Between two attempts to hand the backlog to a full ring.
 const BACKLOG_RETRY: Duration = Duration::from_millis(10);
 
 /// How long shutdown waits for the final snapshot to be written.
 const SNAPSHOT_FINAL_WAIT: Duration = Duration::from_secs(5);
 
-/// Nodes of snapshot routes the control core takes into its table per
-/// turn (well under a millisecond of work, whatever the routes' size).
-const FILL_NODES: usize = 32_768;
+/// The control → shard rings over glommio's senders.
+struct Rings(Vec<ConnectedSender<ToShard>>);
 
-struct State {
-    routes: RouteTable,
-    shard_metrics: Vec<ShardMetrics>,
-    control: ControlMetrics,
-    /// Route messages waiting for room in a shard's ring.
-    backlog: Vec<VecDeque<ToShard>>,
-    /// Wakes the task that retries the backlog.
-    backlog_wake: local_channel::LocalSender<()>,
-    last_beat: Instant,
+impl ShardRings for Rings {
+    fn try_send(&self, shard: usize, msg: ToShard) -> Result<(), Refused> {
+        self.0[shard].try_send(msg).map_err(|e| match e {
+            glommio::GlommioError::WouldBlock(glommio::ResourceType::Channel(msg)) => {
+                Refused::Full(msg)
+            }
+            _ => Refused::Closed,
+        })
+    }
 }
 
 /// Runs the control core until `stop` is set, then writes the final
 /// snapshot and flushes the statistics. Call inside its glommio executor.
+/// Every decision is [`ControlCore`]'s; this loop gathers its events
+/// (rings, client events, the clock, the reload slot) and performs what
+/// it returns.
 pub async fn run(parts: ControlParts) {
     let ControlParts {
         shards,
@@ -133,19 +122,19 @@ pub async fn run(parts: ControlParts) {
         live,
         idle_tick,
     } = parts;
-    let mut snapshot_interval = snapshot_interval;
-    // The snapshot's routes become our table, and its modules are
+    // The snapshot's routes become the core's table, and its modules are
     // subscribed to, once the agent serves (below).
-    let routes = snapshot.map_or_else(RouteTable::new, RouteTable::from_snapshot);
+    let core = Rc::new(RefCell::new(ControlCore::new(
+        shards,
+        snapshot,
+        snapshot_interval,
+        idle_tick,
+        Instant::now(),
+    )));
+    // Wakes the task that retries the backlog (when the core says one
+    // began).
     let (backlog_tx, backlog_rx) = local_channel::new_bounded::<()>(1);
-    let state = Rc::new(RefCell::new(State {
-        backlog_wake: backlog_tx,
-        routes,
-        shard_metrics: (0..shards).map(ShardMetrics::new).collect(),
-        control: ControlMetrics::default(),
-        backlog: (0..shards).map(|_| VecDeque::new()).collect(),
-        last_beat: Instant::now(),
-    }));
+    let backlog_tx = Rc::new(backlog_tx);
 
     // The route client stops when the main loop, the one place that looks
     // at the stop flag, drops this sender (no timer of its own).
@@ -171,9 +160,7 @@ pub async fn run(parts: ControlParts) {
     let stats_status = StatsClientStatus::default();
     // The statistics client stops only once every shard has handed over
     // what it held (or FLUSH_WAIT passed), so that SIGTERM loses nothing
-    // that was counted.
-    let drained = Rc::new(Cell::new(0u32));
-    // It stops when this sender is dropped.
+    // that was counted. It stops when this sender is dropped.
     let (stats_stop_tx, stats_stop_rx) = local_channel::new_bounded::<()>(1);
     let stats_stopped = async move {
         let _ = stats_stop_rx.recv().await;
@@ -197,27 +184,20 @@ pub async fn run(parts: ControlParts) {
     for rx in from_shards {
         let wants_tx = wants_tx.clone();
         let stats_tx = stats_tx.clone();
-        let state = state.clone();
-        let drained = drained.clone();
+        let core = core.clone();
         let stop_wake_tx = stop_wake_tx.clone();
         tasks.push(glommio::spawn_local(async move {
             let rx = rx.connect().await;
             while let Some(msg) = rx.recv().await {
-                match msg {
-                    ToControl::Pull(m) => {
-                        let _ = wants_tx.try_send(Want::Pull(m));
+                let forward = core.borrow_mut().shard_message(msg);
+                match forward {
+                    Forward::Want(w) => {
+                        let _ = wants_tx.try_send(w);
                     }
-                    ToControl::Forget(m) => {
-                        let mut st = state.borrow_mut();
-                        st.routes.forget(m);
-                        st.control.modules_forgotten += 1;
-                        let _ = wants_tx.try_send(Want::Forget(m));
-                    }
-                    ToControl::Stats { module, nodes } => {
+                    Forward::Stats(module, nodes) => {
                         let _ = stats_tx.try_send((module, nodes));
                     }
-                    ToControl::Drained => {
-                        drained.set(drained.get() + 1);
+                    Forward::Drained => {
                         let _ = stop_wake_tx.try_send(());
                     }
                 }
@@ -225,15 +205,11 @@ pub async fn run(parts: ControlParts) {
         }));
     }
     for rx in metrics_in {
-        let state = state.clone();
+        let core = core.clone();
         tasks.push(glommio::spawn_local(async move {
             let rx = rx.connect().await;
             while let Some(m) = rx.recv().await {
-                let mut st = state.borrow_mut();
-                let i = m.shard as usize;
-                if i < st.shard_metrics.len() {
-                    st.shard_metrics[i] = *m;
-                }
+                core.borrow_mut().shard_metrics_in(*m);
             }
         }));
     }
@@ -242,103 +218,47 @@ pub async fn run(parts: ControlParts) {
     // sending side first, which waits for the receivers spawned above.
     let mut senders = Vec::new();
     for s in to_shards {
-        senders.push(Rc::new(s.connect().await));
+        senders.push(s.connect().await);
     }
-    let senders = Rc::new(senders);
+    let rings = Rc::new(Rings(senders));
 
-    // Routes from the route server go to their shards (and our table).
+    // Routes from the route server go to their shards (and the table).
     tasks.push({
-        let state = state.clone();
-        let senders = senders.clone();
+        let core = core.clone();
+        let rings = rings.clone();
+        let backlog_tx = backlog_tx.clone();
         glommio::spawn_local(async move {
-            // A reconnect loop logs its state changes, and while the server
-            // stays unreachable one line per RELOG_MS with the count.
-            let mut link = logging::Gate::new(RELOG_MS);
             while let Some(ev) = events_rx.recv().await {
-                match ev {
-                    RouteClientEvent::Route(r) => {
-                        let mut st = state.borrow_mut();
-                        st.control.routes_received += 1;
-                        let held = if r.exists { r.nodes.clone() } else { Vec::new() };
-                        st.routes.set(r.module, r.version, held);
-                        let shard = r.module.shard(shards) as usize;
-                        let msg = ToShard::Route { module: r.module, exists: r.exists, version: r.version, nodes: r.nodes, policy: r.policy };
-                        deliver(&mut st, &senders, shard, msg);
-                    }
-                    RouteClientEvent::ServerError(e) => {
-                        tracing::warn!("route server refused a request: {} ({:?}) for {}", e.message, e.retcode, e.module);
-                    }
-                    RouteClientEvent::Connected(addr) => {
-                        let n = link.check(true, clock::now_ms()).suppressed();
-                        tracing::info!("connected to route server {addr}{}", logging::left_out(n));
-                    }
-                    RouteClientEvent::ConnectFailed { addr, error } => {
-                        if let Verdict::Log { suppressed } = link.check(false, clock::now_ms()) {
-                            tracing::warn!("cannot connect to route server {addr}: {error}; retrying with back-off{}", logging::left_out(suppressed));
-                        }
-                    }
-                    RouteClientEvent::Disconnected { addr, error } => {
-                        let n = link.check(false, clock::now_ms()).suppressed();
-                        tracing::warn!("lost route server {addr}: {error}; pulls in flight will be re-issued{}", logging::left_out(n));
-                    }
+                let (line, retry) = core.borrow_mut().route_event(ev, clock::now_ms(), &*rings);
+                if retry {
+                    // Full: the task is already awake.
+                    let _ = backlog_tx.try_send(());
                 }
+                log(line);
             }
         })
     });
-    tasks.push(glommio::spawn_local(async move {
-        // As for the route server: the link's state changes, and a line per
-        // RELOG_MS (with the count) while it stays down or keeps dropping.
-        let mut link = logging::Gate::new(RELOG_MS);
-        let mut trouble = logging::Gate::new(RELOG_MS);
-        while let Some(ev) = stats_events_rx.recv().await {
-            let now = clock::now_ms();
-            match &ev {
-                StatsClientEvent::Connected(_) => {
-                    let n = link.check(true, now).suppressed();
-                    tracing::info!("reporter: {ev}{}", logging::left_out(n));
-                }
-                StatsClientEvent::ConnectFailed { .. } => {
-                    if let Verdict::Log { suppressed } = link.check(false, now) {
-                        tracing::warn!("reporter: {ev}{}", logging::left_out(suppressed));
-                    }
-                }
-                StatsClientEvent::Disconnected { .. } => {
-                    let n = link.check(false, now).suppressed();
-                    tracing::warn!("reporter: {ev}{}", logging::left_out(n));
-                }
-                StatsClientEvent::Dropped { .. } | StatsClientEvent::ServerError(_) => {
-                    let kind = matches!(ev, StatsClientEvent::Dropped { .. });
-                    if let Verdict::Log { suppressed } = trouble.check(kind, now) {
-                        tracing::warn!("reporter: {ev}{}", logging::left_out(suppressed));
-                    }
-                }
+    tasks.push({
+        let core = core.clone();
+        glommio::spawn_local(async move {
+            while let Some(ev) = stats_events_rx.recv().await {
+                let line = core.borrow_mut().stats_event(&ev, clock::now_ms());
+                log(line);
             }
-        }
-    }));
+        })
+    });
 
     // Ring back-pressure: retry what did not fit, every BACKLOG_RETRY while
-    // a backlog exists (deliver rings this task's doorbell when it starts
-    // one); nothing at all while there is none.
+    // a backlog exists (the core says when one begins, and this task's
+    // doorbell rings); nothing at all while there is none.
     tasks.push({
-        let state = state.clone();
-        let senders = senders.clone();
+        let core = core.clone();
+        let rings = rings.clone();
         glommio::spawn_local(async move {
             while backlog_rx.recv().await.is_some() {
                 loop {
                     glommio::timer::sleep(BACKLOG_RETRY).await;
-                    let mut st = state.borrow_mut();
-                    for shard in 0..st.backlog.len() {
-                        while let Some(msg) = st.backlog[shard].pop_front() {
-                            if let Err(e) = senders[shard].try_send(msg) {
-                                match into_inner(e) {
-                                    Some(msg) => st.backlog[shard].push_front(msg),
-                                    None => st.backlog[shard].clear(),
-                                }
-                                break;
-                            }
-                        }
-                    }
-                    if st.backlog.iter().all(VecDeque::is_empty) {
+                    if !core.borrow_mut().retry_backlog(&*rings) {
                         break;
                     }
                 }
@@ -351,7 +271,7 @@ pub async fn run(parts: ControlParts) {
     // SAFETY: a bound, listening TCP socket that we own.
     let listener = unsafe { TcpListener::from_raw_fd(listener_fd) };
     tasks.push({
-        let state = state.clone();
+        let core = core.clone();
         let route_status = route_status.clone();
         let stats_status = stats_status.clone();
         glommio::spawn_local(async move {
@@ -372,10 +292,10 @@ pub async fn run(parts: ControlParts) {
                     continue;
                 }
                 let body = {
-                    let mut st = state.borrow_mut();
-                    refresh_control(&mut st, &route_status, &stats_status);
-                    render(&st.shard_metrics, &st.control)
-                        + &lbagent_service::reload::metrics_text()
+                    let mut c = core.borrow_mut();
+                    let links = links(&route_status, &stats_status);
+                    let (shard_metrics, control) = c.metrics(links, Instant::now());
+                    render(shard_metrics, control) + &lbagent_service::reload::metrics_text()
                 };
                 open.set(open.get() + 1);
                 let open = open.clone();
@@ -394,73 +314,49 @@ pub async fn run(parts: ControlParts) {
     let snapshots = SnapshotThread::spawn(move |routes: &[SnapshotRoute]| {
         snapshot::write(&snapshot_path, clock::unix_ms() / 1000, routes).map_err(|e| e.to_string())
     });
-    let mut last_snapshot = Instant::now();
-    let mut serving = false;
     while !stop.load(Ordering::Relaxed) {
-        if !serving && ready.load(Ordering::SeqCst) >= shards {
-            // Every shard reads its socket: clients may come now.
-            serving = true;
+        let now = Instant::now();
+        // Every shard reads its socket: clients may come now.
+        let start = core
+            .borrow_mut()
+            .start_serving(ready.load(Ordering::SeqCst), now);
+        if let Some(serving) = start {
             heartbeat.beat(clock::unix_ms());
-            state.borrow_mut().last_beat = Instant::now();
-            if state.borrow().routes.filling() {
+            if serving.fill {
                 tasks.push(glommio::spawn_local(fill_table(
-                    state.clone(),
+                    core.clone(),
                     wants_tx.clone(),
                 )));
             }
         }
-        let sleep = {
-            let st = state.borrow();
-            // At least the poll: a zero interval must not spin the loop.
-            let interval = snapshot_interval.max(idle_tick);
-            wake::control_sleep(
-                serving.then(|| BEAT_EVERY.saturating_sub(st.last_beat.elapsed())),
-                (!st.routes.filling()).then(|| interval.saturating_sub(last_snapshot.elapsed())),
-                idle_tick,
-                (!serving).then_some(STARTING_POLL),
-            )
-        };
+        let sleep = core.borrow().sleep(Instant::now());
         let _ = glommio::timer::timeout(sleep, async {
             let _ = stop_wake_rx.recv().await;
             Ok(())
         })
         .await;
         beat.beat();
-        let mut st = state.borrow_mut();
-        if let Some(update) = live.take() {
-            // A reload: every shard gets the parameters through its ring
-            // (queued behind the routes already waiting), the clients their
-            // new lists.
-            for shard in 0..senders.len() {
-                deliver(
-                    &mut st,
-                    &senders,
-                    shard,
-                    ToShard::Params(update.shard.clone()),
-                );
-            }
-            if let Some(addrs) = update.route_servers {
-                route_status.set_addrs(addrs);
-            }
-            route_status.set_refresh_ms(update.shard.update_timeout_ms);
-            if let Some(addrs) = update.reporters {
-                stats_status.set_addrs(addrs);
-            }
-            snapshot_interval = update.snapshot_interval;
+        let actions =
+            core.borrow_mut()
+                .turn(Instant::now(), live.take(), snapshots.counts(), &*rings);
+        if let Some(addrs) = actions.route_servers {
+            route_status.set_addrs(addrs);
         }
-        if serving && st.last_beat.elapsed() >= BEAT_EVERY {
+        if let Some(ms) = actions.refresh_ms {
+            route_status.set_refresh_ms(ms);
+        }
+        if let Some(addrs) = actions.reporters {
+            stats_status.set_addrs(addrs);
+        }
+        if actions.retry {
+            let _ = backlog_tx.try_send(());
+        }
+        if actions.beat {
             heartbeat.beat(clock::unix_ms());
-            st.last_beat = Instant::now();
         }
-        let (written, failed) = snapshots.counts();
-        st.control.snapshots_written = written;
-        st.control.snapshot_errors = failed;
-        // Not while the table is still being filled from the snapshot: the
-        // file would lose the routes not yet taken.
-        if last_snapshot.elapsed() >= snapshot_interval && !st.routes.filling() {
-            last_snapshot = Instant::now();
-            if !snapshots.offer(st.routes.snapshot_routes()) {
-                st.control.snapshots_skipped += 1;
+        if let Some(routes) = actions.snapshot {
+            if !snapshots.offer(routes) {
+                core.borrow_mut().snapshot_skipped();
             }
         }
     }
@@ -472,14 +368,14 @@ pub async fn run(parts: ControlParts) {
     // client makes one bounded attempt to deliver everything, and the
     // route client finishes; then the final snapshot.
     let t0 = Instant::now();
-    while drained.get() < shards && t0.elapsed() < shard_rt::FLUSH_WAIT + Duration::from_millis(200)
-    {
+    let drained = || core.borrow().drained();
+    while drained() < shards && t0.elapsed() < shard_rt::FLUSH_WAIT + Duration::from_millis(200) {
         glommio::timer::sleep(Duration::from_millis(5)).await;
     }
-    if drained.get() < shards {
+    if drained() < shards {
         tracing::warn!(
             "{} of {shards} shards did not hand over their statistics in time",
-            shards - drained.get()
+            shards - drained()
         );
     }
     // Let the shards' rings be read to the end before the clients stop.
@@ -489,13 +385,9 @@ pub async fn run(parts: ControlParts) {
     drop(stats_tx);
     let _ = route_task.await;
     let _ = stats_task.await;
-    let routes = {
-        let mut st = state.borrow_mut();
-        // Stopped before the table was filled: take the rest now (no
-        // subscription any more), so the file keeps every route.
-        st.routes.fill_step(usize::MAX, |_| {});
-        st.routes.snapshot_routes()
-    };
+    // Stopped before the table was filled: the rest is taken now, so the
+    // file keeps every route.
+    let routes = core.borrow_mut().final_routes();
     if !snapshots.finish(routes, SNAPSHOT_FINAL_WAIT) {
         tracing::warn!(
             "the final route snapshot was not written within {} s (slow disk?); the last one written stays",
@@ -507,37 +399,25 @@ pub async fn run(parts: ControlParts) {
     }
 }
 
-/// Sends a route to its shard, or queues it when the ring is full.
-fn deliver(st: &mut State, senders: &[Rc<ConnectedSender<ToShard>>], shard: usize, msg: ToShard) {
-    if !st.backlog[shard].is_empty() {
-        st.backlog[shard].push_back(msg);
-        return;
-    }
-    if let Err(e) = senders[shard].try_send(msg) {
-        st.control.ring_drops += 1;
-        if let Some(msg) = into_inner(e) {
-            st.backlog[shard].push_back(msg);
-            // Full: the task is already awake.
-            let _ = st.backlog_wake.try_send(());
-        }
+/// Writes a line the core decided on.
+fn log(line: Option<Log>) {
+    match line {
+        Some(Log::Info(line)) => tracing::info!("{line}"),
+        Some(Log::Warn(line)) => tracing::warn!("{line}"),
+        None => {}
     }
 }
 
-fn into_inner<T>(e: glommio::GlommioError<T>) -> Option<T> {
-    match e {
-        glommio::GlommioError::WouldBlock(glommio::ResourceType::Channel(t)) => Some(t),
-        _ => None,
-    }
-}
-
-fn refresh_control(st: &mut State, route: &RouteClientStatus, stats: &StatsClientStatus) {
-    st.control.route_server = route.connected().map(|a| a.to_string());
-    st.control.pulls_sent = route.stats().modules_pulled;
-    st.control.reporter = stats.connected().map(|a| a.to_string());
+/// The links' figures for the metrics page, from the clients' statuses.
+fn links(route: &RouteClientStatus, stats: &StatsClientStatus) -> Links {
     let s = stats.stats();
-    st.control.stats_sent = s.acked;
-    st.control.stats_dropped = s.dropped;
-    st.control.heartbeat_age_s = st.last_beat.elapsed().as_secs_f64();
+    Links {
+        route_server: route.connected(),
+        pulls_sent: route.stats().modules_pulled,
+        reporter: stats.connected(),
+        stats_sent: s.acked,
+        stats_dropped: s.dropped,
+    }
 }
 
 /// Takes the snapshot's routes into the table, [`FILL_NODES`] a turn, and
@@ -545,8 +425,11 @@ fn refresh_control(st: &mut State, route: &RouteClientStatus, stats: &StatsClien
 /// module policy, so the first answer must be a whole route (a `balance`
 /// module would otherwise stay `l5` for as long as its route is
 /// unchanged). Re-pulls after that carry the version.
-async fn fill_table(state: Rc<RefCell<State>>, wants_tx: Rc<local_channel::LocalSender<Want>>) {
-    while state.borrow_mut().routes.fill_step(FILL_NODES, |m| {
+async fn fill_table(
+    core: Rc<RefCell<ControlCore>>,
+    wants_tx: Rc<local_channel::LocalSender<Want>>,
+) {
+    while core.borrow_mut().fill_step(FILL_NODES, |m| {
         let _ = wants_tx.try_send(Want::Pull(m));
     }) {
         glommio::timer::sleep(Duration::from_millis(1)).await;

@@ -6,6 +6,7 @@
 //! `sendmmsg` on the socket's descriptor; only when nothing is queued does it
 //! park on one io_uring peek until a datagram arrives (or its idle tick
 //! passes, see [`ShardParts::idle_tick`]). Under load every system call moves a batch.
+//! When it spins and when it parks is [`super::park::ParkPolicy`]'s.
 //!
 //! The kernel stamps each datagram's arrival (`SO_TIMESTAMPNS`); the loop
 //! reads the clock once per batch and hands the core each datagram's
@@ -26,6 +27,7 @@ use glommio::net::UdpSocket;
 
 use super::messages::{ToControl, ToShard};
 use super::metrics::{Kind, ShardMetrics};
+use super::park::{ParkPolicy, Quiet};
 use super::shard::{FixedReply, Queued, ShardCore, ShardSetup};
 use super::wake::{self, ShardTimers, TimerPlan};
 use lbagent_admission::AdmissionParams;
@@ -250,76 +252,49 @@ pub async fn run(parts: ShardParts) {
     let mut rx = RecvBatch::new(BATCH);
     let mut tx = SendBatch::new();
     let mut peek = [0u8; 1];
-    // With a region: when the slots and the socket last had nothing, the
-    // loop's turn, the quiet turns in a row, and the credit toward the
-    // next read of the socket (see QUIET_CHECK).
-    let mut quiet_since: Option<Instant> = None;
-    let mut turn: u32 = 0;
-    let mut quiet_turns: u32 = 0;
-    let mut udp_credit: u32 = 0;
-    // The next sweep looks at every slot (see serve_slots).
-    let mut full_next = true;
+    // When to read the socket, spin or park (see park.rs).
+    let mut policy = ParkPolicy::new(shm.is_some());
     ready.fetch_add(1, Ordering::SeqCst);
     while !stop.load(Ordering::Relaxed) {
         beat.beat();
-        turn = turn.wrapping_add(1);
         let served = match &shm {
             Some(s) => {
-                let full = full_next || turn % FULL_EVERY == 0;
-                full_next = false;
-                let time_one = turn % TIME_EVERY == 0;
-                let served = serve_slots(&core, s, &to_control, full, time_one);
+                let sweep = policy.sweep();
+                let served = serve_slots(&core, s, &to_control, sweep.full, sweep.time_one);
                 if served > 0 {
                     timer.nudge(&core.borrow());
                 }
-                // One credit per request served or quiet turn.
-                udp_credit += (served as u32).max(1);
                 served
             }
             None => 0,
         };
         // A receive error (e.g. an ICMP error queued on the socket) is
         // consumed by the call; treat it as an empty batch.
-        // With a region: the socket is read every QUIET_CHECK requests
-        // served from the slots or quiet turns (a system call each).
-        let n = if shm.is_none() || udp_credit >= QUIET_CHECK {
-            udp_credit = 0;
+        let n = if policy.read_socket(served) {
             rx.recv(socket.as_raw_fd()).unwrap_or_default()
         } else {
             0
         };
         if n == 0 {
-            if served > 0 {
-                quiet_since = None;
-                quiet_turns = 0;
+            // Quiet: with a region, spin a little (the next request of a
+            // busy client is microseconds away), looking at the clock now
+            // and then, and letting the clients on this core run (on a
+            // core of its own the call returns at once); then park.
+            let quiet = policy.quiet(served, || {
+                udp::yield_core();
+                Instant::now()
+            });
+            if quiet == Quiet::Spin {
                 glommio::yield_if_needed().await;
                 continue;
             }
             if let Some(s) = &shm {
-                // Quiet: spin a little (the next request of a busy client
-                // is microseconds away), then park and let a client's
-                // doorbell (a datagram on the socket) wake the shard.
-                // The clock is read once every QUIET_CHECK quiet turns,
-                // not at each (a read per turn was a sixth of the shard's
-                // time under load, perf).
-                quiet_turns = quiet_turns.wrapping_add(1);
-                if quiet_turns % QUIET_CHECK != 0 {
-                    glommio::yield_if_needed().await;
-                    continue;
-                }
-                // Let the clients on this core run: their next requests
-                // are what the spin waits for (on a core of its own the
-                // call returns at once).
-                udp::yield_core();
-                let since = *quiet_since.get_or_insert_with(Instant::now);
-                if since.elapsed() < SHARD_SPIN {
-                    glommio::yield_if_needed().await;
-                    continue;
-                }
+                // Let a client's doorbell (a datagram on the socket) wake
+                // the shard.
                 s.borrow().park();
                 if s.borrow().pending() {
                     s.borrow().unpark();
-                    full_next = true;
+                    policy.pending();
                     continue;
                 }
             }
@@ -332,22 +307,11 @@ pub async fn run(parts: ShardParts) {
                     .is_ok();
             if let Some(s) = &shm {
                 s.borrow().unpark();
-                // Read the socket at the next turn: the doorbell is there.
-                udp_credit = QUIET_CHECK;
-                if woken {
-                    quiet_since = None;
-                } else {
-                    // Only the tick passed: sweep every slot once (a
-                    // client that set no bit), then park again at once,
-                    // without the spin that waits for a busy client.
-                    full_next = true;
-                    quiet_turns = QUIET_CHECK - 1;
-                    quiet_since = Instant::now().checked_sub(SHARD_SPIN);
-                }
+                policy.woke(woken, Instant::now);
             }
             continue;
         }
-        quiet_since = None;
+        policy.received();
         {
             let mut c = core.borrow_mut();
             let now = clock::now_ms();
@@ -434,27 +398,6 @@ pub async fn run(parts: ShardParts) {
     })
     .await;
 }
-
-/// How long a shard with a region keeps polling after the last request
-/// before it parks.
-const SHARD_SPIN: Duration = Duration::from_micros(50);
-
-/// Every this many turns a sweep looks at every slot, not only those
-/// whose pending bit is set: a client that fails to set its bit is served
-/// late, never lost.
-const FULL_EVERY: u32 = 256;
-
-/// Quiet turns of a shard with a region between two looks at the clock
-/// and at the socket (a quiet turn reads the pending words: tens of
-/// nanoseconds); and while the slots keep it busy, requests served from
-/// them between two reads of the socket (a read is a system call; read
-/// every 16 busy turns, it was a tenth of a busy shard's time, perf): a
-/// UDP datagram waits for at most the sweep that passes this many.
-const QUIET_CHECK: u32 = 64;
-
-/// A sweep in this many turns times one getHost for the service-time
-/// histogram (two clock reads; the other sweeps time none).
-const TIME_EVERY: u32 = 16;
 
 /// Serves the slots whose clients set their pending bit, or with `full`
 /// every slot that holds a new request: one sweep ([`sweep`]), then hands

@@ -1,5 +1,12 @@
+use std::sync::Arc;
+
 use super::*;
-use lbagent_model::NodeAddr;
+use crate::messages::ToShard;
+use crate::metrics::priority_class;
+use lbagent_admission::AdmissionParams;
+use lbagent_host::snapshot::SnapshotIndex;
+use lbagent_model::{NodeAddr, Policy, RouteNode};
+use lbagent_wire::CacheRoute;
 use lbagent_wire::{decode, Report};
 use std::net::Ipv4Addr;
 
@@ -970,14 +977,12 @@ fn an_overloaded_shard_sheds_low_priorities_and_keeps_high_ones() {
     assert!(shed60 > 1500, "class 60 shed {shed60} of 2000");
     assert!(shed5 < 100, "class 5 shed {shed5} of 2000");
     assert!(s.self_level().business <= 60);
-    let class60 = super::priority_class(60);
+    let class60 = priority_class(60);
     assert_eq!(s.metrics.self_rejected[class60], shed60);
-    assert_eq!(s.metrics.self_rejected[super::priority_class(5)], shed5);
+    assert_eq!(s.metrics.self_rejected[priority_class(5)], shed5);
     assert_eq!(s.metrics.self_level, s.self_level());
     // Every queued getHost of class 5 is in its class's queuing histogram.
-    let class5: u64 = s.metrics.gethost_queuing[super::priority_class(5)]
-        .iter()
-        .sum();
+    let class5: u64 = s.metrics.gethost_queuing[priority_class(5)].iter().sum();
     assert_eq!(class5, 2100);
     // A getHost without a queuing time (no kernel stamp) is never shed.
     assert_eq!(get_host_as(&mut s, 60, 128, t / 1000).0, RetCode::Ok);

@@ -1,0 +1,307 @@
+//! When a shard's request loop spins and when it parks, given what each
+//! turn saw and the time. Pure: the clock is a closure the policy calls
+//! only on the turns that look at it, so the loop's cost model stays what
+//! it was (a quiet turn reads the slots' pending words: tens of
+//! nanoseconds; a clock read is more, a system call far more).
+//!
+//! Without a shared-memory region the loop reads its socket every turn
+//! and parks (one io_uring peek, at most the idle tick) whenever it
+//! received nothing. With one, it sweeps the slots every turn and reads
+//! the socket only every [`QUIET_CHECK`] requests served or quiet turns;
+//! when quiet it spins a little ([`SHARD_SPIN`]: a busy client's next
+//! request is microseconds away), looking at the clock every
+//! [`QUIET_CHECK`] quiet turns, then parks until a client's doorbell (a
+//! datagram) or the idle tick.
+
+use std::time::{Duration, Instant};
+
+/// How long a shard with a region keeps polling after the last request
+/// before it parks.
+pub const SHARD_SPIN: Duration = Duration::from_micros(50);
+
+/// Every this many turns a sweep looks at every slot, not only those
+/// whose pending bit is set: a client that fails to set its bit is served
+/// late, never lost.
+pub const FULL_EVERY: u32 = 256;
+
+/// Quiet turns of a shard with a region between two looks at the clock
+/// and at the socket (a quiet turn reads the pending words: tens of
+/// nanoseconds); and while the slots keep it busy, requests served from
+/// them between two reads of the socket (a read is a system call; read
+/// every 16 busy turns, it was a tenth of a busy shard's time, perf): a
+/// UDP datagram waits for at most the sweep that passes this many.
+pub const QUIET_CHECK: u32 = 64;
+
+/// A sweep in this many turns times one getHost for the service-time
+/// histogram (two clock reads; the other sweeps time none).
+pub const TIME_EVERY: u32 = 16;
+
+/// What a turn's sweep of the slots does ([`ParkPolicy::sweep`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sweep {
+    /// Look at every slot, not only those whose pending bit is set.
+    pub full: bool,
+    /// Time one getHost for the service-time histogram.
+    pub time_one: bool,
+}
+
+/// What the loop does after a turn that received nothing from the socket
+/// ([`ParkPolicy::quiet`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Quiet {
+    /// Yield to the executor's other tasks and turn again.
+    Spin,
+    /// Park: wait for a datagram or the idle tick.
+    Park,
+}
+
+/// The request loop's spin/park state: its turns, the quiet turns in a
+/// row and since when, and the credit toward the next read of the socket.
+#[derive(Clone, Debug)]
+pub struct ParkPolicy {
+    region: bool,
+    turn: u32,
+    /// When the slots and the socket last had nothing (None: busy).
+    quiet_since: Option<Instant>,
+    quiet_turns: u32,
+    udp_credit: u32,
+    /// The next sweep looks at every slot.
+    full_next: bool,
+}
+
+impl ParkPolicy {
+    /// The policy of a shard with a shared-memory region (`region`) or
+    /// without one. The first sweep looks at every slot.
+    pub fn new(region: bool) -> Self {
+        ParkPolicy {
+            region,
+            turn: 0,
+            quiet_since: None,
+            quiet_turns: 0,
+            udp_credit: 0,
+            full_next: true,
+        }
+    }
+
+    /// A new turn of a shard with a region: which slots its sweep looks at
+    /// (every one at the first turn, every [`FULL_EVERY`] turns, and after
+    /// a park that found a pending bit or that only the tick ended), and
+    /// whether it times one getHost (every [`TIME_EVERY`] turns).
+    pub fn sweep(&mut self) -> Sweep {
+        self.turn = self.turn.wrapping_add(1);
+        let full = self.full_next || self.turn % FULL_EVERY == 0;
+        self.full_next = false;
+        Sweep {
+            full,
+            time_one: self.turn % TIME_EVERY == 0,
+        }
+    }
+
+    /// Whether this turn reads the socket, after a sweep that served
+    /// `served` requests: always without a region; with one every
+    /// [`QUIET_CHECK`] requests served or quiet turns (a credit each).
+    pub fn read_socket(&mut self, served: usize) -> bool {
+        if !self.region {
+            return true;
+        }
+        self.udp_credit += (served as u32).max(1);
+        if self.udp_credit >= QUIET_CHECK {
+            self.udp_credit = 0;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// The socket gave a batch to handle: the loop is busy.
+    pub fn received(&mut self) {
+        self.quiet_since = None;
+    }
+
+    /// The socket gave nothing this turn, and the sweep served `served`:
+    /// spin or park. With a region, a turn that served resets the quiet
+    /// count; a quiet one spins, and every [`QUIET_CHECK`] quiet turns
+    /// `look` is called (the shell lets the clients on its core run, and
+    /// reads the clock): the loop parks once it has been quiet for
+    /// [`SHARD_SPIN`]. Without a region: park.
+    pub fn quiet(&mut self, served: usize, look: impl FnOnce() -> Instant) -> Quiet {
+        if !self.region {
+            return Quiet::Park;
+        }
+        if served > 0 {
+            self.quiet_since = None;
+            self.quiet_turns = 0;
+            return Quiet::Spin;
+        }
+        self.quiet_turns = self.quiet_turns.wrapping_add(1);
+        if self.quiet_turns % QUIET_CHECK != 0 {
+            return Quiet::Spin;
+        }
+        let now = look();
+        let since = *self.quiet_since.get_or_insert(now);
+        if now.saturating_duration_since(since) < SHARD_SPIN {
+            Quiet::Spin
+        } else {
+            Quiet::Park
+        }
+    }
+
+    /// About to park, a client had set a pending bit: do not park, sweep
+    /// every slot at the next turn.
+    pub fn pending(&mut self) {
+        self.full_next = true;
+    }
+
+    /// Back from a park of a shard with a region: `woken` by a datagram
+    /// (a request, a client's doorbell), or only by the tick at `now`
+    /// (called only then). The socket is read at the next turn (the
+    /// doorbell is there). Woken: a new spin may begin. The tick only:
+    /// sweep every slot once (a client that set no bit), then park again
+    /// at the next look, without the spin that waits for a busy client.
+    pub fn woke(&mut self, woken: bool, now: impl FnOnce() -> Instant) {
+        self.udp_credit = QUIET_CHECK;
+        if woken {
+            self.quiet_since = None;
+        } else {
+            self.full_next = true;
+            self.quiet_turns = QUIET_CHECK - 1;
+            self.quiet_since = now().checked_sub(SHARD_SPIN);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Quiet turns until the policy parks, `step` of time per look.
+    fn turns_to_park(p: &mut ParkPolicy, t0: Instant, step: Duration) -> (u32, u32) {
+        let (mut turns, mut looks) = (0, 0);
+        let mut now = t0;
+        loop {
+            turns += 1;
+            let q = p.quiet(0, || {
+                looks += 1;
+                let at = now;
+                now += step;
+                at
+            });
+            if q == Quiet::Park {
+                return (turns, looks);
+            }
+            assert!(turns < 100_000, "never parks");
+        }
+    }
+
+    #[test]
+    fn without_a_region_every_turn_reads_the_socket_and_an_empty_one_parks() {
+        let mut p = ParkPolicy::new(false);
+        for _ in 0..1000 {
+            assert!(p.read_socket(0));
+            assert_eq!(p.quiet(0, || unreachable!("no clock")), Quiet::Park);
+        }
+    }
+
+    #[test]
+    fn a_quiet_loop_looks_at_the_clock_once_in_quiet_check_turns() {
+        let mut p = ParkPolicy::new(true);
+        let t0 = Instant::now();
+        for _ in 1..QUIET_CHECK {
+            assert_eq!(p.quiet(0, || unreachable!("not a look turn")), Quiet::Spin);
+        }
+        assert_eq!(p.quiet(0, || t0), Quiet::Spin, "the spin starts now");
+    }
+
+    #[test]
+    fn it_spins_for_shard_spin_then_parks() {
+        let mut p = ParkPolicy::new(true);
+        let t0 = Instant::now();
+        // 10 µs per look: quiet from the first look, parked at the one
+        // SHARD_SPIN later.
+        let (turns, looks) = turns_to_park(&mut p, t0, Duration::from_micros(10));
+        assert_eq!(looks, 6);
+        assert_eq!(turns, 6 * QUIET_CHECK);
+    }
+
+    #[test]
+    fn a_turn_that_served_starts_the_quiet_count_again() {
+        let mut p = ParkPolicy::new(true);
+        let t0 = Instant::now();
+        for _ in 1..QUIET_CHECK {
+            assert_eq!(p.quiet(0, || unreachable!()), Quiet::Spin);
+        }
+        assert_eq!(p.quiet(3, || unreachable!()), Quiet::Spin);
+        for _ in 1..QUIET_CHECK {
+            assert_eq!(p.quiet(0, || unreachable!()), Quiet::Spin);
+        }
+        assert_eq!(p.quiet(0, || t0), Quiet::Spin);
+        // Quiet since t0; a batch from the socket makes it busy again.
+        p.received();
+        for _ in 1..QUIET_CHECK {
+            let _ = p.quiet(0, || unreachable!());
+        }
+        assert_eq!(
+            p.quiet(0, || t0 + SHARD_SPIN),
+            Quiet::Spin,
+            "a new spin from this look"
+        );
+    }
+
+    #[test]
+    fn with_a_region_the_socket_is_read_every_quiet_check_credits() {
+        let mut p = ParkPolicy::new(true);
+        let reads = (0..QUIET_CHECK * 4).filter(|_| p.read_socket(0)).count();
+        assert_eq!(reads, 4, "one per QUIET_CHECK quiet turns");
+        let mut p = ParkPolicy::new(true);
+        let reads = (0..QUIET_CHECK).filter(|_| p.read_socket(16)).count();
+        assert_eq!(reads, 16, "one per QUIET_CHECK requests served");
+    }
+
+    #[test]
+    fn the_first_sweep_and_every_full_every_th_look_at_every_slot() {
+        let mut p = ParkPolicy::new(true);
+        let sweeps: Vec<Sweep> = (0..FULL_EVERY * 2).map(|_| p.sweep()).collect();
+        let full: Vec<usize> = (0..sweeps.len()).filter(|&i| sweeps[i].full).collect();
+        assert_eq!(
+            full,
+            [0, FULL_EVERY as usize - 1, 2 * FULL_EVERY as usize - 1]
+        );
+        let timed = sweeps.iter().filter(|s| s.time_one).count();
+        assert_eq!(timed, (2 * FULL_EVERY / TIME_EVERY) as usize);
+    }
+
+    #[test]
+    fn a_pending_bit_at_the_park_means_a_full_sweep_next() {
+        let mut p = ParkPolicy::new(true);
+        let _ = p.sweep();
+        assert!(!p.sweep().full);
+        p.pending();
+        assert!(p.sweep().full);
+        assert!(!p.sweep().full);
+    }
+
+    #[test]
+    fn a_doorbell_reads_the_socket_next_and_a_new_spin_follows() {
+        let mut p = ParkPolicy::new(true);
+        assert!(p.sweep().full, "the first");
+        let t0 = Instant::now();
+        let _ = turns_to_park(&mut p, t0, SHARD_SPIN);
+        p.woke(true, || unreachable!("woken: no clock"));
+        assert!(p.read_socket(0), "the doorbell is in the socket");
+        assert!(!p.sweep().full);
+        let (turns, _) = turns_to_park(&mut p, t0, Duration::from_micros(10));
+        assert_eq!(turns, 6 * QUIET_CHECK, "a whole spin again");
+    }
+
+    #[test]
+    fn after_the_idle_tick_one_full_sweep_then_park_again_without_spinning() {
+        let mut p = ParkPolicy::new(true);
+        let t0 = Instant::now();
+        let _ = turns_to_park(&mut p, t0, SHARD_SPIN);
+        let t1 = t0 + Duration::from_millis(200);
+        p.woke(false, || t1);
+        assert!(p.read_socket(0));
+        assert!(p.sweep().full, "a client that set no bit");
+        assert_eq!(p.quiet(0, || t1), Quiet::Park, "at once");
+    }
+}

@@ -1,0 +1,141 @@
+//! getHost: the shard's own level first (shed), then the owner check, the
+//! module's bounds, and the LB pick; the decision as values
+//! ([`HostDecision`]), encoded for UDP or written as they are into a
+//! shared-memory slot.
+
+use super::modules::touch;
+use super::ShardCore;
+use crate::metrics::{priority_class, Kind};
+use lbagent_admission::{AdmissionLevel, OPEN};
+use lbagent_lb::{Millis, Pick};
+use lbagent_shm::fixed::HostAnswer;
+use lbagent_wire::{self as wire, RetCode};
+
+impl ShardCore {
+    /// A getHost; `shed`: the shard's own level applies; `bucket`: its
+    /// queuing-time bucket and queuing time (µs), when the kernel stamped it.
+    pub(super) fn get_host(
+        &mut self,
+        g: wire::GetHost,
+        now: Millis,
+        shed: bool,
+        bucket: Option<(usize, u64)>,
+    ) -> Option<&[u8]> {
+        match self.decide_get_host(g, now, shed, bucket) {
+            HostDecision::Answer(a) => Some(
+                self.enc
+                    .get_host_resp(a.seq, a.module, a.retcode, a.host, a.level),
+            ),
+            HostDecision::Shed(a, level) => {
+                // One answer encoded per level, its sequence and module
+                // patched in.
+                if self.rejected.as_ref().is_none_or(|r| r.level() != level) {
+                    self.rejected = Some(wire::RejectedAnswer::new(&mut self.enc, level));
+                }
+                if let Some(r) = self
+                    .rejected
+                    .as_mut()
+                    .and_then(|r| r.answer(a.seq, a.module))
+                {
+                    return Some(r);
+                }
+                Some(
+                    self.enc
+                        .get_host_resp(a.seq, a.module, a.retcode, None, a.level),
+                )
+            }
+            HostDecision::Encoded => Some(self.enc.finished()),
+        }
+    }
+
+    /// A getHost's decision, before any encoding (the UDP path encodes
+    /// it, the fixed layout writes it as it is).
+    pub(super) fn decide_get_host(
+        &mut self,
+        g: wire::GetHost,
+        now: Millis,
+        shed: bool,
+        bucket: Option<(usize, u64)>,
+    ) -> HostDecision {
+        let (seq, module) = (g.seq, g.module);
+        let answer = |retcode, host, level| HostAnswer {
+            seq,
+            module,
+            retcode,
+            host,
+            level,
+        };
+        let class = priority_class(g.business_priority);
+        if let Some((b, us)) = bucket {
+            self.metrics.record_gethost_queuing(class, b, us);
+        }
+        // Shed below the shard's own level before anything else: no
+        // module lookup, no LB work (a getHost for another shard's module
+        // is answered WrongShard below, as without shedding).
+        if shed && module.shard(self.setup.shards) == self.setup.id {
+            if let Some(a) = self.shedding.as_mut() {
+                if !a.admit(g.business_priority, g.user_priority) {
+                    let level = a.level();
+                    self.last_kind = Some(Kind::GetHost);
+                    self.metrics.count_request(Kind::GetHost);
+                    self.metrics.self_rejected[class] += 1;
+                    self.metrics.count_error(Kind::GetHost);
+                    return HostDecision::Shed(answer(RetCode::Rejected, None, Some(level)), level);
+                }
+            }
+        }
+        if !self.admit(Kind::GetHost, u64::from(seq), module, now) {
+            return HostDecision::Encoded;
+        }
+        if let Err(why) = self.ensure(module, now) {
+            self.refuse(Kind::GetHost, u64::from(seq), module, why);
+            return HostDecision::Encoded;
+        }
+        let Self {
+            modules,
+            outbox,
+            setup,
+            ..
+        } = self;
+        let lb = &mut touch(modules, outbox, setup, module, now).lb;
+        if lb.units().is_some() {
+            self.metrics.units_timed_out += u64::from(lb.expire_units(now));
+        }
+        let pick = lb.get_host_for(&setup.params, g.business_priority, g.user_priority, now);
+        let (retcode, host) = match pick {
+            Pick::Idle(a) => (RetCode::Ok, Some(a)),
+            Pick::Rejected => {
+                self.metrics.rejected += 1;
+                self.metrics.downstream_rejected[class] += 1;
+                (RetCode::Rejected, None)
+            }
+            Pick::Probe(a) => {
+                self.metrics.probes += 1;
+                (RetCode::Ok, Some(a))
+            }
+            Pick::Overloaded => (RetCode::Overloaded, None),
+            Pick::NoSuchModule => (RetCode::NoSuchModule, None),
+        };
+        if retcode != RetCode::Ok {
+            self.metrics.count_error(Kind::GetHost);
+        }
+        if retcode != RetCode::Rejected {
+            self.metrics.admitted[class] += 1;
+        }
+        // While the shard sheds, every answer carries its level, so that a
+        // caller can shed below it before sending (collaborative admission
+        // with the agent itself).
+        let level = Some(self.self_level()).filter(|&l| l != OPEN);
+        HostDecision::Answer(answer(retcode, host, level))
+    }
+}
+
+/// A getHost's decision.
+pub(super) enum HostDecision {
+    /// Answer with these values.
+    Answer(HostAnswer),
+    /// Rejected below the shard's own level (this one).
+    Shed(HostAnswer, AdmissionLevel),
+    /// An ErrorResp is encoded in the shard's encoder.
+    Encoded,
+}
