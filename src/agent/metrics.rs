@@ -11,11 +11,12 @@ use hdrhistogram::Histogram;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::text::encode_registry;
 use prometheus_client::encoding::{
-    DescriptorEncoder, EncodeLabelSet, EncodeLabelValue, LabelValueEncoder, MetricEncoder,
-    NoLabelSet,
+    DescriptorEncoder, EncodeLabelValue, LabelValueEncoder, MetricEncoder, NoLabelSet,
 };
 use prometheus_client::metrics::MetricType::{self, Counter, Gauge};
 use prometheus_client::registry::Registry;
+
+use lbagent_service::exposition::{family, int};
 
 use lbagent_admission::{clamp_priority, AdmissionLevel, OPEN};
 use lbagent_lb::NodeState;
@@ -808,28 +809,6 @@ fn encode_control(e: &mut DescriptorEncoder, c: &ControlMetrics) -> fmt::Result 
             .encode_gauge(&int(get(c)))?;
     }
     Ok(())
-}
-
-/// Writes one family: its HELP and TYPE lines, then a sample per
-/// `(labels, value)` of `series`, in order.
-fn family<L: EncodeLabelSet>(
-    e: &mut DescriptorEncoder,
-    name: &str,
-    ty: MetricType,
-    help: &str,
-    series: impl IntoIterator<Item = (L, u64)>,
-) -> fmt::Result {
-    let mut m = e.encode_descriptor(name, help, None, ty)?;
-    for (labels, v) in series {
-        m.encode_family(&labels)?.encode_gauge(&int(v))?;
-    }
-    Ok(())
-}
-
-/// A count as prometheus-client writes integers (i64; no count of ours
-/// comes near its bound).
-fn int(v: u64) -> i64 {
-    i64::try_from(v).unwrap_or(i64::MAX)
 }
 
 /// A label value escaped as the text format requires (prometheus-client

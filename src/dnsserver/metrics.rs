@@ -12,9 +12,11 @@ use lbagent_service::metrics_http;
 use lbagent_service::wakefd::StopEvent;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::text::encode_registry;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet};
-use prometheus_client::metrics::MetricType::{self, Counter, Gauge};
+use prometheus_client::encoding::DescriptorEncoder;
+use prometheus_client::metrics::MetricType::{Counter, Gauge};
 use prometheus_client::registry::Registry;
+
+use lbagent_service::exposition::{family, int};
 use std::fmt;
 use std::net::TcpListener;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -416,22 +418,6 @@ impl Collector for Scrape {
     }
 }
 
-/// Writes one family: its HELP and TYPE lines, then a sample per
-/// `(labels, value)` of `series`, in order.
-fn family<L: EncodeLabelSet>(
-    e: &mut DescriptorEncoder,
-    name: &str,
-    ty: MetricType,
-    help: &str,
-    series: impl IntoIterator<Item = (L, u64)>,
-) -> fmt::Result {
-    let mut m = e.encode_descriptor(name, help, None, ty)?;
-    for (labels, v) in series {
-        m.encode_family(&labels)?.encode_gauge(&int(v))?;
-    }
-    Ok(())
-}
-
 /// A counter family of one sample without labels.
 fn counter(e: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> fmt::Result {
     e.encode_descriptor(name, help, None, Counter)?
@@ -448,12 +434,6 @@ fn gauge(e: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> fmt::Resu
 fn seconds(e: &mut DescriptorEncoder, name: &str, help: &str, v: f64) -> fmt::Result {
     e.encode_descriptor(name, help, None, Gauge)?
         .encode_gauge(&v)
-}
-
-/// A count as prometheus-client writes integers (i64; no count of ours
-/// comes near its bound).
-fn int(v: u64) -> i64 {
-    i64::try_from(v).unwrap_or(i64::MAX)
 }
 
 // === the endpoint ===

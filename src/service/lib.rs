@@ -9,7 +9,8 @@
 //! - [`reload`]: SIGHUP / `systemctl reload`: read, validate, apply.
 //! - [`signal`]: SIGTERM / SIGINT / SIGHUP for the long-running commands.
 //! - [`sdnotify`]: systemd readiness and watchdog notifications.
-//! - [`metrics_http`]: the `GET /metrics` exchange every server answers.
+//! - [`metrics_http`]: the `GET /metrics` exchange every server answers;
+//!   [`exposition`]: what their prometheus-client families share.
 //! - [`doorbell`], [`wakefd`]: wake-ups across threads for a glommio task
 //!   and for a thread blocked in `poll`, so that idle servers sleep
 //!   instead of polling stop flags.
@@ -19,6 +20,7 @@
 
 pub mod conn;
 pub mod doorbell;
+pub mod exposition;
 pub mod logging;
 pub mod metrics_http;
 pub mod reload;
