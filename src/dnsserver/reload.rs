@@ -65,8 +65,13 @@ pub struct Update {
 pub struct Polled {
     /// A new table for the executors, when anything changed.
     pub update: Option<Arc<Update>>,
-    /// Lines for the log (state changes and reloads that changed routes).
+    /// Lines for the log at WARN: somebody should look (the store down or
+    /// replaced, the route version going back, an empty store, a module
+    /// refused).
     pub notes: Vec<String>,
+    /// Lines for the log at INFO: normal events (the first load, routes
+    /// changed and pushed, the store answering again).
+    pub info: Vec<String>,
     /// The store's error, when the poll failed.
     pub error: Option<StoreError>,
 }
@@ -174,7 +179,7 @@ impl Poller {
             Ok(reloaded) => {
                 if let Some(since) = self.down_since.take() {
                     let down = now.saturating_duration_since(since).as_secs_f64();
-                    polled.notes.push(format!(
+                    polled.info.push(format!(
                         "store {} answers again after {down:.1} s down; serving {} modules at route version {}",
                         self.label,
                         self.table.len(),
@@ -184,7 +189,7 @@ impl Poller {
                 self.status.up = true;
                 self.status.last_store_ok = Some(now);
                 if let Some(r) = reloaded {
-                    polled.update = self.install(r, &mut polled.notes);
+                    polled.update = self.install(r, &mut polled.notes, &mut polled.info);
                 }
             }
             Err((e, full)) => {
@@ -287,7 +292,12 @@ impl Poller {
 
     /// Makes `r` the table; the update for the executors when it changes
     /// what they serve.
-    fn install(&mut self, r: Reloaded, notes: &mut Vec<String>) -> Option<Arc<Update>> {
+    fn install(
+        &mut self,
+        r: Reloaded,
+        notes: &mut Vec<String>,
+        info: &mut Vec<String>,
+    ) -> Option<Arc<Update>> {
         let first_load = !self.table.is_loaded();
         for e in &r.refused {
             let super::table::EntryError::TooLarge { module, .. } = e;
@@ -299,14 +309,14 @@ impl Poller {
         self.status.modules_refused = self.refused.len() as u64;
         let table = Arc::new(r.table);
         if first_load {
-            notes.push(format!(
+            info.push(format!(
                 "loaded {} modules at route version {} from store {}",
                 table.len(),
                 table.version(),
                 self.label
             ));
         } else if !r.changes.is_empty() {
-            notes.push(format!(
+            info.push(format!(
                 "route version {}: {} modules changed, pushed to their subscribers",
                 table.version(),
                 r.changes.len()
@@ -352,6 +362,9 @@ pub fn run(
     loop {
         let polled = poller.poll(Instant::now());
         let failed = polled.error.is_some();
+        for line in &polled.info {
+            tracing::info!("{line}");
+        }
         for note in &polled.notes {
             tracing::warn!("{note}");
         }
@@ -719,7 +732,8 @@ pub(crate) mod tests {
         assert!(update.first_load);
         assert_eq!(pushed(&update), vec![(A, true, 1), (B, true, 2)]);
         assert_eq!(update.table.version(), 2);
-        assert!(polled.notes[0].starts_with("loaded 2 modules at route version 2"));
+        assert!(polled.info[0].starts_with("loaded 2 modules at route version 2"));
+        assert!(polled.notes.is_empty(), "a normal load is no warning");
         assert!(p.status().up && p.status().loaded);
         assert_eq!(p.status().full_reloads, 1);
     }
@@ -830,10 +844,11 @@ pub(crate) mod tests {
         s.add_node(B, node(2)).unwrap();
         let polled = p.poll(t0 + Duration::from_secs(1));
         assert!(
-            polled.notes[0].contains("answers again after 0.9 s down"),
+            polled.info[0].contains("answers again after 0.9 s down"),
             "{:?}",
-            polled.notes
+            polled.info
         );
+        assert!(polled.notes.is_empty(), "a recovery is no warning");
         assert_eq!(pushed(&polled.update.unwrap()), vec![(B, true, 2)]);
         assert_eq!(store.opens(), 2, "a new connection after the failure");
         assert!(p.status().up);
