@@ -291,8 +291,9 @@ impl ModuleLb {
     }
 
     /// Applies one reported call to `addr` at `now`: a success counts 1, a
-    /// failure [`Outcome::error_count`] (the original's multi-error path when
-    /// above 1); returns the node's state change, if the call caused one.
+    /// failure [`Outcome::error_count`] (the original's multi-count path when
+    /// above 1, see [`Node::report_calls`]); returns the node's state
+    /// change, if the call caused one.
     ///
     /// # Errors
     /// [`UnknownNode`] when `addr` is not in the route; nothing changes.
@@ -311,11 +312,13 @@ impl ModuleLb {
     }
 
     /// Applies a batch of `count` successful calls to `addr` at `now` all at
-    /// once, as the original's batch report: the counts grow by `count`, an
-    /// overloaded node returns to idle at most once (the successes after that
-    /// point carry into its idle virtual count), then one window /
+    /// once, as the original's batch report (a multi-count report, whatever
+    /// `count`, 1 included: see [`Node::report_calls`]): the counts grow by
+    /// `count`; an overloaded node returns to idle at most once, the
+    /// consecutive run tested before the rate's threshold, and the carry
+    /// goes into its idle virtual count; otherwise one window /
     /// overload-timeout check. Calls `on_transition` for the state change, if
-    /// any. O(log count). A batch of 0 changes nothing.
+    /// any. O(1). A batch of 0 changes nothing.
     ///
     /// # Errors
     /// [`UnknownNode`] when `addr` is not in the route; nothing changes.
@@ -334,7 +337,7 @@ impl ModuleLb {
             }
         }
         if count > 0 {
-            if let Some(t) = self.report_calls_at(i, true, count, now, p) {
+            if let Some(t) = self.report_calls_at(i, true, count, true, now, p) {
                 on_transition(t);
             }
         }
@@ -610,24 +613,27 @@ impl ModuleLb {
         p: &LbParams,
     ) -> Option<Transition> {
         match outcome {
-            Outcome::Success => self.report_calls_at(i, true, 1, now, p),
+            Outcome::Success => self.report_calls_at(i, true, 1, false, now, p),
             Outcome::Failure { .. } => {
-                self.report_calls_at(i, false, outcome.error_count(), now, p)
+                let errcnt = outcome.error_count();
+                self.report_calls_at(i, false, errcnt, errcnt > 1, now, p)
             }
         }
     }
 
-    /// Applies `n` counts of one outcome to node `i` and moves it between
-    /// the lists when its state changes.
+    /// Applies `n` counts of one outcome to node `i` (a multi-count report
+    /// when `multi`, see [`Node::report_calls`]) and moves it between the
+    /// lists when its state changes.
     fn report_calls_at(
         &mut self,
         i: usize,
         success: bool,
         n: u32,
+        multi: bool,
         now: Millis,
         p: &LbParams,
     ) -> Option<Transition> {
-        let (to, reason) = self.nodes[i].report_calls(success, n, now, p)?;
+        let (to, reason) = self.nodes[i].report_calls(success, n, multi, now, p)?;
         let idx = i as u32;
         let (from_list, to_list) = match to {
             NodeState::Overloaded => (&mut self.idle, &mut self.overload),

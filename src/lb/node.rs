@@ -58,14 +58,16 @@ impl Outcome {
 /// Why a node changed state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Reason {
-    /// Idle → overloaded: `verr / (vsucc + verr) > err_rate`.
+    /// Idle → overloaded: `verr / (vsucc + verr) > err_rate` (a multi-count
+    /// report: `verr` reaching the original's threshold).
     ErrRate,
     /// Idle → overloaded: consecutive failures reached `contin_err_lim`.
     ContinErr,
     /// Idle → overloaded: `wind_err_limit` consecutive windows with a real
     /// error rate at or above `wind_err_rate`.
     Window,
-    /// Overloaded → idle: `vsucc / (vsucc + verr) > succ_rate`.
+    /// Overloaded → idle: `vsucc / (vsucc + verr) > succ_rate` (a
+    /// multi-count report: `vsucc` reaching the original's threshold).
     SuccRate,
     /// Overloaded → idle: consecutive successes reached `contin_succ_lim`.
     ContinSucc,
@@ -254,18 +256,27 @@ impl Node {
         self.since = now;
     }
 
-    /// Applies `n` (at least 1) counts of one outcome at once, in the
+    /// Applies a report to the node: a single report (`multi` false: one
+    /// success, or a failure that counts one error; `n` is 1) or a
+    /// multi-count report (`multi` true: a batch of `n` successes, whatever
+    /// `n`, 1 included, or a failure that counts `n` > 1 errors), in the
     /// original's order:
     ///
     /// 1. count: the virtual and real counts and the consecutive run of this
     ///    outcome grow by `n`, the other run resets. The reporter's
     ///    statistics grow by `n` successes, or by one failed call;
-    /// 2. the state rule, at most once: an idle node on failures, an
-    ///    overloaded node on successes. The node changes state at the first
-    ///    of the `n` counts at which its rate rule (counted with the node's
-    ///    existing virtual counts) or its consecutive rule holds; the counts
-    ///    after that point are added to the new state's virtual count after
-    ///    its reset;
+    /// 2. the state rule, at most once, where the outcome goes against the
+    ///    state (an idle node on failures, an overloaded node on successes):
+    ///    - single: the rate `part / (part + other) > rate` on the counted
+    ///      virtual counts first, then the run reaching its limit;
+    ///    - multi-count: the run first: at or above its limit, the node
+    ///      changes with `carry = run − limit`. Only below it, the rate,
+    ///      against the original's threshold ([`rate_threshold`]): when the
+    ///      virtual count of this outcome, `part + n`, reaches it, the node
+    ///      changes with `carry = min(part + n − need, n)` (0 possible).
+    ///
+    ///    A changed node is reset into its new state and the carry (0 for
+    ///    a single report) is added to its virtual count of this outcome;
     /// 3. if the state did not change, the idle window or the overload
     ///    timeout. (The original checks them after a change too; the change
     ///    has just restarted the timer, so with timeouts of 1 ms or more, as
@@ -276,10 +287,12 @@ impl Node {
         &mut self,
         success: bool,
         n: u32,
+        multi: bool,
         now: Millis,
         p: &LbParams,
     ) -> Option<(NodeState, Reason)> {
         debug_assert!(n >= 1);
+        debug_assert!(multi || n == 1);
         let (vsucc, verr, contin_succ, contin_err) =
             (self.vsucc, self.verr, self.contin_succ(), self.contin_err());
         if success {
@@ -294,40 +307,40 @@ impl Node {
             self.contin = contin_err.saturating_add(n);
         }
         self.run_succ = success;
+        let run = self.contin;
         let change = match (self.state, success) {
             (NodeState::Idle, false) => {
-                first_crossing(verr, vsucc, p.err_rate, contin_err, p.contin_err_lim, n).map(
-                    |(k, by_rate)| {
+                crossing(multi, verr, vsucc, p.err_rate, run, p.contin_err_lim, n).map(
+                    |(carry, by_rate)| {
                         let reason = if by_rate {
                             Reason::ErrRate
                         } else {
                             Reason::ContinErr
                         };
-                        (k, reason)
+                        (carry, reason)
                     },
                 )
             }
             (NodeState::Overloaded, true) => {
-                first_crossing(vsucc, verr, p.succ_rate, contin_succ, p.contin_succ_lim, n).map(
-                    |(k, by_rate)| {
+                crossing(multi, vsucc, verr, p.succ_rate, run, p.contin_succ_lim, n).map(
+                    |(carry, by_rate)| {
                         let reason = if by_rate {
                             Reason::SuccRate
                         } else {
                             Reason::ContinSucc
                         };
-                        (k, reason)
+                        (carry, reason)
                     },
                 )
             }
             _ => None,
         };
-        if let Some((k, reason)) = change {
+        if let Some((carry, reason)) = change {
             let changed = self.apply(reason, now, p);
-            let rest = n - k;
             if success {
-                self.vsucc = self.vsucc.saturating_add(rest);
+                self.vsucc = self.vsucc.saturating_add(carry);
             } else {
-                self.verr = self.verr.saturating_add(rest);
+                self.verr = self.verr.saturating_add(carry);
             }
             return Some(changed);
         }
@@ -377,40 +390,71 @@ impl Node {
     }
 }
 
-/// The first of `n` counts added to `part` (a virtual count; `other` is the
-/// opposite virtual count) at which the node's rule holds: the rate
-/// `part / (part + other) > rate`, or the consecutive run `contin + k`
-/// reaching `lim`. Returns `(k, true)` when the rate holds at `k` (it is
-/// tested first, as in a single report), `(k, false)` when only the run
-/// does, None when neither holds within `n`.
+/// Whether a report against the node's state changes it: `part` is the
+/// node's virtual count of the report's outcome before it, `other` the
+/// opposite virtual count, `run` the consecutive run of the outcome after
+/// it (`lim` its limit), `n` the counts reported. Returns the carry (the
+/// counts added to the new state's virtual count after its reset) and
+/// whether the rate decided (else the run), None when the node stays.
 ///
-/// The rate only grows with `k` (a correctly rounded division of a growing
-/// exact ratio), so the first `k` is found by bisection: O(log n) for a
-/// batch of any size.
-fn first_crossing(
+/// - single (`n` is 1): the rate `(part + 1) / (part + 1 + other) > rate`
+///   first, then `run >= lim`; the carry is 0;
+/// - multi-count: `run >= lim` first, carry `run − lim`; only then the
+///   rate: `part + n` reaching [`rate_threshold`], carry
+///   `min(part + n − need, n)`.
+#[inline(always)]
+fn crossing(
+    multi: bool,
     part: u32,
     other: u32,
     rate: f64,
-    contin: u32,
+    run: u32,
     lim: u32,
     n: u32,
 ) -> Option<(u32, bool)> {
-    let by_run = lim.saturating_sub(contin).max(1);
-    let last = n.min(by_run);
-    let holds = |k: u32| ratio_exceeds(part.saturating_add(k), other, rate);
-    if holds(last) {
-        let (mut lo, mut hi) = (1, last);
-        while lo < hi {
-            let mid = lo + (hi - lo) / 2;
-            if holds(mid) {
-                hi = mid;
-            } else {
-                lo = mid + 1;
-            }
+    if !multi {
+        if ratio_exceeds(part.saturating_add(1), other, rate) {
+            return Some((0, true));
         }
-        return Some((lo, true));
+        return (run >= lim).then_some((0, false));
     }
-    (by_run <= n).then_some((by_run, false))
+    multi_crossing(part, other, rate, run, lim, n)
+}
+
+/// The multi-count rule of [`crossing`], out of line: the single-report
+/// path pays only the test of `multi`.
+#[inline(never)]
+fn multi_crossing(
+    part: u32,
+    other: u32,
+    rate: f64,
+    run: u32,
+    lim: u32,
+    n: u32,
+) -> Option<(u32, bool)> {
+    if run >= lim {
+        return Some((run - lim, false));
+    }
+    let need = u64::from(rate_threshold(other, rate)?);
+    let reached = u64::from(part) + u64::from(n);
+    (reached >= need).then(|| ((reached - need).min(u64::from(n)) as u32, true))
+}
+
+/// The original's threshold for a multi-count report: the virtual count
+/// of the outcome that, against `other` of the opposite one, makes the
+/// rate `rate`. `need = trunc(rate · other / (1 − rate))` in double
+/// precision, plus 1 when `need / (need + other) < rate` (the sum a
+/// wrapping u32 add, as in the original; 0/0 is NaN, which is not `<`).
+/// None when `rate >= 1`: there is no rate test.
+pub(super) fn rate_threshold(other: u32, rate: f64) -> Option<u32> {
+    if rate >= 1.0 {
+        return None;
+    }
+    let mut need = (rate * f64::from(other) / (1.0 - rate)) as u32;
+    if f64::from(need) / f64::from(need.wrapping_add(other)) < rate {
+        need = need.saturating_add(1);
+    }
+    Some(need)
 }
 
 /// `part / (part + other) > rate`, computed exactly as the original does

@@ -41,25 +41,45 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
+/// Rates that put the threshold formula at its edges: the defaults, the
+/// issue 28 cases' (0.3, 0.35, 0.4, 0.5, 0.9), and 1 (no rate test).
+fn rate() -> impl Strategy<Value = f64> {
+    prop_oneof![
+        4 => Just(0.95),
+        4 => Just(0.1),
+        4 => proptest::sample::select(vec![0.3, 0.35, 0.4, 0.5, 0.9]),
+        1 => Just(1.0),
+    ]
+}
+
 fn params() -> impl Strategy<Value = LbParams> {
-    (2u32..12, 1u32..20, 1u32..20, 0u32..300, 1u32..12, 1u32..4).prop_map(
-        |(
-            probe_num,
-            contin_succ_lim,
-            contin_err_lim,
-            init_succ_cnt,
-            ovld_err_cnt,
-            wind_err_limit,
-        )| LbParams {
-            probe_num,
-            contin_succ_lim,
-            contin_err_lim,
-            init_succ_cnt,
-            ovld_err_cnt,
-            wind_err_limit,
-            ..LbParams::default()
-        },
+    (
+        (2u32..12, 1u32..20, 1u32..20, 0u32..300, 1u32..12, 1u32..4),
+        (rate(), rate()),
     )
+        .prop_map(
+            |(
+                (
+                    probe_num,
+                    contin_succ_lim,
+                    contin_err_lim,
+                    init_succ_cnt,
+                    ovld_err_cnt,
+                    wind_err_limit,
+                ),
+                (succ_rate, err_rate),
+            )| LbParams {
+                probe_num,
+                contin_succ_lim,
+                contin_err_lim,
+                init_succ_cnt,
+                ovld_err_cnt,
+                wind_err_limit,
+                succ_rate,
+                err_rate,
+                ..LbParams::default()
+            },
+        )
 }
 
 /// Runs a history; returns the module and the clock at its end.
@@ -191,7 +211,8 @@ proptest! {
         let before = m.clone();
         let mut got = Vec::new();
         let r = m.report_successes(addr(node), count, now, &p, |t| got.push(t));
-        check_against_reference(&before, &m, r.is_ok(), node, true, count, now, &p, &got)?;
+        // Every batch is a multi-count report, a batch of 1 included.
+        check_against_reference(&before, &m, r.is_ok(), node, true, count, true, now, &p, &got)?;
     }
 
     #[test]
@@ -209,7 +230,8 @@ proptest! {
         let t = m.report(addr(node), o, now, &p);
         let got: Vec<Transition> = t.ok().flatten().into_iter().collect();
         let errcnt = (tcost_ms / 100).clamp(1, 50);
-        check_against_reference(&before, &m, t.is_ok(), node, false, errcnt, now, &p, &got)?;
+        // errcnt > 1 is a multi-count report; errcnt 1 a single one.
+        check_against_reference(&before, &m, t.is_ok(), node, false, errcnt, errcnt > 1, now, &p, &got)?;
         if errcnt == 1 {
             let mut plain = before.clone();
             let t0 = plain.report(addr(node), Outcome::Failure { tcost_ms: 0 }, now, &p);
@@ -262,17 +284,47 @@ fn visible(mut s: Snap) -> Snap {
     s
 }
 
-/// The original's report of `n` counts of one outcome (a batch of `n`
-/// successes, or a failure of errcnt `n`), written out step by step from
-/// the rules: add all `n`; walk the counts one by one to find the first at
-/// which the state rule holds (rate on the virtual counts so far, existing
-/// ones included, tested before the consecutive run); reset to the new
-/// state and add the rest to its virtual count; otherwise one window /
-/// overload-timeout check. Returns the reason of the change, if any.
-fn reference(s: &mut Snap, success: bool, n: u32, now: Millis, p: &LbParams) -> Option<Reason> {
+/// The original's report of `n` counts of one outcome, written out step by
+/// step from its rules: add all `n`; then, where the outcome goes against
+/// the node's state:
+///
+/// - a single report (`multi` false, `n` = 1: one success, or a failure
+///   of errcnt 1): the rate on the counted virtual counts, strictly above
+///   the limit, tested before the consecutive run; no carry;
+/// - a multi-count report (`multi`: a batch of `n` successes, `n` = 1
+///   included, or a failure of errcnt `n` > 1): the consecutive run first,
+///   carry `run − limit`; only when it is below its limit, the rate: `need`
+///   from the original's formula, reached by the virtual count before the
+///   report plus `n`, carry `min(part + n − need, n)`.
+///
+/// Reset to the new state and add the carry to its virtual count of this
+/// outcome; otherwise one window / overload-timeout check. Returns the
+/// reason of the change, if any.
+fn reference(
+    s: &mut Snap,
+    success: bool,
+    n: u32,
+    multi: bool,
+    now: Millis,
+    p: &LbParams,
+) -> Option<Reason> {
     let exceeds = |part: u32, other: u32, rate: f64| {
         let total = u64::from(part) + u64::from(other);
         total != 0 && part as f64 / total as f64 > rate
+    };
+    // The original's threshold: trunc(rate * other / (1 - rate)) in f64,
+    // +1 when need / (need + other) < rate (a wrapping u32 sum; 0 / 0 is
+    // NaN, not <); no rate test at all when rate >= 1.
+    let threshold = |other: u32, rate: f64| -> Option<u64> {
+        if rate >= 1.0 {
+            return None;
+        }
+        let mut need = (rate * other as f64 / (1.0 - rate)) as u32;
+        let sum = need.wrapping_add(other);
+        if (need as f64) / (sum as f64) < rate {
+            need = need.saturating_add(1);
+        }
+        Some(u64::from(need))
     };
     let old = s.clone();
     if success {
@@ -288,32 +340,47 @@ fn reference(s: &mut Snap, success: bool, n: u32, now: Millis, p: &LbParams) -> 
         s.contin_err = s.contin_err.saturating_add(n);
         s.contin_succ = 0;
     }
-    let mut change = None;
-    for k in 1..=n {
-        let reason = match (old.state, success) {
-            (NodeState::Idle, false) => {
-                if exceeds(old.verr.saturating_add(k), old.vsucc, p.err_rate) {
-                    Some(Reason::ErrRate)
-                } else if old.contin_err.saturating_add(k) >= p.contin_err_lim {
-                    Some(Reason::ContinErr)
-                } else {
-                    None
-                }
+    // (the virtual count of this outcome before, the other one, the run
+    // after the counts, its limit, the rate, the reasons by rate and by run)
+    let against = match (old.state, success) {
+        (NodeState::Idle, false) => Some((
+            old.verr,
+            old.vsucc,
+            s.contin_err,
+            p.contin_err_lim,
+            p.err_rate,
+            Reason::ErrRate,
+            Reason::ContinErr,
+        )),
+        (NodeState::Overloaded, true) => Some((
+            old.vsucc,
+            old.verr,
+            s.contin_succ,
+            p.contin_succ_lim,
+            p.succ_rate,
+            Reason::SuccRate,
+            Reason::ContinSucc,
+        )),
+        _ => None,
+    };
+    // (carry, reason)
+    let mut change: Option<(u32, Reason)> = None;
+    if let Some((part, other, run, lim, rate, by_rate, by_run)) = against {
+        if !multi {
+            assert_eq!(n, 1);
+            if exceeds(part.saturating_add(1), other, rate) {
+                change = Some((0, by_rate));
+            } else if run >= lim {
+                change = Some((0, by_run));
             }
-            (NodeState::Overloaded, true) => {
-                if exceeds(old.vsucc.saturating_add(k), old.verr, p.succ_rate) {
-                    Some(Reason::SuccRate)
-                } else if old.contin_succ.saturating_add(k) >= p.contin_succ_lim {
-                    Some(Reason::ContinSucc)
-                } else {
-                    None
-                }
+        } else if run >= lim {
+            change = Some((run - lim, by_run));
+        } else if let Some(need) = threshold(other, rate) {
+            let reached = u64::from(part) + u64::from(n);
+            if reached >= need {
+                let carry = (reached - need).min(u64::from(n));
+                change = Some((carry as u32, by_rate));
             }
-            _ => break,
-        };
-        if let Some(r) = reason {
-            change = Some((k, r));
-            break;
         }
     }
     let enter_idle = |s: &mut Snap| {
@@ -341,14 +408,14 @@ fn reference(s: &mut Snap, success: bool, n: u32, now: Millis, p: &LbParams) -> 
         s.bad_windows = 0;
         s.overload_start = now;
     };
-    if let Some((k, r)) = change {
+    if let Some((carry, r)) = change {
         if success {
             enter_idle(s);
             s.bad_windows = 0;
-            s.vsucc = s.vsucc.saturating_add(n - k);
+            s.vsucc = s.vsucc.saturating_add(carry);
         } else {
             enter_overload(s);
-            s.verr = s.verr.saturating_add(n - k);
+            s.verr = s.verr.saturating_add(carry);
         }
         return Some(r);
     }
@@ -388,6 +455,7 @@ fn check_against_reference(
     node: u8,
     success: bool,
     n: u32,
+    multi: bool,
     now: Millis,
     p: &LbParams,
     got: &[Transition],
@@ -400,7 +468,7 @@ fn check_against_reference(
     };
     prop_assert!(ok);
     let mut want = snap(old);
-    let reason = reference(&mut want, success, n, now, p);
+    let reason = reference(&mut want, success, n, multi, now, p);
     let new = after.nodes().iter().find(|x| x.addr() == a).unwrap();
     prop_assert_eq!(snap(new), visible(want.clone()));
     let want_t: Vec<(NodeState, Reason)> = reason.map(|r| (want.state, r)).into_iter().collect();

@@ -233,17 +233,19 @@ fn a_1s_failure_overloads_on_its_2nd_consecutive_report() {
 
 #[test]
 fn a_slow_failure_is_judged_with_the_existing_virtual_counts() {
-    // The deliberate fix: the rate counts the node's existing verr.
-    // 9 successes, 19 plain failures: vsucc 189, verr 19 (19 / 208 = 0.091).
-    // Then a failure of errcnt 3: (19 + k) / (208 + k) > 0.1 first at k = 3
-    // (22 / 211 = 0.104; k = 2 gives 21 / 210 = 0.1 exactly). Overloaded by
-    // ErrRate at the 3rd error, nothing left to carry: verr = 5.
+    // The deliberate fix: the threshold is reached by the node's existing
+    // verr plus the errcnt. 9 successes, 18 plain failures: vsucc 189,
+    // verr 18. need = trunc(0.1 * 189 / 0.9) = 21 (the f64 quotient is
+    // 21.000000000000004; 21 / 210 = 0.1 is not < 0.1, no +1).
+    // A failure of errcnt 2: 18 + 2 = 20 < 21, idle. Of errcnt 3:
+    // 18 + 3 = 21 reaches 21: overloaded by ErrRate, carry
+    // min(21 - 21, 3) = 0: verr = 5. (Counting the errcnt alone, 3 < 21.)
     let p = rate_only();
     let mut m = ModuleLb::new(&route(2), 1, T0, &p);
     for _ in 0..9 {
         report(&mut m, &p, addr(1), OK, T0);
     }
-    for _ in 0..19 {
+    for _ in 0..18 {
         assert_eq!(report(&mut m, &p, addr(1), FAIL, T0), None);
     }
     let mut before = m.clone();
@@ -269,14 +271,18 @@ fn a_report_for_a_node_not_in_the_route_changes_nothing() {
 
 #[test]
 fn idle_becomes_overloaded_when_error_rate_exceeds_err_rate() {
-    // verr / (vsucc + verr) > 0.1 with vsucc = 180 + 9: at verr = 21 the rate is
-    // exactly 0.1 (stays idle), at verr = 22 it exceeds it.
+    // Single reports: verr / (vsucc + verr) > 0.1 with vsucc = 180 + 9: at
+    // verr = 21 the rate is exactly 0.1 (stays idle), at verr = 22 it
+    // exceeds it. (A multi-count failure uses the threshold that is
+    // reached instead: see the issue 28 cases below.)
     let p = rate_only();
     let mut m = ModuleLb::new(&route(2), 1, T0, &p);
     for _ in 0..9 {
         report(&mut m, &p, addr(1), OK, T0);
     }
-    assert_eq!(report(&mut m, &p, addr(1), fail_costing(2_100), T0), None);
+    for _ in 0..21 {
+        assert_eq!(report(&mut m, &p, addr(1), FAIL, T0), None);
+    }
     let n = node(&m, addr(1));
     assert_eq!((n.vsucc(), n.verr(), n.state()), (189, 21, NodeState::Idle));
     let t = report(&mut m, &p, addr(1), FAIL, T0).unwrap();
@@ -285,10 +291,11 @@ fn idle_becomes_overloaded_when_error_rate_exceeds_err_rate() {
 
 #[test]
 fn entering_overload_sets_vsucc_0_and_verr_ovld_err_cnt() {
+    // A failure of errcnt 20 on I 180/0: need = trunc(0.1 * 180 / 0.9) = 20
+    // is reached, carry min(0 + 20 - 20, 20) = 0.
     let p = rate_only();
     let mut m = ModuleLb::new(&route(2), 1, T0, &p);
-    report(&mut m, &p, addr(1), fail_costing(2_000), T0);
-    let t = report(&mut m, &p, addr(1), FAIL, T0).unwrap();
+    let t = report(&mut m, &p, addr(1), fail_costing(2_000), T0).unwrap();
     assert_eq!(t.reason, Reason::ErrRate);
     let n = node(&m, addr(1));
     assert_eq!(
@@ -522,8 +529,9 @@ fn a_batch_brings_an_overloaded_node_back_with_its_leftover_successes() {
     assert_eq!(m.idle_list().last(), Some(addr(1)));
 
     // By the rate: contin_succ_lim out of reach, a batch of 100 on vsucc 0,
-    // verr 5: k / (k + 5) > 0.95 first at k = 96 (95 gives exactly 0.95).
-    // Idle by SuccRate, 4 carry: vsucc 184.
+    // verr 5: need = trunc(0.95 * 5 / 0.05) = 94 (the f64 quotient is
+    // 94.99999999999991), 94 / 99 < 0.95 so need = 95; 0 + 100 reaches 95.
+    // Idle by SuccRate, carry min(100 - 95, 100) = 5: vsucc 185.
     let p = LbParams {
         contin_succ_lim: 1_000,
         ..LbParams::default()
@@ -534,7 +542,7 @@ fn a_batch_brings_an_overloaded_node_back_with_its_leftover_successes() {
     m.report_successes(addr(1), 100, T0, &p, |t| got.push(t.reason))
         .unwrap();
     assert_eq!(got, vec![Reason::SuccRate]);
-    assert_eq!(node(&m, addr(1)).vsucc(), p.init_succ_cnt + 4);
+    assert_eq!(node(&m, addr(1)).vsucc(), p.init_succ_cnt + 5);
 }
 
 #[test]
@@ -544,6 +552,213 @@ fn a_batch_of_0_changes_nothing() {
     m.report_successes(addr(1), 0, T0 + 10 * p.clear_timeout_ms, &p, |_| {})
         .unwrap();
     assert_eq!(m, before);
+}
+
+// === multi-count reports: the original's rule (issue 28) ===
+//
+// A multi-count report is every batch (whatever N, 1 included) and every
+// failure with errcnt > 1: counts first; where the outcome goes against the
+// state, the consecutive run first (carry = run - limit), and only below
+// its limit the rate: need = trunc(rate * other / (1 - rate)) in f64, +1
+// when need / (need + other) < rate; part + n reaching need changes the
+// state with carry = min(part + n - need, n). `I vsucc/verr` is an idle
+// node, `O vsucc/verr` an overloaded one.
+
+/// The issue's defaults (probe_num 10, succ_rate 0.95, err_rate 0.1,
+/// windows and timeouts that do not fire) with both run limits out of reach.
+fn issue28(init_succ_cnt: u32, ovld_err_cnt: u32) -> LbParams {
+    LbParams {
+        init_succ_cnt,
+        ovld_err_cnt,
+        contin_succ_lim: 1_000,
+        contin_err_lim: 1_000,
+        ..LbParams::default()
+    }
+}
+
+fn state_of(m: &ModuleLb, a: NodeAddr) -> (NodeState, u32, u32) {
+    let n = node(m, a);
+    (n.state(), n.vsucc(), n.verr())
+}
+
+fn batch(m: &mut ModuleLb, p: &LbParams, a: NodeAddr, count: u32) -> Vec<Transition> {
+    let mut got = Vec::new();
+    m.report_successes(a, count, T0, p, |t| got.push(t))
+        .unwrap();
+    m.check_invariants().unwrap();
+    got
+}
+
+#[test]
+fn issue28_case1_slow_failures_test_the_run_first() {
+    // init_succ_cnt 20, ovld_err_cnt 1, contin_err_lim 5. I 20/0, run 0.
+    // A failure of tcost 1000: errcnt 10, the run 0 + 10 = 10 >= 5: overloaded
+    // by ContinErr, carry 10 - 5 = 5: verr = 1 + 5 = 6. O 0/6.
+    let p = LbParams {
+        contin_err_lim: 5,
+        ..issue28(20, 1)
+    };
+    let mut m = ModuleLb::new(&route(2), 1, T0, &p);
+    let t = report(&mut m, &p, addr(1), fail_costing(1_000), T0).unwrap();
+    assert_eq!((t.to, t.reason), (NodeState::Overloaded, Reason::ContinErr));
+    assert_eq!(state_of(&m, addr(1)), (NodeState::Overloaded, 0, 6));
+}
+
+#[test]
+fn issue28_case2_a_batch_tests_the_run_first() {
+    // init_succ_cnt 20, ovld_err_cnt 6, contin_succ_lim 5, contin_err_lim 3,
+    // succ_rate 0.3, err_rate 0.9. Three single failures: 1/21, 2/22, 3/23
+    // are not > 0.9; the run reaches 3 at the third: O 0/6.
+    // A batch of 10 successes: the run 0 + 10 = 10 >= 5: idle by
+    // ContinSucc, carry 10 - 5 = 5: vsucc = 20 + 5 = 25. I 25/0.
+    let p = LbParams {
+        contin_succ_lim: 5,
+        contin_err_lim: 3,
+        succ_rate: 0.3,
+        err_rate: 0.9,
+        ..issue28(20, 6)
+    };
+    let mut m = ModuleLb::new(&route(2), 1, T0, &p);
+    assert_eq!(report(&mut m, &p, addr(1), FAIL, T0), None);
+    assert_eq!(report(&mut m, &p, addr(1), FAIL, T0), None);
+    let t = report(&mut m, &p, addr(1), FAIL, T0).unwrap();
+    assert_eq!(t.reason, Reason::ContinErr);
+    assert_eq!(state_of(&m, addr(1)), (NodeState::Overloaded, 0, 6));
+    let got = batch(&mut m, &p, addr(1), 10);
+    assert_eq!(got.len(), 1);
+    assert_eq!(
+        (got[0].to, got[0].reason),
+        (NodeState::Idle, Reason::ContinSucc)
+    );
+    assert_eq!(state_of(&m, addr(1)), (NodeState::Idle, 25, 0));
+}
+
+#[test]
+fn issue28_case3_slow_failures_reach_the_formula_threshold() {
+    // init_succ_cnt 180, ovld_err_cnt 5, run limits 1000. I 180/0.
+    // A failure of tcost 2500: errcnt 25, run 25 < 1000.
+    // need = trunc(0.1 * 180 / 0.9) = trunc(20.0) = 20; 20 / 200 = 0.1 is not
+    // < 0.1, need stays 20. 0 + 25 >= 20: overloaded by ErrRate, carry
+    // min(25 - 20, 25) = 5: verr = 5 + 5 = 10. O 0/10.
+    let p = issue28(180, 5);
+    let mut m = ModuleLb::new(&route(2), 1, T0, &p);
+    let t = report(&mut m, &p, addr(1), fail_costing(2_500), T0).unwrap();
+    assert_eq!((t.to, t.reason), (NodeState::Overloaded, Reason::ErrRate));
+    assert_eq!(state_of(&m, addr(1)), (NodeState::Overloaded, 0, 10));
+}
+
+#[test]
+fn issue28_case4_a_threshold_of_0_carries_every_count() {
+    // init_succ_cnt 0, ovld_err_cnt 5, run limits 1000. I 0/0.
+    // A failure of tcost 300: errcnt 3. need = trunc(0.1 * 0 / 0.9) = 0;
+    // 0 / (0 + 0) is NaN, not < 0.1, need stays 0. 0 + 3 >= 0: overloaded by
+    // ErrRate, carry min(3 - 0, 3) = 3: verr = 5 + 3 = 8. O 0/8.
+    let p = issue28(0, 5);
+    let mut m = ModuleLb::new(&route(2), 1, T0, &p);
+    let t = report(&mut m, &p, addr(1), fail_costing(300), T0).unwrap();
+    assert_eq!((t.to, t.reason), (NodeState::Overloaded, Reason::ErrRate));
+    assert_eq!(state_of(&m, addr(1)), (NodeState::Overloaded, 0, 8));
+}
+
+#[test]
+fn issue28_case5_a_batch_of_one_is_not_a_single_success() {
+    // init_succ_cnt 0, ovld_err_cnt 1, succ_rate 0.5, run limits 1000.
+    // A single failure: 1 / 1 > 0.1, O 0/1. A single success: 1 / 2 = 0.5 is
+    // not > 0.5, O 1/1. A batch of one success: need = trunc(0.5 * 1 / 0.5)
+    // = 1; 1 / 2 = 0.5 is not < 0.5, need stays 1. part 1 + 1 = 2 >= 1: idle
+    // by SuccRate, carry min(2 - 1, 1) = 1: vsucc = 0 + 1 = 1. I 1/0.
+    let p = LbParams {
+        succ_rate: 0.5,
+        ..issue28(0, 1)
+    };
+    let mut m = ModuleLb::new(&route(2), 1, T0, &p);
+    let t = report(&mut m, &p, addr(1), FAIL, T0).unwrap();
+    assert_eq!(t.reason, Reason::ErrRate);
+    assert_eq!(state_of(&m, addr(1)), (NodeState::Overloaded, 0, 1));
+    assert_eq!(report(&mut m, &p, addr(1), OK, T0), None);
+    assert_eq!(state_of(&m, addr(1)), (NodeState::Overloaded, 1, 1));
+    let got = batch(&mut m, &p, addr(1), 1);
+    assert_eq!(got.len(), 1);
+    assert_eq!(
+        (got[0].to, got[0].reason),
+        (NodeState::Idle, Reason::SuccRate)
+    );
+    assert_eq!(state_of(&m, addr(1)), (NodeState::Idle, 1, 0));
+}
+
+#[test]
+fn issue28_case6_reaching_the_threshold_exactly_changes_with_carry_0() {
+    // init_succ_cnt 21, ovld_err_cnt 5, err_rate 0.4, run limits 1000.
+    // I 21/0. A failure of tcost 1400: errcnt 14. need =
+    // trunc(0.4 * 21 / 0.6) = trunc(14.000000000000002) = 14; 14 / 35 = 0.4
+    // is not < 0.4, need stays 14. 0 + 14 >= 14: overloaded by ErrRate,
+    // carry min(14 - 14, 14) = 0: verr = 5. O 0/5.
+    let p = LbParams {
+        err_rate: 0.4,
+        ..issue28(21, 5)
+    };
+    let mut m = ModuleLb::new(&route(2), 1, T0, &p);
+    let t = report(&mut m, &p, addr(1), fail_costing(1_400), T0).unwrap();
+    assert_eq!((t.to, t.reason), (NodeState::Overloaded, Reason::ErrRate));
+    assert_eq!(state_of(&m, addr(1)), (NodeState::Overloaded, 0, 5));
+}
+
+#[test]
+fn issue28_case7_the_threshold_takes_the_formulas_plus_one() {
+    // init_succ_cnt 0, ovld_err_cnt 1, run limits 1000, succ_rate 0.95.
+    // A single failure: O 0/1. A batch of 40 successes: need =
+    // trunc(0.95 * 1 / 0.05) = trunc(18.999999999999982) = 18; 18 / 19 =
+    // 0.947 < 0.95, so need = 19. 0 + 40 >= 19: idle by SuccRate, carry
+    // min(40 - 19, 40) = 21: vsucc = 0 + 21 = 21. I 21/0.
+    let p = issue28(0, 1);
+    let mut m = ModuleLb::new(&route(2), 1, T0, &p);
+    report(&mut m, &p, addr(1), FAIL, T0).unwrap();
+    assert_eq!(state_of(&m, addr(1)), (NodeState::Overloaded, 0, 1));
+    let got = batch(&mut m, &p, addr(1), 40);
+    assert_eq!(got.len(), 1);
+    assert_eq!(
+        (got[0].to, got[0].reason),
+        (NodeState::Idle, Reason::SuccRate)
+    );
+    assert_eq!(state_of(&m, addr(1)), (NodeState::Idle, 21, 0));
+}
+
+#[test]
+fn issue28_case8_the_run_decides_before_the_rate() {
+    // init_succ_cnt 0, ovld_err_cnt 20, contin_succ_lim 16, contin_err_lim 1,
+    // succ_rate 0.35. A single failure: O 0/20. A batch of 40 successes:
+    // the run 0 + 40 = 40 >= 16 decides first: idle by ContinSucc, carry
+    // 40 - 16 = 24: vsucc = 0 + 24 = 24. I 24/0. (The rate's need,
+    // trunc(0.35 * 20 / 0.65) = 10, +1 as 10 / 30 < 0.35 = 11, is not
+    // looked at: it would carry 29.)
+    let p = LbParams {
+        contin_succ_lim: 16,
+        contin_err_lim: 1,
+        succ_rate: 0.35,
+        ..issue28(0, 20)
+    };
+    let mut m = ModuleLb::new(&route(2), 1, T0, &p);
+    report(&mut m, &p, addr(1), FAIL, T0).unwrap();
+    assert_eq!(state_of(&m, addr(1)), (NodeState::Overloaded, 0, 20));
+    let got = batch(&mut m, &p, addr(1), 40);
+    assert_eq!(got.len(), 1);
+    assert_eq!(
+        (got[0].to, got[0].reason),
+        (NodeState::Idle, Reason::ContinSucc)
+    );
+    assert_eq!(state_of(&m, addr(1)), (NodeState::Idle, 24, 0));
+}
+
+#[test]
+fn a_failure_of_errcnt_1_stays_a_single_report() {
+    // A failure under 200 ms counts 1 and takes the single path: the strict
+    // rate on the counted virtual counts (I 0/0 with init_succ_cnt 0:
+    // 1 / 1 > 0.1), no carry: verr = ovld_err_cnt = 5, not 5 + 1.
+    let p = issue28(0, 5);
+    let mut m = ModuleLb::new(&route(2), 1, T0, &p);
+    let t = report(&mut m, &p, addr(1), fail_costing(199), T0).unwrap();
+    assert_eq!(t.reason, Reason::ErrRate);
+    assert_eq!(state_of(&m, addr(1)), (NodeState::Overloaded, 0, 5));
 }
 
 // === route updates ===
