@@ -239,6 +239,43 @@ proptest! {
             prop_assert_eq!(plain, m);
         }
     }
+
+    #[test]
+    fn a_multi_count_report_at_its_threshold_and_one_below_follows_the_rule(
+        p in params(),
+        ops in proptest::collection::vec(op(), 0..200),
+        node in 0u8..6,
+        below in any::<bool>(),
+    ) {
+        // Random histories seldom land on `part + n == need` exactly: pick
+        // the count that lands there (or one short), for a batch on an
+        // overloaded node or a slow failure on an idle one.
+        let (m, now) = run(&ops, &p);
+        let Some(x) = m.nodes().iter().find(|x| x.addr() == addr(node)) else {
+            return Ok(());
+        };
+        let success = x.state() == NodeState::Overloaded;
+        let (part, other, rate) = if success {
+            (x.vsucc(), x.verr(), p.succ_rate)
+        } else {
+            (x.verr(), x.vsucc(), p.err_rate)
+        };
+        let Some(need) = threshold(other, rate) else { return Ok(()) };
+        let n = need.saturating_sub(u64::from(part)).saturating_sub(u64::from(below));
+        let max = if success { 400 } else { u64::from(MAX_ERRORS_PER_FAILURE) };
+        prop_assume!(n >= if success { 1 } else { 2 } && n <= max);
+        let n = n as u32;
+        let before = m.clone();
+        let mut after = m;
+        let mut got = Vec::new();
+        if success {
+            after.report_successes(addr(node), n, now, &p, |t| got.push(t)).unwrap();
+        } else {
+            let t = after.report(addr(node), Outcome::Failure { tcost_ms: n * 100 }, now, &p).unwrap();
+            got.extend(t);
+        }
+        check_against_reference(&before, &after, true, node, success, n, true, now, &p, &got)?;
+    }
 }
 
 /// A node's observable state, as the reference model computes it.
@@ -284,6 +321,21 @@ fn visible(mut s: Snap) -> Snap {
     s
 }
 
+/// The original's threshold: trunc(rate * other / (1 - rate)) in f64, +1
+/// when need / (need + other) < rate (a wrapping u32 sum; 0 / 0 is NaN,
+/// not <); no rate test at all when rate >= 1.
+fn threshold(other: u32, rate: f64) -> Option<u64> {
+    if rate >= 1.0 {
+        return None;
+    }
+    let mut need = (rate * other as f64 / (1.0 - rate)) as u32;
+    let sum = need.wrapping_add(other);
+    if (need as f64) / (sum as f64) < rate {
+        need = need.saturating_add(1);
+    }
+    Some(u64::from(need))
+}
+
 /// The original's report of `n` counts of one outcome, written out step by
 /// step from its rules: add all `n`; then, where the outcome goes against
 /// the node's state:
@@ -311,20 +363,6 @@ fn reference(
     let exceeds = |part: u32, other: u32, rate: f64| {
         let total = u64::from(part) + u64::from(other);
         total != 0 && part as f64 / total as f64 > rate
-    };
-    // The original's threshold: trunc(rate * other / (1 - rate)) in f64,
-    // +1 when need / (need + other) < rate (a wrapping u32 sum; 0 / 0 is
-    // NaN, not <); no rate test at all when rate >= 1.
-    let threshold = |other: u32, rate: f64| -> Option<u64> {
-        if rate >= 1.0 {
-            return None;
-        }
-        let mut need = (rate * other as f64 / (1.0 - rate)) as u32;
-        let sum = need.wrapping_add(other);
-        if (need as f64) / (sum as f64) < rate {
-            need = need.saturating_add(1);
-        }
-        Some(u64::from(need))
     };
     let old = s.clone();
     if success {
