@@ -16,7 +16,7 @@ use prometheus_client::encoding::{
 use prometheus_client::metrics::MetricType::{self, Counter, Gauge};
 use prometheus_client::registry::Registry;
 
-use lbagent_service::exposition::{family, int};
+use lbagent_service::exposition::{family, figures, Figure};
 
 use lbagent_admission::{clamp_priority, AdmissionLevel, OPEN};
 use lbagent_lb::NodeState;
@@ -354,26 +354,13 @@ pub struct ControlMetrics {
 // plain field increments, with no atomic on the hot path.
 //
 // The endpoint serves the Prometheus text format 0.0.4 (`Content-Type:
-// text/plain; version=0.0.4`, the reload counts appended after it), which
-// names a counter family by its sample (`lbagent_requests_total`);
-// prometheus-client's own counter writes OpenMetrics (family
-// `lbagent_requests`, samples suffixed `_total`), which a 0.0.4 reader and
-// `promtool check metrics` take for an untyped family without HELP. So
-// each family is declared under its 0.0.4 name and its samples are written
-// as they are (`encode_gauge`, which adds no suffix). prometheus-client
-// 0.24 has no summary type: the one summary is written by
+// text/plain; version=0.0.4`, the reload counts appended after it); how
+// counters are written for it: `lbagent_service::exposition`.
+// prometheus-client 0.24 has no summary type: the one summary is written by
 // [`render_service_time`].
 
-/// A per-shard figure: name, TYPE, HELP, and how to read it.
-type Figure = (
-    &'static str,
-    MetricType,
-    &'static str,
-    fn(&ShardMetrics) -> u64,
-);
-
 /// The per-shard figures with no label but `shard`, in exposition order.
-const SHARD_FIGURES: [Figure; 32] = [
+const SHARD_FIGURES: [Figure<ShardMetrics>; 32] = [
     (
         "lbagent_shm_requests_total",
         Counter,
@@ -562,17 +549,9 @@ const SHARD_FIGURES: [Figure; 32] = [
     ),
 ];
 
-/// A control core figure: name, TYPE, HELP, and how to read it.
-type ControlFigure = (
-    &'static str,
-    MetricType,
-    &'static str,
-    fn(&ControlMetrics) -> u64,
-);
-
 /// The control core's counters, in exposition order (after the connection
 /// gauges and the heartbeat age).
-const CONTROL_FIGURES: [ControlFigure; 9] = [
+const CONTROL_FIGURES: [Figure<ControlMetrics>; 9] = [
     (
         "lbagent_pulls_sent_total",
         Counter,
@@ -804,11 +783,7 @@ fn encode_control(e: &mut DescriptorEncoder, c: &ControlMetrics) -> fmt::Result 
     let help = "Seconds since the heartbeat was last written.";
     e.encode_descriptor("lbagent_heartbeat_age_seconds", help, None, Gauge)?
         .encode_gauge(&c.heartbeat_age_s)?;
-    for (name, ty, help, get) in CONTROL_FIGURES {
-        e.encode_descriptor(name, help, None, ty)?
-            .encode_gauge(&int(get(c)))?;
-    }
-    Ok(())
+    figures(e, &CONTROL_FIGURES, c)
 }
 
 /// A label value escaped as the text format requires (prometheus-client

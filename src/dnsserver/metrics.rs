@@ -16,7 +16,7 @@ use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::metrics::MetricType::{Counter, Gauge};
 use prometheus_client::registry::Registry;
 
-use lbagent_service::exposition::{family, int};
+use lbagent_service::exposition::{family, sample};
 use std::fmt;
 use std::net::TcpListener;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -273,12 +273,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 // === the exposition ===
 //
 // Written by prometheus-client's text encoder, every family under the
-// registry's prefix `lbagent_dnsserver_`. The endpoint serves the
-// Prometheus text format 0.0.4, which names a counter family by its sample
-// (`lbagent_dnsserver_pulls_total`), so each family is declared under that
-// name and its samples written as they are (`encode_gauge` adds no suffix;
-// prometheus-client's own counter writes OpenMetrics, which a 0.0.4 reader
-// and `promtool check metrics` take for an untyped family without HELP).
+// registry's prefix `lbagent_dnsserver_`, in the text format 0.0.4 as
+// `lbagent_service::exposition` says.
 
 /// What one scrape writes: a copy of the board (prometheus-client's
 /// collectors own what they encode), ages taken.
@@ -420,14 +416,12 @@ impl Collector for Scrape {
 
 /// A counter family of one sample without labels.
 fn counter(e: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> fmt::Result {
-    e.encode_descriptor(name, help, None, Counter)?
-        .encode_gauge(&int(v))
+    sample(e, name, Counter, help, v)
 }
 
 /// A gauge family of one sample without labels.
 fn gauge(e: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> fmt::Result {
-    e.encode_descriptor(name, help, None, Gauge)?
-        .encode_gauge(&int(v))
+    sample(e, name, Gauge, help, v)
 }
 
 /// A gauge of seconds, one sample without labels.

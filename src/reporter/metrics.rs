@@ -5,8 +5,10 @@
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::text::encode_registry;
 use prometheus_client::encoding::DescriptorEncoder;
-use prometheus_client::metrics::MetricType::{self, Counter, Gauge};
+use prometheus_client::metrics::MetricType::{Counter, Gauge};
 use prometheus_client::registry::Registry;
+
+use lbagent_service::exposition::{figures, Figure};
 
 /// A snapshot of the reporter's counters and gauges.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -71,24 +73,11 @@ impl ReporterStats {
 
 // === the exposition ===
 //
-// Declared once below and written by prometheus-client's text encoder. The
-// endpoint serves the Prometheus text format 0.0.4, which names a counter
-// family by its sample (`lbagent_reporter_reports_total`), so each family
-// is declared under that name and its sample written as it is
-// (`encode_gauge` adds no suffix; prometheus-client's own counter writes
-// OpenMetrics, which a 0.0.4 reader and `promtool check metrics` take for
-// an untyped family without HELP).
-
-/// A figure: name (after `lbagent_reporter_`), TYPE, HELP, how to read it.
-type Figure = (
-    &'static str,
-    MetricType,
-    &'static str,
-    fn(&ReporterStats) -> u64,
-);
+// Declared once below and written by prometheus-client's text encoder, as
+// `lbagent_service::exposition` says (the text format 0.0.4).
 
 /// Every figure, in exposition order.
-const FIGURES: [Figure; 25] = [
+const FIGURES: [Figure<ReporterStats>; 25] = [
         ("connections", Gauge, "Agent connections open now.", |s| s.connections_open),
         ("connections_total", Counter, "Agent connections accepted.", |s| s.connections),
         ("reports_total", Counter, "StatsReports accepted and acknowledged.", |s| s.reports),
@@ -202,13 +191,7 @@ struct Scrape(ReporterStats);
 
 impl Collector for Scrape {
     fn encode(&self, mut e: DescriptorEncoder) -> std::fmt::Result {
-        for (name, ty, help, get) in FIGURES {
-            // No count of ours comes near i64's bound, the encoder's integer.
-            let v = i64::try_from(get(&self.0)).unwrap_or(i64::MAX);
-            e.encode_descriptor(name, help, None, ty)?
-                .encode_gauge(&v)?;
-        }
-        Ok(())
+        figures(&mut e, &FIGURES, &self.0)
     }
 }
 

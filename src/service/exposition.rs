@@ -1,17 +1,48 @@
 //! What the three `/metrics` endpoints (the agent, the route server, the
 //! reporter) share when they write their families through prometheus-client:
-//! a family of integer samples, and counts as the library writes integers.
+//! a table of figures, a family of integer samples, and counts as the library
+//! writes integers.
+//!
+//! The endpoints serve the Prometheus text format 0.0.4, which names a
+//! counter family by its sample (`lbagent_requests_total`);
+//! prometheus-client's own counter writes OpenMetrics (family
+//! `lbagent_requests`, samples suffixed `_total`), which a 0.0.4 reader and
+//! `promtool check metrics` take for an untyped family without HELP. So each
+//! family is declared under its 0.0.4 name and its samples are written as
+//! they are (`encode_gauge`, which adds no suffix).
 
 use std::fmt;
 
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet};
 use prometheus_client::metrics::MetricType;
 
+/// A figure read from a `T`: its family name, TYPE, HELP, and how to read
+/// its value.
+pub type Figure<T> = (&'static str, MetricType, &'static str, fn(&T) -> u64);
+
+/// Writes each of `figures` as a family of one sample without labels, read
+/// from `of`, in order.
+pub fn figures<T>(e: &mut DescriptorEncoder, figures: &[Figure<T>], of: &T) -> fmt::Result {
+    for (name, ty, help, get) in figures {
+        sample(e, name, *ty, help, get(of))?;
+    }
+    Ok(())
+}
+
+/// Writes a family of one sample without labels.
+pub fn sample(
+    e: &mut DescriptorEncoder,
+    name: &str,
+    ty: MetricType,
+    help: &str,
+    v: u64,
+) -> fmt::Result {
+    e.encode_descriptor(name, help, None, ty)?
+        .encode_gauge(&int(v))
+}
+
 /// Writes one family: its HELP and TYPE lines, then a sample per
-/// `(labels, value)` of `series`, in order. Counters are declared under
-/// their `_total` name and written as plain samples (prometheus-client's
-/// own counter writes the OpenMetrics form, which the text format 0.0.4
-/// these endpoints serve does not have).
+/// `(labels, value)` of `series`, in order.
 pub fn family<L: EncodeLabelSet>(
     e: &mut DescriptorEncoder,
     name: &str,
