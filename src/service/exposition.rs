@@ -59,7 +59,7 @@ pub fn family<L: EncodeLabelSet>(
 
 /// A count as prometheus-client writes integers (i64; no count of ours
 /// comes near its bound, and one that did would read as `i64::MAX`).
-pub fn int(v: u64) -> i64 {
+fn int(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
 
