@@ -16,7 +16,7 @@ use nix::unistd::Pid;
 const PACKAGED: &str = include_str!("../tools/debian/lbagent.toml");
 
 #[test]
-fn the_packaged_config_is_the_default_with_the_state_in_var_lib() {
+fn the_packaged_config_is_the_default_with_the_state_in_var_lib_and_tls_on() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("lbagent.toml");
     std::fs::write(&path, PACKAGED).unwrap();
@@ -24,10 +24,15 @@ fn the_packaged_config_is_the_default_with_the_state_in_var_lib() {
     let mut expected = Config::default();
     expected.agent.snapshot_path = PathBuf::from("/var/lib/lbagent/routes.snapshot");
     expected.store.url = "sqlite:/var/lib/lbagent/lbagent.db".into();
+    expected.tls.cert = PathBuf::from("/etc/lbagent/tls/host.pem");
+    expected.tls.key = PathBuf::from("/etc/lbagent/tls/host.key");
+    expected.tls.ca = PathBuf::from("/etc/lbagent/tls/ca.pem");
+    assert!(expected.tls.enabled(), "the package speaks mutual TLS");
+    assert!(!expected.tls.insecure);
     assert_eq!(format!("{packaged:?}"), format!("{expected:?}"));
     // Every line of the documented default is there (the comments too),
-    // but for the two moved paths.
-    let moved = ["snapshot_path = ", "url = "];
+    // but for the two moved paths and the three TLS files.
+    let moved = ["snapshot_path = ", "url = ", "cert = ", "key = ", "ca = "];
     for line in DEFAULT_TOML.lines() {
         if !moved.iter().any(|m| line.starts_with(m)) {
             assert!(

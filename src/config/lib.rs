@@ -11,8 +11,8 @@
 //! # Layout
 //!
 //! - this file: [`Config`] and its sections, loading, `validate()`.
-//! - `admission` ([`AdmissionConfig`]) and `shm` ([`ShmConfig`]): their
-//!   sections.
+//! - `admission` ([`AdmissionConfig`]), `shm` ([`ShmConfig`]) and `tls`
+//!   ([`TlsConfig`]): their sections.
 //! - [`store_url`]: `sqlite:PATH` / `postgres://` parsed, passwords hidden.
 //! - [`reload`]: what a reload may change in each process (pure).
 //! - `lbagent.toml`: the documented default file, equal to
@@ -31,8 +31,10 @@ mod admission;
 pub mod reload;
 mod shm;
 pub mod store_url;
+mod tls;
 pub use admission::AdmissionConfig;
 pub use shm::ShmConfig;
+pub use tls::{name_matches, TlsConfig};
 
 /// The documented default configuration file.
 pub const DEFAULT_TOML: &str = include_str!("lbagent.toml");
@@ -57,6 +59,8 @@ pub struct Config {
     pub shm: ShmConfig,
     /// The log (`[log]`).
     pub log: LogConfig,
+    /// Mutual TLS between hosts (`[tls]`).
+    pub tls: TlsConfig,
 }
 
 /// The `[log]` table: what the agent and the servers log, and how.
@@ -334,7 +338,7 @@ pub struct DnsServerConfig {
 impl Default for DnsServerConfig {
     fn default() -> Self {
         DnsServerConfig {
-            listen: SocketAddr::from((Ipv4Addr::UNSPECIFIED, 7777)),
+            listen: SocketAddr::from((Ipv4Addr::LOCALHOST, 7777)),
             threads: 1,
             poll_interval_ms: 25,
             notify_poll_interval_ms: 1000,
@@ -382,7 +386,7 @@ pub struct ReporterConfig {
 impl Default for ReporterConfig {
     fn default() -> Self {
         ReporterConfig {
-            listen: SocketAddr::from((Ipv4Addr::UNSPECIFIED, 7778)),
+            listen: SocketAddr::from((Ipv4Addr::LOCALHOST, 7778)),
             writers: 3,
             batch_rows: 1000,
             buffer_rows: 1_000_000,
@@ -675,6 +679,16 @@ impl Config {
 
         self.admission.validate()?;
         self.shm.validate()?;
+        let t = &self.tls;
+        t.validate()?;
+        t.check_plain("dnsserver.listen", d.listen.ip())?;
+        t.check_plain("reporter.listen", r.listen.ip())?;
+        for e in &a.route_servers {
+            t.check_plain_endpoint("agent.route_servers", e)?;
+        }
+        for e in &a.reporters {
+            t.check_plain_endpoint("agent.reporters", e)?;
+        }
         Ok(())
     }
 }

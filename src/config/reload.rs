@@ -52,6 +52,9 @@ pub fn reloadable(role: Role, field: &str) -> Reloadable {
         (Role::Agent, "shm") => Reloadable::Restart,
         (Role::Dnsserver, "dnsserver" | "store") => Reloadable::Restart,
         (Role::Reporter, "reporter" | "store") => Reloadable::Restart,
+        // The files named are re-read when they change; naming others
+        // (or turning TLS on or off) needs a restart.
+        (_, "tls") => Reloadable::Restart,
         _ => Reloadable::Ignored,
     }
 }

@@ -172,6 +172,7 @@ fn overrides_replace_file_values_in_order() {
         &set(&[
             "agent.route_servers=[\"10.0.0.1:1\", \"10.0.0.2:1\"]",
             "agent.snapshot_path=/tmp/x",
+            "tls.insecure=true",
         ]),
     )
     .unwrap();
