@@ -31,6 +31,8 @@
 //! - [`service`] (`lbagent-service`): what every long-running process
 //!   shares: logging, reload, signals, systemd notification, `/metrics`,
 //!   wake-ups across threads.
+//! - [`tls`] (`lbagent-tls`): mutual TLS between hosts: the PEM files,
+//!   their reloads, the peer's identity.
 //! - [`agent`] (`lbagent-agent`): the agent runtime.
 //! - [`store`] (`lbagent-store`): routes, the change log and call status in
 //!   SQLite or PostgreSQL.
@@ -59,6 +61,7 @@ pub use lbagent_reporter as reporter;
 pub use lbagent_service as service;
 pub use lbagent_shm as shm;
 pub use lbagent_store as store;
+pub use lbagent_tls as tls;
 pub use lbagent_wire as wire;
 
 pub mod client_tools;

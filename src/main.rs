@@ -436,14 +436,26 @@ fn server(what: &str, args: ServerArgs) -> ExitCode {
     } else {
         Role::Reporter
     };
+    let tls = match lbagent::tls::Tls::from_config(&config.tls, what) {
+        Ok(tls) => tls,
+        Err(e) => {
+            tracing::error!("cannot start mutual TLS: {e}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
     let mut current = config.clone();
+    let reload_tls = tls.clone();
     lbagent::service::signal::on_reload(move || {
+        // The TLS files are read again whatever the configuration says.
+        if let Some(tls) = &reload_tls {
+            tls.reload();
+        }
         lbagent::service::reload::reload(role, &source, &mut current, |_, _, _| Ok(()))
     });
     let result = if what == "dnsserver" {
-        lbagent::dnsserver::run(&config.dnsserver, url)
+        lbagent::dnsserver::run(&config.dnsserver, url, tls)
     } else {
-        lbagent::reporter::run(&config.reporter, url)
+        lbagent::reporter::run(&config.reporter, url, tls)
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

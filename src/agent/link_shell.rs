@@ -10,6 +10,10 @@
 //! core and call [`LinkShell::run`]; what differs (the statistics client's
 //! last flush on shutdown) is theirs, on the connection [`LinkShell::run`]
 //! hands back.
+//!
+//! With `[tls]` on, every connection is mutual TLS ([`lbagent_tls::dial`]:
+//! the handshake is part of the connection attempt and shares its
+//! timeout); the cores see the same frames either way.
 
 use std::future::Future;
 use std::io;
@@ -17,12 +21,11 @@ use std::net::SocketAddr;
 use std::pin::Pin;
 use std::time::{Duration, Instant};
 
-use futures_lite::AsyncWriteExt;
 use glommio::channels::local_channel::{LocalReceiver, LocalSender};
-use glommio::net::TcpStream;
 
 use super::reconnect::Wake;
 use lbagent_service::conn::{self, race, Either, Woken};
+use lbagent_tls::{Stream, TlsHandle};
 use lbagent_wire::{FrameDecoder, FrameError};
 
 /// A protocol core the shell drives: sans-IO, time passed in (ms).
@@ -94,11 +97,16 @@ pub(crate) struct LinkShell<C: LinkCore, I> {
     sync: Box<dyn Fn(&mut C)>,
     /// The current connection's frames.
     pub frames: FrameDecoder,
+    /// TLS for every connection, or plain TCP.
+    tls: TlsHandle,
 }
 
 impl<C: LinkCore, I: Into<C::Input>> LinkShell<C, I> {
-    /// A shell for `core`, its clock reading `origin_ms` now.
+    /// A shell for `core`, its clock reading `origin_ms` now; its
+    /// connections use `tls` (plain TCP when it is off).
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
+        tls: TlsHandle,
         core: C,
         origin_ms: u64,
         connect_timeout: Duration,
@@ -118,6 +126,7 @@ impl<C: LinkCore, I: Into<C::Input>> LinkShell<C, I> {
             events,
             sync,
             frames: FrameDecoder::default(),
+            tls,
         }
     }
 
@@ -137,13 +146,18 @@ impl<C: LinkCore, I: Into<C::Input>> LinkShell<C, I> {
         self.connect_timeout
     }
 
+    /// Connects to `addr` (the TLS handshake included) within `timeout`.
+    pub async fn dial(&self, addr: SocketAddr, timeout: Duration) -> io::Result<Stream> {
+        lbagent_tls::dial(self.tls.get(), addr, timeout, self.write_timeout).await
+    }
+
     /// Connects, serves and reconnects until `shutdown` completes or the
     /// events channel closes. Returns the connection that was up at
     /// shutdown, if any (for a last flush).
     pub async fn run(
         &mut self,
         mut shutdown: Pin<&mut impl Future<Output = ()>>,
-    ) -> Option<TcpStream> {
+    ) -> Option<Stream> {
         loop {
             let Some(addr) = self.core.poll_connect(self.now()) else {
                 let woken = self.wait(shutdown.as_mut(), None).await;
@@ -152,14 +166,14 @@ impl<C: LinkCore, I: Into<C::Input>> LinkShell<C, I> {
                 }
                 continue;
             };
-            let connect = TcpStream::connect_timeout(addr, self.connect_timeout);
+            let connect = self.dial(addr, self.connect_timeout);
             let mut stream = match race(shutdown.as_mut(), connect).await {
                 Either::Left(()) => return None,
                 Either::Right(Ok(stream)) => stream,
                 Either::Right(Err(e)) => {
                     self.core.on_disconnected(self.now());
                     self.publish();
-                    let error = C::Error::from(io::Error::from(e));
+                    let error = C::Error::from(e);
                     let failed = self.core.connect_failed_event(addr, error);
                     if !self.emit(failed).await || !self.emit_pending().await {
                         return None;
@@ -167,7 +181,7 @@ impl<C: LinkCore, I: Into<C::Input>> LinkShell<C, I> {
                     continue;
                 }
             };
-            self.set_up(&stream);
+            self.set_up();
             let stop = if self.emit(self.core.connected_event(addr)).await {
                 self.serve(&mut stream, shutdown.as_mut()).await
             } else {
@@ -186,12 +200,9 @@ impl<C: LinkCore, I: Into<C::Input>> LinkShell<C, I> {
         }
     }
 
-    /// Sets a new connection up and tells the core.
-    pub fn set_up(&mut self, stream: &TcpStream) {
-        // Small frames must not wait for Nagle; a write blocked this long
-        // means the peer stopped reading.
-        let _ = stream.set_nodelay(true);
-        let _ = stream.set_write_timeout(Some(self.write_timeout));
+    /// A new connection is up ([`Self::dial`] set its socket up): tells
+    /// the core.
+    pub fn set_up(&mut self) {
         self.frames = FrameDecoder::default();
         self.core.on_connected(self.now());
         self.publish();
@@ -201,7 +212,7 @@ impl<C: LinkCore, I: Into<C::Input>> LinkShell<C, I> {
     /// fails or shutdown.
     async fn serve(
         &mut self,
-        stream: &mut TcpStream,
+        stream: &mut Stream,
         mut shutdown: Pin<&mut impl Future<Output = ()>>,
     ) -> Stop<C::Error> {
         let mut out = Vec::new();
@@ -213,7 +224,7 @@ impl<C: LinkCore, I: Into<C::Input>> LinkShell<C, I> {
             }
             out.clear();
             if self.core.poll_transmit(self.now(), &mut out) > 0 {
-                if let Err(e) = stream.write_all(&out).await {
+                if let Err(e) = lbagent_tls::send(stream, &out).await {
                     return Stop::Failed(e.into());
                 }
                 self.publish();
@@ -265,7 +276,7 @@ impl<C: LinkCore, I: Into<C::Input>> LinkShell<C, I> {
     async fn wait(
         &mut self,
         shutdown: Pin<&mut impl Future<Output = ()>>,
-        stream: Option<(&mut TcpStream, &mut [u8])>,
+        stream: Option<(&mut Stream, &mut [u8])>,
     ) -> Woken<I> {
         let now = self.now();
         let deadline = match self.core.poll_timeout(now) {

@@ -44,6 +44,8 @@ pub struct Agent {
     routes_loaded: usize,
     liveness: Arc<Liveness>,
     live: LiveSlot,
+    /// The clients' TLS (re-read on SIGHUP).
+    tls: lbagent_tls::TlsHandle,
 }
 
 impl Agent {
@@ -94,6 +96,11 @@ impl Agent {
 
         let route_addrs = resolve("agent.route_servers", &a.route_servers)?;
         let stats_addrs = resolve("agent.reporters", &a.reporters)?;
+        // One TLS context for both clients (its files are re-read when they change).
+        let tls = lbagent_tls::TlsHandle(
+            lbagent_tls::Tls::from_config(&config.tls, "agent")
+                .context("cannot start mutual TLS to the route servers and reporters")?,
+        );
         let common = Common {
             stop: Arc::new(AtomicBool::new(false)),
             ready: Arc::new(AtomicU32::new(0)),
@@ -107,10 +114,12 @@ impl Agent {
             shards,
             route_client: RouteClientConfig {
                 refresh_ms: config.lb.update_timeout * 1000,
+                tls: tls.clone(),
                 ..RouteClientConfig::new(route_addrs)
             },
             stats_client: StatsClientConfig {
                 caller: local_ip_towards(stats_addrs.first().copied()).unwrap_or(a.bind),
+                tls: tls.clone(),
                 ..StatsClientConfig::new(stats_addrs)
             },
             from_shards: rings.from_shards,
@@ -142,6 +151,7 @@ impl Agent {
             routes_loaded,
             liveness: common.live,
             live: live_slot,
+            tls,
         })
     }
 
@@ -253,7 +263,12 @@ pub fn run(config: &Config, source: ConfigSource) -> anyhow::Result<()> {
     let agent = Agent::start(config)?;
     let slot = agent.live.clone();
     let mut current = config.clone();
+    let tls = agent.tls.clone();
     lbagent_service::signal::on_reload(move || {
+        // The TLS files are read again whatever the configuration says.
+        if let Some(tls) = tls.get() {
+            tls.reload();
+        }
         lbagent_service::reload::reload(Role::Agent, &source, &mut current, |old, new, _| {
             apply_live(&slot, old, new).map_err(|e| format!("{e:#}"))
         })

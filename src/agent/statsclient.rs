@@ -106,9 +106,8 @@ use std::pin::pin;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use futures_lite::{AsyncReadExt, AsyncWriteExt};
+use futures_lite::AsyncReadExt;
 use glommio::channels::local_channel::{LocalReceiver, LocalSender};
-use glommio::net::TcpStream;
 
 use super::link_shell::{LinkCore, LinkShell};
 use super::reconnect::{LinkState, Reconnect, ReconnectPolicy};
@@ -116,6 +115,7 @@ use lbagent_host::clock;
 use lbagent_lb::NodeCallStats;
 use lbagent_model::{ModuleId, NodeAddr};
 use lbagent_service::conn::{race, Either};
+use lbagent_tls::{Stream, TlsHandle};
 use lbagent_wire::{
     decode, write_frame, DecodeError, Encoder, FrameError, Limits, Message, ModuleStats, NodeStats,
     RetCode,

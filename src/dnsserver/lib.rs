@@ -79,6 +79,7 @@ use anyhow::{anyhow, bail, Context};
 use glommio::{ExecutorJoinHandle, LocalExecutorBuilder, Placement};
 
 use lbagent_config::DnsServerConfig;
+use lbagent_tls::Tls;
 use lbagent_service::wakefd::StopEvent;
 use lbagent_store::{StoreError, StoreUrl};
 use metrics::Board;
@@ -124,6 +125,19 @@ impl DnsServer {
     /// `dnsserver.io_memory_kib`), a bad store URL, or a store schema newer
     /// than this binary.
     pub fn start(cfg: &DnsServerConfig, store: StoreUrl) -> anyhow::Result<DnsServer> {
+        DnsServer::start_tls(cfg, store, None)
+    }
+
+    /// [`Self::start`], serving mutual TLS with `tls` (plain TCP when
+    /// `None`).
+    ///
+    /// # Errors
+    /// As [`Self::start`].
+    pub fn start_tls(
+        cfg: &DnsServerConfig,
+        store: StoreUrl,
+        tls: Option<Arc<Tls>>,
+    ) -> anyhow::Result<DnsServer> {
         let label = store.to_string();
         // Only the first open may create a SQLite file: a file deleted
         // later is reported, never silently replaced by an empty one.
@@ -137,7 +151,7 @@ impl DnsServer {
             opened |= result.is_ok();
             result
         };
-        DnsServer::start_with(cfg, label, Box::new(open))
+        DnsServer::start_with_tls(cfg, label, Box::new(open), tls)
     }
 
     /// [`Self::start`] on a store reached through `open` (`label` names it
@@ -150,6 +164,20 @@ impl DnsServer {
         cfg: &DnsServerConfig,
         label: String,
         open: StoreOpener,
+    ) -> anyhow::Result<DnsServer> {
+        DnsServer::start_with_tls(cfg, label, open, None)
+    }
+
+    /// [`Self::start_with`], serving mutual TLS with `tls` (plain TCP when
+    /// `None`).
+    ///
+    /// # Errors
+    /// As [`Self::start`].
+    pub fn start_with_tls(
+        cfg: &DnsServerConfig,
+        label: String,
+        open: StoreOpener,
+        tls: Option<Arc<Tls>>,
     ) -> anyhow::Result<DnsServer> {
         check(cfg)?;
         let ncpu = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -233,6 +261,7 @@ impl DnsServer {
                 max_subscriptions_per_connection: cfg.max_subscriptions_per_connection as usize,
                 subscriptions: subscriptions.clone(),
                 connections: connections.clone(),
+                tls: tls.clone(),
             };
             let handle = LocalExecutorBuilder::new(Placement::Fixed(i % ncpu))
                 .name(&format!("lbagent-dns-{i}"))
@@ -335,13 +364,14 @@ impl Drop for DnsServer {
 ///
 /// # Errors
 /// What [`DnsServer::start`] and [`DnsServer::stop`] return.
-pub fn run(cfg: &DnsServerConfig, store: StoreUrl) -> anyhow::Result<()> {
+pub fn run(cfg: &DnsServerConfig, store: StoreUrl, tls: Option<Arc<Tls>>) -> anyhow::Result<()> {
     lbagent_service::signal::install();
     let label = store.to_string();
-    let server = DnsServer::start(cfg, store)?;
+    let link = if tls.is_some() { "mutual TLS" } else { "plain TCP" };
+    let server = DnsServer::start_tls(cfg, store, tls)?;
     let threads = server.board.executors();
     tracing::info!(
-        "serving pulls on {} ({threads} executors), metrics on http://{}/metrics, store {label}",
+        "serving pulls on {} ({link}, {threads} executors), metrics on http://{}/metrics, store {label}",
         server.addr(),
         server.metrics_addr(),
     );

@@ -62,6 +62,9 @@ pub struct Counters {
     pub subscriptions_refused_total_bound: u64,
     /// Connections refused: `dnsserver.max_connections` were open.
     pub connections_refused: u64,
+    /// Connections refused at the TLS handshake (plain TCP, a certificate
+    /// expired, not yet valid, of another CA or name).
+    pub tls_refused: u64,
     /// Subscriptions dropped by an agent's Unsubscribe.
     pub unsubscribes: u64,
     /// Open connections (gauge).
@@ -228,6 +231,7 @@ impl Board {
             t.subscriptions_refused += c.subscriptions_refused;
             t.subscriptions_refused_total_bound += c.subscriptions_refused_total_bound;
             t.connections_refused += c.connections_refused;
+            t.tls_refused += c.tls_refused;
             t.unsubscribes += c.unsubscribes;
             t.connections += c.connections;
             t.subscriptions += c.subscriptions;
@@ -358,6 +362,9 @@ impl Collector for Scrape {
         family(e, "subscriptions_refused_total", Counter, help, refused)?;
         let help = "Connections refused: dnsserver.max_connections were open.";
         counter(e, "connections_refused_total", help, t.connections_refused)?;
+        let help = "Connections refused at the TLS handshake (plain TCP, or a certificate \
+                    expired, not yet valid, of another CA or of a name outside tls.peer_names).";
+        counter(e, "tls_refused_total", help, t.tls_refused)?;
         let help = "Subscriptions dropped by an agent's Unsubscribe (the agent forgot the module).";
         counter(e, "unsubscribes_total", help, t.unsubscribes)?;
 

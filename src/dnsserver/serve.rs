@@ -21,6 +21,11 @@
 //! read: TCP back-pressure, no unbounded buffer). Pushes are appended to
 //! the connection's pending bytes by the tick and wake the task; a peer
 //! that leaves more than [`MAX_PENDING`] bytes of pushes unread is closed.
+//!
+//! With `[tls]` on, a connection's task first makes the TLS handshake
+//! ([`lbagent_tls::accept`]); a refused one (plain TCP, a certificate
+//! expired, of another CA, of a name outside `tls.peer_names`) is counted
+//! and logged, once per peer address per minute, with the reason.
 
 use std::cell::{Cell, RefCell};
 use std::future::poll_fn;
@@ -34,6 +39,7 @@ use std::time::{Duration, Instant};
 
 use futures_lite::{AsyncReadExt, AsyncWriteExt};
 use glommio::net::{TcpListener, TcpStream};
+use lbagent_tls::{PerPeer, Stream, Tls};
 
 use super::metrics::{Board, Counters};
 use super::reload::Update;
@@ -82,6 +88,8 @@ pub struct ExecParts {
     pub subscriptions: Arc<Budget>,
     /// Connections open across every executor.
     pub connections: Arc<Budget>,
+    /// Mutual TLS, or plain TCP.
+    pub tls: Option<Arc<Tls>>,
 }
 
 /// What the tick and the connection tasks share on one executor.
@@ -99,6 +107,8 @@ struct Exec {
     tick_waker: Option<Waker>,
     /// Set by a poke that woke the tick.
     poked: bool,
+    /// Refused handshakes, logged once per peer address per minute.
+    refusals: PerPeer<std::net::IpAddr>,
 }
 
 impl Exec {
@@ -211,6 +221,7 @@ pub async fn run(parts: ExecParts) {
         max_subscriptions_per_connection,
         subscriptions,
         connections,
+        tls,
     } = parts;
     let t0 = Instant::now();
     let exec = Rc::new(RefCell::new(Exec {
@@ -226,13 +237,14 @@ pub async fn run(parts: ExecParts) {
         now: 0,
         tick_waker: None,
         poked: false,
+        refusals: PerPeer::new(lbagent_tls::REFUSAL_LOG_MS),
     }));
     // Serve the table the store thread already loaded from the first
     // connection on.
     drain_updates(&exec, &updates);
     // SAFETY: a bound, listening, non-blocking TCP socket that we own.
     let listener = unsafe { TcpListener::from_raw_fd(listener.into_raw_fd()) };
-    let acceptor = glommio::spawn_local(accept_loop(listener, exec.clone(), connections));
+    let acceptor = glommio::spawn_local(accept_loop(listener, exec.clone(), connections, tls));
     // New tables are installed (and their pushes queued) as they come:
     // the store thread rings when it sends. Ends when the store thread does.
     let installer = {
@@ -444,7 +456,12 @@ async fn shut_down(exec: &Rc<RefCell<Exec>>) {
     }
 }
 
-async fn accept_loop(listener: TcpListener, exec: Rc<RefCell<Exec>>, connections: Arc<Budget>) {
+async fn accept_loop(
+    listener: TcpListener,
+    exec: Rc<RefCell<Exec>>,
+    connections: Arc<Budget>,
+    tls: Option<Arc<Tls>>,
+) {
     let mut last_error_log: Option<Instant> = None;
     loop {
         match listener.accept().await {
@@ -481,8 +498,13 @@ async fn accept_loop(listener: TcpListener, exec: Rc<RefCell<Exec>>, connections
                 };
                 let connections = connections.clone();
                 let exec = exec.clone();
+                let tls = tls.clone();
                 glommio::spawn_local(async move {
-                    serve(stream, exec, conn, id).await;
+                    let peer = stream.peer_addr().ok();
+                    match lbagent_tls::accept(tls.as_deref(), stream).await {
+                        Ok(stream) => serve(stream, exec, conn, id).await,
+                        Err(why) => refused(&exec, id, peer, &why),
+                    }
                     connections.give(1);
                 })
                 .detach();
@@ -510,8 +532,25 @@ async fn refuse(mut stream: TcpStream, frame: Vec<u8>) {
     let _ = race(stream.write_all(&frame), linger).await;
 }
 
+/// A connection whose TLS handshake failed: counted, logged (once per
+/// peer address per minute), its slot released.
+fn refused(exec: &RefCell<Exec>, id: ConnId, peer: Option<std::net::SocketAddr>, why: &str) {
+    let mut ex = exec.borrow_mut();
+    ex.counters.tls_refused += 1;
+    ex.registry.release(id);
+    ex.poke();
+    let now = ex.clock();
+    let ip = peer.map_or(std::net::IpAddr::from([0, 0, 0, 0]), |p| p.ip());
+    if let Some(hidden) = ex.refusals.allow(&ip, now) {
+        let peer = peer.map_or_else(|| "an unknown peer".into(), |p| p.to_string());
+        tracing::warn!(
+            "refused a connection from {peer}: {why} ({hidden} more refused from {ip} in the last minute)"
+        );
+    }
+}
+
 /// One connection, until it closes.
-async fn serve(mut stream: TcpStream, exec: Rc<RefCell<Exec>>, conn: Rc<Conn>, id: ConnId) {
+async fn serve(mut stream: Stream, exec: Rc<RefCell<Exec>>, conn: Rc<Conn>, id: ConnId) {
     let mut session = Session::new(id);
     let mut rbuf = vec![0u8; READ_BUF];
     let mut out: Vec<u8> = Vec::new();
@@ -534,7 +573,7 @@ async fn serve(mut stream: TcpStream, exec: Rc<RefCell<Exec>>, conn: Rc<Conn>, i
             }
         }
         if !out.is_empty() {
-            match race(stream.write_all(&out), conn.closed()).await {
+            match race(lbagent_tls::send(&mut stream, &out), conn.closed()).await {
                 Either::Left(Ok(())) => {
                     out.clear();
                     if out.capacity() > KEEP_OUT {
@@ -567,7 +606,7 @@ async fn serve(mut stream: TcpStream, exec: Rc<RefCell<Exec>>, conn: Rc<Conn>, i
                 if let Err(reason) = handled {
                     // Tell the peer why, if it reads; never wait long.
                     let linger = glommio::timer::sleep(Duration::from_millis(100));
-                    let _ = race(stream.write_all(&out), linger).await;
+                    let _ = race(lbagent_tls::send(&mut stream, &out), linger).await;
                     break reason;
                 }
             }

@@ -9,6 +9,11 @@
 //! executor registers [`IO_MEMORY`] of I/O memory (locked memory counts
 //! against `ulimit -l`).
 //!
+//! With `[tls]` on, each connection first makes the TLS handshake; the
+//! peer's certificate decides the rows' caller and whether its consumed
+//! units are taken ([`Peer::Identified`]). Refused handshakes and refused
+//! consumed units are counted and logged once per peer per minute.
+//!
 //! Nothing here waits for the store: the buffer's mutex is held for a push
 //! (never across a database call), so an agent's ack never waits for a
 //! writer.
@@ -31,12 +36,13 @@ use glommio::net::{TcpListener, TcpStream};
 use glommio::{ExecutorJoinHandle, LocalExecutorBuilder, Placement};
 
 use super::notes::Throttle;
-use super::session::Session;
+use super::session::{Peer, Session};
 use super::shared::{unix_ms, Shared};
 use lbagent_model::ModuleId;
 use lbagent_service::conn::{race, Either};
 use lbagent_service::doorbell::Doorbell;
 use lbagent_service::metrics_http;
+use lbagent_tls::{PerPeer, Stream, Tls};
 use lbagent_wire::{write_frame, Encoder, RetCode};
 
 /// The I/O memory the executor registers.
@@ -98,6 +104,7 @@ impl Ingest {
         metrics: StdTcpListener,
         shared: Arc<Shared>,
         limits: ConnLimits,
+        tls: Option<Arc<Tls>>,
     ) -> anyhow::Result<Ingest> {
         let stop = Arc::new(Doorbell::default());
         let flag = stop.clone();
@@ -107,7 +114,7 @@ impl Ingest {
             .io_memory(IO_MEMORY)
             .spawn(move || async move {
                 let _ = ready_tx.send(());
-                serve(agents, metrics, shared, flag, limits).await
+                serve(agents, metrics, shared, flag, limits, tls).await
             })
             .map_err(|e| anyhow!("cannot start the reporter's executor thread: {e}"))?;
         match ready_rx.recv_timeout(Duration::from_secs(10)) {
@@ -150,6 +157,7 @@ async fn serve(
     shared: Arc<Shared>,
     flag: Arc<Doorbell>,
     limits: ConnLimits,
+    tls: Option<Arc<Tls>>,
 ) {
     let stop = Rc::new(StopSignal::default());
     let loss = Rc::new(Doorbell::default());
@@ -169,6 +177,7 @@ async fn serve(
         loss.clone(),
         open.clone(),
         limits,
+        tls,
     ));
     let http = glommio::spawn_local(accept_metrics(metrics, shared.clone(), stop.clone()));
     loop {
@@ -204,6 +213,7 @@ async fn accept_agents(
     loss: Rc<Doorbell>,
     open: Rc<Cell<usize>>,
     limits: ConnLimits,
+    tls: Option<Arc<Tls>>,
 ) {
     let mut errors = Throttle::new(NOTE_INTERVAL_MS);
     let mut refusals = Throttle::new(NOTE_INTERVAL_MS);
@@ -239,16 +249,27 @@ async fn accept_agents(
         }
         shared.connection_opened();
         open.set(open.get() + 1);
-        let (shared, stop, loss, open, notes, partial) = (
+        let (shared, stop, loss, open, notes, partial, tls) = (
             shared.clone(),
             stop.clone(),
             loss.clone(),
             open.clone(),
             notes.clone(),
             partial.clone(),
+            tls.clone(),
         );
         glommio::spawn_local(async move {
-            serve_agent(stream, &shared, &stop, &loss, &notes, &partial, limits).await;
+            let conn = Conn {
+                shared: &shared,
+                stop: &stop,
+                loss: &loss,
+                notes: &notes,
+                partial: &partial,
+                limits,
+            };
+            if let Some((stream, peer)) = handshake(stream, tls.as_deref(), &conn).await {
+                serve_agent(stream, peer, &conn).await;
+            }
             open.set(open.get() - 1);
             shared.connection_closed();
         })
@@ -272,6 +293,10 @@ async fn refuse(mut stream: TcpStream, message: String) {
 struct ConnNotes {
     bad_frames: Throttle,
     refusals: Throttle,
+    /// Refused handshakes, per peer address.
+    tls_refused: PerPeer<IpAddr>,
+    /// Refused consumed units, per identity.
+    consumed_refused: PerPeer<String>,
 }
 
 impl Default for ConnNotes {
@@ -279,8 +304,65 @@ impl Default for ConnNotes {
         ConnNotes {
             bad_frames: Throttle::new(NOTE_INTERVAL_MS),
             refusals: Throttle::new(NOTE_INTERVAL_MS),
+            tls_refused: PerPeer::new(lbagent_tls::REFUSAL_LOG_MS),
+            consumed_refused: PerPeer::new(lbagent_tls::REFUSAL_LOG_MS),
         }
     }
+}
+
+/// What one connection's task shares with the executor.
+struct Conn<'a> {
+    shared: &'a Shared,
+    stop: &'a Rc<StopSignal>,
+    loss: &'a Doorbell,
+    notes: &'a RefCell<ConnNotes>,
+    partial: &'a Cell<u64>,
+    limits: ConnLimits,
+}
+
+/// Who the peer is once the connection is up: its identity's name (or
+/// address) for the log, and what the session makes of it.
+struct PeerInfo {
+    name: String,
+    peer: Peer,
+}
+
+/// Sets the socket up and makes the TLS handshake (when `tls` is on);
+/// `None` when it was refused (counted, logged once per peer per minute)
+/// or the reporter stops.
+async fn handshake(tcp: TcpStream, tls: Option<&Tls>, conn: &Conn<'_>) -> Option<(Stream, PeerInfo)> {
+    let addr = tcp.peer_addr().ok();
+    let _ = tcp.set_nodelay(true);
+    let _ = tcp.set_write_timeout(Some(WRITE_TIMEOUT));
+    let at = addr.map_or_else(|| "an unknown peer".to_string(), |p| p.to_string());
+    let stream = match until_stop(conn.stop, lbagent_tls::accept(tls, tcp)).await? {
+        Ok(stream) => stream,
+        Err(why) => {
+            conn.shared.tls_refused.fetch_add(1, Ordering::Relaxed);
+            let ip = addr.map_or(IpAddr::from([0, 0, 0, 0]), |a| a.ip());
+            let said = conn.notes.borrow_mut().tls_refused.allow(&ip, unix_ms());
+            if let Some(hidden) = said {
+                conn.shared.log(&format!(
+                    "refused a connection from {at}: {why} ({hidden} more refused from {ip} in the last minute)"
+                ));
+            }
+            return None;
+        }
+    };
+    let info = match (stream.identity(), tls) {
+        (Some(id), Some(tls)) => PeerInfo {
+            name: format!("{} ({at})", id.display_name()),
+            peer: Peer::Identified {
+                caller: id.ip().and_then(|ip| ipv4(SocketAddr::new(ip, 0))).map_or(0, u32::from),
+                may_consume: tls.may_consume(id),
+            },
+        },
+        _ => PeerInfo {
+            name: at,
+            peer: Peer::Plain(addr.and_then(ipv4)),
+        },
+    };
+    Some((stream, info))
 }
 
 /// Why a connection was closed by the reporter's bounds.
@@ -312,21 +394,18 @@ fn deadline(
 /// Serves one agent until it closes, misbehaves, passes a bound, or the
 /// reporter stops. `partial` holds the bytes of incomplete frames of every
 /// connection; `loss` is rung when dropped rows wait to be said.
-async fn serve_agent(
-    mut stream: TcpStream,
-    shared: &Shared,
-    stop: &Rc<StopSignal>,
-    loss: &Doorbell,
-    notes: &RefCell<ConnNotes>,
-    partial: &Cell<u64>,
-    limits: ConnLimits,
-) {
-    let peer = stream.peer_addr().ok();
-    let _ = stream.set_nodelay(true);
-    let _ = stream.set_write_timeout(Some(WRITE_TIMEOUT));
-    let mut session = Session::new(peer.and_then(ipv4));
+async fn serve_agent(mut stream: Stream, info: PeerInfo, conn: &Conn<'_>) {
+    let Conn {
+        shared,
+        stop,
+        loss,
+        notes,
+        partial,
+        limits,
+    } = *conn;
+    let mut session = Session::with_peer(info.peer);
     let mut buf = vec![0u8; READ_BUF];
-    let peer = peer.map_or_else(|| "an unknown peer".to_string(), |p| p.to_string());
+    let peer = info.name;
     let mut last_frame = Instant::now();
     let mut partial_since: Option<Instant> = None;
     let mut held = 0u64;
@@ -364,6 +443,16 @@ async fn serve_agent(
             loss.ring();
         }
         shared.accept_consumed(session.consumed_units());
+        if fed.consumed_refused > 0 {
+            let n = fed.consumed_refused;
+            shared.consumed_refused.fetch_add(n, Ordering::Relaxed);
+            let said = notes.borrow_mut().consumed_refused.allow(&peer, unix_ms());
+            if let Some(hidden) = said {
+                shared.log(&format!(
+                    "refused {n} consumed-units entries from {peer}: tls.consume_allow does not name it; its call statistics were stored ({hidden} more refusals in the last minute)"
+                ));
+            }
+        }
         if let Some(refusal) = &fed.last_refusal {
             if let Some(hidden) = notes.borrow_mut().refusals.allow(unix_ms()) {
                 shared.log(&format!(
@@ -371,7 +460,7 @@ async fn serve_agent(
                 ));
             }
         }
-        if !session.out().is_empty() && stream.write_all(session.out()).await.is_err() {
+        if !session.out().is_empty() && lbagent_tls::send(&mut stream, session.out()).await.is_err() {
             break;
         }
         session.consumed();

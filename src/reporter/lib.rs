@@ -73,6 +73,7 @@ pub use metrics::ReporterStats;
 
 use ingest::Ingest;
 use lbagent_config::{Config, ReporterConfig};
+use lbagent_tls::Tls;
 use lbagent_store::{Store, StoreError, StoreUrl};
 use shared::{Phase, Shared};
 
@@ -128,6 +129,21 @@ impl Reporter {
     /// # Errors
     /// See [`Reporter::start_with`].
     pub fn start(cfg: &ReporterConfig, store: StoreUrl) -> anyhow::Result<Reporter> {
+        Reporter::start_tls(cfg, store, None)
+    }
+
+    /// [`Reporter::start`], serving mutual TLS with `tls` (plain TCP when
+    /// `None`): rows carry the caller the agent's certificate names, and
+    /// consumed units are taken from the identities `tls.consume_allow`
+    /// names only.
+    ///
+    /// # Errors
+    /// See [`Reporter::start_with`].
+    pub fn start_tls(
+        cfg: &ReporterConfig,
+        store: StoreUrl,
+        tls: Option<Arc<Tls>>,
+    ) -> anyhow::Result<Reporter> {
         // Only the first open may create a SQLite file: one deleted later
         // is reported and the rows kept, never written to a new empty file.
         let opened = std::sync::atomic::AtomicBool::new(false);
@@ -142,7 +158,7 @@ impl Reporter {
             }
             result
         });
-        Reporter::start_with(cfg, open, Log::stderr())
+        Reporter::start_with_tls(cfg, open, Log::stderr(), tls)
     }
 
     /// Starts a reporter whose writers connect with `open` and whose lines
@@ -156,6 +172,20 @@ impl Reporter {
     /// cannot be bound, a store that can never work (a bad URL, a schema
     /// newer than this binary), threads or the executor that cannot start.
     pub fn start_with(cfg: &ReporterConfig, open: OpenStore, log: Log) -> anyhow::Result<Reporter> {
+        Reporter::start_with_tls(cfg, open, log, None)
+    }
+
+    /// [`Reporter::start_with`], serving mutual TLS with `tls` (plain TCP
+    /// when `None`).
+    ///
+    /// # Errors
+    /// See [`Reporter::start_with`].
+    pub fn start_with_tls(
+        cfg: &ReporterConfig,
+        open: OpenStore,
+        log: Log,
+        tls: Option<Arc<Tls>>,
+    ) -> anyhow::Result<Reporter> {
         let whole = Config {
             reporter: cfg.clone(),
             ..Config::default()
@@ -208,6 +238,7 @@ impl Reporter {
             metrics,
             shared,
             ingest::ConnLimits::of(cfg),
+            tls,
         )?);
         Ok(reporter)
     }
@@ -335,12 +366,13 @@ impl fmt::Debug for Reporter {
 /// # Errors
 /// When it cannot start (see [`Reporter::start_with`]), or rows were left
 /// unwritten at the stop.
-pub fn run(cfg: &ReporterConfig, store: StoreUrl) -> anyhow::Result<()> {
+pub fn run(cfg: &ReporterConfig, store: StoreUrl, tls: Option<Arc<Tls>>) -> anyhow::Result<()> {
     lbagent_service::signal::install();
     let url = store.to_string();
-    let reporter = Reporter::start(cfg, store)?;
+    let link = if tls.is_some() { "mutual TLS" } else { "plain TCP" };
+    let reporter = Reporter::start_tls(cfg, store, tls)?;
     tracing::info!(
-        "listening for agents on {}, metrics at http://{}/metrics, store {url}, {} writers, up to {} rows buffered",
+        "listening for agents on {} ({link}), metrics at http://{}/metrics, store {url}, {} writers, up to {} rows buffered",
         reporter.addr(),
         reporter.metrics_addr(),
         cfg.writers,

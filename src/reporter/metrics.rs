@@ -25,6 +25,11 @@ pub struct ReporterStats {
     pub bad_frames: u64,
     /// Connections refused: `reporter.max_connections` were open.
     pub connections_refused: u64,
+    /// Connections refused at the TLS handshake.
+    pub tls_refused: u64,
+    /// Consumed-units entries refused: the identity is not on
+    /// `tls.consume_allow`.
+    pub consumed_refused: u64,
     /// Connections closed after `reporter.idle_timeout` without a frame.
     pub idle_closed: u64,
     /// Connections closed: a frame took longer than `reporter.read_timeout_ms`.
@@ -77,7 +82,7 @@ impl ReporterStats {
 // `lbagent_service::exposition` says (the text format 0.0.4).
 
 /// Every figure, in exposition order.
-const FIGURES: [Figure<ReporterStats>; 25] = [
+const FIGURES: [Figure<ReporterStats>; 27] = [
         ("connections", Gauge, "Agent connections open now.", |s| s.connections_open),
         ("connections_total", Counter, "Agent connections accepted.", |s| s.connections),
         ("reports_total", Counter, "StatsReports accepted and acknowledged.", |s| s.reports),
@@ -98,6 +103,18 @@ const FIGURES: [Figure<ReporterStats>; 25] = [
             Counter,
             "Agent connections refused: reporter.max_connections were open.",
             |s| s.connections_refused,
+        ),
+        (
+            "tls_refused_total",
+            Counter,
+            "Agent connections refused at the TLS handshake (plain TCP, or a certificate expired, not yet valid, of another CA or of a name outside tls.peer_names).",
+            |s| s.tls_refused,
+        ),
+        (
+            "consumed_refused_total",
+            Counter,
+            "Consumed capacity units refused: the agent's identity is not on tls.consume_allow (its call statistics are stored).",
+            |s| s.consumed_refused,
         ),
         (
             "idle_closed_total",
@@ -232,6 +249,8 @@ mod tests {
             store_replaced: 20,
             metrics_refused: 21,
             metrics_timeouts: 22,
+            tls_refused: 23,
+            consumed_refused: 24,
         };
         let text = render(&s);
         let want = [
@@ -260,6 +279,8 @@ mod tests {
             ("store_replaced_total", 20),
             ("metrics_connections_refused_total", 21),
             ("metrics_timeouts_total", 22),
+            ("tls_refused_total", 23),
+            ("consumed_refused_total", 24),
         ];
         for (name, value) in want {
             let full = format!("lbagent_reporter_{name}");

@@ -11,6 +11,11 @@
 //!   what the store keeps) is refused whole with ErrorResp `BadRequest`
 //!   naming the fault: the agent drops a refused report rather than
 //!   re-send it.
+//! - Over mutual TLS the peer is [`Peer::Identified`]: every row's caller
+//!   is what its certificate names (whatever the frame says), and its
+//!   consumed units are taken only when `tls.consume_allow` names it
+//!   (refused ones are counted in [`Fed::consumed_refused`], the report is
+//!   still acknowledged: its call statistics are stored).
 //! - The caller must queue [`Session::rows`] before it writes
 //!   [`Session::out`]: a StatsAck promises the rows were accepted.
 
@@ -77,6 +82,45 @@ pub fn consumed_from_report(
     }
 }
 
+/// Who the peer of a session is, as far as the reporter can tell.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Peer {
+    /// Plain TCP (loopback, or `tls.insecure`): the frame's caller is
+    /// taken, and a caller of 0 becomes the connection's remote IPv4
+    /// address when known; consumed units are taken.
+    Plain(Option<Ipv4Addr>),
+    /// Mutual TLS: `caller` from the certificate (its IPv4 address SAN
+    /// matching the connection, 0 when it names none); the frame's caller
+    /// is ignored. Consumed units only when `may_consume`.
+    Identified {
+        /// The caller every row is stamped with.
+        caller: u32,
+        /// Whether `tls.consume_allow` names the identity.
+        may_consume: bool,
+    },
+}
+
+impl Peer {
+    /// The caller of `report`'s rows.
+    fn caller(&self, report: &fb::StatsReport<'_>) -> u32 {
+        match *self {
+            Peer::Plain(peer) => match (report.caller(), peer) {
+                (0, Some(ip)) => u32::from(ip),
+                (caller, _) => caller,
+            },
+            Peer::Identified { caller, .. } => caller,
+        }
+    }
+
+    /// Whether its consumed units are taken.
+    fn may_consume(&self) -> bool {
+        match *self {
+            Peer::Plain(_) => true,
+            Peer::Identified { may_consume, .. } => may_consume,
+        }
+    }
+}
+
 /// Appends one row per node of `report` to `out`, all stamped with the
 /// report's time and caller; a caller of 0 (the agent does not know its
 /// address) becomes `peer`, the connection's remote IPv4 address, when
@@ -90,14 +134,20 @@ pub fn rows_from_report(
     peer: Option<Ipv4Addr>,
     out: &mut Vec<CallStatus>,
 ) -> Result<usize, RefusedReport> {
+    rows_from(report, &Peer::Plain(peer), out)
+}
+
+/// [`rows_from_report`] with the caller `peer` gives.
+fn rows_from(
+    report: &fb::StatsReport<'_>,
+    peer: &Peer,
+    out: &mut Vec<CallStatus>,
+) -> Result<usize, RefusedReport> {
     let ts = report.time_s();
     if ts > MAX_TIME_S {
         return Err(RefusedReport::TimeOutOfRange(ts));
     }
-    let caller = match (report.caller(), peer) {
-        (0, Some(ip)) => u32::from(ip),
-        (caller, _) => caller,
-    };
+    let caller = peer.caller(report);
     let start = out.len();
     for m in report.modules().unwrap_or_default() {
         let module = ModuleId::new(m.modid(), m.cmdid());
@@ -151,6 +201,9 @@ pub struct Fed {
     pub refused: u64,
     /// The last refusal, for the log.
     pub last_refusal: Option<RefusedReport>,
+    /// Consumed-units entries refused: the identity is not on
+    /// `tls.consume_allow`.
+    pub consumed_refused: u64,
     /// Set when the session must end (after its rows are queued and its
     /// answers written).
     pub bad: Option<BadFrame>,
@@ -161,7 +214,7 @@ pub struct Fed {
 pub struct Session {
     frames: FrameDecoder,
     enc: Encoder,
-    peer: Option<Ipv4Addr>,
+    peer: Peer,
     consumed: Vec<(ModuleId, NodeAddr, u32)>,
     rows: Vec<CallStatus>,
     out: Vec<u8>,
@@ -172,6 +225,11 @@ impl Session {
     /// A session with an agent at `peer` (its remote IPv4 address, when
     /// known: the caller of reports that name none).
     pub fn new(peer: Option<Ipv4Addr>) -> Self {
+        Session::with_peer(Peer::Plain(peer))
+    }
+
+    /// A session with `peer` (see [`Peer`]).
+    pub fn with_peer(peer: Peer) -> Self {
         Session {
             frames: FrameDecoder::new(MAX_FRAME_LEN),
             enc: Encoder::new(),
@@ -214,10 +272,15 @@ impl Session {
                 }
             };
             let seq = report.seq();
-            let answer = match rows_from_report(&report, self.peer, &mut self.rows) {
+            let answer = match rows_from(&report, &self.peer, &mut self.rows) {
                 Ok(_) => {
                     fed.reports += 1;
+                    let before = self.consumed.len();
                     consumed_from_report(&report, &mut self.consumed);
+                    if !self.peer.may_consume() {
+                        fed.consumed_refused += (self.consumed.len() - before) as u64;
+                        self.consumed.truncate(before);
+                    }
                     self.enc.stats_ack(seq)
                 }
                 Err(refusal) => {
@@ -370,6 +433,34 @@ mod tests {
         let mut unknown = Session::new(None);
         unknown.feed(&report_frame(1, 0, 5, &modules));
         assert_eq!(unknown.rows()[0].caller, 0);
+    }
+
+    #[test]
+    fn an_identified_peer_is_the_caller_whatever_the_frame_says_and_consumes_only_if_allowed() {
+        let nodes = [node(80, 1, 0, false)];
+        let consumed = [(NodeAddr::new(Ipv4Addr::new(10, 0, 0, 1), 80), 3)];
+        let modules = [ModuleStats {
+            module: ModuleId::new(1, 1),
+            nodes: &nodes,
+            consumed: &consumed,
+        }];
+        let frame = report_frame(1, 0x0101_0101, 5, &modules);
+        let mut denied = Session::with_peer(Peer::Identified {
+            caller: 0x0a00_0007,
+            may_consume: false,
+        });
+        let fed = denied.feed(&frame);
+        assert_eq!((fed.reports, fed.consumed_refused), (1, 1));
+        assert_eq!(denied.rows()[0].caller, 0x0a00_0007, "not the frame's 1.1.1.1");
+        assert!(denied.consumed_units().is_empty());
+        let mut allowed = Session::with_peer(Peer::Identified {
+            caller: 0,
+            may_consume: true,
+        });
+        let fed = allowed.feed(&frame);
+        assert_eq!(fed.consumed_refused, 0);
+        assert_eq!(allowed.rows()[0].caller, 0, "a certificate naming no address");
+        assert_eq!(allowed.consumed_units().len(), 1);
     }
 
     #[test]

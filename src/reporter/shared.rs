@@ -81,6 +81,10 @@ pub(super) struct Shared {
     write_failures: AtomicU64,
     /// Connections refused at `reporter.max_connections`.
     pub(super) connections_refused: AtomicU64,
+    /// Connections refused at the TLS handshake.
+    pub(super) tls_refused: AtomicU64,
+    /// Consumed-units entries refused (identity not on `tls.consume_allow`).
+    pub(super) consumed_refused: AtomicU64,
     /// Connections closed after `reporter.idle_timeout` without a frame.
     pub(super) idle_closed: AtomicU64,
     /// Connections closed for a frame slower than `reporter.read_timeout_ms`.
@@ -130,6 +134,8 @@ impl Shared {
             bad_frames: AtomicU64::new(0),
             write_failures: AtomicU64::new(0),
             connections_refused: AtomicU64::new(0),
+            tls_refused: AtomicU64::new(0),
+            consumed_refused: AtomicU64::new(0),
             idle_closed: AtomicU64::new(0),
             read_timeouts: AtomicU64::new(0),
             buffer_full_closed: AtomicU64::new(0),
@@ -317,6 +323,8 @@ impl Shared {
             reports_refused: self.reports_refused.load(Ordering::Relaxed),
             bad_frames: self.bad_frames.load(Ordering::Relaxed),
             connections_refused: self.connections_refused.load(Ordering::Relaxed),
+            tls_refused: self.tls_refused.load(Ordering::Relaxed),
+            consumed_refused: self.consumed_refused.load(Ordering::Relaxed),
             idle_closed: self.idle_closed.load(Ordering::Relaxed),
             read_timeouts: self.read_timeouts.load(Ordering::Relaxed),
             buffer_full_closed: self.buffer_full_closed.load(Ordering::Relaxed),

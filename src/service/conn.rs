@@ -12,9 +12,8 @@ use std::pin::{pin, Pin};
 use std::task::Poll;
 use std::time::Duration;
 
-use futures_lite::AsyncReadExt;
+use futures_lite::{AsyncRead, AsyncReadExt};
 use glommio::channels::local_channel::LocalReceiver;
-use glommio::net::TcpStream;
 
 /// Which of two raced futures completed.
 pub enum Either<A, B> {
@@ -49,14 +48,14 @@ pub enum Woken<T> {
 }
 
 /// Waits for shutdown, an item on `input` (when given), bytes read from
-/// `stream` into its buffer (when given), or `deadline` (None: no deadline),
+/// `stream` (a TCP or TLS stream) into its buffer (when given), or `deadline` (None: no deadline),
 /// checked in that order when several are ready. Every branch is
 /// cancel-safe: glommio reads only when the socket is ready, into the
 /// buffer, on completion; a channel item is taken only when it is returned.
-pub async fn wait<T>(
+pub async fn wait<T, S: AsyncRead + Unpin>(
     shutdown: Pin<&mut impl Future<Output = ()>>,
     input: Option<&LocalReceiver<T>>,
-    stream: Option<(&mut TcpStream, &mut [u8])>,
+    stream: Option<(&mut S, &mut [u8])>,
     deadline: Option<Duration>,
 ) -> Woken<T> {
     let timer = async move {

@@ -26,6 +26,7 @@
 //! - [`pem`]: the PEM files read. [`identity`]: who the peer is.
 //! - [`verify`]: the servers' name check. [`refusal`]: why a handshake
 //!   failed, in one line. [`stream`]: plain or TLS as one stream.
+//! - [`throttle`]: one log line per peer per minute.
 //! - `testing` (feature `testing`): a CA and certificates for tests.
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
@@ -36,6 +37,7 @@ pub mod refusal;
 pub mod stream;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
+pub mod throttle;
 pub mod verify;
 
 use std::io;
@@ -57,7 +59,11 @@ pub use lbagent_config::TlsConfig;
 pub use pem::TlsFileError;
 pub use refusal::Side;
 pub use stream::{send, Stream};
+pub use throttle::PerPeer;
 pub use verify::NotAPeer;
+
+/// How often a refusal of one peer is logged at most (once a minute).
+pub const REFUSAL_LOG_MS: u64 = 60_000;
 
 /// How long a server waits for a client's handshake before closing it.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -233,6 +239,60 @@ impl Tls {
     pub fn may_consume(&self, identity: &Identity) -> bool {
         identity.matches_any(&self.cfg.consume_allow)
     }
+}
+
+/// A process's [`Tls`], or none (TLS off), as a value a client's settings
+/// can hold: equal when both are off or both are the same [`Tls`].
+#[derive(Clone, Debug, Default)]
+pub struct TlsHandle(pub Option<Arc<Tls>>);
+
+impl PartialEq for TlsHandle {
+    fn eq(&self, other: &Self) -> bool {
+        match (&self.0, &other.0) {
+            (None, None) => true,
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        }
+    }
+}
+
+impl Eq for TlsHandle {}
+
+impl TlsHandle {
+    /// The [`Tls`], if on.
+    pub fn get(&self) -> Option<&Tls> {
+        self.0.as_deref()
+    }
+}
+
+/// Connects to `addr` and, when `tls` is on, makes the handshake, all
+/// within `timeout`; sets `TCP_NODELAY` and `write_timeout` on the socket.
+///
+/// # Errors
+/// The connection's error, a timeout, or why the handshake failed.
+pub async fn dial(
+    tls: Option<&Tls>,
+    addr: SocketAddr,
+    timeout: Duration,
+    write_timeout: Duration,
+) -> io::Result<Stream> {
+    let deadline = std::time::Instant::now() + timeout;
+    let tcp = TcpStream::connect_timeout(addr, timeout)
+        .await
+        .map_err(io::Error::from)?;
+    // Small frames must not wait for Nagle; a write blocked this long
+    // means the peer stopped reading.
+    let _ = tcp.set_nodelay(true);
+    let _ = tcp.set_write_timeout(Some(write_timeout));
+    let left = deadline.saturating_duration_since(std::time::Instant::now());
+    let timer = async {
+        glommio::timer::sleep(left).await;
+        Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!("no TLS handshake with {addr} within {} ms", timeout.as_millis()),
+        ))
+    };
+    future::or(connect(tls, tcp, addr), timer).await
 }
 
 /// The server's side of a new connection `tcp`: the TLS handshake when

@@ -35,6 +35,8 @@ pub struct RouteClientConfig {
     /// Seed of the back-off jitter. [`RouteClientConfig::new`] draws it at
     /// random so that a fleet's agents do not reconnect in step; tests fix it.
     pub jitter_seed: u64,
+    /// Mutual TLS to the route servers (`[tls]`), or plain TCP (default).
+    pub tls: TlsHandle,
 }
 
 impl RouteClientConfig {
@@ -50,6 +52,7 @@ impl RouteClientConfig {
             max_modules_per_pull: 1024,
             refresh_ms: 15_000,
             jitter_seed: fastrand::u64(..),
+            tls: TlsHandle::default(),
         }
     }
 

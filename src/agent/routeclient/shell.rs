@@ -102,6 +102,7 @@ pub async fn run<W: Into<Want>>(
         Box::new(move |core: &mut RouteClientCore| status.sync(core))
     };
     let mut shell = LinkShell::new(
+        config.tls.clone(),
         core,
         0,
         Duration::from_millis(config.connect_timeout_ms),

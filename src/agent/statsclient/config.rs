@@ -40,6 +40,8 @@ pub struct StatsClientConfig {
     /// Seed of the back-off jitter. [`StatsClientConfig::new`] draws it at
     /// random so that a fleet's agents do not reconnect in step; tests fix it.
     pub jitter_seed: u64,
+    /// Mutual TLS to the reporters (`[tls]`), or plain TCP (default).
+    pub tls: TlsHandle,
 }
 
 impl StatsClientConfig {
@@ -59,6 +61,7 @@ impl StatsClientConfig {
             max_queued: 100_000,
             flush_timeout_ms: 500,
             jitter_seed: fastrand::u64(..),
+            tls: TlsHandle::default(),
         }
     }
 

@@ -81,6 +81,7 @@ pub async fn run(
         Box::new(move |core: &mut StatsClientCore| status.sync(core))
     };
     let mut shell = LinkShell::new(
+        config.tls.clone(),
         core,
         clock::unix_ms(),
         Duration::from_millis(config.connect_timeout_ms),
@@ -103,7 +104,7 @@ type Shell = LinkShell<StatsClientCore, StatsItem>;
 /// unless nothing waits, sends everything on `stream` (or on a new
 /// connection to the current address) and waits for the acks, all within
 /// `flush_timeout`. Events go out only where the channel has room.
-async fn flush(shell: &mut Shell, stream: Option<&mut TcpStream>, flush_timeout: Duration) {
+async fn flush(shell: &mut Shell, stream: Option<&mut Stream>, flush_timeout: Duration) {
     let deadline = Instant::now() + flush_timeout;
     shell.drain_input().await;
     shell.try_emit_pending();
@@ -121,16 +122,16 @@ async fn flush(shell: &mut Shell, stream: Option<&mut TcpStream>, flush_timeout:
                 return;
             };
             let timeout = shell.connect_timeout().min(left(deadline));
-            match TcpStream::connect_timeout(addr, timeout).await {
+            match shell.dial(addr, timeout).await {
                 Ok(stream) => {
-                    shell.set_up(&stream);
+                    shell.set_up();
                     connected = stream;
                     &mut connected
                 }
                 Err(e) => {
                     let now = shell.now();
                     shell.core.on_disconnected(now);
-                    let error = StatsClientError::Io(e.into());
+                    let error = StatsClientError::Io(e);
                     let failed = StatsClientEvent::ConnectFailed { addr, error };
                     let _ = shell.events.try_send(failed);
                     shell.try_emit_pending();
@@ -146,7 +147,7 @@ async fn flush(shell: &mut Shell, stream: Option<&mut TcpStream>, flush_timeout:
 
 /// Sends everything and reads acks until drained, the deadline, or an
 /// error.
-async fn flush_on(shell: &mut Shell, stream: &mut TcpStream, deadline: Instant) {
+async fn flush_on(shell: &mut Shell, stream: &mut Stream, deadline: Instant) {
     let (mut out, mut buf) = (Vec::new(), vec![0; 16 << 10]);
     loop {
         out.clear();
@@ -154,7 +155,7 @@ async fn flush_on(shell: &mut Shell, stream: &mut TcpStream, deadline: Instant) 
         if shell.core.poll_transmit(now, &mut out) > 0 {
             let sleep = glommio::timer::sleep(left(deadline));
             if !matches!(
-                race(sleep, stream.write_all(&out)).await,
+                race(sleep, lbagent_tls::send(stream, &out)).await,
                 Either::Right(Ok(()))
             ) {
                 return;
