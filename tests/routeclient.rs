@@ -51,6 +51,7 @@ fn config(addrs: Vec<SocketAddr>) -> RouteClientConfig {
         max_modules_per_pull: 64,
         refresh_ms: 0,
         jitter_seed: 1,
+        tls: Default::default(),
     }
 }
 

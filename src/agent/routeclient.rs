@@ -83,10 +83,10 @@ use std::time::Duration;
 use glommio::channels::local_channel::{LocalReceiver, LocalSender};
 
 use super::link_shell::{LinkCore, LinkShell};
-use lbagent_tls::TlsHandle;
 use super::reconnect::{LinkState, Reconnect, ReconnectPolicy};
 use super::timers::Timers;
 use lbagent_model::{ModuleId, Policy, RouteNode};
+use lbagent_tls::TlsHandle;
 use lbagent_wire::{
     decode, write_frame, DecodeError, Encoder, FrameError, Limits, Message, RetCode,
     ValidationError, MAX_PULL_MODULES,

@@ -79,9 +79,9 @@ use anyhow::{anyhow, bail, Context};
 use glommio::{ExecutorJoinHandle, LocalExecutorBuilder, Placement};
 
 use lbagent_config::DnsServerConfig;
-use lbagent_tls::Tls;
 use lbagent_service::wakefd::StopEvent;
 use lbagent_store::{StoreError, StoreUrl};
+use lbagent_tls::Tls;
 use metrics::Board;
 pub use reload::StoreOpener;
 use reload::{Intervals, Poller};
@@ -367,7 +367,11 @@ impl Drop for DnsServer {
 pub fn run(cfg: &DnsServerConfig, store: StoreUrl, tls: Option<Arc<Tls>>) -> anyhow::Result<()> {
     lbagent_service::signal::install();
     let label = store.to_string();
-    let link = if tls.is_some() { "mutual TLS" } else { "plain TCP" };
+    let link = if tls.is_some() {
+        "mutual TLS"
+    } else {
+        "plain TCP"
+    };
     let server = DnsServer::start_tls(cfg, store, tls)?;
     let threads = server.board.executors();
     tracing::info!(

@@ -25,7 +25,7 @@
 //! With `[tls]` on, a connection's task first makes the TLS handshake
 //! ([`lbagent_tls::accept`]); a refused one (plain TCP, a certificate
 //! expired, of another CA, of a name outside `tls.peer_names`) is counted
-//! and logged, once per peer address per minute, with the reason.
+//! and logged, once per peer address and reason per minute.
 
 use std::cell::{Cell, RefCell};
 use std::future::poll_fn;
@@ -107,8 +107,9 @@ struct Exec {
     tick_waker: Option<Waker>,
     /// Set by a poke that woke the tick.
     poked: bool,
-    /// Refused handshakes, logged once per peer address per minute.
-    refusals: PerPeer<std::net::IpAddr>,
+    /// Refused handshakes, logged once per peer address and reason per
+    /// minute.
+    refusals: PerPeer<(std::net::IpAddr, String)>,
 }
 
 impl Exec {
@@ -533,7 +534,7 @@ async fn refuse(mut stream: TcpStream, frame: Vec<u8>) {
 }
 
 /// A connection whose TLS handshake failed: counted, logged (once per
-/// peer address per minute), its slot released.
+/// peer address and reason per minute), its slot released.
 fn refused(exec: &RefCell<Exec>, id: ConnId, peer: Option<std::net::SocketAddr>, why: &str) {
     let mut ex = exec.borrow_mut();
     ex.counters.tls_refused += 1;
@@ -541,10 +542,10 @@ fn refused(exec: &RefCell<Exec>, id: ConnId, peer: Option<std::net::SocketAddr>,
     ex.poke();
     let now = ex.clock();
     let ip = peer.map_or(std::net::IpAddr::from([0, 0, 0, 0]), |p| p.ip());
-    if let Some(hidden) = ex.refusals.allow(&ip, now) {
+    if let Some(hidden) = ex.refusals.allow(&(ip, why.to_string()), now) {
         let peer = peer.map_or_else(|| "an unknown peer".into(), |p| p.to_string());
         tracing::warn!(
-            "refused a connection from {peer}: {why} ({hidden} more refused from {ip} in the last minute)"
+            "refused a connection from {peer}: {why} ({hidden} more refused from {ip} for this in the last minute)"
         );
     }
 }

@@ -293,8 +293,8 @@ async fn refuse(mut stream: TcpStream, message: String) {
 struct ConnNotes {
     bad_frames: Throttle,
     refusals: Throttle,
-    /// Refused handshakes, per peer address.
-    tls_refused: PerPeer<IpAddr>,
+    /// Refused handshakes, per peer address and reason.
+    tls_refused: PerPeer<(IpAddr, String)>,
     /// Refused consumed units, per identity.
     consumed_refused: PerPeer<String>,
 }
@@ -330,7 +330,11 @@ struct PeerInfo {
 /// Sets the socket up and makes the TLS handshake (when `tls` is on);
 /// `None` when it was refused (counted, logged once per peer per minute)
 /// or the reporter stops.
-async fn handshake(tcp: TcpStream, tls: Option<&Tls>, conn: &Conn<'_>) -> Option<(Stream, PeerInfo)> {
+async fn handshake(
+    tcp: TcpStream,
+    tls: Option<&Tls>,
+    conn: &Conn<'_>,
+) -> Option<(Stream, PeerInfo)> {
     let addr = tcp.peer_addr().ok();
     let _ = tcp.set_nodelay(true);
     let _ = tcp.set_write_timeout(Some(WRITE_TIMEOUT));
@@ -340,10 +344,11 @@ async fn handshake(tcp: TcpStream, tls: Option<&Tls>, conn: &Conn<'_>) -> Option
         Err(why) => {
             conn.shared.tls_refused.fetch_add(1, Ordering::Relaxed);
             let ip = addr.map_or(IpAddr::from([0, 0, 0, 0]), |a| a.ip());
-            let said = conn.notes.borrow_mut().tls_refused.allow(&ip, unix_ms());
+            let key = (ip, why.clone());
+            let said = conn.notes.borrow_mut().tls_refused.allow(&key, unix_ms());
             if let Some(hidden) = said {
                 conn.shared.log(&format!(
-                    "refused a connection from {at}: {why} ({hidden} more refused from {ip} in the last minute)"
+                    "refused a connection from {at}: {why} ({hidden} more refused from {ip} for this in the last minute)"
                 ));
             }
             return None;
@@ -353,7 +358,10 @@ async fn handshake(tcp: TcpStream, tls: Option<&Tls>, conn: &Conn<'_>) -> Option
         (Some(id), Some(tls)) => PeerInfo {
             name: format!("{} ({at})", id.display_name()),
             peer: Peer::Identified {
-                caller: id.ip().and_then(|ip| ipv4(SocketAddr::new(ip, 0))).map_or(0, u32::from),
+                caller: id
+                    .ip()
+                    .and_then(|ip| ipv4(SocketAddr::new(ip, 0)))
+                    .map_or(0, u32::from),
                 may_consume: tls.may_consume(id),
             },
         },
@@ -460,7 +468,8 @@ async fn serve_agent(mut stream: Stream, info: PeerInfo, conn: &Conn<'_>) {
                 ));
             }
         }
-        if !session.out().is_empty() && lbagent_tls::send(&mut stream, session.out()).await.is_err() {
+        if !session.out().is_empty() && lbagent_tls::send(&mut stream, session.out()).await.is_err()
+        {
             break;
         }
         session.consumed();

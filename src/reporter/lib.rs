@@ -73,8 +73,8 @@ pub use metrics::ReporterStats;
 
 use ingest::Ingest;
 use lbagent_config::{Config, ReporterConfig};
-use lbagent_tls::Tls;
 use lbagent_store::{Store, StoreError, StoreUrl};
+use lbagent_tls::Tls;
 use shared::{Phase, Shared};
 
 /// The longest [`Reporter::stop`] spends writing what is buffered.
@@ -369,7 +369,11 @@ impl fmt::Debug for Reporter {
 pub fn run(cfg: &ReporterConfig, store: StoreUrl, tls: Option<Arc<Tls>>) -> anyhow::Result<()> {
     lbagent_service::signal::install();
     let url = store.to_string();
-    let link = if tls.is_some() { "mutual TLS" } else { "plain TCP" };
+    let link = if tls.is_some() {
+        "mutual TLS"
+    } else {
+        "plain TCP"
+    };
     let reporter = Reporter::start_tls(cfg, store, tls)?;
     tracing::info!(
         "listening for agents on {} ({link}), metrics at http://{}/metrics, store {url}, {} writers, up to {} rows buffered",

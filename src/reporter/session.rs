@@ -451,7 +451,11 @@ mod tests {
         });
         let fed = denied.feed(&frame);
         assert_eq!((fed.reports, fed.consumed_refused), (1, 1));
-        assert_eq!(denied.rows()[0].caller, 0x0a00_0007, "not the frame's 1.1.1.1");
+        assert_eq!(
+            denied.rows()[0].caller,
+            0x0a00_0007,
+            "not the frame's 1.1.1.1"
+        );
         assert!(denied.consumed_units().is_empty());
         let mut allowed = Session::with_peer(Peer::Identified {
             caller: 0,
@@ -459,7 +463,11 @@ mod tests {
         });
         let fed = allowed.feed(&frame);
         assert_eq!(fed.consumed_refused, 0);
-        assert_eq!(allowed.rows()[0].caller, 0, "a certificate naming no address");
+        assert_eq!(
+            allowed.rows()[0].caller,
+            0,
+            "a certificate naming no address"
+        );
         assert_eq!(allowed.consumed_units().len(), 1);
     }
 

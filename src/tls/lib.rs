@@ -235,6 +235,17 @@ impl Tls {
         state.configs.clone()
     }
 
+    /// The client configuration of the files now (for a client of its
+    /// own, such as a test's blocking rustls stream).
+    pub fn client_config(&self) -> Arc<ClientConfig> {
+        self.configs().client
+    }
+
+    /// The server configuration of the files now.
+    pub fn server_config(&self) -> Arc<ServerConfig> {
+        self.configs().server
+    }
+
     /// Whether `identity` may consume capacity units (`tls.consume_allow`).
     pub fn may_consume(&self, identity: &Identity) -> bool {
         identity.matches_any(&self.cfg.consume_allow)
@@ -289,7 +300,10 @@ pub async fn dial(
         glommio::timer::sleep(left).await;
         Err(io::Error::new(
             io::ErrorKind::TimedOut,
-            format!("no TLS handshake with {addr} within {} ms", timeout.as_millis()),
+            format!(
+                "no TLS handshake with {addr} within {} ms",
+                timeout.as_millis()
+            ),
         ))
     };
     future::or(connect(tls, tcp, addr), timer).await

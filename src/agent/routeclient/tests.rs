@@ -22,6 +22,7 @@ fn config() -> RouteClientConfig {
         max_modules_per_pull: 2,
         refresh_ms: 0,
         jitter_seed: 7,
+        tls: Default::default(),
     }
 }
 

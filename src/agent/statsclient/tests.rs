@@ -26,6 +26,7 @@ fn config() -> StatsClientConfig {
         max_queued: 6,
         flush_timeout_ms: 500,
         jitter_seed: 7,
+        tls: Default::default(),
     }
 }
 
