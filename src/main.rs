@@ -348,6 +348,9 @@ fn agent(args: AgentArgs) -> ExitCode {
         }
     };
     if args.check {
+        if let Err(code) = check_tls("agent", &config.tls) {
+            return code;
+        }
         let source = args
             .config
             .as_ref()
@@ -401,6 +404,18 @@ fn server_config(
     Ok((config, url, source))
 }
 
+/// `--check`: the `[tls]` files load (when TLS is on); otherwise one line
+/// naming the file and what is wrong, and the configuration exit status.
+fn check_tls(what: &str, tls: &lbagent::config::TlsConfig) -> Result<(), ExitCode> {
+    if !tls.enabled() {
+        return Ok(());
+    }
+    lbagent::tls::Tls::load(tls).map(drop).map_err(|e| {
+        eprintln!("lbagent {what}: {e}");
+        ExitCode::from(EXIT_CONFIG)
+    })
+}
+
 /// A TOML basic string holding `s`.
 fn toml_string(s: &str) -> String {
     toml::Value::String(s.to_string()).to_string()
@@ -415,6 +430,9 @@ fn server(what: &str, args: ServerArgs) -> ExitCode {
             Err(code) => return code,
         };
     if args.check {
+        if let Err(code) = check_tls(what, &config.tls) {
+            return code;
+        }
         let listen = if what == "dnsserver" {
             config.dnsserver.listen
         } else {

@@ -552,6 +552,21 @@ fn the_servers_listen_on_loopback_by_default_and_plain_tcp_beyond_it_needs_insec
         .unwrap();
         run_ok(&[role, "--check", "--config", config.to_str().unwrap()]);
     }
+    // --check reads the TLS files: a missing key is named.
+    let ca = TestCa::new("fleet");
+    let mut cfg = ca.write(d, "host", SERVER_NAMES, Validity::Now);
+    cfg.key = d.join("missing.key");
+    let config = d.join("tls.toml");
+    std::fs::write(&config, tls_table(&cfg, "")).unwrap();
+    for role in ["agent", "dnsserver", "reporter"] {
+        let out = run(&[role, "--check", "--config", config.to_str().unwrap()]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(78), "{role}: {err}");
+        assert!(
+            err.contains("tls.key") && err.contains("missing.key"),
+            "{role}: {err}"
+        );
+    }
     // insecure warns at start.
     let s = Server::start(
         "reporter",

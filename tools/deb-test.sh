@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # tools/deb-test.sh: build the Debian package with cargo-deb, check its
 # contents, install it on this machine, check the installed configuration
-# and units, then remove and purge it and check that nothing is left.
+# and units, run the three services with test certificates (mutual TLS, as
+# packaged) and check they talk, then remove and purge it and check that
+# nothing is left.
 # Run as root (or with sudo) on a Debian/Ubuntu machine; .ci/run calls it.
 #
 # It packages target/release/lbagent as it is (`cargo deb --no-build`): CI's
@@ -9,7 +11,9 @@
 # Environment: LBAGENT_DEB_PROFILE (release) packages another profile's
 # binary instead (dev: a quick local check of the packaging only).
 # Needs: cargo-deb (installed with `cargo install cargo-deb --locked` when
-# missing), dpkg, systemd-analyze (Debian package `systemd`).
+# missing), dpkg, systemd-analyze (Debian package `systemd`), openssl (the
+# test certificates), curl (the metrics), setpriv (util-linux). Uses the
+# packaged ports (7777, 7778, 8888.., 9777, 9778, 9888) on loopback.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -72,6 +76,23 @@ if dpkg-query -W lbagent >/dev/null 2>&1; then
 fi
 $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$deb" >/dev/null
 getent passwd lbagent >/dev/null || fail "postinst did not create the lbagent user"
+# The packaged [tls] names /etc/lbagent/tls/{host.pem,host.key,ca.pem}:
+# a test CA and one certificate for this host (all three roles), as
+# deploying.md shows. --check reads them.
+tls=/etc/lbagent/tls
+pki="$(mktemp -d)"
+trap 'rm -rf "$ctl" "$pki"' EXIT
+ec=(-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes)
+openssl req -x509 "${ec[@]}" -keyout "$pki/ca.key" -out "$pki/ca.pem" -days 2 \
+  -subj /CN=lbagent-deb-test-ca 2>/dev/null
+openssl req "${ec[@]}" -keyout "$pki/host.key" -out "$pki/host.csr" \
+  -subj /CN=deb-test.lbagent.test 2>/dev/null
+printf 'subjectAltName=DNS:deb-test.lbagent.test,IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\nbasicConstraints=CA:FALSE\n' >"$pki/ext"
+openssl x509 -req -in "$pki/host.csr" -CA "$pki/ca.pem" -CAkey "$pki/ca.key" -CAcreateserial \
+  -days 2 -out "$pki/host.pem" -extfile "$pki/ext" 2>/dev/null
+$sudo install -d -m 0755 "$tls"
+$sudo install -m 0644 "$pki/host.pem" "$pki/ca.pem" "$tls/"
+$sudo install -m 0640 -g lbagent "$pki/host.key" "$tls/"
 /usr/bin/lbagent agent --check --config /etc/lbagent/lbagent.toml
 /usr/bin/lbagent dnsserver --check --config /etc/lbagent/lbagent.toml
 /usr/bin/lbagent reporter --check --config /etc/lbagent/lbagent.toml
@@ -84,7 +105,59 @@ verify="$(systemd-analyze verify "${units[@]}" 2>&1)" || fail "systemd-analyze v
 [[ -z "$verify" ]] || fail "systemd-analyze verify: $verify"
 say "installed: user lbagent, config checks ok, systemd-analyze verify clean"
 
-# 4. Remove (the conffile stays), then purge (everything goes).
+# 4. Run the three services as the lbagent user on the installed
+# configuration (mutual TLS between them) and check that they talk: the
+# agent pulls a route from the route server and answers a getHost; its
+# statistics reach the reporter; a plain-TCP peer is refused.
+conf=/etc/lbagent/lbagent.toml
+logs="$pki/logs"
+mkdir -p "$logs"
+$sudo install -d -o lbagent -g lbagent -m 0755 /var/lib/lbagent
+pids=()
+stop_services() {
+  for p in "${pids[@]}"; do $sudo kill "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  pids=()
+}
+trap 'stop_services; rm -rf "$ctl" "$pki"' EXIT
+# setpriv execs the command: the pid is the service's own.
+as_lbagent() { $sudo setpriv --reuid lbagent --regid lbagent --init-groups "$@"; }
+metric() { curl -s --max-time 5 "http://127.0.0.1:$1/metrics" | awk -v n="$2" '$1 == n { print $2 }'; }
+until_true() { # SECONDS-LIMIT WHAT COMMAND...
+  local limit=$1 what=$2
+  shift 2
+  for ((i = 0; i < limit * 5; i++)); do
+    if "$@" >/dev/null 2>&1; then return 0; fi
+    sleep 0.2
+  done
+  for f in "$logs"/*.log; do echo "--- $f" >&2; cat "$f" >&2; done
+  fail "$what: not within $limit s"
+}
+as_lbagent /usr/bin/lbagent dnsserver --config "$conf" 2>"$logs/dnsserver.log" &
+pids+=($!)
+as_lbagent /usr/bin/lbagent reporter --config "$conf" 2>"$logs/reporter.log" &
+pids+=($!)
+started() { grep -q "mutual TLS" "$logs/dnsserver.log" && grep -q "mutual TLS" "$logs/reporter.log"; }
+until_true 30 "the route server and the reporter start" started
+grep -q "listening for agents on 127.0.0.1:7778 (mutual TLS)" "$logs/reporter.log" ||
+  fail "the reporter does not listen with mutual TLS on loopback: $(cat "$logs/reporter.log")"
+as_lbagent /usr/bin/lbagent route add 1 1 10.0.0.1:8080 --config "$conf" >/dev/null
+as_lbagent /usr/bin/lbagent agent --config "$conf" --set lb.report_timeout=1 2>"$logs/agent.log" &
+pids+=($!)
+until_true 30 "the agent answers a getHost with the route pulled over TLS" \
+  /usr/bin/lbagent gethost 1 1
+/usr/bin/lbagent report 1 1 10.0.0.1:8080 0 --tcost 3 >/dev/null
+reports() { [[ "$(metric 9778 lbagent_reporter_reports_total)" -gt 0 ]]; }
+until_true 30 "the agent's statistics reach the reporter over TLS" reports
+# A plain-TCP peer is refused at its first bytes.
+exec 3<>/dev/tcp/127.0.0.1/7777 && printf 'plain\n' >&3 && exec 3>&-
+refused() { [[ "$(metric 9777 lbagent_dnsserver_tls_refused_total)" -ge 1 ]]; }
+until_true 30 "the route server refuses plain TCP" refused
+grep -q "not TLS" "$logs/dnsserver.log" || fail "the refusal is not logged: $(cat "$logs/dnsserver.log")"
+stop_services
+say "ran: route server, reporter and agent talk over mutual TLS; plain TCP refused"
+
+# 5. Remove (the conffile stays), then purge (everything goes).
 $sudo mkdir -p /var/lib/lbagent
 $sudo touch /var/lib/lbagent/lbagent.db
 $sudo dpkg -r lbagent >/dev/null

@@ -30,6 +30,7 @@ USED_BY = {
     "admission": "services that embed DAGOR (`lbagent demo-service`) and the agent",
     "shm": "the agent",
     "log": "the agent, the route server, the reporter",
+    "tls": "the agent, the route server, the reporter (their links between hosts)",
 }
 RANGE = re.compile(
     r"(?:^|\s)((?:-?[\w.]+\.\.=[\w.]+(?: each| \(e\.g\. \d+\))?)|(?:0\.0 < \w+ < 1\.0)|(?:true / false)|(?:(?:An )?[Aa]bsolute path\.?))\s*$"
