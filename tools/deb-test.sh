@@ -120,8 +120,16 @@ stop_services() {
   pids=()
 }
 trap 'stop_services; rm -rf "$ctl" "$pki"' EXIT
-# setpriv execs the command: the pid is the service's own.
 as_lbagent() { $sudo setpriv --reuid lbagent --regid lbagent --init-groups "$@"; }
+# Starts a service in the background as lbagent, its stderr in LOG. A
+# simple command run with & is exec'd in the child (setpriv execs in
+# turn): $! is the service's own pid, which stop_services kills.
+start_as_lbagent() { # LOG COMMAND...
+  local log=$1
+  shift
+  $sudo setpriv --reuid lbagent --regid lbagent --init-groups "$@" 2>"$log" &
+  pids+=($!)
+}
 metric() { curl -s --max-time 5 "http://127.0.0.1:$1/metrics" | awk -v n="$2" '$1 == n { print $2 }'; }
 until_true() { # SECONDS-LIMIT WHAT COMMAND...
   local limit=$1 what=$2
@@ -133,17 +141,14 @@ until_true() { # SECONDS-LIMIT WHAT COMMAND...
   for f in "$logs"/*.log; do echo "--- $f" >&2; cat "$f" >&2; done
   fail "$what: not within $limit s"
 }
-as_lbagent /usr/bin/lbagent dnsserver --config "$conf" 2>"$logs/dnsserver.log" &
-pids+=($!)
-as_lbagent /usr/bin/lbagent reporter --config "$conf" 2>"$logs/reporter.log" &
-pids+=($!)
+start_as_lbagent "$logs/dnsserver.log" /usr/bin/lbagent dnsserver --config "$conf"
+start_as_lbagent "$logs/reporter.log" /usr/bin/lbagent reporter --config "$conf"
 started() { grep -q "mutual TLS" "$logs/dnsserver.log" && grep -q "mutual TLS" "$logs/reporter.log"; }
 until_true 30 "the route server and the reporter start" started
 grep -q "listening for agents on 127.0.0.1:7778 (mutual TLS)" "$logs/reporter.log" ||
   fail "the reporter does not listen with mutual TLS on loopback: $(cat "$logs/reporter.log")"
 as_lbagent /usr/bin/lbagent route add 1 1 10.0.0.1:8080 --config "$conf" >/dev/null
-as_lbagent /usr/bin/lbagent agent --config "$conf" --set lb.report_timeout=1 2>"$logs/agent.log" &
-pids+=($!)
+start_as_lbagent "$logs/agent.log" /usr/bin/lbagent agent --config "$conf" --set lb.report_timeout=1
 until_true 30 "the agent answers a getHost with the route pulled over TLS" \
   /usr/bin/lbagent gethost 1 1
 /usr/bin/lbagent report 1 1 10.0.0.1:8080 0 --tcost 3 >/dev/null
@@ -155,6 +160,7 @@ refused() { [[ "$(metric 9777 lbagent_dnsserver_tls_refused_total)" -ge 1 ]]; }
 until_true 30 "the route server refuses plain TCP" refused
 grep -q "not TLS" "$logs/dnsserver.log" || fail "the refusal is not logged: $(cat "$logs/dnsserver.log")"
 stop_services
+if pgrep -u lbagent -x lbagent >/dev/null; then fail "a service outlived stop_services"; fi
 say "ran: route server, reporter and agent talk over mutual TLS; plain TCP refused"
 
 # 5. Remove (the conffile stays), then purge (everything goes).

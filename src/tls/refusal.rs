@@ -86,7 +86,9 @@ fn alert_reason(alert: AlertDescription) -> String {
     match alert {
         AlertDescription::CertificateExpired => "our certificate has expired".into(),
         AlertDescription::UnknownCA => "our certificate is not of its CA".into(),
-        AlertDescription::BadCertificate | AlertDescription::AccessDenied => {
+        AlertDescription::BadCertificate
+        | AlertDescription::AccessDenied
+        | AlertDescription::CertificateUnknown => {
             "it does not accept our certificate (its name, or its CA)".into()
         }
         AlertDescription::CertificateRequired => "it requires a certificate".into(),

@@ -14,7 +14,7 @@ use std::task::{Context, Poll};
 use futures_lite::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use glommio::net::TcpStream;
 
-use super::Identity;
+use super::{refusal, Identity, Side};
 
 /// A connection: plain TCP, or TLS as the client or the server.
 pub enum Stream {
@@ -55,6 +55,19 @@ pub async fn send(stream: &mut Stream, bytes: &[u8]) -> io::Result<()> {
     stream.flush().await
 }
 
+/// A TLS error on an established connection, said as a handshake refusal
+/// is (in TLS 1.3 a client learns that the server refused its certificate
+/// at its first read, from the alert).
+fn explained(e: io::Error, side: Side) -> io::Error {
+    let tls = e
+        .get_ref()
+        .is_some_and(|inner| inner.downcast_ref::<rustls::Error>().is_some());
+    if !tls {
+        return e;
+    }
+    io::Error::new(e.kind(), format!("TLS: {}", refusal::why(&e, side)))
+}
+
 impl AsyncRead for Stream {
     fn poll_read(
         self: Pin<&mut Self>,
@@ -63,7 +76,9 @@ impl AsyncRead for Stream {
     ) -> Poll<io::Result<usize>> {
         match self.get_mut() {
             Stream::Plain(s) => Pin::new(s).poll_read(cx, buf),
-            Stream::Client(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+            Stream::Client(s) => Pin::new(s.as_mut())
+                .poll_read(cx, buf)
+                .map_err(|e| explained(e, Side::Client)),
             Stream::Server(s, _) => Pin::new(s.as_mut()).poll_read(cx, buf),
         }
     }
