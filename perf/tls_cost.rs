@@ -18,6 +18,12 @@
 //!   per second over the whole run (the ingest rate: an ack waits for the
 //!   buffer, never for the store).
 //!
+//! Beside the wall figures (which include the clients' own TLS work, on
+//! the same cores), the servers' own cost: the CPU time (user + system,
+//! from /proc) of the route server's executor thread over the rounds, and
+//! of the reporter's executor thread while the reports flow, per million
+//! rows.
+//!
 //! Run: `cargo bench --bench tls_cost -- [AGENTS] [ROUNDS] [REPORTS] [NODES]`
 //! (defaults 1000, 15, 20, 100).
 
@@ -90,17 +96,19 @@ fn main() {
     }
     println!();
     println!("{agents} agents' connections, same run:");
-    for (what, (median, last), rows) in &results {
+    for (what, (median, last, dns_cpu), (rows, per_m)) in &results {
         println!(
-            "  {what:10}: commit -> push median {median:.1} ms, all {agents} pushed {last:.1} ms; reporter {rows:.0} rows/s"
+            "  {what:10}: commit -> push median {median:.1} ms, all {agents} pushed {last:.1} ms, route server {dns_cpu:.1} ms CPU per round; reporter {rows:.0} rows/s, {per_m:.2} s CPU per million rows"
         );
     }
     let (plain, tls) = (&results[0], &results[1]);
     println!(
-        "  TLS / plain: push median {:.2}x, all pushed {:.2}x, reporter rows/s {:.2}x",
+        "  TLS / plain: push median {:.2}x, all pushed {:.2}x, route server CPU {:.2}x; reporter rows/s {:.2}x, reporter CPU per row {:.2}x",
         tls.1 .0 / plain.1 .0,
         tls.1 .1 / plain.1 .1,
-        tls.2 / plain.2
+        tls.1 .2 / plain.1 .2,
+        tls.2 .0 / plain.2 .0,
+        tls.2 .1 / plain.2 .1
     );
 }
 
@@ -171,7 +179,7 @@ fn push_latency(
     rounds: usize,
     tls: Option<Arc<Tls>>,
     client: &Option<Arc<Tls>>,
-) -> (f64, f64) {
+) -> (f64, f64, f64) {
     let url = StoreUrl::Sqlite(dir.join(format!("routes-{}.db", tls.is_some())));
     let mut admin = store::open(&url).unwrap();
     let rows: Vec<(ModuleId, RouteNode)> = (0..agents as u32 + 1)
@@ -235,6 +243,7 @@ fn push_latency(
     );
     let extra = NodeAddr::new(Ipv4Addr::new(192, 168, 0, 1), 8080);
     let (mut medians, mut lasts) = (Vec::new(), Vec::new());
+    let cpu0 = thread_cpu_s("lbagent-dns-");
     for round in 0..rounds {
         std::thread::sleep(Duration::from_millis(100 + fastrand::u64(0..300)));
         if round % 2 == 0 {
@@ -264,6 +273,7 @@ fn push_latency(
         medians.push(ms[ms.len() / 2]);
         lasts.push(ms[ms.len() - 1]);
     }
+    let cpu = thread_cpu_s("lbagent-dns-") - cpu0;
     for t in threads {
         t.join().unwrap();
     }
@@ -271,8 +281,8 @@ fn push_latency(
     medians.sort_by(f64::total_cmp);
     lasts.sort_by(f64::total_cmp);
     let (m, l) = (medians[rounds / 2], lasts[rounds / 2]);
-    println!("{what}: commit -> push over {rounds} rounds: median {m:.1} ms, all pushed {l:.1} ms (medians over rounds)");
-    (m, l)
+    println!("{what}: commit -> push over {rounds} rounds: median {m:.1} ms, all pushed {l:.1} ms (medians over rounds); route server executor CPU {:.1} ms per round", cpu * 1e3 / rounds as f64);
+    (m, l, cpu * 1e3 / rounds as f64)
 }
 
 // === the reporter ===
@@ -285,7 +295,7 @@ fn reporter_rows(
     nodes: usize,
     tls: Option<Arc<Tls>>,
     client: &Option<Arc<Tls>>,
-) -> f64 {
+) -> (f64, f64) {
     let url = StoreUrl::Sqlite(dir.join(format!("stats-{}.db", tls.is_some())));
     let cfg = ReporterConfig {
         listen: "127.0.0.1:0".parse().unwrap(),
@@ -345,16 +355,44 @@ fn reporter_rows(
         .collect();
     ready.wait();
     let t0 = Instant::now();
+    let cpu0 = thread_cpu_s("lbagent-reporte");
     done.wait();
     let secs = t0.elapsed().as_secs_f64();
+    let cpu = thread_cpu_s("lbagent-reporte") - cpu0;
     for t in threads {
         t.join().unwrap();
     }
     let rows = (agents * (reports - 1) * nodes) as f64;
     let _ = reporter.stop_within(Duration::from_secs(1));
+    let per_m = cpu / rows * 1e6;
     println!(
-        "{what}: reporter acknowledged {rows} rows in {secs:.2} s = {:.0} rows/s",
+        "{what}: reporter acknowledged {rows} rows in {secs:.2} s = {:.0} rows/s; executor CPU {cpu:.2} s = {per_m:.2} s per million rows",
         rows / secs
     );
-    rows / secs
+    (rows / secs, per_m)
+}
+
+/// CPU seconds (user + system) of this process's threads whose name
+/// starts with `prefix` (names are cut at 15 bytes).
+fn thread_cpu_s(prefix: &str) -> f64 {
+    // SAFETY: sysconf has no preconditions.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    let mut total = 0.0;
+    for t in std::fs::read_dir("/proc/self/task")
+        .expect("/proc/self/task")
+        .flatten()
+    {
+        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+        if !comm.trim().starts_with(prefix) {
+            continue;
+        }
+        let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+        let Some(close) = stat.rfind(')') else {
+            continue;
+        };
+        let f: Vec<&str> = stat[close + 2..].split_whitespace().collect();
+        let (u, s): (f64, f64) = (f[11].parse().unwrap_or(0.0), f[12].parse().unwrap_or(0.0));
+        total += (u + s) / ticks;
+    }
+    total
 }

@@ -455,6 +455,10 @@ fn a_certificate_rotation_under_load_fails_no_call_and_drops_no_connection() {
             "--cmdid",
             "1",
             "--json",
+            // Generous: a stalled busy machine must not turn a slow
+            // answer into a failed call.
+            "--timeout-ms",
+            "5000",
             "--heartbeat",
             hb,
         ])
