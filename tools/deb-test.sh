@@ -85,14 +85,14 @@ verify="$(systemd-analyze verify "${units[@]}" 2>&1)" || fail "systemd-analyze v
 say "installed: user lbagent, config checks ok, systemd-analyze verify clean"
 
 # 4. Remove (the conffile stays), then purge (everything goes).
-$sudo mkdir -p /var/lib/lbagent
-$sudo touch /var/lib/lbagent/lbagent.db
+$sudo mkdir -p /var/lib/lbagent /run/lbagent
+$sudo touch /var/lib/lbagent/lbagent.db /run/lbagent/heartbeat
 $sudo dpkg -r lbagent >/dev/null
 [[ ! -e /usr/bin/lbagent ]] || fail "remove left /usr/bin/lbagent"
 [[ -e /etc/lbagent/lbagent.toml ]] || fail "remove deleted the conffile"
 [[ -e /var/lib/lbagent/lbagent.db ]] || fail "remove deleted the state (only purge may)"
 $sudo dpkg -P lbagent >/dev/null
-for path in /etc/lbagent /var/lib/lbagent "${units[@]}"; do
+for path in /etc/lbagent /var/lib/lbagent /run/lbagent "${units[@]}"; do
   [[ ! -e "$path" ]] || fail "purge left $path"
 done
 if dpkg-query -W lbagent >/dev/null 2>&1; then fail "purge left lbagent in dpkg's database"; fi
