@@ -29,6 +29,9 @@
 //!   symbolic link and without blocking, and judges what it opened
 //!   (`fstat`): a regular file, owned by a trusted user, not writable by
 //!   others (a region may be group-writable: its group is `shm.group`).
+//!   In a shared sticky directory (`/dev/shm`, where older agents wrote
+//!   the heartbeat) there is no agent user: only root's or the client's
+//!   own files are trusted.
 //!
 //! Every refusal names the file, its owner and mode, and the fix. The
 //! checks cost a few `stat` calls when a file is opened, never per request.
@@ -300,6 +303,18 @@ pub fn parent_of(path: &Path) -> &Path {
 /// [`OwnedError::Refused`] naming the first directory that breaks a
 /// rule; [`OwnedError::Io`] when one cannot be looked at (missing).
 pub fn check_agent_dir(dir: &Path, trusted: Trusted) -> Result<Trusted, OwnedError> {
+    check_dir_chain(dir, trusted, false)
+}
+
+/// [`check_agent_dir`], and with `reader_shared` a directory anyone may
+/// write with the sticky bit (`/dev/shm`, where agents before issue 27
+/// wrote the heartbeat) is accepted too, but then its owner vouches for
+/// nobody: only files owned by root or the reader are trusted there.
+fn check_dir_chain(
+    dir: &Path,
+    trusted: Trusted,
+    reader_shared: bool,
+) -> Result<Trusted, OwnedError> {
     let agent = lstat(dir)?;
     let above = std::fs::canonicalize(parent_of(dir)).map_err(io_err("resolve", parent_of(dir)))?;
     let mut t = trusted;
@@ -314,6 +329,13 @@ pub fn check_agent_dir(dir: &Path, trusted: Trusted) -> Result<Trusted, OwnedErr
             return Err(refused(&walked, problem, DIR_FIX));
         }
         open = f.others_write();
+    }
+    if reader_shared && agent.kind() == libc::S_IFDIR && agent.sticky() && agent.others_write() {
+        // Shared: judged as a directory above, and nobody is the agent.
+        if let Some(problem) = judge_dir(&agent, DirRole::Above { below_open: open }, &trusted) {
+            return Err(refused(dir, problem, DIR_FIX));
+        }
+        return Ok(trusted);
     }
     if let Some(problem) = judge_dir(&agent, DirRole::Agent { below_open: open }, &trusted) {
         return Err(refused(dir, problem, DIR_FIX));
@@ -341,6 +363,19 @@ pub fn ensure_agent_dir(dir: &Path) -> Result<(), OwnedError> {
                 // The umask may have taken read bits away: clients need them.
                 std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))
                     .map_err(io_err("set the mode of", dir))?;
+            }
+            Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
+                return Err(refused(
+                    dir,
+                    format!("this user (uid {}) cannot create it ({e})", Trusted::me().me),
+                    &format!(
+                        "make it once as root (install -d -m 0755 -o AGENT_USER {}; the packaged \
+                         unit's RuntimeDirectory= does), or run the agent with agent.heartbeat_path, \
+                         agent.snapshot_path and shm.dir in a directory this user owns (clients then \
+                         need LBAGENT_HEARTBEAT)",
+                        dir.display()
+                    ),
+                ))
             }
             Err(e) => return Err(io_err("create the agent directory", dir)(e)),
         }
@@ -434,9 +469,11 @@ fn symlink_or(path: &Path, e: io::Error, fix: &str) -> OwnedError {
 }
 
 /// The client's side: opens `path` (read-only, or read-write with
-/// `write`) without following a symbolic link and without blocking, after
-/// checking its directory ([`check_agent_dir`]), and judges what was
-/// opened ([`judge_file`]; `group_write` allows the group write bit).
+/// `write`) without following a symbolic link and without blocking,
+/// checks its directory ([`check_agent_dir`]; a shared sticky directory
+/// such as `/dev/shm` is accepted, but there only root's or this
+/// process's own files are trusted) and judges what was opened
+/// ([`judge_file`]; `group_write` allows the group write bit).
 ///
 /// # Errors
 /// [`OwnedError::Refused`] naming the file or directory, its owner and
@@ -455,8 +492,9 @@ pub fn open_trusted(path: &Path, write: bool, group_write: bool) -> Result<File,
             kind: crate::heartbeat::file_kind(&meta.file_type()),
         });
     }
-    // Nothing has been read from it yet: its directory decides whom to trust.
-    let trusted = check_agent_dir(parent_of(path), Trusted::me())?;
+    // Nothing has been read from it yet: its directory decides whom to
+    // trust (in a shared sticky directory: root and this process only).
+    let trusted = check_dir_chain(parent_of(path), Trusted::me(), true)?;
     if let Some(problem) = judge_file(&Facts::of(&meta), &trusted, group_write) {
         return Err(refused(path, problem, fix));
     }
@@ -561,6 +599,21 @@ mod tests {
         std::os::unix::fs::symlink(tmp.path().join("a"), &link).unwrap();
         let e = ensure_agent_dir(&link).unwrap_err().to_string();
         assert!(e.contains("symbolic link"), "{e}");
+    }
+
+    #[test]
+    fn a_client_reads_in_a_shared_sticky_directory_only_root_or_its_own_files() {
+        let tmp = tempfile::tempdir().unwrap();
+        let shared = tmp.path().join("shm");
+        std::fs::create_dir(&shared).unwrap();
+        std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        let path = shared.join("hb");
+        std::fs::write(&path, b"x").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        open_trusted(&path, false, false).unwrap();
+        assert!(ensure_agent_dir(&shared).is_err());
+        let me = Trusted::me();
+        assert_eq!(check_dir_chain(&shared, me, true).unwrap(), me);
     }
 
     #[test]
