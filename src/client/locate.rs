@@ -320,23 +320,26 @@ impl Locator {
 
     /// Opens the file and reads its header.
     fn open(&mut self) -> Result<(), String> {
-        let (reader, legacy) = match HeartbeatReader::open(&self.path) {
-            Ok(r) => (r, false),
+        // The file's identity before it is opened: one replaced in between
+        // is then noticed at the next check.
+        let id = file_id(&self.path);
+        let (reader, id, legacy) = match HeartbeatReader::open(&self.path) {
+            Ok(r) => (r, id, false),
             // An agent of before issue 27 left its heartbeat in /dev/shm:
             // read it only if it passes the same checks (owned by root or
             // this process's user; /dev/shm's owner vouches for nobody).
             Err(missing @ HeartbeatError::Missing { .. })
                 if self.path == Path::new(DEFAULT_PATH) =>
             {
+                let id = file_id(Path::new(LEGACY_PATH));
                 match HeartbeatReader::open(Path::new(LEGACY_PATH)) {
-                    Ok(r) => (r, true),
+                    Ok(r) => (r, id, true),
                     Err(HeartbeatError::Missing { .. }) => return Err(missing.to_string()),
                     Err(e) => return Err(e.to_string()),
                 }
             }
             Err(e) => return Err(e.to_string()),
         };
-        let id = file_id(reader.path());
         self.legacy = legacy;
         self.reader = Some((reader, id));
         self.read_header();

@@ -1,6 +1,7 @@
 //! The heartbeat: a small shared-memory file (in the agent's directory,
-//! `/run/lbagent` in production, a tmpfs) through which the agent tells applications on the host that
-//! it is alive, and where to find the static route file when it is not.
+//! `/run/lbagent` in production, a tmpfs) through which the agent tells
+//! applications on the host that it is alive, and where to find the static
+//! route file when it is not.
 //!
 //! The control core owns the only [`HeartbeatWriter`]: it publishes an
 //! [`AgentInfo`] header once at start and calls [`HeartbeatWriter::beat`]
