@@ -305,12 +305,22 @@ fn another_user_cannot_hold_the_agents_lock_nor_plant_in_its_directory() {
         "planted {}",
         planted.display()
     );
-    // Let the holder take its lock, then restart the agent: it starts.
-    std::thread::sleep(Duration::from_millis(300));
-    assert!(
-        holder.try_wait().unwrap().is_none(),
-        "flock as uid 65534 failed at once"
-    );
+    // Once the holder has its lock (this process cannot take it), restart
+    // the agent: it starts.
+    let held = wait_for(Duration::from_secs(20), || {
+        let free = Command::new("flock")
+            .args(["-n", "-x", hb.to_str().unwrap(), "true"])
+            .status()
+            .unwrap()
+            .success();
+        (!free).then_some(())
+    });
+    if held.is_none() {
+        let _ = holder.kill();
+        let _ = holder.wait();
+        panic!("uid 65534 never held the flock");
+    }
+    assert!(holder.try_wait().unwrap().is_none(), "the holder exited");
     let (code, _) = agent.sigterm();
     assert_eq!(code, Some(0));
     agent.spawn();
