@@ -103,7 +103,15 @@ units=(/usr/lib/systemd/system/lbagent.service
 # line): any message fails the check.
 verify="$(systemd-analyze verify "${units[@]}" 2>&1)" || fail "systemd-analyze verify: $verify"
 [[ -z "$verify" ]] || fail "systemd-analyze verify: $verify"
-say "installed: user lbagent, config checks ok, systemd-analyze verify clean"
+# The agent's own directories (docs: The trust model): systemd makes them
+# for User=lbagent, and the packaged config names them.
+for line in RuntimeDirectory=lbagent RuntimeDirectoryMode=0755 StateDirectory=lbagent StateDirectoryMode=0755; do
+  grep -qx "$line" /usr/lib/systemd/system/lbagent.service || fail "lbagent.service lacks $line"
+done
+for line in 'heartbeat_path = "/run/lbagent/heartbeat"' 'snapshot_path = "/var/lib/lbagent/routes.snapshot"' 'dir = "/run/lbagent"'; do
+  grep -qxF "$line" /etc/lbagent/lbagent.toml || fail "/etc/lbagent/lbagent.toml lacks $line"
+done
+say "installed: user lbagent, config checks ok, systemd-analyze verify clean, the agent's directories"
 
 # 4. Run the three services as the lbagent user on the installed
 # configuration (mutual TLS between them) and check that they talk: the
@@ -112,7 +120,8 @@ say "installed: user lbagent, config checks ok, systemd-analyze verify clean"
 conf=/etc/lbagent/lbagent.toml
 logs="$pki/logs"
 mkdir -p "$logs"
-$sudo install -d -o lbagent -g lbagent -m 0755 /var/lib/lbagent
+# What the units' StateDirectory and RuntimeDirectory make for User=lbagent.
+$sudo install -d -o lbagent -g lbagent -m 0755 /var/lib/lbagent /run/lbagent
 pids=()
 stop_services() {
   for p in "${pids[@]}"; do $sudo kill "$p" 2>/dev/null || true; done
@@ -164,14 +173,14 @@ if pgrep -u lbagent -x lbagent >/dev/null; then fail "a service outlived stop_se
 say "ran: route server, reporter and agent talk over mutual TLS; plain TCP refused"
 
 # 5. Remove (the conffile stays), then purge (everything goes).
-$sudo mkdir -p /var/lib/lbagent
-$sudo touch /var/lib/lbagent/lbagent.db
+$sudo mkdir -p /var/lib/lbagent /run/lbagent
+$sudo touch /var/lib/lbagent/lbagent.db /run/lbagent/heartbeat
 $sudo dpkg -r lbagent >/dev/null
 [[ ! -e /usr/bin/lbagent ]] || fail "remove left /usr/bin/lbagent"
 [[ -e /etc/lbagent/lbagent.toml ]] || fail "remove deleted the conffile"
 [[ -e /var/lib/lbagent/lbagent.db ]] || fail "remove deleted the state (only purge may)"
 $sudo dpkg -P lbagent >/dev/null
-for path in /etc/lbagent /var/lib/lbagent "${units[@]}"; do
+for path in /etc/lbagent /var/lib/lbagent /run/lbagent "${units[@]}"; do
   [[ ! -e "$path" ]] || fail "purge left $path"
 done
 if dpkg-query -W lbagent >/dev/null 2>&1; then fail "purge left lbagent in dpkg's database"; fi

@@ -8,6 +8,8 @@
 //!
 //! - [`heartbeat`]: the shared-memory heartbeat file (writer and reader).
 //! - [`snapshot`]: the static route file, written atomically, read back.
+//! - [`owned`]: files only the agent's user can plant: the agent
+//!   directory, exclusive creation, what the agent adopts and clients trust.
 //! - [`udp`]: batched datagram I/O (recvmmsg / sendmmsg), socket options,
 //!   the request size limit.
 //! - [`clock`]: monotonic milliseconds and Unix time.
@@ -15,5 +17,6 @@
 
 pub mod clock;
 pub mod heartbeat;
+pub mod owned;
 pub mod snapshot;
 pub mod udp;
