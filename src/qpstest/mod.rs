@@ -26,11 +26,29 @@
 //! - [`args`]: the command line ([`QpstestArgs`]) and [`command`].
 //! - [`mix`]: `--priority-mix`, DAGOR priorities per getHost and the
 //!   per-class counts.
+//! - [`open`]: the open loop's thin shell (`--rate`): threads sending at
+//!   the times of a schedule, latency from each intended send time.
+//! - [`schedule`]: the intended send times (constant or Poisson), pure.
+//! - [`sweep`]: `--rate` as a rate, a list or a range, and the knee, pure.
+//! - [`open_figures`]: a step's open-loop figures: the rate kept or not,
+//!   the service time, the spectrum; pure.
+//! - [`report`]: an open-loop run's steps, rows and knee (text, JSON).
+//! - [`hgrm`]: the percentile spectrum as HdrHistogram text (`.hgrm`).
+//! - [`compare`]: `qpstest compare`, two runs and the noise test, pure.
+//! - [`plot`]: `--plot` and `qpstest plot`, the PNGs.
 
 pub mod args;
+pub mod compare;
 pub mod cpu;
+pub mod hgrm;
 pub mod mix;
+pub mod open;
+pub mod open_figures;
+pub mod plot;
+pub mod report;
+pub mod schedule;
 pub mod summary;
+pub mod sweep;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -48,6 +66,8 @@ use crate::standalone::{Standalone, StandaloneOptions};
 use crate::store::{self, StoreUrl};
 
 pub use args::{command, QpstestArgs};
+pub use open::{run_open, OpenLoop};
+pub use report::OpenReport;
 pub use summary::{Answer, Latency, LiveLine, RunInfo, ServerCpu, Summary, Tally};
 
 /// The first demo module (`--modid` / `--cmdid` defaults): `--modules N`
@@ -102,6 +122,9 @@ pub struct QpsOptions {
     pub transport: Transport,
     /// With [`Target::Standalone`], the agent's shards (0: its default).
     pub shards: u32,
+    /// An open loop at fixed rates ([`open::run_open`]) instead of the
+    /// closed loop (None, the default: [`run`]).
+    pub open: Option<open::OpenLoop>,
 }
 
 /// How the clients talk to the agent.
@@ -130,6 +153,7 @@ impl Default for QpsOptions {
             priority_mix: None,
             transport: Transport::Udp,
             shards: 0,
+            open: None,
         }
     }
 }
@@ -184,6 +208,10 @@ pub const MAX_MODULES: u32 = 100_000;
 /// thread that cannot be spawned, or `out` failing. Failed getHosts are
 /// not errors: they are counted in the summary.
 pub fn run(opts: &QpsOptions, out: &mut dyn Write) -> anyhow::Result<Summary> {
+    anyhow::ensure!(
+        opts.open.is_none(),
+        "an open-loop run (--rate) is run by open::run_open"
+    );
     opts.validate()?;
     let server = Server::start(opts)?;
     let mut stderr = std::io::stderr();

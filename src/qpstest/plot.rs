@@ -1,0 +1,247 @@
+//! `--plot FILE.png` and `lbagent qpstest plot`: open-loop reports drawn
+//! with plotters. Left, latency by percentile on HdrHistogram's usual
+//! axis (the distance to 100% in nines: 90%, 99%, 99.9%, ...), one line
+//! per step of each run; right, the latency-vs-throughput curve (p50,
+//! p99, p99.9 against the answered rate), one set per run. Both latency
+//! axes are logarithmic.
+//!
+//! Reads the reports as JSON values (what `--json` printed), so that a
+//! run just made and runs read from files are drawn alike. Text needs a
+//! TrueType font: DejaVu Sans (Debian's `fonts-dejavu-core`) or the file
+//! named by `LBAGENT_PLOT_FONT`.
+
+use std::path::{Path, PathBuf};
+
+use plotters::prelude::*;
+use serde_json::Value;
+
+/// The rightmost percentile drawn, in nines (6: 99.9999%).
+const MAX_NINES: f64 = 6.0;
+
+/// A percentile as nines: `-log10(1 - p/100)`, capped at [`MAX_NINES`].
+pub fn nines(percentile: f64) -> f64 {
+    let rest = 1.0 - percentile / 100.0;
+    if rest <= 10f64.powf(-MAX_NINES) {
+        MAX_NINES
+    } else {
+        -rest.log10()
+    }
+}
+
+/// The percentile label of `nines` on the axis: `0%`, `90%`, `99.9%`.
+fn percent_label(nines: f64) -> String {
+    let p = 100.0 * (1.0 - 10f64.powf(-nines));
+    let s = format!("{p:.4}");
+    let s = s.trim_end_matches('0').trim_end_matches('.');
+    format!("{s}%")
+}
+
+/// One line to draw: its legend and its points.
+struct Series {
+    label: String,
+    points: Vec<(f64, f64)>,
+}
+
+fn spectra(name: &str, run: &Value) -> Vec<Series> {
+    let steps = run["steps"].as_array().cloned().unwrap_or_default();
+    steps
+        .iter()
+        .filter_map(|s| {
+            let first = s["rounds"].get(0)?;
+            let points: Vec<(f64, f64)> = first["open_loop"]["spectrum_us"]
+                .as_array()?
+                .iter()
+                .filter_map(|p| {
+                    Some((nines(p["percentile"].as_f64()?), p["us"].as_f64()?.max(0.1)))
+                })
+                .collect();
+            let rate = s["offered_rate"].as_f64().unwrap_or(0.0);
+            Some(Series {
+                label: format!("{name}{:.0}/s", rate),
+                points,
+            })
+        })
+        .collect()
+}
+
+fn curves(name: &str, run: &Value) -> Vec<Series> {
+    let steps = run["steps"].as_array().cloned().unwrap_or_default();
+    ["p50", "p99", "p999"]
+        .iter()
+        .map(|k| Series {
+            label: format!("{name}{}", if *k == "p999" { "p99.9" } else { k }),
+            points: steps
+                .iter()
+                .filter_map(|s| {
+                    Some((
+                        s["row"]["answered"].as_f64()?,
+                        s["row"][k].as_f64()?.max(0.1),
+                    ))
+                })
+                .collect(),
+        })
+        .collect()
+}
+
+/// Loads a TrueType font for the text.
+fn font() -> Result<&'static [u8], String> {
+    let candidates: Vec<PathBuf> = std::env::var_os("LBAGENT_PLOT_FONT")
+        .map(PathBuf::from)
+        .into_iter()
+        .chain(
+            [
+                "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+                "/usr/share/fonts/TTF/DejaVuSans.ttf",
+                "/usr/share/fonts/dejavu/DejaVuSans.ttf",
+            ]
+            .map(PathBuf::from),
+        )
+        .collect();
+    for p in &candidates {
+        if let Ok(bytes) = std::fs::read(p) {
+            return Ok(Box::leak(bytes.into_boxed_slice()));
+        }
+    }
+    Err("no TrueType font found: install fonts-dejavu-core or set LBAGENT_PLOT_FONT".into())
+}
+
+fn palette(i: usize) -> RGBColor {
+    const C: [RGBColor; 8] = [
+        RGBColor(20, 60, 200),
+        RGBColor(220, 100, 0),
+        RGBColor(30, 150, 60),
+        RGBColor(200, 30, 40),
+        RGBColor(130, 60, 180),
+        RGBColor(120, 80, 40),
+        RGBColor(220, 80, 170),
+        RGBColor(90, 90, 90),
+    ];
+    C[i % C.len()]
+}
+
+/// Draws `runs` (a name, empty for a single run, and a report as JSON)
+/// into a PNG at `path`.
+///
+/// # Errors
+/// No font, a report with nothing to draw, or the file cannot be written.
+pub fn draw(runs: &[(&str, &Value)], path: &Path) -> Result<(), String> {
+    let named = |n: &str| {
+        if n.is_empty() {
+            String::new()
+        } else {
+            format!("{n} ")
+        }
+    };
+    let spectra: Vec<Series> = runs
+        .iter()
+        .flat_map(|(n, r)| spectra(&named(n), r))
+        .collect();
+    let curves: Vec<Series> = runs
+        .iter()
+        .flat_map(|(n, r)| curves(&named(n), r))
+        .collect();
+    let all_y = spectra
+        .iter()
+        .chain(&curves)
+        .flat_map(|s| s.points.iter().map(|p| p.1));
+    let (lo, hi) = all_y.fold((f64::INFINITY, 0.0f64), |(lo, hi), y| {
+        (lo.min(y), hi.max(y))
+    });
+    if !lo.is_finite() {
+        return Err("nothing to draw: no open-loop step answered a getHost".into());
+    }
+    let (lo, hi) = (lo / 2.0, hi * 2.0);
+    let max_x = curves
+        .iter()
+        .flat_map(|s| s.points.iter().map(|p| p.0))
+        .fold(1.0f64, f64::max);
+    plotters::style::register_font("sans-serif", FontStyle::Normal, font()?)
+        .map_err(|_| "the font file is not a usable TrueType font".to_string())?;
+    let root = BitMapBackend::new(path, (1400, 560)).into_drawing_area();
+    let err = |e: DrawingAreaErrorKind<_>| e.to_string();
+    root.fill(&WHITE).map_err(err)?;
+    let panels = root.split_evenly((1, 2));
+
+    let mut left = ChartBuilder::on(&panels[0])
+        .caption(
+            "latency by percentile (from the intended send time)",
+            ("sans-serif", 18),
+        )
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(70)
+        .build_cartesian_2d(0.0..MAX_NINES, (lo..hi).log_scale())
+        .map_err(err)?;
+    left.configure_mesh()
+        .x_labels(7)
+        .x_label_formatter(&|x| percent_label(*x))
+        .x_desc("percentile")
+        .y_desc("latency, µs")
+        .draw()
+        .map_err(err)?;
+    for (i, s) in spectra.iter().enumerate() {
+        let c = palette(i);
+        left.draw_series(LineSeries::new(s.points.clone(), c.stroke_width(2)))
+            .map_err(err)?
+            .label(s.label.clone())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], c.stroke_width(2)));
+    }
+    left.configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .label_font(("sans-serif", 13))
+        .draw()
+        .map_err(err)?;
+
+    let mut right = ChartBuilder::on(&panels[1])
+        .caption("latency against throughput", ("sans-serif", 18))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(70)
+        .build_cartesian_2d(0.0..max_x * 1.05, (lo..hi).log_scale())
+        .map_err(err)?;
+    right
+        .configure_mesh()
+        .x_desc("getHosts answered per second")
+        .y_desc("latency, µs")
+        .draw()
+        .map_err(err)?;
+    for (i, s) in curves.iter().enumerate() {
+        let c = palette(i);
+        right
+            .draw_series(LineSeries::new(s.points.clone(), c.stroke_width(2)))
+            .map_err(err)?
+            .label(s.label.clone())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], c.stroke_width(2)));
+        right
+            .draw_series(s.points.iter().map(|&p| Circle::new(p, 3, c.filled())))
+            .map_err(err)?;
+    }
+    right
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .label_font(("sans-serif", 13))
+        .draw()
+        .map_err(err)?;
+    root.present().map_err(err)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_map_to_nines_and_back_to_labels() {
+        assert_eq!(nines(0.0), 0.0);
+        assert!((nines(90.0) - 1.0).abs() < 1e-9);
+        assert!((nines(99.9) - 3.0).abs() < 1e-9);
+        assert_eq!(nines(100.0), MAX_NINES);
+        assert_eq!(percent_label(0.0), "0%");
+        assert_eq!(percent_label(2.0), "99%");
+        assert_eq!(percent_label(3.0), "99.9%");
+    }
+}
