@@ -11,10 +11,12 @@
 //! and their latency grows with the wait: that is the point. A slot
 //! whose intended time is already more than the timeout ago when a thread
 //! takes it is not sent (an application would have given up): at most
-//! `rate x timeout` requests are outstanding. Slots left at the end of a
-//! step, and those given up, count as `not_sent`; when more than 1% of
-//! the measured window's slots were not sent the step is marked invalid
-//! ([`super::open_figures`]).
+//! `rate x timeout` requests are outstanding. A step's window is its
+//! slots' intended times: when it ends, the threads still send the slots
+//! due in it that are waiting (late, and measured so) until they catch
+//! up or the timeout gives the rest up. Slots given up count as
+//! `not_sent`; when more than 1% of the measured window's slots were not
+//! sent the step is marked invalid ([`super::open_figures`]).
 //!
 //! Everything that decides is elsewhere and pure: the schedule
 //! ([`super::schedule`]), the figures ([`super::open_figures`]), the
@@ -387,7 +389,11 @@ impl Step<'_> {
                 break;
             }
         }
-        dispatch.stop.store(true, Ordering::Release);
+        // The threads end by themselves once the window's slots are sent or
+        // given up (within the timeout); a signal ends them at once.
+        if crate::service::signal::received() {
+            dispatch.stop.store(true, Ordering::Release);
+        }
         let cpu1 = self.server.cpu_seconds();
         for w in workers {
             if w.join().is_err() {
@@ -502,7 +508,9 @@ impl Worker {
                     std::thread::yield_now();
                 }
             };
-            if d.stop.load(Ordering::Relaxed) || now >= d.end_ns {
+            // Past the window's end the backlog of its slots is still
+            // sent (late, and counted so) until it drains or times out.
+            if d.stop.load(Ordering::Relaxed) {
                 break;
             }
             if now - slot > d.timeout_ns {

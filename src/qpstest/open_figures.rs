@@ -57,8 +57,8 @@ pub struct OpenFigures {
     pub scheduled: u64,
     /// Of those, getHosts sent.
     pub sent: u64,
-    /// Of those, not sent: still waiting for a free thread when the
-    /// timeout or the end of the step came (counted as `not_sent` errors).
+    /// Of those, not sent: still waiting for a free thread when their
+    /// timeout came (counted as `not_sent` errors).
     pub not_sent: u64,
     /// `sent / seconds`: the rate achieved.
     pub sent_rate: f64,
