@@ -66,9 +66,9 @@ pub struct QpstestArgs {
     /// `balance` module, the unit each getHost takes stays taken meanwhile.
     #[arg(long, value_name = "MS", default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=60_000))]
     pub hold_ms: u64,
-    /// Go through the client's route cache (each thread then counts on
-    /// its own and times one call in 64: a cached call is faster than two
-    /// clock reads).
+    /// Go through the client's route cache (in the closed loop each thread
+    /// then counts on its own and times one call in 64: a cached call is
+    /// faster than two clock reads; the open loop times every call).
     #[arg(long)]
     pub cache: bool,
     /// getHost timeout, milliseconds (a getHost that times out is counted

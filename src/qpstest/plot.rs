@@ -36,16 +36,40 @@ fn percent_label(nines: f64) -> String {
     format!("{s}%")
 }
 
+/// A latency label: whole µs, or one decimal below 10.
+fn us_label(us: f64) -> String {
+    if us < 10.0 {
+        format!("{us:.1}")
+    } else {
+        format!("{us:.0}")
+    }
+}
+
 /// One line to draw: its legend and its points.
 struct Series {
     label: String,
     points: Vec<(f64, f64)>,
 }
 
+/// At most this many steps of a run get a spectrum line (evenly chosen,
+/// the first and the last among them): more are unreadable.
+const MAX_SPECTRA: usize = 5;
+
+/// Indices of at most `max` of `n` steps, evenly spread, first and last kept.
+fn spread(n: usize, max: usize) -> Vec<usize> {
+    if n <= max {
+        return (0..n).collect();
+    }
+    let mut v: Vec<usize> = (0..max).map(|i| i * (n - 1) / (max - 1)).collect();
+    v.dedup();
+    v
+}
+
 fn spectra(name: &str, run: &Value) -> Vec<Series> {
     let steps = run["steps"].as_array().cloned().unwrap_or_default();
-    steps
-        .iter()
+    spread(steps.len(), MAX_SPECTRA)
+        .into_iter()
+        .map(|i| &steps[i])
         .filter_map(|s| {
             let first = s["rounds"].get(0)?;
             let points: Vec<(f64, f64)> = first["open_loop"]["spectrum_us"]
@@ -175,6 +199,7 @@ pub fn draw(runs: &[(&str, &Value)], path: &Path) -> Result<(), String> {
     left.configure_mesh()
         .x_labels(7)
         .x_label_formatter(&|x| percent_label(*x))
+        .y_label_formatter(&|y| us_label(*y))
         .x_desc("percentile")
         .y_desc("latency, µs")
         .draw()
@@ -203,6 +228,8 @@ pub fn draw(runs: &[(&str, &Value)], path: &Path) -> Result<(), String> {
         .map_err(err)?;
     right
         .configure_mesh()
+        .x_label_formatter(&|x| format!("{x:.0}"))
+        .y_label_formatter(&|y| us_label(*y))
         .x_desc("getHosts answered per second")
         .y_desc("latency, µs")
         .draw()
@@ -243,5 +270,14 @@ mod tests {
         assert_eq!(percent_label(0.0), "0%");
         assert_eq!(percent_label(2.0), "99%");
         assert_eq!(percent_label(3.0), "99.9%");
+    }
+
+    #[test]
+    fn a_long_sweep_draws_a_few_spectra_first_and_last_included() {
+        assert_eq!(spread(3, 5), [0, 1, 2]);
+        assert_eq!(spread(12, 5), [0, 2, 5, 8, 11]);
+        assert_eq!(spread(0, 5), Vec::<usize>::new());
+        assert_eq!(us_label(2.5), "2.5");
+        assert_eq!(us_label(100000.0), "100000");
     }
 }

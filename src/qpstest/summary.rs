@@ -394,7 +394,7 @@ impl fmt::Display for Summary {
             Some(l) => writeln!(
                 f,
                 "latency (µs, getHosts answered{}{}): p50 {:.1}  p90 {:.1}  p99 {:.1}  p99.9 {:.1}  max {:.1}  mean {:.1}",
-                if i.cache {
+                if i.cache && self.open_loop.is_none() {
                     ", one in 64 timed"
                 } else {
                     ""
