@@ -336,6 +336,9 @@ impl Step<'_> {
         let mut interval_measured = Tally::new();
         let mut last = (t0, cpu0.as_ref().map(|c| c.0));
         let mut next = t0 + Duration::from_secs(1);
+        // The measured window's latency not yet in the interval log, since when.
+        let mut unlogged = super::summary::latency_histogram();
+        let mut unlogged_from = warm_end;
         let mut log = |h: &Histogram<u64>, from: Instant, to: Instant| -> anyhow::Result<()> {
             if let Some(w) = hist_log.as_mut() {
                 w.write_histogram(
@@ -367,9 +370,16 @@ impl Step<'_> {
             if at < next && at < end {
                 continue;
             }
+            let tick = next.min(end);
             collect(&shared, &mut interval, &mut interval_measured, &mut total);
-            if at > warm_end {
-                log(&interval_measured.latency, last.0.max(warm_end), at)?;
+            let _ = unlogged.add(&interval_measured.latency);
+            // A tick due after the warm-up closes an interval of the log:
+            // one a second of the measured window (a late warm-up tick's
+            // measured answers wait for the next).
+            if tick > warm_end {
+                log(&unlogged, unlogged_from, at)?;
+                unlogged.reset();
+                unlogged_from = at;
             }
             let cpu = self.server.cpu_seconds().map(|c| c.0);
             let secs = at.duration_since(last.0).as_secs_f64();
@@ -404,8 +414,9 @@ impl Step<'_> {
             }
         }
         collect(&shared, &mut interval, &mut interval_measured, &mut total);
-        if !interval_measured.latency.is_empty() {
-            log(&interval_measured.latency, last.0, Instant::now())?;
+        let _ = unlogged.add(&interval_measured.latency);
+        if !unlogged.is_empty() {
+            log(&unlogged, unlogged_from, Instant::now())?;
         }
         let seconds = opts.duration.as_secs_f64();
         let server_cpu = cpu0.zip(cpu1).map(|((a, _), (b, what))| ServerCpu {
