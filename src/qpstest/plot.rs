@@ -1,7 +1,8 @@
 //! `--plot FILE.png` and `lbagent qpstest plot`: open-loop reports drawn
 //! with plotters. Left, latency by percentile on HdrHistogram's usual
 //! axis (the distance to 100% in nines: 90%, 99%, 99.9%, ...), one line
-//! per step of each run; right, the latency-vs-throughput curve (p50,
+//! per step of each run (at most five a run; the round with the median
+//! p99); right, the latency-vs-throughput curve (p50,
 //! p99, p99.9 against the answered rate), one set per run. Both latency
 //! axes are logarithmic.
 //!
@@ -71,8 +72,8 @@ fn spectra(name: &str, run: &Value) -> Vec<Series> {
         .into_iter()
         .map(|i| &steps[i])
         .filter_map(|s| {
-            let first = s["rounds"].get(0)?;
-            let points: Vec<(f64, f64)> = first["open_loop"]["spectrum_us"]
+            let round = median_round(s["rounds"].as_array()?)?;
+            let points: Vec<(f64, f64)> = round["open_loop"]["spectrum_us"]
                 .as_array()?
                 .iter()
                 .filter_map(|p| {
@@ -86,6 +87,17 @@ fn spectra(name: &str, run: &Value) -> Vec<Series> {
             })
         })
         .collect()
+}
+
+/// The round whose corrected p99 is the median of the rounds' (the
+/// lower middle one of an even count): the spectrum drawn for a step.
+fn median_round(rounds: &[Value]) -> Option<&Value> {
+    let mut by_p99: Vec<&Value> = rounds.iter().collect();
+    by_p99.sort_by(|a, b| {
+        let p = |v: &Value| v["latency_us"]["p99"].as_f64().unwrap_or(f64::INFINITY);
+        p(a).total_cmp(&p(b))
+    });
+    by_p99.get(by_p99.len().saturating_sub(1) / 2).copied()
 }
 
 fn curves(name: &str, run: &Value) -> Vec<Series> {
@@ -279,5 +291,14 @@ mod tests {
         assert_eq!(spread(0, 5), Vec::<usize>::new());
         assert_eq!(us_label(2.5), "2.5");
         assert_eq!(us_label(100000.0), "100000");
+    }
+
+    #[test]
+    fn a_step_of_several_rounds_draws_its_median_round() {
+        let r = |p99: f64| serde_json::json!({"latency_us": {"p99": p99}});
+        let rounds = [r(30.0), r(10.0), r(20.0)];
+        assert_eq!(median_round(&rounds), Some(&rounds[2]));
+        assert_eq!(median_round(&rounds[..2]), Some(&rounds[1]));
+        assert_eq!(median_round(&[]), None);
     }
 }
