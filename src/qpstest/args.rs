@@ -119,23 +119,24 @@ pub struct QpstestArgs {
     /// process of the same mean rate.
     #[arg(long, value_enum, default_value_t = super::schedule::Arrivals::Constant, requires = "rate")]
     pub arrivals: super::schedule::Arrivals,
-    /// Open loop: seconds run before each step's measured window, excluded
-    /// from every figure and file.
-    #[arg(long, value_name = "S", default_value_t = 0, requires = "rate", value_parser = clap::value_parser!(u64).range(0..=3_600))]
+    /// Seconds run before the measured window (each step's, in the open
+    /// loop), excluded from every figure and file.
+    #[arg(long, value_name = "S", default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=3_600))]
     pub warmup: u64,
     /// Open loop: run each step this many times; the rows give the medians
     /// and the JSON every round (what `qpstest compare` needs: 3 or more).
     #[arg(long, default_value_t = 1, requires = "rate", value_parser = clap::value_parser!(u32).range(1..=super::open::MAX_ROUNDS as i64))]
     pub rounds: u32,
-    /// Open loop: write the corrected latency as an HdrHistogram interval
-    /// log (`.hlog`, one histogram per second of each measured window,
-    /// values in ns; a sweep's steps and rounds are tagged).
-    #[arg(long, value_name = "FILE", requires = "rate")]
+    /// Write the latency as an HdrHistogram interval log (`.hlog`, one
+    /// histogram per second of the measured window, values in ns; the open
+    /// loop's from the intended send time, its sweep's steps and rounds
+    /// tagged).
+    #[arg(long, value_name = "FILE")]
     pub hist_log: Option<PathBuf>,
-    /// Open loop: write each step's corrected latency spectrum as
-    /// HdrHistogram percentile text (`.hgrm`, µs); a sweep's steps go to
-    /// FILE with -RATE (and rounds -rN) before the extension.
-    #[arg(long, value_name = "FILE", requires = "rate")]
+    /// Write the latency's percentile spectrum as HdrHistogram text
+    /// (`.hgrm`, µs); an open-loop sweep's steps go to FILE with -RATE (and
+    /// rounds -rN) before the extension.
+    #[arg(long, value_name = "FILE")]
     pub percentiles: Option<PathBuf>,
     /// Open loop: draw latency by percentile for each step and the
     /// latency-vs-throughput curve into this PNG.
@@ -151,7 +152,8 @@ pub enum QpstestTool {
     /// Each figure side by side (median of the rounds, their range, ratio B/A)
     /// and whether a difference is beyond the runs' own noise (the rounds'
     /// ranges do not overlap and the medians differ by more than 5%; needs
-    /// 3 or more rounds a side). Exit status: 0 B is not slower, 1 the
+    /// 3 or more rounds a side; from 5 the ranges leave out the lowest and
+    /// highest fifth). Exit status: 0 B is not slower, 1 the
     /// files cannot be compared, 5 B is slower beyond the noise.
     Compare(CompareArgs),
     /// Draw open-loop runs (their `--json` output) into one PNG.
@@ -212,13 +214,13 @@ impl QpstestArgs {
             priority_mix: self.priority_mix.clone(),
             transport: self.transport,
             shards: self.shards,
+            warmup: Duration::from_secs(self.warmup),
+            hist_log: self.hist_log.clone(),
+            percentiles: self.percentiles.clone(),
             open: self.rate.clone().map(|plan| super::open::OpenLoop {
                 plan,
                 arrivals: self.arrivals,
-                warmup: Duration::from_secs(self.warmup),
                 rounds: self.rounds,
-                hist_log: self.hist_log.clone(),
-                percentiles: self.percentiles.clone(),
                 plot: self.plot.clone(),
             }),
         }

@@ -7,13 +7,16 @@
 //! second; latency p50, p90, p99, p99.9, max) each side gives the median
 //! of its rounds and their range, and the ratio B / A of the medians.
 //!
-//! The noise test: a difference is beyond the runs' own noise when every
-//! round of one side lies beyond every round of the other (the ranges do
-//! not overlap) and the medians differ by more than [`NOISE_FLOOR`].
-//! With [`MIN_ROUNDS`] rounds a side, ranges that do not overlap happen
-//! by chance one time in ten between equal builds (two orderings of six
-//! in twenty), which the floor guards; with five rounds a side, one in
-//! 126. Fewer rounds give no verdict.
+//! The noise test: a difference is beyond the runs' own noise when the
+//! rounds of one side lie beyond those of the other (their ranges do not
+//! overlap) and the medians differ by more than [`NOISE_FLOOR`]. With
+//! [`TRIM_FROM`] rounds or more a side, the range leaves out the lowest
+//! and the highest fifth of the rounds (one of 5 to 9, two of 10 to 14,
+//! ...): a round that a stall of the machine spoiled does not hide a
+//! difference. With [`MIN_ROUNDS`] rounds a side, ranges
+//! that do not overlap happen by chance one time in ten between equal
+//! builds (two orderings of six in twenty), which the floor guards. Fewer
+//! rounds give no verdict.
 
 use std::fmt;
 
@@ -27,6 +30,10 @@ pub const MIN_ROUNDS: usize = 3;
 
 /// Medians closer than this (relative) are the same, ranges or not.
 pub const NOISE_FLOOR: f64 = 0.05;
+
+/// From this many rounds a side, the range of the noise test leaves out
+/// the lowest and the highest fifth of them.
+pub const TRIM_FROM: usize = 5;
 
 /// One figure of one round.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -134,17 +141,28 @@ pub struct Side {
     pub min: f64,
     /// Highest round.
     pub max: f64,
+    /// The noise test's range, low end: the lowest round, or from
+    /// [`TRIM_FROM`] rounds the lowest above the lowest fifth.
+    pub lo: f64,
+    /// Its high end.
+    pub hi: f64,
     /// Rounds with this figure.
     pub rounds: usize,
 }
 
 impl Side {
     fn of(values: &[f64]) -> Option<Side> {
+        let mut v: Vec<f64> = values.iter().copied().filter(|x| !x.is_nan()).collect();
+        v.sort_by(f64::total_cmp);
+        let n = v.len();
+        let trim = if n >= TRIM_FROM { n / 5 } else { 0 };
         Some(Side {
-            median: median(values)?,
-            min: values.iter().copied().fold(f64::INFINITY, f64::min),
-            max: values.iter().copied().fold(f64::NEG_INFINITY, f64::max),
-            rounds: values.len(),
+            median: median(&v)?,
+            min: v[0],
+            max: v[n - 1],
+            lo: v[trim],
+            hi: v[n - 1 - trim],
+            rounds: n,
         })
     }
 }
@@ -168,7 +186,7 @@ pub fn judge(a: &Side, b: &Side, higher_is_slower: bool) -> Verdict {
     if a.rounds < MIN_ROUNDS || b.rounds < MIN_ROUNDS {
         return Verdict::NoVerdict;
     }
-    let apart = b.min > a.max || b.max < a.min;
+    let apart = b.lo > a.hi || b.hi < a.lo;
     let ratio = b.median / a.median;
     if !apart || !ratio.is_finite() || (ratio - 1.0).abs() <= NOISE_FLOOR {
         return Verdict::Same;
@@ -288,10 +306,7 @@ pub fn compare(a: &Value, b: &Value) -> Result<Comparison, String> {
 
 fn side(s: &Option<Side>) -> String {
     s.map_or("-".into(), |s| {
-        format!(
-            "{:.1} [{:.1}..{:.1}] n={}",
-            s.median, s.min, s.max, s.rounds
-        )
+        format!("{:.1} [{:.1}..{:.1}] n={}", s.median, s.lo, s.hi, s.rounds)
     })
 }
 
@@ -299,8 +314,9 @@ impl fmt::Display for Comparison {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "B against A: median of the rounds [lowest..highest], ratio B/A; beyond noise: the \
-             ranges do not overlap and the medians differ by more than {:.0}% ({MIN_ROUNDS}+ rounds a side)",
+            "B against A: median of the rounds [lowest..highest; from {TRIM_FROM} rounds without \
+             the lowest and highest fifth], ratio B/A; beyond noise: the ranges do not overlap and the \
+             medians differ by more than {:.0}% ({MIN_ROUNDS}+ rounds a side)",
             NOISE_FLOOR * 100.0
         )?;
         for s in &self.steps {
@@ -372,6 +388,35 @@ mod tests {
         assert!((p50.ratio.unwrap() - 1.21).abs() < 0.01);
         assert!(c.to_string().contains("B is SLOWER"), "{c}");
         assert_eq!(compare(&slow, &a).unwrap().verdict, Verdict::Faster);
+    }
+
+    #[test]
+    fn from_five_rounds_one_spoiled_round_a_side_does_not_hide_a_difference() {
+        let a = open(&[
+            (50.0, 100.0),
+            (50.0, 101.0),
+            (50.0, 275.0),
+            (50.0, 100.5),
+            (50.0, 100.2),
+        ]);
+        let b = open(&[
+            (50.0, 120.0),
+            (50.0, 211.0),
+            (50.0, 121.0),
+            (50.0, 124.0),
+            (50.0, 120.3),
+        ]);
+        let c = compare(&a, &b).unwrap();
+        assert_eq!(c.verdict, Verdict::Slower, "{c}");
+        let p50 = c.steps[0].lines[1].b.unwrap();
+        assert_eq!(
+            (p50.min, p50.lo, p50.hi, p50.max),
+            (120.0, 120.3, 124.0, 211.0)
+        );
+        // Three rounds: every round counts, and the spoiled one overlaps.
+        let a3 = open(&[(50.0, 100.0), (50.0, 275.0), (50.0, 100.5)]);
+        let b3 = open(&[(50.0, 120.0), (50.0, 121.0), (50.0, 124.0)]);
+        assert_eq!(compare(&a3, &b3).unwrap().verdict, Verdict::Same);
     }
 
     #[test]

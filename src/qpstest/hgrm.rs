@@ -6,7 +6,10 @@
 //! The `hdrhistogram` crate iterates the quantiles; only the text layout
 //! is written here.
 
-use std::io::{self, Write};
+use std::io::{self, BufWriter, Write};
+use std::path::Path;
+
+use anyhow::Context;
 
 use hdrhistogram::Histogram;
 
@@ -58,6 +61,19 @@ pub fn write(h: &Histogram<u64>, out: &mut dyn Write) -> io::Result<()> {
         h.buckets(),
         h.distinct_values()
     )
+}
+
+/// Writes the spectrum of `h` (ns) to a file at `path` (`--percentiles`).
+///
+/// # Errors
+/// The file cannot be created or written.
+pub fn write_file(path: &Path, h: &Histogram<u64>) -> anyhow::Result<()> {
+    let file =
+        std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
+    let mut out = BufWriter::new(file);
+    write(h, &mut out)
+        .and_then(|()| out.flush())
+        .with_context(|| format!("cannot write {}", path.display()))
 }
 
 #[cfg(test)]

@@ -22,17 +22,16 @@
 //! ([`super::schedule`]), the figures ([`super::open_figures`]), the
 //! sweep and its knee ([`super::sweep`]), the report ([`super::report`]).
 
-use std::io::{BufWriter, Write};
+use std::io::Write;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Condvar, Mutex, PoisonError};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use hdrhistogram::serialization::interval_log::{IntervalLogWriter, IntervalLogWriterBuilder, Tag};
-use hdrhistogram::serialization::V2DeflateSerializer;
 use hdrhistogram::Histogram;
 
+use super::hlog::HistLog;
 use super::open_figures::OpenFigures;
 use super::report::{OpenReport, StepReport};
 use super::schedule::{Arrivals, DueCounter, Schedule};
@@ -49,16 +48,8 @@ pub struct OpenLoop {
     pub plan: RatePlan,
     /// How requests arrive.
     pub arrivals: Arrivals,
-    /// Run before each step's measured window, not counted.
-    pub warmup: Duration,
     /// Times each step is run (the report gives medians and spreads).
     pub rounds: u32,
-    /// Write the corrected latency as an HdrHistogram interval log, one
-    /// histogram per second of each measured window.
-    pub hist_log: Option<PathBuf>,
-    /// Write each step's percentile spectrum (`.hgrm`); a sweep's steps
-    /// and rounds go to `FILE` with `-RATE[-rROUND]` before its extension.
-    pub percentiles: Option<PathBuf>,
     /// Draw the report (percentile spectra, the latency-vs-throughput
     /// curve) as a PNG.
     pub plot: Option<PathBuf>,
@@ -66,9 +57,6 @@ pub struct OpenLoop {
 
 /// The most rounds a step is run.
 pub const MAX_ROUNDS: u32 = 100;
-
-/// The interval log's writer on its file.
-type HistLog<'a, 'b> = IntervalLogWriter<'a, 'b, BufWriter<std::fs::File>, V2DeflateSerializer>;
 
 /// Runs the open-loop load of `opts` (whose `open` must be set): every
 /// step of its plan, each `rounds` times, with a live line every second;
@@ -90,30 +78,11 @@ pub fn run_open(opts: &QpsOptions, out: &mut dyn Write) -> anyhow::Result<OpenRe
     let live: &mut dyn Write = if opts.json { &mut stderr } else { out };
     register_all(opts, server.heartbeat(), live)?;
 
-    let mut log_file = match &open.hist_log {
-        Some(p) => Some(BufWriter::new(
-            std::fs::File::create(p).with_context(|| format!("cannot create {}", p.display()))?,
-        )),
-        None => None,
-    };
-    let mut serializer = V2DeflateSerializer::new();
-    let started = SystemTime::now();
-    let base = Instant::now();
-    let mut hist_log = match &mut log_file {
-        Some(f) => {
-            writeln!(
-                f,
-                "\"StartTimestamp\",\"Interval_Length\",\"Interval_Max\",\"Interval_Compressed_Histogram\""
-            )?;
-            Some(
-                IntervalLogWriterBuilder::new()
-                    .add_comment("lbagent qpstest: getHost latency from the intended send time, ns")
-                    .with_start_time(started)
-                    .with_base_time(started)
-                    .with_max_value_divisor(1e6)
-                    .begin_log_with(f, &mut serializer)?,
-            )
-        }
+    let mut hist_log = match &opts.hist_log {
+        Some(p) => Some(HistLog::create(
+            p,
+            "lbagent qpstest, open loop: getHost latency from the intended send time, ns",
+        )?),
         None => None,
     };
 
@@ -137,12 +106,11 @@ pub fn run_open(opts: &QpsOptions, out: &mut dyn Write) -> anyhow::Result<OpenRe
                 server: &server,
                 rate,
                 seed: (i as u64) << 32 | u64::from(round),
-                base,
             };
             let (summary, hist) = step.run(live, hist_log.as_mut(), tag.as_deref())?;
-            if let Some(p) = &open.percentiles {
+            if let Some(p) = &opts.percentiles {
                 let path = step_path(p, rates.len() > 1, open.rounds > 1, rate, round);
-                write_percentiles(&path, &hist)?;
+                super::hgrm::write_file(&path, &hist)?;
             }
             if !opts.json {
                 writeln!(live, "{summary}")?;
@@ -155,9 +123,8 @@ pub fn run_open(opts: &QpsOptions, out: &mut dyn Write) -> anyhow::Result<OpenRe
         }
         steps.push(StepReport::new(rate, rounds));
     }
-    drop(hist_log);
-    if let Some(mut f) = log_file {
-        f.flush().context("cannot write the interval log")?;
+    if let Some(log) = hist_log {
+        log.finish()?;
     }
     server.stop()?;
     let report = OpenReport::new(opts, open, steps);
@@ -201,15 +168,6 @@ fn step_path(p: &std::path::Path, sweep: bool, rounds: bool, rate: f64, round: u
     p.with_file_name(name)
 }
 
-fn write_percentiles(path: &std::path::Path, h: &Histogram<u64>) -> anyhow::Result<()> {
-    let mut f = BufWriter::new(
-        std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?,
-    );
-    super::hgrm::write(h, &mut f)?;
-    f.flush()
-        .with_context(|| format!("cannot write {}", path.display()))
-}
-
 /// One round of one step.
 struct Step<'a> {
     opts: &'a QpsOptions,
@@ -217,8 +175,6 @@ struct Step<'a> {
     server: &'a Server,
     rate: f64,
     seed: u64,
-    /// The run's start: the interval log's time base.
-    base: Instant,
 }
 
 /// What a thread counted, by the phase its requests' intended times fell in.
@@ -272,11 +228,11 @@ impl Step<'_> {
     fn run(
         &self,
         live: &mut dyn Write,
-        mut hist_log: Option<&mut HistLog<'_, '_>>,
+        mut hist_log: Option<&mut HistLog>,
         tag: Option<&str>,
     ) -> anyhow::Result<(Summary, Histogram<u64>)> {
         let opts = self.opts;
-        let warm = self.open.warmup;
+        let warm = opts.warmup;
         let schedule = Schedule::new(self.rate, self.open.arrivals, self.seed);
         let dispatch = Arc::new(Dispatch {
             schedule: Mutex::new(schedule.clone()),
@@ -340,16 +296,10 @@ impl Step<'_> {
         let mut unlogged = super::summary::latency_histogram();
         let mut unlogged_from = warm_end;
         let mut log = |h: &Histogram<u64>, from: Instant, to: Instant| -> anyhow::Result<()> {
-            if let Some(w) = hist_log.as_mut() {
-                w.write_histogram(
-                    h,
-                    from.saturating_duration_since(self.base),
-                    to.saturating_duration_since(from),
-                    tag.and_then(Tag::new),
-                )
-                .map_err(|e| anyhow::anyhow!("cannot write the interval log: {e}"))?;
+            match hist_log.as_mut() {
+                Some(w) => w.write(h, from, to, tag),
+                None => Ok(()),
             }
-            Ok(())
         };
         while !crate::service::signal::received() {
             let now = Instant::now();

@@ -162,7 +162,7 @@ impl OpenReport {
             transport: format!("{:?}", opts.transport).to_lowercase(),
             threads: opts.threads,
             arrivals: open.arrivals,
-            warmup_s: open.warmup.as_secs_f64(),
+            warmup_s: opts.warmup.as_secs_f64(),
             duration_s: opts.duration.as_secs_f64(),
             rounds: open.rounds,
             knee: (steps.len() > 1).then(|| knee(&points)),
