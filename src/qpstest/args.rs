@@ -399,6 +399,66 @@ mod tests {
     }
 
     #[test]
+    fn open_loop_flags_map_to_an_open_loop_and_need_a_rate() {
+        let o = parse(&[
+            "--rate",
+            "50k:150k:50k",
+            "--arrivals",
+            "poisson",
+            "--warmup",
+            "2",
+            "--rounds",
+            "3",
+            "--hist-log",
+            "/tmp/x.hlog",
+            "--percentiles",
+            "/tmp/x.hgrm",
+            "--plot",
+            "/tmp/x.png",
+        ])
+        .unwrap();
+        let open = o.open.expect("an open loop");
+        assert_eq!(open.plan.rates(), [50e3, 100e3, 150e3]);
+        assert_eq!(open.arrivals, super::super::schedule::Arrivals::Poisson);
+        assert_eq!((open.rounds, o.warmup), (3, Duration::from_secs(2)));
+        assert_eq!(o.hist_log.unwrap(), PathBuf::from("/tmp/x.hlog"));
+        assert_eq!(open.plot.unwrap(), PathBuf::from("/tmp/x.png"));
+        // The closed loop takes the files and the warm-up, not the rest.
+        let closed = parse(&["--warmup", "1", "--hist-log", "h", "--percentiles", "p"]).unwrap();
+        assert!(closed.open.is_none() && closed.hist_log.is_some());
+        for bad in [
+            &["--arrivals", "poisson"][..],
+            &["--rounds", "3"],
+            &["--plot", "x.png"],
+            &["--rate", "0"],
+            &["--rate", "50k", "--rounds", "0"],
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn compare_and_plot_are_subcommands_that_take_no_run_flags() {
+        let tool = |argv: &[&str]| {
+            let argv = std::iter::once("qpstest").chain(argv.iter().copied());
+            Cli::try_parse_from(argv).map(|c| c.args.tool)
+        };
+        match tool(&["compare", "a.json", "b.json"]).unwrap() {
+            Some(QpstestTool::Compare(c)) => {
+                assert_eq!((c.a, c.b), ("a.json".into(), "b.json".into()))
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            tool(&["plot", "a.json", "b.json", "--out", "c.png"]).unwrap(),
+            Some(QpstestTool::Plot(p)) if p.runs.len() == 2
+        ));
+        assert!(tool(&["compare", "a.json"]).is_err());
+        assert!(tool(&["plot", "a.json"]).is_err(), "--out is required");
+        assert!(tool(&["--threads", "3", "compare", "a", "b"]).is_err());
+    }
+
+    #[test]
     fn nonsense_is_refused_by_the_parser() {
         for bad in [
             &["--threads", "0"][..],
