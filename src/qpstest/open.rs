@@ -26,6 +26,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Condvar, Mutex, PoisonError};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -223,26 +224,13 @@ impl Dispatch {
 }
 
 impl Step<'_> {
-    /// Runs the round: returns its summary and its measured corrected
-    /// latency histogram (ns).
-    fn run(
+    /// Starts the round's threads and waits until each has built its
+    /// client (the step's clock starts after).
+    fn spawn(
         &self,
-        live: &mut dyn Write,
-        mut hist_log: Option<&mut HistLog>,
-        tag: Option<&str>,
-    ) -> anyhow::Result<(Summary, Histogram<u64>)> {
+        dispatch: &Arc<Dispatch>,
+    ) -> anyhow::Result<(Vec<SharedPhases>, Vec<JoinHandle<()>>)> {
         let opts = self.opts;
-        let warm = opts.warmup;
-        let schedule = Schedule::new(self.rate, self.open.arrivals, self.seed);
-        let dispatch = Arc::new(Dispatch {
-            schedule: Mutex::new(schedule.clone()),
-            start: Mutex::new(None),
-            started: Condvar::new(),
-            stop: AtomicBool::new(false),
-            warm_ns: warm.as_nanos() as u64,
-            end_ns: (warm + opts.duration).as_nanos() as u64,
-            timeout_ns: opts.timeout.as_nanos() as u64,
-        });
         let (ready_tx, ready_rx) = mpsc::channel();
         let mut shared = Vec::with_capacity(opts.threads as usize);
         let mut workers = Vec::with_capacity(opts.threads as usize);
@@ -276,12 +264,37 @@ impl Step<'_> {
                 }
             }
         }
+        // A thread that dies first drops its sender: the wait ends then too.
         drop(ready_tx);
         for _ in 0..opts.threads {
             if ready_rx.recv().is_err() {
                 break;
             }
         }
+        Ok((shared, workers))
+    }
+
+    /// Runs the round: returns its summary and its measured corrected
+    /// latency histogram (ns).
+    fn run(
+        &self,
+        live: &mut dyn Write,
+        mut hist_log: Option<&mut HistLog>,
+        tag: Option<&str>,
+    ) -> anyhow::Result<(Summary, Histogram<u64>)> {
+        let opts = self.opts;
+        let warm = opts.warmup;
+        let schedule = Schedule::new(self.rate, self.open.arrivals, self.seed);
+        let dispatch = Arc::new(Dispatch {
+            schedule: Mutex::new(schedule.clone()),
+            start: Mutex::new(None),
+            started: Condvar::new(),
+            stop: AtomicBool::new(false),
+            warm_ns: warm.as_nanos() as u64,
+            end_ns: (warm + opts.duration).as_nanos() as u64,
+            timeout_ns: opts.timeout.as_nanos() as u64,
+        });
+        let (shared, workers) = self.spawn(&dispatch)?;
         let t0 = dispatch.open();
         let warm_end = t0 + warm;
         let end = t0 + warm + opts.duration;
@@ -368,11 +381,27 @@ impl Step<'_> {
         if !unlogged.is_empty() {
             log(&unlogged, unlogged_from, Instant::now())?;
         }
-        let seconds = opts.duration.as_secs_f64();
         let server_cpu = cpu0.zip(cpu1).map(|((a, _), (b, what))| ServerCpu {
             seconds: (b - a).max(0.0),
             what,
         });
+        let summary = self.summary(&schedule, &dispatch, &mut total, server_cpu);
+        Ok((summary, total.latency))
+    }
+}
+
+impl Step<'_> {
+    /// The round's summary from what its threads counted in the measured
+    /// window (`total`, which gains the `not_sent` errors).
+    fn summary(
+        &self,
+        schedule: &Schedule,
+        dispatch: &Dispatch,
+        total: &mut Tally,
+        server_cpu: Option<ServerCpu>,
+    ) -> Summary {
+        let opts = self.opts;
+        let seconds = opts.duration.as_secs_f64();
         let info = RunInfo {
             target: self.server.name.to_string(),
             heartbeat: self.server.heartbeat().display().to_string(),
@@ -382,27 +411,27 @@ impl Step<'_> {
             cache: opts.cache,
             timeout_ms: opts.timeout.as_millis() as u64,
         };
-        let mut window = DueCounter::new(&schedule);
+        let mut window = DueCounter::new(schedule);
         window.until(dispatch.warm_ns);
         let scheduled = window.until(dispatch.end_ns);
         let figures = OpenFigures::new(
             self.rate,
             self.open.arrivals,
-            warm.as_secs_f64(),
+            opts.warmup.as_secs_f64(),
             scheduled,
-            &total,
+            total,
             seconds,
             opts.threads,
         );
         if figures.not_sent > 0 {
             total.errors.insert("not_sent", figures.not_sent);
         }
-        let mut summary = Summary::new(info, &total, seconds, server_cpu);
+        let mut summary = Summary::new(info, total, seconds, server_cpu);
         summary.open_loop = Some(figures);
         if let Some(m) = &opts.priority_mix {
             summary.priority_classes = mix::summarize(m, &total.classes);
         }
-        Ok((summary, total.latency))
+        summary
     }
 }
 
