@@ -142,7 +142,7 @@ fn font() -> Result<&'static [u8], String> {
 }
 
 fn palette(i: usize) -> RGBColor {
-    const C: [RGBColor; 8] = [
+    const C: [RGBColor; 10] = [
         RGBColor(20, 60, 200),
         RGBColor(220, 100, 0),
         RGBColor(30, 150, 60),
@@ -151,6 +151,8 @@ fn palette(i: usize) -> RGBColor {
         RGBColor(120, 80, 40),
         RGBColor(220, 80, 170),
         RGBColor(90, 90, 90),
+        RGBColor(170, 170, 20),
+        RGBColor(20, 170, 190),
     ];
     C[i % C.len()]
 }
@@ -246,13 +248,18 @@ pub fn draw(runs: &[(&str, &Value)], path: &Path) -> Result<(), String> {
         .y_desc("latency, µs")
         .draw()
         .map_err(err)?;
+    // Each run its colour; p50, p99, p99.9 (curves() makes three a run)
+    // from strong and wide to faint and thin.
     for (i, s) in curves.iter().enumerate() {
-        let c = palette(i);
+        let (alpha, width) = [(1.0, 3), (0.7, 2), (0.45, 1)][i % 3];
+        let c = palette(i / 3).mix(alpha);
         right
-            .draw_series(LineSeries::new(s.points.clone(), c.stroke_width(2)))
+            .draw_series(LineSeries::new(s.points.clone(), c.stroke_width(width)))
             .map_err(err)?
             .label(s.label.clone())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], c.stroke_width(2)));
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 16, y)], c.stroke_width(width))
+            });
         right
             .draw_series(s.points.iter().map(|&p| Circle::new(p, 3, c.filled())))
             .map_err(err)?;
