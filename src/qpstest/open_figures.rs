@@ -104,10 +104,14 @@ impl OpenFigures {
                  of the time: {}",
                 100.0 * sent as f64 / scheduled.max(1) as f64,
                 100.0 * threads_busy.min(1.0),
-                if threads_busy >= 0.9 {
-                    "they waited on answers, so more --threads can keep it"
-                } else {
-                    "the generator itself was short of CPU"
+                match threads_needed(offered_rate, measured) {
+                    Some(n) if threads_busy >= 0.9 => format!(
+                        "they waited on answers, so more --threads can keep it (about {n})"
+                    ),
+                    _ if threads_busy >= 0.9 => {
+                        "they waited on answers, so more --threads can keep it".to_string()
+                    }
+                    _ => "the generator itself was short of CPU".to_string(),
                 }
             )
         });
@@ -126,6 +130,16 @@ impl OpenFigures {
             spectrum_us: spectrum(&measured.latency),
         }
     }
+}
+
+/// The threads that would keep `rate` with the time each request kept a
+/// thread busy in `measured` (Little's law, with half again for the
+/// variation); None when nothing was sent.
+pub fn threads_needed(rate: f64, measured: &Tally) -> Option<u64> {
+    (measured.sent > 0).then(|| {
+        let per_request_s = measured.busy_ns as f64 / 1e9 / measured.sent as f64;
+        (1.5 * rate * per_request_s).ceil().max(1.0) as u64
+    })
 }
 
 impl fmt::Display for OpenFigures {
@@ -201,6 +215,9 @@ mod tests {
             why.contains("sent 20000 of the 1000000") && why.contains("more --threads"),
             "{why}"
         );
+        // 2 threads busy 1.98 s for 20,000 requests: 99 µs each; 1e6/s
+        // needs 99 of them, half again 149.
+        assert!(why.contains("(about 149)"), "{why}");
         assert!(
             o.to_string()
                 .starts_with("INVALID: the generator did not keep"),
