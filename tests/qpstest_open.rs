@@ -151,6 +151,20 @@ fn serve(socket: &UdpSocket, b: Behaviour, stop: &AtomicBool, answered: &AtomicU
     line.join().unwrap();
 }
 
+/// A fake agent answering at once: a target whose heartbeat (every
+/// 100 ms) survives a machine too busy for the floor's (every second,
+/// stale after 2 s).
+fn prompt_agent(dir: &Path) -> FakeAgent {
+    FakeAgent::start(
+        dir,
+        Behaviour {
+            delay: Duration::ZERO,
+            stall_after: u64::MAX,
+            stall: Duration::ZERO,
+        },
+    )
+}
+
 // === runs ===
 
 fn open_opts(target: Target, rate: &str, threads: u32, duration: Duration) -> QpsOptions {
@@ -234,13 +248,20 @@ fn the_interval_log_parses_back_and_its_counts_sum_to_the_summary() {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("run.hlog");
     let hgrm = dir.path().join("run.hgrm");
+    let agent = prompt_agent(dir.path());
     let opts = QpsOptions {
         warmup: Duration::from_secs(1),
         hist_log: Some(log.clone()),
         percentiles: Some(hgrm.clone()),
-        ..open_opts(Target::Floor, "1000", 4, Duration::from_secs(2))
+        ..open_opts(
+            Target::Heartbeat(agent.heartbeat.clone()),
+            "1000",
+            4,
+            Duration::from_secs(2),
+        )
     };
     let (report, _) = run(&opts);
+    agent.stop();
     let s = only_round(&report);
     assert!(s.get_hosts > 0, "{s}");
     let (intervals, total) = read_hist_log(&log);
@@ -288,6 +309,7 @@ fn the_closed_loop_writes_its_warm_up_free_interval_log_and_spectrum_too() {
         dir.path().join("closed.hlog"),
         dir.path().join("closed.hgrm"),
     );
+    let agent = prompt_agent(dir.path());
     let opts = QpsOptions {
         threads: 2,
         duration: Duration::from_secs(2),
@@ -295,11 +317,12 @@ fn the_closed_loop_writes_its_warm_up_free_interval_log_and_spectrum_too() {
         warmup: Duration::from_secs(1),
         hist_log: Some(log.clone()),
         percentiles: Some(hgrm.clone()),
-        target: Target::Floor,
+        target: Target::Heartbeat(agent.heartbeat.clone()),
         ..QpsOptions::default()
     };
     let mut out = Vec::new();
     let s = lbagent::qpstest::run(&opts, &mut out).unwrap();
+    agent.stop();
     let text = String::from_utf8(out).unwrap();
     assert!(s.get_hosts > 0, "{text}");
     // The warm-up's second is in the live lines, not in the summary.
@@ -321,11 +344,19 @@ fn a_rate_the_generator_cannot_keep_is_reported_not_kept_and_invalid() {
     // One synchronous thread cannot send 2 million getHosts a second on
     // any machine: each waits for its answer (tens of µs on loopback).
     // The backlog is given up a second after its due time.
+    let dir = tempfile::tempdir().unwrap();
+    let agent = prompt_agent(dir.path());
     let opts = QpsOptions {
         timeout: Duration::from_secs(1),
-        ..open_opts(Target::Floor, "2m", 1, Duration::from_secs(1))
+        ..open_opts(
+            Target::Heartbeat(agent.heartbeat.clone()),
+            "2m",
+            1,
+            Duration::from_secs(1),
+        )
     };
     let (report, json) = run(&opts);
+    agent.stop();
     let s = only_round(&report);
     let o = s.open_loop.as_ref().unwrap();
     assert!(!o.rate_kept && !report.valid, "{s}");
@@ -348,11 +379,13 @@ fn compare_calls_identical_runs_equal_and_a_20_percent_slower_agent_slower() {
     // Service time 100 ms against 120 ms, at 50 requests a second: the
     // latency is the service time, and what a busy machine adds to a
     // round's median (a few ms) stays well under the 20 ms between the
-    // agents. Ten rounds of 0.5 s each, run in turn (A, A again, B) so
-    // that the machine's load drifts alike for all three; the noise test
-    // leaves out the two lowest and highest rounds a side (at a load
-    // average of 15 on the 2 cores, a stall spoiled a round's median in
-    // one of five).
+    // agents. Rounds of 0.5 s, A and B in turn, so that the machine's
+    // load drifts alike for both; "identical runs" are A's rounds of the
+    // even turns against its rounds of the odd ones (run as A, A again,
+    // B, the second A's tails came out worse than the first's in most
+    // turns at a load average of 26). The noise test leaves out the
+    // lowest and highest fifth of the rounds a side (at a load average of
+    // 15, a stall spoiled a round's median in one of five).
     let dir = tempfile::tempdir().unwrap();
     let (da, db) = (dir.path().join("a"), dir.path().join("b"));
     std::fs::create_dir_all(&da).unwrap();
@@ -378,9 +411,13 @@ fn compare_calls_identical_runs_equal_and_a_20_percent_slower_agent_slower() {
         )
     };
     let (mut ra, mut ra2, mut rb) = (Vec::new(), Vec::new(), Vec::new());
-    for _ in 0..10 {
-        ra.push(run(&opts(&a.heartbeat)).1);
-        ra2.push(run(&opts(&a.heartbeat)).1);
+    for turn in 0..20 {
+        let r = run(&opts(&a.heartbeat)).1;
+        if turn % 2 == 0 {
+            ra.push(r);
+        } else {
+            ra2.push(r);
+        }
         rb.push(run(&opts(&b.heartbeat)).1);
     }
     a.stop();
@@ -429,11 +466,18 @@ fn compare_calls_identical_runs_equal_and_a_20_percent_slower_agent_slower() {
 fn a_sweep_prints_a_row_per_step_and_draws_its_curves() {
     let dir = tempfile::tempdir().unwrap();
     let png = dir.path().join("sweep.png");
-    let mut opts = open_opts(Target::Floor, "500,1000", 2, Duration::from_secs(1));
+    let agent = prompt_agent(dir.path());
+    let mut opts = open_opts(
+        Target::Heartbeat(agent.heartbeat.clone()),
+        "500,1000",
+        2,
+        Duration::from_secs(1),
+    );
     opts.json = false;
     opts.open.as_mut().unwrap().plot = Some(png.clone());
     let mut out = Vec::new();
     let report = run_open(&opts, &mut out).unwrap();
+    agent.stop();
     let text = String::from_utf8(out).unwrap();
     assert_eq!(report.steps.len(), 2, "{text}");
     assert!(report.knee.is_some(), "{text}");
@@ -477,10 +521,13 @@ fn every_transport_and_mode_runs_open_loop() {
     assert!(s.from_cache > 0 && s.reports > 0, "{s}");
     assert!(s.errors.keys().all(|k| k == "not_sent"), "{s}");
     // A priority mix, counted per class.
+    let dir = tempfile::tempdir().unwrap();
+    let agent = prompt_agent(dir.path());
     let (r, _) = run(&QpsOptions {
         priority_mix: Some("5:0.5,60:0.5".parse().unwrap()),
-        ..short(Target::Floor)
+        ..short(Target::Heartbeat(agent.heartbeat.clone()))
     });
+    agent.stop();
     let s = only_round(&r);
     assert_eq!(s.priority_classes.len(), 2, "{s}");
     assert!(s.priority_classes.iter().all(|c| c.answered > 0), "{s}");
