@@ -266,8 +266,10 @@ fn the_interval_log_parses_back_and_its_counts_sum_to_the_summary() {
     assert!(s.get_hosts > 0, "{s}");
     let (intervals, total) = read_hist_log(&log);
     // One a second of the 2 s window, and one for the answers that came
-    // after its last second, if any.
-    assert!((2..=3).contains(&intervals), "{intervals} intervals");
+    // after its last second, if any: 2 or 3; a tick that a very busy
+    // machine delays past the next second's covers both (at a load
+    // average of 25 one run had fewer).
+    assert!((1..=4).contains(&intervals), "{intervals} intervals");
     assert_eq!(total.len(), s.get_hosts, "{s}");
     let p99 = s.latency_us.unwrap().p99;
     let logged = total.value_at_quantile(0.99) as f64 / 1_000.0;
@@ -325,12 +327,13 @@ fn the_closed_loop_writes_its_warm_up_free_interval_log_and_spectrum_too() {
     agent.stop();
     let text = String::from_utf8(out).unwrap();
     assert!(s.get_hosts > 0, "{text}");
-    // The warm-up's second is in the live lines, not in the summary.
-    assert!((1.5..10.0).contains(&s.seconds), "{text}");
+    // The warm-up's second is in the live lines, not in the summary (whose
+    // window starts at the tick ending the warm-up: late on a busy machine).
+    assert!((0.5..10.0).contains(&s.seconds), "{text}");
     let lines = text.lines().filter(|l| l.contains("getHost/s")).count();
     assert!(lines >= 3, "{text}");
     let (intervals, total) = read_hist_log(&log);
-    assert!((2..=3).contains(&intervals), "{intervals} intervals");
+    assert!((1..=4).contains(&intervals), "{intervals} intervals");
     assert_eq!(total.len(), s.get_hosts, "{text}");
     let spectrum = std::fs::read_to_string(&hgrm).unwrap();
     assert!(
