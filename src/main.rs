@@ -77,6 +77,9 @@ enum Command {
     /// (+ report) against the local agent, the floor or an embedded
     /// standalone system; live line every second, summary with latency
     /// percentiles. Only getHosts that returned a host count as QPS.
+    /// With --rate, an open loop at fixed rates (or a sweep) with latency
+    /// from each request's intended send time; `qpstest compare` and
+    /// `qpstest plot` work on saved `--json` runs.
     Qpstest(lbagent::qpstest::QpstestArgs),
     /// A UDP service of fixed capacity (W workers x service time S) that
     /// sheds load with DAGOR admission control, or randomly, or not at all,

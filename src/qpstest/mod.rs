@@ -26,11 +26,31 @@
 //! - [`args`]: the command line ([`QpstestArgs`]) and [`command`].
 //! - [`mix`]: `--priority-mix`, DAGOR priorities per getHost and the
 //!   per-class counts.
+//! - [`open`]: the open loop's thin shell (`--rate`): threads sending at
+//!   the times of a schedule, latency from each intended send time.
+//! - [`schedule`]: the intended send times (constant or Poisson), pure.
+//! - [`sweep`]: `--rate` as a rate, a list or a range, and the knee, pure.
+//! - [`open_figures`]: a step's open-loop figures: the rate kept or not,
+//!   the service time, the spectrum; pure.
+//! - [`report`]: an open-loop run's steps, rows and knee (text, JSON).
+//! - [`hgrm`]: the percentile spectrum as HdrHistogram text (`.hgrm`).
+//! - [`hlog`]: `--hist-log`, the HdrHistogram interval log.
+//! - [`compare`]: `qpstest compare`, two runs and the noise test, pure.
+//! - [`plot`]: `--plot` and `qpstest plot`, the PNGs.
 
 pub mod args;
+pub mod compare;
 pub mod cpu;
+pub mod hgrm;
+pub mod hlog;
 pub mod mix;
+pub mod open;
+pub mod open_figures;
+pub mod plot;
+pub mod report;
+pub mod schedule;
 pub mod summary;
+pub mod sweep;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -48,6 +68,8 @@ use crate::standalone::{Standalone, StandaloneOptions};
 use crate::store::{self, StoreUrl};
 
 pub use args::{command, QpstestArgs};
+pub use open::{run_open, OpenLoop};
+pub use report::OpenReport;
 pub use summary::{Answer, Latency, LiveLine, RunInfo, ServerCpu, Summary, Tally};
 
 /// The first demo module (`--modid` / `--cmdid` defaults): `--modules N`
@@ -102,6 +124,17 @@ pub struct QpsOptions {
     pub transport: Transport,
     /// With [`Target::Standalone`], the agent's shards (0: its default).
     pub shards: u32,
+    /// Run this long before the measured window (each step's, in the open
+    /// loop); nothing in it is counted.
+    pub warmup: Duration,
+    /// Write the latency as an HdrHistogram interval log (one histogram
+    /// per second of the measured window).
+    pub hist_log: Option<PathBuf>,
+    /// Write the latency's percentile spectrum (`.hgrm`).
+    pub percentiles: Option<PathBuf>,
+    /// An open loop at fixed rates ([`open::run_open`]) instead of the
+    /// closed loop (None, the default: [`run`]).
+    pub open: Option<open::OpenLoop>,
 }
 
 /// How the clients talk to the agent.
@@ -130,6 +163,10 @@ impl Default for QpsOptions {
             priority_mix: None,
             transport: Transport::Udp,
             shards: 0,
+            warmup: Duration::ZERO,
+            hist_log: None,
+            percentiles: None,
+            open: None,
         }
     }
 }
@@ -184,6 +221,10 @@ pub const MAX_MODULES: u32 = 100_000;
 /// thread that cannot be spawned, or `out` failing. Failed getHosts are
 /// not errors: they are counted in the summary.
 pub fn run(opts: &QpsOptions, out: &mut dyn Write) -> anyhow::Result<Summary> {
+    anyhow::ensure!(
+        opts.open.is_none(),
+        "an open-loop run (--rate) is run by open::run_open"
+    );
     opts.validate()?;
     let server = Server::start(opts)?;
     let mut stderr = std::io::stderr();
@@ -508,13 +549,26 @@ fn measure(opts: &QpsOptions, server: &Server, live: &mut dyn Write) -> anyhow::
         }
     }
     gate.open();
-    let t0 = Instant::now();
-    let cpu0 = server.cpu_seconds();
+    let t_start = Instant::now();
+    let warm_end = t_start + opts.warmup;
+    let end = warm_end + opts.duration;
+    let mut hist_log = match &opts.hist_log {
+        Some(p) => Some(hlog::HistLog::create(
+            p,
+            "lbagent qpstest, closed loop: getHost round-trip latency, ns",
+        )?),
+        None => None,
+    };
+    // When the measured window started, and the server's CPU then (at
+    // once without a warm-up; else at the tick that ends it).
+    let mut measured: Option<(Instant, Option<(f64, String)>)> = opts
+        .warmup
+        .is_zero()
+        .then(|| (t_start, server.cpu_seconds()));
     let mut total = Tally::new();
     let mut interval = Tally::new();
-    let mut last = (t0, cpu0.as_ref().map(|c| c.0));
-    let end = t0 + opts.duration;
-    let mut next = t0 + Duration::from_secs(1);
+    let mut last = (t_start, server.cpu_seconds().map(|c| c.0));
+    let mut next = t_start + Duration::from_secs(1);
     // A line every second and one at the end, however late this thread
     // gets there (a stall of a busy machine may skip past the end: the last
     // line still comes).
@@ -529,11 +583,21 @@ fn measure(opts: &QpsOptions, server: &Server, live: &mut dyn Write) -> anyhow::
             continue;
         }
         let at = Instant::now();
-        collect(&tallies, &mut interval, &mut total);
+        let tick = due;
+        collect(&tallies, &mut interval);
+        if measured.is_some() {
+            total.merge(&interval);
+            if let Some(l) = &mut hist_log {
+                l.write(&interval.latency, last.0, at, None)?;
+            }
+        } else if tick >= warm_end {
+            // This interval was the warm-up's: counted nowhere.
+            measured = Some((at, server.cpu_seconds()));
+        }
         let cpu = server.cpu_seconds().map(|c| c.0);
         let cpu_delta = cpu.zip(last.1).map(|(b, a)| b - a);
         let line = LiveLine::new(
-            at.duration_since(t0).as_secs_f64(),
+            at.duration_since(t_start).as_secs_f64(),
             &interval,
             at.duration_since(last.0).as_secs_f64(),
             cpu_delta,
@@ -547,6 +611,7 @@ fn measure(opts: &QpsOptions, server: &Server, live: &mut dyn Write) -> anyhow::
         }
     }
     stop.store(true, Ordering::Release);
+    let (t0, cpu0) = measured.unwrap_or((Instant::now(), None));
     let seconds = t0.elapsed().as_secs_f64();
     let cpu1 = server.cpu_seconds();
     for w in workers {
@@ -557,7 +622,19 @@ fn measure(opts: &QpsOptions, server: &Server, live: &mut dyn Write) -> anyhow::
             )?;
         }
     }
-    collect(&tallies, &mut interval, &mut total);
+    collect(&tallies, &mut interval);
+    if seconds > 0.0 {
+        total.merge(&interval);
+        if let (Some(l), false) = (&mut hist_log, interval.latency.is_empty()) {
+            l.write(&interval.latency, last.0, Instant::now(), None)?;
+        }
+    }
+    if let Some(l) = hist_log {
+        l.finish()?;
+    }
+    if let Some(p) = &opts.percentiles {
+        hgrm::write_file(p, &total.latency)?;
+    }
     let server_cpu = cpu0.zip(cpu1).map(|((a, _), (b, what))| ServerCpu {
         seconds: (b - a).max(0.0),
         what,
@@ -578,15 +655,14 @@ fn measure(opts: &QpsOptions, server: &Server, live: &mut dyn Write) -> anyhow::
     Ok(summary)
 }
 
-/// Takes every worker's tally into `interval` (emptied first) and `total`.
-fn collect(tallies: &[Shared], interval: &mut Tally, total: &mut Tally) {
+/// Takes every worker's tally into `interval` (emptied first).
+fn collect(tallies: &[Shared], interval: &mut Tally) {
     interval.reset();
     for t in tallies {
         let mut t = lock(t);
         interval.merge(&t);
         t.reset();
     }
-    total.merge(interval);
 }
 
 /// One client thread.

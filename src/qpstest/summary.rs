@@ -58,6 +58,14 @@ pub struct Tally {
     pub latency: Histogram<u64>,
     /// Per priority class of `--priority-mix` (empty without one).
     pub classes: Vec<ClassTally>,
+    /// Open loop: service time of the answered getHosts, from the actual
+    /// send, ns (the latency above counts from the intended send time).
+    pub service: Histogram<u64>,
+    /// Open loop: getHosts sent.
+    pub sent: u64,
+    /// Open loop: nanoseconds the threads spent in calls (getHost, report,
+    /// hold), for how busy they were.
+    pub busy_ns: u64,
 }
 
 impl Default for Tally {
@@ -71,6 +79,9 @@ impl Default for Tally {
             report_errors: BTreeMap::new(),
             latency: latency_histogram(),
             classes: Vec::new(),
+            service: latency_histogram(),
+            sent: 0,
+            busy_ns: 0,
         }
     }
 }
@@ -133,6 +144,9 @@ impl Tally {
         // Same bounds on both sides: addition cannot fail.
         let _ = self.latency.add(&other.latency);
         merge_classes(&mut self.classes, &other.classes);
+        let _ = self.service.add(&other.service);
+        self.sent += other.sent;
+        self.busy_ns += other.busy_ns;
     }
 
     /// Empties the tally, keeping its allocations.
@@ -147,6 +161,9 @@ impl Tally {
         for c in &mut self.classes {
             c.reset();
         }
+        self.service.reset();
+        self.sent = 0;
+        self.busy_ns = 0;
     }
 }
 
@@ -254,6 +271,10 @@ pub struct Summary {
     /// Per priority class, with `--priority-mix` (absent without).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub priority_classes: Vec<ClassSummary>,
+    /// The open loop's figures (absent in the closed loop): there
+    /// `latency_us` counts from each request's intended send time.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub open_loop: Option<super::open_figures::OpenFigures>,
 }
 
 impl Summary {
@@ -288,6 +309,7 @@ impl Summary {
             get_hosts_per_server_cpu_second: per_cpu,
             warning: warning(tally),
             priority_classes: Vec::new(),
+            open_loop: None,
         }
     }
 
@@ -365,18 +387,33 @@ impl fmt::Display for Summary {
                 kinds(&self.report_errors)
             )?;
         }
+        if let Some(o) = &self.open_loop {
+            write!(f, "{o}")?;
+        }
         match &self.latency_us {
             Some(l) => writeln!(
                 f,
-                "latency (µs, getHosts answered{}): p50 {:.1}  p90 {:.1}  p99 {:.1}  p99.9 {:.1}  max {:.1}  mean {:.1}",
-                if i.cache {
+                "latency (µs, getHosts answered{}{}): p50 {:.1}  p90 {:.1}  p99 {:.1}  p99.9 {:.1}  max {:.1}  mean {:.1}",
+                if i.cache && self.open_loop.is_none() {
                     ", one in 64 timed"
+                } else {
+                    ""
+                },
+                if self.open_loop.is_some() {
+                    ", from the intended send time"
                 } else {
                     ""
                 },
                 l.p50, l.p90, l.p99, l.p999, l.max, l.mean
             )?,
             None => writeln!(f, "latency: no getHost was answered")?,
+        }
+        if let Some(l) = self.open_loop.as_ref().and_then(|o| o.service_us) {
+            writeln!(
+                f,
+                "service time (µs, from the actual send, uncorrected): p50 {:.1}  p90 {:.1}  p99 {:.1}  p99.9 {:.1}  max {:.1}",
+                l.p50, l.p90, l.p99, l.p999, l.max
+            )?;
         }
         for c in &self.priority_classes {
             writeln!(f, "{c}")?;
@@ -414,6 +451,9 @@ pub struct LiveLine {
     pub p99_us: Option<f64>,
     /// Server CPU in this interval, percent of one core.
     pub server_cpu_pct: Option<f64>,
+    /// Open loop: the requests per second the schedule offered in this
+    /// interval, and the getHosts per second sent.
+    pub open_rates: Option<(f64, f64)>,
 }
 
 impl LiveLine {
@@ -432,6 +472,7 @@ impl LiveLine {
             p50_us: q(0.50),
             p99_us: q(0.99),
             server_cpu_pct: server_cpu_s.map(|c| 100.0 * c / secs),
+            open_rates: None,
         }
     }
 }
@@ -450,6 +491,9 @@ impl fmt::Display for LiveLine {
         )?;
         if let Some(c) = self.server_cpu_pct {
             write!(f, "  server CPU {c:.0}%")?;
+        }
+        if let Some((offered, sent)) = self.open_rates {
+            write!(f, "  offered/s {offered:.0}  sent/s {sent:.0}")?;
         }
         Ok(())
     }
@@ -660,6 +704,13 @@ mod tests {
         assert!(text.contains("getHost/s      2000"), "{text}");
         assert!(text.contains("errors      1"), "{text}");
         assert!(text.contains("server CPU 50%"), "{text}");
+        assert!(!text.contains("offered"), "{text}");
+        let mut open = line.clone();
+        open.open_rates = Some((5000.0, 4000.0));
+        assert!(
+            open.to_string().ends_with("offered/s 5000  sent/s 4000"),
+            "{open}"
+        );
         let idle = LiveLine::new(1.0, &Tally::new(), 1.0, None).to_string();
         assert!(idle.contains("p50         -"), "{idle}");
     }

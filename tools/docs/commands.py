@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # design/layout.md is a file tree ("the lbagent package: ..."), not commands.
 FILES = sorted(p for p in (ROOT / "docs/src").rglob("*.md") if p.name != "layout.md") + [ROOT / "README.md", ROOT / "CONTRIBUTING.md"]
 START = re.compile(r"(?:^|[\s`$(])(?:lbagent|cargo run --release --)\s+([a-z][a-z-]*)(?:\s+([a-z][a-z-]*))?(?=[\s`]|$)")
-SUBS2 = {"route"}  # subcommands with subcommands of their own
+SUBS2 = {"route", "qpstest"}  # subcommands with subcommands of their own
 
 
 def commands():
