@@ -33,6 +33,18 @@ use workloads::{
     UpdateRouteRun, N, SHM_N, UDP_ROUNDS,
 };
 
+/// System calls per turn of the UDP shell workload (a full batch),
+/// counted over the whole turn as callgrind's `--collect-systime` does:
+/// the shard's `recvmmsg` and `sendmmsg` and the two clock reads of its
+/// one timed getHost (under valgrind `clock_gettime` is a system call, not
+/// the vDSO's), and the client's `sendmmsg` and `recvmmsg`. One more per
+/// datagram would be 32 more per turn, one more per batch 10,000 more in
+/// the run: the limit fails either whatever the baseline says.
+const UDP_SYSCALLS_PER_TURN: u64 = 6;
+
+/// Slack on that limit for the benchmark's own setup (a call or two).
+const UDP_SYSCALLS_SLACK: u64 = 100;
+
 /// Instructions more than this percentage above the baseline fail.
 const LIMIT_PCT: f64 = 5.0;
 
@@ -104,7 +116,12 @@ fn check_many_modules((_, answered): (ManyModulesRun, u64)) {
     config = LibraryBenchmarkConfig::default().tool(
         Callgrind::default()
             .entry_point(EntryPoint::Custom("*::workloads::udp_shard_turn".to_owned()))
+            .args(["--collect-systime=yes"])
             .soft_limits([(EventKind::Ir, LIMIT_PCT)])
+            .hard_limits([(
+                EventKind::SysCount,
+                UDP_SYSCALLS_PER_TURN * UDP_ROUNDS + UDP_SYSCALLS_SLACK
+            )])
     )
 )]
 #[bench::turns_10000(args = (), setup = workloads::udp_run, teardown = check_udp)]
