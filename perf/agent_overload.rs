@@ -428,6 +428,8 @@ fn run(o: &Opts, mode: Mode, rcvbuf: Option<u64>, rate: f64) -> Run {
     so.config.agent.shards = 1;
     so.config.agent.udp_rcvbuf_bytes = rcvbuf.map_or(0, |v| v.min(u64::from(u32::MAX)) as u32);
     so.config.admission.agent_shedding = mode != Mode::Off;
+    // The queuing times are reported with shedding off too.
+    so.config.agent.queuing_time = true;
     so.config.admission.agent_queuing_threshold_us = o.threshold_us;
     // Windows of 100 ms / 2000 datagrams: at hundreds of thousands per
     // second the count ends them every few milliseconds.

@@ -1,4 +1,4 @@
-//! The callgrind regression check: the four workloads of
+//! The callgrind regression check: the six workloads of
 //! `perf/workloads.rs` as Gungraun library benchmarks, each counted under
 //! callgrind from its own setup and compared with the committed baseline
 //! (`perf/callgrind-baseline/`). `perf/check` runs it with
@@ -28,7 +28,22 @@ use gungraun::{
 #[path = "workloads.rs"]
 mod workloads;
 
-use workloads::{ClientRun, ClientSeen, ManyModulesRun, Seen, ShardRun, UpdateRouteRun, N};
+use workloads::{
+    ClientRun, ClientSeen, ManyModulesRun, Seen, ShardRun, ShmRun, ShmSeen, UdpRun, UdpSeen,
+    UpdateRouteRun, N, SHM_N, UDP_ROUNDS,
+};
+
+/// System calls per turn of the UDP shell workload (a full batch),
+/// counted over the whole turn as callgrind's `--collect-systime` does:
+/// the shard's `recvmmsg` and `sendmmsg` and the two clock reads of its
+/// one timed getHost (under valgrind `clock_gettime` is a system call, not
+/// the vDSO's), and the client's `sendmmsg` and `recvmmsg`. One more per
+/// datagram would be 32 more per turn, one more per batch 10,000 more in
+/// the run: the limit fails either whatever the baseline says.
+const UDP_SYSCALLS_PER_TURN: u64 = 6;
+
+/// Slack on that limit for the benchmark's own setup (a call or two).
+const UDP_SYSCALLS_SLACK: u64 = 100;
 
 /// Instructions more than this percentage above the baseline fail.
 const LIMIT_PCT: f64 = 5.0;
@@ -94,9 +109,64 @@ fn check_many_modules((_, answered): (ManyModulesRun, u64)) {
     workloads::check_many_modules(answered);
 }
 
+// The shard's UDP shell: batches of 32 datagrams received, served and
+// answered through its socket; only [`workloads::udp_shard_turn`] is
+// counted (not the client's side).
+#[library_benchmark(
+    config = LibraryBenchmarkConfig::default().tool(
+        Callgrind::default()
+            .entry_point(EntryPoint::Custom("*::workloads::udp_shard_turn".to_owned()))
+            .args(["--collect-systime=yes"])
+            .soft_limits([(EventKind::Ir, LIMIT_PCT)])
+            .hard_limits([(
+                EventKind::SysCount,
+                UDP_SYSCALLS_PER_TURN * UDP_ROUNDS + UDP_SYSCALLS_SLACK
+            )])
+    )
+)]
+#[bench::turns_10000(args = (), setup = workloads::udp_run, teardown = check_udp)]
+fn udp_shell(mut run: UdpRun) -> (UdpRun, UdpSeen) {
+    let seen = workloads::udp_workload(&mut run, black_box(UDP_ROUNDS));
+    (run, seen)
+}
+
+fn check_udp((_, seen): (UdpRun, UdpSeen)) {
+    workloads::check_udp(&seen, UDP_ROUNDS);
+}
+
+// getHosts and reports through a shared-memory slot as fixed records;
+// only the shard's sweeps ([`workloads::shm_shard_turn`]) are counted.
+#[library_benchmark(
+    config = LibraryBenchmarkConfig::default().tool(
+        Callgrind::default()
+            .entry_point(EntryPoint::Custom("*::workloads::shm_shard_turn".to_owned()))
+            .soft_limits([(EventKind::Ir, LIMIT_PCT)])
+    )
+)]
+#[bench::fixed_200000(args = (), setup = shm_fixed_run, teardown = check_shm)]
+fn shm_requests(mut run: ShmRun) -> (ShmRun, ShmSeen) {
+    let seen = workloads::shm_workload(&mut run, black_box(SHM_N));
+    (run, seen)
+}
+
+fn shm_fixed_run() -> ShmRun {
+    workloads::shm_run(true)
+}
+
+fn check_shm((run, seen): (ShmRun, ShmSeen)) {
+    workloads::check_shm(&run, &seen, SHM_N);
+}
+
 library_benchmark_group!(
     name = workloads_group,
-    benchmarks = [shard_requests, cached_client, update_route, many_modules]
+    benchmarks = [
+        shard_requests,
+        cached_client,
+        update_route,
+        many_modules,
+        udp_shell,
+        shm_requests
+    ]
 );
 
 // Differential flamegraphs against the baseline (SVG files beside the

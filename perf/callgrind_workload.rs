@@ -12,10 +12,11 @@
 //!   `valgrind --tool=callgrind --toggle-collect='callgrind_workload::shed_rejected' target/release/examples/callgrind_workload shed`.
 //! - `shm fixed` and `shm flat` ([`shm_main`]; issue 16's shared memory):
 //!   getHosts and reports through a slot of a region, the client and the
-//!   shard in one thread; `shm_shard` counts the shard's sweeps,
+//!   shard in one thread; `shm_shard_turn` counts the shard's sweeps,
 //!   `shm_client_*` the client's side, for the fixed records of layout 3
-//!   against the FlatBuffers cells of layout 2.
-//!   `valgrind --tool=callgrind --toggle-collect='callgrind_workload::shm_shard' target/release/examples/callgrind_workload shm fixed`.
+//!   against the FlatBuffers cells of layout 2 (the fixed case is also
+//!   the gated Gungraun benchmark `shm_requests`).
+//!   `valgrind --tool=callgrind --toggle-collect='*::workloads::shm_shard_turn' target/release/examples/callgrind_workload shm fixed`.
 //!
 //! Build: `cargo build --release --example callgrind_workload`. The program
 //! checks its answers and exits non-zero when they are wrong, so that a
@@ -23,23 +24,18 @@
 
 use std::hint::black_box;
 use std::process::ExitCode;
-use std::time::Duration;
 
 use lbagent::admission::AdmissionParams;
 use lbagent::agent::shard::{Queued, ShardCore};
-use lbagent::agent::shard_rt::sweep;
-use lbagent::model::NodeAddr;
-use lbagent::shm::attach::Attachment;
-use lbagent::shm::fixed;
-use lbagent::shm::layout::{Geometry, FMT_FIXED, FMT_FLATBUFFERS};
-use lbagent::shm::region::{Access, Identity, Region};
-use lbagent::shm::serve::Server;
-use lbagent::wire::{decode, Encoder, Limits, Message, Report, RetCode};
+use lbagent::wire::{decode, Encoder, Limits, Message, RetCode};
 
 #[path = "workloads.rs"]
 mod workloads;
 
-use workloads::{shard, FAIL_EVERY, MODULE, PEER};
+use workloads::{shard, MODULE, PEER};
+
+/// getHosts (and as many reports) of a `shm` run.
+const SHM_N: u64 = workloads::SHM_N;
 
 /// getHosts per half of the `shed` case.
 const SHED_N: u64 = 100_000;
@@ -139,70 +135,13 @@ fn shed_main() -> ExitCode {
 
 // === the shared-memory path (issue 16) ===
 
-/// getHosts (and as many reports) of a `shm` run.
-const SHM_N: u64 = 200_000;
-
-/// The shard's side of one exchange through a slot: one sweep, as the
-/// shard's request loop runs it (counted alone: `shm_shard`).
-#[inline(never)]
-fn shm_shard(shard: &mut ShardCore, srv: &mut Server) -> usize {
-    let n = sweep(shard, srv, false, false);
-    if !shard.outbox.is_empty() {
-        shard.outbox.clear();
-    }
-    n
-}
-
-/// The client's side of posting `req`: encode it (a fixed record, or
-/// FlatBuffers bytes as before layout 3) and publish it in the slot.
-#[inline(never)]
-fn shm_client_post(
-    att: &mut Attachment,
-    enc: &mut Encoder,
-    req: &fixed::Request,
-    record: bool,
-    answer: bool,
-) -> u32 {
-    let mut rec = [0u8; fixed::MAX_LEN];
-    let (bytes, format) = if record {
-        let n = fixed::encode_request(req, &mut rec);
-        (&rec[..n], FMT_FIXED)
-    } else {
-        let b = match req {
-            fixed::Request::GetHost(g) => {
-                enc.get_host_req(g.seq, g.module, g.business_priority, g.user_priority)
-            }
-            fixed::Request::Report(r) => enc.report_req(r),
-        };
-        (b, FMT_FLATBUFFERS)
-    };
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    att.post(black_box(bytes), format, answer, deadline, &mut || {})
-        .expect("the slot takes the request")
-}
-
-/// The client's side of reading a getHost's answer: the host it names.
-#[inline(never)]
-fn shm_client_wait(att: &mut Attachment, seq: u32, buf: &mut Vec<u8>) -> Option<NodeAddr> {
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    let (n, format) = att.wait(seq, deadline, buf, &mut || {}).ok()?;
-    let a = if format == FMT_FIXED {
-        fixed::decode_answer(&buf[..n]).ok()?
-    } else {
-        match decode(&buf[..n], &Limits::UDP).ok()? {
-            Message::GetHostResp(r) => fixed::HostAnswer::from_resp(&r),
-            _ => return None,
-        }
-    };
-    (a.retcode == RetCode::Ok).then_some(a.host).flatten()
-}
-
 /// `shm fixed|flat`: [`SHM_N`] getHosts, each followed by a report of the
 /// node it named, through one slot of a region, the shard and the client
 /// in this one thread (post, sweep, read the answer): the shard's
-/// instructions per request are `shm_shard`'s count / (2 × N), the
+/// instructions per request are `shm_shard_turn`'s count / (2 × N), the
 /// client's those of `shm_client_*`. `flat` sends FlatBuffers bytes (the
-/// cells of layout 2), `fixed` the records of layout 3.
+/// cells of layout 2), `fixed` the records of layout 3 (the workload
+/// `perf/check` gates: `workloads::shm_workload`).
 fn shm_main(mode: Option<&str>) -> ExitCode {
     let record = match mode {
         Some("fixed") => true,
@@ -212,63 +151,9 @@ fn shm_main(mode: Option<&str>) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let pid = std::process::id();
-    let path = std::env::temp_dir().join(format!("lbagent-callgrind-shm-{pid}.0"));
-    let ident = Identity {
-        shard: 0,
-        pid,
-        boot: 1,
-    };
-    let region = Region::create(&path, Geometry::new(4), ident, Access::Owner)
-        .expect("a region in the temporary directory");
-    let mut srv = Server::new(region);
-    let mut att = Attachment::attach(&path, pid).expect("a slot");
-    let _ = std::fs::remove_file(&path);
-    let mut shard = shard();
-    let mut enc = Encoder::new();
-    let mut buf = Vec::new();
-    let (mut hosts, mut missing) = (0u64, 0u64);
-    for i in 0..SHM_N {
-        let seq = i as u32;
-        let g = fixed::Request::GetHost(lbagent::wire::GetHost {
-            seq,
-            module: MODULE,
-            business_priority: 0,
-            user_priority: 0,
-        });
-        let s = shm_client_post(&mut att, &mut enc, &g, record, true);
-        shm_shard(&mut shard, &mut srv);
-        let Some(host) = shm_client_wait(&mut att, s, &mut buf) else {
-            missing += 1;
-            continue;
-        };
-        hosts += 1;
-        let failed = i % FAIL_EVERY == FAIL_EVERY - 1;
-        let r = fixed::Request::Report(Report {
-            seq,
-            module: MODULE,
-            host,
-            retcode: if failed { -1 } else { 0 },
-            tcost_ms: 40,
-            downstream_level: None,
-            consumed: 0,
-        });
-        shm_client_post(&mut att, &mut enc, &r, record, false);
-        shm_shard(&mut shard, &mut srv);
-    }
-    let m = &shard.metrics;
-    println!(
-        "callgrind workload: shm {}: {SHM_N} getHosts ({hosts} answered with a host) and reports through a slot; shm requests {}, garbage {}",
-        if record { "fixed" } else { "flat" },
-        srv.counts.requests,
-        srv.counts.garbage,
-    );
-    if missing > 0
-        || srv.counts.requests != 2 * SHM_N
-        || srv.counts.garbage > 0
-        || m.unknown_node_reports > 0
-    {
-        eprintln!("callgrind workload: shm: not every request was answered as expected: the count would mean nothing");
+    let mut run = workloads::shm_run(record);
+    let seen = workloads::shm_workload(&mut run, SHM_N);
+    if std::panic::catch_unwind(|| workloads::check_shm(&run, &seen, SHM_N)).is_err() {
         return ExitCode::FAILURE;
     }
     ExitCode::SUCCESS

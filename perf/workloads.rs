@@ -39,6 +39,24 @@
 //!   turns of its 5 ms tick (`next_deadline` / `expire`, 10 s of time). The
 //!   cost is the requests' and the due timers'; a scan over the modules per
 //!   tick or per request multiplies it.
+//! - [`udp_shard_turn`] (issue 29): the shard's UDP shell around the same
+//!   requests — `recvmmsg` of a full batch from its socket, the control
+//!   messages the socket options the shard sets ask the kernel for
+//!   ([`Stamps::for_shard`] with the default configuration), each datagram
+//!   handed to the core, the answers sent by one `sendmmsg` — as
+//!   [`UDP_ROUNDS`] batches of [`UDP_BATCH`] datagrams (half getHosts, half
+//!   reports) that a client socket of this thread queued before the turn,
+//!   so every receive takes a full batch. User space only, as callgrind
+//!   counts: a cost the kernel pays is not in the count, but what the shard
+//!   asks of the kernel per datagram is checked exactly by
+//!   [`check_udp`] (control-message bytes: none by default).
+//! - [`shm_shard_turn`] (issues 16 and 29): [`SHM_N`] getHosts, each
+//!   followed by a report of the node it named, through one slot of a
+//!   shared-memory region as fixed records, the client and the shard in
+//!   one thread (post, sweep, read the answer), the clock advancing 1 ms
+//!   every 500 exchanges; only the shard's sweeps are counted (the
+//!   default configuration: no queuing time measured). Per request:
+//!   the count / (2 × [`SHM_N`]).
 
 // Each including target uses part of this module.
 #![allow(dead_code)]
@@ -52,11 +70,19 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use lbagent::agent::messages::ToShard;
 use lbagent::agent::shard::{ShardCore, ShardSetup};
+use lbagent::agent::shard_rt::{serve_datagrams, serve_ready, Stamps, BATCH};
 use lbagent::client::{Client, ClientOptions, HostSource};
 use lbagent::config::Config;
 use lbagent::host::heartbeat::{AgentInfo, HeartbeatWriter};
+use lbagent::host::udp::{RecvBatch, SendBatch};
 use lbagent::model::{ModuleId, NodeAddr, Policy, RouteNode};
+use lbagent::shm::attach::Attachment;
+use lbagent::shm::fixed;
+use lbagent::shm::layout::{Geometry, FMT_FIXED, FMT_FLATBUFFERS};
+use lbagent::shm::region::{Access, Identity, Region};
+use lbagent::shm::serve::Server;
 use lbagent::wire::{decode, CacheRoute, Encoder, Limits, Message, Report, RetCode};
+use std::os::fd::AsRawFd;
 
 /// getHosts (and as many reports) of the shard and cached-client workloads;
 /// the baseline holds for this value only.
@@ -577,5 +603,313 @@ pub fn check_many_modules(answered: u64) {
         answered,
         u64::from(MANY_REQUESTS),
         "callgrind workload: the shard did not answer every getHost"
+    );
+}
+
+// === the shard's UDP shell ===
+
+/// Datagrams per turn of [`udp_shard_turn`]: the shard's batch.
+pub const UDP_BATCH: usize = BATCH;
+/// Turns of the UDP shell workload: 160,000 getHosts and as many reports.
+pub const UDP_ROUNDS: u64 = 10_000;
+
+/// The shard, its socket and a client socket of the UDP shell workload.
+pub struct UdpRun {
+    /// The shard.
+    pub shard: ShardCore,
+    /// Its socket.
+    pub server: UdpSocket,
+    /// What the shard asked the kernel for on it.
+    pub stamps: Stamps,
+    /// The shard's receive and send batches.
+    pub rx: RecvBatch,
+    /// See `rx`.
+    pub tx: SendBatch,
+    /// The client's socket, its batch of requests and its receive batch.
+    pub client: UdpSocket,
+    /// See `client`.
+    pub out: SendBatch,
+    /// See `client`.
+    pub back: RecvBatch,
+    /// The requests.
+    pub reqs: Requests,
+}
+
+/// What the UDP shell workload saw.
+#[derive(Debug, Default)]
+pub struct UdpSeen {
+    /// Turns whose receive did not take a full batch.
+    pub short_turns: u64,
+    /// Datagrams the shard received.
+    pub received: u64,
+    /// Control-message bytes the kernel attached to them.
+    pub control_bytes: u64,
+    /// Answers the client received.
+    pub answers: u64,
+}
+
+/// The setup of the UDP shell workload: two loopback sockets, the shard's
+/// with the socket options a shard with the default configuration sets.
+pub fn udp_run() -> UdpRun {
+    let config = Config::default();
+    let server = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).expect("a loopback socket");
+    let client = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).expect("a loopback socket");
+    server.set_nonblocking(true).unwrap();
+    client.set_nonblocking(true).unwrap();
+    let stamps = Stamps::for_shard(
+        server.as_raw_fd(),
+        config.agent.queuing_time,
+        config.admission.agent_shedding,
+    );
+    UdpRun {
+        shard: shard(),
+        server,
+        stamps,
+        rx: RecvBatch::new(UDP_BATCH),
+        tx: SendBatch::new(),
+        client,
+        out: SendBatch::new(),
+        back: RecvBatch::new(UDP_BATCH),
+        reqs: requests(),
+    }
+}
+
+/// The counted part: one turn of the shard's request loop on a socket that
+/// holds a full batch — receive it, serve it, send the answers.
+#[inline(never)]
+pub fn udp_shard_turn(run: &mut UdpRun, now: u64, seen: &mut UdpSeen) {
+    let fd = run.server.as_raw_fd();
+    let n = run.rx.recv(fd).unwrap_or(0);
+    seen.received += n as u64;
+    if n < UDP_BATCH {
+        seen.short_turns += 1;
+    }
+    if n == 0 {
+        return;
+    }
+    for i in 0..n {
+        seen.control_bytes += run.rx.control_bytes(i) as u64;
+    }
+    serve_datagrams(&mut run.shard, &run.rx, n, &mut run.tx, fd, run.stamps, now);
+    if !run.shard.outbox.is_empty() {
+        run.shard.outbox.clear();
+    }
+}
+
+/// [`UDP_ROUNDS`] turns: the client queues a batch (getHost, report, ...,
+/// the reports naming the nodes in turn, one in [`FAIL_EVERY`] a failure),
+/// the shard takes its turn, the client reads the answers (none of it but
+/// the turn counted).
+pub fn udp_workload(run: &mut UdpRun, rounds: u64) -> UdpSeen {
+    let mut seen = UdpSeen::default();
+    let to = run.server.local_addr().unwrap();
+    let mut i = 0u64;
+    for round in 0..rounds {
+        for _ in 0..UDP_BATCH / 2 {
+            run.out.push(to, &run.reqs.get_host);
+            let which = (i % u64::from(NODES)) as usize;
+            let failed = usize::from(i % FAIL_EVERY == FAIL_EVERY - 1);
+            run.out.push(to, &run.reqs.reports[2 * which + failed]);
+            i += 1;
+        }
+        let unsent = run.out.flush(run.client.as_raw_fd());
+        assert_eq!(unsent, 0, "the loopback socket took the batch");
+        udp_shard_turn(run, round / 100, &mut seen);
+        seen.answers += run.back.recv(run.client.as_raw_fd()).unwrap_or(0) as u64;
+    }
+    seen
+}
+
+/// Panics unless every turn took a full batch, every getHost was answered
+/// and the kernel attached no control message to any datagram (the
+/// default configuration measures no queuing time and sheds nothing: a
+/// per-datagram cost that no feature in use asks for is a regression).
+pub fn check_udp(seen: &UdpSeen, rounds: u64) {
+    println!(
+        "callgrind workload: udp shell: {rounds} turns of {UDP_BATCH} datagrams ({} received, {} short turns, {} control-message bytes), {} answers",
+        seen.received, seen.short_turns, seen.control_bytes, seen.answers
+    );
+    assert_eq!(
+        seen.control_bytes, 0,
+        "the kernel attached control messages to the shard's datagrams with the default configuration: a per-datagram cost no feature in use asks for"
+    );
+    assert!(
+        seen.short_turns == 0
+            && seen.received == rounds * UDP_BATCH as u64
+            && seen.answers == rounds * UDP_BATCH as u64 / 2,
+        "callgrind workload: udp shell: not every turn served a full batch: the count would mean nothing"
+    );
+}
+
+// === the shared-memory path ===
+
+/// getHosts (and as many reports) of the shared-memory workload.
+pub const SHM_N: u64 = 200_000;
+
+/// The shard, its region's server and a client attached to one slot.
+pub struct ShmRun {
+    /// The shard.
+    pub shard: ShardCore,
+    /// The region's server side.
+    pub srv: Server,
+    /// The client's slot.
+    pub att: Attachment,
+    /// Fixed records (layout 3), or FlatBuffers cells (layout 2).
+    pub record: bool,
+    /// The client's encoder (FlatBuffers cells).
+    pub enc: Encoder,
+    /// The client's answer buffer.
+    pub buf: Vec<u8>,
+}
+
+/// What the shared-memory workload saw.
+#[derive(Debug, Default)]
+pub struct ShmSeen {
+    /// getHosts answered with a host.
+    pub hosts: u64,
+    /// getHosts without one.
+    pub missing: u64,
+}
+
+/// The setup of the shared-memory workload: a region of 4 slots in the
+/// temporary directory (its file removed at once; the mappings stay),
+/// this process attached to one.
+pub fn shm_run(record: bool) -> ShmRun {
+    let pid = std::process::id();
+    let path = std::env::temp_dir().join(format!("lbagent-callgrind-shm-{pid}.0"));
+    let ident = Identity {
+        shard: 0,
+        pid,
+        boot: 1,
+    };
+    let region = Region::create(&path, Geometry::new(4), ident, Access::Owner)
+        .expect("a region in the temporary directory");
+    let srv = Server::new(region);
+    let att = Attachment::attach(&path, pid).expect("a slot");
+    let _ = std::fs::remove_file(&path);
+    ShmRun {
+        shard: shard(),
+        srv,
+        att,
+        record,
+        enc: Encoder::new(),
+        buf: Vec::new(),
+    }
+}
+
+/// The counted part: the shard's side of one exchange through a slot, one
+/// sweep as the shard's request loop runs it with the default
+/// configuration (no queuing time measured), at time `now`.
+#[inline(never)]
+pub fn shm_shard_turn(shard: &mut ShardCore, srv: &mut Server, now: u64) -> usize {
+    let ready = srv.ready(false);
+    let n = if ready == 0 {
+        0
+    } else {
+        serve_ready(shard, srv, ready, false, now, None)
+    };
+    if !shard.outbox.is_empty() {
+        shard.outbox.clear();
+    }
+    n
+}
+
+/// The client's side of posting `req`: encode it (a fixed record, or
+/// FlatBuffers bytes as before layout 3) and publish it in the slot.
+#[inline(never)]
+pub fn shm_client_post(
+    att: &mut Attachment,
+    enc: &mut Encoder,
+    req: &fixed::Request,
+    record: bool,
+    answer: bool,
+) -> u32 {
+    let mut rec = [0u8; fixed::MAX_LEN];
+    let (bytes, format) = if record {
+        let n = fixed::encode_request(req, &mut rec);
+        (&rec[..n], FMT_FIXED)
+    } else {
+        let b = match req {
+            fixed::Request::GetHost(g) => {
+                enc.get_host_req(g.seq, g.module, g.business_priority, g.user_priority)
+            }
+            fixed::Request::Report(r) => enc.report_req(r),
+        };
+        (b, FMT_FLATBUFFERS)
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    att.post(black_box(bytes), format, answer, deadline, &mut || {})
+        .expect("the slot takes the request")
+}
+
+/// The client's side of reading a getHost's answer: the host it names.
+#[inline(never)]
+pub fn shm_client_wait(att: &mut Attachment, seq: u32, buf: &mut Vec<u8>) -> Option<NodeAddr> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let (n, format) = att.wait(seq, deadline, buf, &mut || {}).ok()?;
+    let a = if format == FMT_FIXED {
+        fixed::decode_answer(&buf[..n]).ok()?
+    } else {
+        match decode(&buf[..n], &Limits::UDP).ok()? {
+            Message::GetHostResp(r) => fixed::HostAnswer::from_resp(&r),
+            _ => return None,
+        }
+    };
+    (a.retcode == RetCode::Ok).then_some(a.host).flatten()
+}
+
+/// `n` exchanges: a getHost posted, a sweep, its answer read; a report of
+/// the node it named (one in [`FAIL_EVERY`] a failure) posted, a sweep.
+pub fn shm_workload(run: &mut ShmRun, n: u64) -> ShmSeen {
+    let mut seen = ShmSeen::default();
+    for i in 0..n {
+        let seq = i as u32;
+        let g = fixed::Request::GetHost(lbagent::wire::GetHost {
+            seq,
+            module: MODULE,
+            business_priority: 0,
+            user_priority: 0,
+        });
+        let s = shm_client_post(&mut run.att, &mut run.enc, &g, run.record, true);
+        let now = i / 500;
+        shm_shard_turn(&mut run.shard, &mut run.srv, now);
+        let Some(host) = shm_client_wait(&mut run.att, s, &mut run.buf) else {
+            seen.missing += 1;
+            continue;
+        };
+        seen.hosts += 1;
+        let failed = i % FAIL_EVERY == FAIL_EVERY - 1;
+        let r = fixed::Request::Report(Report {
+            seq,
+            module: MODULE,
+            host,
+            retcode: if failed { -1 } else { 0 },
+            tcost_ms: 40,
+            downstream_level: None,
+            consumed: 0,
+        });
+        shm_client_post(&mut run.att, &mut run.enc, &r, run.record, false);
+        shm_shard_turn(&mut run.shard, &mut run.srv, now);
+    }
+    seen
+}
+
+/// Panics unless every getHost was answered with a host, the region took
+/// every request and nothing was garbage.
+pub fn check_shm(run: &ShmRun, seen: &ShmSeen, n: u64) {
+    let counts = &run.srv.counts;
+    println!(
+        "callgrind workload: shm {}: {n} getHosts ({} answered with a host) and reports through a slot; shm requests {}, garbage {}",
+        if run.record { "fixed" } else { "flat" },
+        seen.hosts,
+        counts.requests,
+        counts.garbage,
+    );
+    assert!(
+        seen.missing == 0
+            && counts.requests == 2 * n
+            && counts.garbage == 0
+            && run.shard.metrics.unknown_node_reports == 0,
+        "callgrind workload: shm: not every request was answered as expected: the count would mean nothing"
     );
 }

@@ -454,12 +454,19 @@ fn sigterm_writes_the_snapshot_and_exits_0_promptly() {
     assert_eq!(s.route(M).unwrap().nodes.len(), 2);
 }
 
-#[test]
-fn metrics_are_served_in_prometheus_text_format() {
+/// The metrics text of a one-shard agent (`[agent]` lines `agent_extra`)
+/// once it has answered a getHost of [`M`] with a route.
+fn metrics_after_a_route(agent_extra: &str) -> String {
     let dir = tempfile::tempdir().unwrap();
     let source = RouteSource::start();
     source.set_route(M, &nodes(2));
-    let agent = start(dir.path(), source.addr(), 1);
+    let agent = start_with(
+        dir.path(),
+        source.addr(),
+        "127.0.0.1:1",
+        1,
+        ("", agent_extra),
+    );
     let mut c = Client::new(agent.port);
     c.get_host(M);
     c.wait_route(M);
@@ -470,6 +477,23 @@ fn metrics_are_served_in_prometheus_text_format() {
         t.contains("lbagent_modules{shard=\"0\"} 1").then_some(t)
     })
     .expect("metrics show the module within 10 s");
+    assert!(http_get(agent.metrics, "/nope")
+        .unwrap_or_default()
+        .is_empty());
+    text
+}
+
+/// The count of datagrams whose queuing time shard 0 measured.
+fn queuing_count(text: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix("lbagent_queuing_seconds_count{shard=\"0\"} "))
+        .and_then(|v| v.parse().ok())
+        .expect("a queuing-time count")
+}
+
+#[test]
+fn metrics_are_served_in_prometheus_text_format() {
+    let text = metrics_after_a_route("queuing_time = true");
     for family in [
         "lbagent_requests_total{shard=\"0\",kind=\"gethost\"}",
         "lbagent_errors_total{shard=\"0\",kind=\"gethost\"}",
@@ -488,15 +512,24 @@ fn metrics_are_served_in_prometheus_text_format() {
         assert!(text.contains(family), "missing {family}");
     }
     // The kernel stamped the datagrams: their queuing times were counted.
-    let queued: f64 = text
-        .lines()
-        .find_map(|l| l.strip_prefix("lbagent_queuing_seconds_count{shard=\"0\"} "))
-        .and_then(|v| v.parse().ok())
-        .expect("a queuing-time count");
-    assert!(queued >= 1.0, "no datagram's queuing time was counted");
-    assert!(http_get(agent.metrics, "/nope")
-        .unwrap_or_default()
-        .is_empty());
+    assert!(
+        queuing_count(&text) >= 1.0,
+        "no datagram's queuing time was counted"
+    );
+}
+
+#[test]
+fn by_default_the_kernel_stamps_no_datagram() {
+    // Without agent.queuing_time and shedding the shard asks the kernel for
+    // no control message per datagram (issue 29: it cost the UDP path):
+    // the histogram is served, empty.
+    let text = metrics_after_a_route("");
+    assert!(text.contains("lbagent_queuing_seconds_bucket{le=\"+Inf\",shard=\"0\"} 0"));
+    assert_eq!(
+        queuing_count(&text),
+        0.0,
+        "queuing times measured by default"
+    );
 }
 
 #[test]

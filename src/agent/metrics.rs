@@ -815,7 +815,9 @@ impl EncodeLabelValue for Escaped<'_> {
 /// histogram), written by hand: prometheus-client has no summary type.
 fn render_service_time(o: &mut String, shards: &[ShardMetrics]) {
     let name = "lbagent_gethost_service_seconds";
-    let help = "getHost service time in the shard, decode to encoded answer.";
+    let help = "getHost service time in the shard, decode to encoded answer: a sample, \
+                over UDP the first getHost of each batch of datagrams, over shared memory one \
+                every few sweeps.";
     let _ = writeln!(o, "# HELP {name} {help}\n# TYPE {name} summary");
     for m in shards {
         let (s, h) = (m.shard, &m.gethost_ns);

@@ -410,6 +410,7 @@ fn spawn_shards(
             shedding: config.admission.agent_params(),
             shm: regions.next(),
             idle_tick: common.idle_tick,
+            queuing_time: a.queuing_time,
         };
         let core = i % ncpu.max(1);
         let h = LocalExecutorBuilder::new(Placement::Fixed(core))

@@ -8,14 +8,16 @@
 //! passes, see [`ShardParts::idle_tick`]). Under load every system call moves a batch.
 //! When it spins and when it parks is [`super::park::ParkPolicy`]'s.
 //!
-//! The kernel stamps each datagram's arrival (`SO_TIMESTAMPNS`); the loop
-//! reads the clock once per batch and hands the core each datagram's
-//! queuing time, which feeds the queuing-time histogram and, with
-//! `admission.agent_shedding`, the shard's own admission level.
+//! With `agent.queuing_time` or `admission.agent_shedding` the kernel
+//! stamps each datagram's arrival (`SO_TIMESTAMPNS`, see [`Stamps`]); the
+//! loop reads the clock once per batch and hands the core each datagram's
+//! queuing time, which feeds the queuing-time histograms and, with
+//! shedding, the shard's own admission level. Without either the kernel
+//! attaches nothing to a datagram.
 
 use std::cell::{Cell, RefCell};
 use std::net::UdpSocket as StdUdpSocket;
-use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd};
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, RawFd};
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
@@ -83,6 +85,9 @@ pub struct ShardParts {
     /// client that set no pending bit). Shutdown does not wait for it:
     /// `Agent::stop` rings every shard's socket with an empty datagram.
     pub idle_tick: Duration,
+    /// Measure every datagram's queuing time (`agent.queuing_time`): the
+    /// kernel stamps each datagram's arrival. Implied by `shedding`.
+    pub queuing_time: bool,
 }
 
 /// Runs a shard until `stop` is set. Call inside its glommio executor.
@@ -100,31 +105,11 @@ pub async fn run(parts: ShardParts) {
         shedding,
         shm,
         idle_tick,
+        queuing_time,
     } = parts;
     let shm = shm.map(|r| Rc::new(RefCell::new(Server::new(r))));
     let fd = socket.into_raw_fd();
-    // Without the kernel's receive timestamps nothing is measured or shed.
-    let stamped = match udp::enable_timestamps(fd) {
-        Ok(_) => true,
-        Err(e) => {
-            // The shard's span names the shard.
-            tracing::warn!("no receive timestamps ({e}): queuing time not measured, nothing shed");
-            false
-        }
-    };
-    // With shedding, the kernel's drop count rides on every datagram: a
-    // full receive buffer is overload the queuing time cannot show.
-    let counted = stamped
-        && shedding.is_some()
-        && match udp::enable_drop_count(fd) {
-            Ok(()) => true,
-            Err(e) => {
-                tracing::warn!(
-                    "no receive drop count ({e}): overload shows only as queuing time,                      not as the datagrams a full receive buffer drops"
-                );
-                false
-            }
-        };
+    let stamps = Stamps::for_shard(fd, queuing_time, shedding.is_some());
     // SAFETY: fd is a bound UDP socket we own; glommio takes it over.
     let socket = Rc::new(unsafe { UdpSocket::from_raw_fd(fd) });
     let core = Rc::new(RefCell::new(ShardCore::new(setup)));
@@ -260,7 +245,14 @@ pub async fn run(parts: ShardParts) {
         let served = match &shm {
             Some(s) => {
                 let sweep = policy.sweep();
-                let served = serve_slots(&core, s, &to_control, sweep.full, sweep.time_one);
+                let served = serve_slots(
+                    &core,
+                    s,
+                    &to_control,
+                    sweep.full,
+                    sweep.time_one,
+                    stamps.stamped,
+                );
                 if served > 0 {
                     timer.nudge(&core.borrow());
                 }
@@ -315,50 +307,7 @@ pub async fn run(parts: ShardParts) {
         {
             let mut c = core.borrow_mut();
             let now = clock::now_ms();
-            // One clock read per batch: a datagram's queuing time is the
-            // batch's receive time minus its arrival stamp.
-            let now_ns = if stamped { udp::realtime_ns() } else { 0 };
-            if counted {
-                // The running count as the batch's last datagram carried
-                // it (the drops before it was queued).
-                if let Some(d) = rx.drops(n - 1) {
-                    c.kernel_drops(d);
-                }
-            }
-            for i in 0..n {
-                let (bytes, peer, truncated) = rx.get(i);
-                if bytes.is_empty() {
-                    // A doorbell (a shared-memory client's, or the agent's
-                    // own at stop): it woke the shard, nothing more.
-                    continue;
-                }
-                let queued = if stamped {
-                    rx.arrived_ns(i).map(|at| Queued {
-                        now_us: now_ns / 1000,
-                        waited_us: now_ns.saturating_sub(at) / 1000,
-                    })
-                } else {
-                    None
-                };
-                if truncated {
-                    c.metrics.count_malformed(&DecodeError::Oversized {
-                        len: bytes.len() + 1,
-                        max: bytes.len(),
-                    });
-                    continue;
-                }
-                let t0 = Instant::now();
-                let answer = c.handle_queued(bytes, peer, now, queued);
-                if let Some(a) = answer {
-                    tx.push(peer, a);
-                }
-                if c.last_kind() == Some(Kind::GetHost) {
-                    let ns = t0.elapsed().as_nanos() as u64;
-                    c.metrics.record_gethost_ns(ns);
-                }
-            }
-            let failed = tx.flush(socket.as_raw_fd());
-            c.metrics.send_errors += failed as u64;
+            serve_datagrams(&mut c, &rx, n, &mut tx, socket.as_raw_fd(), stamps, now);
             if !c.outbox.is_empty() {
                 offer(&mut c, &to_control, now);
             }
@@ -408,44 +357,189 @@ fn serve_slots(
     to_control: &ConnectedSender<ToControl>,
     full: bool,
     time_one: bool,
+    queuing: bool,
 ) -> usize {
     let mut srv = shm.borrow_mut();
     let mut c = core.borrow_mut();
-    let served = sweep(&mut c, &mut srv, full, time_one);
+    let served = sweep(&mut c, &mut srv, full, time_one, queuing);
     if !c.outbox.is_empty() {
         offer(&mut c, to_control, clock::now_ms());
     }
     served
 }
 
-/// One sweep of a shard's region: takes every new request of the slots
-/// [`Server::ready`] names, hands it to the core (a record of the fixed
-/// layout through [`ShardCore::handle_fixed`], FlatBuffers bytes through
-/// [`ShardCore::handle_queued`], as from the slot's
-/// [`slot_peer`]), and writes the answer back. Returns how many requests
-/// it took. Touches no socket and no ring (the caller hands the core's
-/// outbox on); reads the clock twice per sweep (realtime for the queuing
-/// times, the monotonic milliseconds of the core), and with `time_one`
-/// times one getHost for the service-time histogram (a sample: two clock
-/// reads per request cost more than the core's own handling of it).
-pub fn sweep(c: &mut ShardCore, srv: &mut Server, full: bool, time_one: bool) -> usize {
+/// What the kernel attaches to each datagram the shard receives: nothing
+/// by default. The arrival stamp (`SO_TIMESTAMPNS`, a 32-byte control
+/// message the kernel writes and the shard reads per datagram) only when
+/// queuing times are measured (`agent.queuing_time`, or the shard sheds);
+/// the receive queue's drop count (`SO_RXQ_OVFL`, 24 bytes more) only when
+/// the shard sheds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stamps {
+    /// Datagrams carry their arrival time.
+    pub stamped: bool,
+    /// Datagrams carry the socket's running drop count.
+    pub counted: bool,
+}
+
+impl Stamps {
+    /// What a shard asks for on its socket `fd`: the arrival stamps when it
+    /// measures queuing times (`agent.queuing_time`) or sheds (which needs
+    /// them), the drop count when it sheds; nothing otherwise.
+    pub fn for_shard(fd: RawFd, queuing_time: bool, shedding: bool) -> Stamps {
+        Stamps::enable(fd, queuing_time || shedding, shedding)
+    }
+
+    /// Asks the kernel for what is wanted on `fd`; what it refuses is
+    /// logged (the shard's span names the shard) and left off.
+    pub fn enable(fd: RawFd, timestamps: bool, drop_count: bool) -> Stamps {
+        let stamped = timestamps
+            && match udp::enable_timestamps(fd) {
+                Ok(_) => true,
+                Err(e) => {
+                    tracing::warn!(
+                        "no receive timestamps ({e}): queuing time not measured, nothing shed"
+                    );
+                    false
+                }
+            };
+        // With shedding, the kernel's drop count rides on every datagram: a
+        // full receive buffer is overload the queuing time cannot show.
+        let counted = stamped
+            && drop_count
+            && match udp::enable_drop_count(fd) {
+                Ok(()) => true,
+                Err(e) => {
+                    tracing::warn!(
+                        "no receive drop count ({e}): overload shows only as queuing time, \
+                         not as the datagrams a full receive buffer drops"
+                    );
+                    false
+                }
+            };
+        Stamps { stamped, counted }
+    }
+}
+
+/// Serves datagrams `0..n` of the last receive: hands each to the core
+/// (with its queuing time when `stamps.stamped`), queues the answers and
+/// sends them in one batch on `fd`. Touches no ring (the caller hands the
+/// core's outbox on). Reads the clock once per batch for the queuing
+/// times, and times one getHost per batch for the service-time summary (a
+/// sample, as over shared memory, instead of two clock reads around every
+/// request); a quiet shard's batches are single datagrams, so then every
+/// getHost is timed.
+pub fn serve_datagrams(
+    c: &mut ShardCore,
+    rx: &RecvBatch,
+    n: usize,
+    tx: &mut SendBatch,
+    fd: RawFd,
+    stamps: Stamps,
+    now: u64,
+) {
+    // One clock read per batch: a datagram's queuing time is the batch's
+    // receive time minus its arrival stamp.
+    let now_ns = if stamps.stamped {
+        udp::realtime_ns()
+    } else {
+        0
+    };
+    if stamps.counted {
+        // The running count as the batch's last datagram carried it (the
+        // drops before it was queued).
+        if let Some(d) = rx.drops(n - 1) {
+            c.kernel_drops(d);
+        }
+    }
+    let mut timed = false;
+    for i in 0..n {
+        let (bytes, peer, truncated) = rx.get(i);
+        if bytes.is_empty() {
+            // A doorbell (a shared-memory client's, or the agent's own at
+            // stop): it woke the shard, nothing more.
+            continue;
+        }
+        if truncated {
+            c.metrics.count_malformed(&DecodeError::Oversized {
+                len: bytes.len() + 1,
+                max: bytes.len(),
+            });
+            continue;
+        }
+        let queued = if stamps.stamped {
+            rx.arrived_ns(i).map(|at| Queued {
+                now_us: now_ns / 1000,
+                waited_us: now_ns.saturating_sub(at) / 1000,
+            })
+        } else {
+            None
+        };
+        let t0 = (!timed).then(Instant::now);
+        if let Some(a) = c.handle_queued(bytes, peer, now, queued) {
+            tx.push(peer, a);
+        }
+        if let Some(t0) = t0 {
+            if c.last_kind() == Some(Kind::GetHost) {
+                timed = true;
+                c.metrics.record_gethost_ns(t0.elapsed().as_nanos() as u64);
+            }
+        }
+    }
+    let failed = tx.flush(fd);
+    c.metrics.send_errors += failed as u64;
+}
+
+/// One sweep of a shard's region: the slots [`Server::ready`] names (with
+/// `full`, every slot), served by [`serve_ready`] at the current time.
+/// Reads the clocks only when some slot is ready: the monotonic
+/// milliseconds of the core, and with `queuing` (queuing times measured:
+/// `agent.queuing_time`, or shedding) the realtime clock the clients
+/// stamp their requests with. Returns how many requests it took.
+pub fn sweep(
+    c: &mut ShardCore,
+    srv: &mut Server,
+    full: bool,
+    time_one: bool,
+    queuing: bool,
+) -> usize {
     let ready = srv.ready(full);
     if ready == 0 {
         return 0;
     }
-    let now_ns = udp::realtime_ns();
-    let visited = srv.begin_sweep(now_ns);
-    let now = clock::now_ms();
+    let now_ns = queuing.then(udp::realtime_ns);
+    serve_ready(c, srv, ready, time_one, clock::now_ms(), now_ns)
+}
+
+/// Serves the `ready` slots [`Server::ready`] collected: takes every new
+/// request, hands it to the core (a record of the fixed layout through
+/// [`ShardCore::handle_fixed`], FlatBuffers bytes through
+/// [`ShardCore::handle_queued`], as from the slot's [`slot_peer`]), and
+/// writes the answer back. `now` is the core's time; `now_ns` the realtime
+/// clock when queuing times are measured (each request's is then `now_ns`
+/// minus its client's stamp), None when not. With `time_one`, times one
+/// getHost for the service-time summary (a sample). Returns how many
+/// requests it took. Touches no socket and no ring (the caller hands the
+/// core's outbox on) and reads no clock but for that sample.
+pub fn serve_ready(
+    c: &mut ShardCore,
+    srv: &mut Server,
+    ready: usize,
+    time_one: bool,
+    now: u64,
+    now_ns: Option<u64>,
+) -> usize {
+    let visited = srv.begin_sweep(now_ns.unwrap_or(0));
     let mut served = 0;
     let mut timed = !time_one;
     for i in 0..ready {
         let slot = srv.ready_slot(i);
-        let Some(t) = srv.take(slot, now_ns, visited) else {
+        let Some(t) = srv.take(slot, now_ns.unwrap_or(0), visited) else {
             continue;
         };
         served += 1;
-        let queued = Some(Queued {
-            now_us: now_ns / 1000,
+        let queued = now_ns.map(|ns| Queued {
+            now_us: ns / 1000,
             waited_us: t.waited_us,
         });
         if let Some(report) = srv.first(&t) {

@@ -257,6 +257,11 @@ pub struct AgentConfig {
     /// the shard's service rate. The kernel doubles the value and caps it
     /// at `net.core.rmem_max`.
     pub udp_rcvbuf_bytes: u32,
+    /// Measure every datagram's queuing time (the `lbagent_queuing_seconds`
+    /// and `lbagent_gethost_queuing_seconds` histograms): the kernel stamps
+    /// each datagram's arrival, a control message per datagram. Always on
+    /// with `admission.agent_shedding`, which needs it. Read at start.
+    pub queuing_time: bool,
 }
 
 impl Default for AgentConfig {
@@ -277,6 +282,7 @@ impl Default for AgentConfig {
             max_modules: 1 << 20,
             max_unknown_modules: 1024,
             udp_rcvbuf_bytes: 0,
+            queuing_time: false,
         }
     }
 }

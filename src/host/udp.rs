@@ -24,7 +24,6 @@ use std::io;
 use std::mem::{size_of, zeroed};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::os::fd::{BorrowedFd, RawFd};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use nix::sys::socket::{getsockopt, setsockopt, sockopt};
 
@@ -121,11 +120,11 @@ pub fn rcvbuf(fd: RawFd) -> io::Result<usize> {
 
 /// Now on `CLOCK_REALTIME` (the clock of the kernel's receive
 /// timestamps), nanoseconds since the epoch.
+#[inline]
 pub fn realtime_ns() -> u64 {
-    // std's `SystemTime::now` is `clock_gettime(CLOCK_REALTIME)`.
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64)
+    // The same system call as std's `SystemTime::now`, without its
+    // `Duration` arithmetic (see `clock::now_ms`).
+    crate::clock::read_ns(libc::CLOCK_REALTIME)
 }
 
 impl RecvBatch {
@@ -202,6 +201,14 @@ impl RecvBatch {
         let bytes = &self.bufs[i * MAX_REQUEST..i * MAX_REQUEST + len];
         let truncated = m.msg_hdr.msg_flags & libc::MSG_TRUNC != 0;
         (bytes, from_sockaddr(&self.addrs[i]), truncated)
+    }
+
+    /// Bytes of control messages the kernel attached to datagram `i` of the
+    /// last receive (0 unless an option such as [`enable_timestamps`] asked
+    /// for them): the per-datagram cost those options add.
+    pub fn control_bytes(&self, i: usize) -> usize {
+        assert!(i < self.len, "datagram {i} of {}", self.len);
+        self.msgs[i].msg_hdr.msg_controllen
     }
 
     /// The first control message of datagram `i` of the last receive for
