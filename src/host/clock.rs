@@ -10,8 +10,8 @@ static START: OnceLock<u64> = OnceLock::new();
 /// Milliseconds since the process first asked, on a monotonic clock.
 ///
 /// Read on every shard turn that serves something: `clock_gettime`
-/// straight from the vDSO, integer arithmetic after, where `Instant::now`
-/// + `elapsed` + `as_millis` cost about a hundred instructions more
+/// straight from the vDSO, integer arithmetic after, where `Instant::now`,
+/// `elapsed` and `as_millis` cost about a hundred instructions more
 /// (`Duration` subtraction with its checks, a `u128` product; callgrind,
 /// issue 29).
 #[inline]
