@@ -383,6 +383,7 @@ fn spawn_shards(
                 max_modules: a.max_modules as usize,
                 max_unknown: a.max_unknown_modules as usize,
                 level_timeout_ms: config.admission.level_timeout_ms,
+                udp_acts_beyond: a.udp_acts_beyond,
             },
             socket,
             snapshot: snapshot.clone(),

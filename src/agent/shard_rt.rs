@@ -452,7 +452,8 @@ pub fn sweep(c: &mut ShardCore, srv: &mut Server, full: bool, time_one: bool) ->
             // A report sent ahead of the request in the same cell: it has
             // no answer (anything else there would be dropped as over UDP).
             if t.first_format == layout::FMT_FIXED {
-                if let FixedReply::Garbage(_) = c.handle_fixed(report, now, queued) {
+                if let FixedReply::Garbage(_) = c.handle_fixed(report, slot_peer(slot), now, queued)
+                {
                     srv.counts.garbage += 1;
                 }
             } else {
@@ -461,7 +462,7 @@ pub fn sweep(c: &mut ShardCore, srv: &mut Server, full: bool, time_one: bool) ->
         }
         let t0 = (!timed).then(Instant::now);
         if t.format == layout::FMT_FIXED {
-            match c.handle_fixed(srv.request(&t), now, queued) {
+            match c.handle_fixed(srv.request(&t), slot_peer(slot), now, queued) {
                 FixedReply::Host(a) => srv.respond_host(slot, t.seq, &a),
                 FixedReply::Bytes(answer) => srv.respond(slot, t.seq, Some(answer)),
                 FixedReply::Nothing => srv.respond(slot, t.seq, None),
