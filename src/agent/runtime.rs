@@ -16,6 +16,7 @@ use glommio::{ExecutorJoinHandle, LocalExecutorBuilder, Placement};
 use super::control::{self, ControlParts};
 use super::live::{LiveSlot, LiveUpdate};
 use super::liveness::{self, Liveness};
+use super::local_socket::{Acceptor, Inbox, Trust};
 use super::routeclient::RouteClientConfig;
 use super::shard::ShardSetup;
 use super::shard_rt::{self, ShardParts};
@@ -44,6 +45,8 @@ pub struct Agent {
     routes_loaded: usize,
     liveness: Arc<Liveness>,
     live: LiveSlot,
+    /// The local socket's acceptor (`agent.local_socket`).
+    local: Option<Acceptor>,
 }
 
 impl Agent {
@@ -101,7 +104,19 @@ impl Agent {
             idle_tick: super::liveness::idle_tick(lbagent_service::sdnotify::watchdog_interval()),
         };
         let live_slot = LiveSlot::default();
-        let rings = spawn_shards(config, &common, sockets, ports[0], &snapshot, regions, ncpu)?;
+        // The local socket: bound and its acceptor started before the
+        // shards, so that a path the agent must not replace stops the
+        // start here.
+        let (local, inboxes) = if a.local_socket {
+            let trust = Trust::new(nix::unistd::geteuid().as_raw(), a);
+            let (acceptor, inboxes) = Acceptor::start(&a.heartbeat_path, shards, trust)?;
+            (Some(acceptor), inboxes.into_iter().map(Some).collect())
+        } else {
+            (None, vec![None; shards as usize])
+        };
+        let rings = spawn_shards(
+            config, &common, sockets, ports[0], &snapshot, regions, inboxes, ncpu,
+        )?;
         let routes_loaded = snapshot.as_ref().map_or(0, |s| s.len());
         let parts = ControlParts {
             shards,
@@ -142,6 +157,7 @@ impl Agent {
             routes_loaded,
             liveness: common.live,
             live: live_slot,
+            local,
         })
     }
 
@@ -187,6 +203,10 @@ impl Agent {
     /// # Errors
     /// An executor panicked.
     pub fn stop(mut self) -> anyhow::Result<()> {
+        if let Some(l) = &mut self.local {
+            // New clients go by UDP while the shards drain.
+            l.stop();
+        }
         self.stop.store(true, Ordering::SeqCst);
         self.ring_shards();
         self.join()
@@ -351,12 +371,14 @@ fn spawn_shards(
     base_port: u16,
     snapshot: &Option<Arc<SnapshotIndex>>,
     regions: Vec<Region>,
+    inboxes: Vec<Option<Arc<Inbox>>>,
     ncpu: usize,
 ) -> anyhow::Result<ShardRings> {
     let a = &config.agent;
     let shards = sockets.len() as u32;
     let io_memory = a.io_memory_kib as usize * 1024;
     let mut regions = regions.into_iter();
+    let mut inboxes = inboxes.into_iter();
     let mut rings = ShardRings {
         from_shards: Vec::new(),
         to_shards: Vec::new(),
@@ -395,6 +417,7 @@ fn spawn_shards(
             ready: common.ready.clone(),
             shedding: config.admission.agent_params(),
             shm: regions.next(),
+            local: inboxes.next().flatten(),
             idle_tick: common.idle_tick,
         };
         let core = i % ncpu.max(1);

@@ -367,7 +367,7 @@ impl ShardCore {
                 ),
             },
             Message::ReportReq(r) => match r.validate() {
-                Ok(rep) => self.report(&rep, peer, now),
+                Ok(rep) => self.report(&rep, peer, now, true),
                 Err(e) => self.bad_request(
                     Kind::Report,
                     u64::from(r.seq()),
@@ -434,7 +434,7 @@ impl ShardCore {
                     HostDecision::Encoded => FixedReply::Bytes(self.enc.finished()),
                 }
             }
-            Ok(fixed::Request::Report(r)) => match self.report(&r, peer, now) {
+            Ok(fixed::Request::Report(r)) => match self.report(&r, peer, now, false) {
                 Some(b) => FixedReply::Bytes(b),
                 None => FixedReply::Nothing,
             },

@@ -32,14 +32,29 @@
 //! cannot be attached, sends the request by UDP instead (attaching is tried
 //! again a second later), so every failure path stays UDP's.
 //!
-//! Owns the sockets, the slots, the encoder and the receive buffer; knows
-//! nothing of heartbeats, static routes or the cache.
+//! # The local socket
+//!
+//! Without a slot, a request goes over the shard's local socket when the
+//! agent serves one ([`super::local`]: a Unix stream connection, made once
+//! per shard, beside the heartbeat): the same bytes, the answer on the same
+//! connection, no re-sending. The agent knows who is on it, so requests
+//! that act beyond the caller are taken there; a balance module's units
+//! are held by the connection. A socket that is not there (an older agent,
+//! `agent.local_socket = false`) or not the agent's, or a connection that
+//! breaks, sends the request by UDP instead, and UDP stays this agent's
+//! way until the heartbeat names another agent (a new generation): no
+//! clock is read per request to retry it.
+//!
+//! Owns the sockets, the slots, the local connections, the encoder and the
+//! receive buffer; knows nothing of heartbeats, static routes or the
+//! cache.
 
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use super::local::{LocalConn, RecvError};
 use super::locate::Endpoints;
 use lbagent_shm::attach::{Attachment, ShmFailure, REPORT_WAIT};
 use lbagent_shm::fixed::{self, HostAnswer};
@@ -168,6 +183,30 @@ pub(crate) struct Link {
     slots: Vec<Option<Attachment>>,
     /// Per shard: no attach before this instant.
     attach_after: Vec<Option<Instant>>,
+    /// The heartbeat the local sockets are beside (None: the client does
+    /// not use them).
+    local_heartbeat: Option<PathBuf>,
+    /// Per shard: its local connection.
+    locals: Vec<Local>,
+}
+
+/// Where a shard's local connection stands.
+#[derive(Debug)]
+enum Local {
+    /// Not tried with this agent yet.
+    Untried,
+    /// Open.
+    Open(LocalConn),
+    /// Not there, or broken: UDP until the agent changes.
+    Off,
+}
+
+/// How a request over the local connection ended without an answer.
+enum LocalEnd {
+    /// Nothing usable happened there: send it by UDP.
+    Fallback,
+    /// The request's own failure.
+    Failed(Failure),
 }
 
 impl std::fmt::Debug for Link {
@@ -184,13 +223,16 @@ impl Link {
     /// so that two clients on one port (after a crash) do not collide.
     #[cfg(test)]
     pub fn new() -> Self {
-        Self::with_shm(false)
+        Self::with_transports(false, None)
     }
 
     /// [`Link::new`], using the shared-memory regions the heartbeat offers
-    /// when `shm` is true.
-    pub fn with_shm(shm: bool) -> Self {
+    /// when `shm` is true, and the local sockets beside `local_heartbeat`
+    /// when given.
+    pub fn with_transports(shm: bool, local_heartbeat: Option<PathBuf>) -> Self {
         Link {
+            local_heartbeat,
+            locals: Vec::new(),
             endpoints: None,
             generation: u64::MAX,
             sockets: Vec::new(),
@@ -216,6 +258,77 @@ impl Link {
             self.slots.resize_with(endpoints.shards as usize, || None);
             self.attach_after.clear();
             self.attach_after.resize(endpoints.shards as usize, None);
+            self.locals.clear();
+            self.locals
+                .resize_with(endpoints.shards as usize, || Local::Untried);
+        }
+    }
+
+    /// Whether `shard`'s local connection is open (connecting it the first
+    /// time it is asked for with this agent).
+    fn local(&mut self, shard: u32) -> bool {
+        let Some(hb) = &self.local_heartbeat else {
+            return false;
+        };
+        let Some(l) = self.locals.get_mut(shard as usize) else {
+            return false;
+        };
+        if let Local::Untried = l {
+            *l = match LocalConn::connect(hb, shard) {
+                Ok(c) => Local::Open(c),
+                Err(_) => Local::Off,
+            };
+        }
+        matches!(l, Local::Open(_))
+    }
+
+    /// How many shards this link holds an open local connection to.
+    pub fn local_connected(&self) -> usize {
+        self.locals
+            .iter()
+            .filter(|l| matches!(l, Local::Open(_)))
+            .count()
+    }
+
+    /// Sends the encoded request over `shard`'s open local connection and
+    /// waits until `deadline` for the answer numbered `seq`.
+    fn local_exchange<T>(
+        &mut self,
+        shard: u32,
+        seq: u32,
+        deadline: Instant,
+        answer: &mut impl FnMut(Answer<'_>) -> T,
+    ) -> Result<T, LocalEnd> {
+        let Link { locals, enc, .. } = self;
+        let Some(Local::Open(c)) = locals.get_mut(shard as usize) else {
+            return Err(LocalEnd::Fallback);
+        };
+        if c.send(enc.finished()).is_err() {
+            return Err(LocalEnd::Fallback);
+        }
+        loop {
+            let r = match c.recv(deadline) {
+                Ok(r) => r,
+                Err(RecvError::Closed | RecvError::Io) => return Err(LocalEnd::Fallback),
+                Err(RecvError::TimedOut) => return Err(LocalEnd::Failed(Failure::TimedOut)),
+                Err(RecvError::Garbage(why)) => {
+                    locals[shard as usize] = Local::Off;
+                    return Err(LocalEnd::Failed(Failure::Garbage(why)));
+                }
+            };
+            let msg = match decode(c.frame(r), &Limits::UDP) {
+                Ok(m) => m,
+                Err(e) => {
+                    return Err(LocalEnd::Failed(Failure::Garbage(format!(
+                        "undecodable answer: {e}"
+                    ))))
+                }
+            };
+            match judge(&msg, seq) {
+                Verdict::Ours => return Ok(answer(Answer::Msg(msg))),
+                Verdict::Stale => continue,
+                Verdict::Garbage(why) => return Err(LocalEnd::Failed(Failure::Garbage(why))),
+            }
         }
     }
 
@@ -369,6 +482,14 @@ impl Link {
         if let Some(build) = build {
             build(&mut self.enc, seq);
         }
+        if self.local(shard) {
+            if let Some(Local::Open(c)) = self.locals.get_mut(shard as usize) {
+                if c.send(self.enc.finished()).is_ok() {
+                    return Ok(());
+                }
+            }
+            self.locals[shard as usize] = Local::Off;
+        }
         self.socket(shard)?;
         let Link { sockets, enc, .. } = self;
         let s = sockets[shard as usize].as_mut().expect("opened above");
@@ -432,6 +553,15 @@ impl Link {
         }
         if let Some(build) = build {
             build(&mut self.enc, seq);
+        }
+        if self.local(shard) {
+            match self.local_exchange(shard, seq, Instant::now() + timeout, &mut answer) {
+                Ok(t) => return Ok(t),
+                Err(LocalEnd::Failed(f)) => return Err(f),
+                // The agent went away (or never answers there): UDP says
+                // which, as without the local socket.
+                Err(LocalEnd::Fallback) => self.locals[shard as usize] = Local::Off,
+            }
         }
         self.socket(shard)?;
         let Link {

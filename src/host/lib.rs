@@ -8,6 +8,7 @@
 //!
 //! - [`heartbeat`]: the shared-memory heartbeat file (writer and reader).
 //! - [`snapshot`]: the static route file, written atomically, read back.
+//! - [`local`]: where each shard's local (Unix) socket is.
 //! - [`udp`]: batched datagram I/O (recvmmsg / sendmmsg), socket options,
 //!   the request size limit.
 //! - [`clock`]: monotonic milliseconds and Unix time.
@@ -15,5 +16,6 @@
 
 pub mod clock;
 pub mod heartbeat;
+pub mod local;
 pub mod snapshot;
 pub mod udp;

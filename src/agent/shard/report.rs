@@ -21,12 +21,15 @@ impl ShardCore {
     /// A report from `peer`. One that consumes units from a caller the
     /// shard does not trust is refused whole (ErrorResp `Forbidden`,
     /// counted); a level from such a caller filters only its own
-    /// getHosts.
+    /// getHosts. With `ack` (a FlatBuffers request: the client library
+    /// waits for it), a report that consumes and is taken is answered
+    /// ErrorResp `Ok`, so that its sender learns it was.
     pub(super) fn report(
         &mut self,
         rep: &wire::Report,
         peer: SocketAddr,
         now: Millis,
+        ack: bool,
     ) -> Option<&[u8]> {
         let (seq, module, host) = (rep.seq, rep.module, rep.host);
         let outcome = Outcome::from_retcode(rep.retcode, rep.tcost_ms);
@@ -46,6 +49,7 @@ impl ShardCore {
         // Only the levels need to know whom to trust.
         let shared = rep.downstream_level.is_some() && self.trusts(peer);
         let p = &self.setup.params;
+        let mut known = true;
         let Some(entry) = self
             .modules
             .get_mut(&module)
@@ -53,7 +57,14 @@ impl ShardCore {
         else {
             self.metrics.count_error(Kind::Report);
             self.metrics.unknown_module_reports += 1;
-            return None;
+            return (ack && rep.consumed > 0).then(|| {
+                self.enc.error_resp(
+                    u64::from(seq),
+                    module,
+                    RetCode::NoSuchModule,
+                    "no route for the module here: nothing consumed",
+                )
+            });
         };
         entry.last_used = now;
         let client = if entry.lb.units().is_some() || rep.downstream_level.is_some() {
@@ -88,9 +99,24 @@ impl ShardCore {
             Err(_) => {
                 self.metrics.count_error(Kind::Report);
                 self.metrics.unknown_node_reports += 1;
+                known = false;
             }
         }
         self.maybe_stats(module, now);
+        if ack && rep.consumed > 0 {
+            let (rc, why) = if known {
+                (
+                    RetCode::Ok,
+                    "taken: the consumed units go to the reporter with the module's next statistics",
+                )
+            } else {
+                (
+                    RetCode::BadRequest,
+                    "the node is not in the module's route here: nothing consumed",
+                )
+            };
+            return Some(self.enc.error_resp(u64::from(seq), module, rc, why));
+        }
         None
     }
 

@@ -1524,7 +1524,9 @@ fn a_report_that_consumes_from_a_slot_or_a_trusted_local_connection_is_taken() {
     s.apply(balance_route(10), 0);
     s.outbox.clear();
     let slot = lbagent_shm::layout::slot_peer(3);
-    assert_eq!(report_from(&mut s, slot, None, 2, 10), None);
+    // Taken, and said so (the sender waits for it).
+    let taken = report_from(&mut s, slot, None, 2, 10);
+    assert_eq!(taken.map(|r| r.0), Some(RetCode::Ok));
     let caller = |trusted| callers::LocalCaller {
         uid: 1000,
         gid: 1000,
@@ -1533,10 +1535,8 @@ fn a_report_that_consumes_from_a_slot_or_a_trusted_local_connection_is_taken() {
     };
     s.local_connected(1, caller(true));
     s.local_connected(2, caller(false));
-    assert_eq!(
-        report_from(&mut s, callers::local_peer(1), None, 3, 10),
-        None
-    );
+    let taken = report_from(&mut s, callers::local_peer(1), None, 3, 10);
+    assert_eq!(taken.map(|r| r.0), Some(RetCode::Ok));
     let refused = report_from(&mut s, callers::local_peer(2), None, 4, 10);
     assert_eq!(refused.map(|r| r.0), Some(RetCode::Forbidden));
     assert_eq!(stats_consumed(&mut s, 20), 5);
