@@ -449,9 +449,14 @@ fn register_all(opts: &QpsOptions, heartbeat: &Path, live: &mut dyn Write) -> an
         writeln!(live, "qpstest: register failed for {failed} modules in all")?;
     }
     anyhow::ensure!(
-        opts.transport == Transport::Udp || client.shm_attached() > 0,
+        opts.transport != Transport::Shm || client.shm_attached() > 0,
         "--transport shm: the agent offers no usable shared memory (its [shm] enabled? \
          the region files readable and writable by this user?)"
+    );
+    anyhow::ensure!(
+        opts.transport != Transport::Local || client.local_connected() > 0,
+        "--transport local: the agent serves no local socket beside its heartbeat \
+         (agent.local_socket on? the socket the agent's user's?)"
     );
     Ok(())
 }
