@@ -111,7 +111,13 @@ fn open(fd: OwnedFd, caller: LocalCaller, shared: &Shared) {
     let conn = shared.conns.number();
     let (tx, rx) = local_channel::new_bounded::<Vec<u8>>(ANSWER_QUEUE);
     shared.conns.senders.borrow_mut().insert(conn, tx);
-    shared.core.borrow_mut().local_connected(conn, caller);
+    {
+        let mut c = shared.core.borrow_mut();
+        c.local_connected(conn, caller);
+        // The client waits for this before its first request.
+        let hello = c.local_hello(conn);
+        shared.conns.deliver(conn, hello);
+    }
     // SAFETY: each descriptor is owned (accepted, or duplicated above) and
     // handed to exactly one stream.
     let reader = unsafe { UnixStream::from_raw_fd(fd.into_raw_fd()) };

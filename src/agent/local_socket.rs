@@ -8,6 +8,17 @@
 //! is checked once per connection, never per request; the shard serves the
 //! connection ([`super::local_rt`]).
 //!
+//! A client may open its connection with [`ID_MAGIC`] carrying its UDP
+//! socket for the shard (`SCM_RIGHTS`): holding the socket proves the
+//! client owns its source address, so the agent trusts that UDP source as
+//! it trusts the connection, and gives back the units the source holds
+//! when the connection closes. The client library then keeps sending its
+//! requests over UDP (the shard's batched path, its own shedding and
+//! receive timestamps) and uses the connection itself only when UDP cannot
+//! reach the agent (another network namespace). The acceptor waits
+//! [`ID_WAIT`] at most for that first message; the socket it received is
+//! closed at once (only its address is kept).
+//!
 //! Why a stream and not datagrams: a datagram socket answers a client at
 //! the address it bound, and an unbound client's autobound address lives
 //! in its network namespace, which the agent in another namespace cannot
@@ -23,26 +34,36 @@
 
 use std::collections::VecDeque;
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::Instant;
 
 use anyhow::Context;
 use lbagent_config::AgentConfig;
 use lbagent_service::doorbell::Doorbell;
 use lbagent_service::wakefd::WakeFd;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-use nix::sys::socket::{accept4, getsockopt, sockopt, SockFlag};
+use nix::sys::socket::{
+    accept4, getsockopt, sockopt, ControlMessageOwned, MsgFlags, SockFlag, SockaddrIn,
+};
 
 use super::shard::callers::LocalCaller;
 
 /// Connections accepted and not yet taken by their shard, per shard; past
-/// it a connection is closed at once (counted).
+/// it a connection is closed at once (counted). The same bound holds the
+/// connections whose first message the acceptor awaits.
 pub const MAX_PENDING: usize = 1024;
+
+/// The first 4 bytes a client may send, with its UDP socket attached.
+pub const ID_MAGIC: &[u8; 4] = b"LBID";
+
+/// How long the acceptor waits for a connection's first message.
+pub const ID_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Who the agent trusts with requests that act beyond the caller, over
 /// the local socket: root, the agent's own user, and the configured uids
@@ -241,35 +262,132 @@ fn remove_paths(paths: &[PathBuf]) {
     }
 }
 
+/// A connection accepted whose first message has not come yet.
+struct Waiting {
+    fd: OwnedFd,
+    caller: LocalCaller,
+    shard: usize,
+    until: Instant,
+}
+
 /// Waits for connections on every listener (and the stop), accepts each,
-/// identifies it and queues it for its shard.
+/// identifies it, reads its identification message if any (waiting
+/// [`ID_WAIT`] at most) and queues it for its shard.
 fn accept_loop(listeners: &[UnixListener], inboxes: &[Arc<Inbox>], stop: &WakeFd, trust: &Trust) {
+    let mut waiting: Vec<Waiting> = Vec::new();
     loop {
+        let now = Instant::now();
+        // Past their wait: handed over as they are.
+        let mut k = 0;
+        while k < waiting.len() {
+            if waiting[k].until <= now {
+                let w = waiting.swap_remove(k);
+                inboxes[w.shard].push(w.fd, w.caller);
+            } else {
+                k += 1;
+            }
+        }
         let mut fds: Vec<PollFd> = listeners
             .iter()
             .map(|l| PollFd::new(l.as_fd(), PollFlags::POLLIN))
             .collect();
         fds.push(PollFd::new(stop.as_fd(), PollFlags::POLLIN));
-        if poll(&mut fds, PollTimeout::NONE).is_err() {
+        fds.extend(
+            waiting
+                .iter()
+                .map(|w| PollFd::new(w.fd.as_fd(), PollFlags::POLLIN)),
+        );
+        let timeout = waiting
+            .iter()
+            .map(|w| w.until.saturating_duration_since(now))
+            .min()
+            .map_or(PollTimeout::NONE, |d| {
+                PollTimeout::try_from(d.as_millis().clamp(1, 1000) as u16)
+                    .unwrap_or(PollTimeout::MAX)
+            });
+        if poll(&mut fds, timeout).is_err() {
             continue;
         }
         let ready: Vec<bool> = fds
             .iter()
             .map(|f| f.revents().is_some_and(|r| !r.is_empty()))
             .collect();
+        drop(fds);
         if ready[listeners.len()] {
             return;
         }
+        // Identification messages first (their indices move when the
+        // listeners add to the list).
+        for k in (0..waiting.len()).rev() {
+            if ready[listeners.len() + 1 + k] {
+                let mut w = waiting.swap_remove(k);
+                w.caller.udp = read_id(&w.fd);
+                inboxes[w.shard].push(w.fd, w.caller);
+            }
+        }
         for (i, l) in listeners.iter().enumerate() {
             if ready[i] {
-                accept_all(l, &inboxes[i], trust);
+                accept_all(l, i, &inboxes[i], trust, &mut waiting);
             }
         }
     }
 }
 
-/// Accepts every pending connection of `l`.
-fn accept_all(l: &UnixListener, inbox: &Inbox, trust: &Trust) {
+/// Reads a connection's identification message, if that is what its
+/// first bytes are: the UDP source address of the socket it carries (the
+/// socket itself is closed at once). Anything else is left unread.
+fn read_id(fd: &OwnedFd) -> Option<std::net::SocketAddr> {
+    let raw = fd.as_raw_fd();
+    let mut magic = [0u8; 4];
+    let peeked =
+        nix::sys::socket::recv(raw, &mut magic, MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT)
+            .ok()?;
+    if peeked < 4 || &magic != ID_MAGIC {
+        return None;
+    }
+    let mut space = nix::cmsg_space!([std::os::fd::RawFd; 1]);
+    let mut iov = [std::io::IoSliceMut::new(&mut magic)];
+    let msg = nix::sys::socket::recvmsg::<()>(
+        raw,
+        &mut iov,
+        Some(&mut space),
+        MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_CMSG_CLOEXEC,
+    )
+    .ok()?;
+    let mut udp = None;
+    for c in msg.cmsgs().ok()? {
+        if let ControlMessageOwned::ScmRights(fds) = c {
+            for f in fds {
+                // SAFETY: the kernel installed this descriptor for us with
+                // the message; nothing else owns it.
+                let passed = unsafe { OwnedFd::from_raw_fd(f) };
+                if udp.is_none() {
+                    udp = udp_source(&passed);
+                }
+            }
+        }
+    }
+    udp
+}
+
+/// The local address of a UDP socket (an IPv4 one: the shards bind IPv4).
+fn udp_source(fd: &OwnedFd) -> Option<std::net::SocketAddr> {
+    let ty = getsockopt(fd, sockopt::SockType).ok()?;
+    if ty != nix::sys::socket::SockType::Datagram {
+        return None;
+    }
+    let a: SockaddrIn = nix::sys::socket::getsockname(fd.as_raw_fd()).ok()?;
+    (a.port() != 0).then(|| std::net::SocketAddr::from((a.ip(), a.port())))
+}
+
+/// Accepts every pending connection of `l` (shard `shard`'s).
+fn accept_all(
+    l: &UnixListener,
+    shard: usize,
+    inbox: &Inbox,
+    trust: &Trust,
+    waiting: &mut Vec<Waiting>,
+) {
     loop {
         let fd: OwnedFd = match accept4(l.as_fd(), SockFlag::SOCK_CLOEXEC) {
             Ok(fd) => fd,
@@ -285,8 +403,18 @@ fn accept_all(l: &UnixListener, inbox: &Inbox, trust: &Trust) {
                     gid,
                     pid: c.pid(),
                     trusted: trust.trusts(uid, gid),
+                    udp: None,
                 };
-                inbox.push(fd, caller);
+                if waiting.len() >= MAX_PENDING {
+                    inbox.push(fd, caller);
+                } else {
+                    waiting.push(Waiting {
+                        fd,
+                        caller,
+                        shard,
+                        until: Instant::now() + ID_WAIT,
+                    });
+                }
             }
             Err(_) => {
                 inbox.refused.fetch_add(1, Ordering::Relaxed);
@@ -362,6 +490,31 @@ mod tests {
         assert_eq!(got[0].1.pid, std::process::id() as i32);
         assert_eq!(got[0].1.trusted, me == 0 || me == 12345);
         assert!(inboxes[0].take().is_empty());
+        assert_eq!(got[0].1.udp, None, "it sent no identification");
+        // A client that passes its UDP socket is known by its source.
+        let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let c = UnixStream::connect(lbagent_host::local::socket_path(&hb, 0)).unwrap();
+        let fds = [udp.as_raw_fd()];
+        nix::sys::socket::sendmsg::<()>(
+            c.as_raw_fd(),
+            &[std::io::IoSlice::new(ID_MAGIC)],
+            &[nix::sys::socket::ControlMessage::ScmRights(&fds)],
+            MsgFlags::MSG_NOSIGNAL,
+            None,
+        )
+        .unwrap();
+        let got = loop {
+            let got = inboxes[0].take();
+            if !got.is_empty() || std::time::Instant::now() > deadline {
+                break got;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        };
+        assert_eq!(got[0].1.udp, Some(udp.local_addr().unwrap()));
+        // The message was taken: the stream starts after it.
+        let mut first = [0u8; 1];
+        let n = nix::sys::socket::recv(got[0].0.as_raw_fd(), &mut first, MsgFlags::MSG_DONTWAIT);
+        assert!(n.is_err(), "nothing left to read: {n:?}");
         acc.stop();
         assert!(!lbagent_host::local::socket_path(&hb, 0).exists());
     }

@@ -27,11 +27,12 @@
 //! number (stale ones are discarded), and a request is re-sent every
 //! [`resend_interval`] (a quarter of the timeout, 10..=100 ms) until it is
 //! answered or the caller's timeout passes. When the agent serves its
-//! local socket (a Unix socket beside the heartbeat), requests go there
-//! instead, one connection per shard: the agent then knows the calling
-//! user, which a report that consumes units or a level shared by every
-//! caller needs (see [`ClientOptions::local_socket`]); UDP remains the way
-//! when it is not there.
+//! local socket (a Unix socket beside the heartbeat), the client also
+//! opens one connection per shard that identifies its UDP socket to the
+//! agent (see [`ClientOptions::local_socket`]): the agent then knows the
+//! calling user, which a report that consumes units or a level shared by
+//! every caller needs; requests go over it only when UDP cannot reach the
+//! agent (a container with its own network namespace).
 //!
 //! # When the agent is down
 //!
@@ -203,13 +204,16 @@ pub struct ClientOptions {
     /// memory"), UDP otherwise and whenever a region is unusable. Default
     /// true.
     pub shm: bool,
-    /// Talk to the agent over its local socket (a Unix socket beside the
-    /// heartbeat, `agent.local_socket`) when there is no shared-memory
-    /// slot: the agent then knows who the caller is, which requests that
-    /// act beyond the caller (a report that consumes units, a downstream
-    /// level every caller of the module shares) need, and a balance
-    /// module's units go back when the process exits. UDP when the socket
-    /// is not there. Default true.
+    /// Identify this client to the agent over its local socket (a Unix
+    /// socket beside the heartbeat, `agent.local_socket`): one connection
+    /// per shard carries the client's UDP socket to the agent, which then
+    /// knows the user behind that source (requests that act beyond the
+    /// caller, a report that consumes units or a downstream level every
+    /// caller of the module shares, need a trusted one) and gives a
+    /// balance module's units back when the process exits. Requests go
+    /// over UDP (or shared memory) as before; over the connection only
+    /// when UDP cannot reach the agent (another network namespace).
+    /// Nothing changes when the socket is not there. Default true.
     pub local_socket: bool,
     /// The seed of the user-priority hash that [`Client::get_host_for_user`]
     /// uses to turn a user id into `U`: every process that assigns user

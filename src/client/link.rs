@@ -34,16 +34,19 @@
 //!
 //! # The local socket
 //!
-//! Without a slot, a request goes over the shard's local socket when the
-//! agent serves one ([`super::local`]: a Unix stream connection, made once
-//! per shard, beside the heartbeat): the same bytes, the answer on the same
-//! connection, no re-sending. The agent knows who is on it, so requests
-//! that act beyond the caller are taken there; a balance module's units
-//! are held by the connection. A socket that is not there (an older agent,
-//! `agent.local_socket = false`) or not the agent's, or a connection that
-//! breaks, sends the request by UDP instead, and UDP stays this agent's
-//! way until the heartbeat names another agent (a new generation): no
-//! clock is read per request to retry it.
+//! With its UDP socket for a shard, the link opens a connection to the
+//! shard's local socket when the agent serves one ([`super::local`]: a
+//! Unix stream connection beside the heartbeat, once per shard and agent)
+//! and hands the UDP socket to the agent over it: the agent then knows
+//! whose datagrams come from that source, takes requests that act beyond
+//! the caller from it when the user is trusted, and gives its balance
+//! units back when the connection closes. Requests still go over UDP; over
+//! the connection (the same bytes, the answer on it, no re-sending) only
+//! when UDP is refused or unreachable while the connection is open (a
+//! container with its own network namespace), and then until the agent
+//! changes. A socket that is not there (an older agent,
+//! `agent.local_socket = false`) or not the agent's is not tried again
+//! until the heartbeat names another agent: no clock is read per request.
 //!
 //! Owns the sockets, the slots, the local connections, the encoder and the
 //! receive buffer; knows nothing of heartbeats, static routes or the
@@ -51,6 +54,7 @@
 
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
+use std::os::fd::AsFd;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -188,6 +192,9 @@ pub(crate) struct Link {
     local_heartbeat: Option<PathBuf>,
     /// Per shard: its local connection.
     locals: Vec<Local>,
+    /// Per shard: UDP did not reach it while the local connection was
+    /// open; requests go over the connection.
+    udp_down: Vec<bool>,
 }
 
 /// Where a shard's local connection stands.
@@ -233,6 +240,7 @@ impl Link {
         Link {
             local_heartbeat,
             locals: Vec::new(),
+            udp_down: Vec::new(),
             endpoints: None,
             generation: u64::MAX,
             sockets: Vec::new(),
@@ -261,25 +269,52 @@ impl Link {
             self.locals.clear();
             self.locals
                 .resize_with(endpoints.shards as usize, || Local::Untried);
+            self.udp_down.clear();
+            self.udp_down.resize(endpoints.shards as usize, false);
         }
     }
 
     /// Whether `shard`'s local connection is open (connecting it the first
     /// time it is asked for with this agent).
     fn local(&mut self, shard: u32) -> bool {
-        let Some(hb) = &self.local_heartbeat else {
-            return false;
-        };
-        let Some(l) = self.locals.get_mut(shard as usize) else {
-            return false;
-        };
-        if let Local::Untried = l {
-            *l = match LocalConn::connect(hb, shard) {
-                Ok(c) => Local::Open(c),
-                Err(_) => Local::Off,
-            };
+        let i = shard as usize;
+        match self.locals.get(i) {
+            Some(Local::Open(_)) => return true,
+            Some(Local::Untried) if self.local_heartbeat.is_some() => {}
+            _ => return false,
         }
-        matches!(l, Local::Open(_))
+        // The UDP socket first: the connection carries it to the agent.
+        // One that cannot even be made (no route to the agent's address:
+        // another network namespace) leaves the connection as the way.
+        let udp_ok = self.socket(shard).is_ok();
+        let Link {
+            local_heartbeat,
+            locals,
+            sockets,
+            udp_down,
+            ..
+        } = self;
+        let hb = local_heartbeat.as_deref().expect("checked above");
+        let udp = sockets[i].as_ref().map(|s| s.sock.as_fd());
+        locals[i] = match LocalConn::connect(hb, shard, udp) {
+            Ok(c) => {
+                udp_down[i] = !udp_ok;
+                Local::Open(c)
+            }
+            Err(_) => Local::Off,
+        };
+        matches!(locals[i], Local::Open(_))
+    }
+
+    /// UDP could not reach `shard` (refused, unreachable) while its local
+    /// connection is open: its requests go over the connection until the
+    /// agent changes (a container with its own network namespace).
+    fn udp_unreachable(&mut self, shard: u32) -> bool {
+        let open = matches!(self.locals.get(shard as usize), Some(Local::Open(_)));
+        if open {
+            self.udp_down[shard as usize] = true;
+        }
+        open
     }
 
     /// How many shards this link holds an open local connection to.
@@ -482,22 +517,36 @@ impl Link {
         if let Some(build) = build {
             build(&mut self.enc, seq);
         }
-        if self.local(shard) {
-            if let Some(Local::Open(c)) = self.locals.get_mut(shard as usize) {
-                if c.send(self.enc.finished()).is_ok() {
-                    return Ok(());
-                }
-            }
-            self.locals[shard as usize] = Local::Off;
+        let local = self.local(shard);
+        if local && self.udp_down[shard as usize] && self.local_send(shard) {
+            return Ok(());
         }
         self.socket(shard)?;
         let Link { sockets, enc, .. } = self;
         let s = sockets[shard as usize].as_mut().expect("opened above");
-        match s.sock.send(enc.finished()) {
-            Ok(_) => Ok(()),
-            Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => Err(Failure::Refused),
-            Err(e) => Err(Failure::Io(e)),
+        let failed = match s.sock.send(enc.finished()) {
+            Ok(_) => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => Failure::Refused,
+            Err(e) => Failure::Io(e),
+        };
+        if self.udp_unreachable(shard) && self.local_send(shard) {
+            return Ok(());
         }
+        Err(failed)
+    }
+
+    /// Sends the encoded request over `shard`'s open local connection;
+    /// false (and the connection dropped) when it broke.
+    fn local_send(&mut self, shard: u32) -> bool {
+        let i = shard as usize;
+        if let Some(Local::Open(c)) = self.locals.get_mut(i) {
+            if c.send(self.enc.finished()).is_ok() {
+                return true;
+            }
+        }
+        self.locals[i] = Local::Off;
+        self.udp_down[i] = false;
+        false
     }
 
     /// Sends the request `build` encodes (given a fresh sequence number) to
@@ -554,15 +603,45 @@ impl Link {
         if let Some(build) = build {
             build(&mut self.enc, seq);
         }
-        if self.local(shard) {
-            match self.local_exchange(shard, seq, Instant::now() + timeout, &mut answer) {
+        let local = self.local(shard);
+        let deadline = Instant::now() + timeout;
+        if local && self.udp_down[shard as usize] {
+            match self.local_exchange(shard, seq, deadline, &mut answer) {
                 Ok(t) => return Ok(t),
                 Err(LocalEnd::Failed(f)) => return Err(f),
-                // The agent went away (or never answers there): UDP says
-                // which, as without the local socket.
-                Err(LocalEnd::Fallback) => self.locals[shard as usize] = Local::Off,
+                // The agent went away: UDP says so, as without the local
+                // socket.
+                Err(LocalEnd::Fallback) => {
+                    self.locals[shard as usize] = Local::Off;
+                    self.udp_down[shard as usize] = false;
+                }
             }
         }
+        match self.udp_request(shard, seq, timeout, &mut answer) {
+            Err(f @ (Failure::Refused | Failure::Io(_))) if self.udp_unreachable(shard) => {
+                match self.local_exchange(shard, seq, deadline, &mut answer) {
+                    Ok(t) => Ok(t),
+                    Err(LocalEnd::Failed(f)) => Err(f),
+                    Err(LocalEnd::Fallback) => {
+                        self.locals[shard as usize] = Local::Off;
+                        self.udp_down[shard as usize] = false;
+                        Err(f)
+                    }
+                }
+            }
+            r => r,
+        }
+    }
+
+    /// The UDP exchange of [`Link::request`]: the encoded request sent and
+    /// re-sent until its answer or the timeout.
+    fn udp_request<T>(
+        &mut self,
+        shard: u32,
+        seq: u32,
+        timeout: Duration,
+        answer: &mut impl FnMut(Answer<'_>) -> T,
+    ) -> Result<T, Failure> {
         self.socket(shard)?;
         let Link {
             sockets, enc, buf, ..

@@ -1,14 +1,17 @@
 //! The client's side of the agent's local socket
 //! ([`lbagent_host::local::socket_path`], beside the heartbeat): one Unix
-//! stream connection per shard, the same FlatBuffers messages as UDP, each
-//! a frame (u32 little-endian length, then the message). The kernel tells
-//! the agent who connected (uid, gid, pid), so requests that act beyond
-//! the caller (a report that consumes units, a level every caller of the
-//! module shares) are taken from it when the agent's configuration trusts
-//! that user; and a balance module's units taken over a connection go back
-//! when it closes (the process exited). It works from a container with
-//! its own network and pid namespaces when the agent's directory is
-//! mounted there.
+//! stream connection per shard. The kernel tells the agent who connected
+//! (uid, gid, pid). The connection opens with an identification message
+//! that carries the client's UDP socket for the shard (`SCM_RIGHTS`): the
+//! agent then knows that UDP source is this process's, so requests that
+//! act beyond the caller (a report that consumes units, a level every
+//! caller of the module shares) are taken from it over UDP when the
+//! agent's configuration trusts that user, and the balance units it took
+//! go back when the connection closes (the process exited). Requests
+//! themselves go over UDP; over the connection (the same FlatBuffers
+//! messages, each a frame: u32 little-endian length, then the message)
+//! only when UDP cannot reach the agent, as from a container with its own
+//! network namespace that mounts the agent's directory.
 //!
 //! The socket is used only when it belongs to the heartbeat file's owner
 //! (the agent's user) or root: a socket planted by anyone else is not
@@ -23,8 +26,17 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use nix::sys::socket::{
-    connect, send, socket, AddressFamily, MsgFlags, SockFlag, SockType, UnixAddr,
+    connect, send, sendmsg, socket, AddressFamily, ControlMessage, MsgFlags, SockFlag, SockType,
+    UnixAddr,
 };
+
+/// The identification message's bytes (the agent's `local_socket::ID_MAGIC`).
+const ID_MAGIC: &[u8; 4] = b"LBID";
+
+/// How long a new connection waits for the agent's hello (the agent's
+/// acceptor waits 1 s at most for the identification message, which comes
+/// at once).
+const HELLO_WAIT: Duration = Duration::from_secs(2);
 
 use lbagent_wire::Limits;
 
@@ -59,7 +71,11 @@ impl LocalConn {
     ///
     /// # Errors
     /// No socket there, another owner's, or the connection is refused.
-    pub(crate) fn connect(heartbeat: &Path, shard: u32) -> io::Result<LocalConn> {
+    pub(crate) fn connect(
+        heartbeat: &Path,
+        shard: u32,
+        udp: Option<std::os::fd::BorrowedFd<'_>>,
+    ) -> io::Result<LocalConn> {
         let path = lbagent_host::local::socket_path(heartbeat, shard);
         let sock = std::fs::symlink_metadata(&path)?;
         let agent = std::fs::metadata(heartbeat)?;
@@ -86,13 +102,38 @@ impl LocalConn {
         connect(fd.as_raw_fd(), &UnixAddr::new(&path)?)?;
         let stream = UnixStream::from(fd);
         stream.set_nonblocking(false)?;
-        Ok(LocalConn {
+        if let Some(udp) = udp {
+            let fds = [udp.as_raw_fd()];
+            sendmsg::<()>(
+                stream.as_raw_fd(),
+                &[std::io::IoSlice::new(ID_MAGIC)],
+                &[ControlMessage::ScmRights(&fds)],
+                MsgFlags::MSG_NOSIGNAL,
+                None,
+            )?;
+        }
+        let mut c = LocalConn {
             stream,
             rx: Vec::with_capacity(4096),
             start: 0,
             out: Vec::with_capacity(256),
             read_timeout: None,
-        })
+        };
+        // The agent's hello: it has taken the connection (and the UDP
+        // source it carries) before any request goes out.
+        let hello = c
+            .recv(Instant::now() + HELLO_WAIT)
+            .map_err(|e| io::Error::other(format!("no hello from the agent: {e:?}")))?;
+        match lbagent_wire::decode(c.frame(hello), &Limits::UDP) {
+            Ok(lbagent_wire::Message::ErrorResp(r))
+                if r.seq() == 0 && r.retcode() == lbagent_wire::RetCode::Ok => {}
+            _ => {
+                return Err(io::Error::other(
+                    "the local socket's first answer is no hello",
+                ))
+            }
+        }
+        Ok(c)
     }
 
     /// Sends one message as a frame.
@@ -208,8 +249,22 @@ mod tests {
         let hb = dir.path().join("hb");
         std::fs::write(&hb, b"").unwrap();
         let l = UnixListener::bind(lbagent_host::local::socket_path(&hb, 0)).unwrap();
-        let mut c = LocalConn::connect(&hb, 0).unwrap();
-        let (mut srv, _) = l.accept().unwrap();
+        let agent = std::thread::spawn(move || {
+            let (mut srv, _) = l.accept().unwrap();
+            let hello = lbagent_wire::Encoder::new()
+                .error_resp(
+                    0,
+                    lbagent_model::ModuleId::new(0, 0),
+                    lbagent_wire::RetCode::Ok,
+                    "hi",
+                )
+                .to_vec();
+            srv.write_all(&(hello.len() as u32).to_le_bytes()).unwrap();
+            srv.write_all(&hello).unwrap();
+            srv
+        });
+        let mut c = LocalConn::connect(&hb, 0, None).unwrap();
+        let mut srv = agent.join().unwrap();
         c.send(b"abc").unwrap();
         let mut got = [0u8; 7];
         srv.read_exact(&mut got).unwrap();
@@ -240,9 +295,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let hb = dir.path().join("hb");
         std::fs::write(&hb, b"").unwrap();
-        assert!(LocalConn::connect(&hb, 0).is_err());
+        assert!(LocalConn::connect(&hb, 0, None).is_err());
         std::fs::write(lbagent_host::local::socket_path(&hb, 0), b"").unwrap();
-        let e = LocalConn::connect(&hb, 0).unwrap_err().to_string();
+        let e = LocalConn::connect(&hb, 0, None).unwrap_err().to_string();
         assert!(e.contains("not a socket"), "{e}");
     }
 }

@@ -65,12 +65,18 @@ pub struct LocalCaller {
     /// Whether the configuration trusts it with requests that act beyond
     /// itself.
     pub trusted: bool,
+    /// The UDP source it proved it owns (it passed the socket when it
+    /// connected): its datagrams are its own, trusted as the connection
+    /// is, and their units go back when the connection closes.
+    pub udp: Option<SocketAddr>,
 }
 
 /// The open local connections of a shard.
 #[derive(Debug, Default)]
 pub(super) struct Locals {
     open: HashMap<u32, LocalCaller>,
+    /// UDP sources identified by a local connection, and which.
+    by_udp: HashMap<SocketAddr, u32>,
 }
 
 impl ShardCore {
@@ -81,25 +87,69 @@ impl ShardCore {
         if peer_slot(peer).is_some() {
             return true;
         }
-        match peer_local(peer) {
-            Some(conn) => self.locals.open.get(&conn).is_some_and(|c| c.trusted),
-            None => self.setup.udp_acts_beyond,
-        }
+        let conn = match peer_local(peer) {
+            Some(conn) => conn,
+            None if self.setup.udp_acts_beyond => return true,
+            None => match self.locals.by_udp.get(&peer) {
+                Some(&conn) => conn,
+                None => return false,
+            },
+        };
+        self.locals.open.get(&conn).is_some_and(|c| c.trusted)
     }
 
     /// The shell accepted local connection `conn` from `caller`.
     pub fn local_connected(&mut self, conn: u32, caller: LocalCaller) {
+        if let Some(udp) = caller.udp {
+            self.locals.by_udp.insert(udp, conn);
+        }
         self.locals.open.insert(conn, caller);
         self.metrics.local_connections += 1;
     }
 
+    /// The first answer on local connection `conn`: ErrorResp `Ok` with
+    /// sequence 0, saying who the agent took the caller for. The client
+    /// waits for it before its first request, so that a UDP source the
+    /// connection identified is known before the source's first datagram.
+    pub fn local_hello(&mut self, conn: u32) -> &[u8] {
+        let said = match self.locals.open.get(&conn) {
+            Some(c) => format!(
+                "identified: uid {} gid {} pid {}{}; {}",
+                c.uid,
+                c.gid,
+                c.pid,
+                c.udp.map_or(String::new(), |a| format!(", UDP {a}")),
+                if c.trusted {
+                    "trusted with requests that act beyond the caller"
+                } else {
+                    "not trusted with requests that act beyond the caller (agent.trusted_uids)"
+                }
+            ),
+            None => "not identified".to_string(),
+        };
+        self.enc.error_resp(
+            0,
+            lbagent_model::ModuleId::new(0, 0),
+            lbagent_wire::RetCode::Ok,
+            &said,
+        )
+    }
+
     /// Local connection `conn` closed (its client exited or let go): the
-    /// units it held of every `balance` module go back at once.
+    /// units it held of every `balance` module go back at once, and those
+    /// of the UDP source it identified.
     pub fn local_closed(&mut self, conn: u32) {
-        if self.locals.open.remove(&conn).is_some() {
-            self.metrics.local_connections -= 1;
-        }
+        let Some(caller) = self.locals.open.remove(&conn) else {
+            return;
+        };
+        self.metrics.local_connections -= 1;
         self.release_client(client_key(local_peer(conn)));
+        if let Some(udp) = caller.udp {
+            if self.locals.by_udp.get(&udp) == Some(&conn) {
+                self.locals.by_udp.remove(&udp);
+                self.release_client(client_key(udp));
+            }
+        }
     }
 
     /// A client is gone (a local connection closed, a slot reclaimed):

@@ -1532,6 +1532,7 @@ fn a_report_that_consumes_from_a_slot_or_a_trusted_local_connection_is_taken() {
         gid: 1000,
         pid: 1,
         trusted,
+        udp: None,
     };
     s.local_connected(1, caller(true));
     s.local_connected(2, caller(false));
@@ -1560,6 +1561,7 @@ fn a_level_from_an_untrusted_caller_rejects_only_its_own_get_hosts() {
             gid: 0,
             pid: 1,
             trusted: true,
+            udp: None,
         },
     );
     let local = callers::local_peer(4);
@@ -1607,6 +1609,7 @@ fn a_closed_local_connection_gives_its_units_back() {
             gid: 65534,
             pid: 1,
             trusted: false,
+            udp: None,
         },
     );
     let local = callers::local_peer(9);
@@ -1617,4 +1620,33 @@ fn a_closed_local_connection_gives_its_units_back() {
     assert_eq!(s.metrics.units_released, 2);
     assert_eq!(s.metrics.local_connections, 0);
     assert_eq!(get_host_from(&mut s, PEER, 0, 11), RetCode::Ok);
+}
+
+#[test]
+fn a_udp_source_a_trusted_connection_identified_is_trusted_and_released_with_it() {
+    let mut s = shard();
+    get_host(&mut s, M, 0);
+    s.apply(balance_route(3), 0);
+    s.outbox.clear();
+    s.local_connected(
+        8,
+        callers::LocalCaller {
+            uid: 0,
+            gid: 0,
+            pid: 1,
+            trusted: true,
+            udp: Some(PEER),
+        },
+    );
+    // PEER's consumption is taken over UDP; OTHER's is not.
+    let taken = report_from(&mut s, PEER, None, 1, 10);
+    assert_eq!(taken.map(|r| r.0), Some(RetCode::Ok));
+    let refused = report_from(&mut s, OTHER, None, 1, 10);
+    assert_eq!(refused.map(|r| r.0), Some(RetCode::Forbidden));
+    // PEER's units go back when its connection closes.
+    assert_eq!(get_host_from(&mut s, PEER, 0, 11), RetCode::Ok);
+    assert_eq!(get_host_from(&mut s, PEER, 0, 11), RetCode::Ok);
+    s.local_closed(8);
+    assert_eq!(s.metrics.units_released, 2);
+    assert!(!s.trusts(PEER));
 }
