@@ -129,7 +129,7 @@ fn weights_2_and_3_give_exactly_five_hosts_the_sixth_is_overloaded_and_a_report_
 
     // Units are held by the client that took them and go back when it
     // exits (issue 27): one client, in this process, takes them all.
-    let mut client = library_client(&hb[1]);
+    let mut client = library_client(hb[1]);
     let mut gethost = || client.get_host(78, 1, Duration::from_secs(2));
     let mut given: BTreeMap<String, u32> = BTreeMap::new();
     for i in 0..5 {

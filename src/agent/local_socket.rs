@@ -302,8 +302,7 @@ fn accept_loop(listeners: &[UnixListener], inboxes: &[Arc<Inbox>], stop: &WakeFd
             .map(|w| w.until.saturating_duration_since(now))
             .min()
             .map_or(PollTimeout::NONE, |d| {
-                PollTimeout::try_from(d.as_millis().clamp(1, 1000) as u16)
-                    .unwrap_or(PollTimeout::MAX)
+                PollTimeout::from(d.as_millis().clamp(1, 1000) as u16)
             });
         if poll(&mut fds, timeout).is_err() {
             continue;

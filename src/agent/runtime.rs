@@ -115,7 +115,13 @@ impl Agent {
             (None, vec![None; shards as usize])
         };
         let rings = spawn_shards(
-            config, &common, sockets, ports[0], &snapshot, regions, inboxes, ncpu,
+            config,
+            &common,
+            sockets,
+            ports[0],
+            &snapshot,
+            (regions, inboxes),
+            ncpu,
         )?;
         let routes_loaded = snapshot.as_ref().map_or(0, |s| s.len());
         let parts = ControlParts {
@@ -363,15 +369,15 @@ struct ShardRings {
 }
 
 /// Builds each shard's rings and spawns its executor, pinned to core
-/// `i % ncpu`, on its socket (and its shared-memory region, when offered).
+/// `i % ncpu`, on its socket (and its shared-memory region and its local
+/// socket's inbox, when offered).
 fn spawn_shards(
     config: &Config,
     common: &Common,
     sockets: Vec<UdpSocket>,
     base_port: u16,
     snapshot: &Option<Arc<SnapshotIndex>>,
-    regions: Vec<Region>,
-    inboxes: Vec<Option<Arc<Inbox>>>,
+    (regions, inboxes): (Vec<Region>, Vec<Option<Arc<Inbox>>>),
     ncpu: usize,
 ) -> anyhow::Result<ShardRings> {
     let a = &config.agent;

@@ -43,7 +43,7 @@ pub fn client_key(peer: SocketAddr) -> ClientKey {
             Some(conn) => 1 << 48 | u64::from(conn),
             // No shard binds IPv6 today; fold it so that it is still
             // one key per source.
-            None => 1 << 49 | (u128::from(v6.ip().to_bits()) as u64) << 16 | u64::from(v6.port()),
+            None => 1 << 49 | (v6.ip().to_bits() as u64) << 16 | u64::from(v6.port()),
         },
     }
 }
