@@ -11,7 +11,8 @@
 //! for who needs to be identified, UDP and shared memory stay the fast
 //! paths. A connection that sends a frame that is no frame (length 0 or
 //! above the UDP size limit) is closed; one whose answers are not read
-//! loses those past [`ANSWER_QUEUE`] (counted as send errors).
+//! loses those past [`ANSWER_QUEUE`] answers or [`ANSWER_BYTES`] (counted
+//! as send errors).
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -35,15 +36,21 @@ use lbagent_wire::{DecodeError, Limits};
 
 /// The most local connections one shard serves at once; past it a new
 /// one is closed at once (counted in `lbagent_local_connections_refused_total`).
-pub const MAX_CONNECTIONS: usize = 4096;
+pub const MAX_CONNECTIONS: usize = 1024;
 
 /// Answers queued for one connection's writer.
 pub const ANSWER_QUEUE: usize = 256;
 
+/// Bytes of answers queued for one connection's writer at most: a client
+/// that asks and never reads holds no more than this (1,024 connections:
+/// 64 MiB per shard at worst).
+pub const ANSWER_BYTES: usize = 64 << 10;
+
 /// The open connections' answer queues, by connection number.
 #[derive(Default)]
 pub struct Conns {
-    senders: RefCell<HashMap<u32, LocalSender<Vec<u8>>>>,
+    /// Per connection: its writer's queue and the bytes in it.
+    senders: RefCell<HashMap<u32, (LocalSender<Vec<u8>>, Rc<Cell<usize>>)>>,
     next: Cell<u32>,
 }
 
@@ -52,11 +59,19 @@ impl Conns {
     /// when the connection is gone or its queue is full.
     pub fn deliver(&self, conn: u32, answer: &[u8]) -> bool {
         let senders = self.senders.borrow();
-        let Some(tx) = senders.get(&conn) else {
+        let Some((tx, queued)) = senders.get(&conn) else {
             return false;
         };
-        let mut framed = Vec::with_capacity(answer.len() + 4);
-        write_frame(&mut framed, answer).is_ok() && tx.try_send(framed).is_ok()
+        let len = answer.len() + 4;
+        if queued.get() + len > ANSWER_BYTES {
+            return false;
+        }
+        let mut framed = Vec::with_capacity(len);
+        if write_frame(&mut framed, answer).is_err() || tx.try_send(framed).is_err() {
+            return false;
+        }
+        queued.set(queued.get() + len);
+        true
     }
 
     /// A number no open connection has.
@@ -110,7 +125,12 @@ fn open(fd: OwnedFd, caller: LocalCaller, shared: &Shared) {
     };
     let conn = shared.conns.number();
     let (tx, rx) = local_channel::new_bounded::<Vec<u8>>(ANSWER_QUEUE);
-    shared.conns.senders.borrow_mut().insert(conn, tx);
+    let queued = Rc::new(Cell::new(0));
+    shared
+        .conns
+        .senders
+        .borrow_mut()
+        .insert(conn, (tx, queued.clone()));
     {
         let mut c = shared.core.borrow_mut();
         c.local_connected(conn, caller);
@@ -127,6 +147,7 @@ fn open(fd: OwnedFd, caller: LocalCaller, shared: &Shared) {
             if writer.write_all(&bytes).await.is_err() {
                 break;
             }
+            queued.set(queued.get().saturating_sub(bytes.len()));
         }
     })
     .detach();
