@@ -46,11 +46,14 @@ pub const ANSWER_QUEUE: usize = 256;
 /// 64 MiB per shard at worst).
 pub const ANSWER_BYTES: usize = 64 << 10;
 
+/// A connection's writer: its queue of framed answers, and the bytes in it.
+type Writer = (LocalSender<Vec<u8>>, Rc<Cell<usize>>);
+
 /// The open connections' answer queues, by connection number.
 #[derive(Default)]
 pub struct Conns {
     /// Per connection: its writer's queue and the bytes in it.
-    senders: RefCell<HashMap<u32, (LocalSender<Vec<u8>>, Rc<Cell<usize>>)>>,
+    senders: RefCell<HashMap<u32, Writer>>,
     next: Cell<u32>,
 }
 
