@@ -76,6 +76,10 @@ pub(crate) enum Answer<'a> {
     Host(HostAnswer),
 }
 
+/// How long a report (which waits for nothing) waits at most for the
+/// agent's hello on a new local connection.
+const REPORT_HELLO_WAIT: Duration = Duration::from_secs(1);
+
 /// The shortest interval between copies of a request.
 pub const MIN_RESEND: Duration = Duration::from_millis(10);
 
@@ -276,7 +280,10 @@ impl Link {
 
     /// Whether `shard`'s local connection is open (connecting it the first
     /// time it is asked for with this agent).
-    fn local(&mut self, shard: u32) -> bool {
+    /// The agent's hello is awaited until `hello_by` at most (a request's
+    /// own timeout): a connection not greeted in time is not used with
+    /// this agent.
+    fn local(&mut self, shard: u32, hello_by: Instant) -> bool {
         let i = shard as usize;
         match self.locals.get(i) {
             Some(Local::Open(_)) => return true,
@@ -296,7 +303,7 @@ impl Link {
         } = self;
         let hb = local_heartbeat.as_deref().expect("checked above");
         let udp = sockets[i].as_ref().map(|s| s.sock.as_fd());
-        locals[i] = match LocalConn::connect(hb, shard, udp) {
+        locals[i] = match LocalConn::connect(hb, shard, udp, hello_by) {
             Ok(c) => {
                 udp_down[i] = !udp_ok;
                 Local::Open(c)
@@ -517,7 +524,7 @@ impl Link {
         if let Some(build) = build {
             build(&mut self.enc, seq);
         }
-        let local = self.local(shard);
+        let local = self.local(shard, Instant::now() + REPORT_HELLO_WAIT);
         if local && self.udp_down[shard as usize] && self.local_send(shard) {
             return Ok(());
         }
@@ -603,8 +610,8 @@ impl Link {
         if let Some(build) = build {
             build(&mut self.enc, seq);
         }
-        let local = self.local(shard);
         let deadline = Instant::now() + timeout;
+        let local = self.local(shard, deadline);
         if local && self.udp_down[shard as usize] {
             match self.local_exchange(shard, seq, deadline, &mut answer) {
                 Ok(t) => return Ok(t),

@@ -75,6 +75,7 @@ impl LocalConn {
         heartbeat: &Path,
         shard: u32,
         udp: Option<std::os::fd::BorrowedFd<'_>>,
+        hello_by: Instant,
     ) -> io::Result<LocalConn> {
         let path = lbagent_host::local::socket_path(heartbeat, shard);
         let sock = std::fs::symlink_metadata(&path)?;
@@ -122,7 +123,7 @@ impl LocalConn {
         // The agent's hello: it has taken the connection (and the UDP
         // source it carries) before any request goes out.
         let hello = c
-            .recv(Instant::now() + HELLO_WAIT)
+            .recv(hello_by.min(Instant::now() + HELLO_WAIT))
             .map_err(|e| io::Error::other(format!("no hello from the agent: {e:?}")))?;
         match lbagent_wire::decode(c.frame(hello), &Limits::UDP) {
             Ok(lbagent_wire::Message::ErrorResp(r))
@@ -263,7 +264,8 @@ mod tests {
             srv.write_all(&hello).unwrap();
             srv
         });
-        let mut c = LocalConn::connect(&hb, 0, None).unwrap();
+        let mut c =
+            LocalConn::connect(&hb, 0, None, Instant::now() + Duration::from_secs(20)).unwrap();
         let mut srv = agent.join().unwrap();
         c.send(b"abc").unwrap();
         let mut got = [0u8; 7];
@@ -295,9 +297,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let hb = dir.path().join("hb");
         std::fs::write(&hb, b"").unwrap();
-        assert!(LocalConn::connect(&hb, 0, None).is_err());
+        assert!(
+            LocalConn::connect(&hb, 0, None, Instant::now() + Duration::from_secs(20)).is_err()
+        );
         std::fs::write(lbagent_host::local::socket_path(&hb, 0), b"").unwrap();
-        let e = LocalConn::connect(&hb, 0, None).unwrap_err().to_string();
+        let e = LocalConn::connect(&hb, 0, None, Instant::now() + Duration::from_secs(20))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("not a socket"), "{e}");
     }
 }
