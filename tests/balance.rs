@@ -199,6 +199,8 @@ fn weights_2_and_3_give_exactly_five_hosts_the_sixth_is_overloaded_and_a_report_
 fn library_client(hb: &str) -> Client {
     Client::with_options(ClientOptions {
         heartbeat_path: hb.into(),
+        // Patient with a heartbeat that lags on a busy machine.
+        max_heartbeat_age: Duration::from_secs(30),
         ..ClientOptions::default()
     })
     .expect("a client")

@@ -183,16 +183,13 @@ impl System {
 
     /// `lbagent getroute MODID 1 --json` (takes no unit).
     fn getroute(&self, modid: &str) -> Option<serde_json::Value> {
-        let out = run(
-            As::Root,
-            &["getroute", modid, "1", "--json", "--heartbeat", &self.hb],
-        );
+        let out = self.tool(As::Root, "getroute", modid, &["--json"]);
         out.status.success().then(|| json(&out))
     }
 
     /// Units in use of the module, over its nodes.
     fn in_use(&self, modid: &str) -> u64 {
-        let v = self.getroute(modid).expect("getroute answers");
+        let v = self.getroute(modid).expect("getroute answers within 30 s");
         v["nodes"]
             .as_array()
             .unwrap()
@@ -214,18 +211,37 @@ impl System {
             .unwrap()
     }
 
-    /// `lbagent TOOL MODID 1 ...` as `who`.
+    /// `lbagent TOOL MODID 1 ...` as `who`, run again (for 30 s at most)
+    /// while it finds the agent down (exit 6: on a busy machine the
+    /// heartbeat can lag past its 2 s) or, but for a report, slow (exit
+    /// 8): what the tests look at is what the agent answers, not whether
+    /// it kept its beat.
     fn tool(&self, who: As, tool: &str, modid: &str, rest: &[&str]) -> Output {
         let mut a = vec![tool, modid, "1"];
         a.extend_from_slice(rest);
-        a.extend_from_slice(&["--heartbeat", &self.hb]);
-        run(who, &a)
+        a.extend_from_slice(&["--heartbeat", &self.hb, "--timeout-ms", "10000"]);
+        let t0 = std::time::Instant::now();
+        loop {
+            let out = run(who, &a);
+            // A report that timed out may have been taken: not sent twice.
+            let busy = match out.status.code() {
+                Some(6) => true,
+                Some(8) => tool != "report",
+                _ => false,
+            };
+            if !busy || t0.elapsed() > Duration::from_secs(30) {
+                return out;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
     }
 
-    /// A library client in this process (root: trusted).
+    /// A library client in this process (root: trusted), patient with a
+    /// heartbeat that lags on a busy machine.
     fn client(&self) -> Client {
         Client::with_options(ClientOptions {
             heartbeat_path: self.hb.clone().into(),
+            max_heartbeat_age: Duration::from_secs(30),
             ..ClientOptions::default()
         })
         .unwrap()
@@ -247,10 +263,10 @@ impl System {
 }
 
 /// One request over plain UDP to the agent's shard, its answer if any
-/// within 2 s.
-fn udp_exchange(port: u16, request: &[u8]) -> Option<Vec<u8>> {
+/// within `wait`.
+fn udp_exchange(port: u16, request: &[u8], wait: Duration) -> Option<Vec<u8>> {
     let s = UdpSocket::bind("127.0.0.1:0").unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    s.set_read_timeout(Some(wait)).unwrap();
     s.send_to(request, ("127.0.0.1", port)).unwrap();
     let mut buf = [0u8; 65536];
     let n = s.recv(&mut buf).ok()?;
@@ -287,7 +303,8 @@ fn a_consume_report_from_an_unallowed_uid_is_refused_and_nothing_changes_in_the_
             consumed: 9,
         })
         .to_vec();
-    let answer = udp_exchange(sys.udp_port(), &req).expect("an answer over UDP");
+    let answer =
+        udp_exchange(sys.udp_port(), &req, Duration::from_secs(20)).expect("an answer over UDP");
     let Message::ErrorResp(e) = decode(&answer, &Limits::UDP).unwrap() else {
         panic!("not an ErrorResp")
     };
@@ -349,13 +366,13 @@ fn a_level_from_an_unallowed_client_does_not_reject_another_clients_gethosts_and
         })
         .to_vec();
     assert!(
-        udp_exchange(sys.udp_port(), &req).is_none(),
+        udp_exchange(sys.udp_port(), &req, Duration::from_millis(500)).is_none(),
         "a report has no answer"
     );
     // Another client's getHosts go on.
     let mut victim = sys.client();
     for _ in 0..20 {
-        let h = victim.get_host(271, 1, Duration::from_secs(2));
+        let h = victim.get_host(271, 1, Duration::from_secs(10));
         assert_eq!(h.map(|h| h.addr.to_string()).as_deref(), Ok(node));
     }
     let out = sys.tool(As::Root, "gethost", "271", &["--json"]);
@@ -378,7 +395,7 @@ fn a_level_from_an_unallowed_client_does_not_reject_another_clients_gethosts_and
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let h = victim.get_host(271, 1, Duration::from_secs(2));
+    let h = victim.get_host(271, 1, Duration::from_secs(10));
     assert!(matches!(h, Err(ClientError::Rejected { .. })), "{h:?}");
     let out = sys.tool(As::Nobody, "gethost", "271", &[]);
     assert_eq!(
@@ -399,7 +416,7 @@ fn a_forged_report_frees_no_unit() {
     sys.module("272", &[(node, "2")], "balance");
     let mut holder = sys.client();
     for _ in 0..2 {
-        holder.get_host(272, 1, Duration::from_secs(2)).unwrap();
+        holder.get_host(272, 1, Duration::from_secs(10)).unwrap();
     }
     assert_eq!(sys.in_use("272"), 2);
     // uid 65534 reports the node five times, over the local socket and
@@ -421,7 +438,7 @@ fn a_forged_report_frees_no_unit() {
                 consumed: 0,
             })
             .to_vec();
-        udp_exchange(sys.udp_port(), &req);
+        udp_exchange(sys.udp_port(), &req, Duration::from_millis(100));
     }
     assert_eq!(sys.in_use("272"), 2);
     let out = sys.tool(As::Nobody, "gethost", "272", &[]);
@@ -441,7 +458,7 @@ fn a_loop_of_gethosts_from_one_client_takes_at_most_units_per_client() {
     sys.module("273", &[(node, "10")], "balance");
     // Over plain UDP, one source address.
     let s = UdpSocket::bind("127.0.0.1:0").unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
     let mut enc = Encoder::new();
     let mut ok = 0;
     for seq in 0..20 {
@@ -459,14 +476,14 @@ fn a_loop_of_gethosts_from_one_client_takes_at_most_units_per_client() {
     // Over the local socket, one library client.
     let mut c = sys.client();
     let got: Vec<_> = (0..20)
-        .map(|_| c.get_host(273, 1, Duration::from_secs(2)).is_ok())
+        .map(|_| c.get_host(273, 1, Duration::from_secs(10)).is_ok())
         .collect();
     assert_eq!(got.iter().filter(|&&g| g).count(), 3, "{got:?}");
     assert_eq!(sys.in_use("273"), 6);
     // Others still get theirs.
     assert!(sys
         .client()
-        .get_host(273, 1, Duration::from_secs(2))
+        .get_host(273, 1, Duration::from_secs(10))
         .is_ok());
 }
 

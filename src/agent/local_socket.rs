@@ -62,6 +62,10 @@ pub const MAX_PENDING: usize = 1024;
 /// The first 4 bytes a client may send, with its UDP socket attached.
 pub const ID_MAGIC: &[u8; 4] = b"LBID";
 
+/// The first 4 bytes a client without a UDP socket for the shard sends
+/// (it cannot reach the shard's port): nothing to wait for.
+pub const NO_ID_MAGIC: &[u8; 4] = b"LBNO";
+
 /// How long the acceptor waits for a connection's first message.
 pub const ID_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
@@ -341,7 +345,7 @@ fn read_id(fd: &OwnedFd) -> Option<std::net::SocketAddr> {
     let peeked =
         nix::sys::socket::recv(raw, &mut magic, MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT)
             .ok()?;
-    if peeked < 4 || &magic != ID_MAGIC {
+    if peeked < 4 || (&magic != ID_MAGIC && &magic != NO_ID_MAGIC) {
         return None;
     }
     let mut space = nix::cmsg_space!([std::os::fd::RawFd; 1]);

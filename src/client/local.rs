@@ -33,6 +33,9 @@ use nix::sys::socket::{
 /// The identification message's bytes (the agent's `local_socket::ID_MAGIC`).
 const ID_MAGIC: &[u8; 4] = b"LBID";
 
+/// The identification message of a client without a UDP socket.
+const NO_ID_MAGIC: &[u8; 4] = b"LBNO";
+
 /// How long a new connection waits for the agent's hello (the agent's
 /// acceptor waits 1 s at most for the identification message, which comes
 /// at once).
@@ -103,16 +106,21 @@ impl LocalConn {
         connect(fd.as_raw_fd(), &UnixAddr::new(&path)?)?;
         let stream = UnixStream::from(fd);
         stream.set_nonblocking(false)?;
-        if let Some(udp) = udp {
-            let fds = [udp.as_raw_fd()];
-            sendmsg::<()>(
-                stream.as_raw_fd(),
-                &[std::io::IoSlice::new(ID_MAGIC)],
-                &[ControlMessage::ScmRights(&fds)],
-                MsgFlags::MSG_NOSIGNAL,
-                None,
-            )?;
-        }
+        // The identification message, with the UDP socket when there is
+        // one (without, the agent need not wait for it).
+        let fds = udp.map(|u| [u.as_raw_fd()]);
+        let cmsgs: &[ControlMessage] = match &fds {
+            Some(f) => &[ControlMessage::ScmRights(f)],
+            None => &[],
+        };
+        let magic = if udp.is_some() { ID_MAGIC } else { NO_ID_MAGIC };
+        sendmsg::<()>(
+            stream.as_raw_fd(),
+            &[std::io::IoSlice::new(magic)],
+            cmsgs,
+            MsgFlags::MSG_NOSIGNAL,
+            None,
+        )?;
         let mut c = LocalConn {
             stream,
             rx: Vec::with_capacity(4096),
