@@ -61,11 +61,11 @@ pub use crate::client::exit::{
 #[derive(Args, Debug, Clone, PartialEq, Eq)]
 pub struct AgentConnArgs {
     /// The agent's heartbeat file [default: $LBAGENT_HEARTBEAT, else
-    /// /dev/shm/lbagent.heartbeat].
+    /// /run/lbagent/heartbeat].
     #[arg(long, value_name = "PATH")]
     pub heartbeat: Option<PathBuf>,
     /// The static route file, used only when there is no heartbeat file
-    /// [default: $LBAGENT_SNAPSHOT, else /var/tmp/lbagent/routes.snapshot].
+    /// [default: $LBAGENT_SNAPSHOT, else /var/lib/lbagent/routes.snapshot].
     #[arg(long, value_name = "PATH")]
     pub snapshot: Option<PathBuf>,
     /// How long to wait for the agent, in milliseconds (1..=60000).

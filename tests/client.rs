@@ -406,7 +406,7 @@ fn hostile_heartbeat(dir: &Path, shards: u32, base_port: u16) -> (HeartbeatWrite
     .unwrap();
     w.beat(unix_ms());
     // The default static route file is a fixed path of the machine
-    // (/var/tmp/lbagent/...): one in this directory that does not exist,
+    // (/var/lib/lbagent/...): one in this directory that does not exist,
     // so that only the header's path can give a static answer.
     let c = Client::with_options(ClientOptions {
         heartbeat_path: hb,

@@ -385,7 +385,6 @@ fn import_refusals_change_nothing(db: &Db) {
     }
     // Rows the checks refuse.
     for bad in [
-        vec![(m(2, 2), node("10.0.0.2:80", 0))],
         vec![(m(2, 2), node("10.0.0.2:80", 1_000_001))],
         vec![(m(2, 2), node("255.255.255.255:80", 1))],
         vec![
@@ -402,6 +401,12 @@ fn import_refusals_change_nothing(db: &Db) {
     }
     assert_eq!(s.load_all().unwrap(), before);
     assert_eq!(db.count("SELECT COUNT(*) FROM route_change"), 1);
+    // Weight 0 is no refusal: a node with no capacity left, as export
+    // writes a fully consumed one; it is served (and exported) as 0.
+    s.import_routes(&[(m(3, 3), node("10.0.0.3:80", 0))], true)
+        .unwrap();
+    let got = s.list(Some(m(3, 3))).unwrap();
+    assert_eq!(got[0].nodes, vec![node("10.0.0.3:80", 0)]);
 }
 
 fn import_of_a_large_table(db: &Db) {

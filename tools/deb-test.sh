@@ -82,17 +82,25 @@ units=(/usr/lib/systemd/system/lbagent.service
 # line): any message fails the check.
 verify="$(systemd-analyze verify "${units[@]}" 2>&1)" || fail "systemd-analyze verify: $verify"
 [[ -z "$verify" ]] || fail "systemd-analyze verify: $verify"
-say "installed: user lbagent, config checks ok, systemd-analyze verify clean"
+# The agent's own directories (docs: The trust model): systemd makes them
+# for User=lbagent, and the packaged config names them.
+for line in RuntimeDirectory=lbagent RuntimeDirectoryMode=0755 StateDirectory=lbagent StateDirectoryMode=0755; do
+  grep -qx "$line" /usr/lib/systemd/system/lbagent.service || fail "lbagent.service lacks $line"
+done
+for line in 'heartbeat_path = "/run/lbagent/heartbeat"' 'snapshot_path = "/var/lib/lbagent/routes.snapshot"' 'dir = "/run/lbagent"'; do
+  grep -qxF "$line" /etc/lbagent/lbagent.toml || fail "/etc/lbagent/lbagent.toml lacks $line"
+done
+say "installed: user lbagent, config checks ok, systemd-analyze verify clean, the agent's directories"
 
 # 4. Remove (the conffile stays), then purge (everything goes).
-$sudo mkdir -p /var/lib/lbagent
-$sudo touch /var/lib/lbagent/lbagent.db
+$sudo mkdir -p /var/lib/lbagent /run/lbagent
+$sudo touch /var/lib/lbagent/lbagent.db /run/lbagent/heartbeat
 $sudo dpkg -r lbagent >/dev/null
 [[ ! -e /usr/bin/lbagent ]] || fail "remove left /usr/bin/lbagent"
 [[ -e /etc/lbagent/lbagent.toml ]] || fail "remove deleted the conffile"
 [[ -e /var/lib/lbagent/lbagent.db ]] || fail "remove deleted the state (only purge may)"
 $sudo dpkg -P lbagent >/dev/null
-for path in /etc/lbagent /var/lib/lbagent "${units[@]}"; do
+for path in /etc/lbagent /var/lib/lbagent /run/lbagent "${units[@]}"; do
   [[ ! -e "$path" ]] || fail "purge left $path"
 done
 if dpkg-query -W lbagent >/dev/null 2>&1; then fail "purge left lbagent in dpkg's database"; fi

@@ -383,7 +383,7 @@ pub struct ControlMetrics {
 // [`render_service_time`].
 
 /// The per-shard figures with no label but `shard`, in exposition order.
-const SHARD_FIGURES: [Figure<ShardMetrics>; 38] = [
+const SHARD_FIGURES: [Figure<ShardMetrics>; 39] = [
     (
         "lbagent_shm_requests_total",
         Counter,
@@ -407,6 +407,12 @@ const SHARD_FIGURES: [Figure<ShardMetrics>; 38] = [
         Counter,
         "Shared-memory clients woken by a futex (they slept waiting for their answer).",
         |m| m.shm.wakes,
+    ),
+    (
+        "lbagent_shm_truncated_total",
+        Counter,
+        "Shared-memory regions found truncated under their shard by a client (the region is closed, the shard goes on by UDP).",
+        |m| m.shm.truncated,
     ),
     (
         "lbagent_unexpected_messages_total",

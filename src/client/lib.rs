@@ -18,7 +18,7 @@
 //! # Finding the agent
 //!
 //! No configuration: the heartbeat file ([`ClientOptions::heartbeat_path`],
-//! by default `$LBAGENT_HEARTBEAT`, else `/dev/shm/lbagent.heartbeat`) says
+//! by default `$LBAGENT_HEARTBEAT`, else `/run/lbagent/heartbeat`) says
 //! how many shards the agent runs and on which ports; a module's requests go
 //! to shard `(modid + cmdid) % shards`, over one connected UDP socket per
 //! shard. When the agent restarts (on other ports, or after the file was
@@ -169,7 +169,7 @@ pub const MAX_USER_KEY_PERIOD_S: u64 = 31_536_000;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ClientOptions {
     /// The agent's heartbeat file. Default: `$LBAGENT_HEARTBEAT`, else
-    /// `/dev/shm/lbagent.heartbeat` (the agent's `agent.heartbeat_path`).
+    /// `/run/lbagent/heartbeat` (the agent's `agent.heartbeat_path`).
     pub heartbeat_path: PathBuf,
     /// Route cache (the original's CacheLayer). Default false.
     pub cache: bool,
@@ -185,7 +185,7 @@ pub struct ClientOptions {
     /// The static route file to use while no heartbeat header has been read
     /// (the heartbeat file is missing); once one has, the path the agent
     /// published wins. Default: `$LBAGENT_SNAPSHOT`, else
-    /// `/var/tmp/lbagent/routes.snapshot` (the agent's `agent.snapshot_path`).
+    /// `/var/lib/lbagent/routes.snapshot` (the agent's `agent.snapshot_path`).
     pub snapshot_path: PathBuf,
     /// Answer getHost from the static route file while the agent is down.
     /// Default true; off, such a getHost fails with

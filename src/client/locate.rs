@@ -24,7 +24,9 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use super::link::ShmTarget;
-use lbagent_host::heartbeat::{is_alive, AgentInfo, HeartbeatReader};
+use lbagent_host::heartbeat::{
+    is_alive, AgentInfo, HeartbeatError, HeartbeatReader, DEFAULT_PATH, LEGACY_PATH,
+};
 
 /// Where the agent's shards listen, as the heartbeat header says.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -131,6 +133,9 @@ pub(crate) struct Locator {
     /// What [`Locator::fresh`] compares with: set by a [`Locator::check`]
     /// that found the agent alive, cleared by anything else.
     fast: Fast,
+    /// The mapped file is the old agents' [`LEGACY_PATH`], read because
+    /// nothing is at the default path.
+    legacy: bool,
 }
 
 /// The last full check that found the agent alive.
@@ -168,6 +173,7 @@ impl Locator {
             generation: 0,
             default_snapshot,
             fast: Fast::NONE,
+            legacy: false,
         }
     }
 
@@ -314,8 +320,27 @@ impl Locator {
 
     /// Opens the file and reads its header.
     fn open(&mut self) -> Result<(), String> {
+        // The file's identity before it is opened: one replaced in between
+        // is then noticed at the next check.
         let id = file_id(&self.path);
-        let reader = HeartbeatReader::open(&self.path).map_err(|e| e.to_string())?;
+        let (reader, id, legacy) = match HeartbeatReader::open(&self.path) {
+            Ok(r) => (r, id, false),
+            // An agent of before issue 27 left its heartbeat in /dev/shm:
+            // read it only if it passes the same checks (owned by root or
+            // this process's user; /dev/shm's owner vouches for nobody).
+            Err(missing @ HeartbeatError::Missing { .. })
+                if self.path == Path::new(DEFAULT_PATH) =>
+            {
+                let id = file_id(Path::new(LEGACY_PATH));
+                match HeartbeatReader::open(Path::new(LEGACY_PATH)) {
+                    Ok(r) => (r, id, true),
+                    Err(HeartbeatError::Missing { .. }) => return Err(missing.to_string()),
+                    Err(e) => return Err(e.to_string()),
+                }
+            }
+            Err(e) => return Err(e.to_string()),
+        };
+        self.legacy = legacy;
         self.reader = Some((reader, id));
         self.read_header();
         Ok(())
@@ -324,8 +349,12 @@ impl Locator {
     /// True when the path no longer names the file that is mapped (deleted,
     /// or replaced by another file).
     fn replaced(&self) -> bool {
+        if self.legacy && file_id(&self.path).is_some() {
+            // The default path appeared: the agent moved there.
+            return true;
+        }
         match &self.reader {
-            Some((_, Some(id))) => file_id(&self.path) != Some(*id),
+            Some((r, Some(id))) => file_id(r.path()) != Some(*id),
             Some((_, None)) => true,
             None => false,
         }

@@ -477,6 +477,60 @@ pub enum ConfigError {
     },
 }
 
+/// The longest configuration file read, in bytes (the packaged one is
+/// about 15 KiB).
+pub const MAX_FILE_LEN: u64 = 1 << 20;
+
+/// Reads the configuration file at `path` as text without ever blocking:
+/// it is opened non-blocking and judged by `fstat` before a byte is read,
+/// so a FIFO, a device or a directory put at the path (at start or before
+/// a SIGHUP) is refused at once instead of waiting for a writer while
+/// SIGTERM goes unheard; a file above [`MAX_FILE_LEN`] is refused too.
+///
+/// # Errors
+/// The system's error, or `InvalidInput` naming what the path is.
+pub fn read_regular(path: &Path) -> std::io::Result<String> {
+    use std::io::Read;
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)?;
+    let meta = file.metadata()?;
+    let t = meta.file_type();
+    if !t.is_file() {
+        let kind = if t.is_dir() {
+            "a directory"
+        } else if t.is_fifo() {
+            "a FIFO"
+        } else if t.is_char_device() || t.is_block_device() {
+            "a device"
+        } else if t.is_socket() {
+            "a socket"
+        } else {
+            "not a regular file"
+        };
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!(
+                "it is {kind}, not a regular file: point --config at the configuration file itself"
+            ),
+        ));
+    }
+    if meta.len() > MAX_FILE_LEN {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!(
+                "it is {} bytes, more than the {MAX_FILE_LEN} a configuration may have",
+                meta.len()
+            ),
+        ));
+    }
+    let mut text = String::with_capacity(meta.len() as usize);
+    file.take(MAX_FILE_LEN + 1).read_to_string(&mut text)?;
+    Ok(text)
+}
+
 impl Config {
     /// Reads `path` (or starts from the defaults when `None`), applies the
     /// `SECTION.FIELD=VALUE` overrides in order, and validates the result.
@@ -503,7 +557,7 @@ impl Config {
     ) -> Result<Config, ConfigError> {
         let (origin, text) = match path {
             Some(p) => {
-                let text = std::fs::read_to_string(p).map_err(|source| ConfigError::Read {
+                let text = read_regular(p).map_err(|source| ConfigError::Read {
                     path: p.to_path_buf(),
                     source,
                 })?;

@@ -12,7 +12,8 @@ use super::{absolute, in_range, ConfigError};
 pub struct ShmConfig {
     /// Offer a shared-memory region per shard (named in the heartbeat).
     pub enabled: bool,
-    /// The directory of the region files (`<dir>/<heartbeat file name>.shm.<shard>`).
+    /// The directory of the region files (`<dir>/<heartbeat file name>.shm.<shard>`):
+    /// the agent's, checked as the heartbeat's (`lbagent_host::owned`).
     pub dir: PathBuf,
     /// Slots per shard: client threads attached at once (more fall back
     /// to UDP).
@@ -26,7 +27,7 @@ impl Default for ShmConfig {
     fn default() -> Self {
         ShmConfig {
             enabled: false,
-            dir: PathBuf::from("/dev/shm"),
+            dir: PathBuf::from("/run/lbagent"),
             slots: 64,
             group: String::new(),
         }

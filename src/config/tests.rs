@@ -318,3 +318,37 @@ fn the_documented_file_names_every_field() {
         "src/config/lbagent.toml lacks {missing:?}: add each with its comment (meaning, range) and default"
     );
 }
+
+#[test]
+fn a_fifo_device_or_directory_config_is_refused_at_once_without_reading() {
+    // Issue 27: a FIFO at the config path used to block the reload (and
+    // SIGTERM with it) until a writer appeared.
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("lbagent.toml");
+    nix_mkfifo(&fifo);
+    for (path, kind) in [
+        (fifo.as_path(), "FIFO"),
+        (std::path::Path::new("/dev/null"), "device"),
+        (dir.path(), "directory"),
+    ] {
+        let t0 = std::time::Instant::now();
+        let e = Config::load(Some(path), &[]).unwrap_err().to_string();
+        assert!(t0.elapsed() < std::time::Duration::from_secs(5));
+        assert!(
+            e.contains(kind) && e.contains(&*path.to_string_lossy()),
+            "{e}"
+        );
+    }
+    let big = dir.path().join("big.toml");
+    std::fs::write(&big, vec![b'#'; (crate::MAX_FILE_LEN + 1) as usize]).unwrap();
+    let e = Config::load(Some(&big), &[]).unwrap_err().to_string();
+    assert!(e.contains("bytes"), "{e}");
+}
+
+fn nix_mkfifo(path: &std::path::Path) {
+    let ok = std::process::Command::new("mkfifo")
+        .arg(path)
+        .status()
+        .unwrap();
+    assert!(ok.success(), "mkfifo {}", path.display());
+}

@@ -1,6 +1,7 @@
-//! The heartbeat: a small shared-memory file (under `/dev/shm` in
-//! production) through which the agent tells applications on the host that
-//! it is alive, and where to find the static route file when it is not.
+//! The heartbeat: a small shared-memory file (in the agent's directory,
+//! `/run/lbagent` in production, a tmpfs) through which the agent tells
+//! applications on the host that it is alive, and where to find the static
+//! route file when it is not.
 //!
 //! The control core owns the only [`HeartbeatWriter`]: it publishes an
 //! [`AgentInfo`] header once at start and calls [`HeartbeatWriter::beat`]
@@ -57,6 +58,15 @@
 //! number of attempts, which in practice means the writer died mid-write:
 //! treat it like a stale beat.
 //!
+//! # Ownership
+//!
+//! Only the agent's user can plant the file ([`crate::owned`]): the agent
+//! makes its directory if needed and refuses one others can write,
+//! creates the file exclusively or adopts only its own, and takes its
+//! lock on `PATH.lock` (mode 0600, so no other user can hold it). A reader
+//! checks the file's owner and mode, and its directory's, before it
+//! trusts a byte of it.
+//!
 //! # Restarts
 //!
 //! [`HeartbeatWriter::create`] reuses an existing file in place (it never
@@ -67,12 +77,10 @@
 
 use std::cell::Cell;
 use std::ffi::OsStr;
-use std::fs::OpenOptions;
 use std::io;
 use std::marker::PhantomData;
 use std::net::Ipv4Addr;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 
@@ -107,8 +115,15 @@ pub const FILE_LEN: u64 = 4096;
 pub const DEFAULT_MAX_AGE_MS: u64 = 2_000;
 
 /// The packaged heartbeat path (`agent.heartbeat_path`), where clients look
-/// unless told otherwise.
-pub const DEFAULT_PATH: &str = "/dev/shm/lbagent.heartbeat";
+/// unless told otherwise: in the agent's own directory (the unit's
+/// `RuntimeDirectory=lbagent`), which only the agent's user can write.
+pub const DEFAULT_PATH: &str = "/run/lbagent/heartbeat";
+
+/// Where agents before issue 27 wrote the heartbeat. Clients that find no
+/// file at [`DEFAULT_PATH`] read this one, only if it passes the same
+/// checks ([`crate::owned::open_trusted`]): owned by root or the client's
+/// own user (`/dev/shm` is anyone's, so its owner says nothing).
+pub const LEGACY_PATH: &str = "/dev/shm/lbagent.heartbeat";
 
 const OFF_SEQ: usize = 0;
 const OFF_MAGIC: usize = 8;
@@ -243,6 +258,10 @@ pub enum HeartbeatError {
         /// Who holds it: `pid N` as its header says, or why that is unknown.
         holder: String,
     },
+    /// The file or its directory breaks the ownership rules of
+    /// [`crate::owned`]: another user could have planted or changed it.
+    #[error("heartbeat file: {0}")]
+    Untrusted(crate::owned::OwnedError),
     /// A system call failed.
     #[error("cannot {op} heartbeat file {path}: {error}")]
     Io {
@@ -554,7 +573,7 @@ fn io_error<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> H
 pub struct HeartbeatWriter {
     shm: Shm,
     path: PathBuf,
-    /// The open file whose `flock` says this agent owns the path.
+    /// The open lock file whose `flock` says this agent owns the path.
     _lock: Flock<std::fs::File>,
     _not_sync: PhantomData<Cell<()>>,
 }
@@ -564,32 +583,51 @@ pub struct HeartbeatWriter {
 /// agent on the same path stops at once, naming the first.
 #[derive(Debug)]
 pub struct HeartbeatLock {
-    file: Flock<std::fs::File>,
+    /// `PATH.lock`, mode 0600: only the agent's user can open it, so no
+    /// other user can hold its lock (anyone may `flock` a file it can
+    /// read, the heartbeat included).
+    lock: Flock<std::fs::File>,
+    file: std::fs::File,
     path: PathBuf,
 }
 
 impl HeartbeatLock {
-    /// Opens (creating if needed) the heartbeat file at `path` and takes
-    /// its exclusive lock, without writing it.
+    /// Makes the agent directory (`path`'s parent) if needed and checks
+    /// it, takes the exclusive lock of `PATH.lock`, then opens the
+    /// heartbeat file at `path` (created exclusively, or adopted only if
+    /// it is this user's own: [`crate::owned::open_or_create`]), without
+    /// writing it.
     ///
     /// # Errors
     /// [`HeartbeatError::Locked`] naming the holder's pid when another
-    /// process holds it; [`HeartbeatError::Io`] when it cannot be opened.
+    /// process holds it; [`HeartbeatError::Untrusted`] when the directory,
+    /// the lock or the heartbeat file is not the agent's (another owner,
+    /// writable by others, a symbolic link); [`HeartbeatError::NotAFile`];
+    /// [`HeartbeatError::Io`] when it cannot be opened.
     pub fn take(path: &Path) -> Result<Self, HeartbeatError> {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o644)
-            .open(path)
-            .map_err(io_error("open", path))?;
-        let file = lock(file, path)?;
+        use crate::owned;
+        let untrusted = |e: owned::OwnedError| match e {
+            owned::OwnedError::NotAFile { path, kind } => HeartbeatError::NotAFile { path, kind },
+            e => HeartbeatError::Untrusted(e),
+        };
+        owned::ensure_agent_dir(owned::parent_of(path)).map_err(untrusted)?;
+        let lock_path = lock_path(path);
+        let lock_file = owned::open_or_create(&lock_path, 0o600, true).map_err(untrusted)?;
+        let lock = lock_exclusive(lock_file, path)?;
+        let file = owned::open_or_create(path, 0o644, false).map_err(untrusted)?;
         Ok(HeartbeatLock {
+            lock,
             file,
             path: path.to_path_buf(),
         })
     }
+}
+
+/// The lock file beside the heartbeat: `PATH.lock`.
+pub fn lock_path(path: &Path) -> PathBuf {
+    let mut p = path.as_os_str().to_owned();
+    p.push(".lock");
+    PathBuf::from(p)
 }
 
 impl HeartbeatWriter {
@@ -612,7 +650,7 @@ impl HeartbeatWriter {
     /// # Errors
     /// As [`HeartbeatWriter::create`], but for the lock.
     pub fn create_locked(lock: HeartbeatLock, info: &AgentInfo) -> Result<Self, HeartbeatError> {
-        let HeartbeatLock { file, path } = lock;
+        let HeartbeatLock { lock, file, path } = lock;
         let path = path.as_path();
         let header = RawHeader::from_info(path, info)?;
         let len = file.metadata().map_err(io_error("stat", path))?.len();
@@ -629,7 +667,7 @@ impl HeartbeatWriter {
         Ok(HeartbeatWriter {
             shm,
             path: path.to_path_buf(),
-            _lock: file,
+            _lock: lock,
             _not_sync: PhantomData,
         })
     }
@@ -692,7 +730,10 @@ impl std::fmt::Debug for HeartbeatWriter {
 /// for as long as the returned file is open (the writer's lifetime; the
 /// kernel releases it when the process dies, even by `kill -9`). Held:
 /// [`HeartbeatError::Locked`] naming the pid in the holder's header.
-fn lock(file: std::fs::File, path: &Path) -> Result<Flock<std::fs::File>, HeartbeatError> {
+fn lock_exclusive(
+    file: std::fs::File,
+    path: &Path,
+) -> Result<Flock<std::fs::File>, HeartbeatError> {
     let e = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
         Ok(locked) => return Ok(locked),
         Err((_, e)) => io::Error::from(e),
@@ -739,23 +780,19 @@ impl HeartbeatReader {
         // Non-blocking: opening a FIFO for reading would otherwise wait for
         // a writer, past any timeout of the caller. What is opened is then
         // judged by fstat, so a file swapped in between cannot slip through.
-        let file = OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
-            .open(path)
-            .map_err(|source| match source.kind() {
-                io::ErrorKind::NotFound => HeartbeatError::Missing {
-                    path: path.to_path_buf(),
-                },
-                _ => io_error("open", path)(source),
-            })?;
-        let meta = file.metadata().map_err(io_error("stat", path))?;
-        if !meta.is_file() {
-            return Err(HeartbeatError::NotAFile {
+        // Its owner, its mode and its directory's are checked first
+        // (crate::owned): a file another user could have planted is not
+        // the agent's, whatever it says.
+        let file = crate::owned::open_trusted(path, false, false).map_err(|e| match e {
+            e if e.is_not_found() => HeartbeatError::Missing {
                 path: path.to_path_buf(),
-                kind: file_kind(&meta.file_type()),
-            });
-        }
+            },
+            crate::owned::OwnedError::NotAFile { path, kind } => {
+                HeartbeatError::NotAFile { path, kind }
+            }
+            e => HeartbeatError::Untrusted(e),
+        })?;
+        let meta = file.metadata().map_err(io_error("stat", path))?;
         let len = meta.len();
         if len < HEADER_LEN as u64 {
             return Err(HeartbeatError::Truncated {
@@ -905,7 +942,7 @@ mod tests {
     }
 
     fn poke_u32(path: &Path, off: u64, value: u32) {
-        let file = OpenOptions::new().write(true).open(path).unwrap();
+        let file = std::fs::OpenOptions::new().write(true).open(path).unwrap();
         file.write_all_at(&value.to_ne_bytes(), off).unwrap();
     }
 

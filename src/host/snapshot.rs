@@ -50,8 +50,10 @@ use lbagent_model::{ModuleId, NodeAddr, RouteNode};
 pub const MAGIC: [u8; 8] = *b"LBAGSNAP";
 
 /// The packaged static route file (`agent.snapshot_path`), where clients
-/// look unless told otherwise.
-pub const DEFAULT_PATH: &str = "/var/tmp/lbagent/routes.snapshot";
+/// look unless told otherwise: in the agent's state directory (the unit's
+/// `StateDirectory=lbagent`, kept across reboots), which only the agent's
+/// user can write.
+pub const DEFAULT_PATH: &str = "/var/lib/lbagent/routes.snapshot";
 
 /// The format version this code writes and reads.
 pub const FORMAT_VERSION: u32 = 1;
@@ -132,6 +134,10 @@ pub enum SnapshotError {
         /// printed with `{:#}` would name it twice).
         error: io::Error,
     },
+    /// The file or its directory breaks the ownership rules of
+    /// [`crate::owned`]: another user could have planted or changed it.
+    #[error("snapshot file: {0}")]
+    Untrusted(crate::owned::OwnedError),
     /// The path names something other than a regular file (a FIFO, a
     /// device, a directory, a socket): nothing is read from it.
     #[error("snapshot file {path} is a {kind}, not a regular file")]
@@ -314,7 +320,9 @@ fn write_bytes(
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
     };
-    fs::create_dir_all(dir).map_err(io_error("create directory", dir))?;
+    // The agent's directory: made if missing, refused if another user
+    // could plant a file in it (crate::owned).
+    crate::owned::ensure_agent_dir(dir).map_err(SnapshotError::Untrusted)?;
     let (tmp, mut file) = create_temp(dir, name)?;
 
     let staged = (|| {
@@ -349,6 +357,7 @@ fn create_temp(dir: &Path, name: &std::ffi::OsStr) -> Result<(PathBuf, File), Sn
             .write(true)
             .create_new(true)
             .mode(0o644)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
             .open(&tmp)
         {
             Ok(file) => return Ok((tmp, file)),
@@ -392,24 +401,17 @@ pub fn read_index(path: &Path) -> Result<SnapshotIndex, SnapshotError> {
 
 /// The file's bytes, bounded as [`read`] says; not yet validated.
 fn read_bytes(path: &Path) -> Result<Vec<u8>, SnapshotError> {
-    let file = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
-        .open(path)
-        .map_err(|e| match e.kind() {
-            io::ErrorKind::NotFound => SnapshotError::Missing {
-                path: path.to_path_buf(),
-            },
-            _ => io_error("open", path)(e),
-        })?;
-    // Judge what was opened, not what the path named a moment before.
-    let meta = file.metadata().map_err(io_error("stat", path))?;
-    if !meta.is_file() {
-        return Err(SnapshotError::NotAFile {
+    // Its owner, mode and directory checked (crate::owned): a file another
+    // user could have planted feeds nobody's fallback. What was opened is
+    // judged, not what the path named a moment before.
+    let file = crate::owned::open_trusted(path, false, false).map_err(|e| match e {
+        e if e.is_not_found() => SnapshotError::Missing {
             path: path.to_path_buf(),
-            kind: crate::heartbeat::file_kind(&meta.file_type()),
-        });
-    }
+        },
+        crate::owned::OwnedError::NotAFile { path, kind } => SnapshotError::NotAFile { path, kind },
+        e => SnapshotError::Untrusted(e),
+    })?;
+    let meta = file.metadata().map_err(io_error("stat", path))?;
     if meta.len() > MAX_LEN {
         return Err(SnapshotError::TooLarge {
             path: path.to_path_buf(),
@@ -990,7 +992,8 @@ mod tests {
         let blocker = dir.path().join("blocker");
         fs::write(&blocker, b"not a directory").unwrap();
         let err = write(&blocker.join("routes.snap"), 1, &sample()).unwrap_err();
-        assert!(matches!(err, SnapshotError::Io { .. }), "{err}");
+        assert!(matches!(err, SnapshotError::Untrusted(_)), "{err}");
+        assert!(err.to_string().contains("not a directory"), "{err}");
         assert_eq!(fs::read(&blocker).unwrap(), b"not a directory");
         assert_eq!(names_in(dir.path()), ["blocker"]);
 

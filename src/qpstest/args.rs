@@ -62,7 +62,7 @@ pub struct QpstestArgs {
     #[arg(long)]
     pub json: bool,
     /// The heartbeat file of the agent to measure (default:
-    /// $LBAGENT_HEARTBEAT, else /dev/shm/lbagent.heartbeat).
+    /// $LBAGENT_HEARTBEAT, else /run/lbagent/heartbeat).
     #[arg(long, value_name = "PATH", conflicts_with_all = ["floor", "standalone"])]
     pub heartbeat: Option<PathBuf>,
     /// Measure the floor instead: a bare recvmmsg/sendmmsg loop started in

@@ -1,7 +1,8 @@
 //! A client thread's side of a region: claim a slot, publish a request,
 //! wait for its answer (spin briefly, nap, then sleep on a futex: see
 //! [`super::wait`]), ring the
-//! shard's doorbell only while the shard is parked. It knows nothing of
+//! shard's doorbell while the shard is parked, and whatever it says once
+//! the answer is late ([`super::wait::RING_ANYWAY`]). It knows nothing of
 //! heartbeats or sockets: the caller gives it the region's path, the pid
 //! the heartbeat names, and a doorbell to ring.
 
@@ -254,6 +255,8 @@ impl Attachment {
         let start = Instant::now();
         let plan = wait::plan(self.recent);
         let mut spins = 0u32;
+        // When this client last rang whatever `parked` said.
+        let mut rang_anyway: Option<Duration> = None;
         loop {
             let seen = resp.load(Ordering::Acquire);
             if seen == seq {
@@ -298,8 +301,18 @@ impl Attachment {
                 sleeping.store(0, Ordering::Relaxed);
                 return Ok(start.elapsed());
             }
-            self.ring_if_parked(doorbell);
-            let nap = (deadline - now).min(RING_AGAIN);
+            if !self.ring_if_parked(doorbell) && wait::ring_anyway(waited, rang_anyway, RING_AGAIN)
+            {
+                // `parked` may lie (any group member can write it): an
+                // answer this late means the shard may well be asleep.
+                doorbell();
+                rang_anyway = Some(waited);
+            }
+            let until_bound = match rang_anyway {
+                None if waited < wait::RING_ANYWAY => wait::RING_ANYWAY - waited,
+                _ => RING_AGAIN,
+            };
+            let nap = (deadline - now).min(until_bound);
             self.region.futex_wait(base + layout::S_RESP_SEQ, seen, nap);
         }
     }

@@ -6,9 +6,8 @@
 //! nix's safe wrappers. Everything above it works with offsets that
 //! [`super::layout`] computed and this module checks.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::OnceLock;
@@ -36,6 +35,11 @@ pub enum RegionError {
         /// printed with `{:#}` would name it twice).
         error: io::Error,
     },
+    /// The file or its directory breaks the ownership rules of
+    /// [`lbagent_host::owned`]: another user could have planted or
+    /// changed it.
+    #[error("shared-memory region: {0}")]
+    Untrusted(lbagent_host::owned::OwnedError),
     /// The file is not a region this build can use.
     #[error("shared-memory region {path} is unusable: {why}")]
     Invalid {
@@ -160,6 +164,11 @@ impl Region {
         identity: Identity,
         access: Access,
     ) -> Result<Region, RegionError> {
+        use lbagent_host::owned;
+        // The agent's directory (made if missing; refused if others can
+        // write it), then a temporary name created exclusively, never
+        // through a symbolic link.
+        owned::ensure_agent_dir(owned::parent_of(path)).map_err(RegionError::Untrusted)?;
         let mut tmp = path.as_os_str().to_owned();
         tmp.push(format!(".tmp{}", std::process::id()));
         let tmp = PathBuf::from(tmp);
@@ -168,18 +177,11 @@ impl Region {
             Access::Owner => 0o600,
             Access::Group(_) => 0o660,
         };
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .mode(mode)
-            .custom_flags(libc::O_CLOEXEC)
-            .open(&tmp)
-            .map_err(io_err("create", &tmp))?;
+        let file = owned::create_exclusive(&tmp, mode).map_err(|e| match e {
+            owned::OwnedError::Io { error, .. } => io_err("create", &tmp)(error),
+            e => RegionError::Untrusted(e),
+        })?;
         let made = (|| {
-            // The umask may have taken bits away: set the mode exactly.
-            file.set_permissions(std::fs::Permissions::from_mode(mode))
-                .map_err(io_err("chmod", &tmp))?;
             if let Access::Group(gid) = access {
                 // No owner: the owner is kept.
                 fchown(&file, None, Some(Gid::from_raw(gid)))
@@ -238,20 +240,19 @@ impl Region {
     /// (not a regular file, bad magic or version, a geometry that does not
     /// fit the file).
     pub fn open(path: &Path) -> Result<Region, RegionError> {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
-            .open(path)
-            .map_err(io_err("open", path))?;
-        let meta = file.metadata().map_err(io_err("stat", path))?;
+        use lbagent_host::owned::{open_trusted, OwnedError};
         let invalid = |why: String| RegionError::Invalid {
             path: path.to_path_buf(),
             why,
         };
-        if !meta.is_file() {
-            return Err(invalid("not a regular file".into()));
-        }
+        // Owner, mode and directory checked first (lbagent_host::owned);
+        // group-writable is the `shm.group` mode.
+        let file = open_trusted(path, true, true).map_err(|e| match e {
+            OwnedError::Io { op, error, .. } => io_err(op, path)(error),
+            OwnedError::NotAFile { .. } => invalid("not a regular file".into()),
+            e => RegionError::Untrusted(e),
+        })?;
+        let meta = file.metadata().map_err(io_err("stat", path))?;
         if meta.len() < layout::HEADER_LEN as u64 {
             return Err(invalid(format!(
                 "{} bytes, shorter than its header",
@@ -319,9 +320,9 @@ impl Region {
     /// its slot) may also `ftruncate` it, and touching a mapped page past
     /// the file's new end raises `SIGBUS`, which would kill the agent. Once
     /// guarded, such a fault maps private zero pages over the rest of the
-    /// mapping instead (the slots there read as free and empty), marks the
-    /// region closed if its header is still in the file (its clients go by
-    /// UDP), and [`Region::truncated`] says so. Installs the process's `SIGBUS` handler the first time
+    /// mapping instead (the slots there read as free and empty), and
+    /// [`Region::truncated`] says so; the serving loop then closes it
+    /// ([`Region::close_if_truncated`]: its clients go by UDP). Installs the process's `SIGBUS` handler the first time
     /// (faults elsewhere go on to the handler it replaced). Only the agent
     /// guards its regions: a client library installs no signal handler in
     /// its application. Returns false if the handler could not be installed
@@ -346,6 +347,21 @@ impl Region {
             }
         }
         false
+    }
+
+    /// Once the guarded mapping met its file truncated ([`Region::truncated`]),
+    /// marks the region closed in its header, so that its clients go by UDP
+    /// at once instead of waiting for answers that can no longer reach
+    /// them; returns whether it did. Called by the serving loop, never from
+    /// the signal handler: if the header itself is gone, the store faults
+    /// once more and the handler maps a private page over it (the clients
+    /// then see their file shrink and give up the region themselves).
+    pub fn close_if_truncated(&self) -> bool {
+        if !self.truncated() {
+            return false;
+        }
+        self.u32(layout::H_CLOSED).store(1, Ordering::SeqCst);
+        true
     }
 
     /// True once a guarded mapping met its file truncated under it (see
@@ -559,15 +575,14 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut 
             )
         };
         if r != libc::MAP_FAILED {
+            // Nothing else: the handler never touches the file's pages.
+            // The file may have been cut anywhere, the header included,
+            // and a store there would fault again inside the handler,
+            // where SIGBUS is blocked: the kernel would then kill the
+            // process (issue 27). Closing the region is the serving
+            // loop's business ([`Region::close_if_truncated`]), outside
+            // any handler, where a fault is just another guarded one.
             e.faulted.store(true, Ordering::Release);
-            if from >= start + layout::HEADER_LEN {
-                // The header is still shared: mark the region closed, so
-                // its clients go by UDP at once instead of waiting for
-                // answers that can no longer reach them.
-                // SAFETY: H_CLOSED is an aligned word of the live header.
-                let closed = unsafe { &*((start + layout::H_CLOSED) as *const AtomicU32) };
-                closed.store(1, Ordering::SeqCst);
-            }
             return;
         }
     }
@@ -696,7 +711,7 @@ mod tests {
         // A header claiming more slots than the file holds.
         let g = Geometry::new(2);
         Region::create(&path, g, ident(), Access::Owner).unwrap();
-        let f = OpenOptions::new().write(true).open(&path).unwrap();
+        let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
         f.set_len(g.file_len() as u64 - 1).unwrap();
         let e = Region::open(&path).unwrap_err().to_string();
         assert!(e.contains("needs"), "{e}");
@@ -745,6 +760,32 @@ mod tests {
     }
 
     #[test]
+    fn a_region_truncated_to_nothing_faults_once_per_access_and_never_in_the_handler() {
+        // Issue 27: after `truncate -s 0` the handler used to store
+        // `closed` into the header, past the file's end too: a second
+        // SIGBUS inside the handler, and the kernel killed the agent.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("r.0");
+        let g = Geometry::new(4);
+        let mut region = Region::create(&path, g, ident(), Access::Owner).unwrap();
+        assert!(region.guard());
+        let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        f.set_len(0).unwrap();
+        // A slot first (past the header), then the header itself.
+        let off = g.slot_offset(3) + layout::S_REQ_SEQ;
+        assert_eq!(region.u32(off).load(Ordering::SeqCst), 0);
+        assert!(region.truncated());
+        assert!(region.close_if_truncated());
+        assert_eq!(region.u32(layout::H_CLOSED).load(Ordering::SeqCst), 1);
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), 0);
+        // Regrown and cut again while mapped: still no fault escapes.
+        f.set_len(g.file_len() as u64).unwrap();
+        f.set_len(0).unwrap();
+        region.u32(layout::H_MAGIC).store(3, Ordering::SeqCst);
+        assert_eq!(region.u32(layout::H_MAGIC).load(Ordering::SeqCst), 3);
+    }
+
+    #[test]
     fn a_guarded_region_survives_its_file_truncated_under_it() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("r.0");
@@ -755,7 +796,7 @@ mod tests {
         let off = g.slot_offset(2) + layout::S_REQ_SEQ;
         region.u32(off).store(7, Ordering::SeqCst);
         // A client (any process that can open it read-write) truncates it.
-        let f = OpenOptions::new().write(true).open(&path).unwrap();
+        let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
         f.set_len(layout::HEADER_LEN as u64).unwrap();
         // Without the guard this access kills the process with SIGBUS.
         assert_eq!(region.u32(off).load(Ordering::SeqCst), 0);
@@ -765,8 +806,10 @@ mod tests {
         region.copy_out(g.slot_offset(1) + layout::S_DATA, &mut buf);
         assert_eq!(buf, [0u8; 16]);
         assert!(region.truncated());
-        // The header, still inside the file, is still shared: it says the
-        // region is closed (its clients go by UDP), and no client maps it.
+        // The serving loop closes it; the header, still inside the file,
+        // is still shared: it says the region is closed (its clients go by
+        // UDP), and no client maps it.
+        assert!(region.close_if_truncated());
         let e = Region::open(&path).unwrap_err().to_string();
         assert!(e.contains("needs"), "{e}");
         let mut head = [0u8; 4];

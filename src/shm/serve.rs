@@ -24,6 +24,9 @@ pub struct ShmCounts {
     pub reclaimed: u64,
     /// Clients woken by a futex (they slept waiting for their answer).
     pub wakes: u64,
+    /// Times the region's file was found truncated under the shard (a
+    /// client cut it; the region is then closed and the shard goes on).
+    pub truncated: u64,
 }
 
 /// A request taken from a slot (its bytes: [`Server::request`]).
@@ -353,8 +356,14 @@ impl Server {
     }
 
     /// Takes back every claimed slot whose owner is dead (or whose owner
-    /// field is not a pid). Returns how many.
+    /// field is not a pid). Returns how many. First, once the region's
+    /// file was found truncated, closes it and counts that
+    /// ([`ShmCounts::truncated`]): this runs once a second, outside any
+    /// signal handler.
     pub fn reclaim_dead(&mut self) -> usize {
+        if self.counts.truncated == 0 && self.region.close_if_truncated() {
+            self.counts.truncated = 1;
+        }
         let mut n = 0;
         for s in 0..self.slots() {
             if reclaim_if_dead(&self.region, s) {

@@ -43,6 +43,21 @@ pub const NAPS_FACTOR: u32 = 4;
 /// many later calls).
 pub const SAMPLE_MAX: Duration = Duration::from_millis(8);
 
+/// A client whose request is unanswered this long rings the shard's
+/// doorbell whatever the region's `parked` word says: that word is
+/// shared with every member of `shm.group`, and one that keeps writing 0
+/// there would otherwise make every idle call wait for the shard's own
+/// timer (about 300 ms, issue 27). Past the longest nap
+/// ([`NAPS_FOR_MAX`]): a shard that answers at all answers sooner.
+pub const RING_ANYWAY: Duration = Duration::from_millis(5);
+
+/// Whether a client unanswered for `waited`, that last rang regardless at
+/// `last` (time since its request), rings the doorbell now whatever
+/// `parked` says: once past [`RING_ANYWAY`], then every `again`.
+pub fn ring_anyway(waited: Duration, last: Option<Duration>, again: Duration) -> bool {
+    waited >= RING_ANYWAY && last.is_none_or(|l| waited.saturating_sub(l) >= again)
+}
+
 /// How a client waits for one answer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Plan {
@@ -76,6 +91,17 @@ mod tests {
     use super::*;
 
     const US: Duration = Duration::from_micros(1);
+
+    #[test]
+    fn an_unanswered_client_rings_past_the_bound_then_at_each_interval() {
+        let again = Duration::from_millis(20);
+        let ms = Duration::from_millis;
+        assert!(!ring_anyway(ms(4), None, again));
+        assert!(ring_anyway(RING_ANYWAY, None, again));
+        assert!(!ring_anyway(ms(15), Some(ms(5)), again));
+        assert!(ring_anyway(ms(25), Some(ms(5)), again));
+        assert!(RING_ANYWAY > NAPS_FOR_MAX);
+    }
 
     #[test]
     fn a_fast_shard_gets_the_shortest_naps_for_the_shortest_time() {

@@ -244,8 +244,9 @@ pub trait Store: Send {
     /// (SQLite) or array statements (PostgreSQL), not a round trip a row.
     ///
     /// # Errors
-    /// [`StoreError::BadInput`] when a row fails [`check_node`], has
-    /// weight 0, or repeats a (module, node) of `rows`;
+    /// [`StoreError::BadInput`] when a row fails [`check_node`] or
+    /// repeats a (module, node) of `rows` (weight 0 is a node with no
+    /// capacity left: [`check_imported_node`]);
     /// [`StoreError::Duplicate`] (without `replace`) when a module already
     /// has a node of `rows`. Either changes nothing.
     fn import_routes(
@@ -456,19 +457,31 @@ pub fn check_node(module: ModuleId, node: RouteNode) -> Result<RouteNode, StoreE
     Ok(RouteNode { weight, ..node })
 }
 
-/// A node of an imported table: [`check_node`], and weight 0 refused
-/// (as `route add --weight` refuses it: a table states its weights).
+/// A node of an imported table: [`check_node`], but a weight of 0 is
+/// kept: in a table it is the capacity left, and 0 is a node with none
+/// left (a fully consumed `balance` node, as `route export` writes it).
+/// The store keeps such a node as weight 1 with 1 unit consumed, so that
+/// it serves, and exports again, 0: export then `import --replace` is
+/// the identity.
 ///
 /// # Errors
-/// [`StoreError::BadInput`] saying what is wrong.
+/// Those of [`check_node`].
 pub fn check_imported_node(module: ModuleId, node: RouteNode) -> Result<RouteNode, StoreError> {
-    if node.weight == 0 {
-        return Err(StoreError::BadInput(format!(
-            "module {module} node {}: weight 0 is out of range: use 1..={MAX_WEIGHT}",
-            node.addr
-        )));
+    let checked = check_node(module, node)?;
+    Ok(RouteNode {
+        weight: node.weight,
+        ..checked
+    })
+}
+
+/// How an imported node's weight is stored: `(weight, consumed)`. A row
+/// of weight 0 (no capacity left) is weight 1 with 1 unit consumed.
+pub fn stored_weight(table_weight: u32) -> (u32, u32) {
+    if table_weight == 0 {
+        (1, 1)
+    } else {
+        (table_weight, 0)
     }
-    check_node(module, node)
 }
 
 /// The rows of an import checked as [`Store::import_routes`] says, and

@@ -671,13 +671,14 @@ impl Store for PostgresStore {
             let cmdid = col(|r| i64::from(r.0.cmdid));
             let ip = col(|r| i64::from(r.1.addr.ip));
             let port: Vec<i32> = chunk.iter().map(|r| i32::from(r.1.addr.port)).collect();
-            let weight = col(|r| i64::from(r.1.weight));
+            let weight = col(|r| i64::from(super::stored_weight(r.1.weight).0));
+            let consumed = col(|r| i64::from(super::stored_weight(r.1.weight).1));
             let inserted = tx
                 .execute(
-                    "INSERT INTO route_data (modid, cmdid, ip, port, weight)
-                     SELECT * FROM UNNEST($1::BIGINT[], $2::BIGINT[], $3::BIGINT[], $4::INTEGER[], $5::BIGINT[])
+                    "INSERT INTO route_data (modid, cmdid, ip, port, weight, consumed)
+                     SELECT * FROM UNNEST($1::BIGINT[], $2::BIGINT[], $3::BIGINT[], $4::INTEGER[], $5::BIGINT[], $6::BIGINT[])
                      ON CONFLICT (modid, cmdid, ip, port) DO NOTHING",
-                    &[&modid, &cmdid, &ip, &port, &weight],
+                    &[&modid, &cmdid, &ip, &port, &weight, &consumed],
                 )
                 .map_err(un)?;
             if inserted < chunk.len() as u64 {

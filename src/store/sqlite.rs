@@ -550,13 +550,22 @@ impl Store for SqliteStore {
         {
             let mut ins = tx
                 .prepare_cached(
-                    "INSERT INTO route_data (modid, cmdid, ip, port, weight) VALUES (?1, ?2, ?3, ?4, ?5)
+                    "INSERT INTO route_data (modid, cmdid, ip, port, weight, consumed)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6)
                      ON CONFLICT (modid, cmdid, ip, port) DO NOTHING",
                 )
                 .map_err(un)?;
             for (m, n) in &rows {
+                let (weight, consumed) = super::stored_weight(n.weight);
                 let inserted = ins
-                    .execute(params![m.modid, m.cmdid, n.addr.ip, n.addr.port, n.weight])
+                    .execute(params![
+                        m.modid,
+                        m.cmdid,
+                        n.addr.ip,
+                        n.addr.port,
+                        weight,
+                        consumed
+                    ])
                     .map_err(un)?;
                 if inserted == 0 {
                     // Only without replace: the rows are distinct.

@@ -17,7 +17,8 @@
 //!
 //! Every row is checked with the rules of `route add`
 //! ([`check_imported_node`]: a unicast address, a port in `1..=65535`, a
-//! weight in `1..=`[`super::MAX_WEIGHT`]); a node listed twice for one module is a bad row
+//! weight in `0..=`[`super::MAX_WEIGHT`], the capacity left: 0 is a node
+//! with none left, as export writes it); a node listed twice for one module is a bad row
 //! too. [`parse`] returns every good row or, when any row is bad, the bad
 //! rows with their line numbers.
 
@@ -175,6 +176,23 @@ pub fn parse(text: &str, format: TableFormat) -> Result<Vec<(ModuleId, RouteNode
     }
 }
 
+/// The most bytes of a field (or a line) an error quotes: a 100 MB field
+/// is named, not echoed.
+pub const QUOTE_MAX: usize = 200;
+
+/// `text` as an error quotes it: whole up to [`QUOTE_MAX`] bytes, else its
+/// first ones (cut at a character boundary) and how long it is.
+pub fn quote(text: &str) -> std::borrow::Cow<'_, str> {
+    if text.len() <= QUOTE_MAX {
+        return text.into();
+    }
+    let mut end = QUOTE_MAX;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}... ({} bytes in all)", &text[..end], text.len()).into()
+}
+
 /// The column of each of [`FIELDS`] in a CSV header.
 fn header(line: &str) -> Result<[usize; 5], String> {
     let names: Vec<&str> = line.split(',').map(str::trim).collect();
@@ -185,16 +203,23 @@ fn header(line: &str) -> Result<[usize; 5], String> {
             [i] => *col = i,
             [] => {
                 return Err(format!(
-                    "the CSV header `{line}` has no `{f}` column: it names {}",
+                    "the CSV header `{}` has no `{f}` column: it names {}",
+                    quote(line),
                     FIELDS.join(",")
                 ))
             }
-            _ => return Err(format!("the CSV header `{line}` names `{f}` twice")),
+            _ => {
+                return Err(format!(
+                    "the CSV header `{}` names `{f}` twice",
+                    quote(line)
+                ))
+            }
         }
     }
     if names.len() != FIELDS.len() {
         return Err(format!(
-            "the CSV header `{line}` has {} columns: it names exactly {}",
+            "the CSV header `{}` has {} columns: it names exactly {}",
+            quote(line),
             names.len(),
             FIELDS.join(",")
         ));
@@ -218,7 +243,7 @@ fn csv_row(line: &str, cols: &[usize; 5]) -> Result<(ModuleId, RouteNode), Strin
             format!(
                 "{} `{}` is not an integer in 0..=4294967295",
                 FIELDS[k],
-                f(k)
+                quote(f(k))
             )
         })
     };
@@ -226,7 +251,9 @@ fn csv_row(line: &str, cols: &[usize; 5]) -> Result<(ModuleId, RouteNode), Strin
 }
 
 fn json_row(line: &str) -> Result<(ModuleId, RouteNode), String> {
-    let r: JsonRow = serde_json::from_str(line).map_err(|e| format!("bad JSON row: {e}"))?;
+    // serde_json quotes the offending value in its message: clip it too.
+    let r: JsonRow = serde_json::from_str(line)
+        .map_err(|e| format!("bad JSON row: {}", quote(&e.to_string())))?;
     row(r.modid, r.cmdid, &r.ip, r.port, r.weight)
 }
 
@@ -239,7 +266,7 @@ fn row(
 ) -> Result<(ModuleId, RouteNode), String> {
     let ip: Ipv4Addr = ip
         .parse()
-        .map_err(|_| format!("ip `{ip}` is not a dotted IPv4 address"))?;
+        .map_err(|_| format!("ip `{}` is not a dotted IPv4 address", quote(ip)))?;
     let port = match u16::try_from(port) {
         Ok(p) if p != 0 => p,
         _ => return Err(format!("port {port} is not in 1..=65535")),
@@ -324,6 +351,39 @@ mod tests {
     }
 
     #[test]
+    fn a_huge_field_is_quoted_to_its_first_200_bytes() {
+        let huge = "9".repeat(1 << 20);
+        let ip = "é".repeat(1 << 19);
+        for (t, f) in [
+            (
+                format!("modid,cmdid,ip,port,weight\n{huge},1,10.0.0.1,80,1\n"),
+                TableFormat::Csv,
+            ),
+            (
+                format!("modid,cmdid,ip,port,weight\n1,1,{ip},80,1\n"),
+                TableFormat::Csv,
+            ),
+            (format!("{huge},modid,cmdid,ip,port\n"), TableFormat::Csv),
+            (
+                format!(r#"{{"modid":1,"cmdid":1,"ip":"{ip}","port":80,"weight":{huge}}}"#),
+                TableFormat::Jsonl,
+            ),
+            (
+                format!(r#"{{"modid":1,"cmdid":1,"ip":"{ip}","port":80,"weight":1}}"#),
+                TableFormat::Jsonl,
+            ),
+        ] {
+            let e = parse(&t, f).unwrap_err().to_string();
+            assert!(
+                e.len() < 2 * QUOTE_MAX + 200,
+                "{} bytes: {}",
+                e.len(),
+                quote(&e)
+            );
+        }
+    }
+
+    #[test]
     fn every_bad_row_is_named_by_line() {
         let t = "modid,cmdid,ip,port,weight\n\
                  1,2,10.0.0.1,80,1\n\
@@ -338,13 +398,14 @@ mod tests {
                  1,2,10.0.0.3\n";
         let bad = parse(t, TableFormat::Csv).unwrap_err();
         let lines: Vec<usize> = bad.rows.iter().map(|r| r.line).collect();
-        assert_eq!(lines, vec![3, 4, 5, 6, 7, 8, 9, 10, 11]);
+        // Line 5, weight 0, is a node with no capacity left (what export
+        // writes for a fully consumed node): not a bad row.
+        assert_eq!(lines, vec![3, 4, 6, 7, 8, 9, 10, 11]);
         assert!(bad.rows[0].why.contains("port 0"), "{}", bad.rows[0].why);
         assert!(bad.rows[1].why.contains("unicast"), "{}", bad.rows[1].why);
-        assert!(bad.rows[2].why.contains("weight 0"), "{}", bad.rows[2].why);
-        assert!(bad.rows[3].why.contains("1000001"), "{}", bad.rows[3].why);
-        assert!(bad.rows[4].why.contains("twice"), "{}", bad.rows[4].why);
-        assert!(bad.to_string().starts_with("9 bad rows, nothing imported:"));
+        assert!(bad.rows[2].why.contains("1000001"), "{}", bad.rows[2].why);
+        assert!(bad.rows[3].why.contains("twice"), "{}", bad.rows[3].why);
+        assert!(bad.to_string().starts_with("8 bad rows, nothing imported:"));
     }
 
     #[test]

@@ -65,11 +65,11 @@ typedef struct LbClient LbClient;
 // for the defaults, or pass NULL.
 typedef struct LbClientOptions {
   // The agent's heartbeat file, NUL-terminated; NULL (or "") for the
-  // default: `$LBAGENT_HEARTBEAT`, else `/dev/shm/lbagent.heartbeat`.
+  // default: `$LBAGENT_HEARTBEAT`, else `/run/lbagent/heartbeat`.
   const char *heartbeat_path;
   // The static route file used while no heartbeat has been read; NULL
   // (or "") for the default: `$LBAGENT_SNAPSHOT`, else
-  // `/var/tmp/lbagent/routes.snapshot`.
+  // `/var/lib/lbagent/routes.snapshot`.
   const char *snapshot_path;
   // Route cache on (non-zero) or off (0).
   int cache;

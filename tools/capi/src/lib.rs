@@ -77,11 +77,11 @@ pub const LB_SOURCE_STATIC_ROUTES: u8 = 2;
 #[derive(Debug)]
 pub struct LbClientOptions {
     /// The agent's heartbeat file, NUL-terminated; NULL (or "") for the
-    /// default: `$LBAGENT_HEARTBEAT`, else `/dev/shm/lbagent.heartbeat`.
+    /// default: `$LBAGENT_HEARTBEAT`, else `/run/lbagent/heartbeat`.
     pub heartbeat_path: *const c_char,
     /// The static route file used while no heartbeat has been read; NULL
     /// (or "") for the default: `$LBAGENT_SNAPSHOT`, else
-    /// `/var/tmp/lbagent/routes.snapshot`.
+    /// `/var/lib/lbagent/routes.snapshot`.
     pub snapshot_path: *const c_char,
     /// Route cache on (non-zero) or off (0).
     pub cache: c_int,

@@ -44,6 +44,14 @@ fn scratch() -> &'static Path {
     })
 }
 
+/// Mode 0644 whatever the umask: a reader trusts no file that others can
+/// write (`lbagent::host::owned`), and the targets test the reader, not that.
+fn owners_only(path: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644))
+        .expect("set the scratch file's mode");
+}
+
 // === datagrams and frames ===
 
 /// A datagram as the agent or the client receives it: decoded under the UDP
@@ -586,6 +594,7 @@ pub fn heartbeat(data: &[u8]) {
     // A new file each time: a reader maps it, and must see only these bytes.
     let _ = std::fs::remove_file(&path);
     std::fs::write(&path, &bytes).expect("write the heartbeat file");
+    owners_only(&path);
 
     if let Ok(reader) = HeartbeatReader::open(&path) {
         assert!(bytes.len() >= heartbeat::HEADER_LEN);
@@ -652,6 +661,7 @@ fn snapshot_bytes(data: &[u8]) {
     let decoded = snapshot::decode(path, data);
     let file = scratch().join("routes.snapshot");
     std::fs::write(&file, data).expect("write the snapshot file");
+    owners_only(&file);
     let read = snapshot::read(&file);
     match (&decoded, &read) {
         (Ok(a), Ok(b)) => assert_eq!(a, b),

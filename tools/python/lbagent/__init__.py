@@ -1,7 +1,7 @@
 """Client of the lbagent load-balancing agent.
 
     import lbagent
-    client = lbagent.Client()            # heartbeat from $LBAGENT_HEARTBEAT or /dev/shm
+    client = lbagent.Client()            # heartbeat from $LBAGENT_HEARTBEAT or /run/lbagent
     client.register(100, 1)              # pull the route before first use
     with client.call(100, 1) as (ip, port):
         ...                              # call the node; success is reported,
