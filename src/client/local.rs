@@ -260,6 +260,10 @@ mod tests {
         let l = UnixListener::bind(lbagent_host::local::socket_path(&hb, 0)).unwrap();
         let agent = std::thread::spawn(move || {
             let (mut srv, _) = l.accept().unwrap();
+            // Without a UDP socket the client says so first.
+            let mut id = [0u8; 4];
+            srv.read_exact(&mut id).unwrap();
+            assert_eq!(&id, NO_ID_MAGIC);
             let hello = lbagent_wire::Encoder::new()
                 .error_resp(
                     0,

@@ -18,7 +18,7 @@
 
 pub mod clock;
 pub mod heartbeat;
-pub mod owned;
 pub mod local;
+pub mod owned;
 pub mod snapshot;
 pub mod udp;
