@@ -11,6 +11,7 @@ use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
+use lbagent::client::{Client, ClientError, ClientOptions};
 use lbagent::host::heartbeat::HeartbeatReader;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
@@ -126,22 +127,14 @@ fn weights_2_and_3_give_exactly_five_hosts_the_sixth_is_overloaded_and_a_report_
         assert_eq!(n["in_use"], 0, "{view}");
     }
 
-    let gethost = || {
-        let mut args = vec!["gethost", "78", "1", "--json"];
-        args.extend_from_slice(&hb);
-        run(&args)
-    };
+    // Units are held by the client that took them and go back when it
+    // exits (issue 27): one client, in this process, takes them all.
+    let mut client = library_client(hb[1]);
+    let mut gethost = || client.get_host(78, 1, Duration::from_secs(2));
     let mut given: BTreeMap<String, u32> = BTreeMap::new();
     for i in 0..5 {
-        let out = gethost();
-        assert_eq!(
-            out.status.code(),
-            Some(0),
-            "getHost {i}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let host = json(&out)["host"].as_str().unwrap().to_string();
-        *given.entry(host).or_default() += 1;
+        let host = gethost().unwrap_or_else(|e| panic!("getHost {i}: {e}"));
+        *given.entry(host.addr.to_string()).or_default() += 1;
     }
     assert_eq!(
         given,
@@ -149,11 +142,9 @@ fn weights_2_and_3_give_exactly_five_hosts_the_sixth_is_overloaded_and_a_report_
         "five getHosts without reports take every unit, none past a node's weight"
     );
     let sixth = gethost();
-    assert_eq!(
-        sixth.status.code(),
-        Some(4),
-        "no free unit: OVERLOADED; stderr: {}",
-        String::from_utf8_lossy(&sixth.stderr)
+    assert!(
+        matches!(sixth, Err(ClientError::Overloaded { .. })),
+        "no free unit: OVERLOADED; got {sixth:?}"
     );
 
     // getRoute shows capacity, in use and Φ (0 for every node: none free).
@@ -168,10 +159,18 @@ fn weights_2_and_3_give_exactly_five_hosts_the_sixth_is_overloaded_and_a_report_
         "{table}"
     );
 
-    // A report returns one of b's units: the next getHost gets it.
+    // A report from another process returns nothing: it took no unit.
     let mut args = vec!["report", "78", "1", b, "0"];
     args.extend_from_slice(&hb);
     run_ok(&args);
+    let view = json(&getroute(&["--json"]));
+    for n in view["nodes"].as_array().unwrap() {
+        assert_eq!(n["capacity"], n["in_use"], "{view}");
+    }
+    // The client's own report returns one of b's units: its next getHost
+    // gets it.
+    let b_addr = b.parse().unwrap();
+    client.report(78, 1, b_addr, 0, 0).unwrap();
     let view = json(&getroute(&["--json"]));
     let phis: Vec<f64> = view["nodes"]
         .as_array()
@@ -180,10 +179,31 @@ fn weights_2_and_3_give_exactly_five_hosts_the_sixth_is_overloaded_and_a_report_
         .map(|n| n["phi"].as_f64().unwrap())
         .collect();
     assert_eq!(phis.iter().sum::<f64>(), 1.0, "{view}");
-    let next = gethost();
-    assert_eq!(next.status.code(), Some(0));
-    assert_eq!(json(&next)["host"], b);
-    assert_eq!(gethost().status.code(), Some(4));
+    let mut gethost = || client.get_host(78, 1, Duration::from_secs(2));
+    assert_eq!(gethost().unwrap().addr.to_string(), b);
+    assert!(matches!(gethost(), Err(ClientError::Overloaded { .. })));
+    // The client exits: every unit it held goes back at once.
+    drop(client);
+    wait_for(Duration::from_secs(10), || {
+        let view = json(&getroute(&["--json"]));
+        view["nodes"]
+            .as_array()?
+            .iter()
+            .all(|n| n["in_use"] == 0)
+            .then_some(())
+    })
+    .expect("a client's units go back when it is gone");
+}
+
+/// A library client of the agent whose heartbeat is `hb`.
+fn library_client(hb: &str) -> Client {
+    Client::with_options(ClientOptions {
+        heartbeat_path: hb.into(),
+        // Patient with a heartbeat that lags on a busy machine.
+        max_heartbeat_age: Duration::from_secs(30),
+        ..ClientOptions::default()
+    })
+    .expect("a client")
 }
 
 #[test]
@@ -268,17 +288,17 @@ fn units_consumed_for_good_lower_the_capacity_for_the_agent_never_below_zero() {
         (capacity(b) == Some((0, 0))).then_some(())
     })
     .unwrap_or_else(|| panic!("the capacity goes to 0 and no lower: {:?}", capacity(b)));
-    // Only a's two units are left.
+    // Only a's two units are left (for one client holding them).
+    let mut client = library_client(hb[1]);
     let mut hosts = Vec::new();
     loop {
-        let mut args = vec!["gethost", "79", "1", "--json"];
-        args.extend_from_slice(&hb);
-        let out = run(&args);
-        if out.status.code() != Some(0) {
-            assert_eq!(out.status.code(), Some(4));
-            break;
+        match client.get_host(79, 1, Duration::from_secs(2)) {
+            Ok(h) => hosts.push(h.addr.to_string()),
+            Err(e) => {
+                assert!(matches!(e, ClientError::Overloaded { .. }), "{e}");
+                break;
+            }
         }
-        hosts.push(json(&out)["host"].as_str().unwrap().to_string());
         assert!(hosts.len() <= 2, "{hosts:?}");
     }
     assert_eq!(hosts, [a, a]);

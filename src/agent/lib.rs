@@ -14,6 +14,11 @@
 //!   kind under `shard/`).
 //! - [`shard_rt`]: the shard's glommio shell: the socket, the request loop,
 //!   the rings, the shared-memory sweep.
+//! - [`local_socket`]: the local (Unix) socket bound safely at start, the
+//!   acceptor thread that identifies each connection (`SO_PEERCRED`), and
+//!   whom the configuration trusts.
+//! - [`local_rt`]: the shard's side of the local socket: a reader and a
+//!   writer task per connection.
 //! - [`park`]: when the shard's request loop reads its socket, spins and
 //!   parks, given what each turn saw and the time.
 //! - [`control_core`]: the control core's decisions, sans-IO: shard
@@ -50,6 +55,8 @@ pub mod control_core;
 pub(crate) mod link_shell;
 pub mod live;
 pub mod liveness;
+pub mod local_rt;
+pub mod local_socket;
 pub mod messages;
 pub mod metrics;
 pub mod overload_sim;

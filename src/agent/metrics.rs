@@ -117,6 +117,23 @@ pub struct ShardMetrics {
     /// Reports saying they consumed capacity units for good, for a module
     /// that is not `balance` (ignored).
     pub consumed_ignored: u64,
+    /// Requests that act beyond their caller (a report consuming units)
+    /// refused from a caller the agent does not trust with them.
+    pub forbidden: u64,
+    /// Downstream levels kept to the reporting caller's own getHosts (it
+    /// is not trusted to set a level every caller shares).
+    pub levels_private: u64,
+    /// getHosts of `balance` modules answered overloaded because the
+    /// client already held `lb.units_per_client` units.
+    pub units_client_limited: u64,
+    /// Units given back because the client that held them is gone (its
+    /// local connection closed).
+    pub units_released: u64,
+    /// Open local-socket connections (gauge).
+    pub local_connections: u64,
+    /// Local-socket connections refused (the shard held its most, or the
+    /// kernel gave no credentials).
+    pub local_refused: u64,
     /// Nodes with a downstream admission level held (gauge).
     pub nodes_levelled: u64,
     /// Nodes that became overloaded.
@@ -210,6 +227,12 @@ impl ShardMetrics {
             levels_reported: 0,
             units_timed_out: 0,
             consumed_ignored: 0,
+            forbidden: 0,
+            levels_private: 0,
+            units_client_limited: 0,
+            units_released: 0,
+            local_connections: 0,
+            local_refused: 0,
             nodes_levelled: 0,
             to_overloaded: 0,
             to_idle: 0,
@@ -360,7 +383,7 @@ pub struct ControlMetrics {
 // [`render_service_time`].
 
 /// The per-shard figures with no label but `shard`, in exposition order.
-const SHARD_FIGURES: [Figure<ShardMetrics>; 33] = [
+const SHARD_FIGURES: [Figure<ShardMetrics>; 39] = [
     (
         "lbagent_shm_requests_total",
         Counter,
@@ -446,6 +469,36 @@ const SHARD_FIGURES: [Figure<ShardMetrics>; 33] = [
         |m| m.consumed_ignored,
     ),
     (
+        "lbagent_requests_forbidden_total",
+        Counter,
+        "Reports consuming units refused: the caller is not trusted with requests that act beyond itself (UDP, or a local-socket user not in agent.trusted_uids / trusted_gids).",
+        |m| m.forbidden,
+    ),
+    (
+        "lbagent_downstream_levels_private_total",
+        Counter,
+        "Downstream levels kept to the reporting caller's own getHosts (the caller is not trusted to set a level every caller shares).",
+        |m| m.levels_private,
+    ),
+    (
+        "lbagent_balance_units_client_limited_total",
+        Counter,
+        "getHosts of balance modules answered overloaded: the client already held lb.units_per_client units.",
+        |m| m.units_client_limited,
+    ),
+    (
+        "lbagent_balance_units_released_total",
+        Counter,
+        "Capacity units given back because the client that held them is gone (its local connection closed).",
+        |m| m.units_released,
+    ),
+    (
+        "lbagent_local_connections_refused_total",
+        Counter,
+        "Local-socket connections refused (the shard held its most, or the kernel gave no credentials).",
+        |m| m.local_refused,
+    ),
+    (
         "lbagent_downstream_levels_reported_total",
         Counter,
         "Reports that carried a downstream admission level.",
@@ -526,6 +579,12 @@ const SHARD_FIGURES: [Figure<ShardMetrics>; 33] = [
     ("lbagent_modules", Gauge, "Modules with a route.", |m| {
         m.modules
     }),
+    (
+        "lbagent_local_connections",
+        Gauge,
+        "Open local-socket connections.",
+        |m| m.local_connections,
+    ),
     ("lbagent_nodes_idle", Gauge, "Idle nodes.", |m| {
         m.nodes_idle
     }),

@@ -16,6 +16,7 @@ use glommio::{ExecutorJoinHandle, LocalExecutorBuilder, Placement};
 use super::control::{self, ControlParts};
 use super::live::{LiveSlot, LiveUpdate};
 use super::liveness::{self, Liveness};
+use super::local_socket::{Acceptor, Inbox, Trust};
 use super::routeclient::RouteClientConfig;
 use super::shard::ShardSetup;
 use super::shard_rt::{self, ShardParts};
@@ -46,6 +47,8 @@ pub struct Agent {
     live: LiveSlot,
     /// The clients' TLS (re-read on SIGHUP).
     tls: lbagent_tls::TlsHandle,
+    /// The local socket's acceptor (`agent.local_socket`).
+    local: Option<Acceptor>,
 }
 
 impl Agent {
@@ -108,7 +111,25 @@ impl Agent {
             idle_tick: super::liveness::idle_tick(lbagent_service::sdnotify::watchdog_interval()),
         };
         let live_slot = LiveSlot::default();
-        let rings = spawn_shards(config, &common, sockets, ports[0], &snapshot, regions, ncpu)?;
+        // The local socket: bound and its acceptor started before the
+        // shards, so that a path the agent must not replace stops the
+        // start here.
+        let (local, inboxes) = if a.local_socket {
+            let trust = Trust::new(nix::unistd::geteuid().as_raw(), a);
+            let (acceptor, inboxes) = Acceptor::start(&a.heartbeat_path, shards, trust)?;
+            (Some(acceptor), inboxes.into_iter().map(Some).collect())
+        } else {
+            (None, vec![None; shards as usize])
+        };
+        let rings = spawn_shards(
+            config,
+            &common,
+            sockets,
+            ports[0],
+            &snapshot,
+            (regions, inboxes),
+            ncpu,
+        )?;
         let routes_loaded = snapshot.as_ref().map_or(0, |s| s.len());
         let parts = ControlParts {
             shards,
@@ -152,6 +173,7 @@ impl Agent {
             liveness: common.live,
             live: live_slot,
             tls,
+            local,
         })
     }
 
@@ -197,6 +219,10 @@ impl Agent {
     /// # Errors
     /// An executor panicked.
     pub fn stop(mut self) -> anyhow::Result<()> {
+        if let Some(l) = &mut self.local {
+            // New clients go by UDP while the shards drain.
+            l.stop();
+        }
         self.stop.store(true, Ordering::SeqCst);
         self.ring_shards();
         self.join()
@@ -358,20 +384,22 @@ struct ShardRings {
 }
 
 /// Builds each shard's rings and spawns its executor, pinned to core
-/// `i % ncpu`, on its socket (and its shared-memory region, when offered).
+/// `i % ncpu`, on its socket (and its shared-memory region and its local
+/// socket's inbox, when offered).
 fn spawn_shards(
     config: &Config,
     common: &Common,
     sockets: Vec<UdpSocket>,
     base_port: u16,
     snapshot: &Option<Arc<SnapshotIndex>>,
-    regions: Vec<Region>,
+    (regions, inboxes): (Vec<Region>, Vec<Option<Arc<Inbox>>>),
     ncpu: usize,
 ) -> anyhow::Result<ShardRings> {
     let a = &config.agent;
     let shards = sockets.len() as u32;
     let io_memory = a.io_memory_kib as usize * 1024;
     let mut regions = regions.into_iter();
+    let mut inboxes = inboxes.into_iter();
     let mut rings = ShardRings {
         from_shards: Vec::new(),
         to_shards: Vec::new(),
@@ -398,6 +426,7 @@ fn spawn_shards(
                 max_modules: a.max_modules as usize,
                 max_unknown: a.max_unknown_modules as usize,
                 level_timeout_ms: config.admission.level_timeout_ms,
+                udp_acts_beyond: a.udp_acts_beyond,
             },
             socket,
             snapshot: snapshot.clone(),
@@ -409,6 +438,7 @@ fn spawn_shards(
             ready: common.ready.clone(),
             shedding: config.admission.agent_params(),
             shm: regions.next(),
+            local: inboxes.next().flatten(),
             idle_tick: common.idle_tick,
             queuing_time: a.queuing_time,
         };

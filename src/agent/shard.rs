@@ -38,6 +38,22 @@
 //! - `modules`: the module table's bounds, expiry, timers and gauges.
 //! - `outbox`: statistics and what a full ring refused, for the control core.
 //! - `preload`: the snapshot at start, made into modules in slices.
+//! - `callers`: who sent a request (its channel), whether the agent trusts
+//!   it with requests that act beyond itself, and the local connections.
+//!
+//! # Who may act beyond itself
+//!
+//! Every request names its channel by the peer address the shell passes:
+//! a UDP source, a shared-memory slot ([`lbagent_shm::layout::slot_peer`])
+//! or a local-socket connection ([`callers::local_peer`]). A report that
+//! consumes units is taken only from a trusted caller (a slot: the region's
+//! group is the check; a local connection the shell identified and the
+//! configuration allows; UDP only with `agent.udp_acts_beyond`), and is
+//! answered ErrorResp `Forbidden` otherwise; a downstream level from a
+//! caller that is not trusted filters only that caller's getHosts. A
+//! `balance` module's units are booked to the caller's channel. Trust is
+//! looked up only by the requests that need it: the getHost and report of
+//! an `l5` module pay nothing.
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
@@ -54,6 +70,7 @@ use lbagent_wire::{self as wire, Encoder, Limits, Message, NodeStatus, RetCode};
 use preload::Preload;
 
 mod admission;
+pub mod callers;
 mod gethost;
 mod modules;
 mod outbox;
@@ -114,6 +131,9 @@ pub struct ShardSetup {
     /// A node's downstream admission level (DAGOR), as a report carried
     /// it, is forgotten when no report refreshes it within this long, ms.
     pub level_timeout_ms: u64,
+    /// Trust UDP callers with requests that act beyond themselves
+    /// (`agent.udp_acts_beyond`, compatibility; off by default).
+    pub udp_acts_beyond: bool,
 }
 
 impl ShardSetup {
@@ -131,6 +151,7 @@ impl ShardSetup {
             max_modules: MAX_MODULES,
             max_unknown: 1024,
             level_timeout_ms: LEVEL_TIMEOUT_MS,
+            udp_acts_beyond: false,
         }
     }
 }
@@ -230,6 +251,11 @@ pub struct ShardCore {
     rejected: Option<wire::RejectedAnswer>,
     /// Counters for the metrics endpoint.
     pub metrics: ShardMetrics,
+    /// The open local-socket connections and whether each is trusted.
+    locals: callers::Locals,
+    /// `balance` modules that may hold units (a gone client's are
+    /// released from these).
+    balanced: HashSet<ModuleId>,
 }
 
 /// What the shard answers to a record of the fixed layout
@@ -278,6 +304,8 @@ impl ShardCore {
             shedding: None,
             drops_seen: 0,
             rejected: None,
+            locals: callers::Locals::default(),
+            balanced: HashSet::new(),
         }
     }
 
@@ -318,7 +346,7 @@ impl ShardCore {
             // verifier; anything it cannot vouch for takes the full decode
             // below), so that a rejection costs a fraction of an answer.
             if let Some(g) = wire::peek_get_host(datagram, Limits::UDP.max_len) {
-                return self.get_host(g, now, shed, bucket);
+                return self.get_host(g, peer, now, shed, bucket);
             }
         }
         let msg = match wire::decode(datagram, &Limits::UDP) {
@@ -330,7 +358,7 @@ impl ShardCore {
         };
         match msg {
             Message::GetHostReq(r) => match r.validate() {
-                Ok(g) => self.get_host(g, now, shed, bucket),
+                Ok(g) => self.get_host(g, peer, now, shed, bucket),
                 Err(e) => self.bad_request(
                     Kind::GetHost,
                     u64::from(r.seq()),
@@ -339,7 +367,7 @@ impl ShardCore {
                 ),
             },
             Message::ReportReq(r) => match r.validate() {
-                Ok(rep) => self.report(&rep, now),
+                Ok(rep) => self.report(&rep, peer, now, true),
                 Err(e) => self.bad_request(
                     Kind::Report,
                     u64::from(r.seq()),
@@ -348,7 +376,7 @@ impl ShardCore {
                 ),
             },
             Message::BatchReportReq(r) => match r.validate() {
-                Ok(b) => self.batch_report(b, now),
+                Ok(b) => self.batch_report(b, peer, now),
                 Err(e) => self.bad_request(
                     Kind::BatchReport,
                     u64::from(r.seq()),
@@ -390,19 +418,23 @@ impl ShardCore {
     /// getHost's answer comes back as values, not bytes. A record whose
     /// values are out of range is answered BadRequest (FlatBuffers bytes),
     /// as over UDP; bytes that are no record are [`FixedReply::Garbage`].
+    /// `peer` is the slot's ([`lbagent_shm::layout::slot_peer`]).
     pub fn handle_fixed(
         &mut self,
         record: &[u8],
+        peer: SocketAddr,
         now: Millis,
         queued: Option<Queued>,
     ) -> FixedReply<'_> {
         let (shed, bucket) = self.queued_start(queued);
         match fixed::decode_request(record) {
-            Ok(fixed::Request::GetHost(g)) => match self.decide_get_host(g, now, shed, bucket) {
-                HostDecision::Answer(a) | HostDecision::Shed(a, _) => FixedReply::Host(a),
-                HostDecision::Encoded => FixedReply::Bytes(self.enc.finished()),
-            },
-            Ok(fixed::Request::Report(r)) => match self.report(&r, now) {
+            Ok(fixed::Request::GetHost(g)) => {
+                match self.decide_get_host(g, peer, now, shed, bucket) {
+                    HostDecision::Answer(a) | HostDecision::Shed(a, _) => FixedReply::Host(a),
+                    HostDecision::Encoded => FixedReply::Bytes(self.enc.finished()),
+                }
+            }
+            Ok(fixed::Request::Report(r)) => match self.report(&r, peer, now, false) {
                 Some(b) => FixedReply::Bytes(b),
                 None => FixedReply::Nothing,
             },

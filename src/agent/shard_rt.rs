@@ -27,9 +27,12 @@ use glommio::channels::local_channel::{self, LocalSender};
 use glommio::channels::shared_channel::{ConnectedSender, SharedReceiver, SharedSender};
 use glommio::net::UdpSocket;
 
+use super::local_rt::{self, Conns};
+use super::local_socket::Inbox;
 use super::messages::{ToControl, ToShard};
 use super::metrics::{Kind, ShardMetrics};
 use super::park::{ParkPolicy, Quiet};
+use super::shard::callers::peer_local;
 use super::shard::{FixedReply, Queued, ShardCore, ShardSetup};
 use super::wake::{self, ShardTimers, TimerPlan};
 use lbagent_admission::AdmissionParams;
@@ -79,6 +82,9 @@ pub struct ShardParts {
     pub shedding: Option<AdmissionParams>,
     /// The shard's shared-memory region (`[shm]`), None when off.
     pub shm: Option<Region>,
+    /// The connections to the shard's local socket, from the acceptor
+    /// thread (`agent.local_socket`), None when off.
+    pub local: Option<Arc<Inbox>>,
     /// How long the idle request loop parks before it turns anyway
     /// ([`super::liveness::idle_tick`]): so that the liveness watchdog sees
     /// an idle loop alive, and to sweep every shared-memory slot once (a
@@ -104,6 +110,7 @@ pub async fn run(parts: ShardParts) {
         ready,
         shedding,
         shm,
+        local,
         idle_tick,
         queuing_time,
     } = parts;
@@ -142,17 +149,29 @@ pub async fn run(parts: ShardParts) {
         plan: Cell::new(TimerPlan::new(clock::now_ms(), Duration::ZERO, false)),
         tx: wake_tx,
     });
+    // The local socket's connections (see local_rt).
+    let conns = Rc::new(Conns::default());
+    let local_task = local.map(|inbox| {
+        let shared = local_rt::Shared {
+            core: core.clone(),
+            conns: conns.clone(),
+            to_control: to_control.clone(),
+            timer: timer.clone(),
+        };
+        glommio::spawn_local(local_rt::accept(inbox, shared))
+    });
     // Routes from the control core; register answers they release.
     let ring_task = {
         let core = core.clone();
         let timer = timer.clone();
         let socket = socket.clone();
         let shm = shm.clone();
+        let conns = conns.clone();
         glommio::spawn_local(async move {
             let mut out = SendBatch::new();
             while let Some(msg) = from_control.recv().await {
                 for (peer, bytes) in core.borrow_mut().apply(msg, clock::now_ms()) {
-                    send_or_deliver(&mut out, shm.as_deref(), peer, &bytes);
+                    send_or_deliver(&mut out, shm.as_deref(), &conns, peer, &bytes);
                 }
                 let failed = out.flush(socket.as_raw_fd());
                 core.borrow_mut().metrics.send_errors += failed as u64;
@@ -172,6 +191,7 @@ pub async fn run(parts: ShardParts) {
         let to_control = to_control.clone();
         let shm = shm.clone();
         let timer = timer.clone();
+        let conns = conns.clone();
         glommio::spawn_local(async move {
             let mut out = SendBatch::new();
             let mut metrics_at = clock::now_ms() + METRICS_EVERY_MS;
@@ -184,7 +204,7 @@ pub async fn run(parts: ShardParts) {
                     c.tick_shedding(now_us);
                     if c.next_deadline().is_some_and(|d| d <= now) {
                         for (peer, bytes) in c.expire(now) {
-                            send_or_deliver(&mut out, shm.as_deref(), peer, &bytes);
+                            send_or_deliver(&mut out, shm.as_deref(), &conns, peer, &bytes);
                         }
                         let failed = out.flush(socket.as_raw_fd());
                         c.metrics.send_errors += failed as u64;
@@ -321,6 +341,7 @@ pub async fn run(parts: ShardParts) {
     drop(ring_task);
     drop(tick_task);
     drop(preload_task);
+    drop(local_task);
     if let Some(s) = &shm {
         // Clients fall back to UDP (then to the static routes) at once.
         s.borrow().close();
@@ -546,7 +567,8 @@ pub fn serve_ready(
             // A report sent ahead of the request in the same cell: it has
             // no answer (anything else there would be dropped as over UDP).
             if t.first_format == layout::FMT_FIXED {
-                if let FixedReply::Garbage(_) = c.handle_fixed(report, now, queued) {
+                if let FixedReply::Garbage(_) = c.handle_fixed(report, slot_peer(slot), now, queued)
+                {
                     srv.counts.garbage += 1;
                 }
             } else {
@@ -555,7 +577,7 @@ pub fn serve_ready(
         }
         let t0 = (!timed).then(Instant::now);
         if t.format == layout::FMT_FIXED {
-            match c.handle_fixed(srv.request(&t), now, queued) {
+            match c.handle_fixed(srv.request(&t), slot_peer(slot), now, queued) {
                 FixedReply::Host(a) => srv.respond_host(slot, t.seq, &a),
                 FixedReply::Bytes(answer) => srv.respond(slot, t.seq, Some(answer)),
                 FixedReply::Nothing => srv.respond(slot, t.seq, None),
@@ -582,7 +604,7 @@ pub fn serve_ready(
 }
 
 /// The timer task's plan and the doorbell that wakes it early.
-struct TimerWake {
+pub(crate) struct TimerWake {
     plan: Cell<TimerPlan>,
     tx: LocalSender<()>,
 }
@@ -591,7 +613,7 @@ impl TimerWake {
     /// Wakes the timer task when the core now has something due sooner
     /// than it planned for (a new register deadline, an admission window
     /// that began to matter). One comparison when nothing changed.
-    fn nudge(&self, core: &ShardCore) {
+    pub(crate) fn nudge(&self, core: &ShardCore) {
         if self
             .plan
             .get()
@@ -604,13 +626,19 @@ impl TimerWake {
 }
 
 /// Queues an answer the core released later for its UDP peer, or writes
-/// it into its slot when the peer is one.
+/// it into its slot, or queues it on its local connection, when the peer
+/// is one.
 fn send_or_deliver(
     out: &mut SendBatch,
     shm: Option<&RefCell<Server>>,
+    conns: &Conns,
     peer: SocketAddr,
     bytes: &[u8],
 ) {
+    if let Some(conn) = peer_local(peer) {
+        conns.deliver(conn, bytes);
+        return;
+    }
     match (shm, peer_slot(peer)) {
         (Some(s), Some(slot)) => {
             s.borrow_mut().deliver(slot, bytes);
@@ -631,7 +659,7 @@ pub const FLUSH_WAIT: Duration = Duration::from_millis(1000);
 /// Hands the outbox to the control core without blocking the request
 /// loop: what a full ring refuses stays in the shard (statistics, forgets)
 /// or is asked again by the next request (pulls).
-fn offer(c: &mut ShardCore, to_control: &ConnectedSender<ToControl>, now: u64) {
+pub(crate) fn offer(c: &mut ShardCore, to_control: &ConnectedSender<ToControl>, now: u64) {
     let outbox = std::mem::take(&mut c.outbox);
     for msg in outbox {
         if let Err(e) = to_control.try_send(msg) {

@@ -90,6 +90,7 @@ enum Trouble {
 mod gethost;
 mod replies;
 mod report;
+pub use report::CONSUME_WAIT;
 mod route;
 
 use replies::*;
@@ -129,7 +130,10 @@ impl Client {
                 max_age_ms,
                 opts.snapshot_path.clone(),
             ),
-            link: Link::with_shm(opts.shm),
+            link: Link::with_transports(
+                opts.shm,
+                opts.local_socket.then(|| opts.heartbeat_path.clone()),
+            ),
             statics: StaticRoutes::default(),
             cache: RouteCache::new(),
             suspect: Vec::new(),
@@ -183,6 +187,13 @@ impl Client {
     /// memory now (a slot held); 0 when it uses UDP only.
     pub fn shm_attached(&self) -> usize {
         self.link.shm_attached()
+    }
+
+    /// How many of the agent's shards this client has an open local-socket
+    /// connection to ([`ClientOptions::local_socket`]); 0 when it uses UDP
+    /// (or shared memory) only.
+    pub fn local_connected(&self) -> usize {
+        self.link.local_connected()
     }
 
     /// The agent as its heartbeat describes it, when it is alive.

@@ -26,7 +26,13 @@
 //! fails, and follows it. Answers are matched to requests by sequence
 //! number (stale ones are discarded), and a request is re-sent every
 //! [`resend_interval`] (a quarter of the timeout, 10..=100 ms) until it is
-//! answered or the caller's timeout passes.
+//! answered or the caller's timeout passes. When the agent serves its
+//! local socket (a Unix socket beside the heartbeat), the client also
+//! opens one connection per shard that identifies its UDP socket to the
+//! agent (see [`ClientOptions::local_socket`]): the agent then knows the
+//! calling user, which a report that consumes units or a level shared by
+//! every caller needs; requests go over it only when UDP cannot reach the
+//! agent (a container with its own network namespace).
 //!
 //! # When the agent is down
 //!
@@ -102,7 +108,10 @@
 //! - [`error`]: the one error type, [`ClientError`].
 //! - `clock`: coarse monotonic milliseconds, one read per call.
 //! - `locate`: the heartbeat as the client reads it.
-//! - `link`: the UDP sockets, sequence numbers, re-sends.
+//! - `link`: the UDP sockets, sequence numbers, re-sends; the slots and
+//!   the local connections it prefers.
+//! - `local`: one connection to a shard's local (Unix) socket: frames out
+//!   and in, no SIGPIPE.
 //! - `statics`: the static route file, re-read only when it changed.
 //! - [`cache`]: the route cache's rules, sans-IO.
 //! - [`holdback`]: the agent's own level, remembered per shard, sans-IO
@@ -120,6 +129,7 @@ pub mod error;
 pub mod exit;
 pub use lbagent_admission::holdback;
 mod link;
+mod local;
 mod locate;
 mod priority;
 mod statics;
@@ -129,7 +139,7 @@ mod timed_tests;
 use std::path::PathBuf;
 use std::time::Duration;
 
-pub use client::Client;
+pub use client::{Client, CONSUME_WAIT};
 pub use error::ClientError;
 pub use link::{resend_interval, MAX_RESEND, MIN_RESEND};
 pub use priority::Priority;
@@ -194,6 +204,17 @@ pub struct ClientOptions {
     /// memory"), UDP otherwise and whenever a region is unusable. Default
     /// true.
     pub shm: bool,
+    /// Identify this client to the agent over its local socket (a Unix
+    /// socket beside the heartbeat, `agent.local_socket`): one connection
+    /// per shard carries the client's UDP socket to the agent, which then
+    /// knows the user behind that source (requests that act beyond the
+    /// caller, a report that consumes units or a downstream level every
+    /// caller of the module shares, need a trusted one) and gives a
+    /// balance module's units back when the process exits. Requests go
+    /// over UDP (or shared memory) as before; over the connection only
+    /// when UDP cannot reach the agent (another network namespace).
+    /// Nothing changes when the socket is not there. Default true.
+    pub local_socket: bool,
     /// The seed of the user-priority hash that [`Client::get_host_for_user`]
     /// uses to turn a user id into `U`: every process that assigns user
     /// priorities must share it. Default: the packaged
@@ -224,6 +245,7 @@ impl Default for ClientOptions {
             static_fallback: true,
             holdback: Duration::from_millis(holdback::DEFAULT_HOLDBACK_MS),
             shm: true,
+            local_socket: true,
             user_hash_seed: lbagent_admission::priority::DEFAULT_USER_HASH_SEED,
             user_key_period_s: lbagent_admission::priority::DEFAULT_USER_KEY_PERIOD_S,
         }

@@ -32,14 +32,33 @@
 //! cannot be attached, sends the request by UDP instead (attaching is tried
 //! again a second later), so every failure path stays UDP's.
 //!
-//! Owns the sockets, the slots, the encoder and the receive buffer; knows
-//! nothing of heartbeats, static routes or the cache.
+//! # The local socket
+//!
+//! With its UDP socket for a shard, the link opens a connection to the
+//! shard's local socket when the agent serves one ([`super::local`]: a
+//! Unix stream connection beside the heartbeat, once per shard and agent)
+//! and hands the UDP socket to the agent over it: the agent then knows
+//! whose datagrams come from that source, takes requests that act beyond
+//! the caller from it when the user is trusted, and gives its balance
+//! units back when the connection closes. Requests still go over UDP; over
+//! the connection (the same bytes, the answer on it, no re-sending) only
+//! when UDP is refused or unreachable while the connection is open (a
+//! container with its own network namespace), and then until the agent
+//! changes. A socket that is not there (an older agent,
+//! `agent.local_socket = false`) or not the agent's is not tried again
+//! until the heartbeat names another agent: no clock is read per request.
+//!
+//! Owns the sockets, the slots, the local connections, the encoder and the
+//! receive buffer; knows nothing of heartbeats, static routes or the
+//! cache.
 
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
+use std::os::fd::AsFd;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use super::local::{LocalConn, RecvError};
 use super::locate::Endpoints;
 use lbagent_shm::attach::{Attachment, ShmFailure, REPORT_WAIT};
 use lbagent_shm::fixed::{self, HostAnswer};
@@ -56,6 +75,10 @@ pub(crate) enum Answer<'a> {
     /// A getHost's answer in the fixed layout.
     Host(HostAnswer),
 }
+
+/// How long a report (which waits for nothing) waits at most for the
+/// agent's hello on a new local connection.
+const REPORT_HELLO_WAIT: Duration = Duration::from_secs(1);
 
 /// The shortest interval between copies of a request.
 pub const MIN_RESEND: Duration = Duration::from_millis(10);
@@ -168,6 +191,33 @@ pub(crate) struct Link {
     slots: Vec<Option<Attachment>>,
     /// Per shard: no attach before this instant.
     attach_after: Vec<Option<Instant>>,
+    /// The heartbeat the local sockets are beside (None: the client does
+    /// not use them).
+    local_heartbeat: Option<PathBuf>,
+    /// Per shard: its local connection.
+    locals: Vec<Local>,
+    /// Per shard: UDP did not reach it while the local connection was
+    /// open; requests go over the connection.
+    udp_down: Vec<bool>,
+}
+
+/// Where a shard's local connection stands.
+#[derive(Debug)]
+enum Local {
+    /// Not tried with this agent yet.
+    Untried,
+    /// Open.
+    Open(LocalConn),
+    /// Not there, or broken: UDP until the agent changes.
+    Off,
+}
+
+/// How a request over the local connection ended without an answer.
+enum LocalEnd {
+    /// Nothing usable happened there: send it by UDP.
+    Fallback,
+    /// The request's own failure.
+    Failed(Failure),
 }
 
 impl std::fmt::Debug for Link {
@@ -184,13 +234,17 @@ impl Link {
     /// so that two clients on one port (after a crash) do not collide.
     #[cfg(test)]
     pub fn new() -> Self {
-        Self::with_shm(false)
+        Self::with_transports(false, None)
     }
 
     /// [`Link::new`], using the shared-memory regions the heartbeat offers
-    /// when `shm` is true.
-    pub fn with_shm(shm: bool) -> Self {
+    /// when `shm` is true, and the local sockets beside `local_heartbeat`
+    /// when given.
+    pub fn with_transports(shm: bool, local_heartbeat: Option<PathBuf>) -> Self {
         Link {
+            local_heartbeat,
+            locals: Vec::new(),
+            udp_down: Vec::new(),
             endpoints: None,
             generation: u64::MAX,
             sockets: Vec::new(),
@@ -216,6 +270,107 @@ impl Link {
             self.slots.resize_with(endpoints.shards as usize, || None);
             self.attach_after.clear();
             self.attach_after.resize(endpoints.shards as usize, None);
+            self.locals.clear();
+            self.locals
+                .resize_with(endpoints.shards as usize, || Local::Untried);
+            self.udp_down.clear();
+            self.udp_down.resize(endpoints.shards as usize, false);
+        }
+    }
+
+    /// Whether `shard`'s local connection is open (connecting it the first
+    /// time it is asked for with this agent).
+    /// The agent's hello is awaited until `hello_by` at most (a request's
+    /// own timeout): a connection not greeted in time is not used with
+    /// this agent.
+    fn local(&mut self, shard: u32, hello_by: Instant) -> bool {
+        let i = shard as usize;
+        match self.locals.get(i) {
+            Some(Local::Open(_)) => return true,
+            Some(Local::Untried) if self.local_heartbeat.is_some() => {}
+            _ => return false,
+        }
+        // The UDP socket first: the connection carries it to the agent.
+        // One that cannot even be made (no route to the agent's address:
+        // another network namespace) leaves the connection as the way.
+        let udp_ok = self.socket(shard).is_ok();
+        let Link {
+            local_heartbeat,
+            locals,
+            sockets,
+            udp_down,
+            ..
+        } = self;
+        let hb = local_heartbeat.as_deref().expect("checked above");
+        let udp = sockets[i].as_ref().map(|s| s.sock.as_fd());
+        locals[i] = match LocalConn::connect(hb, shard, udp, hello_by) {
+            Ok(c) => {
+                udp_down[i] = !udp_ok;
+                Local::Open(c)
+            }
+            Err(_) => Local::Off,
+        };
+        matches!(locals[i], Local::Open(_))
+    }
+
+    /// UDP could not reach `shard` (refused, unreachable) while its local
+    /// connection is open: its requests go over the connection until the
+    /// agent changes (a container with its own network namespace).
+    fn udp_unreachable(&mut self, shard: u32) -> bool {
+        let open = matches!(self.locals.get(shard as usize), Some(Local::Open(_)));
+        if open {
+            self.udp_down[shard as usize] = true;
+        }
+        open
+    }
+
+    /// How many shards this link holds an open local connection to.
+    pub fn local_connected(&self) -> usize {
+        self.locals
+            .iter()
+            .filter(|l| matches!(l, Local::Open(_)))
+            .count()
+    }
+
+    /// Sends the encoded request over `shard`'s open local connection and
+    /// waits until `deadline` for the answer numbered `seq`.
+    fn local_exchange<T>(
+        &mut self,
+        shard: u32,
+        seq: u32,
+        deadline: Instant,
+        answer: &mut impl FnMut(Answer<'_>) -> T,
+    ) -> Result<T, LocalEnd> {
+        let Link { locals, enc, .. } = self;
+        let Some(Local::Open(c)) = locals.get_mut(shard as usize) else {
+            return Err(LocalEnd::Fallback);
+        };
+        if c.send(enc.finished()).is_err() {
+            return Err(LocalEnd::Fallback);
+        }
+        loop {
+            let r = match c.recv(deadline) {
+                Ok(r) => r,
+                Err(RecvError::Closed | RecvError::Io) => return Err(LocalEnd::Fallback),
+                Err(RecvError::TimedOut) => return Err(LocalEnd::Failed(Failure::TimedOut)),
+                Err(RecvError::Garbage(why)) => {
+                    locals[shard as usize] = Local::Off;
+                    return Err(LocalEnd::Failed(Failure::Garbage(why)));
+                }
+            };
+            let msg = match decode(c.frame(r), &Limits::UDP) {
+                Ok(m) => m,
+                Err(e) => {
+                    return Err(LocalEnd::Failed(Failure::Garbage(format!(
+                        "undecodable answer: {e}"
+                    ))))
+                }
+            };
+            match judge(&msg, seq) {
+                Verdict::Ours => return Ok(answer(Answer::Msg(msg))),
+                Verdict::Stale => continue,
+                Verdict::Garbage(why) => return Err(LocalEnd::Failed(Failure::Garbage(why))),
+            }
         }
     }
 
@@ -369,14 +524,36 @@ impl Link {
         if let Some(build) = build {
             build(&mut self.enc, seq);
         }
+        let local = self.local(shard, Instant::now() + REPORT_HELLO_WAIT);
+        if local && self.udp_down[shard as usize] && self.local_send(shard) {
+            return Ok(());
+        }
         self.socket(shard)?;
         let Link { sockets, enc, .. } = self;
         let s = sockets[shard as usize].as_mut().expect("opened above");
-        match s.sock.send(enc.finished()) {
-            Ok(_) => Ok(()),
-            Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => Err(Failure::Refused),
-            Err(e) => Err(Failure::Io(e)),
+        let failed = match s.sock.send(enc.finished()) {
+            Ok(_) => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => Failure::Refused,
+            Err(e) => Failure::Io(e),
+        };
+        if self.udp_unreachable(shard) && self.local_send(shard) {
+            return Ok(());
         }
+        Err(failed)
+    }
+
+    /// Sends the encoded request over `shard`'s open local connection;
+    /// false (and the connection dropped) when it broke.
+    fn local_send(&mut self, shard: u32) -> bool {
+        let i = shard as usize;
+        if let Some(Local::Open(c)) = self.locals.get_mut(i) {
+            if c.send(self.enc.finished()).is_ok() {
+                return true;
+            }
+        }
+        self.locals[i] = Local::Off;
+        self.udp_down[i] = false;
+        false
     }
 
     /// Sends the request `build` encodes (given a fresh sequence number) to
@@ -433,6 +610,45 @@ impl Link {
         if let Some(build) = build {
             build(&mut self.enc, seq);
         }
+        let deadline = Instant::now() + timeout;
+        let local = self.local(shard, deadline);
+        if local && self.udp_down[shard as usize] {
+            match self.local_exchange(shard, seq, deadline, &mut answer) {
+                Ok(t) => return Ok(t),
+                Err(LocalEnd::Failed(f)) => return Err(f),
+                // The agent went away: UDP says so, as without the local
+                // socket.
+                Err(LocalEnd::Fallback) => {
+                    self.locals[shard as usize] = Local::Off;
+                    self.udp_down[shard as usize] = false;
+                }
+            }
+        }
+        match self.udp_request(shard, seq, timeout, &mut answer) {
+            Err(f @ (Failure::Refused | Failure::Io(_))) if self.udp_unreachable(shard) => {
+                match self.local_exchange(shard, seq, deadline, &mut answer) {
+                    Ok(t) => Ok(t),
+                    Err(LocalEnd::Failed(f)) => Err(f),
+                    Err(LocalEnd::Fallback) => {
+                        self.locals[shard as usize] = Local::Off;
+                        self.udp_down[shard as usize] = false;
+                        Err(f)
+                    }
+                }
+            }
+            r => r,
+        }
+    }
+
+    /// The UDP exchange of [`Link::request`]: the encoded request sent and
+    /// re-sent until its answer or the timeout.
+    fn udp_request<T>(
+        &mut self,
+        shard: u32,
+        seq: u32,
+        timeout: Duration,
+        answer: &mut impl FnMut(Answer<'_>) -> T,
+    ) -> Result<T, Failure> {
         self.socket(shard)?;
         let Link {
             sockets, enc, buf, ..

@@ -172,6 +172,9 @@ pub struct LbConfig {
     /// Seconds after which a `balance` module's unit that was not
     /// reported back returns by itself (counted).
     pub unit_timeout: u64,
+    /// The most units of one `balance` module one client (a UDP source, a
+    /// shared-memory slot, a local-socket connection) holds at once.
+    pub units_per_client: u32,
 }
 
 impl Default for LbConfig {
@@ -192,6 +195,7 @@ impl Default for LbConfig {
             report_timeout: 15,
             overload_wait_lim: p.overload_wait_ms / 1000,
             unit_timeout: p.unit_timeout_ms / 1000,
+            units_per_client: p.units_per_client,
         }
     }
 }
@@ -212,6 +216,7 @@ impl LbConfig {
             clear_timeout_ms: self.clear_timeout * 1000,
             overload_wait_ms: self.overload_wait_lim * 1000,
             unit_timeout_ms: self.unit_timeout * 1000,
+            units_per_client: self.units_per_client,
         }
     }
 }
@@ -262,6 +267,22 @@ pub struct AgentConfig {
     /// each datagram's arrival, a control message per datagram. Always on
     /// with `admission.agent_shedding`, which needs it. Read at start.
     pub queuing_time: bool,
+    /// Serve the local socket: shard i listens on the Unix socket
+    /// `<heartbeat_path>.sock.<i>`, which tells the agent who connects
+    /// (uid, gid, pid), for the requests that act beyond the caller.
+    pub local_socket: bool,
+    /// Users (uids) whose processes the agent trusts, over the local
+    /// socket, with requests that act beyond themselves; root and the
+    /// agent's own user always are.
+    pub trusted_uids: Vec<u32>,
+    /// Groups (gids): a process whose primary group is one of these is
+    /// trusted as for `trusted_uids`.
+    pub trusted_gids: Vec<u32>,
+    /// Compatibility: take the requests that act beyond the caller
+    /// (consumed units, levels every caller shares) from any local process
+    /// over UDP, as before the local socket. Off: refused (consumed) or
+    /// kept to the reporter's own getHosts (levels).
+    pub udp_acts_beyond: bool,
 }
 
 impl Default for AgentConfig {
@@ -283,6 +304,10 @@ impl Default for AgentConfig {
             max_unknown_modules: 1024,
             udp_rcvbuf_bytes: 0,
             queuing_time: false,
+            local_socket: true,
+            trusted_uids: Vec::new(),
+            trusted_gids: Vec::new(),
+            udp_acts_beyond: false,
         }
     }
 }
@@ -627,6 +652,7 @@ impl Config {
         in_range("lb.report_timeout", lb.report_timeout, 1, 3_600)?;
         in_range("lb.overload_wait_lim", lb.overload_wait_lim, 1, 86_400)?;
         in_range("lb.unit_timeout", lb.unit_timeout, 1, 86_400)?;
+        in_range("lb.units_per_client", lb.units_per_client, 1, 1_000_000)?;
 
         let a = &self.agent;
         in_range("agent.base_port", a.base_port, 0, u16::MAX)?;

@@ -10,6 +10,7 @@
 //! - [`snapshot`]: the static route file, written atomically, read back.
 //! - [`owned`]: files only the agent's user can plant: the agent
 //!   directory, exclusive creation, what the agent adopts and clients trust.
+//! - [`local`]: where each shard's local (Unix) socket is.
 //! - [`udp`]: batched datagram I/O (recvmmsg / sendmmsg), socket options,
 //!   the request size limit.
 //! - [`clock`]: monotonic milliseconds and Unix time.
@@ -17,6 +18,7 @@
 
 pub mod clock;
 pub mod heartbeat;
+pub mod local;
 pub mod owned;
 pub mod snapshot;
 pub mod udp;

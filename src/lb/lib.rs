@@ -34,6 +34,11 @@
 //!   choose (a `balance` module's draw: among the nodes with a free unit,
 //!   by `Φ` restricted to the admitting ones), until it times out
 //!   ([`Pick::Rejected`] when none admits).
+//! - **who asks** ([`ModuleLb::get_host_from`], [`ModuleLb::report_from`]):
+//!   a `balance` module's units are booked to the client that took them
+//!   (at most `units_per_client`), a report returns only that client's,
+//!   and a caller's own levels ([`ModuleLb::set_private_level`]) filter
+//!   only its getHosts.
 //! - **route update** ([`ModuleLb::update_route`]) keeps the nodes that stay,
 //!   in time linear in the nodes of the route.
 //!
@@ -66,8 +71,8 @@ mod units;
 pub use levels::LEVEL_TIMEOUT_MS;
 pub use module::{ModuleLb, NodeCallStats, Pick, UnknownNode};
 pub use node::{Millis, Node, NodeState, Outcome, Reason, Transition, MAX_ERRORS_PER_FAILURE};
-pub use params::LbParams;
-pub use units::Units;
+pub use params::{LbParams, DEFAULT_UNITS_PER_CLIENT};
+pub use units::{ClientKey, TakeRefused, Units, ANY_CLIENT};
 
 #[cfg(test)]
 mod props;

@@ -8,9 +8,9 @@ use super::balance::NoChoice;
 use super::levels::Levels;
 use super::node::{Millis, Node, NodeState, Outcome, Transition};
 use super::params::LbParams;
-use super::units::Units;
+use super::units::{ClientKey, TakeRefused, Units, ANY_CLIENT};
 use lbagent_admission::AdmissionLevel;
-use lbagent_admission::{admits, clamp_priority, OPEN};
+use lbagent_admission::{clamp_priority, OPEN};
 use lbagent_model::{NodeAddr, Policy, RouteNode};
 
 /// What getHost answers for a module.
@@ -28,6 +28,10 @@ pub enum Pick {
     /// but the downstream level of every one refuses the request's
     /// priorities (DAGOR collaborative admission).
     Rejected,
+    /// A `balance` module: the calling client already holds
+    /// `lb.units_per_client` units of the module (it must report its calls
+    /// first).
+    ClientLimit,
 }
 
 impl Pick {
@@ -35,7 +39,7 @@ impl Pick {
     pub fn addr(self) -> Option<NodeAddr> {
         match self {
             Pick::Idle(a) | Pick::Probe(a) => Some(a),
-            Pick::Overloaded | Pick::NoSuchModule | Pick::Rejected => None,
+            Pick::Overloaded | Pick::NoSuchModule | Pick::Rejected | Pick::ClientLimit => None,
         }
     }
 }
@@ -185,11 +189,27 @@ impl ModuleLb {
     ///
     /// Levels not refreshed by `now` are forgotten here first.
     pub fn get_host_for(&mut self, p: &LbParams, business: u8, user: u8, now: Millis) -> Pick {
+        self.get_host_from(p, ANY_CLIENT, business, user, now)
+    }
+
+    /// [`ModuleLb::get_host_for`] for the request of `client`: its own
+    /// downstream levels ([`ModuleLb::set_private_level`]) filter too, and
+    /// a `balance` module's unit is booked to it, at most
+    /// `p.units_per_client` at once ([`Pick::ClientLimit`] past that).
+    #[inline]
+    pub fn get_host_from(
+        &mut self,
+        p: &LbParams,
+        client: ClientKey,
+        business: u8,
+        user: u8,
+        now: Millis,
+    ) -> Pick {
         if self.levels.is_none() && self.units.is_none() {
             return self.get_host(p);
         }
         if self.units.is_some() {
-            return self.get_host_balance(p, business, user, now);
+            return self.get_host_balance(p, client, business, user, now);
         }
         if !self.levels_live(now) {
             return self.get_host(p);
@@ -212,11 +232,10 @@ impl ModuleLb {
         let (b, u) = (clamp_priority(business), clamp_priority(user));
         let levels = self.levels.as_deref().expect("checked above");
         let nodes = &self.nodes;
-        let found = self.idle.iter().position(|&i| {
-            levels
-                .get(nodes[i as usize].addr().key())
-                .is_none_or(|l| admits(l, b, u))
-        });
+        let found = self
+            .idle
+            .iter()
+            .position(|&i| levels.admits(nodes[i as usize].addr().key(), client, b, u));
         match found {
             Some(k) => {
                 self.idle.rotate_left(k + 1);
@@ -266,6 +285,46 @@ impl ModuleLb {
         Ok(())
     }
 
+    /// Sets `client`'s own downstream level for `addr` until `expires`
+    /// (None or the open level clears it): it filters only that client's
+    /// getHosts ([`ModuleLb::get_host_from`]). Ok(false) when the module
+    /// holds [`super::levels::MAX_PRIVATE`] such levels already (nothing
+    /// set).
+    ///
+    /// # Errors
+    /// [`UnknownNode`] when `addr` is not in the route; nothing changes.
+    pub fn set_private_level(
+        &mut self,
+        client: ClientKey,
+        addr: NodeAddr,
+        level: Option<AdmissionLevel>,
+        expires: Millis,
+    ) -> Result<bool, UnknownNode> {
+        self.find(addr).ok_or(UnknownNode(addr))?;
+        match level.filter(|&l| l != OPEN) {
+            Some(l) => Ok(self.levels.get_or_insert_with(Box::default).set_private(
+                client,
+                addr.key(),
+                l,
+                expires,
+            )),
+            None => {
+                if let Some(levels) = &mut self.levels {
+                    levels.clear_private(client, addr.key());
+                    if levels.len() == 0 {
+                        self.levels = None;
+                    }
+                }
+                Ok(true)
+            }
+        }
+    }
+
+    /// How many callers' own levels the module holds (expired or not).
+    pub fn private_levels_held(&self) -> usize {
+        self.levels.as_ref().map_or(0, |l| l.private_len())
+    }
+
     /// How many nodes have a downstream level live at `now` (expired ones
     /// are forgotten first).
     pub fn levelled_nodes(&mut self, now: Millis) -> usize {
@@ -290,6 +349,11 @@ impl ModuleLb {
         self.levels.as_ref()?.get(addr.key())
     }
 
+    /// `client`'s own level for `addr`, if it has one (expired or not).
+    pub fn private_level_of(&self, client: ClientKey, addr: NodeAddr) -> Option<AdmissionLevel> {
+        self.levels.as_ref()?.private_of(client, addr.key())
+    }
+
     /// Applies one reported call to `addr` at `now`: a success counts 1, a
     /// failure [`Outcome::error_count`] (the original's multi-count path when
     /// above 1, see [`Node::report_calls`]); returns the node's state
@@ -304,9 +368,27 @@ impl ModuleLb {
         now: Millis,
         p: &LbParams,
     ) -> Result<Option<Transition>, UnknownNode> {
+        self.report_from(ANY_CLIENT, addr, outcome, now, p)
+    }
+
+    /// [`ModuleLb::report`] from `client`: a `balance` module's unit goes
+    /// back only if `client` holds one of the node (a report from anyone
+    /// else frees nothing).
+    ///
+    /// # Errors
+    /// [`UnknownNode`] when `addr` is not in the route; nothing changes.
+    #[inline]
+    pub fn report_from(
+        &mut self,
+        client: ClientKey,
+        addr: NodeAddr,
+        outcome: Outcome,
+        now: Millis,
+        p: &LbParams,
+    ) -> Result<Option<Transition>, UnknownNode> {
         let i = self.find(addr).ok_or(UnknownNode(addr))?;
         if self.units.is_some() {
-            self.give_back_unit(i);
+            self.give_back_unit(client, i);
         }
         Ok(self.report_at(i, outcome, now, p))
     }
@@ -328,12 +410,31 @@ impl ModuleLb {
         count: u32,
         now: Millis,
         p: &LbParams,
+        on_transition: impl FnMut(Transition),
+    ) -> Result<(), UnknownNode> {
+        self.report_successes_from(ANY_CLIENT, addr, count, now, p, on_transition)
+    }
+
+    /// [`ModuleLb::report_successes`] from `client`: of a `balance`
+    /// module's units, only those `client` holds of the node go back.
+    ///
+    /// # Errors
+    /// [`UnknownNode`] when `addr` is not in the route; nothing changes.
+    pub fn report_successes_from(
+        &mut self,
+        client: ClientKey,
+        addr: NodeAddr,
+        count: u32,
+        now: Millis,
+        p: &LbParams,
         mut on_transition: impl FnMut(Transition),
     ) -> Result<(), UnknownNode> {
         let i = self.find(addr).ok_or(UnknownNode(addr))?;
         if let Some(u) = &mut self.units {
             for _ in 0..count.min(u.in_use(i)) {
-                u.give_back(i);
+                if !u.give_back_from(client, i) {
+                    break;
+                }
             }
         }
         if count > 0 {
@@ -444,10 +545,22 @@ impl ModuleLb {
     /// Out of line: `l5` reports pay only the test.
     #[cold]
     #[inline(never)]
-    fn give_back_unit(&mut self, i: usize) {
+    fn give_back_unit(&mut self, client: ClientKey, i: usize) {
         if let Some(u) = &mut self.units {
-            u.give_back(i);
+            u.give_back_from(client, i);
         }
+    }
+
+    /// `client` is gone: every unit it holds of this module goes back (a
+    /// `balance` module; 0 otherwise). Returns how many.
+    pub fn release_client(&mut self, client: ClientKey) -> u32 {
+        let Some(u) = self.units.as_deref_mut() else {
+            return 0;
+        };
+        let nodes = &self.nodes;
+        u.release_client(client, |key| {
+            nodes.binary_search_by_key(&key, Node::key).ok()
+        })
     }
 
     /// Node `i`'s state changed: its capacity as the balance policy counts
@@ -510,7 +623,14 @@ impl ModuleLb {
     /// request ([`ModuleLb::take_admitted`]), and nodes with free units
     /// none of which admits answer [`Pick::Rejected`], as the idle nodes of
     /// an `l5` module do.
-    fn get_host_balance(&mut self, p: &LbParams, business: u8, user: u8, now: Millis) -> Pick {
+    fn get_host_balance(
+        &mut self,
+        p: &LbParams,
+        client: ClientKey,
+        business: u8,
+        user: u8,
+        now: Millis,
+    ) -> Pick {
         if self.nodes.is_empty() {
             return Pick::NoSuchModule;
         }
@@ -529,12 +649,13 @@ impl ModuleLb {
         }
         let deadline = now.saturating_add(p.unit_timeout_ms);
         if self.levels.is_some() {
-            return self.take_admitted(deadline, business, user);
+            return self.take_admitted(p, client, deadline, business, user);
         }
         let units = self.units.as_deref_mut().expect("a balance module");
-        match units.take(deadline) {
-            Some(i) => Pick::Idle(self.nodes[i].addr()),
-            None => Pick::Overloaded,
+        match units.take_for(client, p.units_per_client, deadline) {
+            Ok(i) => Pick::Idle(self.nodes[i].addr()),
+            Err(TakeRefused::ClientLimit) => Pick::ClientLimit,
+            Err(TakeRefused::NoChoice(_)) => Pick::Overloaded,
         }
     }
 
@@ -544,20 +665,24 @@ impl ModuleLb {
     /// Out of line: the calm path pays only the test.
     #[cold]
     #[inline(never)]
-    fn take_admitted(&mut self, deadline: Millis, business: u8, user: u8) -> Pick {
+    fn take_admitted(
+        &mut self,
+        p: &LbParams,
+        client: ClientKey,
+        deadline: Millis,
+        business: u8,
+        user: u8,
+    ) -> Pick {
         let (b, u) = (clamp_priority(business), clamp_priority(user));
         let units = self.units.as_deref_mut().expect("a balance module");
         let levels = self.levels.as_deref().expect("checked by the caller");
         let nodes = &self.nodes;
-        let admitting = |i: usize| {
-            levels
-                .get(nodes[i].addr().key())
-                .is_none_or(|l| admits(l, b, u))
-        };
-        match units.take_admitted(deadline, admitting) {
+        let admitting = |i: usize| levels.admits(nodes[i].addr().key(), client, b, u);
+        match units.take_admitted(client, p.units_per_client, deadline, admitting) {
             Ok(i) => Pick::Idle(nodes[i].addr()),
-            Err(NoChoice::NoneAdmits) => Pick::Rejected,
-            Err(NoChoice::NoFreeUnit) => Pick::Overloaded,
+            Err(TakeRefused::ClientLimit) => Pick::ClientLimit,
+            Err(TakeRefused::NoChoice(NoChoice::NoneAdmits)) => Pick::Rejected,
+            Err(TakeRefused::NoChoice(NoChoice::NoFreeUnit)) => Pick::Overloaded,
         }
     }
 

@@ -36,7 +36,14 @@ pub struct LbParams {
     /// A `balance` module's unit not reported back within this long,
     /// milliseconds, returns by itself (counted).
     pub unit_timeout_ms: u64,
+    /// The most units of one `balance` module one client (a UDP source, a
+    /// shared-memory slot, a Unix connection) holds at once: past it, its
+    /// getHost is answered overloaded until it reports.
+    pub units_per_client: u32,
 }
+
+/// The default `lb.units_per_client`.
+pub const DEFAULT_UNITS_PER_CLIENT: u32 = 64;
 
 impl Default for LbParams {
     fn default() -> Self {
@@ -53,6 +60,7 @@ impl Default for LbParams {
             clear_timeout_ms: 15_000,
             overload_wait_ms: 180_000,
             unit_timeout_ms: 30_000,
+            units_per_client: DEFAULT_UNITS_PER_CLIENT,
         }
     }
 }

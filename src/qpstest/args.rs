@@ -98,9 +98,10 @@ pub struct QpstestArgs {
     /// latency.
     #[arg(long, value_name = "B:SHARE,...")]
     pub priority_mix: Option<super::mix::PriorityMix>,
-    /// How the clients talk to the agent: `udp`, or `shm` (the agent's
+    /// How the clients talk to the agent: `udp`, `shm` (the agent's
     /// shared-memory regions; a --standalone agent then offers them, an
-    /// agent given by --heartbeat must have `[shm] enabled`).
+    /// agent given by --heartbeat must have `[shm] enabled`), or `local`
+    /// (the agent's local Unix socket, `agent.local_socket`).
     #[arg(long, value_enum, default_value_t = super::Transport::Udp)]
     pub transport: super::Transport,
     /// With --standalone: the agent's shards (default: its own, cores - 1).

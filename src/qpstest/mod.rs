@@ -140,11 +140,15 @@ pub struct QpsOptions {
 /// How the clients talk to the agent.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Transport {
-    /// UDP datagrams (the clients never use shared memory).
+    /// UDP datagrams (the clients use neither shared memory nor the
+    /// local socket).
     Udp,
     /// The agent's shared-memory regions (a standalone agent offers them;
     /// an agent given by its heartbeat must have `[shm] enabled`).
     Shm,
+    /// The agent's local (Unix) socket, one connection per client thread
+    /// and shard (the agent must serve it: `agent.local_socket`).
+    Local,
 }
 
 impl Default for QpsOptions {
@@ -194,8 +198,8 @@ impl QpsOptions {
         anyhow::ensure!(!self.duration.is_zero(), "duration must be above 0");
         anyhow::ensure!(!self.timeout.is_zero(), "timeout must be above 0");
         anyhow::ensure!(
-            !(self.target == Target::Floor && self.transport == Transport::Shm),
-            "the floor speaks UDP only: --transport shm needs an agent"
+            !(self.target == Target::Floor && self.transport != Transport::Udp),
+            "the floor speaks UDP only: --transport shm or local needs an agent"
         );
         anyhow::ensure!(
             self.shards <= 1024,
@@ -452,6 +456,7 @@ fn client_options(opts: &QpsOptions, heartbeat: &Path) -> ClientOptions {
         heartbeat_path: heartbeat.to_path_buf(),
         cache: opts.cache,
         shm: opts.transport == Transport::Shm,
+        local_socket: opts.transport == Transport::Local,
         ..ClientOptions::default()
     }
 }
@@ -485,9 +490,14 @@ fn register_all(opts: &QpsOptions, heartbeat: &Path, live: &mut dyn Write) -> an
         writeln!(live, "qpstest: register failed for {failed} modules in all")?;
     }
     anyhow::ensure!(
-        opts.transport == Transport::Udp || client.shm_attached() > 0,
+        opts.transport != Transport::Shm || client.shm_attached() > 0,
         "--transport shm: the agent offers no usable shared memory (its [shm] enabled? \
          the region files readable and writable by this user?)"
+    );
+    anyhow::ensure!(
+        opts.transport != Transport::Local || client.local_connected() > 0,
+        "--transport local: the agent serves no local socket beside its heartbeat \
+         (agent.local_socket on? the socket the agent's user's?)"
     );
     Ok(())
 }

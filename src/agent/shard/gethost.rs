@@ -3,13 +3,15 @@
 //! ([`HostDecision`]), encoded for UDP or written as they are into a
 //! shared-memory slot.
 
+use super::callers::client_key;
 use super::modules::touch;
 use super::ShardCore;
 use crate::metrics::{priority_class, Kind};
 use lbagent_admission::{AdmissionLevel, OPEN};
-use lbagent_lb::{Millis, Pick};
+use lbagent_lb::{Millis, Pick, ANY_CLIENT};
 use lbagent_shm::fixed::HostAnswer;
 use lbagent_wire::{self as wire, RetCode};
+use std::net::SocketAddr;
 
 impl ShardCore {
     /// A getHost; `shed`: the shard's own level applies; `bucket`: its
@@ -17,11 +19,12 @@ impl ShardCore {
     pub(super) fn get_host(
         &mut self,
         g: wire::GetHost,
+        peer: SocketAddr,
         now: Millis,
         shed: bool,
         bucket: Option<(usize, u64)>,
     ) -> Option<&[u8]> {
-        match self.decide_get_host(g, now, shed, bucket) {
+        match self.decide_get_host(g, peer, now, shed, bucket) {
             HostDecision::Answer(a) => Some(
                 self.enc
                     .get_host_resp(a.seq, a.module, a.retcode, a.host, a.level),
@@ -53,6 +56,7 @@ impl ShardCore {
     pub(super) fn decide_get_host(
         &mut self,
         g: wire::GetHost,
+        peer: SocketAddr,
         now: Millis,
         shed: bool,
         bucket: Option<(usize, u64)>,
@@ -98,10 +102,25 @@ impl ShardCore {
             ..
         } = self;
         let lb = &mut touch(modules, outbox, setup, module, now).lb;
-        if lb.units().is_some() {
+        // The client key only where it counts: a balance module's units,
+        // a module with levels (a caller's own filter); an l5 module
+        // without levels answers from get_host_from's first test.
+        let client = if lb.units().is_some() {
             self.metrics.units_timed_out += u64::from(lb.expire_units(now));
-        }
-        let pick = lb.get_host_for(&setup.params, g.business_priority, g.user_priority, now);
+            self.balanced.insert(module);
+            client_key(peer)
+        } else if lb.levels_held() > 0 {
+            client_key(peer)
+        } else {
+            ANY_CLIENT
+        };
+        let pick = lb.get_host_from(
+            &setup.params,
+            client,
+            g.business_priority,
+            g.user_priority,
+            now,
+        );
         let (retcode, host) = match pick {
             Pick::Idle(a) => (RetCode::Ok, Some(a)),
             Pick::Rejected => {
@@ -114,6 +133,10 @@ impl ShardCore {
                 (RetCode::Ok, Some(a))
             }
             Pick::Overloaded => (RetCode::Overloaded, None),
+            Pick::ClientLimit => {
+                self.metrics.units_client_limited += 1;
+                (RetCode::Overloaded, None)
+            }
             Pick::NoSuchModule => (RetCode::NoSuchModule, None),
         };
         if retcode != RetCode::Ok {

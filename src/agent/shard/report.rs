@@ -2,19 +2,54 @@
 //! a downstream admission level, a balance module's units), counted for
 //! the module's next statistics ([`super::outbox`]).
 
+use std::net::SocketAddr;
+
+use super::callers::client_key;
 use super::{RouteState, ShardCore};
 use crate::metrics::{Kind, ShardMetrics};
-use lbagent_lb::{Millis, NodeState, Outcome};
-use lbagent_wire as wire;
+use lbagent_lb::{Millis, NodeState, Outcome, ANY_CLIENT};
+use lbagent_wire::{self as wire, RetCode};
+
+/// The answer to a report that consumes, from a caller not trusted with it.
+const FORBIDDEN_CONSUME: &str =
+    "a report that consumes capacity units changes every agent's view of the node: \
+     it is taken only over the agent's local socket from a trusted user (agent.trusted_uids / \
+     trusted_gids, root or the agent's user) or over shared memory, not over UDP \
+     (agent.udp_acts_beyond); nothing was applied";
 
 impl ShardCore {
-    pub(super) fn report(&mut self, rep: &wire::Report, now: Millis) -> Option<&[u8]> {
+    /// A report from `peer`. One that consumes units from a caller the
+    /// shard does not trust is refused whole (ErrorResp `Forbidden`,
+    /// counted); a level from such a caller filters only its own
+    /// getHosts. With `ack` (a FlatBuffers request: the client library
+    /// waits for it), a report that consumes and is taken is answered
+    /// ErrorResp `Ok`, so that its sender learns it was.
+    pub(super) fn report(
+        &mut self,
+        rep: &wire::Report,
+        peer: SocketAddr,
+        now: Millis,
+        ack: bool,
+    ) -> Option<&[u8]> {
         let (seq, module, host) = (rep.seq, rep.module, rep.host);
         let outcome = Outcome::from_retcode(rep.retcode, rep.tcost_ms);
         if !self.admit(Kind::Report, u64::from(seq), module, now) {
             return Some(self.enc.finished());
         }
+        if rep.consumed > 0 && !self.trusts(peer) {
+            self.metrics.count_error(Kind::Report);
+            self.metrics.forbidden += 1;
+            return Some(self.enc.error_resp(
+                u64::from(seq),
+                module,
+                RetCode::Forbidden,
+                FORBIDDEN_CONSUME,
+            ));
+        }
+        // Only the levels need to know whom to trust.
+        let shared = rep.downstream_level.is_some() && self.trusts(peer);
         let p = &self.setup.params;
+        let mut known = true;
         let Some(entry) = self
             .modules
             .get_mut(&module)
@@ -22,10 +57,22 @@ impl ShardCore {
         else {
             self.metrics.count_error(Kind::Report);
             self.metrics.unknown_module_reports += 1;
-            return None;
+            return (ack && rep.consumed > 0).then(|| {
+                self.enc.error_resp(
+                    u64::from(seq),
+                    module,
+                    RetCode::NoSuchModule,
+                    "no route for the module here: nothing consumed",
+                )
+            });
         };
         entry.last_used = now;
-        match entry.lb.report(host, outcome, now, p) {
+        let client = if entry.lb.units().is_some() || rep.downstream_level.is_some() {
+            client_key(peer)
+        } else {
+            ANY_CLIENT
+        };
+        match entry.lb.report_from(client, host, outcome, now, p) {
             Ok(t) => {
                 if let Some(t) = t {
                     node_moved(&mut self.metrics, t.to);
@@ -37,7 +84,14 @@ impl ShardCore {
                 if let Some(level) = rep.downstream_level {
                     let expires = now + self.setup.level_timeout_ms;
                     // The node is in the route: report() just found it.
-                    let _ = entry.lb.set_level(host, Some(level), expires);
+                    if shared {
+                        let _ = entry.lb.set_level(host, Some(level), expires);
+                    } else {
+                        let _ = entry
+                            .lb
+                            .set_private_level(client, host, Some(level), expires);
+                        self.metrics.levels_private += 1;
+                    }
                     self.metrics.levels_reported += 1;
                     self.levelled.insert(module);
                 }
@@ -45,13 +99,33 @@ impl ShardCore {
             Err(_) => {
                 self.metrics.count_error(Kind::Report);
                 self.metrics.unknown_node_reports += 1;
+                known = false;
             }
         }
         self.maybe_stats(module, now);
+        if ack && rep.consumed > 0 {
+            let (rc, why) = if known {
+                (
+                    RetCode::Ok,
+                    "taken: the consumed units go to the reporter with the module's next statistics",
+                )
+            } else {
+                (
+                    RetCode::BadRequest,
+                    "the node is not in the module's route here: nothing consumed",
+                )
+            };
+            return Some(self.enc.error_resp(u64::from(seq), module, rc, why));
+        }
         None
     }
 
-    pub(super) fn batch_report(&mut self, b: wire::BatchReport<'_>, now: Millis) -> Option<&[u8]> {
+    pub(super) fn batch_report(
+        &mut self,
+        b: wire::BatchReport<'_>,
+        peer: SocketAddr,
+        now: Millis,
+    ) -> Option<&[u8]> {
         if !self.admit(Kind::BatchReport, u64::from(b.seq), b.module, now) {
             return Some(self.enc.finished());
         }
@@ -67,10 +141,15 @@ impl ShardCore {
         };
         entry.last_used = now;
         let metrics = &mut self.metrics;
+        let client = if entry.lb.units().is_some() {
+            client_key(peer)
+        } else {
+            ANY_CLIENT
+        };
         for (addr, count) in b.successes() {
             if entry
                 .lb
-                .report_successes(addr, count, now, p, |t| node_moved(metrics, t.to))
+                .report_successes_from(client, addr, count, now, p, |t| node_moved(metrics, t.to))
                 .is_err()
             {
                 metrics.unknown_node_reports += 1;

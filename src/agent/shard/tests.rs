@@ -814,9 +814,18 @@ fn cache_says_overloaded(s: &mut ShardCore, now: Millis) -> bool {
     r.any_overloaded()
 }
 
+/// A shard that takes levels every caller shares from UDP callers too
+/// (`agent.udp_acts_beyond`), as every shard did before issue 27.
+fn trusting_shard() -> ShardCore {
+    ShardCore::new(ShardSetup {
+        udp_acts_beyond: true,
+        ..ShardSetup::new(0, 2, 8888)
+    })
+}
+
 #[test]
 fn a_reported_level_rejects_lower_priorities_until_it_times_out() {
-    let mut s = shard();
+    let mut s = trusting_shard();
     get_host(&mut s, M, 0);
     s.apply(route(1), 0);
     assert!(!cache_says_overloaded(&mut s, 1));
@@ -1291,7 +1300,7 @@ impl Twins {
         };
         let mut rec = [0u8; fixed::MAX_LEN];
         let n = fixed::encode_request(&req, &mut rec);
-        let fixed = match self.fixed.handle_fixed(&rec[..n], now, queued) {
+        let fixed = match self.fixed.handle_fixed(&rec[..n], PEER, now, queued) {
             FixedReply::Host(a) => Said::Host(a),
             FixedReply::Bytes(b) => Said::Bytes(b.to_vec()),
             FixedReply::Nothing => Said::Nothing,
@@ -1420,9 +1429,224 @@ fn a_fixed_record_takes_the_path_of_its_datagram_to_the_same_answer() {
     let before = t.fixed.metrics.clone();
     for junk in [&[][..], &[1, 0, 0, 0][..], &[7; 16][..], &[2; 36][..]] {
         assert!(matches!(
-            t.fixed.handle_fixed(junk, 200, None),
+            t.fixed.handle_fixed(junk, PEER, 200, None),
             FixedReply::Garbage(_)
         ));
     }
     assert_eq!(format!("{before:?}"), format!("{:?}", t.fixed.metrics));
+}
+
+// === requests that act beyond the caller (issue 27) ===
+
+const OTHER: SocketAddr = SocketAddr::V4(std::net::SocketAddrV4::new(Ipv4Addr::LOCALHOST, 40001));
+
+fn balance_route(weight: u32) -> ToShard {
+    ToShard::Route {
+        module: M,
+        exists: true,
+        version: 7,
+        nodes: vec![RouteNode {
+            addr: node(1),
+            weight,
+        }],
+        policy: Policy::Balance,
+    }
+}
+
+fn report_from(
+    s: &mut ShardCore,
+    peer: SocketAddr,
+    level: Option<wire::AdmissionLevel>,
+    consumed: u32,
+    now: Millis,
+) -> Option<(RetCode, String)> {
+    let mut enc = Encoder::new();
+    let req = enc
+        .report_req(&Report {
+            seq: 5,
+            module: M,
+            host: node(1),
+            retcode: 0,
+            tcost_ms: 0,
+            downstream_level: level,
+            consumed,
+        })
+        .to_vec();
+    let resp = s.handle(&req, peer, now)?.to_vec();
+    match decode(&resp, &Limits::UDP).unwrap() {
+        Message::ErrorResp(e) => Some((e.retcode(), e.message().unwrap_or("").to_string())),
+        other => panic!("unexpected {}", other.name()),
+    }
+}
+
+fn get_host_from(s: &mut ShardCore, peer: SocketAddr, b: u8, now: Millis) -> RetCode {
+    let mut enc = Encoder::new();
+    let req = enc.get_host_req(9, M, b, 1).to_vec();
+    let resp = s.handle(&req, peer, now).expect("an answer").to_vec();
+    match decode(&resp, &Limits::UDP).unwrap() {
+        Message::GetHostResp(r) => r.retcode(),
+        Message::ErrorResp(e) => e.retcode(),
+        other => panic!("unexpected {}", other.name()),
+    }
+}
+
+fn stats_consumed(s: &mut ShardCore, now: Millis) -> u32 {
+    s.flush_stats(now);
+    s.outbox
+        .drain(..)
+        .filter_map(|m| match m {
+            ToControl::Stats { nodes, .. } => Some(nodes.iter().map(|n| n.consumed).sum::<u32>()),
+            _ => None,
+        })
+        .sum()
+}
+
+#[test]
+fn a_report_that_consumes_over_udp_is_refused_and_changes_nothing() {
+    let mut s = shard();
+    get_host(&mut s, M, 0);
+    s.apply(balance_route(10), 0);
+    s.outbox.clear();
+    let (rc, why) = report_from(&mut s, PEER, None, 7, 10).expect("an answer");
+    assert_eq!(rc, RetCode::Forbidden);
+    assert!(
+        why.contains("local socket") && why.contains("udp_acts_beyond"),
+        "{why}"
+    );
+    assert_eq!(s.metrics.forbidden, 1);
+    assert_eq!(stats_consumed(&mut s, 20), 0);
+}
+
+#[test]
+fn a_report_that_consumes_from_a_slot_or_a_trusted_local_connection_is_taken() {
+    let mut s = shard();
+    get_host(&mut s, M, 0);
+    s.apply(balance_route(10), 0);
+    s.outbox.clear();
+    let slot = lbagent_shm::layout::slot_peer(3);
+    // Taken, and said so (the sender waits for it).
+    let taken = report_from(&mut s, slot, None, 2, 10);
+    assert_eq!(taken.map(|r| r.0), Some(RetCode::Ok));
+    let caller = |trusted| callers::LocalCaller {
+        uid: 1000,
+        gid: 1000,
+        pid: 1,
+        trusted,
+        udp: None,
+    };
+    s.local_connected(1, caller(true));
+    s.local_connected(2, caller(false));
+    let taken = report_from(&mut s, callers::local_peer(1), None, 3, 10);
+    assert_eq!(taken.map(|r| r.0), Some(RetCode::Ok));
+    let refused = report_from(&mut s, callers::local_peer(2), None, 4, 10);
+    assert_eq!(refused.map(|r| r.0), Some(RetCode::Forbidden));
+    assert_eq!(stats_consumed(&mut s, 20), 5);
+}
+
+#[test]
+fn a_level_from_an_untrusted_caller_rejects_only_its_own_get_hosts() {
+    let mut s = shard();
+    get_host(&mut s, M, 0);
+    s.apply(route(1), 0);
+    let strict = wire::AdmissionLevel::new(1, 1);
+    assert_eq!(report_from(&mut s, PEER, Some(strict), 0, 10), None);
+    assert_eq!(s.metrics.levels_private, 1);
+    assert_eq!(get_host_from(&mut s, PEER, 50, 11), RetCode::Rejected);
+    assert_eq!(get_host_from(&mut s, OTHER, 50, 12), RetCode::Ok);
+    // From a trusted local connection it is shared: OTHER is rejected too.
+    s.local_connected(
+        4,
+        callers::LocalCaller {
+            uid: 0,
+            gid: 0,
+            pid: 1,
+            trusted: true,
+            udp: None,
+        },
+    );
+    let local = callers::local_peer(4);
+    assert_eq!(report_from(&mut s, local, Some(strict), 0, 13), None);
+    assert_eq!(get_host_from(&mut s, OTHER, 50, 14), RetCode::Rejected);
+}
+
+#[test]
+fn a_forged_report_frees_no_unit_and_one_client_is_bounded() {
+    let mut s = ShardCore::new(ShardSetup {
+        params: LbParams {
+            units_per_client: 2,
+            ..LbParams::default()
+        },
+        ..ShardSetup::new(0, 2, 8888)
+    });
+    get_host(&mut s, M, 0);
+    s.apply(balance_route(3), 0);
+    assert_eq!(get_host_from(&mut s, PEER, 0, 10), RetCode::Ok);
+    assert_eq!(get_host_from(&mut s, PEER, 0, 10), RetCode::Ok);
+    // PEER is at its bound; OTHER takes the last unit.
+    assert_eq!(get_host_from(&mut s, PEER, 0, 10), RetCode::Overloaded);
+    assert_eq!(s.metrics.units_client_limited, 1);
+    assert_eq!(get_host_from(&mut s, OTHER, 0, 10), RetCode::Ok);
+    // A third client forges reports: nothing is freed.
+    let forger = SocketAddr::V4(std::net::SocketAddrV4::new(Ipv4Addr::LOCALHOST, 40002));
+    for _ in 0..5 {
+        report_from(&mut s, forger, None, 0, 11);
+    }
+    assert_eq!(get_host_from(&mut s, forger, 0, 12), RetCode::Overloaded);
+    // OTHER's own report frees its unit.
+    report_from(&mut s, OTHER, None, 0, 13);
+    assert_eq!(get_host_from(&mut s, forger, 0, 14), RetCode::Ok);
+}
+
+#[test]
+fn a_closed_local_connection_gives_its_units_back() {
+    let mut s = shard();
+    get_host(&mut s, M, 0);
+    s.apply(balance_route(2), 0);
+    s.local_connected(
+        9,
+        callers::LocalCaller {
+            uid: 65534,
+            gid: 65534,
+            pid: 1,
+            trusted: false,
+            udp: None,
+        },
+    );
+    let local = callers::local_peer(9);
+    assert_eq!(get_host_from(&mut s, local, 0, 10), RetCode::Ok);
+    assert_eq!(get_host_from(&mut s, local, 0, 10), RetCode::Ok);
+    assert_eq!(get_host_from(&mut s, PEER, 0, 10), RetCode::Overloaded);
+    s.local_closed(9);
+    assert_eq!(s.metrics.units_released, 2);
+    assert_eq!(s.metrics.local_connections, 0);
+    assert_eq!(get_host_from(&mut s, PEER, 0, 11), RetCode::Ok);
+}
+
+#[test]
+fn a_udp_source_a_trusted_connection_identified_is_trusted_and_released_with_it() {
+    let mut s = shard();
+    get_host(&mut s, M, 0);
+    s.apply(balance_route(3), 0);
+    s.outbox.clear();
+    s.local_connected(
+        8,
+        callers::LocalCaller {
+            uid: 0,
+            gid: 0,
+            pid: 1,
+            trusted: true,
+            udp: Some(PEER),
+        },
+    );
+    // PEER's consumption is taken over UDP; OTHER's is not.
+    let taken = report_from(&mut s, PEER, None, 1, 10);
+    assert_eq!(taken.map(|r| r.0), Some(RetCode::Ok));
+    let refused = report_from(&mut s, OTHER, None, 1, 10);
+    assert_eq!(refused.map(|r| r.0), Some(RetCode::Forbidden));
+    // PEER's units go back when its connection closes.
+    assert_eq!(get_host_from(&mut s, PEER, 0, 11), RetCode::Ok);
+    assert_eq!(get_host_from(&mut s, PEER, 0, 11), RetCode::Ok);
+    s.local_closed(8);
+    assert_eq!(s.metrics.units_released, 2);
+    assert!(!s.trusts(PEER));
 }

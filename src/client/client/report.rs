@@ -3,6 +3,9 @@
 
 use super::*;
 
+/// How long a report that consumes waits for the agent's answer.
+pub const CONSUME_WAIT: Duration = Duration::from_millis(1000);
+
 impl Client {
     /// Reports the result of a call to `host` of module `(modid, cmdid)`:
     /// `retcode` 0 is success, anything else a failure that counts
@@ -52,11 +55,17 @@ impl Client {
     /// `consumed` capacity units of the node for good (a `balance` module's
     /// stored resources; 0 = none): the route server lowers the node's
     /// weight by that much for every agent. A report that consumes goes to
-    /// the agent even with the route cache on.
+    /// the agent even with the route cache on, and, as it changes every
+    /// agent's view, waits (at most [`CONSUME_WAIT`]) for the agent to say
+    /// it took it: the agent takes it only from a user it trusts, over its
+    /// local socket or shared memory (`agent.trusted_uids`), not over UDP.
     ///
     /// # Errors
     /// As [`Client::report_with_level`]; [`ClientError::BadRequest`] also
-    /// for `consumed` above 1000000.
+    /// for `consumed` above 1000000, and when the agent refused the
+    /// consumption (the caller is not trusted with it: the message says
+    /// why); [`ClientError::Timeout`] when the agent did not answer in
+    /// [`CONSUME_WAIT`].
     #[allow(clippy::too_many_arguments)]
     #[inline(always)]
     pub fn report_consuming(
@@ -148,12 +157,46 @@ impl Client {
             downstream_level,
             consumed,
         };
+        if consumed > 0 {
+            return self.report_acked(module, report);
+        }
         let record = fixed::Request::Report(report);
         let sent = self.link.send(shard, Some(record), |e, seq| {
             e.report_req(&Report { seq, ..report });
         });
         self.note_send(shard, sent);
         Ok(())
+    }
+
+    /// A report that consumes: sent and answered (see
+    /// [`Client::report_consuming`]).
+    #[cold]
+    fn report_acked(&mut self, module: ModuleId, report: Report) -> Result<(), ClientError> {
+        let started = Instant::now();
+        let got = self.exchange(
+            module,
+            started + CONSUME_WAIT,
+            None,
+            |e, seq| {
+                e.report_req(&Report { seq, ..report });
+            },
+            |a| match a {
+                Answer::Msg(Message::ErrorResp(r)) if r.retcode() == RetCode::Ok => {
+                    Reply::Done(Ok(()))
+                }
+                Answer::Msg(Message::ErrorResp(r)) if r.retcode() == RetCode::Forbidden => {
+                    Reply::Done(Err(ClientError::BadRequest(format!(
+                        "the agent refused the consumption for module {module}: {}",
+                        r.message().unwrap_or("no reason given")
+                    ))))
+                }
+                Answer::Msg(msg) => other_reply(module, msg, "report"),
+                Answer::Host(_) => Reply::Done(Err(ClientError::BadResponse(
+                    "a getHost answer to a report".into(),
+                ))),
+            },
+        );
+        got.map_err(|t| self.not_answered(module, started, t))
     }
 
     /// Sends the successes in `self.batch` as one batch report to `shard`.

@@ -431,3 +431,138 @@ fn with_levels_the_admitting_nodes_share_as_their_phi() {
     }
     assert!(tested >= 20, "only {tested} cases with an admitting Φ");
 }
+
+// === units held by the client that took them ===
+
+const A: u64 = 11;
+const B: u64 = 22;
+
+fn get_from(m: &mut ModuleLb, p: &LbParams, client: u64, now: Millis) -> Pick {
+    m.get_host_from(p, client, 0, 0, now)
+}
+
+#[test]
+fn a_report_from_a_client_that_took_no_unit_frees_nothing() {
+    let (mut m, p) = balance(&[2]);
+    assert_eq!(get_from(&mut m, &p, A, T0), Pick::Idle(addr(1)));
+    assert_eq!(get_from(&mut m, &p, A, T0), Pick::Idle(addr(1)));
+    assert_eq!(get_from(&mut m, &p, B, T0), Pick::Overloaded);
+    // B forges reports of A's node: nothing goes back.
+    for _ in 0..5 {
+        m.report_from(B, addr(1), Outcome::Success, T0, &p).unwrap();
+    }
+    assert_eq!(in_use(&m), vec![2]);
+    assert_eq!(get_from(&mut m, &p, B, T0), Pick::Overloaded);
+    // A's own report returns its unit.
+    m.report_from(A, addr(1), Outcome::Success, T0, &p).unwrap();
+    assert_eq!(in_use(&m), vec![1]);
+    assert_eq!(get_from(&mut m, &p, B, T0), Pick::Idle(addr(1)));
+}
+
+#[test]
+fn a_forged_batch_report_frees_nothing_either() {
+    let (mut m, p) = balance(&[3]);
+    for _ in 0..3 {
+        get_from(&mut m, &p, A, T0);
+    }
+    m.report_successes_from(B, addr(1), 3, T0, &p, |_| {})
+        .unwrap();
+    assert_eq!(in_use(&m), vec![3]);
+    m.report_successes_from(A, addr(1), 2, T0, &p, |_| {})
+        .unwrap();
+    assert_eq!(in_use(&m), vec![1]);
+}
+
+#[test]
+fn one_client_takes_at_most_units_per_client_and_others_still_get_theirs() {
+    let (mut m, mut p) = balance(&[10]);
+    p.units_per_client = 3;
+    for _ in 0..3 {
+        assert_eq!(get_from(&mut m, &p, A, T0), Pick::Idle(addr(1)));
+    }
+    for _ in 0..100 {
+        assert_eq!(get_from(&mut m, &p, A, T0), Pick::ClientLimit);
+    }
+    assert_eq!(in_use(&m), vec![3]);
+    assert_eq!(m.units().unwrap().client_held(A), 3);
+    for _ in 0..3 {
+        assert_eq!(get_from(&mut m, &p, B, T0), Pick::Idle(addr(1)));
+    }
+    // A report makes room for one more.
+    m.report_from(A, addr(1), Outcome::Success, T0, &p).unwrap();
+    assert_eq!(get_from(&mut m, &p, A, T0), Pick::Idle(addr(1)));
+}
+
+#[test]
+fn a_client_that_is_gone_gives_back_everything_it_held_once() {
+    let (mut m, p) = balance(&[2, 2]);
+    for _ in 0..3 {
+        get_from(&mut m, &p, A, T0);
+    }
+    get_from(&mut m, &p, B, T0);
+    assert_eq!(m.release_client(A), 3);
+    assert_eq!(in_use(&m).iter().sum::<u32>(), 1);
+    assert_eq!(m.release_client(A), 0);
+    // The released units' deadlines pass without returning anything twice,
+    // and B's unit times out as before.
+    assert_eq!(m.expire_units(T0 + p.unit_timeout_ms), 1);
+    assert_eq!(in_use(&m), vec![0, 0]);
+    assert_eq!(m.units().unwrap().clients(), 0);
+}
+
+#[test]
+fn units_time_out_per_client_after_another_client_reported_early() {
+    let (mut m, p) = balance(&[2]);
+    get_from(&mut m, &p, A, T0);
+    get_from(&mut m, &p, B, T0 + 10);
+    m.report_from(B, addr(1), Outcome::Success, T0 + 20, &p)
+        .unwrap();
+    // A's unit is still out, and times out at its own deadline.
+    assert_eq!(in_use(&m), vec![1]);
+    assert_eq!(m.expire_units(T0 + p.unit_timeout_ms), 1);
+    assert_eq!(in_use(&m), vec![0]);
+    assert_eq!(m.expire_units(T0 + 10 + p.unit_timeout_ms), 0);
+}
+
+#[test]
+fn a_callers_own_level_rejects_only_its_own_get_hosts() {
+    let p = LbParams::default();
+    let mut m = ModuleLb::new(&route(&[1, 1]), 1, T0, &p);
+    let strict = lbagent_admission::AdmissionLevel::new(1, 1);
+    for i in 1..=2 {
+        assert!(m
+            .set_private_level(A, addr(i), Some(strict), T0 + 3_000)
+            .unwrap());
+    }
+    assert_eq!(m.get_host_from(&p, A, 50, 50, T0), Pick::Rejected);
+    assert!(matches!(m.get_host_from(&p, B, 50, 50, T0), Pick::Idle(_)));
+    // A shared level rejects everyone.
+    for i in 1..=2 {
+        m.set_level(addr(i), Some(strict), T0 + 3_000).unwrap();
+    }
+    assert_eq!(m.get_host_from(&p, B, 50, 50, T0), Pick::Rejected);
+    // Both expire.
+    assert!(matches!(
+        m.get_host_from(&p, A, 50, 50, T0 + 3_000),
+        Pick::Idle(_)
+    ));
+    assert_eq!(m.private_levels_held(), 0);
+}
+
+#[test]
+fn private_levels_are_bounded_per_module() {
+    let p = LbParams::default();
+    let mut m = ModuleLb::new(&route(&[1]), 1, T0, &p);
+    let l = lbagent_admission::AdmissionLevel::new(1, 1);
+    let max = crate::levels::MAX_PRIVATE as u64;
+    for c in 0..max {
+        assert!(m
+            .set_private_level(c + 1, addr(1), Some(l), T0 + 1)
+            .unwrap());
+    }
+    assert!(!m
+        .set_private_level(max + 1, addr(1), Some(l), T0 + 1)
+        .unwrap());
+    // A caller already held refreshes its level.
+    assert!(m.set_private_level(1, addr(1), Some(l), T0 + 2).unwrap());
+}

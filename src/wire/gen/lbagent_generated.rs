@@ -29,10 +29,10 @@ pub mod fb {
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 pub const ENUM_MIN_RET_CODE: i8 = 0;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
-pub const ENUM_MAX_RET_CODE: i8 = 7;
+pub const ENUM_MAX_RET_CODE: i8 = 8;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 #[allow(non_camel_case_types)]
-pub const ENUM_VALUES_RET_CODE: [RetCode; 8] = [
+pub const ENUM_VALUES_RET_CODE: [RetCode; 9] = [
   RetCode::Ok,
   RetCode::NoSuchModule,
   RetCode::Overloaded,
@@ -41,6 +41,7 @@ pub const ENUM_VALUES_RET_CODE: [RetCode; 8] = [
   RetCode::Timeout,
   RetCode::BadRequest,
   RetCode::Unavailable,
+  RetCode::Forbidden,
 ];
 
 /// The outcome of a request, as the agent (or route server) answers it.
@@ -67,9 +68,12 @@ impl RetCode {
   pub const BadRequest: Self = Self(6);
   /// The server is shutting down or cannot serve the request now.
   pub const Unavailable: Self = Self(7);
+  /// The request acts beyond its caller (consumed units) and the caller is
+  /// not one the agent identified and allows (see ErrorResp.message).
+  pub const Forbidden: Self = Self(8);
 
   pub const ENUM_MIN: i8 = 0;
-  pub const ENUM_MAX: i8 = 7;
+  pub const ENUM_MAX: i8 = 8;
   pub const ENUM_VALUES: &'static [Self] = &[
     Self::Ok,
     Self::NoSuchModule,
@@ -79,6 +83,7 @@ impl RetCode {
     Self::Timeout,
     Self::BadRequest,
     Self::Unavailable,
+    Self::Forbidden,
   ];
   /// Returns the variant's name or "" if unknown.
   pub fn variant_name(self) -> Option<&'static str> {
@@ -91,6 +96,7 @@ impl RetCode {
       Self::Timeout => Some("Timeout"),
       Self::BadRequest => Some("BadRequest"),
       Self::Unavailable => Some("Unavailable"),
+      Self::Forbidden => Some("Forbidden"),
       _ => None,
     }
   }

@@ -1,0 +1,568 @@
+//! Requests that act beyond their caller, tried as somebody else (issue
+//! 27): a real `lbagent standalone` run by root (as CI runs), attackers
+//! as uid 65534 (`setpriv --reuid 65534 --regid 65534 --clear-groups`),
+//! an application in its own pid and network namespace (`unshare --pid
+//! --net --fork --mount-proc`). Each case is seen failing to do harm, and
+//! the same request from an allowed client is seen doing what it should
+//! (so that no check passes by refusing everything).
+//!
+//! Needs root (for setpriv and unshare): as another user every test says
+//! so and returns.
+
+#[path = "support/common.rs"]
+mod common;
+
+use common::wait_for;
+use std::net::UdpSocket;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+
+use lbagent::client::{Client, ClientError, ClientOptions};
+use lbagent::host::heartbeat::HeartbeatReader;
+use lbagent::model::{ModuleId, NodeAddr};
+use lbagent::wire::{decode, Encoder, Limits, Message, Report, RetCode};
+
+const BIN: &str = env!("CARGO_BIN_EXE_lbagent");
+
+/// How a process is run: as root (the agent's user here, trusted), as
+/// uid 65534 (not trusted), or as 65534 in its own pid and network
+/// namespaces.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum As {
+    Root,
+    Nobody,
+    Contained,
+}
+
+/// A child process killed when dropped.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn is_root() -> bool {
+    if nix::unistd::geteuid().is_root() {
+        return true;
+    }
+    eprintln!("skipped: needs root (setpriv, unshare), as CI runs it");
+    false
+}
+
+fn command(who: As, args: &[&str]) -> Command {
+    let nobody = [
+        "--reuid",
+        "65534",
+        "--regid",
+        "65534",
+        "--clear-groups",
+        BIN,
+    ];
+    let mut c = match who {
+        As::Root => Command::new(BIN),
+        As::Nobody => {
+            let mut c = Command::new("setpriv");
+            c.args(nobody);
+            c
+        }
+        As::Contained => {
+            let mut c = Command::new("unshare");
+            c.args(["--pid", "--net", "--fork", "--mount-proc", "setpriv"]);
+            c.args(nobody);
+            c
+        }
+    };
+    c.args(args).stdin(Stdio::null());
+    c
+}
+
+fn run(who: As, args: &[&str]) -> Output {
+    command(who, args)
+        .output()
+        .unwrap_or_else(|e| panic!("run lbagent {args:?} as {who:?}: {e}"))
+}
+
+fn json(out: &Output) -> serde_json::Value {
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "{e}: {} / {}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+/// A standalone system (one shard, statistics every second) in a directory
+/// every user may read (the heartbeat and the local socket are the
+/// agent's; the directory is root's, mode 0755).
+struct System {
+    _proc: Proc,
+    _dir: tempfile::TempDir,
+    dir: PathBuf,
+    hb: String,
+    store: String,
+}
+
+impl System {
+    fn start(extra: &[&str]) -> System {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().to_path_buf();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let heartbeat = dir.join("heartbeat");
+        let mut sets = vec![
+            "dnsserver.listen=127.0.0.1:0".to_string(),
+            "dnsserver.metrics_addr=127.0.0.1:0".to_string(),
+            "reporter.listen=127.0.0.1:0".to_string(),
+            "reporter.metrics_addr=127.0.0.1:0".to_string(),
+            "agent.metrics_addr=127.0.0.1:0".to_string(),
+            "agent.base_port=0".to_string(),
+            "agent.shards=1".to_string(),
+            "lb.report_timeout=1".to_string(),
+            format!("agent.heartbeat_path={}", heartbeat.display()),
+            format!("agent.snapshot_path={}", dir.join("snapshot").display()),
+        ];
+        sets.extend(extra.iter().map(|s| s.to_string()));
+        let data = dir.join("data");
+        let mut args = vec!["standalone", "--data", data.to_str().unwrap()];
+        for s in &sets {
+            args.extend_from_slice(&["--set", s]);
+        }
+        let child = Command::new(BIN)
+            .args(&args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start lbagent standalone");
+        let pid = child.id();
+        let proc = Proc(child);
+        wait_for(Duration::from_secs(15), || {
+            let h = HeartbeatReader::open(&heartbeat).ok()?.read().ok()?;
+            (h.info.pid == pid && h.beat_unix_ms > 0).then_some(())
+        })
+        .expect("standalone writes its heartbeat within 15 s");
+        System {
+            _proc: proc,
+            _dir: tmp,
+            store: format!("sqlite:{}", data.join("lbagent.db").display()),
+            hb: heartbeat.display().to_string(),
+            dir,
+        }
+    }
+
+    /// `lbagent route ...` against the store (as root).
+    fn route(&self, args: &[&str]) -> Output {
+        let mut a = vec!["route"];
+        a.extend_from_slice(args);
+        a.extend_from_slice(&["--store", &self.store]);
+        let out = run(As::Root, &a);
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out
+    }
+
+    /// A module of these `(node, weight)`, with `policy`, held by the agent.
+    fn module(&self, modid: &str, nodes: &[(&str, &str)], policy: &str) {
+        for (n, w) in nodes {
+            self.route(&["add", modid, "1", n, "--weight", w]);
+        }
+        self.route(&["policy", modid, "1", policy]);
+        wait_for(Duration::from_secs(10), || {
+            let v = self.getroute(modid)?;
+            (v["policy"] == policy && v["nodes"].as_array()?.len() == nodes.len()).then_some(())
+        })
+        .unwrap_or_else(|| panic!("the agent holds module {modid} within 10 s"));
+    }
+
+    /// `lbagent getroute MODID 1 --json` (takes no unit).
+    fn getroute(&self, modid: &str) -> Option<serde_json::Value> {
+        let out = self.tool(As::Root, "getroute", modid, &["--json"]);
+        out.status.success().then(|| json(&out))
+    }
+
+    /// Units in use of the module, over its nodes.
+    fn in_use(&self, modid: &str) -> u64 {
+        let v = self.getroute(modid).expect("getroute answers within 30 s");
+        v["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|n| n["in_use"].as_u64().unwrap())
+            .sum()
+    }
+
+    /// The stored weight of `node` of module `modid`.
+    fn stored_weight(&self, modid: &str, node: &str) -> u64 {
+        let list = json(&self.route(&["list", modid, "1", "--json"]));
+        list["modules"][0]["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|n| n["node"] == node)
+            .unwrap()["weight"]
+            .as_u64()
+            .unwrap()
+    }
+
+    /// `lbagent TOOL MODID 1 ...` as `who`, run again (for 30 s at most)
+    /// while it finds the agent down (exit 6: on a busy machine the
+    /// heartbeat can lag past its 2 s) or, but for a report, slow (exit
+    /// 8): what the tests look at is what the agent answers, not whether
+    /// it kept its beat.
+    fn tool(&self, who: As, tool: &str, modid: &str, rest: &[&str]) -> Output {
+        let mut a = vec![tool, modid, "1"];
+        a.extend_from_slice(rest);
+        a.extend_from_slice(&["--heartbeat", &self.hb, "--timeout-ms", "10000"]);
+        let t0 = std::time::Instant::now();
+        loop {
+            let out = run(who, &a);
+            // A report that timed out may have been taken: not sent twice.
+            let busy = match out.status.code() {
+                Some(6) => true,
+                Some(8) => tool != "report",
+                _ => false,
+            };
+            if !busy || t0.elapsed() > Duration::from_secs(30) {
+                return out;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// A library client in this process (root: trusted), patient with a
+    /// heartbeat that lags on a busy machine.
+    fn client(&self) -> Client {
+        Client::with_options(ClientOptions {
+            heartbeat_path: self.hb.clone().into(),
+            max_heartbeat_age: Duration::from_secs(30),
+            ..ClientOptions::default()
+        })
+        .unwrap()
+    }
+
+    /// The UDP port of the agent's only shard.
+    fn udp_port(&self) -> u16 {
+        let h = HeartbeatReader::open(Path::new(&self.hb))
+            .unwrap()
+            .read()
+            .unwrap();
+        h.info.base_port
+    }
+
+    #[allow(dead_code)]
+    fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
+/// One request over plain UDP to the agent's shard, its answer if any
+/// within `wait`.
+fn udp_exchange(port: u16, request: &[u8], wait: Duration) -> Option<Vec<u8>> {
+    let s = UdpSocket::bind("127.0.0.1:0").unwrap();
+    s.set_read_timeout(Some(wait)).unwrap();
+    s.send_to(request, ("127.0.0.1", port)).unwrap();
+    let mut buf = [0u8; 65536];
+    let n = s.recv(&mut buf).ok()?;
+    Some(buf[..n].to_vec())
+}
+
+#[test]
+fn a_consume_report_from_an_unallowed_uid_is_refused_and_nothing_changes_in_the_store() {
+    if !is_root() {
+        return;
+    }
+    let sys = System::start(&[]);
+    let node = "10.27.0.1:80";
+    sys.module("270", &[(node, "10")], "balance");
+
+    // uid 65534 over the local socket: refused, said so, exit 10.
+    let out = sys.tool(As::Nobody, "report", "270", &[node, "0", "--consume", "7"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(10), "{err}");
+    assert!(
+        err.contains("refused the consumption") && err.contains("trusted"),
+        "{err}"
+    );
+    // Anyone over plain UDP: ErrorResp Forbidden.
+    let mut enc = Encoder::new();
+    let req = enc
+        .report_req(&Report {
+            seq: 77,
+            module: ModuleId::new(270, 1),
+            host: node.parse::<NodeAddr>().unwrap(),
+            retcode: 0,
+            tcost_ms: 0,
+            downstream_level: None,
+            consumed: 9,
+        })
+        .to_vec();
+    let answer =
+        udp_exchange(sys.udp_port(), &req, Duration::from_secs(20)).expect("an answer over UDP");
+    let Message::ErrorResp(e) = decode(&answer, &Limits::UDP).unwrap() else {
+        panic!("not an ErrorResp")
+    };
+    assert_eq!((e.retcode(), e.seq()), (RetCode::Forbidden, 77));
+    // Statistics go every second: three seconds later the store has
+    // seen nothing.
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(sys.stored_weight("270", node), 10);
+
+    // The same report from root (trusted) is taken: the check refuses
+    // only whom it must.
+    let out = sys.tool(As::Root, "report", "270", &[node, "0", "--consume", "3"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    wait_for(Duration::from_secs(10), || {
+        (sys.stored_weight("270", node) == 7).then_some(())
+    })
+    .expect("root's consumption reaches the store within 10 s");
+}
+
+#[test]
+fn a_level_from_an_unallowed_client_does_not_reject_another_clients_gethosts_and_an_allowed_ones_does(
+) {
+    if !is_root() {
+        return;
+    }
+    let sys = System::start(&[]);
+    let node = "10.27.0.2:80";
+    sys.module("271", &[(node, "1")], "l5");
+    // Three reports carrying the strictest level, as uid 65534 (over the
+    // local socket) ...
+    for _ in 0..3 {
+        let out = sys.tool(
+            As::Nobody,
+            "report",
+            "271",
+            &[node, "0", "--downstream-level", "1,1"],
+        );
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    // ... and over plain UDP from this process.
+    let mut enc = Encoder::new();
+    let req = enc
+        .report_req(&Report {
+            seq: 5,
+            module: ModuleId::new(271, 1),
+            host: node.parse::<NodeAddr>().unwrap(),
+            retcode: 0,
+            tcost_ms: 0,
+            downstream_level: Some(lbagent::wire::AdmissionLevel::new(1, 1)),
+            consumed: 0,
+        })
+        .to_vec();
+    assert!(
+        udp_exchange(sys.udp_port(), &req, Duration::from_millis(500)).is_none(),
+        "a report has no answer"
+    );
+    // Another client's getHosts go on.
+    let mut victim = sys.client();
+    for _ in 0..20 {
+        let h = victim.get_host(271, 1, Duration::from_secs(10));
+        assert_eq!(h.map(|h| h.addr.to_string()).as_deref(), Ok(node));
+    }
+    let out = sys.tool(As::Root, "gethost", "271", &["--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // From an allowed client (root, over the local socket) the level is
+    // every caller's: collaborative admission still works.
+    let out = sys.tool(
+        As::Root,
+        "report",
+        "271",
+        &[node, "0", "--downstream-level", "1,1"],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let h = victim.get_host(271, 1, Duration::from_secs(10));
+    assert!(matches!(h, Err(ClientError::Rejected { .. })), "{h:?}");
+    let out = sys.tool(As::Nobody, "gethost", "271", &[]);
+    assert_eq!(
+        out.status.code(),
+        Some(5),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn a_forged_report_frees_no_unit() {
+    if !is_root() {
+        return;
+    }
+    let sys = System::start(&[]);
+    let node = "10.27.0.3:80";
+    sys.module("272", &[(node, "2")], "balance");
+    let mut holder = sys.client();
+    for _ in 0..2 {
+        holder.get_host(272, 1, Duration::from_secs(10)).unwrap();
+    }
+    assert_eq!(sys.in_use("272"), 2);
+    // uid 65534 reports the node five times, over the local socket and
+    // over UDP: it took nothing, it frees nothing.
+    for _ in 0..5 {
+        let out = sys.tool(As::Nobody, "report", "272", &[node, "0"]);
+        assert!(out.status.success());
+    }
+    let mut enc = Encoder::new();
+    for seq in 0..5 {
+        let req = enc
+            .report_req(&Report {
+                seq,
+                module: ModuleId::new(272, 1),
+                host: node.parse::<NodeAddr>().unwrap(),
+                retcode: 0,
+                tcost_ms: 0,
+                downstream_level: None,
+                consumed: 0,
+            })
+            .to_vec();
+        udp_exchange(sys.udp_port(), &req, Duration::from_millis(100));
+    }
+    assert_eq!(sys.in_use("272"), 2);
+    let out = sys.tool(As::Nobody, "gethost", "272", &[]);
+    assert_eq!(out.status.code(), Some(4), "no unit is free: overloaded");
+    // The holder's own report frees one.
+    holder.report(272, 1, node.parse().unwrap(), 0, 0).unwrap();
+    assert_eq!(sys.in_use("272"), 1);
+}
+
+#[test]
+fn a_loop_of_gethosts_from_one_client_takes_at_most_units_per_client() {
+    if !is_root() {
+        return;
+    }
+    let sys = System::start(&["lb.units_per_client=3"]);
+    let node = "10.27.0.4:80";
+    sys.module("273", &[(node, "10")], "balance");
+    // Over plain UDP, one source address.
+    let s = UdpSocket::bind("127.0.0.1:0").unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut enc = Encoder::new();
+    let mut ok = 0;
+    for seq in 0..20 {
+        let req = enc.get_host_req(seq, ModuleId::new(273, 1), 0, 0).to_vec();
+        s.send_to(&req, ("127.0.0.1", sys.udp_port())).unwrap();
+        let mut buf = [0u8; 2048];
+        let n = s.recv(&mut buf).expect("an answer");
+        if let Message::GetHostResp(r) = decode(&buf[..n], &Limits::UDP).unwrap() {
+            if r.retcode() == RetCode::Ok {
+                ok += 1;
+            }
+        }
+    }
+    assert_eq!(ok, 3, "one UDP source holds at most 3 units");
+    // Over the local socket, one library client.
+    let mut c = sys.client();
+    let got: Vec<_> = (0..20)
+        .map(|_| c.get_host(273, 1, Duration::from_secs(10)).is_ok())
+        .collect();
+    assert_eq!(got.iter().filter(|&&g| g).count(), 3, "{got:?}");
+    assert_eq!(sys.in_use("273"), 6);
+    // Others still get theirs.
+    assert!(sys
+        .client()
+        .get_host(273, 1, Duration::from_secs(10))
+        .is_ok());
+}
+
+#[test]
+fn a_client_in_its_own_pid_and_network_namespace_is_served_bounded_and_reclaimed() {
+    if !is_root() {
+        return;
+    }
+    let sys = System::start(&["lb.units_per_client=2"]);
+    let node = "10.27.0.5:80";
+    sys.module("274", &[(node, "10")], "balance");
+    // Served: its 127.0.0.1 is not the agent's, the local socket is.
+    let out = sys.tool(As::Contained, "gethost", "274", &["--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v = json(&out);
+    assert_eq!(
+        (v["host"].as_str(), v["source"].as_str()),
+        (Some(node), Some("agent"))
+    );
+    // Identified like any other: uid 65534 may not consume.
+    let out = sys.tool(
+        As::Contained,
+        "report",
+        "274",
+        &[node, "0", "--consume", "1"],
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(10),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Bounded and reclaimed: one client looping getHosts without reports
+    // holds two units while it runs, none once it is gone.
+    let hb = sys.hb.clone();
+    let mut load = command(
+        As::Contained,
+        &[
+            "qpstest",
+            "--threads",
+            "1",
+            "--duration",
+            "4",
+            "--no-report",
+            "--modid",
+            "274",
+            "--cmdid",
+            "1",
+            "--transport",
+            "local",
+            "--heartbeat",
+            &hb,
+            "--json",
+        ],
+    );
+    let load = Proc(
+        load.stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let held = wait_for(Duration::from_secs(20), || {
+        let n = sys.in_use("274");
+        (n > 0).then_some(n)
+    })
+    .expect("the contained client takes units");
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        held.max(sys.in_use("274")),
+        2,
+        "bounded by lb.units_per_client"
+    );
+    drop(load);
+    wait_for(Duration::from_secs(10), || {
+        (sys.in_use("274") == 0).then_some(())
+    })
+    .expect("its units go back once it is gone");
+}
