@@ -771,12 +771,15 @@ pub struct ShmSeen {
     pub missing: u64,
 }
 
-/// The setup of the shared-memory workload: a region of 4 slots in the
-/// temporary directory (its file removed at once; the mappings stay),
+/// The setup of the shared-memory workload: a region of 4 slots in a
+/// temporary directory of its own (removed at once; the mappings stay),
 /// this process attached to one.
 pub fn shm_run(record: bool) -> ShmRun {
     let pid = std::process::id();
-    let path = std::env::temp_dir().join(format!("lbagent-callgrind-shm-{pid}.0"));
+    // A directory of its own: the region's must be one only its user can
+    // write (host::owned), not the world-writable temporary directory.
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let path = dir.path().join("lbagent-callgrind-shm.0");
     let ident = Identity {
         shard: 0,
         pid,
@@ -787,6 +790,7 @@ pub fn shm_run(record: bool) -> ShmRun {
     let srv = Server::new(region);
     let att = Attachment::attach(&path, pid).expect("a slot");
     let _ = std::fs::remove_file(&path);
+    drop(dir);
     ShmRun {
         shard: shard(),
         srv,
