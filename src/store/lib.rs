@@ -64,6 +64,7 @@ use std::collections::{BTreeMap, HashSet};
 use lbagent_model::{ModuleId, NodeAddr, Policy, RouteNode};
 
 mod migrations;
+mod pg_tls;
 mod postgres;
 mod sqlite;
 pub mod table;
