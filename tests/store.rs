@@ -1138,3 +1138,149 @@ fn consumed_units_lower_the_capacity_never_below_zero(db: &Db) {
     s.add_node(m(1, 1), node("10.0.0.2:80", 3)).unwrap();
     assert_eq!(weights(&mut *s), [3, 3]);
 }
+
+// === TLS to PostgreSQL ===
+//
+// tools/ci-postgres.sh turns TLS on in its cluster (a server certificate
+// for `localhost` and 127.0.0.1 signed by a test CA) and records the CA's
+// path in the database setting `lbagent.test_ca`. Like the suite's
+// PostgreSQL cases, these skip only when LBAGENT_TEST_POSTGRES_URL is unset.
+
+/// A fresh schema (see [`Db::postgres`]) and the test CA's path.
+fn tls_db(case: &str) -> Option<(Db, String)> {
+    let db = Db::postgres(case)?;
+    let Kind::Postgres { admin_url, .. } = &db.kind else {
+        unreachable!()
+    };
+    let mut c = ::postgres::Client::connect(admin_url, ::postgres::NoTls).expect("connect");
+    let ca: Option<String> = c
+        .query_one("SELECT current_setting('lbagent.test_ca', true)", &[])
+        .expect("read lbagent.test_ca")
+        .get(0);
+    let ca = ca.filter(|p| !p.is_empty()).unwrap_or_else(|| {
+        panic!(
+            "the database of {PG_ENV} has no setting lbagent.test_ca (the test CA's path): \
+             run tools/ci-postgres.sh, which turns TLS on and records it"
+        )
+    });
+    Some((db, ca))
+}
+
+/// The database URL of `db` with `params` added.
+fn with_params(db: &Db, params: &str) -> StoreUrl {
+    let StoreUrl::Postgres(url) = &db.url else {
+        unreachable!()
+    };
+    StoreUrl::Postgres(format!("{url}&{params}"))
+}
+
+/// The database URL of `db` with `params` added, whose host (the name TLS
+/// checks) is `host` while the TCP connection goes to the URL's address
+/// (`hostaddr`).
+fn with_host(db: &Db, host: &str, params: &str) -> StoreUrl {
+    let StoreUrl::Postgres(url) = &db.url else {
+        unreachable!()
+    };
+    let c: ::postgres::Config = url.parse().expect("the test URL");
+    let ::postgres::config::Host::Tcp(addr) = &c.get_hosts()[0] else {
+        panic!("{PG_ENV} must name a TCP host for the TLS cases")
+    };
+    let at = format!("@{addr}:");
+    assert!(
+        url.contains(&at),
+        "{PG_ENV} must be postgres://user:password@HOST:PORT/... for the TLS cases"
+    );
+    let url = url.replacen(&at, &format!("@{host}:"), 1);
+    StoreUrl::Postgres(format!("{url}&hostaddr={addr}&{params}"))
+}
+
+#[test]
+fn postgres_over_verified_tls_writes_and_reads_a_route() {
+    let Some((db, ca)) = tls_db("tls_ok") else {
+        return;
+    };
+    let url = with_params(&db, &format!("sslmode=verify-full&sslrootcert={ca}"));
+    let mut s = store::open(&url).unwrap_or_else(|e| panic!("open {url}: {e}"));
+    s.add_node(m(7, 1), node("10.1.2.3:80", 4)).unwrap();
+    let all = s.load_all().unwrap();
+    assert_eq!(all.modules.len(), 1);
+    assert_eq!(all.modules[0].nodes, vec![node("10.1.2.3:80", 4)]);
+    // The store's connection (the only other one with this schema's
+    // application_name) is TLS, seen from the server.
+    let Kind::Postgres { admin_url, schema } = &db.kind else {
+        unreachable!()
+    };
+    let mut c = ::postgres::Client::connect(admin_url, ::postgres::NoTls).expect("connect");
+    let row = c
+        .query_one(
+            "SELECT COUNT(*), COUNT(*) FILTER (WHERE s.ssl) FROM pg_stat_activity a \
+             JOIN pg_stat_ssl s USING (pid) \
+             WHERE a.application_name = $1 AND a.pid <> pg_backend_pid()",
+            &[schema],
+        )
+        .expect("read pg_stat_ssl");
+    let (all, tls): (i64, i64) = (row.get(0), row.get(1));
+    assert!(all >= 1, "the store's connection is not seen");
+    assert_eq!(tls, all, "a store connection is not TLS");
+    // verify-ca checks the chain and not the name: another name works.
+    let url = with_host(
+        &db,
+        "not-the-server.invalid",
+        &format!("sslmode=verify-ca&sslrootcert={ca}"),
+    );
+    let mut s = store::open(&url).unwrap_or_else(|e| panic!("open {url}: {e}"));
+    assert_eq!(s.load_all().unwrap().modules.len(), 1);
+}
+
+#[test]
+fn postgres_tls_refuses_a_server_signed_by_another_ca() {
+    let Some((db, _ca)) = tls_db("tls_wrong_ca") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let other = dir.path().join("other-ca.pem");
+    std::fs::write(
+        &other,
+        lbagent_tls::testing::TestCa::new("another CA").pem(),
+    )
+    .unwrap();
+    let url = with_params(
+        &db,
+        &format!("sslmode=verify-full&sslrootcert={}", other.display()),
+    );
+    let e = store::open(&url)
+        .err()
+        .expect("a server signed by another CA is refused");
+    let msg = e.to_string();
+    assert!(matches!(e, StoreError::Unavailable { .. }), "{msg}");
+    assert!(
+        msg.contains("not signed by a CA in") && msg.contains("unknown CA"),
+        "{msg}"
+    );
+    assert!(msg.contains(&other.display().to_string()), "{msg}");
+}
+
+#[test]
+fn postgres_tls_refuses_a_server_certificate_for_another_name() {
+    let Some((db, ca)) = tls_db("tls_wrong_name") else {
+        return;
+    };
+    let url = with_host(
+        &db,
+        "not-the-server.invalid",
+        &format!("sslmode=verify-full&sslrootcert={ca}"),
+    );
+    let e = store::open(&url)
+        .err()
+        .expect("a certificate for another name is refused");
+    let msg = e.to_string();
+    assert!(matches!(e, StoreError::Unavailable { .. }), "{msg}");
+    assert!(msg.contains("does not name the host"), "{msg}");
+    // The same URL with the server's name works: only the name differs.
+    let url = with_host(
+        &db,
+        "localhost",
+        &format!("sslmode=verify-full&sslrootcert={ca}"),
+    );
+    store::open(&url).unwrap_or_else(|e| panic!("open {url}: {e}"));
+}

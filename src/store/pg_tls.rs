@@ -2,7 +2,7 @@
 //! ring provider; no OpenSSL).
 //!
 //! The `postgres` crate knows `sslmode` `disable`, `prefer` and `require`
-//! only, and no `sslrootcert`/`sslcert`/`sslkey`. [`split`] takes these out
+//! only, and no `sslrootcert`/`sslcert`/`sslkey` (it refuses the URL). [`split`] takes these out
 //! of the URL (giving the crate `sslmode=require` for the two `verify-`
 //! modes, so that it never falls back to plain TCP) and [`PgTls::connector`]
 //! builds the rustls client that the meaning of each mode needs, following
@@ -66,16 +66,11 @@ pub(crate) struct PgTls {
 /// The parameters this module handles (the crate refuses them).
 const OURS: [&str; 4] = ["sslmode", "sslrootcert", "sslcert", "sslkey"];
 
-/// Splits `url` (a `postgres://` URL or a `key=value` string) into the
-/// text for the `postgres` crate and its TLS parameters; an error names
-/// the parameter that is wrong.
+/// Splits a `postgres://` URL (the only form the config takes, see
+/// `StoreUrl`) into the URL for the `postgres` crate and its TLS
+/// parameters; an error names the parameter that is wrong.
 pub(crate) fn split(url: &str) -> Result<(String, PgTls), String> {
-    let is_url = url.starts_with("postgres://") || url.starts_with("postgresql://");
-    let (rest, params) = if is_url {
-        split_url(url)
-    } else {
-        split_key_value(url)?
-    };
+    let (rest, params) = split_url(url);
     let mut tls = PgTls {
         mode: Mode::Plain,
         root_cert: None,
@@ -134,7 +129,7 @@ pub(crate) fn split(url: &str) -> Result<(String, PgTls), String> {
     }
     let text = match crate_mode {
         None => rest,
-        Some(m) => join(&rest, is_url, &format!("sslmode={m}")),
+        Some(m) => join(&rest, &format!("sslmode={m}")),
     };
     Ok((text, tls))
 }
@@ -147,13 +142,8 @@ fn path_of(key: &str, value: &str) -> Result<PathBuf, String> {
     Ok(PathBuf::from(value))
 }
 
-/// `rest` with `param` added: to the URL's query or the key/value string.
-fn join(rest: &str, is_url: bool, param: &str) -> String {
-    if !is_url {
-        return format!("{} {param}", rest.trim_end())
-            .trim_start()
-            .to_string();
-    }
+/// The URL `rest` with `param` added to its query.
+fn join(rest: &str, param: &str) -> String {
     if rest.contains('?') {
         if rest.ends_with('?') {
             format!("{rest}{param}")
@@ -187,78 +177,6 @@ fn split_url(url: &str) -> (String, Vec<(String, String)>) {
         format!("{base}?{}", kept.join("&"))
     };
     (text, ours)
-}
-
-/// A libpq `key=value` string without [`OURS`], and their values. Values
-/// may be single-quoted; `\` escapes the next character (libpq's rules).
-fn split_key_value(s: &str) -> Result<(String, Vec<(String, String)>), String> {
-    let b = s.as_bytes();
-    let mut i = 0;
-    let mut kept = String::new();
-    let mut ours = Vec::new();
-    let skip_ws = |i: &mut usize| {
-        while *i < b.len() && b[*i].is_ascii_whitespace() {
-            *i += 1;
-        }
-    };
-    loop {
-        skip_ws(&mut i);
-        if i >= b.len() {
-            break;
-        }
-        let start = i;
-        while i < b.len() && b[i] != b'=' && !b[i].is_ascii_whitespace() {
-            i += 1;
-        }
-        let key = &s[start..i];
-        skip_ws(&mut i);
-        if i >= b.len() || b[i] != b'=' {
-            return Err(format!("`{key}` has no `=value` in the connection string"));
-        }
-        i += 1;
-        skip_ws(&mut i);
-        let mut value = Vec::new();
-        if i < b.len() && b[i] == b'\'' {
-            i += 1;
-            loop {
-                match b.get(i) {
-                    None => return Err(format!("the value of `{key}` has no closing quote")),
-                    Some(b'\'') => {
-                        i += 1;
-                        break;
-                    }
-                    Some(b'\\') if i + 1 < b.len() => {
-                        value.push(b[i + 1]);
-                        i += 2;
-                    }
-                    Some(&c) => {
-                        value.push(c);
-                        i += 1;
-                    }
-                }
-            }
-        } else {
-            while i < b.len() && !b[i].is_ascii_whitespace() {
-                if b[i] == b'\\' && i + 1 < b.len() {
-                    i += 1;
-                }
-                value.push(b[i]);
-                i += 1;
-            }
-        }
-        if OURS.contains(&key) {
-            ours.push((
-                key.to_string(),
-                String::from_utf8_lossy(&value).into_owned(),
-            ));
-        } else {
-            if !kept.is_empty() {
-                kept.push(' ');
-            }
-            kept.push_str(&s[start..i]);
-        }
-    }
-    Ok((kept, ours))
 }
 
 impl PgTls {
@@ -517,26 +435,6 @@ mod tests {
         assert_eq!(text, url);
         assert_eq!(tls.mode, Mode::Plain);
         assert_eq!(split("postgres://h/db").unwrap().0, "postgres://h/db");
-    }
-
-    #[test]
-    fn key_value_strings_lose_only_the_tls_keys() {
-        let (text, tls) = split(
-            "host=h user=u sslmode = verify-ca sslrootcert='/a b/ca.pem' password='x\\'y' dbname=d",
-        )
-        .unwrap();
-        assert_eq!(
-            text,
-            "host=h user=u password='x\\'y' dbname=d sslmode=require"
-        );
-        assert_eq!(tls.mode, Mode::VerifyCa);
-        assert_eq!(tls.root_cert.as_deref(), Some(Path::new("/a b/ca.pem")));
-        assert!(split("host=h sslrootcert='/x")
-            .unwrap_err()
-            .contains("closing quote"));
-        assert!(split("host")
-            .unwrap_err()
-            .contains("`host` has no `=value`"));
     }
 
     #[test]
