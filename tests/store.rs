@@ -1284,3 +1284,53 @@ fn postgres_tls_refuses_a_server_certificate_for_another_name() {
     );
     store::open(&url).unwrap_or_else(|e| panic!("open {url}: {e}"));
 }
+
+#[test]
+fn lbagent_route_verifies_postgres_with_the_configs_tls_ca_by_default() {
+    let Some((db, ca)) = tls_db("tls_cli") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    // This host's own certificate (from any CA: the route command does not
+    // present it to PostgreSQL) and, as tls.ca, the CA that signs the
+    // PostgreSQL server's certificate.
+    let own = lbagent_tls::testing::TestCa::new("fleet").write(
+        dir.path(),
+        "host",
+        &["host.example"],
+        lbagent_tls::testing::Validity::Now,
+    );
+    let config = dir.path().join("lbagent.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[tls]\ncert = {:?}\nkey = {:?}\nca = {ca:?}\n",
+            own.cert.display().to_string(),
+            own.key.display().to_string()
+        ),
+    )
+    .unwrap();
+    let StoreUrl::Postgres(url) = with_params(&db, "sslmode=verify-full") else {
+        unreachable!()
+    };
+    let route = |with_config: bool| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_lbagent"));
+        cmd.args(["route", "add", "7", "1", "10.1.2.3:80", "--store", &url]);
+        if with_config {
+            cmd.arg("--config").arg(&config);
+        }
+        cmd.output().expect("run lbagent route")
+    };
+    // Without the configuration, verify-full has no CA: refused, saying so.
+    let out = route(false);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("need sslrootcert="), "{stderr}");
+    // With it, tls.ca is the CA: the route is written over verified TLS.
+    let out = route(true);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let all = db.open().load_all().unwrap();
+    assert_eq!(all.modules.len(), 1, "{stderr}");
+    assert_eq!(all.modules[0].nodes, vec![node("10.1.2.3:80", 1)]);
+}

@@ -25,7 +25,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use percent_encoding::percent_decode_str;
+use percent_encoding::{percent_decode_str, utf8_percent_encode, AsciiSet, CONTROLS};
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::client::WebPkiServerVerifier;
 use rustls::crypto::{verify_tls12_signature, verify_tls13_signature, CryptoProvider};
@@ -132,6 +132,36 @@ pub(crate) fn split(url: &str) -> Result<(String, PgTls), String> {
         Some(m) => join(&rest, &format!("sslmode={m}")),
     };
     Ok((text, tls))
+}
+
+/// Characters percent-encoded in a path put into a URL's query.
+const QUERY_VALUE: &AsciiSet = &CONTROLS
+    .add(b' ')
+    .add(b'"')
+    .add(b'#')
+    .add(b'%')
+    .add(b'&')
+    .add(b'+')
+    .add(b'=')
+    .add(b'?');
+
+/// `url` with `sslrootcert=ca` added when its `sslmode` is `verify-ca` or
+/// `verify-full` and it names no `sslrootcert=`: the `[tls] ca` of our
+/// configuration as the default CA bundle. Other URLs (plain, `require`,
+/// an explicit `sslrootcert=`) are returned unchanged.
+pub(crate) fn with_default_ca(url: &str, ca: &Path) -> String {
+    let (_, params) = split_url(url);
+    let verify = params
+        .iter()
+        .any(|(k, v)| k == "sslmode" && matches!(v.as_str(), "verify-ca" | "verify-full"));
+    if !verify || params.iter().any(|(k, _)| k == "sslrootcert") {
+        return url.to_string();
+    }
+    let ca = ca.to_string_lossy();
+    join(
+        url,
+        &format!("sslrootcert={}", utf8_percent_encode(&ca, QUERY_VALUE)),
+    )
 }
 
 /// A parameter's value as a path: not empty.
@@ -435,6 +465,25 @@ mod tests {
         assert_eq!(text, url);
         assert_eq!(tls.mode, Mode::Plain);
         assert_eq!(split("postgres://h/db").unwrap().0, "postgres://h/db");
+    }
+
+    #[test]
+    fn the_configs_ca_is_the_default_for_the_verify_modes_only() {
+        let ca = Path::new("/etc/lbagent/tls/ca & 100%.pem");
+        let url = with_default_ca("postgres://h/db?sslmode=verify-full", ca);
+        assert_eq!(
+            url,
+            "postgres://h/db?sslmode=verify-full&sslrootcert=/etc/lbagent/tls/ca%20%26%20100%25.pem"
+        );
+        let (_, tls) = split(&url).unwrap();
+        assert_eq!(tls.root_cert.as_deref(), Some(ca));
+        for kept in [
+            "postgres://h/db",
+            "postgres://h/db?sslmode=require",
+            "postgres://h/db?sslmode=verify-ca&sslrootcert=/pg-ca.pem",
+        ] {
+            assert_eq!(with_default_ca(kept, ca), kept);
+        }
     }
 
     #[test]
