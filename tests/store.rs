@@ -9,7 +9,7 @@
 
 use std::collections::BTreeSet;
 use std::net::Ipv4Addr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
@@ -1333,4 +1333,41 @@ fn lbagent_route_verifies_postgres_with_the_configs_tls_ca_by_default() {
     let all = db.open().load_all().unwrap();
     assert_eq!(all.modules.len(), 1, "{stderr}");
     assert_eq!(all.modules[0].nodes, vec![node("10.1.2.3:80", 1)]);
+}
+
+#[test]
+fn postgres_cert_authentication_with_sslcert_and_sslkey() {
+    let Some((db, ca)) = tls_db("tls_cert_auth") else {
+        return;
+    };
+    // tools/ci-postgres.sh: client.pem/client.key beside the CA, for the
+    // role lbagent_cert, which logs in with that certificate only.
+    let dir = Path::new(&ca).parent().expect("the CA's directory");
+    let (cert, key) = (dir.join("client.pem"), dir.join("client.key"));
+    let StoreUrl::Postgres(url) =
+        with_params(&db, &format!("sslmode=verify-full&sslrootcert={ca}"))
+    else {
+        unreachable!()
+    };
+    let (scheme, rest) = url.split_once("://").unwrap();
+    let (_, rest) = rest.split_once('@').expect("user@host in the test URL");
+    let url = format!("{scheme}://lbagent_cert@{rest}");
+    // Without a client certificate the server refuses the role.
+    let e = store::open(&StoreUrl::Postgres(url.clone()))
+        .err()
+        .expect("no client certificate: refused");
+    let msg = e.to_string();
+    assert!(msg.contains("give sslcert= and sslkey="), "{msg}");
+    assert!(msg.contains("requires a valid client certificate"), "{msg}");
+    // With it, the role logs in and writes.
+    let url = StoreUrl::Postgres(format!(
+        "{url}&sslcert={}&sslkey={}",
+        cert.display(),
+        key.display()
+    ));
+    let mut s = store::open(&url).unwrap_or_else(|e| panic!("open {url}: {e}"));
+    s.add_node(m(8, 1), node("10.8.0.1:80", 2)).unwrap();
+    let all = s.load_all().unwrap();
+    assert_eq!(all.modules.len(), 1);
+    assert_eq!(all.modules[0].nodes, vec![node("10.8.0.1:80", 2)]);
 }

@@ -23,7 +23,9 @@
 # `openssl`, in /etc/postgresql/<version>/<cluster>/lbagent-ci-tls/, and
 # records the CA's path in the database setting `lbagent.test_ca` (read with
 # `SELECT current_setting('lbagent.test_ca')`; tests/store.rs's TLS cases
-# use it) and on stderr.
+# use it) and on stderr. Beside it, client.pem and client.key (the key
+# world-readable: a test key) for the role `lbagent_cert`, which logs in
+# with that certificate only (PostgreSQL's cert authentication).
 #
 # Environment:
 #   LBAGENT_PG_PORT   port for a new cluster (default: the first free port
@@ -33,6 +35,7 @@ set -euo pipefail
 
 cluster="${LBAGENT_PG_CLUSTER:-lbagent}"
 role=lbagent
+cert_role=lbagent_cert
 password=lbagent
 db=lbagent
 
@@ -92,7 +95,8 @@ read -r _ _ port status _ <<<"$(cluster_line)"
 
 # --- TLS certificates (made once; kept while both are there) --------------
 tlsdir="/etc/postgresql/$version/$cluster/lbagent-ci-tls"
-if [[ ! -s "$tlsdir/ca.pem" || ! -s "$tlsdir/server.pem" || ! -s "$tlsdir/server.key" ]]; then
+if [[ ! -s "$tlsdir/ca.pem" || ! -s "$tlsdir/server.pem" || ! -s "$tlsdir/server.key" \
+      || ! -s "$tlsdir/client.pem" || ! -s "$tlsdir/client.key" ]]; then
   command -v openssl >/dev/null || die "openssl not found: apt-get install openssl"
   say "making a test CA and server certificate in $tlsdir"
   $sudo mkdir -p "$tlsdir" || die "cannot create $tlsdir"
@@ -108,10 +112,17 @@ if [[ ! -s "$tlsdir/ca.pem" || ! -s "$tlsdir/server.pem" || ! -s "$tlsdir/server
       "extendedKeyUsage=serverAuth" >server.ext
     openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 3650 \
       -extfile server.ext -out server.pem
+    openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
+      -subj "/CN=$cert_role" -keyout client.key -out client.csr
+    printf '%s\n' "basicConstraints=critical,CA:FALSE" "extendedKeyUsage=clientAuth" >client.ext
+    openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 3650 \
+      -extfile client.ext -out client.pem
   ) >&2 2>&1 || { rm -rf "$tmp"; die "openssl could not make the test certificates"; }
   $sudo install -m 0644 "$tmp/ca.pem" "$tlsdir/ca.pem" \
     && $sudo install -m 0644 -o postgres -g postgres "$tmp/server.pem" "$tlsdir/server.pem" \
     && $sudo install -m 0600 -o postgres -g postgres "$tmp/server.key" "$tlsdir/server.key" \
+    && $sudo install -m 0644 "$tmp/client.pem" "$tlsdir/client.pem" \
+    && $sudo install -m 0644 "$tmp/client.key" "$tlsdir/client.key" \
     || { rm -rf "$tmp"; die "cannot install the test certificates in $tlsdir"; }
   rm -rf "$tmp"
 fi
@@ -127,11 +138,21 @@ listen_addresses = '127.0.0.1'
 ssl = on
 ssl_cert_file = '$tlsdir/server.pem'
 ssl_key_file = '$tlsdir/server.key'
+ssl_ca_file = '$tlsdir/ca.pem'
 max_connections = 200
 fsync = off
 synchronous_commit = off
 full_page_writes = off
 CONF
+
+# The role $cert_role logs in with a client certificate only (PostgreSQL's
+# cert authentication: the certificate's CN is the role): the first line of
+# pg_hba.conf, so that it matches before the password lines.
+hba="/etc/postgresql/$version/$cluster/pg_hba.conf"
+hba_line="hostssl $db $cert_role 127.0.0.1/32 cert"
+if ! $sudo grep -qxF "$hba_line" "$hba"; then
+  $sudo sed -i "1i $hba_line" "$hba" || die "cannot add the cert line to $hba"
+fi
 
 if [[ "$status" != online* ]]; then
   if port_in_use "$port"; then
@@ -169,6 +190,12 @@ psql_admin -c "DO \$\$ BEGIN
     ALTER ROLE $role LOGIN PASSWORD '$password';
   END IF;
 END \$\$;" >&2 || die "cannot create role $role"
+
+psql_admin -c "DO \$\$ BEGIN
+  IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '$cert_role') THEN
+    CREATE ROLE $cert_role LOGIN IN ROLE $role;
+  END IF;
+END \$\$;" >&2 || die "cannot create role $cert_role"
 
 if [[ "$(psql_admin -tAc "SELECT 1 FROM pg_database WHERE datname = '$db'")" != 1 ]]; then
   say "creating database $db"

@@ -271,6 +271,16 @@ impl PgTls {
             if let Some(r) = rustls_error(c) {
                 return Some(self.explain_rustls(r));
             }
+            if c.to_string()
+                .contains("requires a valid client certificate")
+            {
+                return Some(
+                    "the server asks for a client certificate (cert authentication): give \
+                     sslcert= and sslkey=, a certificate whose CN is the user, signed by a CA in \
+                     the server's ssl_ca_file"
+                        .into(),
+                );
+            }
             if self.mode != Mode::Plain && c.to_string().contains("server does not support TLS") {
                 return Some(
                     "the server does not speak TLS: turn `ssl = on` in its postgresql.conf \
