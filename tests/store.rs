@@ -1222,6 +1222,10 @@ fn postgres_over_verified_tls_writes_and_reads_a_route() {
     let (all, tls): (i64, i64) = (row.get(0), row.get(1));
     assert!(all >= 1, "the store's connection is not seen");
     assert_eq!(tls, all, "a store connection is not TLS");
+    // require encrypts without verifying (libpq's meaning): no CA needed.
+    let url = with_params(&db, "sslmode=require");
+    let mut s = store::open(&url).unwrap_or_else(|e| panic!("open {url}: {e}"));
+    assert_eq!(s.load_all().unwrap().modules.len(), 1);
     // verify-ca checks the chain and not the name: another name works.
     let url = with_host(
         &db,
