@@ -54,6 +54,7 @@
 //!
 //! - this file: the [`Store`] trait, the values it speaks, [`StoreError`].
 //! - `sqlite` and `postgres`: the two backends.
+//! - `pg_tls`: TLS to PostgreSQL (rustls) as the URL's `sslmode` asks.
 //! - `migrations`: the schema's versions, applied at open.
 //! - [`table`]: route import and export files (CSV, JSON lines).
 #![warn(missing_docs)]
