@@ -404,6 +404,11 @@ fn server_config(
         eprintln!("lbagent {what}: {e}");
         ExitCode::from(EXIT_CONFIG)
     })?;
+    // sslmode=verify-ca/verify-full without sslrootcert=: the fleet's CA.
+    let url = match config.tls.enabled() {
+        true => store::with_default_ca(url, &config.tls.ca),
+        false => url,
+    };
     Ok((config, url, source))
 }
 

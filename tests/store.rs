@@ -9,7 +9,7 @@
 
 use std::collections::BTreeSet;
 use std::net::Ipv4Addr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
@@ -1137,4 +1137,241 @@ fn consumed_units_lower_the_capacity_never_below_zero(db: &Db) {
     s.del_node(m(1, 1), b).unwrap();
     s.add_node(m(1, 1), node("10.0.0.2:80", 3)).unwrap();
     assert_eq!(weights(&mut *s), [3, 3]);
+}
+
+// === TLS to PostgreSQL ===
+//
+// tools/ci-postgres.sh turns TLS on in its cluster (a server certificate
+// for `localhost` and 127.0.0.1 signed by a test CA) and records the CA's
+// path in the database setting `lbagent.test_ca`. Like the suite's
+// PostgreSQL cases, these skip only when LBAGENT_TEST_POSTGRES_URL is unset.
+
+/// A fresh schema (see [`Db::postgres`]) and the test CA's path.
+fn tls_db(case: &str) -> Option<(Db, String)> {
+    let db = Db::postgres(case)?;
+    let Kind::Postgres { admin_url, .. } = &db.kind else {
+        unreachable!()
+    };
+    let mut c = ::postgres::Client::connect(admin_url, ::postgres::NoTls).expect("connect");
+    let ca: Option<String> = c
+        .query_one("SELECT current_setting('lbagent.test_ca', true)", &[])
+        .expect("read lbagent.test_ca")
+        .get(0);
+    let ca = ca.filter(|p| !p.is_empty()).unwrap_or_else(|| {
+        panic!(
+            "the database of {PG_ENV} has no setting lbagent.test_ca (the test CA's path): \
+             run tools/ci-postgres.sh, which turns TLS on and records it"
+        )
+    });
+    Some((db, ca))
+}
+
+/// The database URL of `db` with `params` added.
+fn with_params(db: &Db, params: &str) -> StoreUrl {
+    let StoreUrl::Postgres(url) = &db.url else {
+        unreachable!()
+    };
+    StoreUrl::Postgres(format!("{url}&{params}"))
+}
+
+/// The database URL of `db` with `params` added, whose host (the name TLS
+/// checks) is `host` while the TCP connection goes to the URL's address
+/// (`hostaddr`).
+fn with_host(db: &Db, host: &str, params: &str) -> StoreUrl {
+    let StoreUrl::Postgres(url) = &db.url else {
+        unreachable!()
+    };
+    let c: ::postgres::Config = url.parse().expect("the test URL");
+    let ::postgres::config::Host::Tcp(addr) = &c.get_hosts()[0] else {
+        panic!("{PG_ENV} must name a TCP host for the TLS cases")
+    };
+    let at = format!("@{addr}:");
+    assert!(
+        url.contains(&at),
+        "{PG_ENV} must be postgres://user:password@HOST:PORT/... for the TLS cases"
+    );
+    let url = url.replacen(&at, &format!("@{host}:"), 1);
+    StoreUrl::Postgres(format!("{url}&hostaddr={addr}&{params}"))
+}
+
+#[test]
+fn postgres_over_verified_tls_writes_and_reads_a_route() {
+    let Some((db, ca)) = tls_db("tls_ok") else {
+        return;
+    };
+    let url = with_params(&db, &format!("sslmode=verify-full&sslrootcert={ca}"));
+    let mut s = store::open(&url).unwrap_or_else(|e| panic!("open {url}: {e}"));
+    s.add_node(m(7, 1), node("10.1.2.3:80", 4)).unwrap();
+    let all = s.load_all().unwrap();
+    assert_eq!(all.modules.len(), 1);
+    assert_eq!(all.modules[0].nodes, vec![node("10.1.2.3:80", 4)]);
+    // The store's connection (the only other one with this schema's
+    // application_name) is TLS, seen from the server.
+    let Kind::Postgres { admin_url, schema } = &db.kind else {
+        unreachable!()
+    };
+    let mut c = ::postgres::Client::connect(admin_url, ::postgres::NoTls).expect("connect");
+    let row = c
+        .query_one(
+            "SELECT COUNT(*), COUNT(*) FILTER (WHERE s.ssl) FROM pg_stat_activity a \
+             JOIN pg_stat_ssl s USING (pid) \
+             WHERE a.application_name = $1 AND a.pid <> pg_backend_pid()",
+            &[schema],
+        )
+        .expect("read pg_stat_ssl");
+    let (all, tls): (i64, i64) = (row.get(0), row.get(1));
+    assert!(all >= 1, "the store's connection is not seen");
+    assert_eq!(tls, all, "a store connection is not TLS");
+    // require encrypts without verifying (libpq's meaning): no CA needed.
+    let url = with_params(&db, "sslmode=require");
+    let mut s = store::open(&url).unwrap_or_else(|e| panic!("open {url}: {e}"));
+    assert_eq!(s.load_all().unwrap().modules.len(), 1);
+    // verify-ca checks the chain and not the name: another name works.
+    let url = with_host(
+        &db,
+        "not-the-server.invalid",
+        &format!("sslmode=verify-ca&sslrootcert={ca}"),
+    );
+    let mut s = store::open(&url).unwrap_or_else(|e| panic!("open {url}: {e}"));
+    assert_eq!(s.load_all().unwrap().modules.len(), 1);
+}
+
+#[test]
+fn postgres_tls_refuses_a_server_signed_by_another_ca() {
+    let Some((db, _ca)) = tls_db("tls_wrong_ca") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let other = dir.path().join("other-ca.pem");
+    std::fs::write(
+        &other,
+        lbagent_tls::testing::TestCa::new("another CA").pem(),
+    )
+    .unwrap();
+    let url = with_params(
+        &db,
+        &format!("sslmode=verify-full&sslrootcert={}", other.display()),
+    );
+    let e = store::open(&url)
+        .err()
+        .expect("a server signed by another CA is refused");
+    let msg = e.to_string();
+    assert!(matches!(e, StoreError::Unavailable { .. }), "{msg}");
+    assert!(
+        msg.contains("not signed by a CA in") && msg.contains("unknown CA"),
+        "{msg}"
+    );
+    assert!(msg.contains(&other.display().to_string()), "{msg}");
+}
+
+#[test]
+fn postgres_tls_refuses_a_server_certificate_for_another_name() {
+    let Some((db, ca)) = tls_db("tls_wrong_name") else {
+        return;
+    };
+    let url = with_host(
+        &db,
+        "not-the-server.invalid",
+        &format!("sslmode=verify-full&sslrootcert={ca}"),
+    );
+    let e = store::open(&url)
+        .err()
+        .expect("a certificate for another name is refused");
+    let msg = e.to_string();
+    assert!(matches!(e, StoreError::Unavailable { .. }), "{msg}");
+    assert!(msg.contains("does not name the host"), "{msg}");
+    // The same URL with the server's name works: only the name differs.
+    let url = with_host(
+        &db,
+        "localhost",
+        &format!("sslmode=verify-full&sslrootcert={ca}"),
+    );
+    store::open(&url).unwrap_or_else(|e| panic!("open {url}: {e}"));
+}
+
+#[test]
+fn lbagent_route_verifies_postgres_with_the_configs_tls_ca_by_default() {
+    let Some((db, ca)) = tls_db("tls_cli") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    // This host's own certificate (from any CA: the route command does not
+    // present it to PostgreSQL) and, as tls.ca, the CA that signs the
+    // PostgreSQL server's certificate.
+    let own = lbagent_tls::testing::TestCa::new("fleet").write(
+        dir.path(),
+        "host",
+        &["host.example"],
+        lbagent_tls::testing::Validity::Now,
+    );
+    let config = dir.path().join("lbagent.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[tls]\ncert = {:?}\nkey = {:?}\nca = {ca:?}\n",
+            own.cert.display().to_string(),
+            own.key.display().to_string()
+        ),
+    )
+    .unwrap();
+    let StoreUrl::Postgres(url) = with_params(&db, "sslmode=verify-full") else {
+        unreachable!()
+    };
+    let route = |with_config: bool| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_lbagent"));
+        cmd.args(["route", "add", "7", "1", "10.1.2.3:80", "--store", &url]);
+        if with_config {
+            cmd.arg("--config").arg(&config);
+        }
+        cmd.output().expect("run lbagent route")
+    };
+    // Without the configuration, verify-full has no CA: refused, saying so.
+    let out = route(false);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("need sslrootcert="), "{stderr}");
+    // With it, tls.ca is the CA: the route is written over verified TLS.
+    let out = route(true);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let all = db.open().load_all().unwrap();
+    assert_eq!(all.modules.len(), 1, "{stderr}");
+    assert_eq!(all.modules[0].nodes, vec![node("10.1.2.3:80", 1)]);
+}
+
+#[test]
+fn postgres_cert_authentication_with_sslcert_and_sslkey() {
+    let Some((db, ca)) = tls_db("tls_cert_auth") else {
+        return;
+    };
+    // tools/ci-postgres.sh: client.pem/client.key beside the CA, for the
+    // role lbagent_cert, which logs in with that certificate only.
+    let dir = Path::new(&ca).parent().expect("the CA's directory");
+    let (cert, key) = (dir.join("client.pem"), dir.join("client.key"));
+    let StoreUrl::Postgres(url) =
+        with_params(&db, &format!("sslmode=verify-full&sslrootcert={ca}"))
+    else {
+        unreachable!()
+    };
+    let (scheme, rest) = url.split_once("://").unwrap();
+    let (_, rest) = rest.split_once('@').expect("user@host in the test URL");
+    let url = format!("{scheme}://lbagent_cert@{rest}");
+    // Without a client certificate the server refuses the role.
+    let e = store::open(&StoreUrl::Postgres(url.clone()))
+        .err()
+        .expect("no client certificate: refused");
+    let msg = e.to_string();
+    assert!(msg.contains("give sslcert= and sslkey="), "{msg}");
+    assert!(msg.contains("requires a valid client certificate"), "{msg}");
+    // With it, the role logs in and writes.
+    let url = StoreUrl::Postgres(format!(
+        "{url}&sslcert={}&sslkey={}",
+        cert.display(),
+        key.display()
+    ));
+    let mut s = store::open(&url).unwrap_or_else(|e| panic!("open {url}: {e}"));
+    s.add_node(m(8, 1), node("10.8.0.1:80", 2)).unwrap();
+    let all = s.load_all().unwrap();
+    assert_eq!(all.modules.len(), 1);
+    assert_eq!(all.modules[0].nodes, vec![node("10.8.0.1:80", 2)]);
 }

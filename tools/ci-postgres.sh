@@ -17,6 +17,16 @@
 #
 # For tests only: the cluster runs with fsync off.
 #
+# TLS: the cluster speaks TLS too (`ssl = on`; plain TCP still works, so
+# `sslmode=prefer` URLs talk plain). The script makes, once, a test CA and
+# a server certificate it signs (names `localhost` and 127.0.0.1) with
+# `openssl`, in /etc/postgresql/<version>/<cluster>/lbagent-ci-tls/, and
+# records the CA's path in the database setting `lbagent.test_ca` (read with
+# `SELECT current_setting('lbagent.test_ca')`; tests/store.rs's TLS cases
+# use it) and on stderr. Beside it, client.pem and client.key (the key
+# world-readable: a test key) for the role `lbagent_cert`, which logs in
+# with that certificate only (PostgreSQL's cert authentication).
+#
 # Environment:
 #   LBAGENT_PG_PORT   port for a new cluster (default: the first free port
 #                     from 55432 up)
@@ -25,6 +35,7 @@ set -euo pipefail
 
 cluster="${LBAGENT_PG_CLUSTER:-lbagent}"
 role=lbagent
+cert_role=lbagent_cert
 password=lbagent
 db=lbagent
 
@@ -82,19 +93,66 @@ fi
 read -r _ _ port status _ <<<"$(cluster_line)"
 [[ -n "$port" ]] || die "cluster $version/$cluster not listed by pg_lsclusters"
 
+# --- TLS certificates (made once; kept while both are there) --------------
+tlsdir="/etc/postgresql/$version/$cluster/lbagent-ci-tls"
+if [[ ! -s "$tlsdir/ca.pem" || ! -s "$tlsdir/server.pem" || ! -s "$tlsdir/server.key" \
+      || ! -s "$tlsdir/client.pem" || ! -s "$tlsdir/client.key" ]]; then
+  command -v openssl >/dev/null || die "openssl not found: apt-get install openssl"
+  say "making a test CA and server certificate in $tlsdir"
+  $sudo mkdir -p "$tlsdir" || die "cannot create $tlsdir"
+  tmp="$(mktemp -d)"
+  (
+    cd "$tmp"
+    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 3650 \
+      -subj "/CN=lbagent-ci test CA" -keyout ca.key -out ca.pem \
+      -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign"
+    openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
+      -subj "/CN=localhost" -keyout server.key -out server.csr
+    printf '%s\n' "subjectAltName=DNS:localhost,IP:127.0.0.1" "basicConstraints=critical,CA:FALSE" \
+      "extendedKeyUsage=serverAuth" >server.ext
+    openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 3650 \
+      -extfile server.ext -out server.pem
+    openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
+      -subj "/CN=$cert_role" -keyout client.key -out client.csr
+    printf '%s\n' "basicConstraints=critical,CA:FALSE" "extendedKeyUsage=clientAuth" >client.ext
+    openssl x509 -req -in client.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 3650 \
+      -extfile client.ext -out client.pem
+  ) >&2 2>&1 || { rm -rf "$tmp"; die "openssl could not make the test certificates"; }
+  $sudo install -m 0644 "$tmp/ca.pem" "$tlsdir/ca.pem" \
+    && $sudo install -m 0644 -o postgres -g postgres "$tmp/server.pem" "$tlsdir/server.pem" \
+    && $sudo install -m 0600 -o postgres -g postgres "$tmp/server.key" "$tlsdir/server.key" \
+    && $sudo install -m 0644 "$tmp/client.pem" "$tlsdir/client.pem" \
+    && $sudo install -m 0644 "$tmp/client.key" "$tlsdir/client.key" \
+    || { rm -rf "$tmp"; die "cannot install the test certificates in $tlsdir"; }
+  rm -rf "$tmp"
+fi
+$sudo chmod 0755 "$tlsdir" || die "cannot make $tlsdir readable"
+
 # Written on every run (Debian's postgresql.conf includes conf.d); takes
-# effect at the next start.
+# effect at the next start, or at the reload below when the cluster runs.
 confd="/etc/postgresql/$version/$cluster/conf.d"
 [[ -d "$confd" ]] || die "$confd is missing: is $version/$cluster a Debian cluster?"
-$sudo tee "$confd/lbagent-ci.conf" >/dev/null <<'CONF' || die "cannot write $confd/lbagent-ci.conf"
+$sudo tee "$confd/lbagent-ci.conf" >/dev/null <<CONF || die "cannot write $confd/lbagent-ci.conf"
 # tools/ci-postgres.sh: a throw-away test server on loopback.
 listen_addresses = '127.0.0.1'
-ssl = off
+ssl = on
+ssl_cert_file = '$tlsdir/server.pem'
+ssl_key_file = '$tlsdir/server.key'
+ssl_ca_file = '$tlsdir/ca.pem'
 max_connections = 200
 fsync = off
 synchronous_commit = off
 full_page_writes = off
 CONF
+
+# The role $cert_role logs in with a client certificate only (PostgreSQL's
+# cert authentication: the certificate's CN is the role): the first line of
+# pg_hba.conf, so that it matches before the password lines.
+hba="/etc/postgresql/$version/$cluster/pg_hba.conf"
+hba_line="hostssl $db $cert_role 127.0.0.1/32 cert"
+if ! $sudo grep -qxF "$hba_line" "$hba"; then
+  $sudo sed -i "1i $hba_line" "$hba" || die "cannot add the cert line to $hba"
+fi
 
 if [[ "$status" != online* ]]; then
   if port_in_use "$port"; then
@@ -106,6 +164,10 @@ if [[ "$status" != online* ]]; then
     [[ -r "$log" ]] && tail -n 20 "$log" >&2
     die "cannot start cluster $version/$cluster"
   }
+else
+  # The TLS settings take effect at a reload (PostgreSQL 10 and later).
+  $sudo pg_ctlcluster --skip-systemctl-redirect "$version" "$cluster" reload >&2 \
+    || die "cannot reload cluster $version/$cluster"
 fi
 
 # Bounded by time, not tries (each pg_isready may itself wait seconds on a
@@ -129,13 +191,26 @@ psql_admin -c "DO \$\$ BEGIN
   END IF;
 END \$\$;" >&2 || die "cannot create role $role"
 
+psql_admin -c "DO \$\$ BEGIN
+  IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '$cert_role') THEN
+    CREATE ROLE $cert_role LOGIN IN ROLE $role;
+  END IF;
+END \$\$;" >&2 || die "cannot create role $cert_role"
+
 if [[ "$(psql_admin -tAc "SELECT 1 FROM pg_database WHERE datname = '$db'")" != 1 ]]; then
   say "creating database $db"
   psql_admin -c "CREATE DATABASE $db OWNER $role" >&2 || die "cannot create database $db"
 fi
 
+psql_admin -c "ALTER DATABASE $db SET lbagent.test_ca = '$tlsdir/ca.pem'" >&2 \
+  || die "cannot record the test CA's path in database $db"
+say "TLS: the test CA is $tlsdir/ca.pem (sslmode=verify-full&sslrootcert=$tlsdir/ca.pem)"
+
 url="postgres://$role:$password@127.0.0.1:$port/$db"
 PGPASSWORD="$password" psql -X -q -h 127.0.0.1 -p "$port" -U "$role" -d "$db" -tAc "SELECT 1" >/dev/null \
   || die "cannot log in as $role over TCP on 127.0.0.1:$port"
+PGPASSWORD="$password" PGSSLMODE=verify-full PGSSLROOTCERT="$tlsdir/ca.pem" \
+  psql -X -q -h localhost -p "$port" -U "$role" -d "$db" -tAc "SELECT 1" >/dev/null \
+  || die "cannot log in as $role over TLS (verify-full) on localhost:$port"
 say "ready: postgres://$role:***@127.0.0.1:$port/$db"
 echo "$url"

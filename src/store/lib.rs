@@ -54,6 +54,7 @@
 //!
 //! - this file: the [`Store`] trait, the values it speaks, [`StoreError`].
 //! - `sqlite` and `postgres`: the two backends.
+//! - `pg_tls`: TLS to PostgreSQL (rustls) as the URL's `sslmode` asks.
 //! - `migrations`: the schema's versions, applied at open.
 //! - [`table`]: route import and export files (CSV, JSON lines).
 #![warn(missing_docs)]
@@ -64,6 +65,7 @@ use std::collections::{BTreeMap, HashSet};
 use lbagent_model::{ModuleId, NodeAddr, Policy, RouteNode};
 
 mod migrations;
+mod pg_tls;
 mod postgres;
 mod sqlite;
 pub mod table;
@@ -383,6 +385,17 @@ pub const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(
 /// before it gives up with [`StoreError::Unavailable`].
 pub const SQLITE_BUSY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// `url` with the CA bundle `ca` (the `[tls] ca` of the configuration) as
+/// its `sslrootcert=` when it is a PostgreSQL URL whose `sslmode` is
+/// `verify-ca` or `verify-full` and that names no `sslrootcert=` itself;
+/// any other URL unchanged.
+pub fn with_default_ca(url: StoreUrl, ca: &std::path::Path) -> StoreUrl {
+    match url {
+        StoreUrl::Postgres(u) => StoreUrl::Postgres(pg_tls::with_default_ca(&u, ca)),
+        other => other,
+    }
+}
+
 /// Opens one connection to the store at `url` and brings its schema up to
 /// [`SCHEMA_VERSION`].
 ///
@@ -390,8 +403,10 @@ pub const SQLITE_BUSY_TIMEOUT: std::time::Duration = std::time::Duration::from_s
 /// puts the database in WAL mode (readers never wait for the writer);
 /// writers wait up to [`SQLITE_BUSY_TIMEOUT`] for each other. PostgreSQL:
 /// connects within the URL's `connect_timeout` (default
-/// [`CONNECT_TIMEOUT`]); TLS is not supported (`sslmode=prefer`, the
-/// default, falls back to plain TCP).
+/// [`CONNECT_TIMEOUT`]); TLS (rustls) when the URL's `sslmode` is
+/// `require`, `verify-ca` or `verify-full` (`sslrootcert=`, `sslcert=`,
+/// `sslkey=` as in libpq); `prefer`, the default, and `disable` talk
+/// plain TCP.
 ///
 /// Migrations are idempotent and safe when several processes open the
 /// same store at once: they run in one transaction under SQLite's write
@@ -402,8 +417,8 @@ pub const SQLITE_BUSY_TIMEOUT: std::time::Duration = std::time::Duration::from_s
 /// # Errors
 /// [`StoreError::Unavailable`] when the database cannot be reached,
 /// created or migrated (the message names the store, password redacted,
-/// and says why); [`StoreError::BadUrl`] for a PostgreSQL URL that does not
-/// parse; [`StoreError::SchemaTooNew`] when the store was migrated by a
+/// and says why, for TLS which check failed); [`StoreError::BadUrl`] for
+/// a PostgreSQL URL that does not parse or whose TLS files cannot be read; [`StoreError::SchemaTooNew`] when the store was migrated by a
 /// newer lbagent.
 pub fn open(url: &StoreUrl) -> Result<Box<dyn Store>, StoreError> {
     match url {

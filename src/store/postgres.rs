@@ -14,8 +14,9 @@
 //!   advisory lock keyed by the schema (`current_schema()`), so stores in
 //!   different schemas of one database migrate independently.
 //!
-//! TLS is not built in: use a loopback or otherwise trusted network
-//! (`sslmode=prefer`, the default, then talks plain TCP).
+//! - TLS (rustls) when the URL asks for it: `sslmode=verify-full` (or
+//!   `verify-ca`, `require`) with `sslrootcert=`; see [`super::pg_tls`].
+//!   `sslmode=prefer`, the default, talks plain TCP.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
@@ -25,6 +26,7 @@ use ::postgres::fallible_iterator::FallibleIterator;
 use ::postgres::{Client, Config, IsolationLevel, NoTls, Transaction};
 
 use super::migrations::{self, MIGRATIONS, POSTGRES_SCHEMA_VERSION_TABLE};
+use super::pg_tls::{self, Mode, PgTls};
 use super::{
     assemble, check_consumed, check_node, prepare_import, prepare_status, redact, version_of,
     BadRows, CallStatus, ChangeRow, Changes, Consumed, Imported, ModuleRoute, PolicyRow, RouteRow,
@@ -43,6 +45,8 @@ pub(crate) struct PostgresStore {
     client: Client,
     /// To connect again after the connection was lost.
     config: Config,
+    /// How to connect: plain TCP or the rustls connector, from the URL.
+    tls: Arc<Tls>,
     url: String,
     bad: BadRows,
     /// Set by an error that means the connection is gone: the next call
@@ -84,13 +88,32 @@ pub(crate) fn connection_gone(e: &::postgres::Error) -> bool {
     }
 }
 
+/// The TLS side of a connection: the URL's parameters and the connector
+/// built from them (`None`: plain TCP).
+struct Tls {
+    params: PgTls,
+    connector: Option<tokio_postgres_rustls::MakeRustlsConnect>,
+}
+
 impl PostgresStore {
     /// Connects to `url` and migrates the schema.
     pub(crate) fn open(url: &str) -> Result<Box<dyn Store>, StoreError> {
         let shown = redact(url);
-        let mut config: Config = url.parse().map_err(|e: ::postgres::Error| {
-            StoreError::BadUrl(format!("{shown}: {}", super::why(&e)))
-        })?;
+        let bad = |why: String| StoreError::BadUrl(format!("{shown}: {why}"));
+        let (text, params) = pg_tls::split(url).map_err(bad)?;
+        let connector = params.connector().map_err(bad)?;
+        if params.mode == Mode::EncryptOnly {
+            tracing::warn!(
+                url = %shown,
+                "sslmode=require: the connection to PostgreSQL is encrypted but the server is \
+                 not authenticated (anyone in the path can pose as it); use \
+                 sslmode=verify-full with sslrootcert="
+            );
+        }
+        let tls = Arc::new(Tls { params, connector });
+        let mut config: Config = text
+            .parse()
+            .map_err(|e: ::postgres::Error| bad(super::why(&e)))?;
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(CONNECT_TIMEOUT);
         }
@@ -101,10 +124,11 @@ impl PostgresStore {
         if config.get_keepalives_idle() >= Duration::from_secs(7200) {
             config.keepalives_idle(Duration::from_secs(30));
         }
-        let client = connect(&config, &shown)?;
+        let client = connect(&config, &tls, &shown)?;
         let mut store = PostgresStore {
             client,
             config,
+            tls,
             bad: BadRows::new(shown.clone()),
             url: shown,
             lost: Arc::new(AtomicBool::new(false)),
@@ -122,7 +146,7 @@ impl PostgresStore {
     /// that met the loss fails.
     fn client(&mut self) -> Result<&mut Client, StoreError> {
         if self.lost.load(Ordering::Acquire) || self.client.is_closed() {
-            self.client = connect(&self.config, &self.url)?;
+            self.client = connect(&self.config, &self.tls, &self.url)?;
             self.lost.store(false, Ordering::Release);
             // A new session listens to nothing.
             self.listening = None;
@@ -387,7 +411,7 @@ fn notify(tx: &mut Transaction<'_>, v: i64) -> Result<(), ::postgres::Error> {
 /// Connects within the configured timeout, counting the whole start-up
 /// (TCP, authentication), not only the TCP handshake that the crate's
 /// `connect_timeout` bounds.
-fn connect(config: &Config, shown: &str) -> Result<Client, StoreError> {
+fn connect(config: &Config, tls: &Arc<Tls>, shown: &str) -> Result<Client, StoreError> {
     let fail = |why: String| StoreError::Unavailable {
         url: shown.to_string(),
         why,
@@ -409,11 +433,15 @@ fn connect(config: &Config, shown: &str) -> Result<Client, StoreError> {
     // itself out of HUNG_CONNECTS instead of sending.
     let abandoned = Arc::new(Mutex::new(false));
     let config = config.clone();
+    let connector = tls.connector.clone();
     let gone = abandoned.clone();
     std::thread::Builder::new()
         .name("lbagent-pg-connect".into())
         .spawn(move || {
-            let result = config.connect(NoTls);
+            let result = match connector {
+                Some(c) => config.connect(c),
+                None => config.connect(NoTls),
+            };
             let gone = gone.lock().unwrap_or_else(|p| p.into_inner());
             if *gone {
                 HUNG_CONNECTS.fetch_sub(1, Ordering::Relaxed);
@@ -440,7 +468,10 @@ fn connect(config: &Config, shown: &str) -> Result<Client, StoreError> {
             }
         }
     };
-    result.map_err(|e| fail(super::why(&e)))
+    result.map_err(|e| match tls.params.explain(&e) {
+        Some(hint) => fail(format!("{hint} ({})", super::why(&e))),
+        None => fail(super::why(&e)),
+    })
 }
 
 /// Column `i` as an integer, whatever integer type a hand-edited table
