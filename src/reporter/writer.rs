@@ -65,7 +65,10 @@ pub(super) fn spawn(
 ) -> std::io::Result<JoinHandle<()>> {
     shared.lock().running += 1;
     let result = thread::Builder::new()
-        .name(format!("lbagent-reporter-writer-{i}"))
+        // A name the kernel's 15-byte thread name keeps apart from the
+        // executor's ("lbagent-reporter" shows as "lbagent-reporte"), so
+        // that top, perf and /proc tell the store's CPU from the network's.
+        .name(format!("lbagent-repw-{i}"))
         .spawn({
             let shared = shared.clone();
             move || {
