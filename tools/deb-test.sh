@@ -75,13 +75,19 @@ if dpkg-query -W lbagent >/dev/null 2>&1; then
   fail "lbagent is already installed here; purge it first (dpkg -P lbagent)"
 fi
 $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$deb" >/dev/null
+# From here on a failure purges what this test installed (the next run
+# would otherwise stop at "already installed"); the end purges anyway.
+purge_ours() {
+  if dpkg-query -W lbagent >/dev/null 2>&1; then $sudo dpkg -P lbagent >/dev/null 2>&1 || true; fi
+}
+trap 'rm -rf "$ctl"; purge_ours' EXIT
 getent passwd lbagent >/dev/null || fail "postinst did not create the lbagent user"
 # The packaged [tls] names /etc/lbagent/tls/{host.pem,host.key,ca.pem}:
 # a test CA and one certificate for this host (all three roles), as
 # deploying.md shows. --check reads them.
 tls=/etc/lbagent/tls
 pki="$(mktemp -d)"
-trap 'rm -rf "$ctl" "$pki"' EXIT
+trap 'rm -rf "$ctl" "$pki"; purge_ours' EXIT
 ec=(-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes)
 openssl req -x509 "${ec[@]}" -keyout "$pki/ca.key" -out "$pki/ca.pem" -days 2 \
   -subj /CN=lbagent-deb-test-ca 2>/dev/null
@@ -128,7 +134,7 @@ stop_services() {
   for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
   pids=()
 }
-trap 'stop_services; rm -rf "$ctl" "$pki"' EXIT
+trap 'stop_services; rm -rf "$ctl" "$pki"; purge_ours' EXIT
 as_lbagent() { $sudo setpriv --reuid lbagent --regid lbagent --init-groups "$@"; }
 # Starts a service in the background as lbagent, its stderr in LOG. A
 # simple command run with & is exec'd in the child (setpriv execs in
