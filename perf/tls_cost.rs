@@ -39,6 +39,7 @@ use std::time::{Duration, Instant};
 use lbagent::config::{DnsServerConfig, ReporterConfig};
 use lbagent::dnsserver::DnsServer;
 use lbagent::model::{ModuleId, NodeAddr, RouteNode};
+use lbagent::qpstest::cpu::named_threads_cpu_seconds;
 use lbagent::reporter::Reporter;
 use lbagent::store::{self, StoreUrl};
 use lbagent::tls::testing::{TestCa, Validity};
@@ -379,26 +380,9 @@ fn reporter_rows(
 }
 
 /// CPU seconds (user + system) of this process's threads whose name
-/// starts with `prefix` (names are cut at 15 bytes).
+/// (as /proc keeps it, 15 bytes) starts with `prefix`.
 fn thread_cpu_s(prefix: &str) -> f64 {
-    // SAFETY: sysconf has no preconditions.
-    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    let mut total = 0.0;
-    for t in std::fs::read_dir("/proc/self/task")
+    named_threads_cpu_seconds(std::process::id(), |c| c.starts_with(prefix))
         .expect("/proc/self/task")
-        .flatten()
-    {
-        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
-        if !comm.trim().starts_with(prefix) {
-            continue;
-        }
-        let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
-        let Some(close) = stat.rfind(')') else {
-            continue;
-        };
-        let f: Vec<&str> = stat[close + 2..].split_whitespace().collect();
-        let (u, s): (f64, f64) = (f[11].parse().unwrap_or(0.0), f[12].parse().unwrap_or(0.0));
-        total += (u + s) / ticks;
-    }
-    total
+        .0
 }
