@@ -461,6 +461,7 @@ impl ShardCore {
     /// Counts a request of `kind` and checks that this shard owns
     /// `module`. When it does not, the wrong-shard answer is encoded (read it
     /// with `self.enc.finished()`) and the result is false.
+    #[inline]
     fn admit(&mut self, kind: Kind, seq: u64, module: ModuleId, now: Millis) -> bool {
         self.last_kind = Some(kind);
         self.metrics.count_request(kind);

@@ -231,6 +231,7 @@ pub fn encode_request(req: &Request, out: &mut [u8; MAX_LEN]) -> usize {
 /// [`FixedError::Garbage`] for bytes that are no record (wrong length,
 /// unknown kind, a reserved byte not 0); [`FixedError::Invalid`] for a
 /// record whose values are out of range.
+#[inline]
 pub fn decode_request(b: &[u8]) -> Result<Request, FixedError> {
     let Some(&kind) = b.first() else {
         return Err(FixedError::Garbage("empty"));

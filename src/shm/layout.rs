@@ -138,6 +138,10 @@ pub const S_RESP_LEN: usize = 68;
 pub const S_RESP_FORMAT: usize = 72;
 /// Where the request bytes start.
 pub const S_DATA: usize = 128;
+/// The 32-bit words of a slot's header (its first [`S_DATA`] bytes), as
+/// [`super::region::Region::slot_words`] hands them out: word `S_X / 4` is
+/// field `S_X`.
+pub const SLOT_WORDS: usize = S_DATA / 4;
 
 /// A cell (or part of one) holding FlatBuffers bytes, as over UDP.
 pub const FMT_FLATBUFFERS: u8 = 0;

@@ -19,7 +19,7 @@ use nix::fcntl::posix_fallocate;
 use nix::sys::signal::kill;
 use nix::unistd::{fchown, sysconf, Gid, Group, Pid, SysconfVar};
 
-use super::layout::{self, Geometry};
+use super::layout::{self, Geometry, SLOT_WORDS};
 
 /// Why a region cannot be created or opened.
 #[derive(Debug, thiserror::Error)]
@@ -391,6 +391,7 @@ impl Region {
     /// # Panics
     /// When `off` is not 4-aligned or the word is outside the mapping (a
     /// bug: offsets come from [`layout`]).
+    #[inline]
     pub fn u32(&self, off: usize) -> &AtomicU32 {
         assert!(off % 4 == 0 && off + 4 <= self.map.len(), "word at {off}");
         // SAFETY: the mapping is page aligned, `off` is 4-aligned and in
@@ -398,6 +399,30 @@ impl Region {
         // only accessed as atomics by every process (the bytes areas are
         // distinct offsets, see layout).
         unsafe { &*self.map.as_ptr().add(off).cast::<AtomicU32>() }
+    }
+
+    /// The words of the slot header at byte `base` (the first
+    /// [`layout::S_DATA`] bytes of a slot), bounds-checked once: the request
+    /// path reads several of them per request, and a check per word was a
+    /// tenth of its cost.
+    ///
+    /// # Panics
+    /// When `base` is not 8-aligned or the header is outside the mapping.
+    #[inline]
+    pub fn slot_words(&self, base: usize) -> &[AtomicU32; SLOT_WORDS] {
+        assert!(
+            base % 8 == 0 && base + layout::S_DATA <= self.map.len(),
+            "slot at {base}"
+        );
+        // SAFETY: as in `u32`: page-aligned mapping, an 8-aligned offset,
+        // the whole array inside the live mapping, accessed only as atomics.
+        unsafe {
+            &*self
+                .map
+                .as_ptr()
+                .add(base)
+                .cast::<[AtomicU32; SLOT_WORDS]>()
+        }
     }
 
     /// The 64-bit word at byte `off`.

@@ -116,9 +116,11 @@ impl Server {
     /// buffer: a compare-and-swap sets [`layout::TAKEN`] first, so its
     /// client no longer touches the cell. A request whose length or split
     /// is garbage is answered [`layout::NO_ANSWER`] and counted.
+    #[inline]
     pub fn take(&mut self, slot: u32, now_ns: u64, visited_ns: u64) -> Option<Taken> {
         let base = self.g().slot_offset(slot);
-        let word = self.region.u32(base + layout::S_REQ_SEQ);
+        let w = self.region.slot_words(base);
+        let word = &w[layout::S_REQ_SEQ / 4];
         let seq = word.load(Ordering::Acquire);
         if seq & layout::TAKEN != 0 || seq == self.last[slot as usize] {
             return None;
@@ -136,18 +138,9 @@ impl Server {
         }
         self.last[slot as usize] = seq;
         self.held[slot as usize] = None;
-        let raw_len = self
-            .region
-            .u32(base + layout::S_REQ_LEN)
-            .load(Ordering::Relaxed);
-        let raw_split = self
-            .region
-            .u32(base + layout::S_REQ_SPLIT)
-            .load(Ordering::Relaxed);
-        let raw_format = self
-            .region
-            .u32(base + layout::S_REQ_FORMAT)
-            .load(Ordering::Relaxed);
+        let raw_len = w[layout::S_REQ_LEN / 4].load(Ordering::Relaxed);
+        let raw_split = w[layout::S_REQ_SPLIT / 4].load(Ordering::Relaxed);
+        let raw_format = w[layout::S_REQ_FORMAT / 4].load(Ordering::Relaxed);
         let parts = layout::request_len(raw_len, self.g().req_cap).and_then(|len| {
             let (format, first_format) = layout::formats(raw_format)?;
             Some((len, layout::split_at(raw_split, len)?, format, first_format))
@@ -157,10 +150,16 @@ impl Server {
             self.respond(slot, seq, None);
             return None;
         };
-        let stamp = self
-            .region
-            .u64(base + layout::S_REQ_STAMP)
-            .load(Ordering::Relaxed);
+        // The client's stamp only matters when queuing times are measured.
+        let waited_us = if now_ns == 0 {
+            0
+        } else {
+            let stamp = self
+                .region
+                .u64(base + layout::S_REQ_STAMP)
+                .load(Ordering::Relaxed);
+            layout::waited_us(now_ns, stamp, visited_ns)
+        };
         self.region
             .copy_out(base + layout::S_DATA, &mut self.buf[..len]);
         fence(Ordering::Acquire);
@@ -172,7 +171,7 @@ impl Server {
             split,
             format,
             first_format,
-            waited_us: layout::waited_us(now_ns, stamp, visited_ns),
+            waited_us,
         })
     }
 
@@ -196,12 +195,14 @@ impl Server {
 
     /// Writes getHost answer `a` to request `seq` of `slot` as a record of
     /// the fixed layout, and wakes the client if it sleeps.
+    #[inline]
     pub fn respond_host(&mut self, slot: u32, seq: u32, a: &fixed::HostAnswer) {
         let mut rec = [0u8; fixed::HOST_ANSWER_LEN];
         fixed::encode_answer(a, &mut rec);
         self.respond_as(slot, seq, Some(&rec), layout::FMT_FIXED);
     }
 
+    #[inline]
     fn respond_as(&mut self, slot: u32, seq: u32, answer: Option<&[u8]>, format: u8) {
         let g = *self.g();
         let base = g.slot_offset(slot);
@@ -216,16 +217,11 @@ impl Server {
             }
             None => layout::NO_ANSWER,
         };
-        self.region
-            .u32(base + layout::S_RESP_LEN)
-            .store(len, Ordering::Relaxed);
-        self.region
-            .u32(base + layout::S_RESP_FORMAT)
-            .store(u32::from(format), Ordering::Relaxed);
-        self.region
-            .u32(base + layout::S_RESP_SEQ)
-            .store(seq, Ordering::SeqCst);
-        let sleeping = self.region.u32(base + layout::S_SLEEPING);
+        let w = self.region.slot_words(base);
+        w[layout::S_RESP_LEN / 4].store(len, Ordering::Relaxed);
+        w[layout::S_RESP_FORMAT / 4].store(u32::from(format), Ordering::Relaxed);
+        w[layout::S_RESP_SEQ / 4].store(seq, Ordering::SeqCst);
+        let sleeping = &w[layout::S_SLEEPING / 4];
         if sleeping.load(Ordering::SeqCst) != 0 {
             sleeping.store(0, Ordering::Relaxed);
             self.region.futex_wake(base + layout::S_RESP_SEQ);

@@ -63,6 +63,7 @@ impl ShardCore {
     /// queuing time counted and, with shedding on, fed to the shard's
     /// admission window. Returns whether the shard's level applies and the
     /// queuing-time bucket.
+    #[inline]
     pub(super) fn queued_start(&mut self, queued: Option<Queued>) -> (bool, Option<(usize, u64)>) {
         self.last_kind = None;
         let mut shed = false;

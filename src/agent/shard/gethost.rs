@@ -4,7 +4,7 @@
 //! shared-memory slot.
 
 use super::callers::client_key;
-use super::modules::touch;
+use super::modules::{ensure_touched, EnsureFields};
 use super::ShardCore;
 use crate::metrics::{priority_class, Kind};
 use lbagent_admission::{AdmissionLevel, OPEN};
@@ -91,17 +91,31 @@ impl ShardCore {
         if !self.admit(Kind::GetHost, u64::from(seq), module, now) {
             return HostDecision::Encoded;
         }
-        if let Err(why) = self.ensure(module, now) {
-            self.refuse(Kind::GetHost, u64::from(seq), module, why);
-            return HostDecision::Encoded;
-        }
         let Self {
             modules,
             outbox,
             setup,
+            timers,
+            unknown,
+            metrics,
             ..
         } = self;
-        let lb = &mut touch(modules, outbox, setup, module, now).lb;
+        let fields = EnsureFields {
+            modules,
+            outbox,
+            setup,
+            timers,
+            unknown,
+            metrics,
+        };
+        let lb = match ensure_touched(fields, module, now) {
+            Ok(entry) => &mut entry.lb,
+            Err(why) => {
+                self.refuse(Kind::GetHost, u64::from(seq), module, why);
+                return HostDecision::Encoded;
+            }
+        };
+        let setup = &self.setup;
         // The client key only where it counts: a balance module's units,
         // a module with levels (a caller's own filter); an l5 module
         // without levels answers from get_host_from's first test.

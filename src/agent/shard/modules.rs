@@ -9,9 +9,11 @@ use super::{
 };
 use crate::messages::ToControl;
 use crate::metrics::ShardMetrics;
+use crate::timers::Timers;
 use lbagent_lb::{LbParams, Millis, ModuleLb};
 use lbagent_model::ModuleId;
 use lbagent_wire::RetCode;
+use std::collections::hash_map::Entry;
 
 impl ShardCore {
     /// Makes sure the shard holds `module`, creating an unknown entry
@@ -189,8 +191,77 @@ pub(super) fn touch<'m>(
     module: ModuleId,
     now: Millis,
 ) -> &'m mut ModuleEntry {
-    let timeout = setup.update_timeout_ms;
     let entry = modules.get_mut(&module).expect("held: ensure() ran first");
+    touch_entry(entry, outbox, setup, module, now)
+}
+
+/// [`ShardCore::ensure`] and [`touch`] in one hash lookup, for the request
+/// path: the module's entry (made within the bounds when the shard does
+/// not hold it yet), touched; the refusal's message otherwise (counted).
+/// A free function over the fields it needs, so callers keep the others.
+#[inline]
+pub(super) fn ensure_touched<'m>(
+    fields: EnsureFields<'m, '_>,
+    module: ModuleId,
+    now: Millis,
+) -> Result<&'m mut ModuleEntry, &'static str> {
+    let EnsureFields {
+        modules,
+        outbox,
+        setup,
+        timers,
+        unknown,
+        metrics,
+    } = fields;
+    let full = modules.len() >= setup.max_modules;
+    let entry = match modules.entry(module) {
+        Entry::Occupied(held) => held.into_mut(),
+        Entry::Vacant(slot) => {
+            if full {
+                metrics.module_limit_hits += 1;
+                return Err(REFUSED_FULL);
+            }
+            if *unknown >= setup.max_unknown {
+                metrics.unknown_refused += 1;
+                return Err(REFUSED_UNKNOWN);
+            }
+            let mut entry = new_entry(now, &setup.params);
+            let at = now + setup.unknown_ttl_ms;
+            entry.expiry_at = at;
+            timers.schedule(at, (module, Due::Expiry));
+            *unknown += 1;
+            slot.insert(Box::new(entry))
+        }
+    };
+    Ok(touch_entry(entry, outbox, setup, module, now))
+}
+
+/// The fields of [`ShardCore`] that [`ensure_touched`] borrows.
+pub(super) struct EnsureFields<'m, 'o> {
+    /// The module table.
+    pub modules: &'m mut Modules,
+    /// Where a pull request goes.
+    pub outbox: &'o mut Vec<ToControl>,
+    /// The bounds and timeouts.
+    pub setup: &'o ShardSetup,
+    /// Where a new entry's expiry is armed.
+    pub timers: &'o mut Timers<(ModuleId, Due)>,
+    /// Entries without a route.
+    pub unknown: &'o mut usize,
+    /// Where a refusal is counted.
+    pub metrics: &'o mut ShardMetrics,
+}
+
+/// [`touch`] on an entry already found.
+#[inline]
+fn touch_entry<'m>(
+    entry: &'m mut ModuleEntry,
+    outbox: &mut Vec<ToControl>,
+    setup: &ShardSetup,
+    module: ModuleId,
+    now: Millis,
+) -> &'m mut ModuleEntry {
+    let timeout = setup.update_timeout_ms;
     entry.last_used = now;
     let stale = entry.route == RouteState::Unknown;
     let outstanding = entry

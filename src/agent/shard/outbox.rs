@@ -3,8 +3,9 @@
 //! ring refused (statistics kept and merged, forgets, pulls), offered
 //! again after [`super::STATS_RETRY_MS`].
 
-use super::{Due, ShardCore, NONE, STATS_RETRY_MS};
+use super::{Due, ModuleEntry, ShardCore, ShardSetup, NONE, STATS_RETRY_MS};
 use crate::messages::ToControl;
+use crate::timers::Timers;
 use lbagent_lb::{Millis, NodeCallStats};
 use lbagent_model::ModuleId;
 
@@ -18,13 +19,8 @@ impl ShardCore {
         let Some(entry) = self.modules.get_mut(&module) else {
             return;
         };
-        let timeout = self.setup.report_timeout_ms;
-        if now >= entry.last_stats + timeout {
+        if stats_due(entry, &mut self.timers, &self.setup, module, now) {
             self.send_stats(module, now);
-        } else if entry.stats_at == NONE {
-            let at = entry.last_stats + 2 * timeout;
-            entry.stats_at = at;
-            self.timers.schedule(at, (module, Due::Stats));
         }
     }
 
@@ -121,4 +117,28 @@ fn merge_stats(into: &mut Vec<NodeCallStats>, more: Vec<NodeCallStats>) {
             None => into.push(m),
         }
     }
+}
+
+/// [`ShardCore::maybe_stats`] on an entry already found (no second
+/// lookup on the report path): true when the module's statistics are due
+/// now (the caller sends them); else arms the timer that sends them at the
+/// latest two report timeouts after the last, if none is armed.
+#[inline]
+pub(super) fn stats_due(
+    entry: &mut ModuleEntry,
+    timers: &mut Timers<(ModuleId, Due)>,
+    setup: &ShardSetup,
+    module: ModuleId,
+    now: Millis,
+) -> bool {
+    let timeout = setup.report_timeout_ms;
+    if now >= entry.last_stats + timeout {
+        return true;
+    }
+    if entry.stats_at == NONE {
+        let at = entry.last_stats + 2 * timeout;
+        entry.stats_at = at;
+        timers.schedule(at, (module, Due::Stats));
+    }
+    false
 }

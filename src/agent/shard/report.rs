@@ -5,6 +5,7 @@
 use std::net::SocketAddr;
 
 use super::callers::client_key;
+use super::outbox::stats_due;
 use super::{RouteState, ShardCore};
 use crate::metrics::{Kind, ShardMetrics};
 use lbagent_lb::{Millis, NodeState, Outcome, ANY_CLIENT};
@@ -102,7 +103,9 @@ impl ShardCore {
                 known = false;
             }
         }
-        self.maybe_stats(module, now);
+        if stats_due(entry, &mut self.timers, &self.setup, module, now) {
+            self.send_stats(module, now);
+        }
         if ack && rep.consumed > 0 {
             let (rc, why) = if known {
                 (
