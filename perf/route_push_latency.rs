@@ -29,6 +29,7 @@ use std::time::{Duration, Instant};
 use lbagent::config::DnsServerConfig;
 use lbagent::dnsserver::DnsServer;
 use lbagent::model::{ModuleId, NodeAddr, RouteNode};
+use lbagent::qpstest::cpu::named_threads_cpu_seconds;
 use lbagent::store::{self, StoreUrl};
 use lbagent::wire::{decode, write_frame, Encoder, FrameDecoder, Limits, Message};
 
@@ -271,27 +272,10 @@ impl Drop for Schema {
 
 /// CPU seconds (user + system) of the route server's store thread.
 fn store_cpu_s() -> f64 {
-    // SAFETY: sysconf has no preconditions.
-    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    let mut total = 0.0;
-    for t in std::fs::read_dir("/proc/self/task")
+    // comm is cut at 15 bytes: `lbagent-dns-sto`.
+    named_threads_cpu_seconds(std::process::id(), |c| c.starts_with("lbagent-dns-sto"))
+        .map(|(s, _)| s)
         .expect("/proc/self/task")
-        .flatten()
-    {
-        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
-        // comm is cut at 15 bytes: `lbagent-dns-sto`.
-        if !comm.trim().starts_with("lbagent-dns-sto") {
-            continue;
-        }
-        let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
-        let Some(close) = stat.rfind(')') else {
-            continue;
-        };
-        let f: Vec<&str> = stat[close + 2..].split_whitespace().collect();
-        let (u, s): (f64, f64) = (f[11].parse().unwrap_or(0.0), f[12].parse().unwrap_or(0.0));
-        total += (u + s) / ticks;
-    }
-    total
 }
 
 /// This process's resident set, MiB.
