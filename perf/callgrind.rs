@@ -29,8 +29,8 @@ use gungraun::{
 mod workloads;
 
 use workloads::{
-    ClientRun, ClientSeen, ManyModulesRun, Seen, ShardRun, ShmRun, ShmSeen, UdpRun, UdpSeen,
-    UpdateRouteRun, N, SHM_N, UDP_ROUNDS,
+    ClientRun, ClientSeen, ManyModulesRun, Seen, ShardRun, ShmBusyRun, ShmRun, ShmSeen, UdpRun,
+    UdpSeen, UpdateRouteRun, N, SHM_N, UDP_ROUNDS,
 };
 
 /// System calls per turn of the UDP shell workload (a full batch),
@@ -157,6 +157,25 @@ fn check_shm((run, seen): (ShmRun, ShmSeen)) {
     workloads::check_shm(&run, &seen, SHM_N);
 }
 
+// The same requests from 16 clients at once, one sweep serving them all
+// (a busy shard's shape); only the shard's sweeps are counted.
+#[library_benchmark(
+    config = LibraryBenchmarkConfig::default().tool(
+        Callgrind::default()
+            .entry_point(EntryPoint::Custom("*::workloads::shm_shard_turn".to_owned()))
+            .soft_limits([(EventKind::Ir, LIMIT_PCT)])
+    )
+)]
+#[bench::slots_16(args = (), setup = workloads::shm_busy_run, teardown = check_shm_busy)]
+fn shm_busy(mut run: ShmBusyRun) -> (ShmBusyRun, ShmSeen) {
+    let seen = workloads::shm_busy_workload(&mut run, black_box(workloads::SHM_BUSY_ROUNDS));
+    (run, seen)
+}
+
+fn check_shm_busy((run, seen): (ShmBusyRun, ShmSeen)) {
+    workloads::check_shm_busy(&run, &seen, workloads::SHM_BUSY_ROUNDS);
+}
+
 library_benchmark_group!(
     name = workloads_group,
     benchmarks = [
@@ -165,7 +184,8 @@ library_benchmark_group!(
         update_route,
         many_modules,
         udp_shell,
-        shm_requests
+        shm_requests,
+        shm_busy
     ]
 );
 

@@ -159,12 +159,26 @@ fn shm_main(mode: Option<&str>) -> ExitCode {
     ExitCode::SUCCESS
 }
 
+/// `shm busy`: the busy shape ([`workloads::shm_busy_workload`]): the
+/// shard's instructions per request are `shm_shard_turn`'s count / (2 ×
+/// [`SHM_N`]).
+fn shm_busy_main() -> ExitCode {
+    let mut run = workloads::shm_busy_run();
+    let rounds = workloads::SHM_BUSY_ROUNDS;
+    let seen = workloads::shm_busy_workload(&mut run, rounds);
+    if std::panic::catch_unwind(|| workloads::check_shm_busy(&run, &seen, rounds)).is_err() {
+        return ExitCode::FAILURE;
+    }
+    ExitCode::SUCCESS
+}
+
 fn main() -> ExitCode {
     match std::env::args().nth(1).as_deref() {
         Some("shed") => shed_main(),
+        Some("shm") if std::env::args().nth(2).as_deref() == Some("busy") => shm_busy_main(),
         Some("shm") => shm_main(std::env::args().nth(2).as_deref()),
         _ => {
-            eprintln!("usage: callgrind_workload shed | shm fixed|flat");
+            eprintln!("usage: callgrind_workload shed | shm fixed|flat|busy");
             ExitCode::from(2)
         }
     }

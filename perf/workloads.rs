@@ -57,6 +57,9 @@
 //!   every 500 exchanges; only the shard's sweeps are counted (the
 //!   default configuration: no queuing time measured). Per request:
 //!   the count / (2 × [`SHM_N`]).
+//! - [`shm_busy_workload`] (issue 29): the same requests from
+//!   [`SHM_BUSY_SLOTS`] clients at once, one sweep serving all of them
+//!   (a busy shard's shape: the sweep's own cost shared by its requests).
 
 // Each including target uses part of this module.
 #![allow(dead_code)]
@@ -896,6 +899,125 @@ pub fn shm_workload(run: &mut ShmRun, n: u64) -> ShmSeen {
         shm_shard_turn(&mut run.shard, &mut run.srv, now);
     }
     seen
+}
+
+/// Client slots of the busy shared-memory workload ([`shm_busy_workload`]).
+pub const SHM_BUSY_SLOTS: u32 = 16;
+
+/// Rounds of the busy workload: [`SHM_BUSY_SLOTS`] getHosts and as many
+/// reports a round, [`SHM_N`] of each in all (the single-slot workload's).
+pub const SHM_BUSY_ROUNDS: u64 = SHM_N / SHM_BUSY_SLOTS as u64;
+
+/// A shard and a region of [`SHM_BUSY_SLOTS`] slots, each held by a
+/// client of this process: the shape of a busy shard, whose sweep finds
+/// many requests.
+pub struct ShmBusyRun {
+    /// The shard.
+    pub shard: ShardCore,
+    /// The region's server side.
+    pub srv: Server,
+    /// The clients' slots.
+    pub atts: Vec<Attachment>,
+    /// The clients' encoder (unused with fixed records).
+    pub enc: Encoder,
+    /// The clients' answer buffer.
+    pub buf: Vec<u8>,
+}
+
+/// [`ShmBusyRun`]: the region in a directory of its own, every slot attached.
+pub fn shm_busy_run() -> ShmBusyRun {
+    let pid = std::process::id();
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let path = dir.path().join("lbagent-callgrind-shm-busy.0");
+    let ident = Identity {
+        shard: 0,
+        pid,
+        boot: 1,
+    };
+    let region = Region::create(&path, Geometry::new(SHM_BUSY_SLOTS), ident, Access::Owner)
+        .expect("a region in the temporary directory");
+    let srv = Server::new(region);
+    let atts = (0..SHM_BUSY_SLOTS)
+        .map(|_| Attachment::attach(&path, pid).expect("a free slot"))
+        .collect();
+    let _ = std::fs::remove_file(&path);
+    drop(dir);
+    ShmBusyRun {
+        shard: shard(),
+        srv,
+        atts,
+        enc: Encoder::new(),
+        buf: Vec::new(),
+    }
+}
+
+/// `rounds` rounds of the busy shape: every client posts a getHost, one
+/// sweep serves them all, each reads its answer; every client posts a
+/// report of its node (one in [`FAIL_EVERY`] a failure), one sweep. Only
+/// [`shm_shard_turn`] is counted: per request, the count / (2 ×
+/// [`SHM_BUSY_SLOTS`] × rounds).
+pub fn shm_busy_workload(run: &mut ShmBusyRun, rounds: u64) -> ShmSeen {
+    let mut seen = ShmSeen::default();
+    let n = run.atts.len();
+    let mut seqs = vec![0u32; n];
+    let mut hosts = vec![None; n];
+    let mut i = 0u64;
+    for r in 0..rounds {
+        let now = r * n as u64 / 500;
+        for (k, att) in run.atts.iter_mut().enumerate() {
+            let g = fixed::Request::GetHost(lbagent::wire::GetHost {
+                seq: (i + k as u64) as u32,
+                module: MODULE,
+                business_priority: 0,
+                user_priority: 0,
+            });
+            seqs[k] = shm_client_post(att, &mut run.enc, &g, true, true);
+        }
+        shm_shard_turn(&mut run.shard, &mut run.srv, now);
+        for (k, att) in run.atts.iter_mut().enumerate() {
+            hosts[k] = shm_client_wait(att, seqs[k], &mut run.buf);
+            match hosts[k] {
+                Some(_) => seen.hosts += 1,
+                None => seen.missing += 1,
+            }
+        }
+        for (k, att) in run.atts.iter_mut().enumerate() {
+            let Some(host) = hosts[k] else { continue };
+            let failed = (i + k as u64) % FAIL_EVERY == FAIL_EVERY - 1;
+            let rep = fixed::Request::Report(Report {
+                seq: (i + k as u64) as u32,
+                module: MODULE,
+                host,
+                retcode: if failed { -1 } else { 0 },
+                tcost_ms: 40,
+                downstream_level: None,
+                consumed: 0,
+            });
+            shm_client_post(att, &mut run.enc, &rep, true, false);
+        }
+        shm_shard_turn(&mut run.shard, &mut run.srv, now);
+        i += n as u64;
+    }
+    seen
+}
+
+/// Panics unless every getHost of the busy workload was answered with a
+/// host and the region took every request as a well-formed one.
+pub fn check_shm_busy(run: &ShmBusyRun, seen: &ShmSeen, rounds: u64) {
+    let n = u64::from(SHM_BUSY_SLOTS) * rounds;
+    let counts = &run.srv.counts;
+    println!(
+        "callgrind workload: shm busy: {n} getHosts ({} answered with a host) and reports through {SHM_BUSY_SLOTS} slots, one sweep a round; shm requests {}, garbage {}",
+        seen.hosts, counts.requests, counts.garbage,
+    );
+    assert!(
+        seen.missing == 0
+            && seen.hosts == n
+            && counts.requests == 2 * n
+            && counts.garbage == 0
+            && run.shard.metrics.unknown_node_reports == 0,
+        "callgrind workload: shm busy: not every request was answered as expected: the count would mean nothing"
+    );
 }
 
 /// Panics unless every getHost was answered with a host, the region took
