@@ -347,6 +347,16 @@ impl Store for MemConn {
             "the test store keeps no routes".into(),
         ))
     }
+    fn consume_once(
+        &mut self,
+        _: lbagent::store::ReportKey,
+        _: &[(ModuleId, NodeAddr, u32)],
+        _: u64,
+    ) -> Result<Option<lbagent::store::Consumed>, StoreError> {
+        Err(StoreError::BadInput(
+            "the test store keeps no routes".into(),
+        ))
+    }
     fn upsert_status(&mut self, rows: &[CallStatus]) -> Result<(), StoreError> {
         let delay = self.0.state().delay;
         thread::sleep(delay);
