@@ -107,6 +107,15 @@ impl Store for Flaky {
         self.check()?;
         self.inner.consume(rows)
     }
+    fn consume_once(
+        &mut self,
+        key: lbagent::store::ReportKey,
+        rows: &[(ModuleId, NodeAddr, u32)],
+        now_s: u64,
+    ) -> Result<Option<lbagent::store::Consumed>, StoreError> {
+        self.check()?;
+        self.inner.consume_once(key, rows, now_s)
+    }
     fn upsert_status(&mut self, rows: &[CallStatus]) -> Result<(), StoreError> {
         self.check()?;
         self.inner.upsert_status(rows)

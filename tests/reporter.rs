@@ -159,6 +159,16 @@ impl Agent {
         }
     }
 
+    /// The next `n` answers, by seq: each is given when its report is
+    /// committed, so with several writers they may come in any order.
+    fn answers_by_seq(&mut self, n: usize) -> Vec<Answer> {
+        let mut answers = self.answers(n);
+        answers.sort_by_key(|a| match a {
+            Answer::Ack(seq) | Answer::Error(seq, _, _) => *seq,
+        });
+        answers
+    }
+
     /// Whether the reporter closed the connection (reads end) within [`WAIT`].
     fn closed_by_peer(&mut self) -> bool {
         let mut buf = [0u8; 64];
@@ -347,6 +357,16 @@ impl Store for MemConn {
             "the test store keeps no routes".into(),
         ))
     }
+    fn consume_once(
+        &mut self,
+        _: lbagent::store::ReportKey,
+        _: &[(ModuleId, NodeAddr, u32)],
+        _: u64,
+    ) -> Result<Option<lbagent::store::Consumed>, StoreError> {
+        Err(StoreError::BadInput(
+            "the test store keeps no routes".into(),
+        ))
+    }
     fn upsert_status(&mut self, rows: &[CallStatus]) -> Result<(), StoreError> {
         let delay = self.0.state().delay;
         thread::sleep(delay);
@@ -402,7 +422,7 @@ fn statistics_sent_by_an_agent_appear_in_the_store() {
         bytes.extend(frame(k as u64 + 1, 0x0a00_0063, 1_700_000_000, content));
     }
     agent.send(&bytes);
-    assert_eq!(agent.answers(3), acks(1..=3));
+    assert_eq!(agent.answers_by_seq(3), acks(1..=3));
     let mut want: Vec<CallStatus> = reports
         .iter()
         .flat_map(|c| rows_of(0x0a00_0063, 1_700_000_000, c))
@@ -444,7 +464,7 @@ fn statistics_sent_by_an_agent_appear_in_the_store() {
 }
 
 #[test]
-fn frames_split_across_writes_are_reassembled_and_acked_in_order() {
+fn frames_split_across_writes_are_reassembled_and_each_acked() {
     let db = MemDb::default();
     let r = Reporter::start_with(&config(2, 50, 10_000), db.opener(), Log::stderr()).unwrap();
     let mut agent = Agent::connect(r.addr());
@@ -466,7 +486,7 @@ fn frames_split_across_writes_are_reassembled_and_acked_in_order() {
             thread::sleep(Duration::from_millis(1));
         }
     }
-    assert_eq!(agent.answers(20), acks(1..=20));
+    assert_eq!(agent.answers_by_seq(20), acks(1..=20));
     want.sort_by_key(|r| (r.module, r.node, r.caller));
     wait_for("100 rows", || db.rows().len() == 100);
     assert_eq!(db.rows(), want);
@@ -491,11 +511,8 @@ fn garbage_closes_only_that_connection() {
     let mut bytes = frame(1, 6, 10, &content);
     write_frame(&mut bytes, b"GET / HTTP/1.1\r\nHost: reporter\r\n\r\n").unwrap();
     bad.send(&bytes);
-    assert_eq!(
-        bad.answers(1),
-        acks(1..=1),
-        "the report before the garbage counts"
-    );
+    // The report before the garbage is stored (the 4 rows below), but the
+    // connection closes before the database has it: not acknowledged.
     assert!(
         bad.closed_by_peer(),
         "the reporter closes the bad connection"
@@ -559,7 +576,7 @@ fn many_agents_at_once_are_all_served() {
                     let content = vec![(ModuleId::new(a, seq as u32), nodes(7000, 3))];
                     agent.send(&frame(seq, 0x0a01_0000 + a, 50, &content));
                 }
-                agent.answers(10)
+                agent.answers_by_seq(10)
             })
         })
         .collect();
@@ -574,10 +591,12 @@ fn many_agents_at_once_are_all_served() {
 
 /// The issue's scenario: the database stops (another connection holds
 /// SQLite's write lock, so every write waits and cannot commit), agents
-/// keep reporting and get their acks, the reporter holds `buffer_rows`
-/// rows and drops exactly the excess, oldest first, says so in its
-/// metrics and its log; once the database is back, the rows it held are
-/// written.
+/// keep reporting, the reporter holds `buffer_rows` rows and drops exactly
+/// the excess, oldest first, says so in its metrics and its log; once the
+/// database is back, the rows it held are written. Nothing is
+/// acknowledged before it is committed (issue 32): a report whose rows
+/// were dropped is answered ErrorResp Unavailable (the agent sends it
+/// again), the others StatsAck once the database has them.
 #[test]
 fn with_the_database_stopped_the_reporter_keeps_accepting_and_says_what_it_dropped() {
     let dir = tempfile::tempdir().unwrap();
@@ -600,8 +619,16 @@ fn with_the_database_stopped_the_reporter_keeps_accepting_and_says_what_it_dropp
         // 10 distinct nodes per report, 250 distinct rows in all.
         let content = vec![(ModuleId::new(seq as u32, 1), nodes(2000, 10))];
         agent.send(&frame(seq, 0x0a00_0002, 100 + seq, &content));
-        assert_eq!(agent.answers(1), acks(seq..=seq), "acks keep coming");
         last = rows_of(0x0a00_0002, 100 + seq, &content);
+    }
+    // Reports 1..=15 lost their rows to the bound: answered at once.
+    let dropped = agent.answers_by_seq(15);
+    for (seq, answer) in (1..=15u64).zip(&dropped) {
+        let Answer::Error(s, RetCode::Unavailable, why) = answer else {
+            panic!("report {seq}: {answer:?}");
+        };
+        assert_eq!(*s, seq);
+        assert!(why.contains("send it again"), "{why}");
     }
     assert_eq!(metric(&r, "rows_accepted_total"), 250);
     assert_eq!(metric(&r, "rows_buffered"), 100);
@@ -620,8 +647,10 @@ fn with_the_database_stopped_the_reporter_keeps_accepting_and_says_what_it_dropp
         first[0]
     );
 
-    // The database is back: what the bound held is written.
+    // The database is back: what the bound held is written, and only
+    // then acknowledged.
     lock.execute_batch("ROLLBACK").unwrap();
+    assert_eq!(agent.answers_by_seq(10), acks(16..=25));
     wait_for("100 rows in the store", || sqlite_rows(&url).len() == 100);
     let stored = sqlite_rows(&url);
     for row in &last {
@@ -651,7 +680,6 @@ fn a_failing_store_keeps_the_rows_retries_and_says_when_it_is_back() {
     let mut agent = Agent::connect(r.addr());
     let content = vec![(ModuleId::new(9, 9), nodes(500, 8))];
     agent.send(&frame(1, 3, 77, &content));
-    assert_eq!(agent.answers(1), acks(1..=1));
     wait_for("several failed attempts", || {
         metric(&r, "write_failures_total") >= 3
     });
@@ -672,7 +700,7 @@ fn a_failing_store_keeps_the_rows_retries_and_says_when_it_is_back() {
     );
 
     db.state().down = false;
-    wait_for("the rows written", || db.rows().len() == 8);
+    assert_eq!(agent.answers(1), acks(1..=1), "acknowledged once written");
     assert_eq!(db.rows(), rows_of(3, 77, &content));
     wait_for("store_up 1", || metric(&r, "store_up") == 1);
     assert_eq!(lines.containing("writer 0: store back after").len(), 1);
@@ -693,10 +721,11 @@ fn an_unavailable_store_at_start_does_not_stop_the_reporter() {
     let mut agent = Agent::connect(r.addr());
     let content = vec![(ModuleId::new(1, 2), nodes(80, 3))];
     agent.send(&frame(1, 3, 5, &content));
-    assert_eq!(agent.answers(1), acks(1..=1));
+    wait_for("the report accepted", || metric(&r, "reports_total") == 1);
     assert_eq!(metric(&r, "store_up"), 0);
     db.state().down = false;
-    wait_for("the rows written", || db.rows().len() == 3);
+    assert_eq!(agent.answers(1), acks(1..=1), "acknowledged once written");
+    assert_eq!(db.rows().len(), 3);
     wait_for("store_up 1", || metric(&r, "store_up") == 1);
     r.stop().unwrap();
 }
@@ -721,7 +750,9 @@ fn stop_writes_what_is_buffered() {
         ));
     }
     agent.send(&bytes);
-    assert_eq!(agent.answers(30), acks(1..=30));
+    wait_for("300 rows accepted", || {
+        metric(&r, "rows_accepted_total") == 300
+    });
     assert!(
         metric(&r, "rows_buffered") > 0,
         "a slow store leaves rows buffered"
@@ -740,7 +771,7 @@ fn stop_says_what_it_could_not_write() {
     db.state().down = true;
     let mut agent = Agent::connect(r.addr());
     agent.send(&frame(1, 1, 1, &vec![(ModuleId::new(1, 1), nodes(80, 6))]));
-    assert_eq!(agent.answers(1), acks(1..=1));
+    wait_for("6 rows accepted", || metric(&r, "rows_accepted_total") == 6);
     let started = Instant::now();
     let err = r
         .stop_within(Duration::from_millis(300))
@@ -946,7 +977,6 @@ fn against_a_read_only_store_the_back_off_grows_and_store_up_says_0() {
     let r = Reporter::start_with(&cfg, db.opener(), lines.log()).unwrap();
     let mut agent = Agent::connect(r.addr());
     agent.send(&frame(1, 1, 1, &vec![(ModuleId::new(4, 4), nodes(80, 3))]));
-    assert_eq!(agent.answers(1), acks(1..=1));
     wait_for("the first failure", || db.state().attempts >= 1);
     let t0 = Instant::now();
     let first = db.state().attempts;
@@ -964,7 +994,8 @@ fn against_a_read_only_store_the_back_off_grows_and_store_up_says_0() {
         lines.all()
     );
     db.state().read_only = false;
-    wait_for("the rows written", || db.rows().len() == 3);
+    assert_eq!(agent.answers(1), acks(1..=1), "acknowledged once written");
+    assert_eq!(db.rows().len(), 3);
     wait_for("store_up 1", || metric(&r, "store_up") == 1);
     r.stop().unwrap();
 }
@@ -977,11 +1008,11 @@ fn a_write_blocked_by_a_lock_shows_the_store_down() {
     db.state().delay = Duration::from_secs(4);
     let mut agent = Agent::connect(r.addr());
     agent.send(&frame(1, 1, 1, &vec![(ModuleId::new(5, 5), nodes(80, 1))]));
-    assert_eq!(agent.answers(1), acks(1..=1));
     wait_for("store_up 0 while the write waits", || {
         metric(&r, "store_up") == 0
     });
-    wait_for("the rows written", || db.rows().len() == 1);
+    assert_eq!(agent.answers(1), acks(1..=1), "acknowledged once written");
+    assert_eq!(db.rows().len(), 1);
     db.state().delay = Duration::ZERO;
     wait_for("store_up 1", || metric(&r, "store_up") == 1);
     r.stop().unwrap();
@@ -1025,7 +1056,9 @@ fn stop_writes_what_is_buffered_on_postgres() {
         bytes.extend(frame(seq, 1, 1_700_000_000, &content));
     }
     agent.send(&bytes);
-    assert_eq!(agent.answers(9), acks(1..=9));
+    wait_for("45 rows accepted", || {
+        metric(&r, "rows_accepted_total") == 45
+    });
     assert!(metric(&r, "rows_buffered") > 0);
 
     // The stop begins while the lock is held; the lock goes 1 s later.

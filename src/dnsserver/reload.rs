@@ -471,6 +471,8 @@ pub(crate) mod tests {
         /// (version, module) per change.
         log: Vec<(u64, ModuleId)>,
         policies: BTreeMap<ModuleId, Policy>,
+        /// The reports whose consumed units were applied.
+        applied: std::collections::HashSet<lbagent_store::ReportKey>,
     }
 
     impl MemStore {
@@ -667,6 +669,19 @@ pub(crate) mod tests {
                 version: data.version,
                 nodes,
             })
+        }
+
+        fn consume_once(
+            &mut self,
+            key: lbagent_store::ReportKey,
+            rows: &[(ModuleId, NodeAddr, u32)],
+            _now_s: u64,
+        ) -> Result<Option<lbagent_store::Consumed>, StoreError> {
+            self.check()?;
+            if !self.data.lock().unwrap().applied.insert(key) {
+                return Ok(None);
+            }
+            self.consume(rows).map(Some)
         }
 
         fn upsert_status(&mut self, _rows: &[CallStatus]) -> Result<(), StoreError> {

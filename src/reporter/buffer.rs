@@ -17,6 +17,15 @@
 //!   ([`Buffer::take_batch`]) and settles them once: written, rejected by
 //!   the store, or failed, in which case they return to the front of the
 //!   shard, still the oldest, to be retried or dropped.
+//! - **Tickets: what an acknowledgement waits for.** The rows of one
+//!   report are pushed under one ticket ([`Buffer::push_report`]), with
+//!   as many extra holds as the report has other parts to write (its
+//!   consumed units, released with [`Buffer::release`]). A ticket settles
+//!   ([`Buffer::take_settled`]) once every row and hold has: committed
+//!   when all were written, [`Settled::Rejected`] when the store refused
+//!   one, [`Settled::Dropped`] when one was dropped at the bound. A row
+//!   replaced by a newer row of its key hands its tickets to that row: the
+//!   report is committed when the row that replaced it is.
 //!
 //! No locks, clocks or threads here: the shell holds the buffer in one
 //! mutex, taken for the length of a push or a take.
@@ -26,6 +35,8 @@ use std::collections::{HashMap, VecDeque};
 
 use lbagent_model::{ModuleId, NodeAddr};
 use lbagent_store::CallStatus;
+
+pub use super::session::Settled;
 
 /// What identifies a row in the store: module, node, caller.
 type Key = (ModuleId, NodeAddr, u32);
@@ -67,6 +78,7 @@ pub struct Batch {
     shard: usize,
     rows: Vec<CallStatus>,
     seqs: Vec<u64>,
+    tickets: Vec<u64>,
 }
 
 impl Batch {
@@ -84,6 +96,7 @@ impl Batch {
         let n = self.rows.len();
         self.rows.clear();
         self.seqs.clear();
+        self.tickets.clear();
         n
     }
 }
@@ -93,6 +106,8 @@ struct Slot {
     /// Arrival order over every shard.
     seq: u64,
     row: CallStatus,
+    /// The ticket of the report it came with (0: none).
+    ticket: u64,
     /// False once a newer row of the same key replaced it.
     live: bool,
 }
@@ -115,17 +130,21 @@ impl Shard {
         }
     }
 
-    /// Marks the waiting row `seq` replaced; compacts when replaced rows
-    /// outnumber live ones, so dead slots never exceed the live ones by much.
-    fn kill(&mut self, seq: u64) {
+    /// Marks the waiting row `seq` replaced and returns its ticket (0:
+    /// none); compacts when replaced rows outnumber live ones, so dead
+    /// slots never exceed the live ones by much.
+    fn kill(&mut self, seq: u64) -> u64 {
+        let mut ticket = 0;
         if let Ok(i) = self.slots.binary_search_by_key(&seq, |s| s.seq) {
             self.slots[i].live = false;
+            ticket = self.slots[i].ticket;
             self.live -= 1;
         }
         self.pop_dead_front();
         if self.slots.len() > 2 * self.live + 64 {
             self.slots.retain(|s| s.live);
         }
+        ticket
     }
 
     /// Removes and returns the oldest waiting row.
@@ -149,6 +168,36 @@ pub struct Buffer {
     counts: BufferCounts,
     touched: Vec<usize>,
     is_touched: Vec<bool>,
+    /// Open tickets: rows and holds not settled yet, and the worst end so
+    /// far.
+    tickets: HashMap<u64, (u32, Settled)>,
+    /// Tickets a row answers for besides its own (handed on by the rows
+    /// it replaced), by the row's arrival `seq`.
+    carried: HashMap<u64, Vec<u64>>,
+    /// Tickets settled and not taken yet.
+    settled: Vec<(u64, Settled)>,
+}
+
+/// One ticket's row or hold ended as `how`: the ticket settles when it was
+/// the last (the worst end wins).
+fn settle_one(
+    tickets: &mut HashMap<u64, (u32, Settled)>,
+    settled: &mut Vec<(u64, Settled)>,
+    ticket: u64,
+    how: Settled,
+) {
+    if ticket == 0 {
+        return;
+    }
+    if let MapEntry::Occupied(mut e) = tickets.entry(ticket) {
+        let (open, worst) = e.get_mut();
+        *worst = (*worst).max(how);
+        *open -= 1;
+        if *open == 0 {
+            let (_, how) = e.remove();
+            settled.push((ticket, how));
+        }
+    }
 }
 
 impl Buffer {
@@ -165,6 +214,70 @@ impl Buffer {
             counts: BufferCounts::default(),
             touched: Vec::new(),
             is_touched: vec![false; shards],
+            tickets: HashMap::new(),
+            carried: HashMap::new(),
+            settled: Vec::new(),
+        }
+    }
+
+    /// Tickets not settled yet.
+    pub fn open_tickets(&self) -> usize {
+        self.tickets.len()
+    }
+
+    /// Queues the rows of one report under `ticket` (not 0, not open
+    /// already), which also waits for `holds` releases ([`Self::release`]);
+    /// see [`Self::push`]. A report of no row and no hold settles at once.
+    /// Returns the number of rows dropped.
+    pub fn push_report(&mut self, rows: &[CallStatus], ticket: u64, holds: u32) -> u64 {
+        debug_assert!(ticket != 0 && !self.tickets.contains_key(&ticket));
+        let open = rows.len() as u32 + holds;
+        if open == 0 {
+            self.settled.push((ticket, Settled::Committed));
+            return 0;
+        }
+        self.tickets.insert(ticket, (open, Settled::Committed));
+        self.push_with(rows, ticket)
+    }
+
+    /// Forgets `ticket`: nobody waits for its answer any more (its
+    /// connection closed). Its rows stay and are written as any.
+    pub fn forget(&mut self, ticket: u64) {
+        self.tickets.remove(&ticket);
+    }
+
+    /// One hold of `ticket` ended as `how`.
+    pub fn release(&mut self, ticket: u64, how: Settled) {
+        settle_one(&mut self.tickets, &mut self.settled, ticket, how);
+    }
+
+    /// Moves the tickets settled since the last call to `out`.
+    pub fn take_settled(&mut self, out: &mut Vec<(u64, Settled)>) {
+        out.append(&mut self.settled);
+    }
+
+    /// The tickets the row `seq` answers for settle as `how`.
+    fn settle_row(&mut self, seq: u64, ticket: u64, how: Settled) {
+        settle_one(&mut self.tickets, &mut self.settled, ticket, how);
+        if let Some(more) = self.carried.remove(&seq) {
+            for t in more {
+                settle_one(&mut self.tickets, &mut self.settled, t, how);
+            }
+        }
+    }
+
+    /// The row `old` (of ticket `ticket`) was replaced by the row `new`:
+    /// `new` answers for its tickets.
+    fn hand_on(&mut self, old: u64, ticket: u64, new: u64) {
+        let mut more = self.carried.remove(&old).unwrap_or_default();
+        if ticket != 0 {
+            more.push(ticket);
+        }
+        // Forgotten tickets are not carried on: a key replaced forever
+        // carries no more than its open reports.
+        more.retain(|t| self.tickets.contains_key(t));
+        if !more.is_empty() {
+            self.carried.entry(new).or_default().append(&mut more);
         }
     }
 
@@ -207,6 +320,10 @@ impl Buffer {
     /// drops the oldest waiting rows while more than the bound are held.
     /// Returns the number of rows dropped.
     pub fn push(&mut self, rows: &[CallStatus]) -> u64 {
+        self.push_with(rows, 0)
+    }
+
+    fn push_with(&mut self, rows: &[CallStatus], ticket: u64) -> u64 {
         let shards = self.shards.len();
         for row in rows {
             let i = shard_of(row.module, shards);
@@ -214,24 +331,30 @@ impl Buffer {
             self.next_seq += 1;
             self.counts.accepted += 1;
             let shard = &mut self.shards[i];
-            match shard.index.entry(key(row)) {
+            let replaced = match shard.index.entry(key(row)) {
                 MapEntry::Occupied(mut e) => {
                     let old = e.insert(seq);
-                    shard.kill(old);
+                    let old_ticket = shard.kill(old);
                     self.counts.coalesced += 1;
                     self.live -= 1;
+                    Some((old, old_ticket))
                 }
                 MapEntry::Vacant(e) => {
                     e.insert(seq);
+                    None
                 }
-            }
+            };
             shard.slots.push_back(Slot {
                 seq,
                 row: *row,
+                ticket,
                 live: true,
             });
             shard.live += 1;
             self.live += 1;
+            if let Some((old, old_ticket)) = replaced {
+                self.hand_on(old, old_ticket, seq);
+            }
             if !self.is_touched[i] {
                 self.is_touched[i] = true;
                 self.touched.push(i);
@@ -265,7 +388,9 @@ impl Buffer {
         let Some((_, i)) = oldest else {
             return false;
         };
-        self.shards[i].pop_oldest();
+        if let Some(slot) = self.shards[i].pop_oldest() {
+            self.settle_row(slot.seq, slot.ticket, Settled::Dropped);
+        }
         self.live -= 1;
         true
     }
@@ -285,6 +410,7 @@ impl Buffer {
             };
             batch.rows.push(slot.row);
             batch.seqs.push(slot.seq);
+            batch.tickets.push(slot.ticket);
         }
         let n = batch.rows.len();
         s.in_flight += n;
@@ -295,14 +421,14 @@ impl Buffer {
 
     /// The store wrote `batch` in one transaction.
     pub fn written(&mut self, batch: &mut Batch) {
-        let n = self.settle(batch);
+        let n = self.settle(batch, Settled::Committed);
         self.counts.written += n as u64;
         self.counts.transactions += 1;
     }
 
     /// The store refused `batch` as invalid: its rows are not retried.
     pub fn rejected(&mut self, batch: &mut Batch) {
-        let n = self.settle(batch);
+        let n = self.settle(batch, Settled::Rejected);
         self.counts.rejected += n as u64;
     }
 
@@ -315,16 +441,20 @@ impl Buffer {
             return;
         };
         let n = batch.rows.len();
-        for (row, &seq) in batch.rows.iter().zip(&batch.seqs).rev() {
+        let mut handed = Vec::new();
+        let rows = batch.rows.iter().zip(&batch.seqs).zip(&batch.tickets);
+        for ((row, &seq), &ticket) in rows.rev() {
             match s.index.get(&key(row)).copied() {
                 Some(newer) if newer > seq => {
                     self.counts.coalesced += 1;
+                    handed.push((seq, ticket, newer));
                     continue;
                 }
                 Some(older) => {
                     // An older row of the key came back first (two batches
                     // of one shard out at once): this one replaces it.
-                    s.kill(older);
+                    let old_ticket = s.kill(older);
+                    handed.push((older, old_ticket, seq));
                     self.counts.coalesced += 1;
                     self.live -= 1;
                 }
@@ -336,6 +466,7 @@ impl Buffer {
             let slot = Slot {
                 seq,
                 row: *row,
+                ticket,
                 live: true,
             };
             s.slots.insert(at, slot);
@@ -345,9 +476,15 @@ impl Buffer {
         s.in_flight = s.in_flight.saturating_sub(n);
         self.in_flight = self.in_flight.saturating_sub(n);
         batch.clear();
+        for (old, ticket, new) in handed {
+            self.hand_on(old, ticket, new);
+        }
     }
 
-    fn settle(&mut self, batch: &mut Batch) -> usize {
+    fn settle(&mut self, batch: &mut Batch, how: Settled) -> usize {
+        for (&seq, &ticket) in batch.seqs.iter().zip(&batch.tickets) {
+            self.settle_row(seq, ticket, how);
+        }
         let n = batch.clear();
         if let Some(s) = self.shards.get_mut(batch.shard) {
             s.in_flight = s.in_flight.saturating_sub(n);
@@ -570,7 +707,212 @@ mod tests {
         assert_eq!(buf.counts().dropped, 0);
     }
 
+    fn settled(buf: &mut Buffer) -> Vec<(u64, Settled)> {
+        let mut out = Vec::new();
+        buf.take_settled(&mut out);
+        out
+    }
+
+    #[test]
+    fn a_report_settles_only_once_every_row_is_written() {
+        let mut buf = Buffer::new(1, 100);
+        let rows = [row(1, 1, 0), row(1, 2, 0), row(1, 3, 0)];
+        buf.push_report(&rows, 7, 0);
+        let mut batch = Batch::default();
+        buf.take_batch(0, 2, &mut batch);
+        buf.written(&mut batch);
+        assert_eq!(settled(&mut buf), [], "one row is not in the database");
+        assert_eq!(buf.open_tickets(), 1);
+        buf.take_batch(0, 2, &mut batch);
+        buf.written(&mut batch);
+        assert_eq!(settled(&mut buf), [(7, Settled::Committed)]);
+        assert_eq!(buf.open_tickets(), 0);
+    }
+
+    #[test]
+    fn a_failed_batch_keeps_its_reports_open_until_written() {
+        let mut buf = Buffer::new(1, 100);
+        buf.push_report(&[row(1, 1, 0)], 1, 0);
+        let mut batch = Batch::default();
+        buf.take_batch(0, 10, &mut batch);
+        buf.failed(&mut batch);
+        assert_eq!(settled(&mut buf), []);
+        buf.take_batch(0, 10, &mut batch);
+        buf.written(&mut batch);
+        assert_eq!(settled(&mut buf), [(1, Settled::Committed)]);
+    }
+
+    #[test]
+    fn a_replaced_row_hands_its_report_to_the_row_that_replaced_it() {
+        let mut buf = Buffer::new(1, 100);
+        buf.push_report(&[row(1, 1, 10)], 1, 0);
+        buf.push_report(&[row(1, 1, 20), row(1, 2, 20)], 2, 0);
+        assert_eq!(buf.counts().coalesced, 1);
+        assert_eq!(settled(&mut buf), [], "report 1's row waits in report 2's");
+        let mut batch = Batch::default();
+        buf.take_batch(0, 1, &mut batch);
+        assert_eq!(batch.rows()[0].ts, 20);
+        buf.written(&mut batch);
+        assert_eq!(settled(&mut buf), [(1, Settled::Committed)]);
+        buf.take_batch(0, 1, &mut batch);
+        buf.written(&mut batch);
+        assert_eq!(settled(&mut buf), [(2, Settled::Committed)]);
+    }
+
+    #[test]
+    fn a_failed_row_replaced_meanwhile_hands_its_report_on() {
+        let mut buf = Buffer::new(1, 100);
+        buf.push_report(&[row(1, 1, 10)], 1, 0);
+        let mut batch = Batch::default();
+        buf.take_batch(0, 1, &mut batch);
+        buf.push_report(&[row(1, 1, 20)], 2, 0);
+        buf.failed(&mut batch);
+        assert_eq!(settled(&mut buf), []);
+        buf.take_batch(0, 10, &mut batch);
+        assert_eq!(batch.rows().len(), 1, "only the newer row is written");
+        buf.written(&mut batch);
+        let mut got = settled(&mut buf);
+        got.sort_unstable();
+        assert_eq!(got, [(1, Settled::Committed), (2, Settled::Committed)]);
+    }
+
+    #[test]
+    fn a_report_with_a_dropped_or_rejected_row_is_not_committed() {
+        let mut buf = Buffer::new(1, 2);
+        buf.push_report(&[row(1, 1, 0), row(1, 2, 0)], 1, 0);
+        buf.push_report(&[row(1, 3, 0)], 2, 0);
+        let mut batch = Batch::default();
+        buf.take_batch(0, 10, &mut batch);
+        buf.written(&mut batch);
+        assert_eq!(
+            settled(&mut buf),
+            [(1, Settled::Dropped), (2, Settled::Committed)]
+        );
+        buf.push_report(&[row(1, 4, 0)], 3, 0);
+        buf.take_batch(0, 10, &mut batch);
+        buf.rejected(&mut batch);
+        assert_eq!(settled(&mut buf), [(3, Settled::Rejected)]);
+    }
+
+    #[test]
+    fn a_forgotten_report_is_never_settled_and_not_carried_on() {
+        let mut buf = Buffer::new(1, 100);
+        for t in 1..=1000 {
+            buf.push_report(&[row(1, 1, t)], t, 0);
+            buf.forget(t);
+        }
+        assert_eq!(buf.open_tickets(), 0);
+        assert!(
+            buf.carried.values().all(|v| v.is_empty()),
+            "nothing carried"
+        );
+        let mut batch = Batch::default();
+        buf.take_batch(0, 10, &mut batch);
+        buf.written(&mut batch);
+        assert_eq!(settled(&mut buf), []);
+    }
+
+    #[test]
+    fn a_hold_keeps_a_report_open_until_released_and_an_empty_one_settles_at_once() {
+        let mut buf = Buffer::new(1, 100);
+        buf.push_report(&[row(1, 1, 0)], 1, 1);
+        let mut batch = Batch::default();
+        buf.take_batch(0, 10, &mut batch);
+        buf.written(&mut batch);
+        assert_eq!(settled(&mut buf), []);
+        buf.release(1, Settled::Committed);
+        assert_eq!(settled(&mut buf), [(1, Settled::Committed)]);
+        buf.push_report(&[], 2, 1);
+        buf.release(2, Settled::Dropped);
+        buf.push_report(&[], 3, 0);
+        assert_eq!(
+            settled(&mut buf),
+            [(2, Settled::Dropped), (3, Settled::Committed)]
+        );
+        assert_eq!(buf.open_tickets(), 0);
+    }
+
     proptest! {
+        /// Whatever happens, every report settles exactly once when
+        /// everything is written in the end, and a report settles
+        /// committed only when each of its rows is in the store: written
+        /// itself, or replaced by a newer row of its key that was.
+        #[test]
+        fn a_report_is_committed_only_once_each_of_its_rows_is_in_the_store(
+            ops in proptest::collection::vec((0u8..5, 0u32..6, 1u16..6, 0usize..4), 1..200),
+            bound in 1usize..20,
+        ) {
+            let mut buf = Buffer::new(3, bound);
+            let mut held: Vec<Batch> = (0..3).map(|_| Batch::default()).collect();
+            let mut rows_of: HashMap<u64, Vec<CallStatus>> = HashMap::new();
+            // Per key, the newest `ts` the store holds.
+            let mut store: HashMap<Key, u64> = HashMap::new();
+            let mut out = Vec::new();
+            let check = |buf: &mut Buffer,
+                         store: &HashMap<Key, u64>,
+                         rows_of: &HashMap<u64, Vec<CallStatus>>|
+             -> Vec<(u64, Settled)> {
+                let mut now = Vec::new();
+                buf.take_settled(&mut now);
+                for &(t, how) in &now {
+                    if how == Settled::Committed {
+                        for r in &rows_of[&t] {
+                            assert!(
+                                store.get(&key(r)).is_some_and(|&ts| ts >= r.ts),
+                                "report {t} committed before its row {r:?} was stored"
+                            );
+                        }
+                    }
+                }
+                now
+            };
+            let write = |buf: &mut Buffer, batch: &mut Batch, store: &mut HashMap<Key, u64>| {
+                for r in batch.rows() {
+                    let ts = store.entry(key(r)).or_insert(r.ts);
+                    *ts = (*ts).max(r.ts);
+                }
+                buf.written(batch);
+            };
+            for (ts, (op, modid, port, n)) in ops.into_iter().enumerate() {
+                let shard = shard_of(ModuleId::new(modid, 1), 3);
+                match op {
+                    0 | 1 => {
+                        let rows: Vec<_> = (0..n as u16 + 1).map(|k| row(modid, port + k, ts as u64)).collect();
+                        let t = ts as u64 + 1;
+                        rows_of.insert(t, rows.clone());
+                        buf.push_report(&rows, t, 0);
+                    }
+                    2 if held[shard].is_empty() => {
+                        buf.take_batch(shard, n + 1, &mut held[shard]);
+                    }
+                    2 => buf.failed(&mut held[shard]),
+                    3 => write(&mut buf, &mut held[shard], &mut store),
+                    _ => buf.rejected(&mut held[shard]),
+                }
+                out.extend(check(&mut buf, &store, &rows_of));
+            }
+            for b in &mut held {
+                buf.failed(b);
+            }
+            let mut batch = Batch::default();
+            for i in 0..3 {
+                while buf.take_batch(i, 1000, &mut batch) {
+                    write(&mut buf, &mut batch, &mut store);
+                }
+            }
+            out.extend(check(&mut buf, &store, &rows_of));
+            let mut seen: Vec<u64> = out.iter().map(|t| t.0).collect();
+            seen.sort_unstable();
+            let mut pushed: Vec<u64> = rows_of.keys().copied().collect();
+            pushed.sort_unstable();
+            prop_assert_eq!(seen, pushed, "every report settled exactly once");
+            prop_assert_eq!(buf.open_tickets(), 0);
+            let c = buf.counts();
+            if c.dropped + c.rejected == 0 {
+                prop_assert!(out.iter().all(|t| t.1 == Settled::Committed));
+            }
+        }
+
         /// Whatever happens, the bound holds and every row accepted is
         /// exactly once written, rejected, dropped, coalesced or still held.
         #[test]

@@ -15,8 +15,10 @@
 //! consumed units are counted and logged once per peer per minute.
 //!
 //! Nothing here waits for the store: the buffer's mutex is held for a push
-//! (never across a database call), so an agent's ack never waits for a
-//! writer.
+//! (never across a database call). An agent's ack waits for the writer
+//! that commits its report (acknowledged = in the database), but the
+//! connection does not: it goes on reading, and answers each report when
+//! the writers settle it (the connection's [`Acks`] doorbell).
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -37,7 +39,7 @@ use glommio::{ExecutorJoinHandle, LocalExecutorBuilder, Placement};
 
 use super::notes::Throttle;
 use super::session::{Peer, Session};
-use super::shared::{unix_ms, Shared};
+use super::shared::{unix_ms, Acks, Shared};
 use lbagent_model::ModuleId;
 use lbagent_service::conn::{race, Either};
 use lbagent_service::doorbell::Doorbell;
@@ -412,6 +414,8 @@ async fn serve_agent(mut stream: Stream, info: PeerInfo, conn: &Conn<'_>) {
         limits,
     } = *conn;
     let mut session = Session::with_peer(info.peer);
+    let acks = Arc::new(Acks::default());
+    let mut settled = Vec::new();
     let mut buf = vec![0u8; READ_BUF];
     let peer = info.name;
     let mut last_frame = Instant::now();
@@ -420,15 +424,30 @@ async fn serve_agent(mut stream: Stream, info: PeerInfo, conn: &Conn<'_>) {
     loop {
         let (at, why) = deadline(last_frame, partial_since, &limits);
         let timer = glommio::timer::sleep(at.saturating_duration_since(Instant::now()));
-        let n = match until_stop(stop, race(stream.read(&mut buf), timer)).await {
+        let woke = race(stream.read(&mut buf), race(timer, acks.bell().rung()));
+        let n = match until_stop(stop, woke).await {
             Some(Either::Left(Ok(n))) if n > 0 => n,
-            Some(Either::Right(())) => {
+            Some(Either::Right(Either::Left(()))) => {
                 let counter = match why {
                     Expired::Idle => &shared.idle_closed,
                     Expired::ReadTimeout => &shared.read_timeouts,
                 };
                 counter.fetch_add(1, Ordering::Relaxed);
                 break;
+            }
+            Some(Either::Right(Either::Right(()))) => {
+                // Reports settled: answer them.
+                acks.take(&mut settled);
+                for (seq, how) in settled.drain(..) {
+                    session.settled(seq, how);
+                }
+                if !session.out().is_empty()
+                    && lbagent_tls::send(&mut stream, session.out()).await.is_err()
+                {
+                    break;
+                }
+                session.sent();
+                continue;
             }
             _ => break,
         };
@@ -447,10 +466,9 @@ async fn serve_agent(mut stream: Stream, info: PeerInfo, conn: &Conn<'_>) {
         partial.set(total);
         held = buffered;
         shared.partial_bytes.store(total, Ordering::Relaxed);
-        if shared.accept(session.rows(), fed.reports, fed.refused) {
+        if shared.accept(&session, fed.refused, &acks) {
             loss.ring();
         }
-        shared.accept_consumed(session.consumed_units());
         if fed.consumed_refused > 0 {
             let n = fed.consumed_refused;
             shared.consumed_refused.fetch_add(n, Ordering::Relaxed);
@@ -467,6 +485,12 @@ async fn serve_agent(mut stream: Stream, info: PeerInfo, conn: &Conn<'_>) {
                     "refused a report from {peer}: {refusal} ({hidden} more refused since the last line)"
                 ));
             }
+        }
+        // Answers settled meanwhile go out with the refusals (a peer that
+        // never stops sending must not starve its acks).
+        acks.take(&mut settled);
+        for (seq, how) in settled.drain(..) {
+            session.settled(seq, how);
         }
         if !session.out().is_empty() && lbagent_tls::send(&mut stream, session.out()).await.is_err()
         {
@@ -487,6 +511,7 @@ async fn serve_agent(mut stream: Stream, info: PeerInfo, conn: &Conn<'_>) {
             break;
         }
     }
+    shared.forget(&acks);
     let total = partial.get() - held;
     partial.set(total);
     shared.partial_bytes.store(total, Ordering::Relaxed);

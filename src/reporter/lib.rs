@@ -12,7 +12,9 @@
 //! - **Ingest** ([`session`], the `ingest` shell): every agent connection
 //!   carries u32-LE length-prefixed StatsReport frames; each becomes one
 //!   [`CallStatus`](lbagent_store::CallStatus) row per node and is answered
-//!   StatsAck `seq` once its rows are in the buffer. A malformed frame
+//!   StatsAck `seq` once the database committed its rows and applied its
+//!   consumed units (a ticket per report in the buffer, settled by the
+//!   writers' commits; the connection reads on meanwhile). A malformed frame
 //!   closes that connection (counted); a report the store could not hold
 //!   is refused with ErrorResp. One glommio executor serves every
 //!   connection: a connection is a task, not a thread, so thousands of
@@ -37,10 +39,14 @@
 //!   be written.
 //!
 //! Duplicates are harmless: an agent re-sends an unacknowledged report
-//! after a reconnect, and its rows replace themselves in the store.
+//! after a reconnect, its rows replace themselves in the store, and its
+//! consumed units are applied once when it names its agent run
+//! ([`Store::consume_once`]). Nothing acknowledged is lost to a reporter
+//! killed or a database failing over: it was committed first.
 //!
 //! Owns the reporter's sockets, threads and buffer; reads the store only
-//! through [`Store::upsert_status`], and touches nothing of the agent.
+//! through [`Store::upsert_status`], [`Store::consume`] and
+//! [`Store::consume_once`], and touches nothing of the agent.
 //!
 //! # Layout
 //!

@@ -6,7 +6,15 @@
 //!   does not decode, another message) ends the session: the stream cannot
 //!   be trusted past it.
 //! - A StatsReport becomes one [`CallStatus`] row per node
-//!   ([`rows_from_report`]) and is answered StatsAck `seq`. A report whose
+//!   ([`rows_from_report`]) and one [`Accepted`] entry; it is answered
+//!   StatsAck `seq` only when the shell says the database committed it
+//!   ([`Session::settled`] with [`Settled::Committed`]): an ack promises
+//!   the rows are stored and the consumed units applied, so a reporter
+//!   killed or a database failing over loses nothing acknowledged. A
+//!   report whose rows were dropped before the database had them is
+//!   answered ErrorResp `Unavailable` (the agent sends it again,
+//!   elsewhere if need be); one the store refused, ErrorResp
+//!   `BadRequest`. A report whose
 //!   content the store could not hold (a node of port 0, a time beyond
 //!   what the store keeps) is refused whole with ErrorResp `BadRequest`
 //!   naming the fault: the agent drops a refused report rather than
@@ -16,14 +24,17 @@
 //!   consumed units are taken only when `tls.consume_allow` names it
 //!   (refused ones are counted in [`Fed::consumed_refused`], the report is
 //!   still acknowledged: its call statistics are stored).
-//! - The caller must queue [`Session::rows`] before it writes
-//!   [`Session::out`]: a StatsAck promises the rows were accepted.
+//! - A report that names its agent run (`agent_start`, not 0) carries a
+//!   [`ReportKey`]: its consumed units are applied once however often it
+//!   is re-sent ([`lbagent_store::Store::consume_once`]). Its rows need no
+//!   key: a row replaces the stored row of its (module, node, caller), so
+//!   a re-sent report stores the same values again.
 
 use std::fmt;
 use std::net::Ipv4Addr;
 
 use lbagent_model::{ModuleId, NodeAddr};
-use lbagent_store::CallStatus;
+use lbagent_store::{CallStatus, ReportKey};
 use lbagent_wire::{
     decode, fb, write_frame, DecodeError, Encoder, FrameDecoder, FrameError, Limits, Message,
     RetCode, MAX_FRAME_LEN,
@@ -80,6 +91,37 @@ pub fn consumed_from_report(
             }
         }
     }
+}
+
+/// How the rows and consumed units of one accepted report ended, as the
+/// shell learns it from the writers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Settled {
+    /// Committed to the database (or replaced there by a newer row of the
+    /// same key, itself committed): answered StatsAck.
+    Committed,
+    /// The store refused some of it as invalid: answered ErrorResp
+    /// `BadRequest` (sending it again would be refused again).
+    Rejected,
+    /// Some of it was dropped before the database had it (the buffer's
+    /// bound while the database was slow or down): answered ErrorResp
+    /// `Unavailable`, so that the agent sends it again.
+    Dropped,
+}
+
+/// One accepted StatsReport, waiting for the database: where its rows and
+/// consumed units are in [`Session::rows`] and
+/// [`Session::consumed_units`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Accepted {
+    /// The report's `seq`, echoed by its answer.
+    pub seq: u64,
+    /// Its rows, a range of [`Session::rows`].
+    pub rows: std::ops::Range<usize>,
+    /// Its consumed units, a range of [`Session::consumed_units`].
+    pub consumed: std::ops::Range<usize>,
+    /// What names it for good, when its agent says which run it is.
+    pub key: Option<ReportKey>,
 }
 
 /// Who the peer of a session is, as far as the reporter can tell.
@@ -217,6 +259,7 @@ pub struct Session {
     peer: Peer,
     consumed: Vec<(ModuleId, NodeAddr, u32)>,
     rows: Vec<CallStatus>,
+    accepted: Vec<Accepted>,
     out: Vec<u8>,
     broken: Option<BadFrame>,
 }
@@ -236,14 +279,17 @@ impl Session {
             peer,
             consumed: Vec::new(),
             rows: Vec::new(),
+            accepted: Vec::new(),
             out: Vec::new(),
             broken: None,
         }
     }
 
     /// Takes bytes read from the connection: every complete frame is
-    /// handled, its rows appended to [`Self::rows`] and its answer to
-    /// [`Self::out`]. After a bad frame nothing more is read.
+    /// handled, an accepted report's rows appended to [`Self::rows`] and
+    /// its entry to [`Self::accepted`] (its answer waits for
+    /// [`Self::settled`]), a refusal written to [`Self::out`]. After a bad
+    /// frame nothing more is read.
     pub fn feed(&mut self, bytes: &[u8]) -> Fed {
         let mut fed = Fed::default();
         if let Some(bad) = &self.broken {
@@ -272,7 +318,8 @@ impl Session {
                 }
             };
             let seq = report.seq();
-            let answer = match rows_from(&report, &self.peer, &mut self.rows) {
+            let first_row = self.rows.len();
+            match rows_from(&report, &self.peer, &mut self.rows) {
                 Ok(_) => {
                     fed.reports += 1;
                     let before = self.consumed.len();
@@ -281,7 +328,17 @@ impl Session {
                         fed.consumed_refused += (self.consumed.len() - before) as u64;
                         self.consumed.truncate(before);
                     }
-                    self.enc.stats_ack(seq)
+                    let key = (report.agent_start() != 0).then(|| ReportKey {
+                        caller: self.peer.caller(&report),
+                        agent_start: report.agent_start(),
+                        seq,
+                    });
+                    self.accepted.push(Accepted {
+                        seq,
+                        rows: first_row..self.rows.len(),
+                        consumed: before..self.consumed.len(),
+                        key,
+                    });
                 }
                 Err(refusal) => {
                     fed.refused += 1;
@@ -290,11 +347,10 @@ impl Session {
                         self.enc
                             .error_resp(seq, refusal.module(), RetCode::BadRequest, &message);
                     fed.last_refusal = Some(refusal);
-                    answer
+                    // An error of a few dozen bytes always fits a frame.
+                    let _ = write_frame(&mut self.out, answer);
                 }
-            };
-            // An ack or an error of a few dozen bytes always fits a frame.
-            let _ = write_frame(&mut self.out, answer);
+            }
         }
         self.broken.clone_from(&fed.bad);
         fed
@@ -310,6 +366,42 @@ impl Session {
         &self.rows
     }
 
+    /// The reports accepted since the last [`Self::consumed`], in order.
+    pub fn accepted(&self) -> &[Accepted] {
+        &self.accepted
+    }
+
+    /// Report `seq` (accepted earlier on this session) ended as `how`:
+    /// its answer is appended to [`Self::out`] (StatsAck when committed,
+    /// ErrorResp otherwise, see [`Settled`]).
+    pub fn settled(&mut self, seq: u64, how: Settled) {
+        let answer = match how {
+            Settled::Committed => self.enc.stats_ack(seq),
+            Settled::Rejected => self.enc.error_resp(
+                seq,
+                ModuleId::new(0, 0),
+                RetCode::BadRequest,
+                "the store refused this report's rows as invalid; they are dropped",
+            ),
+            Settled::Dropped => self.enc.error_resp(
+                seq,
+                ModuleId::new(0, 0),
+                RetCode::Unavailable,
+                "the reporter dropped this report before the database had it (its buffer was full while the database was slow or down): send it again",
+            ),
+        };
+        // An ack or an error of a few dozen bytes always fits a frame.
+        let _ = write_frame(&mut self.out, answer);
+    }
+
+    /// The answers written: forget them (the rows and reports stay).
+    pub fn sent(&mut self) {
+        self.out.clear();
+        if self.out.capacity() > KEEP_ROWS {
+            self.out.shrink_to(KEEP_ROWS);
+        }
+    }
+
     /// The `(module, node, units)` consumed for good that the reports
     /// accepted since the last [`Self::consumed`] carried.
     pub fn consumed_units(&self) -> &[(ModuleId, NodeAddr, u32)] {
@@ -321,9 +413,11 @@ impl Session {
         &self.out
     }
 
-    /// The rows were queued and the answers written: forget them.
+    /// The rows and reports were queued and the answers written: forget
+    /// them.
     pub fn consumed(&mut self) {
         self.consumed.clear();
+        self.accepted.clear();
         self.rows.clear();
         if self.rows.capacity() > KEEP_ROWS {
             self.rows.shrink_to(KEEP_ROWS);
@@ -414,9 +508,75 @@ mod tests {
                 want(ModuleId::new(3, 4), &b[0]),
             ]
         );
+        assert!(s.out().is_empty(), "no answer before the database has it");
+        assert_eq!(
+            s.accepted(),
+            [Accepted {
+                seq: 41,
+                rows: 0..3,
+                consumed: 0..0,
+                key: None,
+            }]
+        );
+        s.settled(41, Settled::Committed);
         assert_eq!(answers(s.out()), [Ok(41)]);
         s.consumed();
-        assert!(s.rows().is_empty() && s.out().is_empty());
+        assert!(s.rows().is_empty() && s.out().is_empty() && s.accepted().is_empty());
+    }
+
+    #[test]
+    fn a_report_is_answered_as_it_settled() {
+        let mut s = Session::new(None);
+        s.settled(1, Settled::Committed);
+        s.settled(2, Settled::Dropped);
+        s.settled(3, Settled::Rejected);
+        assert_eq!(
+            answers(s.out()),
+            [
+                Ok(1),
+                Err((2, RetCode::Unavailable)),
+                Err((3, RetCode::BadRequest))
+            ]
+        );
+        s.sent();
+        assert!(s.out().is_empty());
+    }
+
+    #[test]
+    fn a_report_naming_its_run_carries_the_key_of_its_consumed_units() {
+        let nodes = [node(80, 1, 0, false)];
+        let consumed = [(NodeAddr::new(Ipv4Addr::new(10, 0, 0, 1), 80), 3)];
+        let modules = [ModuleStats {
+            module: ModuleId::new(1, 1),
+            nodes: &nodes,
+            consumed: &consumed,
+        }];
+        let mut enc = Encoder::new();
+        let mut stream = Vec::new();
+        write_frame(
+            &mut stream,
+            enc.stats_report_of_run(5, 0x0a00_0007, 9, 0xabcd, &modules),
+        )
+        .unwrap();
+        stream.extend(report_frame(6, 0x0a00_0007, 9, &modules));
+        let mut s = Session::with_peer(Peer::Identified {
+            caller: 0x0a00_0008,
+            may_consume: true,
+        });
+        s.feed(&stream);
+        let key = ReportKey {
+            caller: 0x0a00_0008,
+            agent_start: 0xabcd,
+            seq: 5,
+        };
+        assert_eq!(
+            s.accepted()[0].key,
+            Some(key),
+            "the caller it is stored under"
+        );
+        assert_eq!(s.accepted()[0].consumed, 0..1);
+        assert_eq!(s.accepted()[1].key, None, "an agent that names no run");
+        assert_eq!(s.accepted()[1].consumed, 1..2);
     }
 
     #[test]
@@ -488,7 +648,8 @@ mod tests {
             let first = s.feed(&stream[..cut]);
             let second = s.feed(&stream[cut..]);
             assert_eq!(first.reports + second.reports, 3, "cut at {cut}");
-            assert_eq!(answers(s.out()), [Ok(1), Ok(2), Ok(3)]);
+            let seqs: Vec<u64> = s.accepted().iter().map(|a| a.seq).collect();
+            assert_eq!(seqs, [1, 2, 3]);
             let times: Vec<u64> = s.rows().iter().map(|r| r.ts).collect();
             assert_eq!(times, [101, 101, 102, 102, 103, 103]);
         }
@@ -522,11 +683,12 @@ mod tests {
         assert_eq!(s.rows()[0].ts, MAX_TIME_S);
         assert_eq!(
             answers(s.out()),
-            [
-                Err((1, RetCode::BadRequest)),
-                Err((2, RetCode::BadRequest)),
-                Ok(3)
-            ]
+            [Err((1, RetCode::BadRequest)), Err((2, RetCode::BadRequest))]
+        );
+        assert_eq!(s.accepted().len(), 1);
+        assert_eq!(
+            (s.accepted()[0].seq, s.accepted()[0].rows.clone()),
+            (3, 0..1)
         );
         let port_zero = RefusedReport::PortZero {
             module: ModuleId::new(4, 2),
@@ -554,7 +716,7 @@ mod tests {
             fed.bad,
             Some(BadFrame::Decode(DecodeError::BadIdentifier { .. }))
         ));
-        assert_eq!(answers(s.out()), [Ok(1)]);
+        assert_eq!(s.accepted()[0].seq, 1);
         assert_eq!(s.rows().len(), 1);
         s.consumed();
         let again = s.feed(&report_frame(3, 9, 5, &modules));

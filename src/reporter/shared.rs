@@ -5,17 +5,63 @@
 //! The mutex is held for a push, a take or a settle of a batch — copies
 //! of at most a report's or a batch's rows — and never across a database
 //! call or a socket operation.
+//!
+//! Acknowledgements: every accepted report gets a ticket in the buffer
+//! (see [`super::buffer`]); when the writers settle it, its connection's
+//! [`Acks`] gets `(seq, how)` and its doorbell rings, and the connection's
+//! task answers. A connection that closed meanwhile is not answered (its
+//! agent sends the report again).
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use super::buffer::Buffer;
+use super::buffer::{Buffer, Settled};
 use super::metrics::ReporterStats;
 use super::notes::LossNotes;
+use super::session::Session;
 use super::Log;
 use lbagent_model::{ModuleId, NodeAddr};
-use lbagent_store::CallStatus;
+use lbagent_service::doorbell::Doorbell;
+use lbagent_store::ReportKey;
+
+/// One connection's answers, settled by the writers and waiting for its
+/// task: `(seq, how)` per report, and the doorbell that wakes the task.
+#[derive(Debug, Default)]
+pub(super) struct Acks {
+    ready: Mutex<Vec<(u64, Settled)>>,
+    bell: Doorbell,
+    /// Its tickets not settled yet (changed under the core's lock).
+    open: Mutex<Vec<u64>>,
+}
+
+impl Acks {
+    /// Rung when answers wait.
+    pub(super) fn bell(&self) -> &Doorbell {
+        &self.bell
+    }
+
+    fn open(&self) -> MutexGuard<'_, Vec<u64>> {
+        self.open.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Moves the waiting answers to `out`.
+    pub(super) fn take(&self, out: &mut Vec<(u64, Settled)>) {
+        out.append(&mut self.ready.lock().unwrap_or_else(|p| p.into_inner()));
+    }
+}
+
+/// One report's consumed units, waiting for a writer.
+#[derive(Debug)]
+pub(super) struct ConsumedReport {
+    /// The report's ticket (one hold on it).
+    pub(super) ticket: u64,
+    /// What names it for good, when its agent says which run it is.
+    pub(super) key: Option<ReportKey>,
+    /// `(module, node, units)`.
+    pub(super) entries: Vec<(ModuleId, NodeAddr, u32)>,
+}
 
 /// At most one line about dropped rows per this many milliseconds.
 pub(super) const LOSS_NOTE_INTERVAL_MS: u64 = 10_000;
@@ -55,11 +101,39 @@ pub(super) struct Core {
     pub(super) phase: Phase,
     /// The latest store error, for the stop report.
     pub(super) last_error: Option<String>,
-    /// Per writer (the shard of the module): `(module, node, units)`
-    /// consumed for good, waiting for [`lbagent_store::Store::consume`].
-    pub(super) consumed: Vec<Vec<(ModuleId, NodeAddr, u32)>>,
+    /// Per writer (the shard of the report's first module): the reports'
+    /// consumed units waiting for the store, oldest first.
+    pub(super) consumed: Vec<Vec<ConsumedReport>>,
+    /// Entries in `consumed`, per writer.
+    pub(super) consumed_entries: Vec<usize>,
     /// Consumed entries dropped at [`MAX_CONSUMED_WAITING`] per writer.
     pub(super) consumed_dropped: u64,
+    /// Open tickets: whose connection and which report.
+    pub(super) tickets: HashMap<u64, (Arc<Acks>, u64)>,
+    /// The last ticket given.
+    pub(super) last_ticket: u64,
+}
+
+impl Core {
+    /// Hands every ticket the buffer settled to its connection; returns
+    /// the connections to wake (ring them once the lock is released).
+    pub(super) fn deliver(&mut self, wake: &mut Vec<Arc<Acks>>) {
+        let mut settled = Vec::new();
+        self.buffer.take_settled(&mut settled);
+        for (ticket, how) in settled {
+            let Some((acks, seq)) = self.tickets.remove(&ticket) else {
+                continue;
+            };
+            acks.open().retain(|&t| t != ticket);
+            acks.ready
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push((seq, how));
+            if !wake.iter().any(|a| Arc::ptr_eq(a, &acks)) {
+                wake.push(acks);
+            }
+        }
+    }
 }
 
 /// Consumed-units entries one writer keeps waiting for the store at most;
@@ -122,8 +196,11 @@ impl Shared {
                 running: 0,
                 phase: Phase::Running,
                 last_error: None,
-                consumed: vec![Vec::new(); writers],
+                consumed: (0..writers).map(|_| Vec::new()).collect(),
+                consumed_entries: vec![0; writers],
                 consumed_dropped: 0,
+                tickets: HashMap::new(),
+                last_ticket: 0,
             }),
             wake: (0..writers).map(|_| Condvar::new()).collect(),
             exited: Condvar::new(),
@@ -159,60 +236,121 @@ impl Shared {
         self.log.line(line);
     }
 
-    /// Queues the rows of `reports` accepted reports (and counts `refused`
-    /// refused ones), wakes the writers concerned, and logs a loss when one
-    /// is due. Never waits for a writer. Returns true when drops wait to be
-    /// said later (then [`Self::housekeeping`] must run when they are due).
-    pub(super) fn accept(&self, rows: &[CallStatus], reports: u64, refused: u64) -> bool {
-        self.reports.fetch_add(reports, Ordering::Relaxed);
+    /// Queues the rows and consumed units of the reports `session`
+    /// accepted (and counts `refused` refused ones), each under a ticket
+    /// answered to `acks` once the writers settle it; wakes the writers
+    /// concerned, and logs a loss when one is due. Never waits for a
+    /// writer. Returns true when drops wait to be said later (then
+    /// [`Self::housekeeping`] must run when they are due).
+    pub(super) fn accept(&self, session: &Session, refused: u64, acks: &Arc<Acks>) -> bool {
+        let accepted = session.accepted();
+        self.reports
+            .fetch_add(accepted.len() as u64, Ordering::Relaxed);
         self.reports_refused.fetch_add(refused, Ordering::Relaxed);
-        if rows.is_empty() {
+        if accepted.is_empty() {
             return false;
         }
+        let (rows, units) = (session.rows(), session.consumed_units());
         let now = unix_ms();
-        let (line, pending) = {
+        let mut wake = Vec::new();
+        let (line, pending, consumed_line) = {
             let mut core = self.lock();
-            let dropped = core.buffer.push(rows);
-            let Core { buffer, loss, .. } = &mut *core;
+            let writers = core.consumed.len();
+            let mut dropped = 0;
+            let before = core.consumed_dropped;
+            for report in accepted {
+                if core.tickets.len() >= core.buffer.bound() {
+                    // As many reports wait as rows may: store this one's
+                    // rows, but promise nothing (the agent sends it again).
+                    dropped += core.buffer.push(&rows[report.rows.clone()]);
+                    acks.ready
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push((report.seq, Settled::Dropped));
+                    if !wake.iter().any(|a| Arc::ptr_eq(a, acks)) {
+                        wake.push(acks.clone());
+                    }
+                    continue;
+                }
+                core.last_ticket += 1;
+                let ticket = core.last_ticket;
+                core.tickets.insert(ticket, (acks.clone(), report.seq));
+                acks.open().push(ticket);
+                let entries = &units[report.consumed.clone()];
+                let holds = u32::from(!entries.is_empty());
+                dropped += core
+                    .buffer
+                    .push_report(&rows[report.rows.clone()], ticket, holds);
+                if let Some(&(module, _, _)) = entries.first() {
+                    let i = super::buffer::shard_of(module, writers);
+                    if core.consumed_entries[i] + entries.len() <= MAX_CONSUMED_WAITING {
+                        core.consumed_entries[i] += entries.len();
+                        core.consumed[i].push(ConsumedReport {
+                            ticket,
+                            key: report.key,
+                            entries: entries.to_vec(),
+                        });
+                        self.wake[i].notify_one();
+                    } else {
+                        core.consumed_dropped += entries.len() as u64;
+                        core.buffer.release(ticket, Settled::Dropped);
+                    }
+                }
+            }
+            core.deliver(&mut wake);
+            let Core {
+                buffer,
+                loss,
+                consumed_dropped,
+                ..
+            } = &mut *core;
             buffer.drain_touched(|i| self.wake[i].notify_one());
             loss.dropped(dropped, now);
             let bound = buffer.bound();
-            (loss.due(now, bound), loss.next_due().is_some())
+            // A line at the first consumed drop and every 1024th after it.
+            let consumed_line = (*consumed_dropped / 1024 != before / 1024
+                || (before == 0 && *consumed_dropped > 0))
+                .then_some(*consumed_dropped);
+            (
+                loss.due(now, bound),
+                loss.next_due().is_some(),
+                consumed_line,
+            )
         };
+        for acks in wake {
+            acks.bell.ring();
+        }
         if let Some(line) = line {
             self.log(&line);
+        }
+        if let Some(n) = consumed_line {
+            self.log(&format!(
+                "{n} consumed-units entries dropped so far: the store is not taking them ({MAX_CONSUMED_WAITING} wait per writer); their reports are answered Unavailable and sent again"
+            ));
         }
         pending
     }
 
-    /// Queues capacity units consumed for good for the writer of each
-    /// module's shard, and wakes it.
-    pub(super) fn accept_consumed(&self, entries: &[(ModuleId, NodeAddr, u32)]) {
-        if entries.is_empty() {
-            return;
+    /// The connection of `acks` closed: its reports are no longer answered
+    /// (their rows are still written), and their tickets go.
+    pub(super) fn forget(&self, acks: &Acks) {
+        let mut core = self.lock();
+        for t in std::mem::take(&mut *acks.open()) {
+            core.tickets.remove(&t);
+            core.buffer.forget(t);
         }
-        let dropped = {
+    }
+
+    /// Runs `f` on the state, then answers the reports it settled.
+    pub(super) fn settle(&self, f: impl FnOnce(&mut Core)) {
+        let mut wake = Vec::new();
+        {
             let mut core = self.lock();
-            let writers = core.consumed.len();
-            let before = core.consumed_dropped;
-            for &e in entries {
-                let i = super::buffer::shard_of(e.0, writers);
-                if core.consumed[i].len() < MAX_CONSUMED_WAITING {
-                    core.consumed[i].push(e);
-                    self.wake[i].notify_one();
-                } else {
-                    core.consumed_dropped += 1;
-                }
-            }
-            // A line at the first drop and every 1024th after it.
-            (core.consumed_dropped / 1024 != before / 1024
-                || (before == 0 && core.consumed_dropped > 0))
-                .then_some(core.consumed_dropped)
-        };
-        if let Some(n) = dropped {
-            self.log(&format!(
-                "{n} consumed-units entries dropped so far: the store is not taking them ({MAX_CONSUMED_WAITING} wait per writer)"
-            ));
+            f(&mut core);
+            core.deliver(&mut wake);
+        }
+        for acks in wake {
+            acks.bell.ring();
         }
     }
 

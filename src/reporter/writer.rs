@@ -26,9 +26,9 @@ use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use super::buffer::Batch;
+use super::buffer::{Batch, Settled};
 use super::notes::OutageNotes;
-use super::shared::{unix_ms, Phase, Shared};
+use super::shared::{unix_ms, ConsumedReport, Phase, Shared};
 use super::OpenStore;
 use lbagent_store::{Store, StoreError};
 
@@ -190,37 +190,68 @@ impl<'a> Writer<'a> {
         }
     }
 
-    /// Applies the capacity units consumed for good waiting for this
-    /// writer, in one transaction; they wait again when the store is
-    /// unavailable, and are dropped (logged) when it refuses them.
+    /// Applies the capacity units consumed for good that wait for this
+    /// writer, a transaction per report: exactly once for a report that
+    /// names its agent run ([`Store::consume_once`]), else as given. A
+    /// report applied releases its hold on its ticket; on a store failure
+    /// the rest wait again (oldest first); a report the store refuses is
+    /// logged and released as rejected.
     fn write_consumed(&mut self) {
-        let entries = std::mem::take(&mut self.shared.lock().consumed[self.i]);
-        if entries.is_empty() {
+        let reports = {
+            let mut core = self.shared.lock();
+            core.consumed_entries[self.i] = 0;
+            std::mem::take(&mut core.consumed[self.i])
+        };
+        if reports.is_empty() {
             return;
         }
-        let Some(store) = self.store.as_mut() else {
-            self.shared.lock().consumed[self.i].splice(0..0, entries);
-            return;
-        };
-        match store.consume(&entries) {
-            Ok(_) => {}
-            Err(StoreError::BadInput(why)) => self.shared.log(&format!(
-                "writer {}: the store refused {} consumed-units entries, which are dropped: {why}",
-                self.i,
-                entries.len()
-            )),
-            Err(e) => {
-                self.shared.lock().consumed[self.i].splice(0..0, entries);
-                self.down(&e);
-                self.store = None;
+        let mut reports = reports.into_iter();
+        while let Some(report) = reports.next() {
+            let Some(store) = self.store.as_mut() else {
+                self.requeue_consumed(std::iter::once(report).chain(reports));
+                return;
+            };
+            let result = match report.key {
+                Some(key) => store
+                    .consume_once(key, &report.entries, unix_ms() / 1000)
+                    .map(|_| ()),
+                None => store.consume(&report.entries).map(|_| ()),
+            };
+            match result {
+                Ok(()) => self
+                    .shared
+                    .settle(|core| core.buffer.release(report.ticket, Settled::Committed)),
+                Err(StoreError::BadInput(why)) => {
+                    self.shared.log(&format!(
+                        "writer {}: the store refused {} consumed-units entries, which are dropped: {why}",
+                        self.i,
+                        report.entries.len()
+                    ));
+                    self.shared
+                        .settle(|core| core.buffer.release(report.ticket, Settled::Rejected));
+                }
+                Err(e) => {
+                    self.requeue_consumed(std::iter::once(report).chain(reports));
+                    self.down(&e);
+                    self.store = None;
+                    return;
+                }
             }
         }
+    }
+
+    /// Puts `reports` back at the front of this writer's consumed units.
+    fn requeue_consumed(&self, reports: impl Iterator<Item = ConsumedReport>) {
+        let reports: Vec<ConsumedReport> = reports.collect();
+        let mut core = self.shared.lock();
+        core.consumed_entries[self.i] += reports.iter().map(|r| r.entries.len()).sum::<usize>();
+        core.consumed[self.i].splice(0..0, reports);
     }
 
     /// Writes `batch` in one transaction and settles it.
     fn write(&mut self, batch: &mut Batch) {
         let Some(store) = self.store.as_mut() else {
-            self.shared.lock().buffer.failed(batch);
+            self.shared.settle(|core| core.buffer.failed(batch));
             return;
         };
         self.shared.lock().writing_since[self.i] = Some(Instant::now());
@@ -228,12 +259,12 @@ impl<'a> Writer<'a> {
         self.shared.lock().writing_since[self.i] = None;
         match result {
             Ok(()) => {
-                self.shared.lock().buffer.written(batch);
+                self.shared.settle(|core| core.buffer.written(batch));
                 self.up();
             }
             Err(StoreError::BadInput(why)) => {
                 let n = batch.rows().len();
-                self.shared.lock().buffer.rejected(batch);
+                self.shared.settle(|core| core.buffer.rejected(batch));
                 self.shared.log(&format!(
                     "writer {}: the store refused {n} rows, which are dropped (counted in lbagent_reporter_rows_rejected_total): {why}",
                     self.i
@@ -241,7 +272,7 @@ impl<'a> Writer<'a> {
                 self.up();
             }
             Err(e) => {
-                self.shared.lock().buffer.failed(batch);
+                self.shared.settle(|core| core.buffer.failed(batch));
                 self.store = None;
                 self.down(&e);
                 self.pause();

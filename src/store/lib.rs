@@ -276,6 +276,21 @@ pub trait Store: Send {
     /// [`MAX_WEIGHT`]: the whole batch is refused.
     fn consume(&mut self, rows: &[(ModuleId, NodeAddr, u32)]) -> Result<Consumed, StoreError>;
 
+    /// [`Self::consume`] for the report `key` names, exactly once: in the
+    /// same transaction the report is recorded (`consumed_report`), and a
+    /// report recorded already is not applied again (`Ok(None)`). Records
+    /// older than [`CONSUMED_REPORT_KEEP_S`] (by `now_s`, Unix seconds)
+    /// are deleted in the same transaction.
+    ///
+    /// # Errors
+    /// As [`Self::consume`]; nothing is recorded then.
+    fn consume_once(
+        &mut self,
+        key: ReportKey,
+        rows: &[(ModuleId, NodeAddr, u32)],
+        now_s: u64,
+    ) -> Result<Option<Consumed>, StoreError>;
+
     /// Every route, or one module's, sorted by module and node.
     fn list(&mut self, module: Option<ModuleId>) -> Result<Vec<ModuleRoute>, StoreError>;
 
@@ -341,6 +356,36 @@ pub struct Consumed {
     /// The nodes whose capacity left went down.
     pub nodes: usize,
 }
+
+/// What names one statistics report for good: the caller it was stored
+/// under, the agent's run number (`StatsReport.agent_start`, never 0) and
+/// the report's sequence number in that run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ReportKey {
+    /// The caller (IPv4, host byte order) its rows are stored under.
+    pub caller: u32,
+    /// The agent run's number.
+    pub agent_start: u64,
+    /// The report's sequence number.
+    pub seq: u64,
+}
+
+impl ReportKey {
+    /// The key as the store's signed 64-bit columns hold it (the bits of
+    /// each `u64`, reinterpreted).
+    pub fn columns(&self) -> (i64, i64, i64) {
+        (
+            i64::from(self.caller),
+            self.agent_start as i64,
+            self.seq as i64,
+        )
+    }
+}
+
+/// How long [`Store::consume_once`] remembers a report, seconds (7 days):
+/// far past any agent's re-send (an agent keeps a report only while it
+/// runs and its bounded queue holds it).
+pub const CONSUMED_REPORT_KEEP_S: u64 = 7 * 24 * 3600;
 
 /// The rows of [`Store::consume`], checked.
 ///

@@ -35,6 +35,16 @@
 //! - `route_data.consumed`: capacity units reported consumed for good, at
 //!   most the node's weight (the store keeps `consumed <= weight`). The
 //!   route server serves `weight - consumed`, the capacity left.
+//!
+//! # Version 3: consumed units exactly once (issue 32)
+//!
+//! - `consumed_report (caller, agent_start, seq, at)`: the reports whose
+//!   consumed units were applied, keyed by who sent them (the caller, the
+//!   agent's run number, the report's sequence number), with when (Unix
+//!   seconds). [`crate::Store::consume_once`] records its report in the
+//!   transaction that applies its units, so a re-sent report is applied
+//!   once; rows older than [`crate::CONSUMED_REPORT_KEEP_S`] are deleted
+//!   as new ones come.
 
 /// One schema version: what it does and its SQL for each backend.
 pub(crate) struct Migration {
@@ -49,7 +59,7 @@ pub(crate) struct Migration {
 }
 
 /// The newest schema version this binary knows.
-pub const LATEST: u32 = 2;
+pub const LATEST: u32 = 3;
 
 /// `schema_version` itself, created before any migration runs (SQLite).
 pub(crate) const SQLITE_SCHEMA_VERSION_TABLE: &str = "CREATE TABLE IF NOT EXISTS schema_version (
@@ -167,6 +177,31 @@ CREATE TABLE route_policy (
 );
 ALTER TABLE route_data ADD COLUMN consumed BIGINT NOT NULL DEFAULT 0
     CONSTRAINT route_data_consumed_check CHECK (consumed BETWEEN 0 AND 1000000);
+",
+    },
+    // === issue 32: consumed units exactly once (the fleetfix block) ===
+    Migration {
+        version: 3,
+        name: "reports whose consumed units were applied",
+        sqlite: "
+CREATE TABLE consumed_report (
+    caller      INTEGER NOT NULL CONSTRAINT consumed_report_caller_check CHECK (caller BETWEEN 0 AND 4294967295),
+    agent_start INTEGER NOT NULL,
+    seq         INTEGER NOT NULL,
+    at          INTEGER NOT NULL,
+    PRIMARY KEY (caller, agent_start, seq)
+) STRICT;
+CREATE INDEX consumed_report_at ON consumed_report (at);
+",
+        postgres: "
+CREATE TABLE consumed_report (
+    caller      BIGINT NOT NULL CONSTRAINT consumed_report_caller_check CHECK (caller BETWEEN 0 AND 4294967295),
+    agent_start BIGINT NOT NULL,
+    seq         BIGINT NOT NULL,
+    at          BIGINT NOT NULL,
+    PRIMARY KEY (caller, agent_start, seq)
+);
+CREATE INDEX consumed_report_at ON consumed_report (at);
 ",
     },
 ];

@@ -29,8 +29,9 @@ use super::migrations::{self, MIGRATIONS, POSTGRES_SCHEMA_VERSION_TABLE};
 use super::pg_tls::{self, Mode, PgTls};
 use super::{
     assemble, check_consumed, check_node, prepare_import, prepare_status, redact, version_of,
-    BadRows, CallStatus, ChangeRow, Changes, Consumed, Imported, ModuleRoute, PolicyRow, RouteRow,
-    RouteSet, StatusRow, Store, StoreError, Wake, CONNECT_TIMEOUT,
+    BadRows, CallStatus, ChangeRow, Changes, Consumed, Imported, ModuleRoute, PolicyRow, ReportKey,
+    RouteRow, RouteSet, StatusRow, Store, StoreError, Wake, CONNECT_TIMEOUT,
+    CONSUMED_REPORT_KEEP_S,
 };
 use lbagent_model::{ModuleId, NodeAddr, Policy, RouteNode};
 
@@ -74,7 +75,8 @@ fn unavailable(url: &str, lost: &AtomicBool, e: &::postgres::Error) -> StoreErro
 /// or protocol failure (anything the server did not report as an SQL
 /// error), or the server's own word that it ends the session (SQLSTATE
 /// class 08, connection exception, or 57P01..57P03: terminated by an
-/// administrator, a crash, or a server starting or stopping).
+/// administrator, a crash, or a server starting or stopping), or that it
+/// takes no writes (25006: read-only).
 pub(crate) fn connection_gone(e: &::postgres::Error) -> bool {
     if e.is_closed() {
         return true;
@@ -83,7 +85,11 @@ pub(crate) fn connection_gone(e: &::postgres::Error) -> bool {
         None => true,
         Some(db) => {
             let code = db.code().code();
-            code.starts_with("08") || matches!(code, "57P01" | "57P02" | "57P03")
+            // 25006 (read-only transaction): a server that no longer takes
+            // writes (a primary demoted, or a standby reached by a URL
+            // without target_session_attrs=read-write): reconnecting lets
+            // target_session_attrs find the host that does.
+            code.starts_with("08") || matches!(code, "57P01" | "57P02" | "57P03" | "25006")
         }
     }
 }
@@ -355,6 +361,56 @@ impl PostgresStore {
 
     /// Bumps the route version (taking its row lock until commit) and logs
     /// `module` as changed, in `tx`.
+    /// Applies consumed units in `tx` (see [`Store::consume`]).
+    fn apply_consumed(
+        tx: &mut Transaction<'_>,
+        rows: &[(ModuleId, NodeAddr, u32)],
+    ) -> Result<Consumed, ::postgres::Error> {
+        // The version row's lock first, as every admin change takes it:
+        // no deadlock with one that deletes a node updated here.
+        tx.execute(
+            "SELECT version FROM route_version WHERE id = 1 FOR UPDATE",
+            &[],
+        )?;
+        let mut changed: Vec<ModuleId> = Vec::new();
+        let update = tx.prepare(
+            "UPDATE route_data SET consumed = LEAST(weight, consumed + $5)
+              WHERE modid = $1 AND cmdid = $2 AND ip = $3 AND port = $4
+                AND consumed < weight",
+        )?;
+        for &(module, node, units) in rows {
+            let n = tx.execute(
+                &update,
+                &[
+                    &i64::from(module.modid),
+                    &i64::from(module.cmdid),
+                    &i64::from(node.ip),
+                    &i32::from(node.port),
+                    &i64::from(units),
+                ],
+            )?;
+            if n > 0 {
+                changed.push(module);
+            }
+        }
+        let nodes = changed.len();
+        changed.sort_unstable();
+        changed.dedup();
+        let version = match changed.split_first() {
+            None => tx
+                .query_opt("SELECT version FROM route_version WHERE id = 1", &[])?
+                .map_or(0, |r| int(&r, 0).max(0) as u64),
+            Some((&first, rest)) => {
+                let v = Self::bump(tx, first)?;
+                for &m in rest {
+                    Self::log_change(tx, v as i64, m)?;
+                }
+                v
+            }
+        };
+        Ok(Consumed { version, nodes })
+    }
+
     fn bump(tx: &mut Transaction<'_>, module: ModuleId) -> Result<u64, ::postgres::Error> {
         let row = tx.query_one(
             "INSERT INTO route_version (id, version)
@@ -531,56 +587,45 @@ impl Store for PostgresStore {
         let (url, lost) = (self.url.clone(), self.lost.clone());
         let un = |e: ::postgres::Error| unavailable(&url, &lost, &e);
         let mut tx = self.client()?.transaction().map_err(un)?;
-        // The version row's lock first, as every admin change takes it:
-        // no deadlock with one that deletes a node updated here.
-        tx.execute(
-            "SELECT version FROM route_version WHERE id = 1 FOR UPDATE",
-            &[],
-        )
-        .map_err(un)?;
-        let mut changed: Vec<ModuleId> = Vec::new();
-        let update = tx
-            .prepare(
-                "UPDATE route_data SET consumed = LEAST(weight, consumed + $5)
-                  WHERE modid = $1 AND cmdid = $2 AND ip = $3 AND port = $4
-                    AND consumed < weight",
+        let consumed = Self::apply_consumed(&mut tx, rows).map_err(un)?;
+        tx.commit().map_err(un)?;
+        Ok(consumed)
+    }
+
+    fn consume_once(
+        &mut self,
+        key: ReportKey,
+        rows: &[(ModuleId, NodeAddr, u32)],
+        now_s: u64,
+    ) -> Result<Option<Consumed>, StoreError> {
+        check_consumed(rows)?;
+        let (url, lost) = (self.url.clone(), self.lost.clone());
+        let un = |e: ::postgres::Error| unavailable(&url, &lost, &e);
+        let mut tx = self.client()?.transaction().map_err(un)?;
+        let (caller, agent_start, seq) = key.columns();
+        let now = now_s.min(i64::MAX as u64) as i64;
+        // Two reporters given the same re-sent report at once: the second
+        // INSERT waits for the first transaction, then finds its row.
+        let recorded = tx
+            .execute(
+                "INSERT INTO consumed_report (caller, agent_start, seq, at)
+                 VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
+                &[&caller, &agent_start, &seq, &now],
             )
             .map_err(un)?;
-        for &(module, node, units) in rows {
-            let n = tx
-                .execute(
-                    &update,
-                    &[
-                        &i64::from(module.modid),
-                        &i64::from(module.cmdid),
-                        &i64::from(node.ip),
-                        &i32::from(node.port),
-                        &i64::from(units),
-                    ],
-                )
-                .map_err(un)?;
-            if n > 0 {
-                changed.push(module);
-            }
+        if recorded == 0 {
+            // Applied before: the transaction rolls back as it drops.
+            return Ok(None);
         }
-        let nodes = changed.len();
-        changed.sort_unstable();
-        changed.dedup();
-        let version = match changed.split_first() {
-            None => tx
-                .query_opt("SELECT version FROM route_version WHERE id = 1", &[])
-                .map_err(un)?
-                .map_or(0, |r| int(&r, 0).max(0) as u64),
-            Some((&first, rest)) => {
-                let v = Self::bump(&mut tx, first).map_err(un)?;
-                for &m in rest {
-                    Self::log_change(&mut tx, v as i64, m).map_err(un)?;
-                }
-                v
-            }
-        };
+        let keep = CONSUMED_REPORT_KEEP_S as i64;
+        tx.execute(
+            "DELETE FROM consumed_report WHERE at < $1",
+            &[&now.saturating_sub(keep)],
+        )
+        .map_err(un)?;
+        let consumed = Self::apply_consumed(&mut tx, rows).map_err(un)?;
         tx.commit().map_err(un)?;
-        Ok(Consumed { version, nodes })
+        Ok(Some(consumed))
     }
 
     fn route_version(&mut self) -> Result<u64, StoreError> {

@@ -20,8 +20,8 @@ use rusqlite::{
 use super::migrations::{self, MIGRATIONS, SQLITE_SCHEMA_VERSION_TABLE};
 use super::{
     assemble, check_consumed, check_node, prepare_import, prepare_status, version_of, BadRows,
-    CallStatus, ChangeRow, Changes, Consumed, Imported, ModuleRoute, PolicyRow, RouteRow, RouteSet,
-    StatusRow, Store, StoreError, SQLITE_BUSY_TIMEOUT,
+    CallStatus, ChangeRow, Changes, Consumed, Imported, ModuleRoute, PolicyRow, ReportKey,
+    RouteRow, RouteSet, StatusRow, Store, StoreError, CONSUMED_REPORT_KEEP_S, SQLITE_BUSY_TIMEOUT,
 };
 use lbagent_model::{ModuleId, NodeAddr, Policy, RouteNode};
 
@@ -372,6 +372,50 @@ impl SqliteStore {
     }
 
     /// Bumps the route version, in `tx`; returns the new one.
+    /// Applies consumed units in `tx` (see [`Store::consume`]).
+    fn apply_consumed(
+        tx: &Transaction<'_>,
+        rows: &[(ModuleId, NodeAddr, u32)],
+    ) -> rusqlite::Result<Consumed> {
+        let mut changed: Vec<ModuleId> = Vec::new();
+        {
+            let mut stmt = tx.prepare_cached(
+                "UPDATE route_data SET consumed = MIN(weight, consumed + ?5)
+                  WHERE modid = ?1 AND cmdid = ?2 AND ip = ?3 AND port = ?4
+                    AND consumed < weight",
+            )?;
+            for &(module, node, units) in rows {
+                let n = stmt.execute(params![
+                    module.modid,
+                    module.cmdid,
+                    node.ip,
+                    node.port,
+                    units
+                ])?;
+                if n > 0 {
+                    changed.push(module);
+                }
+            }
+        }
+        let nodes = changed.len();
+        changed.sort_unstable();
+        changed.dedup();
+        let version = if changed.is_empty() {
+            tx.query_row("SELECT version FROM route_version WHERE id = 1", [], |r| {
+                r.get::<_, i64>(0)
+            })
+            .optional()?
+            .unwrap_or(0) as u64
+        } else {
+            let v = Self::next_version(tx)?;
+            for &m in &changed {
+                Self::log_change(tx, v, m)?;
+            }
+            v as u64
+        };
+        Ok(Consumed { version, nodes })
+    }
+
     fn next_version(tx: &Transaction<'_>) -> rusqlite::Result<i64> {
         tx.query_row(
             "INSERT INTO route_version (id, version)
@@ -617,49 +661,44 @@ impl Store for SqliteStore {
             why: super::why(&e),
         };
         let tx = self.write_tx()?;
-        let mut changed: Vec<ModuleId> = Vec::new();
-        {
-            let mut stmt = tx
-                .prepare_cached(
-                    "UPDATE route_data SET consumed = MIN(weight, consumed + ?5)
-                      WHERE modid = ?1 AND cmdid = ?2 AND ip = ?3 AND port = ?4
-                        AND consumed < weight",
-                )
-                .map_err(un)?;
-            for &(module, node, units) in rows {
-                let n = stmt
-                    .execute(params![
-                        module.modid,
-                        module.cmdid,
-                        node.ip,
-                        node.port,
-                        units
-                    ])
-                    .map_err(un)?;
-                if n > 0 {
-                    changed.push(module);
-                }
-            }
-        }
-        let nodes = changed.len();
-        changed.sort_unstable();
-        changed.dedup();
-        let version = if changed.is_empty() {
-            tx.query_row("SELECT version FROM route_version WHERE id = 1", [], |r| {
-                r.get::<_, i64>(0)
-            })
-            .optional()
-            .map_err(un)?
-            .unwrap_or(0) as u64
-        } else {
-            let v = Self::next_version(&tx).map_err(un)?;
-            for &m in &changed {
-                Self::log_change(&tx, v, m).map_err(un)?;
-            }
-            v as u64
-        };
+        let consumed = Self::apply_consumed(&tx, rows).map_err(un)?;
         tx.commit().map_err(un)?;
-        Ok(Consumed { version, nodes })
+        Ok(consumed)
+    }
+
+    fn consume_once(
+        &mut self,
+        key: ReportKey,
+        rows: &[(ModuleId, NodeAddr, u32)],
+        now_s: u64,
+    ) -> Result<Option<Consumed>, StoreError> {
+        check_consumed(rows)?;
+        let url = self.url.clone();
+        let un = |e: rusqlite::Error| StoreError::Unavailable {
+            url: url.clone(),
+            why: super::why(&e),
+        };
+        let tx = self.write_tx()?;
+        let (caller, agent_start, seq) = key.columns();
+        let now = now_s.min(i64::MAX as u64) as i64;
+        let recorded = tx
+            .prepare_cached(
+                "INSERT INTO consumed_report (caller, agent_start, seq, at)
+                 VALUES (?1, ?2, ?3, ?4) ON CONFLICT DO NOTHING",
+            )
+            .and_then(|mut stmt| stmt.execute(params![caller, agent_start, seq, now]))
+            .map_err(un)?;
+        if recorded == 0 {
+            // Applied before: the transaction rolls back as it drops.
+            return Ok(None);
+        }
+        let keep = CONSUMED_REPORT_KEEP_S as i64;
+        tx.prepare_cached("DELETE FROM consumed_report WHERE at < ?1")
+            .and_then(|mut stmt| stmt.execute(params![now.saturating_sub(keep)]))
+            .map_err(un)?;
+        let consumed = Self::apply_consumed(&tx, rows).map_err(un)?;
+        tx.commit().map_err(un)?;
+        Ok(Some(consumed))
     }
 
     fn upsert_status(&mut self, rows: &[CallStatus]) -> Result<(), StoreError> {

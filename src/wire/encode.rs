@@ -524,6 +524,22 @@ impl Encoder {
         time_s: u64,
         modules: &[ModuleStats<'_>],
     ) -> &[u8] {
+        self.stats_report_of_run(seq, caller, time_s, 0, modules)
+    }
+
+    /// StatsReport of the agent run `agent_start` (its random start
+    /// number, never 0 from an agent that sets it; 0 reads as an agent
+    /// that predates the field): with `caller` and `seq` it names the
+    /// report for good, so that a reporter applies a re-sent report's
+    /// consumed units once.
+    pub fn stats_report_of_run(
+        &mut self,
+        seq: u64,
+        caller: u32,
+        time_s: u64,
+        agent_start: u64,
+        modules: &[ModuleStats<'_>],
+    ) -> &[u8] {
         self.fbb.reset();
         self.offsets.clear();
         for m in modules {
@@ -546,6 +562,7 @@ impl Encoder {
             caller,
             time_s,
             modules,
+            agent_start,
         };
         let body = fb::StatsReport::create(&mut self.fbb, &args);
         self.finish(fb::Body::StatsReport, body)
@@ -884,6 +901,13 @@ mod tests {
             })
             .collect();
         assert_eq!(got, vec![(M, a.to_vec()), (ModuleId::new(1, 1), vec![])]);
+        assert_eq!(m.agent_start(), 0, "stats_report names no run");
+        let Message::StatsReport(m) =
+            decoded(enc.stats_report_of_run(32, 1, 2, 0xfeed_beef, &modules))
+        else {
+            panic!("wrong type")
+        };
+        assert_eq!((m.seq(), m.agent_start()), (32, 0xfeed_beef));
 
         let Message::StatsAck(m) = decoded(enc.stats_ack(31)) else {
             panic!("wrong type")

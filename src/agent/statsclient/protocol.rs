@@ -47,6 +47,8 @@ pub struct StatsClientCore {
     unreported_drops: u64,
     encoder: Encoder,
     stats: StatsClientStats,
+    /// This run's number, sent as every report's `agent_start` (never 0).
+    agent_start: u64,
 }
 
 impl StatsClientCore {
@@ -70,7 +72,16 @@ impl StatsClientCore {
             unreported_drops: 0,
             encoder: Encoder::new(),
             stats: StatsClientStats::default(),
+            agent_start: agent_start_of(config.jitter_seed),
         })
+    }
+
+    /// This run's number, sent as every report's `agent_start`: with the
+    /// caller and `seq` it names a report for good, so that a reporter
+    /// applies a re-sent report's consumed units once. Drawn from
+    /// [`StatsClientConfig::jitter_seed`] (random per process), never 0.
+    pub fn agent_start(&self) -> u64 {
+        self.agent_start
     }
 
     /// Queues `module`'s statistics, taken at `now`. A module with more than
@@ -294,9 +305,13 @@ impl StatsClientCore {
             })
             .collect();
         let caller = u32::from(self.config.caller);
-        let frame = self
-            .encoder
-            .stats_report(batch.seq, caller, batch.time_s, &modules);
+        let frame = self.encoder.stats_report_of_run(
+            batch.seq,
+            caller,
+            batch.time_s,
+            self.agent_start,
+            &modules,
+        );
         write_frame(out, frame).expect("a StatsReport within the configured bounds fits a frame");
     }
 
@@ -434,6 +449,12 @@ impl LinkCore for StatsClientCore {
             requeued: self.stats().in_flight,
         }
     }
+}
+
+/// The run number of a core seeded `jitter_seed`: a draw of its own
+/// (not the jitter's), never 0.
+fn agent_start_of(jitter_seed: u64) -> u64 {
+    fastrand::Rng::with_seed(jitter_seed ^ 0x5354_4152_5453_5441).u64(1..)
 }
 
 /// How long until `deadline` (zero once past).

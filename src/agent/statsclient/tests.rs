@@ -58,6 +58,7 @@ struct Report {
     caller: u32,
     time_s: u64,
     modules: Vec<(ModuleId, Vec<NodeStats>)>,
+    agent_start: u64,
 }
 
 impl Report {
@@ -86,6 +87,7 @@ fn transmit(core: &mut StatsClientCore, now: u64) -> Vec<Report> {
             caller: r.caller(),
             time_s: r.time_s(),
             modules: modules.collect(),
+            agent_start: r.agent_start(),
         });
     }
     assert_eq!(reports.len(), n);
@@ -199,6 +201,7 @@ fn nothing_is_sent_until_connected_and_then_everything_is() {
                     overloaded: false
                 }]
             )],
+            agent_start: core.agent_start(),
         }]
     );
     assert_eq!(core.stats().sent, 1);
@@ -327,6 +330,30 @@ fn at_most_the_window_is_in_flight_and_an_ack_opens_it() {
 }
 
 // --- re-sending ---
+
+#[test]
+fn every_report_of_a_run_names_the_run_and_a_resend_names_it_again() {
+    let mut core = connected(&config(), T0);
+    core.push(A, nodes(1), T0);
+    let first = transmit(&mut core, T0);
+    let run = core.agent_start();
+    assert_ne!(run, 0, "0 is an agent that predates the field");
+    assert_eq!(first[0].agent_start, run);
+    core.on_disconnected(T0 + 1);
+    let at = core.link().next_attempt_at().unwrap();
+    core.poll_connect(at).unwrap();
+    core.on_connected(at);
+    let again = transmit(&mut core, at);
+    assert_eq!((again[0].seq, again[0].agent_start), (first[0].seq, run));
+    let mut other = config();
+    other.jitter_seed = 8;
+    let other = StatsClientCore::new(&other).unwrap();
+    assert_ne!(other.agent_start(), run, "another run, another number");
+    let mut reloaded = config();
+    reloaded.jitter_seed = 99;
+    core.reconfigure(&reloaded).unwrap();
+    assert_eq!(core.agent_start(), run, "a reload keeps the run");
+}
 
 #[test]
 fn reports_in_flight_are_resent_first_and_unchanged_after_reconnecting() {

@@ -4584,6 +4584,7 @@ impl<'a> StatsReport<'a> {
   pub const VT_CALLER: flatbuffers::VOffsetT = 6;
   pub const VT_TIME_S: flatbuffers::VOffsetT = 8;
   pub const VT_MODULES: flatbuffers::VOffsetT = 10;
+  pub const VT_AGENT_START: flatbuffers::VOffsetT = 12;
 
   #[inline]
   pub unsafe fn init_from_table(table: flatbuffers::Table<'a>) -> Self {
@@ -4595,6 +4596,7 @@ impl<'a> StatsReport<'a> {
     args: &'args StatsReportArgs<'args>
   ) -> flatbuffers::WIPOffset<StatsReport<'bldr>> {
     let mut builder = StatsReportBuilder::new(_fbb);
+    builder.add_agent_start(args.agent_start);
     builder.add_time_s(args.time_s);
     builder.add_seq(args.seq);
     if let Some(x) = args.modules { builder.add_modules(x); }
@@ -4633,6 +4635,18 @@ impl<'a> StatsReport<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<flatbuffers::ForwardsUOffset<flatbuffers::Vector<'a, flatbuffers::ForwardsUOffset<ModuleStats>>>>(StatsReport::VT_MODULES, None)}
   }
+  /// Which run of the agent sent it: a random number the agent draws at
+  /// start, never 0. With `caller` and `seq` it names one report for good,
+  /// so that a reporter applies a re-sent report's consumed units once.
+  /// 0 (an agent that predates the field): the reporter cannot tell a
+  /// re-send, and applies its consumed units each time it receives it.
+  #[inline]
+  pub fn agent_start(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(StatsReport::VT_AGENT_START, Some(0)).unwrap()}
+  }
 }
 
 impl flatbuffers::Verifiable for StatsReport<'_> {
@@ -4646,6 +4660,7 @@ impl flatbuffers::Verifiable for StatsReport<'_> {
      .visit_field::<u32>("caller", Self::VT_CALLER, false)?
      .visit_field::<u64>("time_s", Self::VT_TIME_S, false)?
      .visit_field::<flatbuffers::ForwardsUOffset<flatbuffers::Vector<'_, flatbuffers::ForwardsUOffset<ModuleStats>>>>("modules", Self::VT_MODULES, false)?
+     .visit_field::<u64>("agent_start", Self::VT_AGENT_START, false)?
      .finish();
     Ok(())
   }
@@ -4655,6 +4670,7 @@ pub struct StatsReportArgs<'a> {
     pub caller: u32,
     pub time_s: u64,
     pub modules: Option<flatbuffers::WIPOffset<flatbuffers::Vector<'a, flatbuffers::ForwardsUOffset<ModuleStats<'a>>>>>,
+    pub agent_start: u64,
 }
 impl<'a> Default for StatsReportArgs<'a> {
   #[inline]
@@ -4664,6 +4680,7 @@ impl<'a> Default for StatsReportArgs<'a> {
       caller: 0,
       time_s: 0,
       modules: None,
+      agent_start: 0,
     }
   }
 }
@@ -4690,6 +4707,10 @@ impl<'a: 'b, 'b> StatsReportBuilder<'a, 'b> {
     self.fbb_.push_slot_always::<flatbuffers::WIPOffset<_>>(StatsReport::VT_MODULES, modules);
   }
   #[inline]
+  pub fn add_agent_start(&mut self, agent_start: u64) {
+    self.fbb_.push_slot::<u64>(StatsReport::VT_AGENT_START, agent_start, 0);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut flatbuffers::FlatBufferBuilder<'a>) -> StatsReportBuilder<'a, 'b> {
     let start = _fbb.start_table();
     StatsReportBuilder {
@@ -4711,14 +4732,17 @@ impl core::fmt::Debug for StatsReport<'_> {
       ds.field("caller", &self.caller());
       ds.field("time_s", &self.time_s());
       ds.field("modules", &self.modules());
+      ds.field("agent_start", &self.agent_start());
       ds.finish()
   }
 }
 pub enum StatsAckOffset {}
 #[derive(Copy, Clone, PartialEq)]
 
-/// The reporter accepted StatsReport `seq` (it will not be lost to a
-/// reconnect; the agent may forget it).
+/// The reporter committed StatsReport `seq` to its database (the rows are
+/// stored and its consumed units applied): the agent may forget it. A
+/// reporter that predates this rule acknowledged a report once it was
+/// queued, before the database had it.
 pub struct StatsAck<'a> {
   pub _tab: flatbuffers::Table<'a>,
 }

@@ -559,7 +559,7 @@ fn reencode<'e>(msg: &Message<'_>, enc: &'e mut Encoder) -> Option<&'e [u8]> {
                     consumed: &[],
                 })
                 .collect();
-            enc.stats_report(m.seq(), m.caller(), m.time_s(), &modules)
+            enc.stats_report_of_run(m.seq(), m.caller(), m.time_s(), m.agent_start(), &modules)
         }
         Message::StatsAck(m) => enc.stats_ack(m.seq()),
         Message::Unsubscribe(m) => enc.unsubscribe(&unsubscribed(m)),
