@@ -35,16 +35,18 @@
 //! mounted into a container) answers over itself. Its end is also the
 //! client's end: units it held go back when it closes.
 //!
-//! Binding never follows or replaces what another user planted: a path
-//! that exists is replaced only when it is a socket owned by the agent's
-//! user that nobody serves (a stale one from a crash); anything else (a
-//! symlink, another kind of file, another owner, a live agent) refuses the
-//! start with a message naming it.
+//! Binding never follows or replaces what another user planted: the
+//! directory and the path are judged by [`lbagent_host::owned`] as every
+//! file of the agent's directory is (a directory others can write is
+//! refused), and a path that exists is replaced only when it is a socket
+//! owned by the agent's user that nobody serves (a stale one from a
+//! crash); anything else (a symlink, another kind of file, another owner,
+//! a live agent) refuses the start with a message naming it, its owner
+//! and mode, and the fix.
 
 use std::collections::VecDeque;
-use std::io;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -112,13 +114,11 @@ impl Trust {
 /// The path is taken by something the agent must not replace, or the
 /// bind fails; the message names the path and what to do.
 pub fn bind(path: &Path) -> anyhow::Result<UnixListener> {
-    match std::fs::symlink_metadata(path) {
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => {
-            return Err(e)
-                .with_context(|| format!("cannot look at the local socket {}", path.display()))
-        }
-        Ok(meta) => remove_stale(path, &meta)?,
+    // The directory and what is at the path, judged as every file of the
+    // agent's directory is (lbagent_host::owned: same refusals, same
+    // messages).
+    if lbagent_host::owned::check_socket_path(path)? {
+        remove_stale(path)?;
     }
     let listener = UnixListener::bind(path).with_context(|| {
         format!(
@@ -136,27 +136,10 @@ pub fn bind(path: &Path) -> anyhow::Result<UnixListener> {
     Ok(listener)
 }
 
-/// A path that exists where a shard's socket goes: removed when it is a
-/// stale socket of the agent's own user, refused otherwise.
-fn remove_stale(path: &Path, meta: &std::fs::Metadata) -> anyhow::Result<()> {
+/// A socket of the agent's own user where a shard's socket goes: removed
+/// when nobody serves it (stale, from a crash), refused otherwise.
+fn remove_stale(path: &Path) -> anyhow::Result<()> {
     let shown = path.display();
-    let own = nix::unistd::geteuid().as_raw();
-    if meta.file_type().is_symlink() {
-        anyhow::bail!(
-            "the local socket path {shown} is a symbolic link: the agent follows none; remove it \
-             (and find who planted it: the agent's directory must be writable by its user only)"
-        );
-    }
-    if !meta.file_type().is_socket() {
-        anyhow::bail!("the local socket path {shown} exists and is not a socket: the agent replaces no other file; remove it");
-    }
-    if meta.uid() != own {
-        anyhow::bail!(
-            "the local socket path {shown} is a socket of uid {}, not of the agent's user (uid {own}): \
-             the agent replaces none it does not own; remove it (and find who planted it)",
-            meta.uid()
-        );
-    }
     if UnixStream::connect(path).is_ok() {
         anyhow::bail!(
             "the local socket {shown} is served by another agent (same agent.heartbeat_path?): stop it first"
@@ -526,7 +509,27 @@ mod tests {
         std::os::unix::fs::symlink(dir.path().join("elsewhere"), &path).unwrap();
         let e = bind(&path).unwrap_err().to_string();
         assert!(e.contains("symbolic link"), "{e}");
+        assert!(
+            e.starts_with(&format!("refusing {}", path.display())),
+            "{e}"
+        );
         assert!(!dir.path().join("elsewhere").exists());
+    }
+
+    #[test]
+    fn a_socket_in_a_directory_others_can_write_is_never_bound() {
+        let dir = tempfile::tempdir().unwrap();
+        let open = dir.path().join("open");
+        std::fs::create_dir(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let path = open.join("hb.sock.0");
+        let e = bind(&path).unwrap_err().to_string();
+        assert!(
+            e.contains(&format!("refusing {}", open.display()))
+                && e.contains("other users can write it"),
+            "{e}"
+        );
+        assert!(!path.exists());
     }
 
     #[test]
