@@ -680,6 +680,45 @@ fn a_fifo_at_the_config_path_on_sighup_does_not_block_sigterm() {
 }
 
 #[test]
+fn a_fifo_at_a_tls_file_on_sighup_does_not_block_sigterm() {
+    // Issue 27's other reload read: a SIGHUP re-reads the TLS files on
+    // the main thread; a FIFO there blocked it (waiting for a writer) and
+    // SIGTERM went unheard.
+    require_root();
+    let dir = open_tempdir();
+    let source = RouteSource::start();
+    source.set_route(M, &nodes(1));
+    let tls = lbagent::tls::testing::TestCa::new("fleet").write(
+        dir.path(),
+        "agent",
+        &["agent.fleet"],
+        lbagent::tls::testing::Validity::Now,
+    );
+    let table = format!(
+        "[tls]\ncert = \"{}\"\nkey = \"{}\"\nca = \"{}\"\n",
+        tls.cert.display(),
+        tls.key.display(),
+        tls.ca.display()
+    );
+    let mut agent = AgentProc::start(dir.path(), source.addr(), 1, &table);
+    std::fs::remove_file(&tls.ca).unwrap();
+    let ok = Command::new("mkfifo").arg(&tls.ca).status().unwrap();
+    assert!(ok.success());
+    agent.signal(libc::SIGHUP);
+    let log = dir.path().join("agent.stderr");
+    let refused = wait_for(Duration::from_secs(10), || {
+        let text = std::fs::read_to_string(&log).ok()?;
+        text.contains("keeping the previous TLS files")
+            .then_some(text)
+    });
+    assert!(refused.is_some(), "no refused TLS reload logged");
+    assert_names(&refused.unwrap(), &tls.ca, &["FIFO", "tls.ca"]);
+    let (code, took) = agent.sigterm();
+    assert_eq!(code, Some(0));
+    assert!(took < Duration::from_secs(10));
+}
+
+#[test]
 fn route_import_quotes_at_most_a_few_hundred_bytes_of_a_field() {
     let dir = open_tempdir();
     let store = format!("sqlite:{}", dir.path().join("s.db").display());
