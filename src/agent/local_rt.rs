@@ -9,7 +9,9 @@
 //! A local request costs a read and a write system call (no batching, an
 //! answer copied once into its connection's queue): the local socket is
 //! for who needs to be identified, UDP and shared memory stay the fast
-//! paths. A connection that sends a frame that is no frame (length 0 or
+//! paths. Its requests are handled without a queuing time (a stream
+//! carries no arrival stamp), so the shard's own shedding neither measures
+//! nor sheds them (see the trust model's page). A connection that sends a frame that is no frame (length 0 or
 //! above the UDP size limit) is closed; one whose answers are not read
 //! loses those past [`ANSWER_QUEUE`] answers or [`ANSWER_BYTES`] (counted
 //! as send errors).
