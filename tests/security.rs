@@ -278,6 +278,58 @@ fn a_foreign_heartbeat_in_the_agents_directory_is_refused_by_agent_and_client() 
 }
 
 #[test]
+fn a_local_socket_path_another_user_left_or_linked_stops_the_start_naming_it() {
+    require_root();
+    let dir = open_tempdir();
+    let hb = dir.path().join("heartbeat");
+    let sock = lbagent::host::local::socket_path(&hb, 0);
+    let elsewhere = dir.path().join("elsewhere");
+    // A stale socket of uid 65534 where shard 0's goes (an agent once run
+    // as that user, or a plant), then a symbolic link of that user's.
+    drop(std::os::unix::net::UnixListener::bind(&sock).unwrap());
+    std::os::unix::fs::lchown(&sock, Some(NOBODY), Some(NOBODY)).unwrap();
+    let (code, err) = agent_exit(dir.path(), &hb, "");
+    assert_ne!(code, Some(0), "{err}");
+    assert_names(
+        &err,
+        &sock,
+        &["refusing", "uid 65534", "not made by this agent", "rm "],
+    );
+    assert_eq!(
+        std::fs::symlink_metadata(&sock).unwrap().uid(),
+        NOBODY,
+        "the agent replaced another user's socket"
+    );
+    std::fs::remove_file(&sock).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, &sock).unwrap();
+    std::os::unix::fs::lchown(&sock, Some(NOBODY), Some(NOBODY)).unwrap();
+    let (code, err) = agent_exit(dir.path(), &hb, "");
+    assert_ne!(code, Some(0), "{err}");
+    assert_names(
+        &err,
+        &sock,
+        &["refusing", "symbolic link", "uid 65534", "rm "],
+    );
+    assert!(!elsewhere.exists(), "the agent followed the link");
+    // Its own stale socket is replaced: the agent starts.
+    std::fs::remove_file(&sock).unwrap();
+    drop(std::os::unix::net::UnixListener::bind(&sock).unwrap());
+    let config = dir.path().join("agent.toml");
+    let mut agent = Command::new(BIN)
+        .args(["agent", "--config", config.to_str().unwrap()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let served = wait_for(Duration::from_secs(20), || {
+        std::os::unix::net::UnixStream::connect(&sock).ok()
+    });
+    let _ = agent.kill();
+    let _ = agent.wait();
+    assert!(served.is_some(), "the agent replaced its own stale socket");
+}
+
+#[test]
 fn another_user_cannot_hold_the_agents_lock_nor_plant_in_its_directory() {
     require_root();
     let dir = open_tempdir();
@@ -622,6 +674,45 @@ fn a_fifo_at_the_config_path_on_sighup_does_not_block_sigterm() {
     });
     assert!(refused.is_some(), "no refused reload logged");
     assert!(refused.unwrap().contains("FIFO"));
+    let (code, took) = agent.sigterm();
+    assert_eq!(code, Some(0));
+    assert!(took < Duration::from_secs(10));
+}
+
+#[test]
+fn a_fifo_at_a_tls_file_on_sighup_does_not_block_sigterm() {
+    // Issue 27's other reload read: a SIGHUP re-reads the TLS files on
+    // the main thread; a FIFO there blocked it (waiting for a writer) and
+    // SIGTERM went unheard.
+    require_root();
+    let dir = open_tempdir();
+    let source = RouteSource::start();
+    source.set_route(M, &nodes(1));
+    let tls = lbagent::tls::testing::TestCa::new("fleet").write(
+        dir.path(),
+        "agent",
+        &["agent.fleet"],
+        lbagent::tls::testing::Validity::Now,
+    );
+    let table = format!(
+        "[tls]\ncert = \"{}\"\nkey = \"{}\"\nca = \"{}\"\n",
+        tls.cert.display(),
+        tls.key.display(),
+        tls.ca.display()
+    );
+    let mut agent = AgentProc::start(dir.path(), source.addr(), 1, &table);
+    std::fs::remove_file(&tls.ca).unwrap();
+    let ok = Command::new("mkfifo").arg(&tls.ca).status().unwrap();
+    assert!(ok.success());
+    agent.signal(libc::SIGHUP);
+    let log = dir.path().join("agent.stderr");
+    let refused = wait_for(Duration::from_secs(10), || {
+        let text = std::fs::read_to_string(&log).ok()?;
+        text.contains("keeping the previous TLS files")
+            .then_some(text)
+    });
+    assert!(refused.is_some(), "no refused TLS reload logged");
+    assert_names(&refused.unwrap(), &tls.ca, &["FIFO", "tls.ca"]);
     let (code, took) = agent.sigterm();
     assert_eq!(code, Some(0));
     assert!(took < Duration::from_secs(10));

@@ -126,7 +126,9 @@ impl System {
             format!("agent.heartbeat_path={}", heartbeat.display()),
             format!("agent.snapshot_path={}", dir.join("snapshot").display()),
         ];
-        sets.extend(extra.iter().map(|s| s.to_string()));
+        // "{dir}" in a setting is the system's directory.
+        let shown = dir.display().to_string();
+        sets.extend(extra.iter().map(|s| s.replace("{dir}", &shown)));
         let data = dir.join("data");
         let mut args = vec!["standalone", "--data", data.to_str().unwrap()];
         for s in &sets {
@@ -565,4 +567,150 @@ fn a_client_in_its_own_pid_and_network_namespace_is_served_bounded_and_reclaimed
         (sys.in_use("274") == 0).then_some(())
     })
     .expect("its units go back once it is gone");
+}
+
+/// The host pid of the process `parent` forked (the first in /proc whose
+/// parent it is).
+fn child_of(parent: u32) -> Option<i32> {
+    std::fs::read_dir("/proc").ok()?.find_map(|e| {
+        let pid: i32 = e.ok()?.file_name().to_str()?.parse().ok()?;
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // "pid (comm) state ppid ...": the command may hold spaces.
+        let ppid: u32 = stat
+            .rsplit_once(')')?
+            .1
+            .split_whitespace()
+            .nth(1)?
+            .parse()
+            .ok()?;
+        (ppid == parent).then_some(pid)
+    })
+}
+
+/// A process killed with SIGKILL when dropped (a test that fails midway
+/// leaves nothing running).
+struct Killed(i32);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.0),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+}
+
+#[test]
+fn a_shm_client_in_its_own_pid_and_network_namespace_is_served_bounded_and_reclaimed() {
+    use lbagent::shm::layout;
+    use lbagent::shm::region::Region;
+    use std::sync::atomic::Ordering;
+    if !is_root() {
+        return;
+    }
+    // The region's group is uid 65534's own (nogroup), so that it may map
+    // it; a unit not reported stays out for 600 s unless its client is
+    // seen gone.
+    let sys = System::start(&[
+        "lb.units_per_client=2",
+        "lb.unit_timeout=600",
+        "shm.enabled=true",
+        "shm.dir={dir}",
+        "shm.group=nogroup",
+    ]);
+    let node = "10.27.0.6:80";
+    sys.module("275", &[(node, "10")], "balance");
+    let agent_pid = HeartbeatReader::open(Path::new(&sys.hb))
+        .unwrap()
+        .read()
+        .unwrap()
+        .info
+        .pid;
+    // One thread looping getHosts without reports over shared memory, as
+    // uid 65534 in its own pid and network namespaces (pid 1 there).
+    let log = sys.dir().join("contained.log");
+    let mut unshare = Command::new("unshare");
+    unshare
+        .args(["--pid", "--net", "--fork", "--mount-proc", "setpriv"])
+        .args([
+            "--reuid",
+            "65534",
+            "--regid",
+            "65534",
+            "--clear-groups",
+            BIN,
+        ])
+        .args([
+            "qpstest",
+            "--threads",
+            "1",
+            "--duration",
+            "600",
+            "--no-report",
+        ])
+        .args(["--modid", "275", "--cmdid", "1", "--transport", "shm"])
+        .args(["--heartbeat", &sys.hb])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap());
+    let unshare = Proc(unshare.spawn().unwrap());
+    let client = Killed(
+        wait_for(Duration::from_secs(10), || child_of(unshare.0.id()))
+            .expect("unshare forks the contained client"),
+    );
+    let said = || std::fs::read_to_string(&log).unwrap_or_default();
+
+    let region = Region::open(&sys.dir().join("heartbeat.shm.0")).unwrap();
+    let g = *region.geometry();
+    let word = |s: u32, off: usize| region.u32(g.slot_offset(s) + off).load(Ordering::SeqCst);
+    let held = || (0..g.slots).find(|&s| word(s, layout::S_STATE) != layout::FREE);
+    let seq = |s: u32| word(s, layout::S_REQ_SEQ) & !layout::TAKEN;
+    // The slot its worker holds, served through (its request sequence
+    // moves: not only over the local socket), and leased over its
+    // connection: the owner is the agent's pid, not a pid of the client's
+    // namespace. (Its registering client held one for a moment before.)
+    let slot = wait_for(Duration::from_secs(30), || {
+        let s = held()?;
+        let from = seq(s);
+        std::thread::sleep(Duration::from_millis(300));
+        (word(s, layout::S_STATE) != layout::FREE && seq(s).wrapping_sub(from) >= 20).then_some(s)
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "the contained client is served through a slot; it said: {}",
+            said()
+        )
+    });
+    assert_eq!(word(slot, layout::S_STATE), agent_pid, "{}", said());
+    // Bounded, and never reclaimed while it lives: the shard looks once a
+    // second.
+    let bounded = wait_for(Duration::from_secs(20), || {
+        (sys.in_use("275") == 2).then_some(())
+    });
+    assert!(
+        bounded.is_some(),
+        "bounded by lb.units_per_client: {}",
+        sys.in_use("275")
+    );
+    for _ in 0..4 {
+        std::thread::sleep(Duration::from_millis(800));
+        assert_eq!(word(slot, layout::S_STATE), agent_pid, "still its slot");
+        assert_eq!(held(), Some(slot), "one slot, the same");
+        assert_eq!(sys.in_use("275"), 2);
+    }
+    let before = seq(slot);
+    std::thread::sleep(Duration::from_millis(500));
+    assert_ne!(seq(slot), before, "still served through its slot");
+
+    // Killed: its slot and its units go back within a few seconds.
+    drop(client);
+    wait_for(Duration::from_secs(15), || {
+        (word(slot, layout::S_STATE) == layout::FREE).then_some(())
+    })
+    .expect("the dead client's slot is free again");
+    wait_for(Duration::from_secs(15), || {
+        (sys.in_use("275") == 0).then_some(())
+    })
+    .expect("the units it held go back");
+    drop(unshare);
 }

@@ -166,10 +166,12 @@ fn every_request_kind_goes_through_shared_memory_with_the_answers_of_udp() {
     // That answer came as a fixed record in the shm client's slot.
     let region = Region::open(&agent.region_path(M.shard(2))).unwrap();
     let g = *region.geometry();
-    let me = std::process::id();
+    // Its slot is leased over the local socket: its owner word is the
+    // agent's pid (lbagent_shm::lease).
+    let leased = region.identity().pid;
     let formats: Vec<u32> = (0..g.slots)
         .map(|s| g.slot_offset(s))
-        .filter(|&b| region.u32(b + layout::S_STATE).load(Ordering::SeqCst) == me)
+        .filter(|&b| region.u32(b + layout::S_STATE).load(Ordering::SeqCst) == leased)
         .map(|b| region.u32(b + layout::S_RESP_FORMAT).load(Ordering::SeqCst))
         .collect();
     assert_eq!(formats, [u32::from(layout::FMT_FIXED)]);

@@ -9,14 +9,25 @@
 //! A local request costs a read and a write system call (no batching, an
 //! answer copied once into its connection's queue): the local socket is
 //! for who needs to be identified, UDP and shared memory stay the fast
-//! paths. A connection that sends a frame that is no frame (length 0 or
+//! paths. Its requests are handled without a queuing time (a stream
+//! carries no arrival stamp), so the shard's own shedding neither measures
+//! nor sheds them (see the trust model's page). A connection that sends a frame that is no frame (length 0 or
 //! above the UDP size limit) is closed; one whose answers are not read
 //! loses those past [`ANSWER_QUEUE`] answers or [`ANSWER_BYTES`] (counted
 //! as send errors).
+//!
+//! A connection that asked for a shared-memory slot (and proved it may use
+//! the region, [`super::local_socket`]) is leased one when it opens: the
+//! slot's index follows the hello ([`lbagent_shm::lease::lease_answer`]),
+//! and when the connection closes the slot is freed and the balance units
+//! taken through it go back. A [`lbagent_shm::lease::RING_FRAME`] on any
+//! connection wakes the shard's request loop as an empty datagram does
+//! (the shard sends one to its own port): the doorbell of a client whose
+//! UDP cannot reach the shard.
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
-use std::os::fd::{FromRawFd, IntoRawFd, OwnedFd};
+use std::os::fd::{FromRawFd, IntoRawFd};
 use std::rc::Rc;
 use std::sync::Arc;
 
@@ -25,12 +36,15 @@ use glommio::channels::local_channel::{self, LocalSender};
 use glommio::channels::shared_channel::ConnectedSender;
 use glommio::net::UnixStream;
 
-use super::local_socket::Inbox;
+use super::local_socket::{Accepted, Inbox};
 use super::messages::ToControl;
-use super::shard::callers::{local_peer, LocalCaller};
+use super::shard::callers::{client_key, local_peer};
 use super::shard::ShardCore;
 use super::shard_rt::{offer, TimerWake};
 use lbagent_host::clock;
+use lbagent_shm::layout::slot_peer;
+use lbagent_shm::lease::{lease_answer, RING_MAGIC};
+use lbagent_shm::serve::Server;
 use lbagent_wire::frame::{write_frame, FrameDecoder};
 use lbagent_wire::{DecodeError, Limits};
 
@@ -101,6 +115,12 @@ pub(crate) struct Shared {
     pub(crate) to_control: Rc<ConnectedSender<ToControl>>,
     /// The timer task's doorbell.
     pub(crate) timer: Rc<TimerWake>,
+    /// The shard's shared-memory region, if it has one (its slots are
+    /// leased to connections).
+    pub(crate) shm: Option<Rc<RefCell<Server>>>,
+    /// A socket connected to the shard's own UDP port: an empty datagram
+    /// on it wakes the parked request loop.
+    pub(crate) bell: Option<Rc<std::net::UdpSocket>>,
 }
 
 /// Takes the connections the acceptor queues for this shard, forever
@@ -110,18 +130,19 @@ pub(crate) async fn accept(inbox: Arc<Inbox>, shared: Shared) {
         inbox.bell.rung().await;
         let refused = inbox.take_refused();
         shared.core.borrow_mut().metrics.local_refused += refused;
-        for (fd, caller) in inbox.take() {
+        for accepted in inbox.take() {
             if shared.conns.senders.borrow().len() >= MAX_CONNECTIONS {
                 shared.core.borrow_mut().metrics.local_refused += 1;
                 continue;
             }
-            open(fd, caller, &shared);
+            open(accepted, &shared);
         }
     }
 }
 
 /// Starts serving one identified connection.
-fn open(fd: OwnedFd, caller: LocalCaller, shared: &Shared) {
+fn open(accepted: Accepted, shared: &Shared) {
+    let Accepted { fd, caller, lease } = accepted;
     let Ok(write_fd) = fd.try_clone() else {
         shared.core.borrow_mut().metrics.local_refused += 1;
         return;
@@ -141,6 +162,10 @@ fn open(fd: OwnedFd, caller: LocalCaller, shared: &Shared) {
         let hello = c.local_hello(conn);
         shared.conns.deliver(conn, hello);
     }
+    if lease {
+        let slot = shared.shm.as_ref().and_then(|s| s.borrow_mut().lease(conn));
+        shared.conns.deliver(conn, &lease_answer(slot));
+    }
     // SAFETY: each descriptor is owned (accepted, or duplicated above) and
     // handed to exactly one stream.
     let reader = unsafe { UnixStream::from_raw_fd(fd.into_raw_fd()) };
@@ -159,7 +184,14 @@ fn open(fd: OwnedFd, caller: LocalCaller, shared: &Shared) {
         serve(conn, reader, &shared).await;
         // Dropping the sender ends the writer once it wrote what is queued.
         shared.conns.senders.borrow_mut().remove(&conn);
-        shared.core.borrow_mut().local_closed(conn);
+        let mut c = shared.core.borrow_mut();
+        c.local_closed(conn);
+        if let Some(s) = &shared.shm {
+            // Its slot goes back, and the units taken through it.
+            for slot in s.borrow_mut().end_leases(conn) {
+                c.release_client(client_key(slot_peer(slot)));
+            }
+        }
     })
     .detach();
 }
@@ -180,6 +212,12 @@ async fn serve(conn: u32, mut reader: UnixStream, shared: &Shared) {
         let now = clock::now_ms();
         loop {
             match frames.next_frame() {
+                Ok(Some(frame)) if frame == RING_MAGIC => {
+                    if let Some(b) = &shared.bell {
+                        // A full buffer already holds a doorbell.
+                        let _ = b.send(&[]);
+                    }
+                }
                 Ok(Some(frame)) => {
                     if let Some(answer) = c.handle_queued(frame, peer, now, None) {
                         if !shared.conns.deliver(conn, answer) {

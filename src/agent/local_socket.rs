@@ -19,6 +19,15 @@
 //! [`ID_WAIT`] at most for that first message; the socket it received is
 //! closed at once (only its address is kept).
 //!
+//! A client may instead open a connection with
+//! [`lbagent_shm::lease::LEASE_MAGIC`] carrying the shard's shared-memory
+//! region file, open read-write: holding it proves the client may use the
+//! region (it passed the region's own permission checks), and the shard
+//! then leases it a slot held as long as the connection
+//! ([`lbagent_shm::lease`]: slot liveness that needs no pid, for clients
+//! in their own pid namespace). A file that is not the shard's region, or
+//! not open read-write, leases nothing.
+//!
 //! Why a stream and not datagrams: a datagram socket answers a client at
 //! the address it bound, and an unbound client's autobound address lives
 //! in its network namespace, which the agent in another namespace cannot
@@ -26,16 +35,18 @@
 //! mounted into a container) answers over itself. Its end is also the
 //! client's end: units it held go back when it closes.
 //!
-//! Binding never follows or replaces what another user planted: a path
-//! that exists is replaced only when it is a socket owned by the agent's
-//! user that nobody serves (a stale one from a crash); anything else (a
-//! symlink, another kind of file, another owner, a live agent) refuses the
-//! start with a message naming it.
+//! Binding never follows or replaces what another user planted: the
+//! directory and the path are judged by [`lbagent_host::owned`] as every
+//! file of the agent's directory is (a directory others can write is
+//! refused), and a path that exists is replaced only when it is a socket
+//! owned by the agent's user that nobody serves (a stale one from a
+//! crash); anything else (a symlink, another kind of file, another owner,
+//! a live agent) refuses the start with a message naming it, its owner
+//! and mode, and the fix.
 
 use std::collections::VecDeque;
-use std::io;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -103,13 +114,11 @@ impl Trust {
 /// The path is taken by something the agent must not replace, or the
 /// bind fails; the message names the path and what to do.
 pub fn bind(path: &Path) -> anyhow::Result<UnixListener> {
-    match std::fs::symlink_metadata(path) {
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => {
-            return Err(e)
-                .with_context(|| format!("cannot look at the local socket {}", path.display()))
-        }
-        Ok(meta) => remove_stale(path, &meta)?,
+    // The directory and what is at the path, judged as every file of the
+    // agent's directory is (lbagent_host::owned: same refusals, same
+    // messages).
+    if lbagent_host::owned::check_socket_path(path)? {
+        remove_stale(path)?;
     }
     let listener = UnixListener::bind(path).with_context(|| {
         format!(
@@ -127,27 +136,10 @@ pub fn bind(path: &Path) -> anyhow::Result<UnixListener> {
     Ok(listener)
 }
 
-/// A path that exists where a shard's socket goes: removed when it is a
-/// stale socket of the agent's own user, refused otherwise.
-fn remove_stale(path: &Path, meta: &std::fs::Metadata) -> anyhow::Result<()> {
+/// A socket of the agent's own user where a shard's socket goes: removed
+/// when nobody serves it (stale, from a crash), refused otherwise.
+fn remove_stale(path: &Path) -> anyhow::Result<()> {
     let shown = path.display();
-    let own = nix::unistd::geteuid().as_raw();
-    if meta.file_type().is_symlink() {
-        anyhow::bail!(
-            "the local socket path {shown} is a symbolic link: the agent follows none; remove it \
-             (and find who planted it: the agent's directory must be writable by its user only)"
-        );
-    }
-    if !meta.file_type().is_socket() {
-        anyhow::bail!("the local socket path {shown} exists and is not a socket: the agent replaces no other file; remove it");
-    }
-    if meta.uid() != own {
-        anyhow::bail!(
-            "the local socket path {shown} is a socket of uid {}, not of the agent's user (uid {own}): \
-             the agent replaces none it does not own; remove it (and find who planted it)",
-            meta.uid()
-        );
-    }
     if UnixStream::connect(path).is_ok() {
         anyhow::bail!(
             "the local socket {shown} is served by another agent (same agent.heartbeat_path?): stop it first"
@@ -157,10 +149,22 @@ fn remove_stale(path: &Path, meta: &std::fs::Metadata) -> anyhow::Result<()> {
         .with_context(|| format!("cannot remove the stale local socket {shown}"))
 }
 
+/// A connection the acceptor identified, for its shard.
+#[derive(Debug)]
+pub struct Accepted {
+    /// The connection.
+    pub fd: OwnedFd,
+    /// Who made it.
+    pub caller: LocalCaller,
+    /// It asks for a shared-memory slot, and proved it may use the
+    /// shard's region.
+    pub lease: bool,
+}
+
 /// Connections for one shard, from the acceptor thread.
 #[derive(Debug, Default)]
 pub struct Inbox {
-    queue: Mutex<VecDeque<(OwnedFd, LocalCaller)>>,
+    queue: Mutex<VecDeque<Accepted>>,
     /// Rung when the queue grew.
     pub bell: Doorbell,
     /// Connections closed at once (the queue was full, or the kernel gave
@@ -170,7 +174,7 @@ pub struct Inbox {
 
 impl Inbox {
     /// Takes every queued connection.
-    pub fn take(&self) -> Vec<(OwnedFd, LocalCaller)> {
+    pub fn take(&self) -> Vec<Accepted> {
         let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
         q.drain(..).collect()
     }
@@ -180,14 +184,14 @@ impl Inbox {
         self.refused.swap(0, Ordering::Relaxed)
     }
 
-    fn push(&self, fd: OwnedFd, caller: LocalCaller) {
+    fn push(&self, fd: OwnedFd, caller: LocalCaller, lease: bool) {
         {
             let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
             if q.len() >= MAX_PENDING {
                 self.refused.fetch_add(1, Ordering::Relaxed);
                 return;
             }
-            q.push_back((fd, caller));
+            q.push_back(Accepted { fd, caller, lease });
         }
         self.bell.ring();
     }
@@ -202,7 +206,10 @@ pub struct Acceptor {
 
 impl Acceptor {
     /// Binds every shard's socket beside `heartbeat` and starts the
-    /// acceptor thread; returns it and each shard's inbox.
+    /// acceptor thread; returns it and each shard's inbox. `regions`
+    /// names each shard's shared-memory region file (device, inode), if
+    /// it has one: a connection that passes it open read-write is leased
+    /// a slot.
     ///
     /// # Errors
     /// A socket cannot be bound (see [`bind`]), or the thread or its stop
@@ -211,6 +218,7 @@ impl Acceptor {
         heartbeat: &Path,
         shards: u32,
         trust: Trust,
+        regions: Vec<Option<(u64, u64)>>,
     ) -> anyhow::Result<(Acceptor, Vec<Arc<Inbox>>)> {
         let paths: Vec<PathBuf> = (0..shards)
             .map(|i| lbagent_host::local::socket_path(heartbeat, i))
@@ -232,7 +240,7 @@ impl Acceptor {
             let (stop, inboxes) = (stop.clone(), inboxes.clone());
             std::thread::Builder::new()
                 .name("lbagent-local".into())
-                .spawn(move || accept_loop(&listeners, &inboxes, &stop, &trust))
+                .spawn(move || accept_loop(&listeners, &inboxes, &stop, &trust, &regions))
                 .context("cannot start the local socket's acceptor thread")?
         };
         let acceptor = Acceptor {
@@ -274,10 +282,25 @@ struct Waiting {
     until: Instant,
 }
 
+/// What a connection's first message said.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Id {
+    /// The UDP source of the socket it passed.
+    udp: Option<std::net::SocketAddr>,
+    /// It asked for a slot and passed the shard's region file.
+    lease: bool,
+}
+
 /// Waits for connections on every listener (and the stop), accepts each,
 /// identifies it, reads its identification message if any (waiting
 /// [`ID_WAIT`] at most) and queues it for its shard.
-fn accept_loop(listeners: &[UnixListener], inboxes: &[Arc<Inbox>], stop: &WakeFd, trust: &Trust) {
+fn accept_loop(
+    listeners: &[UnixListener],
+    inboxes: &[Arc<Inbox>],
+    stop: &WakeFd,
+    trust: &Trust,
+    regions: &[Option<(u64, u64)>],
+) {
     let mut waiting: Vec<Waiting> = Vec::new();
     loop {
         let now = Instant::now();
@@ -286,7 +309,7 @@ fn accept_loop(listeners: &[UnixListener], inboxes: &[Arc<Inbox>], stop: &WakeFd
         while k < waiting.len() {
             if waiting[k].until <= now {
                 let w = waiting.swap_remove(k);
-                inboxes[w.shard].push(w.fd, w.caller);
+                inboxes[w.shard].push(w.fd, w.caller, false);
             } else {
                 k += 1;
             }
@@ -324,8 +347,10 @@ fn accept_loop(listeners: &[UnixListener], inboxes: &[Arc<Inbox>], stop: &WakeFd
         for k in (0..waiting.len()).rev() {
             if ready[listeners.len() + 1 + k] {
                 let mut w = waiting.swap_remove(k);
-                w.caller.udp = read_id(&w.fd);
-                inboxes[w.shard].push(w.fd, w.caller);
+                let region = regions.get(w.shard).copied().flatten();
+                let id = read_id(&w.fd, region);
+                w.caller.udp = id.udp;
+                inboxes[w.shard].push(w.fd, w.caller, id.lease);
             }
         }
         for (i, l) in listeners.iter().enumerate() {
@@ -337,40 +362,55 @@ fn accept_loop(listeners: &[UnixListener], inboxes: &[Arc<Inbox>], stop: &WakeFd
 }
 
 /// Reads a connection's identification message, if that is what its
-/// first bytes are: the UDP source address of the socket it carries (the
-/// socket itself is closed at once). Anything else is left unread.
-fn read_id(fd: &OwnedFd) -> Option<std::net::SocketAddr> {
+/// first bytes are: the UDP source address of the socket it carries, or
+/// whether the region file it carries (a lease's) is `region`, open
+/// read-write. What it passed is closed at once. Anything else is left
+/// unread.
+fn read_id(fd: &OwnedFd, region: Option<(u64, u64)>) -> Id {
     let raw = fd.as_raw_fd();
     let mut magic = [0u8; 4];
-    let peeked =
+    let Ok(peeked) =
         nix::sys::socket::recv(raw, &mut magic, MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT)
-            .ok()?;
-    if peeked < 4 || (&magic != ID_MAGIC && &magic != NO_ID_MAGIC) {
-        return None;
+    else {
+        return Id::default();
+    };
+    let lease = &magic == lbagent_shm::lease::LEASE_MAGIC;
+    if peeked < 4 || (&magic != ID_MAGIC && &magic != NO_ID_MAGIC && !lease) {
+        return Id::default();
     }
     let mut space = nix::cmsg_space!([std::os::fd::RawFd; 1]);
     let mut iov = [std::io::IoSliceMut::new(&mut magic)];
-    let msg = nix::sys::socket::recvmsg::<()>(
+    let Ok(msg) = nix::sys::socket::recvmsg::<()>(
         raw,
         &mut iov,
         Some(&mut space),
         MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_CMSG_CLOEXEC,
-    )
-    .ok()?;
-    let mut udp = None;
-    for c in msg.cmsgs().ok()? {
+    ) else {
+        return Id::default();
+    };
+    let mut id = Id::default();
+    let Ok(cmsgs) = msg.cmsgs() else {
+        return id;
+    };
+    for c in cmsgs {
         if let ControlMessageOwned::ScmRights(fds) = c {
-            for f in fds {
+            for (i, f) in fds.into_iter().enumerate() {
                 // SAFETY: the kernel installed this descriptor for us with
                 // the message; nothing else owns it.
                 let passed = unsafe { OwnedFd::from_raw_fd(f) };
-                if udp.is_none() {
-                    udp = udp_source(&passed);
+                if i > 0 {
+                    continue;
+                }
+                if lease {
+                    id.lease =
+                        region.is_some_and(|r| lbagent_shm::region::is_open_rw(passed.as_fd(), r));
+                } else {
+                    id.udp = udp_source(&passed);
                 }
             }
         }
     }
-    udp
+    id
 }
 
 /// The local address of a UDP socket (an IPv4 one: the shards bind IPv4).
@@ -409,7 +449,7 @@ fn accept_all(
                     udp: None,
                 };
                 if waiting.len() >= MAX_PENDING {
-                    inbox.push(fd, caller);
+                    inbox.push(fd, caller, false);
                 } else {
                     waiting.push(Waiting {
                         fd,
@@ -469,15 +509,40 @@ mod tests {
         std::os::unix::fs::symlink(dir.path().join("elsewhere"), &path).unwrap();
         let e = bind(&path).unwrap_err().to_string();
         assert!(e.contains("symbolic link"), "{e}");
+        assert!(
+            e.starts_with(&format!("refusing {}", path.display())),
+            "{e}"
+        );
         assert!(!dir.path().join("elsewhere").exists());
+    }
+
+    #[test]
+    fn a_socket_in_a_directory_others_can_write_is_never_bound() {
+        let dir = tempfile::tempdir().unwrap();
+        let open = dir.path().join("open");
+        std::fs::create_dir(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let path = open.join("hb.sock.0");
+        let e = bind(&path).unwrap_err().to_string();
+        assert!(
+            e.contains(&format!("refusing {}", open.display()))
+                && e.contains("other users can write it"),
+            "{e}"
+        );
+        assert!(!path.exists());
     }
 
     #[test]
     fn the_acceptor_identifies_each_connection_for_its_shard() {
         let dir = tempfile::tempdir().unwrap();
         let hb = dir.path().join("hb");
-        let (mut acc, inboxes) =
-            Acceptor::start(&hb, 2, Trust::new(12345, &config(&[], &[]))).unwrap();
+        let (mut acc, inboxes) = Acceptor::start(
+            &hb,
+            2,
+            Trust::new(12345, &config(&[], &[])),
+            vec![None, None],
+        )
+        .unwrap();
         let _c = UnixStream::connect(lbagent_host::local::socket_path(&hb, 1)).unwrap();
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
         let got = loop {
@@ -489,11 +554,11 @@ mod tests {
         };
         assert_eq!(got.len(), 1);
         let me = nix::unistd::geteuid().as_raw();
-        assert_eq!(got[0].1.uid, me);
-        assert_eq!(got[0].1.pid, std::process::id() as i32);
-        assert_eq!(got[0].1.trusted, me == 0 || me == 12345);
+        assert_eq!(got[0].caller.uid, me);
+        assert_eq!(got[0].caller.pid, std::process::id() as i32);
+        assert_eq!(got[0].caller.trusted, me == 0 || me == 12345);
         assert!(inboxes[0].take().is_empty());
-        assert_eq!(got[0].1.udp, None, "it sent no identification");
+        assert_eq!(got[0].caller.udp, None, "it sent no identification");
         // A client that passes its UDP socket is known by its source.
         let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
         let c = UnixStream::connect(lbagent_host::local::socket_path(&hb, 0)).unwrap();
@@ -513,12 +578,66 @@ mod tests {
             }
             std::thread::sleep(std::time::Duration::from_millis(5));
         };
-        assert_eq!(got[0].1.udp, Some(udp.local_addr().unwrap()));
+        assert_eq!(got[0].caller.udp, Some(udp.local_addr().unwrap()));
         // The message was taken: the stream starts after it.
         let mut first = [0u8; 1];
-        let n = nix::sys::socket::recv(got[0].0.as_raw_fd(), &mut first, MsgFlags::MSG_DONTWAIT);
+        let n = nix::sys::socket::recv(got[0].fd.as_raw_fd(), &mut first, MsgFlags::MSG_DONTWAIT);
         assert!(n.is_err(), "nothing left to read: {n:?}");
         acc.stop();
         assert!(!lbagent_host::local::socket_path(&hb, 0).exists());
+    }
+
+    #[test]
+    fn a_lease_is_asked_only_with_the_shards_region_open_read_write() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let hb = dir.path().join("hb");
+        let region = dir.path().join("region");
+        let other = dir.path().join("other");
+        std::fs::write(&region, b"r").unwrap();
+        std::fs::write(&other, b"o").unwrap();
+        let meta = std::fs::metadata(&region).unwrap();
+        let (mut acc, inboxes) = Acceptor::start(
+            &hb,
+            1,
+            Trust::new(12345, &config(&[], &[])),
+            vec![Some((meta.dev(), meta.ino()))],
+        )
+        .unwrap();
+        let rw = |p: &Path| {
+            std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(p)
+                .unwrap()
+        };
+        let tries = [
+            (rw(&region), true),
+            (std::fs::File::open(&region).unwrap(), false),
+            (rw(&other), false),
+        ];
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        for (file, lease) in tries {
+            let c = UnixStream::connect(lbagent_host::local::socket_path(&hb, 0)).unwrap();
+            let fds = [file.as_raw_fd()];
+            nix::sys::socket::sendmsg::<()>(
+                c.as_raw_fd(),
+                &[std::io::IoSlice::new(lbagent_shm::lease::LEASE_MAGIC)],
+                &[nix::sys::socket::ControlMessage::ScmRights(&fds)],
+                MsgFlags::MSG_NOSIGNAL,
+                None,
+            )
+            .unwrap();
+            let got = loop {
+                let got = inboxes[0].take();
+                if !got.is_empty() || std::time::Instant::now() > deadline {
+                    break got;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            };
+            assert_eq!(got.len(), 1);
+            assert_eq!((got[0].lease, got[0].caller.udp), (lease, None));
+        }
+        acc.stop();
     }
 }

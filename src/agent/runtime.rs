@@ -116,7 +116,15 @@ impl Agent {
         // start here.
         let (local, inboxes) = if a.local_socket {
             let trust = Trust::new(nix::unistd::geteuid().as_raw(), a);
-            let (acceptor, inboxes) = Acceptor::start(&a.heartbeat_path, shards, trust)?;
+            let ids = (0..shards as usize)
+                .map(|i| regions.get(i).map(Region::file_id))
+                .collect();
+            let (acceptor, inboxes) = Acceptor::start(&a.heartbeat_path, shards, trust, ids)?;
+            // Its clients may now lease slots over the socket, whatever
+            // pid namespace they run in (lbagent_shm::lease).
+            for r in &regions {
+                r.set_features(lbagent_shm::layout::FEAT_LEASE);
+            }
             (Some(acceptor), inboxes.into_iter().map(Some).collect())
         } else {
             (None, vec![None; shards as usize])

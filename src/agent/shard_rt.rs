@@ -32,7 +32,7 @@ use super::local_socket::Inbox;
 use super::messages::{ToControl, ToShard};
 use super::metrics::{Kind, ShardMetrics};
 use super::park::{ParkPolicy, Quiet};
-use super::shard::callers::peer_local;
+use super::shard::callers::{client_key, peer_local};
 use super::shard::{FixedReply, Queued, ShardCore, ShardSetup};
 use super::wake::{self, ShardTimers, TimerPlan};
 use lbagent_admission::AdmissionParams;
@@ -157,6 +157,8 @@ pub async fn run(parts: ShardParts) {
             conns: conns.clone(),
             to_control: to_control.clone(),
             timer: timer.clone(),
+            shm: shm.clone(),
+            bell: socket.local_addr().ok().and_then(own_bell).map(Rc::new),
         };
         glommio::spawn_local(local_rt::accept(inbox, shared))
     });
@@ -213,9 +215,12 @@ pub async fn run(parts: ShardParts) {
                     if now >= metrics_at {
                         metrics_at = wake::next_second(metrics_at, now);
                         if let Some(s) = &shm {
-                            // Once a second: slots of dead clients go back.
+                            // Once a second: slots of dead clients go
+                            // back, and the units taken through them.
                             let mut s = s.borrow_mut();
-                            s.reclaim_dead();
+                            for slot in s.reclaim_dead() {
+                                c.release_client(client_key(slot_peer(slot)));
+                            }
                             c.metrics.shm = s.counts;
                             if s.truncated() && !told_truncated {
                                 told_truncated = true;
@@ -601,6 +606,19 @@ pub fn serve_ready(
         }
     }
     served
+}
+
+/// A socket connected to the shard's own port `at` (127.0.0.1 when it is
+/// bound to every address): an empty datagram on it is a doorbell.
+fn own_bell(at: SocketAddr) -> Option<std::net::UdpSocket> {
+    let ip = match at.ip() {
+        ip if ip.is_unspecified() => std::net::IpAddr::from(std::net::Ipv4Addr::LOCALHOST),
+        ip => ip,
+    };
+    let s = std::net::UdpSocket::bind((ip, 0)).ok()?;
+    s.connect((ip, at.port())).ok()?;
+    s.set_nonblocking(true).ok()?;
+    Some(s)
 }
 
 /// The timer task's plan and the doorbell that wakes it early.

@@ -171,6 +171,9 @@ impl ShardSocket {
 /// The regions the heartbeat offers: their prefix and the agent's pid.
 pub(crate) type ShmTarget = (PathBuf, u32);
 
+/// How long an attach waits at most for the agent to lease a slot.
+const LEASE_WAIT: Duration = Duration::from_secs(1);
+
 /// How long after a failed attach (or a closed region) a shard's region is
 /// tried again.
 const ATTACH_RETRY: Duration = Duration::from_secs(1);
@@ -390,7 +393,11 @@ impl Link {
     }
 
     /// Attaches to `shard`'s region if allowed, offered, and not failed
-    /// within [`ATTACH_RETRY`]; true when a slot is held.
+    /// within [`ATTACH_RETRY`]; true when a slot is held. The slot is
+    /// leased over the shard's local socket when the agent leases slots
+    /// and the client uses the local socket ([`lbagent_shm::lease`]: it
+    /// is this client's as long as it lives, in whatever pid namespace it
+    /// runs), else claimed by pid.
     fn attach(&mut self, shard: u32) -> bool {
         let i = shard as usize;
         if !self.shm_allowed || i >= self.slots.len() {
@@ -406,7 +413,21 @@ impl Link {
         if self.attach_after[i].is_some_and(|t| now < t) {
             return false;
         }
-        match Attachment::attach(&lbagent_shm::region_path(prefix, shard), *pid) {
+        let path = lbagent_shm::region_path(prefix, shard);
+        let hb = self.local_heartbeat.as_deref();
+        let attached = Attachment::open(&path, *pid).and_then(|(region, file)| {
+            if let Some(hb) = hb.filter(|_| Attachment::leases(&region)) {
+                let by = now + LEASE_WAIT;
+                if let Ok((conn, slot)) = LocalConn::lease(hb, shard, file.as_fd(), by) {
+                    return match slot {
+                        Some(slot) => Attachment::leased(region, slot, conn),
+                        None => Err(format!("{}: no slot free", path.display())),
+                    };
+                }
+            }
+            Attachment::claim(region)
+        });
+        match attached {
             Ok(a) => {
                 self.slots[i] = Some(a);
                 true
@@ -434,7 +455,12 @@ impl Link {
         answer: bool,
         deadline: Instant,
     ) -> Result<Option<(usize, u8)>, ShmFailure> {
-        self.socket(shard).map_err(|_| ShmFailure::Closed)?;
+        // Once its UDP failed, a leased slot rings over its connection
+        // until it is given back: no socket is tried per request.
+        let over_lease = self.slots[shard as usize]
+            .as_ref()
+            .is_some_and(|s| s.rings_over_lease());
+        let udp = !over_lease && self.socket(shard).is_ok();
         let Link {
             sockets,
             slots,
@@ -442,12 +468,20 @@ impl Link {
             buf,
             ..
         } = self;
-        let sock = &sockets[shard as usize].as_ref().expect("opened above").sock;
         let slot = slots[shard as usize].as_mut().expect("attached");
+        // A leased slot needs no UDP: its doorbell goes over the lease's
+        // connection (a client in its own network namespace).
+        if !udp && !slot.is_leased() {
+            return Err(ShmFailure::Closed);
+        }
+        slot.ring_over_lease(!udp);
+        let sock = sockets[shard as usize].as_ref().map(|s| &s.sock);
         // The doorbell: an empty datagram on the shard's port, sent only
         // while the shard is parked.
         let mut ring = || {
-            let _ = sock.send(&[]);
+            if let Some(sock) = sock {
+                let _ = sock.send(&[]);
+            }
         };
         let mut rec = [0u8; fixed::MAX_LEN];
         let (req, format) = match record {

@@ -13,6 +13,12 @@
 //! only when UDP cannot reach the agent, as from a container with its own
 //! network namespace that mounts the agent's directory.
 //!
+//! A second kind of connection holds a shared-memory slot
+//! ([`LocalConn::lease`], [`lbagent_shm::lease`]): it opens with the
+//! region file instead of the UDP socket, the agent answers with the slot
+//! it leased, and the slot is this client's as long as the connection is
+//! open, in whatever pid namespace the client runs.
+//!
 //! The socket is used only when it belongs to the heartbeat file's owner
 //! (the agent's user) or root: a socket planted by anyone else is not
 //! spoken to. Writes never raise SIGPIPE (`MSG_NOSIGNAL`): an agent that
@@ -80,6 +86,41 @@ impl LocalConn {
         udp: Option<std::os::fd::BorrowedFd<'_>>,
         hello_by: Instant,
     ) -> io::Result<LocalConn> {
+        let magic = if udp.is_some() { ID_MAGIC } else { NO_ID_MAGIC };
+        Self::open(heartbeat, shard, magic, udp, hello_by)
+    }
+
+    /// Asks shard `shard`'s socket beside `heartbeat` for a slot of its
+    /// shared-memory region, passing `region` (the region's file, open
+    /// read-write: the proof that this process may use it); returns the
+    /// connection that holds the slot, and the slot (`None`: every slot is
+    /// taken). Waits until `by` at most (2 s at most) for the answer.
+    ///
+    /// # Errors
+    /// As [`LocalConn::connect`], or the answer is no lease.
+    pub(crate) fn lease(
+        heartbeat: &Path,
+        shard: u32,
+        region: std::os::fd::BorrowedFd<'_>,
+        by: Instant,
+    ) -> io::Result<(UnixStream, Option<u32>)> {
+        use lbagent_shm::lease::{parse_lease_answer, LEASE_MAGIC};
+        let mut c = Self::open(heartbeat, shard, LEASE_MAGIC, Some(region), by)?;
+        let answer = c
+            .recv(by.min(Instant::now() + HELLO_WAIT))
+            .map_err(|e| io::Error::other(format!("no lease from the agent: {e:?}")))?;
+        let slot = parse_lease_answer(c.frame(answer))
+            .ok_or_else(|| io::Error::other("the agent's answer to a lease is no lease"))?;
+        Ok((c.stream, slot))
+    }
+
+    fn open(
+        heartbeat: &Path,
+        shard: u32,
+        magic: &[u8; 4],
+        pass: Option<std::os::fd::BorrowedFd<'_>>,
+        hello_by: Instant,
+    ) -> io::Result<LocalConn> {
         let path = lbagent_host::local::socket_path(heartbeat, shard);
         let sock = std::fs::symlink_metadata(&path)?;
         let agent = std::fs::metadata(heartbeat)?;
@@ -106,14 +147,14 @@ impl LocalConn {
         connect(fd.as_raw_fd(), &UnixAddr::new(&path)?)?;
         let stream = UnixStream::from(fd);
         stream.set_nonblocking(false)?;
-        // The identification message, with the UDP socket when there is
-        // one (without, the agent need not wait for it).
-        let fds = udp.map(|u| [u.as_raw_fd()]);
+        // The identification message, with the UDP socket (or a lease's
+        // region file) when there is one (without, the agent need not
+        // wait for it).
+        let fds = pass.map(|u| [u.as_raw_fd()]);
         let cmsgs: &[ControlMessage] = match &fds {
             Some(f) => &[ControlMessage::ScmRights(f)],
             None => &[],
         };
-        let magic = if udp.is_some() { ID_MAGIC } else { NO_ID_MAGIC };
         sendmsg::<()>(
             stream.as_raw_fd(),
             &[std::io::IoSlice::new(magic)],

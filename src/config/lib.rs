@@ -541,6 +541,51 @@ pub fn read_regular(path: &Path) -> std::io::Result<String> {
     Ok(text)
 }
 
+/// Reads a file the configuration names (a TLS certificate, key or CA)
+/// without ever blocking, as [`read_regular`] reads the configuration: a
+/// FIFO, a device or a directory at the path is refused at once (a read
+/// waiting for a writer would stall a reload, or an executor, and leave
+/// SIGTERM unheard); so is a file above `max` bytes.
+///
+/// # Errors
+/// The system's error, or `InvalidInput` naming what the path is.
+pub fn read_regular_bytes(path: &Path, max: u64) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)?;
+    let meta = file.metadata()?;
+    let t = meta.file_type();
+    let kind = if t.is_file() {
+        None
+    } else if t.is_dir() {
+        Some("a directory")
+    } else if t.is_fifo() {
+        Some("a FIFO")
+    } else if t.is_char_device() || t.is_block_device() {
+        Some("a device")
+    } else {
+        Some("not a regular file")
+    };
+    let invalid = |why: String| std::io::Error::new(std::io::ErrorKind::InvalidInput, why);
+    if let Some(kind) = kind {
+        return Err(invalid(format!(
+            "it is {kind}, not a regular file: name the file itself"
+        )));
+    }
+    if meta.len() > max {
+        return Err(invalid(format!(
+            "it is {} bytes, more than the {max} read",
+            meta.len()
+        )));
+    }
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    file.take(max + 1).read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
 impl Config {
     /// Reads `path` (or starts from the defaults when `None`), applies the
     /// `SECTION.FIELD=VALUE` overrides in order, and validates the result.

@@ -25,6 +25,11 @@
 //!   It **adopts** an existing file ([`open_or_create`]) only when it is a
 //!   regular file, reached without a symbolic link, owned by the agent's
 //!   own user and writable by nobody else.
+//! - **The agent binds** a Unix socket ([`check_socket_path`]) only in
+//!   its checked directory, where nothing is at the path or only a socket
+//!   of its own user (a stale one it replaces); a symbolic link, another
+//!   kind of file or another user's socket is refused, named, as a file
+//!   it would adopt is.
 //! - **A client opens** a file ([`open_trusted`]) without following a
 //!   symbolic link and without blocking, and judges what it opened
 //!   (`fstat`): a regular file, owned by a trusted user, not writable by
@@ -262,6 +267,26 @@ pub fn judge_adopt(f: &Facts, me: u32, private: bool) -> Option<String> {
     None
 }
 
+/// Judges what is at the path where the agent binds a Unix socket (from
+/// `lstat`): `None` when it is a socket of the agent's own user `me`
+/// (a stale one it may replace), else what is wrong. A socket's write bits
+/// are who may connect: not judged.
+pub fn judge_socket(f: &Facts, me: u32) -> Option<String> {
+    if f.kind() == libc::S_IFLNK {
+        return Some(format!("it is a symbolic link ({})", describe(f)));
+    }
+    if f.kind() != libc::S_IFSOCK {
+        return Some(format!("it is not a socket ({})", describe(f)));
+    }
+    if f.uid != me {
+        return Some(format!(
+            "it was not made by this agent's user (uid {me}): {}",
+            describe(f)
+        ));
+    }
+    None
+}
+
 // === the file system ===
 
 fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> OwnedError + 'a {
@@ -457,6 +482,31 @@ pub fn open_or_create(path: &Path, mode: u32, private: bool) -> Result<File, Own
     Ok(file)
 }
 
+/// The agent's side, before it binds a Unix socket at `path`: makes and
+/// checks the directory as [`ensure_agent_dir`] does, then judges what is
+/// at the path ([`judge_socket`]). Returns whether a socket of the
+/// agent's own user is there (stale or live: the caller finds out, and
+/// removes a stale one); nothing there is `false`.
+///
+/// # Errors
+/// [`OwnedError::Refused`] naming the directory or the path, its owner
+/// and mode, and the fix; [`OwnedError::Io`].
+pub fn check_socket_path(path: &Path) -> Result<bool, OwnedError> {
+    ensure_agent_dir(parent_of(path))?;
+    let f = match lstat(path) {
+        Err(e) if e.is_not_found() => return Ok(false),
+        r => r?,
+    };
+    if let Some(problem) = judge_socket(&f, Trusted::me().me) {
+        let fix = format!(
+            "remove it (rm {}) and start the agent again: it makes its own",
+            path.display()
+        );
+        return Err(refused(path, problem, &fix));
+    }
+    Ok(true)
+}
+
 /// `ELOOP` from `O_NOFOLLOW` is a symbolic link at the path: refused.
 fn symlink_or(path: &Path, e: io::Error, fix: &str) -> OwnedError {
     if e.raw_os_error() == Some(libc::ELOOP) {
@@ -515,6 +565,21 @@ mod tests {
 
     fn f(uid: u32, mode: u32) -> Facts {
         Facts { uid, mode }
+    }
+
+    #[test]
+    fn only_the_agents_own_socket_may_be_replaced() {
+        let sock = libc::S_IFSOCK;
+        assert_eq!(judge_socket(&f(7, sock | 0o666), 7), None);
+        let other = judge_socket(&f(65534, sock | 0o755), 7).unwrap();
+        assert!(
+            other.contains("not made by this agent's user (uid 7)"),
+            "{other}"
+        );
+        let link = judge_socket(&f(7, libc::S_IFLNK | 0o777), 7).unwrap();
+        assert!(link.contains("symbolic link"), "{link}");
+        let file = judge_socket(&f(7, libc::S_IFREG | 0o644), 7).unwrap();
+        assert!(file.contains("not a socket"), "{file}");
     }
 
     #[test]

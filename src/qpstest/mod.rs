@@ -456,7 +456,8 @@ fn client_options(opts: &QpsOptions, heartbeat: &Path) -> ClientOptions {
         heartbeat_path: heartbeat.to_path_buf(),
         cache: opts.cache,
         shm: opts.transport == Transport::Shm,
-        local_socket: opts.transport == Transport::Local,
+        // Shared memory leases its slots over the local socket.
+        local_socket: opts.transport != Transport::Udp,
         ..ClientOptions::default()
     }
 }

@@ -3,9 +3,15 @@
 //! [`super::wait`]), ring the
 //! shard's doorbell while the shard is parked, and whatever it says once
 //! the answer is late ([`super::wait::RING_ANYWAY`]). It knows nothing of
-//! heartbeats or sockets: the caller gives it the region's path, the pid
-//! the heartbeat names, and a doorbell to ring.
+//! heartbeats: the caller gives it the region's path, the pid the
+//! heartbeat names, and a doorbell to ring. A slot is claimed by pid
+//! ([`Attachment::claim`]) or leased over the agent's local socket
+//! ([`Attachment::leased`], see [`super::lease`]: the caller makes the
+//! connection, the attachment holds it as long as the slot).
 
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::sync::atomic::{fence, Ordering};
 use std::time::{Duration, Instant};
@@ -42,7 +48,15 @@ pub enum ShmFailure {
 pub struct Attachment {
     region: Region,
     slot: u32,
+    /// The slot's state word while it is ours: this process's pid, or the
+    /// agent's for a leased slot.
     pid: u32,
+    /// The connection that holds a leased slot (closed when dropped: the
+    /// shard then frees the slot).
+    lease: Option<UnixStream>,
+    /// Ring the doorbell over the lease's connection (the shard's UDP
+    /// port is out of reach).
+    ring_over_lease: bool,
     /// The last request sequence published.
     seq: u32,
     /// The last request published expects no answer and may not have been
@@ -67,12 +81,23 @@ impl std::fmt::Debug for Attachment {
 impl Attachment {
     /// Maps the region at `path`, checks that agent `agent_pid` made it
     /// and still serves it, and claims a free slot (or one whose owner
-    /// died).
+    /// died) by pid.
     ///
     /// # Errors
     /// Why the region cannot be used, in words.
     pub fn attach(path: &Path, agent_pid: u32) -> Result<Attachment, String> {
-        let region = Region::open(path).map_err(|e| e.to_string())?;
+        let (region, _) = Self::open(path, agent_pid)?;
+        Self::claim(region)
+    }
+
+    /// Maps the region at `path` and checks that agent `agent_pid` made it
+    /// and still serves it; returns it and its file, open read-write (what
+    /// a lease passes to the agent).
+    ///
+    /// # Errors
+    /// Why the region cannot be used, in words.
+    pub fn open(path: &Path, agent_pid: u32) -> Result<(Region, File), String> {
+        let (region, file) = Region::open_file(path).map_err(|e| e.to_string())?;
         if region.identity().pid != agent_pid {
             return Err(format!(
                 "{} was made by pid {}, the heartbeat names pid {agent_pid}",
@@ -83,10 +108,64 @@ impl Attachment {
         if region.u32(layout::H_CLOSED).load(Ordering::Acquire) != 0 {
             return Err(format!("{} is closed", path.display()));
         }
+        Ok((region, file))
+    }
+
+    /// Whether the agent that made `region` leases its slots over its
+    /// local socket ([`layout::FEAT_LEASE`]).
+    pub fn leases(region: &Region) -> bool {
+        region.features() & layout::FEAT_LEASE != 0
+    }
+
+    /// Takes `slot` of `region`, which the agent leased to the connection
+    /// `conn` (this process made it, passing the region's file): the slot
+    /// is held while `conn` is open, whatever pid namespace this process
+    /// runs in.
+    ///
+    /// # Errors
+    /// The slot is out of range or not leased (its state is not the
+    /// agent's pid).
+    pub fn leased(region: Region, slot: u32, conn: UnixStream) -> Result<Attachment, String> {
+        if slot >= region.geometry().slots {
+            return Err(format!(
+                "{}: the agent leased slot {slot} of {}",
+                region.path().display(),
+                region.geometry().slots
+            ));
+        }
+        let agent = region.identity().pid;
+        let base = region.geometry().slot_offset(slot);
+        if region.u32(base + layout::S_STATE).load(Ordering::Acquire) != agent {
+            return Err(format!(
+                "{}: slot {slot} is not leased to this client",
+                region.path().display()
+            ));
+        }
+        let seq = region.u32(base + layout::S_REQ_SEQ).load(Ordering::Acquire);
+        Ok(Attachment {
+            region,
+            slot,
+            pid: agent,
+            lease: Some(conn),
+            ring_over_lease: false,
+            seq,
+            unacked: false,
+            rang: false,
+            recent: Duration::ZERO,
+        })
+    }
+
+    /// Claims a free slot of `region` (or one whose owner died) for this
+    /// process, by its pid.
+    ///
+    /// # Errors
+    /// Every slot is taken.
+    pub fn claim(region: Region) -> Result<Attachment, String> {
+        let path = region.path().to_path_buf();
         let pid = std::process::id();
         let slots = region.geometry().slots;
-        // Start at a pid-dependent slot so threads of many processes do
-        // not all race for slot 0.
+        // Start at a random slot so threads of many processes do not all
+        // race for slot 0.
         let start = fastrand::u32(..slots);
         for pass in 0..2 {
             for k in 0..slots {
@@ -110,6 +189,8 @@ impl Attachment {
                         region,
                         slot,
                         pid,
+                        lease: None,
+                        ring_over_lease: false,
                         seq,
                         unacked: false,
                         rang: false,
@@ -119,6 +200,40 @@ impl Attachment {
             }
         }
         Err(format!("{}: all {slots} slots are taken", path.display()))
+    }
+
+    /// Whether the slot is leased over the local socket.
+    pub fn is_leased(&self) -> bool {
+        self.lease.is_some()
+    }
+
+    /// Rings the doorbell over the lease's connection ([`super::lease::RING_FRAME`])
+    /// instead of calling the caller's doorbell, when `on` and the slot is
+    /// leased (for a client whose UDP cannot reach the shard).
+    pub fn ring_over_lease(&mut self, on: bool) {
+        self.ring_over_lease = on && self.lease.is_some();
+    }
+
+    /// Whether the doorbell goes over the lease's connection
+    /// ([`Attachment::ring_over_lease`]).
+    pub fn rings_over_lease(&self) -> bool {
+        self.ring_over_lease
+    }
+
+    /// Rings the shard: over the lease's connection, or `doorbell`.
+    fn ring(&self, doorbell: &mut dyn FnMut()) {
+        match &self.lease {
+            Some(conn) if self.ring_over_lease => {
+                // A full socket buffer already holds a doorbell.
+                let _ = nix::sys::socket::send(
+                    conn.as_raw_fd(),
+                    &super::lease::RING_FRAME,
+                    nix::sys::socket::MsgFlags::MSG_NOSIGNAL
+                        | nix::sys::socket::MsgFlags::MSG_DONTWAIT,
+                );
+            }
+            _ => doorbell(),
+        }
     }
 
     fn base(&self) -> usize {
@@ -236,7 +351,7 @@ impl Attachment {
         let parked = self.region.u32(layout::H_PARKED);
         let ring = parked.load(Ordering::SeqCst) != 0 && parked.swap(0, Ordering::SeqCst) != 0;
         if ring {
-            doorbell();
+            self.ring(doorbell);
         }
         ring
     }
@@ -305,7 +420,7 @@ impl Attachment {
             {
                 // `parked` may lie (any group member can write it): an
                 // answer this late means the shard may well be asleep.
-                doorbell();
+                self.ring(doorbell);
                 rang_anyway = Some(waited);
             }
             let until_bound = match rang_anyway {
@@ -373,8 +488,12 @@ impl Attachment {
 }
 
 impl Drop for Attachment {
-    /// Gives the slot back (if it is still ours).
+    /// Gives the slot back (if it is still ours); a leased slot goes back
+    /// when its connection, dropped with it, closes.
     fn drop(&mut self) {
+        if self.lease.is_some() {
+            return;
+        }
         let base = self.base();
         let _ = self.region.u32(base + layout::S_STATE).compare_exchange(
             self.pid,

@@ -17,6 +17,7 @@
 //! | 28 | 4 | response capacity, bytes |
 //! | 32 | 8 | boot id: random per agent start |
 //! | 40 | 4 | closed: 1 once the agent stopped serving the region |
+//! | 44 | 4 | features: bit 0 [`FEAT_LEASE`] (slots are leased over the agent's local socket); 0 from an agent before it |
 //! | 64 | 4 | parked: 1 while the shard sleeps (its own cache line) |
 //! | 128 | 8 × ⌈slots / 64⌉ | pending: bit `s % 64` of word `s / 64` set by slot `s`'s client after it publishes a request; the shard takes each word (swap to 0) and looks only at those slots |
 //!
@@ -24,7 +25,7 @@
 //!
 //! | offset | size | field | written by |
 //! |---:|---:|---|---|
-//! | 0 | 4 | state: [`FREE`], else the owner's pid | client (CAS), shard (reclaim, CAS) |
+//! | 0 | 4 | state: [`FREE`], else the owner's pid, or the agent's own pid (the header's) for a slot the shard leased to a local-socket connection ([`super::lease`]) | client (CAS), shard (lease, reclaim, CAS) |
 //! | 8 | 4 | reserved (0) | |
 //! | 12 | 4 | sleeping: 1 while the client waits on a futex | client, shard |
 //! | 16 | 4 | request sequence (31 bits, +1 per request published) and [`TAKEN`] | client, shard (CAS) |
@@ -74,7 +75,15 @@ pub const H_BOOT: usize = 32;
 /// See the table.
 pub const H_CLOSED: usize = 40;
 /// See the table.
+pub const H_FEATURES: usize = 44;
+/// See the table.
 pub const H_PARKED: usize = 64;
+
+/// The features word's bit that says the agent leases slots over its local
+/// socket ([`super::lease`]). The layout stays version 3: the word was 0
+/// in every region made before it, and a client that does not read it
+/// claims by pid as before.
+pub const FEAT_LEASE: u32 = 1;
 /// See the table: the first pending word.
 pub const H_PENDING: usize = 128;
 
@@ -306,6 +315,15 @@ pub fn response_len(len: u32, cap: usize) -> Option<Option<usize>> {
     (len > 0 && len <= cap).then_some(Some(len))
 }
 
+/// Whether a client or the shard may take back a slot whose state word
+/// is `owner` by asking whether that pid lives: not a free slot, and not
+/// one leased over the local socket, whose state is the agent's own pid
+/// `agent_pid` (the header's; such a slot lives as long as its connection,
+/// whatever pid namespace its client runs in).
+pub fn pid_checked(owner: u32, agent_pid: u32) -> bool {
+    owner != FREE && owner != agent_pid
+}
+
 /// The owner pid read from a slot, if it can name a process: 1..=i32::MAX
 /// (`kill` reads 0 and negative pids as process groups).
 pub fn owner_pid(pid: u32) -> Option<i32> {
@@ -448,6 +466,14 @@ mod tests {
         assert_eq!(owner_pid(i32::MAX as u32), Some(i32::MAX));
         assert_eq!(owner_pid(u32::MAX), None, "-1 would be every process");
         assert_eq!(owner_pid(1 << 31), None);
+    }
+
+    #[test]
+    fn a_leased_or_free_slot_is_never_taken_back_by_a_pid_check() {
+        assert!(!pid_checked(FREE, 77));
+        assert!(!pid_checked(77, 77), "leased: the agent's pid");
+        assert!(pid_checked(78, 77));
+        assert!(pid_checked(u32::MAX, 77), "garbage is checked (and freed)");
     }
 
     #[test]

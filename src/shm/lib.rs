@@ -14,11 +14,14 @@
 //! - [`serve`]: the shard's side; [`attach`]: a client thread's side.
 //! - [`wait`]: how a waiting client spins, naps and sleeps (pure).
 //! - [`fixed`]: the fixed layout of the hot requests (pure).
+//! - [`lease`]: slots leased over the agent's local socket, whatever
+//!   pid namespace the client runs in (the table is pure).
 #![warn(missing_docs)]
 
 pub mod attach;
 pub mod fixed;
 pub mod layout;
+pub mod lease;
 pub mod region;
 pub mod serve;
 pub mod wait;

@@ -8,6 +8,7 @@
 
 use std::fs::File;
 use std::io;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::OnceLock;
@@ -88,6 +89,8 @@ pub struct Region {
     path: PathBuf,
     /// The entry of [`GUARDED`] covering this mapping, if guarded.
     guard: Option<usize>,
+    /// The file's device and inode, as it was mapped.
+    file_id: (u64, u64),
 }
 
 // SAFETY: the mapping is plain shared memory, accessed only through
@@ -143,6 +146,28 @@ fn reserve(file: &File, g: &Geometry) -> io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// The device and inode numbers of an open file.
+fn file_id(file: &File) -> io::Result<(u64, u64)> {
+    let meta = file.metadata()?;
+    Ok((meta.dev(), meta.ino()))
+}
+
+/// True when `fd` is an open file description of the file whose device and
+/// inode are `id`, opened for reading and writing: what proves that a
+/// process which passed it may use that region (it opened it with the
+/// region's own permission checks).
+pub fn is_open_rw(fd: std::os::fd::BorrowedFd<'_>, id: (u64, u64)) -> bool {
+    use nix::fcntl::{fcntl, FcntlArg, OFlag};
+    use nix::sys::stat::fstat;
+    let Ok(st) = fstat(fd) else {
+        return false;
+    };
+    let rw = fcntl(fd, FcntlArg::F_GETFL)
+        .map(|f| OFlag::from_bits_truncate(f) & OFlag::O_ACCMODE == OFlag::O_RDWR)
+        .unwrap_or(false);
+    rw && (st.st_dev, st.st_ino) == id
 }
 
 fn too_large() -> io::Error {
@@ -203,6 +228,7 @@ impl Region {
                 identity,
                 path: path.to_path_buf(),
                 guard: None,
+                file_id: file_id(&file).map_err(io_err("stat", &tmp))?,
             };
             let r = Ordering::Relaxed;
             region.u32(layout::H_VERSION).store(layout::VERSION, r);
@@ -240,6 +266,16 @@ impl Region {
     /// (not a regular file, bad magic or version, a geometry that does not
     /// fit the file).
     pub fn open(path: &Path) -> Result<Region, RegionError> {
+        Self::open_file(path).map(|(region, _)| region)
+    }
+
+    /// [`Region::open`], and the file it mapped, still open read-write (a
+    /// client passes it to the agent to prove it may use the region: see
+    /// [`super::lease`]).
+    ///
+    /// # Errors
+    /// As [`Region::open`].
+    pub fn open_file(path: &Path) -> Result<(Region, File), RegionError> {
         use lbagent_host::owned::{open_trusted, OwnedError};
         let invalid = |why: String| RegionError::Invalid {
             path: path.to_path_buf(),
@@ -274,6 +310,7 @@ impl Region {
             },
             path: path.to_path_buf(),
             guard: None,
+            file_id: (meta.dev(), meta.ino()),
         };
         let magic = peek.u32(layout::H_MAGIC).load(Ordering::Acquire);
         if magic != layout::MAGIC {
@@ -306,13 +343,15 @@ impl Region {
             .len(geometry.file_len())
             .map_raw(&file)
             .map_err(io_err("map", path))?;
-        Ok(Region {
+        let region = Region {
             map,
             geometry,
             identity,
             path: path.to_path_buf(),
             guard: None,
-        })
+            file_id: (meta.dev(), meta.ino()),
+        };
+        Ok((region, file))
     }
 
     /// Makes the mapping survive its file being truncated: any process
@@ -384,6 +423,24 @@ impl Region {
     /// The region file's path.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// The mapped file's device and inode numbers (what an open file a
+    /// client passes is compared with).
+    pub fn file_id(&self) -> (u64, u64) {
+        self.file_id
+    }
+
+    /// The header's features word ([`layout::FEAT_LEASE`]).
+    pub fn features(&self) -> u32 {
+        self.u32(layout::H_FEATURES).load(Ordering::Acquire)
+    }
+
+    /// Sets the header's features word (the agent, once it knows what it
+    /// offers).
+    pub fn set_features(&self, features: u32) {
+        self.u32(layout::H_FEATURES)
+            .store(features, Ordering::Release);
     }
 
     /// The 32-bit word at byte `off`.

@@ -9,6 +9,7 @@ use std::sync::atomic::{fence, Ordering};
 
 use super::fixed;
 use super::layout::{self, Geometry};
+use super::lease::Leases;
 use super::region::{process_gone, Region};
 use lbagent_wire::{decode, Limits, Message};
 
@@ -62,6 +63,8 @@ pub struct Server {
     visited_ns: u64,
     /// The slots the current sweep looks at ([`Server::ready`]).
     ready: Vec<u32>,
+    /// The slots leased to local-socket connections ([`super::lease`]).
+    leases: Leases,
     /// The counters.
     pub counts: ShmCounts,
 }
@@ -93,6 +96,7 @@ impl Server {
             buf: vec![0; req_cap],
             visited_ns: 0,
             ready: Vec::with_capacity(slots),
+            leases: Leases::new(slots as u32),
             counts: ShmCounts::default(),
         }
     }
@@ -352,23 +356,76 @@ impl Server {
     }
 
     /// Takes back every claimed slot whose owner is dead (or whose owner
-    /// field is not a pid). Returns how many. First, once the region's
-    /// file was found truncated, closes it and counts that
-    /// ([`ShmCounts::truncated`]): this runs once a second, outside any
-    /// signal handler.
-    pub fn reclaim_dead(&mut self) -> usize {
+    /// field is not a pid), and every slot that says it is leased (the
+    /// agent's pid) but is not ([`super::lease`]); a leased slot is left
+    /// to its connection. Returns the slots taken back (their balance
+    /// units go back too). First, once the region's file was found
+    /// truncated, closes it and counts that ([`ShmCounts::truncated`]):
+    /// this runs once a second, outside any signal handler.
+    pub fn reclaim_dead(&mut self) -> Vec<u32> {
         if self.counts.truncated == 0 && self.region.close_if_truncated() {
             self.counts.truncated = 1;
         }
-        let mut n = 0;
+        let agent = self.region.identity().pid;
+        let mut gone = Vec::new();
         for s in 0..self.slots() {
-            if reclaim_if_dead(&self.region, s) {
+            if self.leases.holder(s).is_some() {
+                continue;
+            }
+            let freed = if self.owner(s) == agent {
+                free_if(&self.region, s, agent)
+            } else {
+                reclaim_if_dead(&self.region, s)
+            };
+            if freed {
                 self.held[s as usize] = None;
-                n += 1;
+                gone.push(s);
             }
         }
-        self.counts.reclaimed += n as u64;
-        n
+        self.counts.reclaimed += gone.len() as u64;
+        gone
+    }
+
+    fn owner(&self, slot: u32) -> u32 {
+        self.region
+            .u32(self.g().slot_offset(slot) + layout::S_STATE)
+            .load(Ordering::Acquire)
+    }
+
+    /// Leases a free slot to local connection `conn` (its client proved
+    /// it may use the region): claims it with the agent's pid as the owner
+    /// and records the connection. `None` when every slot is taken.
+    pub fn lease(&mut self, conn: u32) -> Option<u32> {
+        let agent = self.region.identity().pid;
+        let slots = self.slots();
+        let start = fastrand::u32(..slots);
+        let slot = (0..slots).map(|k| (start + k) % slots).find(|&s| {
+            let base = self.g().slot_offset(s);
+            self.region
+                .u32(base + layout::S_STATE)
+                .compare_exchange(layout::FREE, agent, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+        })?;
+        let base = self.g().slot_offset(slot);
+        self.region
+            .u32(base + layout::S_SLEEPING)
+            .store(0, Ordering::Relaxed);
+        self.held[slot as usize] = None;
+        self.leases.grant(slot, conn);
+        Some(slot)
+    }
+
+    /// Local connection `conn` closed: frees every slot it leased (still
+    /// the agent's) and returns them (their balance units go back too).
+    pub fn end_leases(&mut self, conn: u32) -> Vec<u32> {
+        let agent = self.region.identity().pid;
+        let mut ended = self.leases.end(conn);
+        ended.retain(|&s| {
+            self.held[s as usize] = None;
+            free_if(&self.region, s, agent)
+        });
+        self.counts.reclaimed += ended.len() as u64;
+        ended
     }
 
     /// Marks the region closed (clients fall back to UDP at once), wakes
@@ -396,15 +453,25 @@ fn remove_if_ours(region: &Region) {
 /// Frees `slot` if it is claimed by a process that no longer exists (or by
 /// a state word that names no pid). One compare-and-swap of the state
 /// word, which holds the owner's pid: a slot claimed again meanwhile holds
-/// another pid and is left alone.
+/// another pid and is left alone. A slot leased over the local socket
+/// (its state is the agent's pid, [`layout::pid_checked`]) is never taken
+/// back here: its connection holds it.
 pub fn reclaim_if_dead(region: &Region, slot: u32) -> bool {
     let base = region.geometry().slot_offset(slot);
-    let state = region.u32(base + layout::S_STATE);
-    let owner = state.load(Ordering::Acquire);
-    if owner == layout::FREE || !layout::owner_pid(owner).is_none_or(process_gone) {
+    let owner = region.u32(base + layout::S_STATE).load(Ordering::Acquire);
+    if !layout::pid_checked(owner, region.identity().pid)
+        || !layout::owner_pid(owner).is_none_or(process_gone)
+    {
         return false;
     }
-    state
+    free_if(region, slot, owner)
+}
+
+/// Frees `slot` if its state word still holds `owner`.
+fn free_if(region: &Region, slot: u32, owner: u32) -> bool {
+    let base = region.geometry().slot_offset(slot);
+    region
+        .u32(base + layout::S_STATE)
         .compare_exchange(owner, layout::FREE, Ordering::AcqRel, Ordering::Relaxed)
         .is_ok()
 }
@@ -471,6 +538,51 @@ mod tests {
         assert_eq!(ready_slots(&mut srv, true), [9]);
         assert!(srv.take(9, 0, 0).is_some());
         assert!(!srv.pending());
+    }
+
+    fn state(r: &Region, slot: u32) -> u32 {
+        r.u32(r.geometry().slot_offset(slot) + layout::S_STATE)
+            .load(Ordering::SeqCst)
+    }
+
+    #[test]
+    fn a_leased_slot_lives_with_its_connection_whatever_pid_checks_say() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut srv, client) = setup(dir.path());
+        let agent = std::process::id();
+        let a = srv.lease(5).unwrap();
+        let b = srv.lease(6).unwrap();
+        assert_ne!(a, b);
+        assert_eq!((state(&client, a), state(&client, b)), (agent, agent));
+        // Neither the shard's sweep nor a client's pid check takes it.
+        assert!(srv.reclaim_dead().is_empty());
+        assert!(!reclaim_if_dead(&client, a));
+        // A slot that says it is leased but is not is garbage: freed.
+        let fake = (0..70)
+            .find(|&s| state(&client, s) == layout::FREE)
+            .unwrap();
+        client
+            .u32(client.geometry().slot_offset(fake) + layout::S_STATE)
+            .store(agent, Ordering::SeqCst);
+        assert_eq!(srv.reclaim_dead(), [fake]);
+        // The connection closes: its slot, and only its, is free.
+        assert_eq!(srv.end_leases(5), [a]);
+        assert_eq!(
+            (state(&client, a), state(&client, b)),
+            (layout::FREE, agent)
+        );
+        assert!(srv.end_leases(5).is_empty());
+        assert_eq!(srv.counts.reclaimed, 2);
+    }
+
+    #[test]
+    fn a_full_region_leases_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut srv, _client) = setup(dir.path());
+        for conn in 0..70 {
+            assert!(srv.lease(conn).is_some());
+        }
+        assert_eq!(srv.lease(70), None);
     }
 
     #[test]

@@ -44,6 +44,18 @@ fn file_error(what: &'static str, path: &Path, reason: impl Into<String>) -> Tls
     }
 }
 
+/// The most bytes a PEM file is read for (a CA bundle of a few hundred
+/// certificates fits).
+pub const MAX_PEM_LEN: u64 = 4 << 20;
+
+/// The bytes of PEM file `path` (`what`: which of `[tls]`), read without
+/// blocking: a FIFO or a device there is refused at once, never waited on
+/// (a reload or a handshake would stall, and SIGTERM with it).
+fn read(what: &'static str, path: &Path) -> Result<Vec<u8>, TlsFileError> {
+    lbagent_config::read_regular_bytes(path, MAX_PEM_LEN)
+        .map_err(|e| file_error(what, path, e.to_string()))
+}
+
 fn pem_reason(e: pem::Error) -> String {
     match e {
         pem::Error::Io(e) => format!("{e}"),
@@ -60,8 +72,8 @@ pub fn certs(
     what: &'static str,
     path: &Path,
 ) -> Result<Vec<CertificateDer<'static>>, TlsFileError> {
-    let certs = CertificateDer::pem_file_iter(path)
-        .map_err(|e| file_error(what, path, pem_reason(e)))?
+    let bytes = read(what, path)?;
+    let certs = CertificateDer::pem_slice_iter(&bytes)
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| file_error(what, path, pem_reason(e)))?;
     if certs.is_empty() {
@@ -79,7 +91,8 @@ pub fn certs(
 /// # Errors
 /// [`TlsFileError::File`]: unreadable or no private key block.
 pub fn key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsFileError> {
-    PrivateKeyDer::from_pem_file(path).map_err(|e| {
+    let bytes = read("tls.key", path)?;
+    PrivateKeyDer::from_pem_slice(&bytes).map_err(|e| {
         let reason = match e {
             pem::Error::NoItemsFound => {
                 "no PRIVATE KEY block in it (PKCS#8, RSA or EC): give the key of tls.cert".into()
@@ -103,4 +116,25 @@ pub fn roots(path: &Path) -> Result<RootCertStore, TlsFileError> {
             .map_err(|e| file_error("tls.ca", path, format!("not a usable CA certificate: {e}")))?;
     }
     Ok(roots)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fifo_is_refused_at_once_never_waited_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("ca.pem");
+        let made = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap();
+        assert!(made.success());
+        // Without a writer, a blocking open would never return.
+        let e = roots(&fifo).unwrap_err().to_string();
+        let k = key(&fifo).unwrap_err().to_string();
+        assert!(e.contains("tls.ca") && e.contains("FIFO"), "{e}");
+        assert!(k.contains("tls.key") && k.contains("FIFO"), "{k}");
+    }
 }
