@@ -1,0 +1,127 @@
+//! An application on a real agent's host: a steady getHost + report load
+//! over its modules through the client library (static route file
+//! included), every failure counted, and each module's route version
+//! polled with getRoute to see when changes arrive.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use lbagent_client::{Client, ClientOptions, HostSource};
+
+use crate::clock::Clock;
+use crate::record::{AppRecord, Arrivals, Module};
+
+/// How the application runs.
+#[derive(Clone, Debug)]
+pub struct AppOptions {
+    /// The host's name in the lab (for the record).
+    pub host: String,
+    /// The agent's heartbeat file.
+    pub heartbeat: PathBuf,
+    /// The agent's static route file (read when the agent is down).
+    pub snapshot: PathBuf,
+    /// The modules used.
+    pub modules: Vec<Module>,
+    /// getHost + report pairs per second.
+    pub rate: u32,
+    /// Each module's getRoute poll interval.
+    pub poll: Duration,
+    /// How long to run after every module registered.
+    pub duration: Duration,
+    /// The longest wait for every module to register.
+    pub register_within: Duration,
+}
+
+const CALL_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// Runs the application.
+///
+/// # Errors
+/// The client cannot be made, or a module does not register in time.
+pub fn run(opts: &AppOptions) -> Result<AppRecord> {
+    let clock = Clock::new();
+    let copts = ClientOptions {
+        heartbeat_path: opts.heartbeat.clone(),
+        snapshot_path: opts.snapshot.clone(),
+        ..ClientOptions::default()
+    };
+    let mut client = Client::with_options(copts).context("making the client")?;
+    let deadline = Instant::now() + opts.register_within;
+    for &(modid, cmdid) in &opts.modules {
+        loop {
+            match client.register(modid, cmdid, Duration::from_secs(1)) {
+                Ok(_) => break,
+                Err(e) if Instant::now() > deadline => {
+                    anyhow::bail!(
+                        "module {modid}:{cmdid} did not register within {:?}: {e}",
+                        opts.register_within
+                    )
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(200)),
+            }
+        }
+    }
+    let mut rec = AppRecord {
+        host: opts.host.clone(),
+        arrivals: opts
+            .modules
+            .iter()
+            .map(|&module| Arrivals {
+                agent: 0,
+                module,
+                seen: Vec::new(),
+            })
+            .collect(),
+        ..AppRecord::default()
+    };
+    let start = Instant::now();
+    let call_every = Duration::from_secs(1) / opts.rate.max(1);
+    let poll_every = opts.poll / opts.modules.len().max(1) as u32;
+    let (mut next_call, mut next_poll) = (start, start);
+    let (mut call_k, mut poll_k) = (0usize, 0usize);
+    while start.elapsed() < opts.duration {
+        let now = Instant::now();
+        if now >= next_call {
+            let (modid, cmdid) = opts.modules[call_k % opts.modules.len()];
+            call_k += 1;
+            next_call += call_every;
+            rec.gethosts += 1;
+            match client.get_host(modid, cmdid, CALL_TIMEOUT) {
+                Ok(host) => {
+                    if host.source == HostSource::StaticRoutes {
+                        rec.static_answers += 1;
+                    }
+                    rec.reports += 1;
+                    if client.report(modid, cmdid, host.addr, 0, 1).is_err() {
+                        rec.report_failures += 1;
+                    }
+                }
+                Err(e) => {
+                    rec.gethost_failures += 1;
+                    if rec.failure_examples.len() < 20 {
+                        rec.failure_examples
+                            .push((clock.now_ms(), (modid, cmdid), e.to_string()));
+                    }
+                }
+            }
+        }
+        if now >= next_poll {
+            let i = poll_k % opts.modules.len();
+            poll_k += 1;
+            next_poll += poll_every;
+            let (modid, cmdid) = opts.modules[i];
+            if let Ok(view) = client.get_route(modid, cmdid, CALL_TIMEOUT) {
+                let seen = &mut rec.arrivals[i].seen;
+                if seen.last().is_none_or(|&(v, _)| view.version > v) {
+                    seen.push((view.version, clock.now_ms()));
+                }
+            }
+        }
+        let next = next_call.min(next_poll);
+        if let Some(wait) = next.checked_duration_since(Instant::now()) {
+            std::thread::sleep(wait);
+        }
+    }
+    Ok(rec)
+}
