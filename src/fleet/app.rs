@@ -4,6 +4,8 @@
 //! polled with getRoute to see when changes arrive.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
@@ -27,7 +29,8 @@ pub struct AppOptions {
     pub rate: u32,
     /// Each module's getRoute poll interval.
     pub poll: Duration,
-    /// How long to run after every module registered.
+    /// The longest run after every module registered (SIGTERM ends it
+    /// sooner).
     pub duration: Duration,
     /// The longest wait for every module to register.
     pub register_within: Duration,
@@ -41,6 +44,9 @@ const CALL_TIMEOUT: Duration = Duration::from_millis(500);
 /// The client cannot be made, or a module does not register in time.
 pub fn run(opts: &AppOptions) -> Result<AppRecord> {
     let clock = Clock::new();
+    let stop = Arc::new(AtomicBool::new(false));
+    signal_hook::flag::register(signal_hook::consts::SIGTERM, stop.clone())
+        .context("installing the SIGTERM handler")?;
     let copts = ClientOptions {
         heartbeat_path: opts.heartbeat.clone(),
         snapshot_path: opts.snapshot.clone(),
@@ -80,7 +86,7 @@ pub fn run(opts: &AppOptions) -> Result<AppRecord> {
     let poll_every = opts.poll / opts.modules.len().max(1) as u32;
     let (mut next_call, mut next_poll) = (start, start);
     let (mut call_k, mut poll_k) = (0usize, 0usize);
-    while start.elapsed() < opts.duration {
+    while start.elapsed() < opts.duration && !stop.load(Ordering::Relaxed) {
         let now = Instant::now();
         if now >= next_call {
             let (modid, cmdid) = opts.modules[call_k % opts.modules.len()];

@@ -108,6 +108,11 @@ pub trait Hooks<C: Core> {
     fn tick(&mut self, core: &mut C, now: u64);
     /// Whether the link may end in `phase`.
     fn finished(&self, core: &C, phase: Phase) -> bool;
+    /// The link came up at `now`.
+    fn on_connected(&mut self, _now: u64) {}
+    /// The link ends: the core as it stands at that moment (still
+    /// connected, if it was).
+    fn on_end(&mut self, _core: &C) {}
 }
 
 /// How long a connection attempt and a blocked write may take.
@@ -127,6 +132,7 @@ pub async fn drive<C: Core, H: Hooks<C>>(
         let now = clock.now_ms();
         let p = *phase.borrow();
         if hooks.finished(core, p) {
+            hooks.on_end(core);
             return;
         }
         run_due_tick(core, hooks, now, p);
@@ -135,7 +141,11 @@ pub async fn drive<C: Core, H: Hooks<C>>(
                 Ok(Ok(stream)) => {
                     let _ = stream.set_nodelay(true);
                     core.on_connected(clock.now_ms());
-                    session(core, hooks, clock, &mut phase, stream).await;
+                    hooks.on_connected(clock.now_ms());
+                    if session(core, hooks, clock, &mut phase, stream).await {
+                        hooks.on_end(core);
+                        return;
+                    }
                     core.on_disconnected(clock.now_ms());
                 }
                 _ => core.on_disconnected(clock.now_ms()),
@@ -161,14 +171,14 @@ fn run_due_tick<C: Core, H: Hooks<C>>(core: &mut C, hooks: &mut H, now: u64, p: 
 }
 
 /// One connection, until it ends (closed, refused frame, dead by the
-/// core's deadline) or the link is finished.
+/// core's deadline: false) or the link is finished (true).
 async fn session<C: Core, H: Hooks<C>>(
     core: &mut C,
     hooks: &mut H,
     clock: Clock,
     phase: &mut watch::Receiver<Phase>,
     stream: TcpStream,
-) {
+) -> bool {
     let (mut rd, mut wr) = stream.into_split();
     let mut buf = vec![0u8; 16 << 10];
     let mut out = Vec::new();
@@ -177,7 +187,7 @@ async fn session<C: Core, H: Hooks<C>>(
         let now = clock.now_ms();
         let p = *phase.borrow();
         if hooks.finished(core, p) {
-            return;
+            return true;
         }
         run_due_tick(core, hooks, now, p);
         out.clear();
@@ -185,10 +195,10 @@ async fn session<C: Core, H: Hooks<C>>(
         if !out.is_empty()
             && !matches!(timeout(WRITE_TIMEOUT, wr.write_all(&out)).await, Ok(Ok(())))
         {
-            return;
+            return false;
         }
         let wake = match core.poll_timeout(now) {
-            Wake::Drop => return,
+            Wake::Drop => return false,
             Wake::At(t) => t,
             Wake::Never => now + IDLE_WAKE_MS,
         };
@@ -196,7 +206,7 @@ async fn session<C: Core, H: Hooks<C>>(
         tokio::select! {
             r = rd.read(&mut buf) => {
                 let n = match r {
-                    Ok(0) | Err(_) => return,
+                    Ok(0) | Err(_) => return false,
                     Ok(n) => n,
                 };
                 frames.feed(&buf[..n]);
@@ -206,15 +216,15 @@ async fn session<C: Core, H: Hooks<C>>(
                         Ok(Some(frame)) => match core.on_frame(frame, now) {
                             Ok(Some(event)) => hooks.on_event(event, now),
                             Ok(None) => {}
-                            Err(_) => return,
+                            Err(_) => return false,
                         },
                         Ok(None) => break,
-                        Err(_) => return,
+                        Err(_) => return false,
                     }
                 }
             }
             _ = sleep_until(clock.instant_at(wake).into()) => {}
-            r = phase.changed() => if r.is_err() { return },
+            r = phase.changed() => if r.is_err() { return true },
         }
     }
 }

@@ -102,7 +102,7 @@ enum Command {
         /// Each module's getRoute poll interval, ms.
         #[arg(long, default_value_t = 20)]
         poll_ms: u64,
-        /// How long to run, seconds.
+        /// The longest run, seconds (SIGTERM ends it sooner).
         #[arg(long)]
         duration_s: u64,
         /// Where to write the record (JSON).
@@ -473,7 +473,7 @@ fn judge(j: &Judge) -> Result<bool> {
     let per_agent: u64 = sims.iter().map(|s| s.arrivals.len() as u64).sum();
     println!(
         "{:<58} {:>32} {:>8}",
-        "modules pulled per followed module (answered unchanged)",
+        "modules pulled per followed module (15 s re-pulls included)",
         format!(
             "{:.2} ({})",
             sum(|s| s.modules_pulled) as f64 / per_agent.max(1) as f64,

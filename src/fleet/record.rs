@@ -84,6 +84,10 @@ pub struct SimRecord {
     pub unchanged: u64,
     /// Agents whose route link was up at the end.
     pub route_connected_at_end: u32,
+    /// The latest time any agent's route link came up (ms since the Unix
+    /// epoch): after a restart of every route server, when the last agent
+    /// was back.
+    pub last_connect_ms: u64,
 }
 
 /// What one application program on a real agent's host recorded.

@@ -89,7 +89,10 @@ pub struct SimOptions {
 /// The route link's owner: records arrivals.
 struct RouteHooks {
     arrivals: Vec<Arrivals>,
-    connects: u64,
+    /// When the link last came up.
+    last_connect_ms: u64,
+    /// Whether the link was up when the run ended (None: not ended yet).
+    up_at_end: Option<bool>,
 }
 
 impl Hooks<RouteClientCore> for RouteHooks {
@@ -107,6 +110,12 @@ impl Hooks<RouteClientCore> for RouteHooks {
     fn tick(&mut self, _: &mut RouteClientCore, _: u64) {}
     fn finished(&self, _: &RouteClientCore, phase: Phase) -> bool {
         phase >= Phase::Drain
+    }
+    fn on_connected(&mut self, now: u64) {
+        self.last_connect_ms = now;
+    }
+    fn on_end(&mut self, core: &RouteClientCore) {
+        self.up_at_end.get_or_insert(core.link().is_connected());
     }
 }
 
@@ -154,6 +163,7 @@ struct AgentOutcome {
     arrivals: Vec<Arrivals>,
     route: lbagent_agent::routeclient::RouteClientStats,
     route_connected: bool,
+    last_connect_ms: u64,
     acked: Option<Vec<Acked>>,
     stats: lbagent_agent::statsclient::StatsClientStats,
     rejected: u64,
@@ -182,7 +192,8 @@ async fn run_agent(
                 seen: Vec::new(),
             })
             .collect(),
-        connects: 0,
+        last_connect_ms: 0,
+        up_at_end: None,
     };
     let mut sc = StatsClientConfig::new(rotated(&opts.reporters, index));
     sc.caller = Ipv4Addr::from(caller_of(index));
@@ -205,12 +216,12 @@ async fn run_agent(
     let route_link = drive(&mut route, &mut rh, clock, phase.clone());
     let stats_link = drive(&mut stats, &mut sh, clock, phase);
     tokio::join!(route_link, stats_link);
-    rh.connects = route.stats().connects;
     let s = stats.stats();
     Ok(AgentOutcome {
         arrivals: rh.arrivals,
         route: route.stats(),
-        route_connected: route.link().is_connected(),
+        route_connected: rh.up_at_end.unwrap_or(false),
+        last_connect_ms: rh.last_connect_ms,
         acked: ledger::acked(caller_of(index), &sh.pushed, s.acked),
         stats: s,
         rejected: sh.rejected,
@@ -278,6 +289,7 @@ pub fn run(opts: SimOptions) -> Result<SimRecord> {
             rec.modules_pulled += o.route.modules_pulled;
             rec.unchanged += o.route.unchanged;
             rec.route_connected_at_end += u32::from(o.route_connected);
+            rec.last_connect_ms = rec.last_connect_ms.max(o.last_connect_ms);
             rec.stats_pushed += o.stats.pushed;
             rec.stats_acked += o.stats.acked;
             rec.stats_dropped += o.stats.dropped;
