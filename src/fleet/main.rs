@@ -126,6 +126,10 @@ enum Command {
         /// agent HOST.
         #[arg(long, value_parser = parse_window)]
         window: Vec<(u64, u64, Option<String>)>,
+        /// Segments NAME=FROM_MS:TO_MS: route change to last agent is also
+        /// printed for the changes committed inside each (one scenario).
+        #[arg(long, value_parser = parse_segment)]
+        segment: Vec<(String, u64, u64)>,
         /// The convergence bound, ms.
         #[arg(long, default_value_t = 5000)]
         bound_ms: u64,
@@ -139,6 +143,14 @@ enum Command {
         #[arg(long)]
         json: Option<PathBuf>,
     },
+}
+
+fn parse_segment(s: &str) -> Result<(String, u64, u64), String> {
+    let (name, span) = s
+        .split_once('=')
+        .ok_or_else(|| format!("segment {s:?}: expected NAME=FROM_MS:TO_MS"))?;
+    let (a, b, _) = parse_window(span)?;
+    Ok((name.to_string(), a, b))
 }
 
 fn parse_window(s: &str) -> Result<(u64, u64, Option<String>), String> {
@@ -260,6 +272,7 @@ fn run(command: Command) -> Result<bool> {
             sim,
             app,
             window,
+            segment,
             bound_ms,
             store,
             stored_wait_s,
@@ -269,6 +282,7 @@ fn run(command: Command) -> Result<bool> {
             sims: sim,
             apps: app,
             windows: window,
+            segments: segment,
             bound_ms,
             store: store_url(&store)?,
             stored_wait: Duration::from_secs(stored_wait_s),
@@ -282,6 +296,7 @@ struct Judge {
     sims: Vec<PathBuf>,
     apps: Vec<PathBuf>,
     windows: Vec<(u64, u64, Option<String>)>,
+    segments: Vec<(String, u64, u64)>,
     bound_ms: u64,
     store: StoreUrl,
     stored_wait: Duration,
@@ -385,6 +400,32 @@ fn judge(j: &Judge) -> Result<bool> {
                 j.bound_ms
             ));
         }
+        for (segment, from, to) in &j.segments {
+            let commits: Vec<_> = churn
+                .commits
+                .iter()
+                .filter(|c| c.t_ms >= *from && c.t_ms <= *to)
+                .copied()
+                .collect();
+            let c = verdict::convergence(&commits, followers);
+            let (p50, p99, max) = (
+                verdict::quantile(&c.latencies, 0.5),
+                verdict::quantile(&c.latencies, 0.99),
+                verdict::quantile(&c.latencies, 1.0),
+            );
+            println!(
+                "{:<58} {:>8}ms {:>8}ms {:>8}ms {:>8}",
+                format!("  in {segment}"),
+                p50,
+                p99,
+                max,
+                c.latencies.len()
+            );
+            figures.insert(
+                format!("converge_{}_{segment}", name.replace(' ', "_")),
+                serde_json::json!({"p50": p50, "p99": p99, "max": max, "n": c.latencies.len()}),
+            );
+        }
         let behind = verdict::behind(arrivals, &want);
         if let Some(&(agent, module, held, wanted)) = behind.first() {
             fail(format!(
@@ -485,7 +526,8 @@ fn judge(j: &Judge) -> Result<bool> {
         "route_links".into(),
         serde_json::json!({"agents": agents, "connected_at_end": connected,
         "connects": connects, "modules_pulled": sum(|s| s.modules_pulled), "followed": per_agent,
-        "unchanged": sum(|s| s.unchanged)}),
+        "unchanged": sum(|s| s.unchanged),
+        "last_connect_ms": sims.iter().map(|s| s.last_connect_ms).max().unwrap_or(0)}),
     );
     if connected < agents {
         fail(format!(

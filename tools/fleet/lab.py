@@ -493,6 +493,16 @@ insecure = true
         if d > 0:
             time.sleep(d)
 
+    def rs_rss_kib(self):
+        """Every route server's resident memory, KiB (/proc/PID/status)."""
+        out = {}
+        for n in self.rs_names():
+            with open(f"/proc/{self.procs[n].pid}/status") as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        out[n] = int(line.split()[1])
+        return out
+
     def check_up(self):
         """Every server and agent process still runs (none needed a hand)."""
         for key in self.rs_names() + self.rp_names() + self.agents:
@@ -619,15 +629,25 @@ insecure = true
         # Long enough for every scenario; the apps and churn stop at its end.
         budget = {1: a.steady_s, 2: 16 + a.freeze_s, 3: 14, 4: a.partition_s + 6, 5: 10, 6: 10}
         run_s = 10 + sum(budget.get(s, 0) for s in a.scenarios) + 5
+        rss0 = self.rs_rss_kib()
         self.start_load(run_s)
         self.start_churn(run_s)
         t_start = time.time()
         time.sleep(8)  # every link up, every module registered
         self.check_up()
+        rss1 = self.rs_rss_kib()
+        per_server = a.sim_agents / len(self.rs_names())
+        self.figures["rs_rss_kib_before"] = rss0
+        self.figures["rs_rss_kib_after"] = rss1
+        self.figures["rs_kib_per_agent"] = round(
+            sum(rss1[n] - rss0[n] for n in rss0) / len(rss0) / per_server, 2)
         self.pending = list(a.scenarios)
+        self.segments = []
         while self.pending:
             s = self.pending.pop(0)
+            t = self.now_ms()
             getattr(self, f"scenario_{s}")()
+            self.segments.append((f"scenario-{s}", t, self.now_ms()))
             self.check_up()
         log("scenarios done; letting the churn and the load finish")
         self.procs["churn"].wait(timeout=max(10, run_s - (time.time() - t_start) + 60))
@@ -649,6 +669,15 @@ insecure = true
         self.check_up()
         return self.verdict()
 
+    def heal_convergence(self):
+        host = self.agents[0]
+        cut = [w for w in self.windows if w[2] == host][-1]
+        with open(self.churn_out) as f:
+            churn = json.load(f)
+        with open(os.path.join(self.dir, f"app-{host}.json")) as f:
+            app = json.load(f)
+        return heal_convergence_ms(churn, app, cut[0], cut[1])
+
     def verdict(self):
         a = self.a
         argv = [a.fleet, "verdict", "--churn", self.churn_out, "--store", self.store_url(),
@@ -657,6 +686,8 @@ insecure = true
             argv += ["--sim", s]
         for p in self.app_outs:
             argv += ["--app", p]
+        for (name, f, t) in self.segments:
+            argv += ["--segment", f"{name}={f}:{t}"]
         for (f, t, host) in self.windows:
             argv += ["--window", f"{f}:{t}" + (f":{host}" if host else "")]
         print()
@@ -675,12 +706,42 @@ insecure = true
                 print(f"{'route changes accepted again after the promotion':<58} {after[0] - p:>30}ms")
             print(f"{'statistics written again after the promotion':<58} "
                   f"{self.figures['stats_after_promotion_ms']:>30}ms")
+        if "rs_kib_per_agent" in self.figures:
+            print(f"{'route servers: resident memory per subscribed agent (10 modules)':<58} "
+                  f"{self.figures['rs_kib_per_agent']:>28}KiB")
+        if "heal_ms" in self.figures:
+            ms = self.heal_convergence()
+            if ms is not None:
+                self.figures["converged_after_heal_ms"] = ms
+                print(f"{'partitioned host converged after the heal':<58} {ms:>30}ms")
+        for t in self.figures.get("restart_all_ms", [])[-1:]:
+            last = figures.get("route_links", {}).get("last_connect_ms", 0)
+            if last >= t:
+                self.figures["resubscribed_after_restart_ms"] = last - t
+                print(f"{'every route server restarted -> last agent reconnected':<58} {last - t:>30}ms")
         summary = {"verdict": figures, "lab": self.figures, "events": self.events,
                    "windows": self.windows, "rc": r.returncode}
         if a.json:
             with open(a.json, "w") as f:
                 json.dump(summary, f)
         return r.returncode
+
+
+def heal_convergence_ms(churn, app, cut_from, healed):
+    """ms from the heal to the partitioned host holding every change
+    committed to its modules while it was cut (0: none was); None when it
+    never got one of them."""
+    seen = {tuple(a["module"]): a["seen"] for a in app["arrivals"]}
+    worst = 0
+    for c in churn["commits"]:
+        m = tuple(c["module"])
+        if m not in seen or not (cut_from <= c["t_ms"] <= healed):
+            continue
+        t = next((t for (v, t) in seen[m] if v >= c["version"]), None)
+        if t is None:
+            return None
+        worst = max(worst, t - healed)
+    return worst
 
 
 def main():
