@@ -465,7 +465,7 @@ insecure = true
                 a.fleet, "sim", "--route-servers", ",".join(self.rs_addrs()),
                 "--reporters", ",".join(self.rp_addrs()), "--agents", str(n), "--first", str(k),
                 "--modules", str(a.modules), "--duration-s", str(run_s + 120),
-                "--drain-s", "20", "--out", out,
+                "--drain-s", "20", "--stats-interval-ms", str(a.sim_stats_interval_ms), "--out", out,
             ])
             k += n
         self.app_outs = []
@@ -758,6 +758,9 @@ def main():
     p.add_argument("--sim-agents", type=int, default=10000, help="simulated agents (default 10,000)")
     p.add_argument("--sim-per-process", type=int, default=4000,
                    help="simulated agents per simulator process (2 files each; default 4,000)")
+    p.add_argument("--sim-stats-interval-ms", type=int, default=0,
+                   help="one statistics entry per simulated agent every this many ms "
+                        "(default: the agent count, i.e. 1,000 entries a second in all)")
     p.add_argument("--route-servers", type=int, default=3)
     p.add_argument("--reporters", type=int, default=2)
     p.add_argument("--modules", type=int, default=1000)
@@ -776,6 +779,8 @@ def main():
     if a.short:
         a.agents, a.sim_agents, a.scenarios = 4, 1000, "2,4,5"
     a.scenarios = [int(s) for s in a.scenarios.split(",") if s]
+    if a.sim_stats_interval_ms <= 0:
+        a.sim_stats_interval_ms = max(1000, a.sim_agents)
     bad = [s for s in a.scenarios if s not in range(1, 7)]
     if bad:
         print(f"lab: --scenarios: {bad} not in 1-6 (7, the rolling upgrade, is not built yet)", file=sys.stderr)
