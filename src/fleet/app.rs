@@ -38,6 +38,31 @@ pub struct AppOptions {
 
 const CALL_TIMEOUT: Duration = Duration::from_millis(500);
 
+/// Waits until the agent has written its static route file after `since`
+/// (so that it holds the modules just registered): the file is what
+/// answers while the agent cannot, and the load is only counted once an
+/// answer is possible.
+fn wait_for_snapshot(
+    path: &std::path::Path,
+    since: std::time::SystemTime,
+    within: Duration,
+) -> Result<()> {
+    let deadline = Instant::now() + within;
+    loop {
+        let written = std::fs::metadata(path).and_then(|m| m.modified());
+        if matches!(written, Ok(t) if t > since) {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            anyhow::bail!(
+                "the agent did not write its static route file {} within {within:?} of registering the modules (is agent.snapshot_interval longer?)",
+                path.display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// Runs the application.
 ///
 /// # Errors
@@ -68,6 +93,11 @@ pub fn run(opts: &AppOptions) -> Result<AppRecord> {
             }
         }
     }
+    wait_for_snapshot(
+        &opts.snapshot,
+        std::time::SystemTime::now(),
+        opts.register_within,
+    )?;
     let mut rec = AppRecord {
         host: opts.host.clone(),
         arrivals: opts

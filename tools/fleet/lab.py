@@ -493,6 +493,15 @@ insecure = true
         if d > 0:
             time.sleep(d)
 
+    def cpu_s(self, key):
+        """CPU seconds (user + system) process KEY has used so far."""
+        try:
+            with open(f"/proc/{self.procs[key].pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, IndexError, ValueError):
+            return 0.0
+
     def rs_rss_kib(self):
         """Every route server's resident memory, KiB (/proc/PID/status)."""
         out = {}
@@ -633,7 +642,9 @@ insecure = true
         self.start_load(run_s)
         self.start_churn(run_s)
         t_start = time.time()
-        time.sleep(8)  # every link up, every module registered
+        # Every link up, every module registered and in the agents' static
+        # route files (written every 5 s).
+        time.sleep(12)
         self.check_up()
         rss1 = self.rs_rss_kib()
         per_server = a.sim_agents / len(self.rs_names())
@@ -652,6 +663,13 @@ insecure = true
         log("scenarios done; letting the churn and the load finish")
         self.procs["churn"].wait(timeout=max(10, run_s - (time.time() - t_start) + 60))
         time.sleep(3)  # the last change reaches everyone
+        self.figures["cpu_s"] = {
+            "simulators": round(sum(self.cpu_s(k) for k in self.procs if k.startswith("sim")), 1),
+            "route_servers": round(sum(self.cpu_s(k) for k in self.rs_names()), 1),
+            "reporters": round(sum(self.cpu_s(k) for k in self.rp_names()), 1),
+            "agents": round(sum(self.cpu_s(k) for k in self.agents), 1),
+            "wall": round(time.time() - t_start, 1),
+        }
         for k, p in self.procs.items():
             if k.startswith("sim") or k.startswith("app-"):
                 os.killpg(p.pid, signal.SIGTERM)
@@ -706,6 +724,11 @@ insecure = true
                 print(f"{'route changes accepted again after the promotion':<58} {after[0] - p:>30}ms")
             print(f"{'statistics written again after the promotion':<58} "
                   f"{self.figures['stats_after_promotion_ms']:>30}ms")
+        if "cpu_s" in self.figures:
+            c = self.figures["cpu_s"]
+            print(f"{'CPU seconds: simulators / route servers / reporters / agents':<58} "
+                  f"{c['simulators']:>8} / {c['route_servers']} / {c['reporters']} / {c['agents']} "
+                  f"in {c['wall']} s (load average {os.getloadavg()[0]:.1f})")
         if "rs_kib_per_agent" in self.figures:
             print(f"{'route servers: resident memory per subscribed agent (10 modules)':<58} "
                   f"{self.figures['rs_kib_per_agent']:>28}KiB")
