@@ -499,6 +499,12 @@ fn judge(j: &Judge) -> Result<bool> {
             sum(|s| s.stats_rejected)
         ));
     }
+    if sum(|s| s.stats_unsettled) > 0 {
+        fail(format!(
+            "{} statistics entries were still unacknowledged after the drain: the reporters did not recover",
+            sum(|s| s.stats_unsettled)
+        ));
+    }
     let agents: u64 = sims.iter().map(|s| u64::from(s.agents)).sum();
     let connected: u64 = sims
         .iter()

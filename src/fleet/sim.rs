@@ -260,24 +260,24 @@ pub fn run(opts: SimOptions) -> Result<SimRecord> {
             _ = tokio::signal::ctrl_c() => {}
         }
         let _ = tx.send(Phase::Drain);
-        let drained = async {
-            let mut outcomes = Vec::new();
-            for h in handles.iter_mut() {
-                outcomes.push(h.await);
-            }
-            outcomes
-        };
-        let outcomes = tokio::select! {
-            o = drained => o,
-            _ = tokio::time::sleep(opts.drain) => {
-                let _ = tx.send(Phase::Stop);
-                let mut outcomes = Vec::new();
-                for h in handles.iter_mut() {
-                    outcomes.push(h.await);
+        // Each agent ends once its statistics are acknowledged; past the
+        // drain time, every link is told to stop.
+        let deadline = tokio::time::sleep(opts.drain);
+        tokio::pin!(deadline);
+        let mut stopped = false;
+        let mut outcomes = Vec::with_capacity(handles.len());
+        for mut h in handles {
+            let r = loop {
+                tokio::select! {
+                    r = &mut h => break r,
+                    _ = &mut deadline, if !stopped => {
+                        let _ = tx.send(Phase::Stop);
+                        stopped = true;
+                    }
                 }
-                outcomes
-            }
-        };
+            };
+            outcomes.push(r);
+        }
         let mut rec = SimRecord {
             agents: opts.agents,
             ..SimRecord::default()
