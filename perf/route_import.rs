@@ -51,6 +51,7 @@ fn main() {
                 .map(|r| r.1)
                 .collect(),
             policy: lbagent::model::Policy::L5,
+            options: Default::default(),
         })
         .collect();
     let mut csv = Vec::new();

@@ -158,6 +158,7 @@ pub fn shard() -> ShardCore {
                 })
                 .collect(),
             policy: Policy::L5,
+            options: Default::default(),
         },
         0,
     );
@@ -464,6 +465,7 @@ pub fn route_changes() -> Vec<ToShard> {
                 version: u64::from(v),
                 nodes,
                 policy: Policy::L5,
+                options: Default::default(),
             }
         })
         .collect()
@@ -557,6 +559,7 @@ pub fn many_modules_run() -> ManyModulesRun {
                 version: 1,
                 nodes,
                 policy: Policy::L5,
+                options: Default::default(),
             },
             0,
         );

@@ -268,18 +268,56 @@ enum RouteCommand {
         config: Option<PathBuf>,
     },
     /// Set a module's policy: `l5` (the default: round robin with the
-    /// L5 overload rules) or `balance` (seed 002: a node's weight is its
-    /// capacity in units, getHost takes a unit and report returns it). One
-    /// versioned change: every agent following the module gets it within
-    /// a push.
+    /// L5 overload rules, by the nodes' weights when they differ),
+    /// `balance` (seed 002: a node's weight is its capacity in units,
+    /// getHost takes a unit and report returns it) or `p2c` (power of two
+    /// choices over each node's peak-EWMA time cost times its outstanding
+    /// getHosts + 1, with L5's overload rules). One versioned change: every
+    /// agent following the module gets it within a push.
     Policy {
         /// Module id.
         modid: u32,
         /// Command id.
         cmdid: u32,
-        /// `l5` or `balance`.
+        /// `l5`, `balance` or `p2c`.
         #[arg(value_parser = parse_policy)]
         policy: Policy,
+        /// The store: `sqlite:PATH` or a `postgres://` URL (default as for add).
+        #[arg(long, value_name = "URL")]
+        store: Option<String>,
+        /// A configuration file whose store.url to use.
+        #[arg(long, value_name = "FILE")]
+        config: Option<PathBuf>,
+    },
+    /// Show a module's own load-balancing options, or set those given
+    /// (the others keep theirs); `default` unsets one, so that the
+    /// agent's `[lb]` default applies. One versioned change, pushed as
+    /// the policy is.
+    Options {
+        /// Module id.
+        modid: u32,
+        /// Command id.
+        cmdid: u32,
+        /// Milliseconds over which a node entering the idle list ramps to
+        /// its full weight, 0..=3600000 (0 = off), or `default`.
+        #[arg(long, value_name = "MS|default", value_parser = parse_slow_start)]
+        slow_start_ms: Option<Setting>,
+        /// The most nodes, percent, the overload rules mark overloaded at
+        /// once, 1..=100 (100 = no limit), or `default`.
+        #[arg(long, value_name = "PERCENT|default", value_parser = parse_max_overloaded)]
+        max_overloaded_percent: Option<Setting>,
+        /// Below this idle share, percent, getHost answers round robin
+        /// over every node instead of overloaded, 0..=100 (0 = off), or
+        /// `default`.
+        #[arg(long, value_name = "PERCENT|default", value_parser = parse_percent)]
+        panic_percent: Option<Setting>,
+        /// Below this idle share of the agent's zone, percent, getHost
+        /// spills over to other zones, 0..=100, or `default`.
+        #[arg(long, value_name = "PERCENT|default", value_parser = parse_percent)]
+        locality_min_percent: Option<Setting>,
+        /// Print the options as one JSON object.
+        #[arg(long)]
+        json: bool,
         /// The store: `sqlite:PATH` or a `postgres://` URL (default as for add).
         #[arg(long, value_name = "URL")]
         store: Option<String>,
@@ -523,6 +561,7 @@ fn route(cmd: RouteCommand) -> ExitCode {
         | RouteCommand::Import { store, config, .. }
         | RouteCommand::Export { store, config, .. }
         | RouteCommand::Policy { store, config, .. }
+        | RouteCommand::Options { store, config, .. }
         | RouteCommand::List { store, config, .. } => (store.clone(), config.clone()),
     };
     // An import's table is read and checked before the store is opened:
@@ -617,6 +656,54 @@ fn route(cmd: RouteCommand) -> ExitCode {
                 Err(e) => refused(e),
             }
         }
+        RouteCommand::Options {
+            modid,
+            cmdid,
+            slow_start_ms,
+            max_overloaded_percent,
+            panic_percent,
+            locality_min_percent,
+            json,
+            ..
+        } => {
+            let module = ModuleId::new(modid, cmdid);
+            let held = match db.list(Some(module)) {
+                Ok(routes) => routes.first().map(|r| r.options).unwrap_or_default(),
+                Err(e) => return refused(e),
+            };
+            let mut options = held;
+            apply_setting(&mut options.slow_start_ms, slow_start_ms);
+            let narrow = |s: Option<Setting>| {
+                s.map(|s| match s {
+                    Setting::Default => Setting::Default,
+                    Setting::Value(v) => Setting::Value(v.min(100)),
+                })
+            };
+            let pct = |field: &mut Option<u8>, s: Option<Setting>| {
+                let mut wide = field.map(u32::from);
+                apply_setting(&mut wide, narrow(s));
+                *field = wide.map(|v| v as u8);
+            };
+            pct(&mut options.max_overloaded_percent, max_overloaded_percent);
+            pct(&mut options.panic_percent, panic_percent);
+            pct(&mut options.locality_min_percent, locality_min_percent);
+            let mut version = None;
+            if options != held {
+                match db.set_options(module, options) {
+                    Ok(v) => version = Some(v),
+                    Err(e) => return refused(e),
+                }
+            }
+            if json {
+                println!("{}", options_json(module, &options, version));
+            } else {
+                match version {
+                    Some(v) => println!("module {module} {options}; route version {v}"),
+                    None => println!("module {module} {options}"),
+                }
+            }
+            ExitCode::SUCCESS
+        }
         RouteCommand::Import { replace, .. } => {
             let rows = rows.unwrap_or_default();
             match db.import_routes(&rows, replace) {
@@ -707,9 +794,72 @@ fn read_table(
     })
 }
 
-/// A policy name, `l5` or `balance`.
+/// A policy name, `l5`, `balance` or `p2c`.
 fn parse_policy(s: &str) -> Result<Policy, String> {
     s.parse().map_err(|e| format!("{e}"))
+}
+
+/// A module option on the command line: a value, or `default` (unset).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Setting {
+    /// Unset: the agent's `[lb]` default applies.
+    Default,
+    /// This value.
+    Value(u32),
+}
+
+/// `default` or a whole number in `lo..=hi`, for the option `what`.
+fn parse_setting(s: &str, lo: u32, hi: u32, what: &str) -> Result<Setting, String> {
+    if s == "default" {
+        return Ok(Setting::Default);
+    }
+    match s.parse::<u32>() {
+        Ok(v) if (lo..=hi).contains(&v) => Ok(Setting::Value(v)),
+        _ => Err(format!(
+            "{what} {s:?} is not `default` or a whole number in {lo}..={hi}"
+        )),
+    }
+}
+
+/// `--slow-start-ms`: `default` or 0..=3600000.
+fn parse_slow_start(s: &str) -> Result<Setting, String> {
+    parse_setting(s, 0, 3_600_000, "slow_start_ms")
+}
+
+/// `--max-overloaded-percent`: `default` or 1..=100.
+fn parse_max_overloaded(s: &str) -> Result<Setting, String> {
+    parse_setting(s, 1, 100, "max_overloaded_percent")
+}
+
+/// A percent option: `default` or 0..=100.
+fn parse_percent(s: &str) -> Result<Setting, String> {
+    parse_setting(s, 0, 100, "the percentage")
+}
+
+/// Applies a command-line setting, if given, to a held option.
+fn apply_setting(held: &mut Option<u32>, s: Option<Setting>) {
+    match s {
+        None => {}
+        Some(Setting::Default) => *held = None,
+        Some(Setting::Value(v)) => *held = Some(v),
+    }
+}
+
+/// `route options --json`: one object, an unset option as null.
+fn options_json(
+    module: ModuleId,
+    o: &lbagent::model::ModuleOptions,
+    version: Option<u64>,
+) -> serde_json::Value {
+    serde_json::json!({
+        "modid": module.modid,
+        "cmdid": module.cmdid,
+        "slow_start_ms": o.slow_start_ms,
+        "max_overloaded_percent": o.max_overloaded_percent,
+        "panic_percent": o.panic_percent,
+        "locality_min_percent": o.locality_min_percent,
+        "route_version": version,
+    })
 }
 
 /// A node address that can be a node: [`NodeAddr`]'s syntax, and a
@@ -744,6 +894,12 @@ fn routes_json(version: u64, routes: &[ModuleRoute]) -> serde_json::Value {
                 "cmdid": r.module.cmdid,
                 "version": r.version,
                 "policy": r.policy.as_str(),
+                "options": {
+                    "slow_start_ms": r.options.slow_start_ms,
+                    "max_overloaded_percent": r.options.max_overloaded_percent,
+                    "panic_percent": r.options.panic_percent,
+                    "locality_min_percent": r.options.locality_min_percent,
+                },
                 "nodes": r.nodes.iter().map(|n| serde_json::json!({
                     "node": n.addr.to_string(),
                     "weight": n.weight,

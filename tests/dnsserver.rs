@@ -100,6 +100,14 @@ impl Store for Flaky {
         self.check()?;
         self.inner.set_policy(module, policy)
     }
+    fn set_options(
+        &mut self,
+        module: ModuleId,
+        options: lbagent::model::ModuleOptions,
+    ) -> Result<u64, StoreError> {
+        self.check()?;
+        self.inner.set_options(module, options)
+    }
     fn consume(
         &mut self,
         rows: &[(ModuleId, NodeAddr, u32)],

@@ -349,6 +349,15 @@ impl Store for MemConn {
             "the test store keeps no routes".into(),
         ))
     }
+    fn set_options(
+        &mut self,
+        _: ModuleId,
+        _: lbagent::model::ModuleOptions,
+    ) -> Result<u64, StoreError> {
+        Err(StoreError::BadInput(
+            "the test store keeps no routes".into(),
+        ))
+    }
     fn consume(
         &mut self,
         _: &[(ModuleId, NodeAddr, u32)],

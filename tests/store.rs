@@ -176,6 +176,7 @@ suite!(
     wait_for_change_wakes_on_another_connections_commit,
     policy_is_a_versioned_change_carried_with_the_route,
     consumed_units_lower_the_capacity_never_below_zero,
+    options_are_a_versioned_change_beside_the_policy,
 );
 
 fn changes_since_reads_exactly_the_changed_modules(db: &Db) {
@@ -612,6 +613,7 @@ fn every_change_bumps_the_version_and_logs_its_module(db: &Db) {
             version: 4,
             nodes: vec![],
             policy: lbagent::model::Policy::L5,
+            options: Default::default(),
         }]
     );
     assert!(s
@@ -1097,6 +1099,45 @@ fn policy_is_a_versioned_change_carried_with_the_route(db: &Db) {
     // Back to l5: another version; another connection sees the same.
     assert_eq!(s.set_policy(m(1, 1), Policy::L5).unwrap(), 4);
     assert_eq!(db.open().list(Some(m(1, 1))).unwrap()[0].policy, Policy::L5);
+}
+
+// === module options (issue 31) ===
+
+fn options_are_a_versioned_change_beside_the_policy(db: &Db) {
+    use lbagent::model::{ModuleOptions, Policy};
+    let mut s = db.open();
+    s.add_node(m(1, 1), node("10.0.0.1:80", 2)).unwrap(); // v1
+    assert!(s.load_all().unwrap().modules[0].options.is_unset());
+    let o = ModuleOptions {
+        slow_start_ms: Some(30_000),
+        max_overloaded_percent: Some(50),
+        panic_percent: Some(0),
+        locality_min_percent: None,
+    };
+    // Options first (no policy row yet): the policy stays l5.
+    assert_eq!(s.set_options(m(1, 1), o).unwrap(), 2);
+    let changes = s.changes_since(1).unwrap();
+    assert_eq!(changes.modules[0].options, o);
+    assert_eq!(changes.modules[0].policy, Policy::L5);
+    // The policy keeps the options, and the options the policy; p2c is stored.
+    assert_eq!(s.set_policy(m(1, 1), Policy::P2c).unwrap(), 3);
+    let r = &db.open().list(Some(m(1, 1))).unwrap()[0];
+    assert_eq!((r.policy, r.options), (Policy::P2c, o));
+    let cleared = ModuleOptions {
+        slow_start_ms: None,
+        ..o
+    };
+    assert_eq!(s.set_options(m(1, 1), cleared).unwrap(), 4);
+    let r = &s.list(Some(m(1, 1))).unwrap()[0];
+    assert_eq!((r.policy, r.options), (Policy::P2c, cleared));
+    // Out of range: refused, nothing changes.
+    let bad = ModuleOptions {
+        max_overloaded_percent: Some(0),
+        ..o
+    };
+    let e = s.set_options(m(1, 1), bad).unwrap_err();
+    assert!(e.to_string().contains("max_overloaded_percent"), "{e}");
+    assert_eq!(s.route_version().unwrap(), 4);
 }
 
 fn consumed_units_lower_the_capacity_never_below_zero(db: &Db) {

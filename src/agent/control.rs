@@ -200,6 +200,7 @@ pub async fn run(parts: ControlParts) {
                     Forward::Drained => {
                         let _ = stop_wake_tx.try_send(());
                     }
+                    Forward::Log(line) => log(Some(line)),
                 }
             }
         }));

@@ -72,6 +72,8 @@ pub enum Forward {
     Stats(ModuleId, Vec<NodeCallStats>),
     /// A shard stopped and said so: wake the main loop.
     Drained,
+    /// A line for the log (a module's panic began or ended).
+    Log(Log),
 }
 
 /// A line for the log, decided by the core (the shell writes it).
@@ -199,6 +201,22 @@ impl ControlCore {
                 self.drained += 1;
                 Forward::Drained
             }
+            ToControl::Panic {
+                module,
+                began,
+                idle,
+                nodes,
+            } => Forward::Log(if began {
+                Log::Warn(format!(
+                    "module {module} in panic: {idle} of {nodes} nodes idle, below its \
+                     panic_percent; getHost answers round robin over every node until \
+                     enough recover"
+                ))
+            } else {
+                Log::Info(format!(
+                    "module {module} out of panic: {idle} of {nodes} nodes idle"
+                ))
+            }),
         }
     }
 
@@ -244,6 +262,7 @@ impl ControlCore {
                     version: r.version,
                     nodes: r.nodes,
                     policy: r.policy,
+                    options: r.options,
                 };
                 (None, self.deliver(rings, shard, msg))
             }

@@ -2,7 +2,7 @@
 //! are messages, not shared state: each side owns what it receives.
 
 use lbagent_lb::{LbParams, NodeCallStats};
-use lbagent_model::{ModuleId, Policy, RouteNode};
+use lbagent_model::{ModuleId, ModuleOptions, Policy, RouteNode};
 
 /// Shard → control core.
 #[derive(Clone, Debug, PartialEq)]
@@ -22,6 +22,18 @@ pub enum ToControl {
     Forget(ModuleId),
     /// The shard stopped and sent everything it held (the last message).
     Drained,
+    /// A module's panic began (`began`) or ended: its idle share crossed
+    /// `panic_percent` (one message per episode's start and end, for the log).
+    Panic {
+        /// The module.
+        module: ModuleId,
+        /// True when the panic began, false when it ended.
+        began: bool,
+        /// Its idle nodes then.
+        idle: u32,
+        /// Its nodes.
+        nodes: u32,
+    },
 }
 
 /// Control core → shard.
@@ -41,6 +53,8 @@ pub enum ToShard {
         nodes: Vec<RouteNode>,
         /// How the module's nodes are chosen.
         policy: Policy,
+        /// The module's own options (each unset: the agent's `[lb]` default).
+        options: ModuleOptions,
     },
     /// The `[lb]` parameters changed (a configuration reload): use these
     /// from now on, for every module the shard holds.

@@ -106,6 +106,9 @@ pub struct ShardMetrics {
     pub unknown_node_reports: u64,
     /// getHosts answered by a probe of an overloaded node.
     pub probes: u64,
+    /// getHosts answered in panic: a module's idle share below its
+    /// `panic_percent`, a node by round robin over every node.
+    pub panic_answers: u64,
     /// getHosts answered Rejected: every idle node's downstream level
     /// refuses the request's priorities (DAGOR collaborative admission).
     pub rejected: u64,
@@ -223,6 +226,7 @@ impl ShardMetrics {
             unknown_module_reports: 0,
             unknown_node_reports: 0,
             probes: 0,
+            panic_answers: 0,
             rejected: 0,
             levels_reported: 0,
             units_timed_out: 0,
@@ -383,7 +387,7 @@ pub struct ControlMetrics {
 // [`render_service_time`].
 
 /// The per-shard figures with no label but `shard`, in exposition order.
-const SHARD_FIGURES: [Figure<ShardMetrics>; 39] = [
+const SHARD_FIGURES: [Figure<ShardMetrics>; 40] = [
     (
         "lbagent_shm_requests_total",
         Counter,
@@ -449,6 +453,12 @@ const SHARD_FIGURES: [Figure<ShardMetrics>; 39] = [
         Counter,
         "getHosts answered by probing an overloaded node.",
         |m| m.probes,
+    ),
+    (
+        "lbagent_gethost_panic_total",
+        Counter,
+        "getHosts answered in panic (a module's idle share below its panic_percent).",
+        |m| m.panic_answers,
     ),
     (
         "lbagent_gethost_rejected_total",

@@ -685,7 +685,11 @@ pub(crate) fn offer(c: &mut ShardCore, to_control: &ConnectedSender<ToControl>, 
                 Some(ToControl::Pull(m)) => c.pull_dropped(m),
                 Some(ToControl::Stats { module, nodes }) => c.stats_refused(module, nodes, now),
                 Some(ToControl::Forget(m)) => c.forget_refused(m, now),
-                Some(ToControl::Drained) | None => c.metrics.ring_drops += 1,
+                // A panic episode's log line lost to a full ring is
+                // counted with the drops (its answers are counted anyway).
+                Some(ToControl::Drained | ToControl::Panic { .. }) | None => {
+                    c.metrics.ring_drops += 1
+                }
             }
         }
     }

@@ -175,6 +175,23 @@ pub struct LbConfig {
     /// The most units of one `balance` module one client (a UDP source, a
     /// shared-memory slot, a local-socket connection) holds at once.
     pub units_per_client: u32,
+    /// Milliseconds over which a node entering the idle list ramps to its
+    /// full weight (a module's `slow_start_ms` where it sets none); 0 = off.
+    pub slow_start_ms: u64,
+    /// Slow start's aggression: a ramping node's share is
+    /// `max(min, t^(1/aggression))` of its weight.
+    pub slow_start_aggression: f64,
+    /// The smallest share of its weight a ramping node gets, percent.
+    pub slow_start_min_weight_percent: u8,
+    /// The most nodes of a module, in percent, that the overload rules mark
+    /// overloaded at once (a module's own where it sets one); 100 = no limit.
+    pub max_overloaded_percent: u8,
+    /// Below this idle share, percent, a module's getHost answers round
+    /// robin over every node instead of overloaded; 0 = off.
+    pub panic_percent: u8,
+    /// Below this idle share, percent, of the agent's own zone, getHost
+    /// spills over to other zones (a module's own where it sets one).
+    pub locality_min_percent: u8,
 }
 
 impl Default for LbConfig {
@@ -196,6 +213,12 @@ impl Default for LbConfig {
             overload_wait_lim: p.overload_wait_ms / 1000,
             unit_timeout: p.unit_timeout_ms / 1000,
             units_per_client: p.units_per_client,
+            slow_start_ms: p.slow_start_ms,
+            slow_start_aggression: p.slow_start_aggression,
+            slow_start_min_weight_percent: p.slow_start_min_weight_percent,
+            max_overloaded_percent: p.max_overloaded_percent,
+            panic_percent: p.panic_percent,
+            locality_min_percent: p.locality_min_percent,
         }
     }
 }
@@ -217,6 +240,12 @@ impl LbConfig {
             overload_wait_ms: self.overload_wait_lim * 1000,
             unit_timeout_ms: self.unit_timeout * 1000,
             units_per_client: self.units_per_client,
+            slow_start_ms: self.slow_start_ms,
+            slow_start_aggression: self.slow_start_aggression,
+            slow_start_min_weight_percent: self.slow_start_min_weight_percent,
+            max_overloaded_percent: self.max_overloaded_percent,
+            panic_percent: self.panic_percent,
+            locality_min_percent: self.locality_min_percent,
         }
     }
 }
@@ -698,6 +727,28 @@ impl Config {
         in_range("lb.overload_wait_lim", lb.overload_wait_lim, 1, 86_400)?;
         in_range("lb.unit_timeout", lb.unit_timeout, 1, 86_400)?;
         in_range("lb.units_per_client", lb.units_per_client, 1, 1_000_000)?;
+        in_range("lb.slow_start_ms", lb.slow_start_ms, 0, 3_600_000)?;
+        if !(0.1..=10.0).contains(&lb.slow_start_aggression) {
+            return Err(ConfigError::Invalid {
+                field: "lb.slow_start_aggression",
+                value: lb.slow_start_aggression.to_string(),
+                allowed: "0.1..=10.0 (1.0 is linear)".into(),
+            });
+        }
+        in_range(
+            "lb.slow_start_min_weight_percent",
+            lb.slow_start_min_weight_percent,
+            1,
+            100,
+        )?;
+        in_range(
+            "lb.max_overloaded_percent",
+            lb.max_overloaded_percent,
+            1,
+            100,
+        )?;
+        in_range("lb.panic_percent", lb.panic_percent, 0, 100)?;
+        in_range("lb.locality_min_percent", lb.locality_min_percent, 0, 100)?;
 
         let a = &self.agent;
         in_range("agent.base_port", a.base_port, 0, u16::MAX)?;

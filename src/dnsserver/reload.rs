@@ -473,6 +473,7 @@ pub(crate) mod tests {
         policies: BTreeMap<ModuleId, Policy>,
         /// The reports whose consumed units were applied.
         applied: std::collections::HashSet<lbagent_store::ReportKey>,
+        options: BTreeMap<ModuleId, lbagent_model::ModuleOptions>,
     }
 
     impl MemStore {
@@ -523,6 +524,7 @@ pub(crate) mod tests {
                     .map(|(&addr, &weight)| RouteNode { addr, weight })
                     .collect(),
                 policy: data.policies.get(&module).copied().unwrap_or_default(),
+                options: data.options.get(&module).copied().unwrap_or_default(),
             }
         }
     }
@@ -634,6 +636,20 @@ pub(crate) mod tests {
             self.check()?;
             let mut data = self.data.lock().unwrap();
             data.policies.insert(module, policy);
+            data.version += 1;
+            let v = data.version;
+            data.log.push((v, module));
+            Ok(v)
+        }
+
+        fn set_options(
+            &mut self,
+            module: ModuleId,
+            options: lbagent_model::ModuleOptions,
+        ) -> Result<u64, StoreError> {
+            self.check()?;
+            let mut data = self.data.lock().unwrap();
+            data.options.insert(module, options);
             data.version += 1;
             let v = data.version;
             data.log.push((v, module));

@@ -334,11 +334,13 @@ mod tests {
                     version: 5,
                     nodes: nodes(3),
                     policy: lbagent_model::Policy::L5,
+                    options: Default::default(),
                 },
                 ModuleRoute {
                     module: B,
                     version: 7,
                     nodes: nodes(1),
+                    options: Default::default(),
                     policy: lbagent_model::Policy::L5,
                 },
             ],

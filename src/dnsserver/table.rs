@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use super::module_map::ModuleMap;
 
-use lbagent_model::{ModuleId, Policy, RouteNode};
+use lbagent_model::{ModuleId, ModuleOptions, Policy, RouteNode};
 use lbagent_store::{Changes, ModuleRoute, RouteSet};
 use lbagent_wire::{decode, fb, write_frame, Encoder, FrameError, Limits, Message};
 
@@ -39,6 +39,8 @@ pub struct ModuleEntry {
     pub nodes: Vec<RouteNode>,
     /// Its policy, carried in both frames.
     pub policy: Policy,
+    /// Its own options, carried in both frames.
+    pub options: ModuleOptions,
     /// A RouteAnswer frame (length prefix included) with `seq` =
     /// `u64::MAX`, to be patched with [`ModuleEntry::write_answer`].
     answer: Box<[u8]>,
@@ -65,7 +67,7 @@ pub enum EntryError {
 
 impl ModuleEntry {
     /// Encodes `module`'s frames for `version`, `nodes` (sorted here by
-    /// address, duplicates kept as given) and `policy`.
+    /// address, duplicates kept as given), `policy` and `options`.
     ///
     /// # Errors
     /// [`EntryError::TooLarge`] when a frame would exceed the frame limit.
@@ -73,7 +75,7 @@ impl ModuleEntry {
         module: ModuleId,
         version: u64,
         mut nodes: Vec<RouteNode>,
-        policy: Policy,
+        (policy, options): (Policy, ModuleOptions),
         enc: &mut Encoder,
     ) -> Result<ModuleEntry, EntryError> {
         nodes.sort_by_key(|n| n.addr.key());
@@ -85,18 +87,19 @@ impl ModuleEntry {
         let mut answer = Vec::new();
         write_frame(
             &mut answer,
-            enc.route_answer_with(u64::MAX, module, true, version, &nodes, policy),
+            enc.route_answer_with(u64::MAX, module, true, version, &nodes, policy, &options),
         )
         .map_err(too_large)?;
         let answer_seq_at = PREFIX_LEN + seq_offset(&answer[PREFIX_LEN..]);
         let mut push = Vec::new();
-        let push_msg = enc.route_push_with(module, true, version, &nodes, policy);
+        let push_msg = enc.route_push_with(module, true, version, &nodes, policy, &options);
         write_frame(&mut push, push_msg).map_err(too_large)?;
         Ok(ModuleEntry {
             module,
             version,
             nodes,
             policy,
+            options,
             answer: answer.into_boxed_slice(),
             answer_seq_at,
             push: push.into(),
@@ -120,8 +123,16 @@ impl ModuleEntry {
         self.answer_seq_at
     }
 
-    fn same_route(&self, version: u64, nodes: &[RouteNode], policy: Policy) -> bool {
-        self.version == version && self.nodes == nodes && self.policy == policy
+    fn same_route(
+        &self,
+        version: u64,
+        nodes: &[RouteNode],
+        policy: (Policy, ModuleOptions),
+    ) -> bool {
+        self.version == version
+            && self.nodes == nodes
+            && self.policy == policy.0
+            && self.options == policy.1
     }
 }
 
@@ -316,14 +327,16 @@ impl RouteTable {
             version,
             mut nodes,
             policy,
+            options,
         } = route;
         nodes.sort_by_key(|n| n.addr.key());
         if let Some(old) = self.modules.get(module) {
-            if old.same_route(version, &nodes, policy) {
+            if old.same_route(version, &nodes, (policy, options)) {
                 return Ok(Updated::Same(old.clone()));
             }
         }
-        ModuleEntry::new(module, version, nodes, policy, enc).map(|e| Updated::New(Arc::new(e)))
+        ModuleEntry::new(module, version, nodes, (policy, options), enc)
+            .map(|e| Updated::New(Arc::new(e)))
     }
 }
 
@@ -367,6 +380,7 @@ mod tests {
             version,
             nodes: nodes.to_vec(),
             policy: Policy::L5,
+            options: Default::default(),
         }
     }
 
@@ -414,7 +428,7 @@ mod tests {
     #[test]
     fn a_patched_answer_carries_the_requests_seq_and_the_route() {
         let nodes = vec![node(2, 80), node(1, 80)];
-        let entry = ModuleEntry::new(A, 9, nodes, Policy::L5, &mut Encoder::new()).unwrap();
+        let entry = ModuleEntry::new(A, 9, nodes, Default::default(), &mut Encoder::new()).unwrap();
         for seq in [0, 1, 0x0102_0304_0506_0708, u64::MAX] {
             let mut out = b"earlier bytes".to_vec();
             entry.write_answer(seq, &mut out);

@@ -42,6 +42,15 @@
 //! - **route update** ([`ModuleLb::update_route`]) keeps the nodes that stay,
 //!   in time linear in the nodes of the route.
 //!
+//! - **options beyond the original** (issue 31; each off by default, so
+//!   that the above is exactly the original): route weights in `l5`
+//!   (smooth weighted round robin over the idle list when they differ),
+//!   slow start, the ejection limit (`max_overloaded_percent`), panic
+//!   (`panic_percent`, [`Pick::Panic`]) and the `p2c` policy
+//!   ([`ModuleLb::set_options`], [`ModuleLb::set_policy`]). While
+//!   downstream levels are live, the idle choice is the levels' round
+//!   robin as above.
+//!
 //! Where this differs from the original on purpose is listed in the README
 //! ("Where we differ from the original, and why").
 //!
@@ -58,22 +67,34 @@
 //!   their expiry.
 //! - `units` ([`Units`]): balance units taken and returned.
 //! - [`balance`]: seed 002's capacity-balancing choice.
+//! - [`weights`]: smooth weighted round robin and slow start's share.
+//! - [`limits`]: the ejection limit and the panic threshold.
+//! - [`p2c`]: the `p2c` policy's peak-EWMA cost and its choice of two.
+//! - `tuning` ([`Resolved`]): a module's options over the agent's
+//!   defaults and their per-node state, held only while some are on.
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 
 pub mod balance;
 mod levels;
+pub mod limits;
 mod module;
 mod node;
+pub mod p2c;
 mod params;
+mod tuning;
 mod units;
+pub mod weights;
 
 pub use levels::LEVEL_TIMEOUT_MS;
 pub use module::{ModuleLb, NodeCallStats, Pick, UnknownNode};
 pub use node::{Millis, Node, NodeState, Outcome, Reason, Transition, MAX_ERRORS_PER_FAILURE};
 pub use params::{LbParams, DEFAULT_UNITS_PER_CLIENT};
+pub use tuning::Resolved;
 pub use units::{ClientKey, TakeRefused, Units, ANY_CLIENT};
 
+#[cfg(test)]
+mod options_tests;
 #[cfg(test)]
 mod props;
 #[cfg(test)]

@@ -6,12 +6,16 @@ use std::collections::VecDeque;
 
 use super::balance::NoChoice;
 use super::levels::Levels;
+use super::limits;
 use super::node::{Millis, Node, NodeState, Outcome, Transition};
+use super::p2c::{less_loaded, two_of};
 use super::params::LbParams;
+use super::tuning::{self, Resolved, Tuned};
 use super::units::{ClientKey, TakeRefused, Units, ANY_CLIENT};
+use super::weights::{swrr_pick, WEIGHT_SCALE};
 use lbagent_admission::AdmissionLevel;
 use lbagent_admission::{clamp_priority, OPEN};
-use lbagent_model::{NodeAddr, Policy, RouteNode};
+use lbagent_model::{ModuleOptions, NodeAddr, Policy, RouteNode};
 
 /// What getHost answers for a module.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -32,13 +36,16 @@ pub enum Pick {
     /// `lb.units_per_client` units of the module (it must report its calls
     /// first).
     ClientLimit,
+    /// The module is in panic (its idle share below `panic_percent`): a
+    /// node by round robin over every node, overloaded or not.
+    Panic(NodeAddr),
 }
 
 impl Pick {
     /// The chosen node, if any.
     pub fn addr(self) -> Option<NodeAddr> {
         match self {
-            Pick::Idle(a) | Pick::Probe(a) => Some(a),
+            Pick::Idle(a) | Pick::Probe(a) | Pick::Panic(a) => Some(a),
             Pick::Overloaded | Pick::NoSuchModule | Pick::Rejected | Pick::ClientLimit => None,
         }
     }
@@ -85,6 +92,15 @@ pub struct ModuleLb {
     /// The balance policy's units; None for an `l5` module (the default:
     /// no memory, one test on getHost).
     units: Option<Box<Units>>,
+    /// The module's own options, as the route carries them.
+    options: ModuleOptions,
+    /// The options in force (the module's over the agent's defaults).
+    resolved: Resolved,
+    /// The module's policy is `p2c`.
+    p2c: bool,
+    /// Weights, slow start, the ejection limit, panic, `p2c`: None while
+    /// all are off (the original's path: no memory, one test on getHost).
+    tuned: Option<Box<Tuned>>,
 }
 
 impl ModuleLb {
@@ -99,6 +115,10 @@ impl ModuleLb {
             version,
             levels: None,
             units: None,
+            options: ModuleOptions::default(),
+            resolved: Resolved::new(&ModuleOptions::default(), p),
+            p2c: false,
+            tuned: None,
         };
         m.update_route(route, version, now, p);
         m
@@ -146,6 +166,10 @@ impl ModuleLb {
     /// adding one, and the next takes the head of the overload list instead
     /// (and rotates it), restarting the count: 10 then 1 with the default
     /// `probe_num` of 10. With no node overloaded the count stays 0.
+    ///
+    /// This is the original's choice alone: the module's options (weights,
+    /// slow start, panic, `p2c`) apply through [`ModuleLb::get_host_for`]
+    /// and [`ModuleLb::get_host_from`], which take the time.
     pub fn get_host(&mut self, p: &LbParams) -> Pick {
         if self.overload.is_empty() {
             self.access_cnt = 0;
@@ -205,8 +229,11 @@ impl ModuleLb {
         user: u8,
         now: Millis,
     ) -> Pick {
-        if self.levels.is_none() && self.units.is_none() {
+        if self.levels.is_none() && self.units.is_none() && self.tuned.is_none() {
             return self.get_host(p);
+        }
+        if self.levels.is_none() && self.units.is_none() {
+            return self.get_host_tuned(p, now);
         }
         if self.units.is_some() {
             return self.get_host_balance(p, client, business, user, now);
@@ -386,9 +413,31 @@ impl ModuleLb {
         now: Millis,
         p: &LbParams,
     ) -> Result<Option<Transition>, UnknownNode> {
+        self.report_call(client, addr, outcome, None, now, p)
+    }
+
+    /// [`ModuleLb::report_from`] with the call's time cost, which a `p2c`
+    /// module's choice learns from (a failure's is in its [`Outcome`];
+    /// None: the call closes an outstanding getHost and teaches nothing).
+    ///
+    /// # Errors
+    /// [`UnknownNode`] when `addr` is not in the route; nothing changes.
+    #[inline]
+    pub fn report_call(
+        &mut self,
+        client: ClientKey,
+        addr: NodeAddr,
+        outcome: Outcome,
+        tcost_ms: Option<u32>,
+        now: Millis,
+        p: &LbParams,
+    ) -> Result<Option<Transition>, UnknownNode> {
         let i = self.find(addr).ok_or(UnknownNode(addr))?;
         if self.units.is_some() {
             self.give_back_unit(client, i);
+        }
+        if self.tuned.is_some() {
+            self.observe(i, outcome, tcost_ms, now);
         }
         Ok(self.report_at(i, outcome, now, p))
     }
@@ -436,6 +485,9 @@ impl ModuleLb {
                     break;
                 }
             }
+        }
+        if let Some(t) = self.tuned.as_deref_mut().filter(|t| t.p2c) {
+            t.cost[i].closed(count, now);
         }
         if count > 0 {
             if let Some(t) = self.report_calls_at(i, true, count, true, now, p) {
@@ -504,6 +556,10 @@ impl ModuleLb {
         if let Some(u) = &mut self.units {
             u.rebuild(&self.nodes);
         }
+        if let Some(t) = &mut self.tuned {
+            t.remap(&remap, &self.nodes, now);
+        }
+        self.configure(now, p);
     }
 
     /// Takes every node's real call counts since the last call (for the
@@ -577,12 +633,17 @@ impl ModuleLb {
     /// `balance` already, and starts with none otherwise; `l5` drops them.
     pub fn set_policy(&mut self, policy: Policy) {
         match policy {
-            Policy::L5 => self.units = None,
+            Policy::L5 | Policy::P2c => self.units = None,
             Policy::Balance => {
                 if self.units.is_none() {
                     self.units = Some(Box::new(Units::new(&self.nodes)));
                 }
             }
+        }
+        let p2c = policy == Policy::P2c;
+        if p2c != self.p2c {
+            self.p2c = p2c;
+            self.retune(0);
         }
     }
 
@@ -590,6 +651,8 @@ impl ModuleLb {
     pub fn policy(&self) -> Policy {
         if self.units.is_some() {
             Policy::Balance
+        } else if self.p2c {
+            Policy::P2c
         } else {
             Policy::L5
         }
@@ -686,6 +749,173 @@ impl ModuleLb {
         }
     }
 
+    // === the options beyond L5 (issue 31) ===
+
+    /// Sets the module's own options (as its route carries them) over the
+    /// agent's defaults in `p`, at `now`.
+    pub fn set_options(&mut self, options: ModuleOptions, now: Millis, p: &LbParams) {
+        self.options = options;
+        self.configure(now, p);
+    }
+
+    /// The module's own options.
+    pub fn options(&self) -> ModuleOptions {
+        self.options
+    }
+
+    /// The options in force: the module's over the agent's defaults.
+    pub fn resolved(&self) -> Resolved {
+        self.resolved
+    }
+
+    /// The locality spill threshold in force, percent: the module's
+    /// `locality_min_percent` or the agent's `lb.locality_min_percent`
+    /// (held here for the locality code, which applies it).
+    pub fn locality_min_percent(&self) -> u8 {
+        self.resolved.locality_min_percent
+    }
+
+    /// Resolves the options again over `p` (the agent's defaults changed,
+    /// or the route): the extra state is made, kept or dropped.
+    pub fn configure(&mut self, now: Millis, p: &LbParams) {
+        self.resolved = Resolved::new(&self.options, p);
+        self.retune(now);
+    }
+
+    /// Makes, updates or drops the extra state for the options resolved.
+    fn retune(&mut self, now: Millis) {
+        if !tuning::needed(&self.resolved, self.p2c, &self.nodes) {
+            self.tuned = None;
+            return;
+        }
+        match &mut self.tuned {
+            Some(t) => {
+                t.opts = self.resolved;
+                t.weighted = tuning::unequal_weights(&self.nodes);
+                t.set_p2c(self.p2c, self.nodes.len(), now);
+            }
+            None => {
+                self.tuned = Some(Box::new(Tuned::new(
+                    self.resolved,
+                    self.p2c,
+                    &self.nodes,
+                    now,
+                )))
+            }
+        }
+    }
+
+    /// True when some option beyond the original is on for this module.
+    pub fn is_tuned(&self) -> bool {
+        self.tuned.is_some()
+    }
+
+    /// Whether a panic began (Some(true)) or ended (Some(false)) since
+    /// the last call: the caller logs it, once per episode.
+    pub fn take_panic_news(&mut self) -> Option<bool> {
+        self.tuned.as_mut()?.panic_news.take()
+    }
+
+    /// True while the module is in panic.
+    pub fn in_panic(&self) -> bool {
+        self.tuned.as_ref().is_some_and(|t| t.panicking)
+    }
+
+    /// getHosts answered in panic, in all.
+    pub fn panic_answers(&self) -> u64 {
+        self.tuned.as_ref().map_or(0, |t| t.panic_answers)
+    }
+
+    /// Overload marks the ejection limit held back, in all.
+    pub fn overloads_held_back(&self) -> u64 {
+        self.tuned.as_ref().map_or(0, |t| t.held_back)
+    }
+
+    /// Node `addr`'s `p2c` load inputs: its peak-EWMA cost at `now` and its
+    /// outstanding getHosts (None unless a `p2c` module holds the node).
+    pub fn p2c_cost(&self, addr: NodeAddr, now: Millis) -> Option<(f64, u32)> {
+        let t = self.tuned.as_deref().filter(|t| t.p2c)?;
+        let e = t.cost.get(self.find(addr)?)?;
+        Some((e.cost(now), e.outstanding()))
+    }
+
+    /// getHost with the options on: panic first (round robin over every
+    /// node), then the L5 probe rule, then the choice among the idle
+    /// nodes: `p2c`, or smooth weighted round robin when weights differ or
+    /// slow start is on, or the original's rotation. Out of line: the
+    /// original's path pays only the test.
+    #[cold]
+    #[inline(never)]
+    fn get_host_tuned(&mut self, p: &LbParams, now: Millis) -> Pick {
+        if self.nodes.is_empty() {
+            return Pick::NoSuchModule;
+        }
+        let t = self.tuned.as_deref_mut().expect("checked by the caller");
+        let panic = limits::in_panic(self.idle.len(), self.nodes.len(), t.opts.panic_percent);
+        if panic != t.panicking {
+            t.panicking = panic;
+            t.panic_news = Some(panic);
+        }
+        if panic {
+            let i = t.panic_next % self.nodes.len();
+            t.panic_next = i + 1;
+            t.panic_answers += 1;
+            if t.p2c {
+                t.cost[i].picked();
+            }
+            return Pick::Panic(self.nodes[i].addr());
+        }
+        if !self.overload.is_empty() {
+            if self.access_cnt >= p.probe_num {
+                self.access_cnt = 0;
+                let i = rotate(&mut self.overload).expect("overload list is not empty");
+                if t.p2c {
+                    t.cost[i as usize].picked();
+                }
+                return Pick::Probe(self.nodes[i as usize].addr());
+            }
+            self.access_cnt += 1;
+        } else {
+            self.access_cnt = 0;
+        }
+        let nodes = &self.nodes;
+        let chosen = if t.p2c {
+            p2c_pick(t, &self.idle, nodes, now, p)
+        } else if t.weighs() {
+            let Tuned {
+                current,
+                entered,
+                opts,
+                ..
+            } = t;
+            let weight = |i: u32| {
+                let i = i as usize;
+                (i as u32, Tuned::weight_of(opts, entered[i], &nodes[i], now))
+            };
+            swrr_pick(current, self.idle.iter().map(|&i| weight(i)))
+        } else {
+            rotate(&mut self.idle)
+        };
+        match chosen {
+            Some(i) => Pick::Idle(self.nodes[i as usize].addr()),
+            None => Pick::Overloaded,
+        }
+    }
+
+    /// A report of node `i` for the options' state: a `p2c` module learns
+    /// its cost (or only closes the getHost when the time is unknown).
+    fn observe(&mut self, i: usize, outcome: Outcome, tcost_ms: Option<u32>, now: Millis) {
+        let Some(t) = self.tuned.as_deref_mut().filter(|t| t.p2c) else {
+            return;
+        };
+        let e = &mut t.cost[i];
+        match (outcome, tcost_ms) {
+            (Outcome::Failure { tcost_ms }, _) => e.observe(false, tcost_ms, now),
+            (Outcome::Success, Some(ms)) => e.observe(true, ms, now),
+            (Outcome::Success, None) => e.closed(1, now),
+        }
+    }
+
     /// Checks the structural invariants: every node is in exactly one list,
     /// the one its state names, and the lookup index matches the nodes.
     ///
@@ -758,7 +988,25 @@ impl ModuleLb {
         now: Millis,
         p: &LbParams,
     ) -> Option<Transition> {
+        let held = match self.tuned {
+            None => None,
+            Some(_) => self.at_ejection_limit(i),
+        };
         let (to, reason) = self.nodes[i].report_calls(success, n, multi, now, p)?;
+        if let (Some(before), NodeState::Overloaded) = (held, to) {
+            // The ejection limit: the node stays idle with its counts.
+            self.nodes[i] = before;
+            self.nodes[i].count(success, n);
+            if let Some(t) = &mut self.tuned {
+                t.held_back += 1;
+            }
+            return None;
+        }
+        if to == NodeState::Idle {
+            if let Some(t) = &mut self.tuned {
+                t.entered_idle(i, now);
+            }
+        }
         let idx = i as u32;
         let (from_list, to_list) = match to {
             NodeState::Overloaded => (&mut self.idle, &mut self.overload),
@@ -780,6 +1028,48 @@ impl ModuleLb {
             reason,
         })
     }
+}
+
+impl ModuleLb {
+    /// A copy of idle node `i` when the module is at its ejection limit (a
+    /// report that would overload the node must leave it idle); None
+    /// otherwise. Out of line: a module without options pays only the test
+    /// of `tuned`.
+    #[cold]
+    #[inline(never)]
+    fn at_ejection_limit(&self, i: usize) -> Option<Node> {
+        let limit = self.tuned.as_deref()?.opts.max_overloaded_percent;
+        let at_limit = !limits::may_overload(self.overload.len(), self.nodes.len(), limit);
+        (at_limit && self.nodes[i].state() == NodeState::Idle).then(|| self.nodes[i].clone())
+    }
+}
+
+/// `p2c`'s choice among the idle nodes: two drawn at random, the less
+/// loaded taken (one idle node: that one); its getHost counted outstanding.
+fn p2c_pick(
+    t: &mut Tuned,
+    idle: &VecDeque<u32>,
+    nodes: &[Node],
+    now: Millis,
+    p: &LbParams,
+) -> Option<u32> {
+    let chosen = match idle.len() {
+        0 => return None,
+        1 => idle[0],
+        k => {
+            let (a, b) = two_of(k, t.rng.u64(..), t.rng.u64(..));
+            let mut load = |i: u32| {
+                let i = i as usize;
+                t.cost[i].forget_stale(now, p.unit_timeout_ms);
+                let w = Tuned::weight_of(&t.opts, t.entered[i], &nodes[i], now);
+                t.cost[i].load(now, w as f64 / WEIGHT_SCALE as f64)
+            };
+            let (ia, ib) = (idle[a], idle[b]);
+            less_loaded((ia, load(ia)), (ib, load(ib)))
+        }
+    };
+    t.cost[chosen as usize].picked();
+    Some(chosen)
 }
 
 /// Takes the head of a list and appends it to the tail.

@@ -293,20 +293,8 @@ impl Node {
     ) -> Option<(NodeState, Reason)> {
         debug_assert!(n >= 1);
         debug_assert!(multi || n == 1);
-        let (vsucc, verr, contin_succ, contin_err) =
-            (self.vsucc, self.verr, self.contin_succ(), self.contin_err());
-        if success {
-            self.vsucc = vsucc.saturating_add(n);
-            self.rsucc = self.rsucc.saturating_add(n);
-            self.stat_succ = self.stat_succ.saturating_add(n);
-            self.contin = contin_succ.saturating_add(n);
-        } else {
-            self.verr = verr.saturating_add(n);
-            self.rerr = self.rerr.saturating_add(n);
-            self.stat_err = self.stat_err.saturating_add(1);
-            self.contin = contin_err.saturating_add(n);
-        }
-        self.run_succ = success;
+        let (vsucc, verr) = (self.vsucc, self.verr);
+        self.count(success, n);
         let run = self.contin;
         let change = match (self.state, success) {
             (NodeState::Idle, false) => {
@@ -345,6 +333,24 @@ impl Node {
             return Some(changed);
         }
         self.check_timers(now, p)
+    }
+
+    /// Step 1 of [`Node::report_calls`] alone: the counts grow, the state
+    /// stays (what the ejection limit leaves of a report that would have
+    /// overloaded the node).
+    pub(super) fn count(&mut self, success: bool, n: u32) {
+        if success {
+            self.vsucc = self.vsucc.saturating_add(n);
+            self.rsucc = self.rsucc.saturating_add(n);
+            self.stat_succ = self.stat_succ.saturating_add(n);
+            self.contin = self.contin_succ().saturating_add(n);
+        } else {
+            self.verr = self.verr.saturating_add(n);
+            self.rerr = self.rerr.saturating_add(n);
+            self.stat_err = self.stat_err.saturating_add(1);
+            self.contin = self.contin_err().saturating_add(n);
+        }
+        self.run_succ = success;
     }
 
     /// The idle window or the overload timeout, as checked after a report

@@ -40,6 +40,23 @@ pub struct LbParams {
     /// shared-memory slot, a Unix connection) holds at once: past it, its
     /// getHost is answered overloaded until it reports.
     pub units_per_client: u32,
+    /// The agent-wide default of a module's `slow_start_ms` (0 = off): a
+    /// node entering the idle list ramps to its full weight over it.
+    pub slow_start_ms: u64,
+    /// Slow start's aggression (Envoy's): the share of a ramping node is
+    /// `max(min_weight, t^(1/aggression))` of its weight, `t` the part of
+    /// the window elapsed; 1.0 is linear, above 1 ramps faster early.
+    pub slow_start_aggression: f64,
+    /// The smallest share of its weight a ramping node gets, percent (1..=100).
+    pub slow_start_min_weight_percent: u8,
+    /// The agent-wide default of a module's `max_overloaded_percent`
+    /// (100 = no limit, the original's behaviour).
+    pub max_overloaded_percent: u8,
+    /// The agent-wide default of a module's `panic_percent` (0 = off).
+    pub panic_percent: u8,
+    /// The agent-wide default of a module's `locality_min_percent`, held
+    /// for the locality code.
+    pub locality_min_percent: u8,
 }
 
 /// The default `lb.units_per_client`.
@@ -61,6 +78,12 @@ impl Default for LbParams {
             overload_wait_ms: 180_000,
             unit_timeout_ms: 30_000,
             units_per_client: DEFAULT_UNITS_PER_CLIENT,
+            slow_start_ms: 0,
+            slow_start_aggression: 1.0,
+            slow_start_min_weight_percent: 10,
+            max_overloaded_percent: 100,
+            panic_percent: 0,
+            locality_min_percent: 0,
         }
     }
 }

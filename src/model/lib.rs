@@ -123,23 +123,30 @@ pub enum Policy {
     /// Seed 002's balance router: a node's weight is its capacity in
     /// units; getHost takes a unit, a report returns it.
     Balance,
+    /// Power of two choices over the idle nodes: of two drawn at random,
+    /// the one with the lower peak-EWMA of reported time cost times its
+    /// outstanding getHosts + 1 (Finagle, Linkerd); L5's overload marking
+    /// and probes still apply.
+    P2c,
 }
 
 impl Policy {
-    /// The policy's name: `l5` or `balance`.
+    /// The policy's name: `l5`, `balance` or `p2c`.
     pub fn as_str(self) -> &'static str {
         match self {
             Policy::L5 => "l5",
             Policy::Balance => "balance",
+            Policy::P2c => "p2c",
         }
     }
 
     /// The policy's number on the wire (0 = `l5`, what an older route
-    /// server sends).
+    /// server sends; 2 = `p2c`, which an older agent reads as `l5`).
     pub fn code(self) -> u8 {
         match self {
             Policy::L5 => 0,
             Policy::Balance => 1,
+            Policy::P2c => 2,
         }
     }
 
@@ -148,6 +155,7 @@ impl Policy {
         match code {
             0 => Some(Policy::L5),
             1 => Some(Policy::Balance),
+            2 => Some(Policy::P2c),
             _ => None,
         }
     }
@@ -159,9 +167,9 @@ impl fmt::Display for Policy {
     }
 }
 
-/// A policy name that is neither `l5` nor `balance`.
+/// A policy name that is none of `l5`, `balance`, `p2c`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("policy {0:?} is not one of l5, balance")]
+#[error("policy {0:?} is not one of l5, balance, p2c")]
 pub struct ParsePolicyError(pub String);
 
 impl FromStr for Policy {
@@ -171,6 +179,7 @@ impl FromStr for Policy {
         match s {
             "l5" => Ok(Policy::L5),
             "balance" => Ok(Policy::Balance),
+            "p2c" => Ok(Policy::P2c),
             _ => Err(ParsePolicyError(s.to_string())),
         }
     }
@@ -183,6 +192,82 @@ pub struct RouteNode {
     pub addr: NodeAddr,
     /// Weight / capacity for the balance policy; 0 means unset (treated as 1).
     pub weight: u32,
+}
+
+/// A module's own load-balancing options, stored and pushed with its
+/// policy. Each is None where the module keeps the agent's default (its
+/// `[lb]` table); every default is off or neutral.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct ModuleOptions {
+    /// A node that enters the idle list (added, or back from overload)
+    /// ramps to its full weight over this many milliseconds; 0 = off.
+    pub slow_start_ms: Option<u32>,
+    /// The most nodes, in percent of the module's, that the overload rules
+    /// mark overloaded at once (1..=100; 100 = no limit).
+    pub max_overloaded_percent: Option<u8>,
+    /// Below this idle share (percent, 0..=100; 0 = off) getHost answers
+    /// round robin over every node instead of overloaded.
+    pub panic_percent: Option<u8>,
+    /// Below this idle share (percent, 0..=100) of its own zone, getHost
+    /// spills over to other zones (applied by the locality code).
+    pub locality_min_percent: Option<u8>,
+}
+
+/// A module option out of its range.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ModuleOptionsError {
+    /// `max_overloaded_percent` of 0 (no node could ever be overloaded:
+    /// use 100 for no limit) or above 100.
+    #[error("max_overloaded_percent {0} is out of range: use 1..=100 (100 = no limit)")]
+    MaxOverloaded(u8),
+    /// `panic_percent` above 100.
+    #[error("panic_percent {0} is out of range: use 0..=100 (0 = off)")]
+    Panic(u8),
+    /// `locality_min_percent` above 100.
+    #[error("locality_min_percent {0} is out of range: use 0..=100")]
+    LocalityMin(u8),
+}
+
+impl ModuleOptions {
+    /// True when no option is set (the module follows the agent's defaults).
+    pub fn is_unset(&self) -> bool {
+        *self == ModuleOptions::default()
+    }
+
+    /// Checks each set option's range.
+    ///
+    /// # Errors
+    /// The first option out of range ([`ModuleOptionsError`]).
+    pub fn validate(&self) -> Result<(), ModuleOptionsError> {
+        if let Some(v) = self.max_overloaded_percent.filter(|&v| v == 0 || v > 100) {
+            return Err(ModuleOptionsError::MaxOverloaded(v));
+        }
+        if let Some(v) = self.panic_percent.filter(|&v| v > 100) {
+            return Err(ModuleOptionsError::Panic(v));
+        }
+        if let Some(v) = self.locality_min_percent.filter(|&v| v > 100) {
+            return Err(ModuleOptionsError::LocalityMin(v));
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for ModuleOptions {
+    /// `slow_start_ms=… max_overloaded_percent=… panic_percent=…
+    /// locality_min_percent=…`, `default` for an unset one.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fn show<T: fmt::Display>(v: Option<T>) -> String {
+            v.map_or_else(|| "default".to_string(), |v| v.to_string())
+        }
+        write!(
+            f,
+            "slow_start_ms={} max_overloaded_percent={} panic_percent={} locality_min_percent={}",
+            show(self.slow_start_ms),
+            show(self.max_overloaded_percent),
+            show(self.panic_percent),
+            show(self.locality_min_percent)
+        )
+    }
 }
 
 #[cfg(test)]
@@ -227,5 +312,46 @@ mod tests {
             "host:80".parse::<NodeAddr>(),
             Err(ParseNodeAddrError::Syntax(_))
         ));
+    }
+
+    #[test]
+    fn p2c_is_a_policy_by_name_and_code() {
+        assert_eq!("p2c".parse::<Policy>().unwrap(), Policy::P2c);
+        assert_eq!(Policy::from_code(Policy::P2c.code()), Some(Policy::P2c));
+        assert!("p3c"
+            .parse::<Policy>()
+            .unwrap_err()
+            .to_string()
+            .contains("p2c"));
+    }
+
+    #[test]
+    fn module_options_name_the_option_out_of_range() {
+        assert!(ModuleOptions::default().is_unset());
+        let bad = ModuleOptions {
+            max_overloaded_percent: Some(0),
+            ..ModuleOptions::default()
+        };
+        assert!(bad
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("max_overloaded_percent"));
+        let bad = ModuleOptions {
+            panic_percent: Some(101),
+            ..ModuleOptions::default()
+        };
+        assert!(bad
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("panic_percent"));
+        let good = ModuleOptions {
+            slow_start_ms: Some(30_000),
+            max_overloaded_percent: Some(50),
+            panic_percent: Some(50),
+            locality_min_percent: Some(70),
+        };
+        assert_eq!(good.validate(), Ok(()));
     }
 }

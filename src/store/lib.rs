@@ -62,7 +62,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 
-use lbagent_model::{ModuleId, NodeAddr, Policy, RouteNode};
+use lbagent_model::{ModuleId, ModuleOptions, NodeAddr, Policy, RouteNode};
 
 mod migrations;
 mod pg_tls;
@@ -96,6 +96,8 @@ pub struct ModuleRoute {
     pub nodes: Vec<RouteNode>,
     /// How its nodes are chosen (`l5` unless set by [`Store::set_policy`]).
     pub policy: Policy,
+    /// Its own options (none unless set by [`Store::set_options`]).
+    pub options: ModuleOptions,
 }
 
 /// Every route in the store, read in one transaction.
@@ -262,6 +264,15 @@ pub trait Store: Send {
     /// logged, so every agent sees it within a push). The module need not
     /// have nodes yet. Returns the new route version.
     fn set_policy(&mut self, module: ModuleId, policy: Policy) -> Result<u64, StoreError>;
+
+    /// Sets `module`'s own options (each None: the agent's default), in
+    /// one transaction like [`Store::set_policy`], keeping its policy.
+    /// Returns the new route version.
+    ///
+    /// # Errors
+    /// [`StoreError::BadInput`] naming an option out of its range;
+    /// [`StoreError::Unavailable`] when the store cannot be written.
+    fn set_options(&mut self, module: ModuleId, options: ModuleOptions) -> Result<u64, StoreError>;
 
     /// Records capacity units consumed for good, `(module, node, units)`
     /// per row, in one transaction: each node's consumed units grow by
@@ -622,24 +633,44 @@ pub(crate) struct RouteRow {
     pub weight: i64,
 }
 
-/// A `route_policy` row as read.
+/// A `route_policy` row as read; an option column read as NULL is
+/// negative (SQLite: `COALESCE(…, -1)`; PostgreSQL: `int`'s `i64::MIN`).
 pub(crate) struct PolicyRow {
     pub modid: i64,
     pub cmdid: i64,
     pub policy: i64,
+    pub slow_start_ms: i64,
+    pub max_overloaded_percent: i64,
+    pub panic_percent: i64,
+    pub locality_min_percent: i64,
 }
 
 impl PolicyRow {
-    fn parse(&self) -> Result<(ModuleId, Policy), String> {
+    fn parse(&self) -> Result<(ModuleId, (Policy, ModuleOptions)), String> {
         let module = module_of(self.modid, self.cmdid)?;
         let policy = u8::try_from(self.policy)
             .ok()
             .and_then(Policy::from_code)
             .ok_or(format!(
-                "policy {} is not 0 (l5) or 1 (balance)",
+                "policy {} is not 0 (l5), 1 (balance) or 2 (p2c)",
                 self.policy
             ))?;
-        Ok((module, policy))
+        fn opt<T: TryFrom<i64>>(name: &str, v: i64) -> Result<Option<T>, String> {
+            if v < 0 {
+                return Ok(None);
+            }
+            T::try_from(v)
+                .map(Some)
+                .map_err(|_| format!("{name} {v} is out of range"))
+        }
+        let options = ModuleOptions {
+            slow_start_ms: opt("slow_start_ms", self.slow_start_ms)?,
+            max_overloaded_percent: opt("max_overloaded_percent", self.max_overloaded_percent)?,
+            panic_percent: opt("panic_percent", self.panic_percent)?,
+            locality_min_percent: opt("locality_min_percent", self.locality_min_percent)?,
+        };
+        options.validate().map_err(|e| e.to_string())?;
+        Ok((module, (policy, options)))
     }
 
     fn describe(&self) -> String {
@@ -823,7 +854,10 @@ impl BadRows {
         latest
     }
 
-    pub fn policies(&mut self, rows: Vec<PolicyRow>) -> BTreeMap<ModuleId, Policy> {
+    pub fn policies(
+        &mut self,
+        rows: Vec<PolicyRow>,
+    ) -> BTreeMap<ModuleId, (Policy, ModuleOptions)> {
         rows.into_iter()
             .filter_map(|r| r.parse().map_err(|why| self.skip(r.describe(), why)).ok())
             .collect()
@@ -848,7 +882,7 @@ pub(crate) fn assemble(
     latest: &BTreeMap<ModuleId, u64>,
     nodes: Vec<(ModuleId, RouteNode)>,
     keep: impl IntoIterator<Item = ModuleId>,
-    policies: &BTreeMap<ModuleId, Policy>,
+    policies: &BTreeMap<ModuleId, (Policy, ModuleOptions)>,
 ) -> Vec<ModuleRoute> {
     let mut by_module: BTreeMap<ModuleId, Vec<RouteNode>> = BTreeMap::new();
     for m in keep {
@@ -862,11 +896,13 @@ pub(crate) fn assemble(
         .map(|(module, mut nodes)| {
             nodes.sort_unstable_by_key(|n| n.addr);
             let version = latest.get(&module).copied().unwrap_or(route_version);
+            let (policy, options) = policies.get(&module).copied().unwrap_or_default();
             ModuleRoute {
                 module,
                 version,
                 nodes,
-                policy: policies.get(&module).copied().unwrap_or_default(),
+                policy,
+                options,
             }
         })
         .collect()

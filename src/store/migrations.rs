@@ -45,6 +45,15 @@
 //!   transaction that applies its units, so a re-sent report is applied
 //!   once; rows older than [`crate::CONSUMED_REPORT_KEEP_S`] are deleted
 //!   as new ones come.
+//!
+//! # Version 4: module options and `p2c` (issue 31)
+//!
+//! - `route_policy.policy` also takes 2 = `p2c` (SQLite: the table is
+//!   made again with the wider check, its rows copied).
+//! - `route_policy.slow_start_ms`, `max_overloaded_percent`,
+//!   `panic_percent`, `locality_min_percent`: a module's own options,
+//!   NULL where it keeps the agent's default. A module with options and
+//!   no policy set has a row with policy 0 (`l5`).
 
 /// One schema version: what it does and its SQL for each backend.
 pub(crate) struct Migration {
@@ -59,7 +68,7 @@ pub(crate) struct Migration {
 }
 
 /// The newest schema version this binary knows.
-pub const LATEST: u32 = 3;
+pub const LATEST: u32 = 4;
 
 /// `schema_version` itself, created before any migration runs (SQLite).
 pub(crate) const SQLITE_SCHEMA_VERSION_TABLE: &str = "CREATE TABLE IF NOT EXISTS schema_version (
@@ -204,6 +213,40 @@ CREATE TABLE consumed_report (
 CREATE INDEX consumed_report_at ON consumed_report (at);
 ",
     },
+    // --- issue 31 (module options) ---
+    Migration {
+        version: 4,
+        name: "module options, p2c policy",
+        sqlite: "
+CREATE TABLE route_policy_v3 (
+    modid  INTEGER NOT NULL CONSTRAINT route_policy_modid_check  CHECK (modid BETWEEN 0 AND 4294967295),
+    cmdid  INTEGER NOT NULL CONSTRAINT route_policy_cmdid_check  CHECK (cmdid BETWEEN 0 AND 4294967295),
+    policy INTEGER NOT NULL CONSTRAINT route_policy_policy_check CHECK (policy IN (0, 1, 2)),
+    slow_start_ms          INTEGER CONSTRAINT route_policy_slow_start_check CHECK (slow_start_ms BETWEEN 0 AND 4294967295),
+    max_overloaded_percent INTEGER CONSTRAINT route_policy_max_overloaded_check CHECK (max_overloaded_percent BETWEEN 1 AND 100),
+    panic_percent          INTEGER CONSTRAINT route_policy_panic_check CHECK (panic_percent BETWEEN 0 AND 100),
+    locality_min_percent   INTEGER CONSTRAINT route_policy_locality_check CHECK (locality_min_percent BETWEEN 0 AND 100),
+    PRIMARY KEY (modid, cmdid)
+) STRICT;
+INSERT INTO route_policy_v3 (modid, cmdid, policy) SELECT modid, cmdid, policy FROM route_policy;
+DROP TABLE route_policy;
+ALTER TABLE route_policy_v3 RENAME TO route_policy;
+",
+        postgres: "
+ALTER TABLE route_policy DROP CONSTRAINT route_policy_policy_check;
+ALTER TABLE route_policy ADD CONSTRAINT route_policy_policy_check CHECK (policy IN (0, 1, 2));
+ALTER TABLE route_policy
+    ADD COLUMN slow_start_ms BIGINT
+        CONSTRAINT route_policy_slow_start_check CHECK (slow_start_ms BETWEEN 0 AND 4294967295),
+    ADD COLUMN max_overloaded_percent SMALLINT
+        CONSTRAINT route_policy_max_overloaded_check CHECK (max_overloaded_percent BETWEEN 1 AND 100),
+    ADD COLUMN panic_percent SMALLINT
+        CONSTRAINT route_policy_panic_check CHECK (panic_percent BETWEEN 0 AND 100),
+    ADD COLUMN locality_min_percent SMALLINT
+        CONSTRAINT route_policy_locality_check CHECK (locality_min_percent BETWEEN 0 AND 100);
+",
+    },
+    // --- end issue 31 ---
 ];
 
 #[cfg(test)]

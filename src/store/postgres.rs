@@ -33,7 +33,7 @@ use super::{
     RouteRow, RouteSet, StatusRow, Store, StoreError, Wake, CONNECT_TIMEOUT,
     CONSUMED_REPORT_KEEP_S,
 };
-use lbagent_model::{ModuleId, NodeAddr, Policy, RouteNode};
+use lbagent_model::{ModuleId, ModuleOptions, NodeAddr, Policy, RouteNode};
 
 /// Connection attempts still waiting for a server that accepted the TCP
 /// connection and then said nothing. Each holds a thread; past
@@ -284,7 +284,8 @@ impl PostgresStore {
         };
         let policies = tx
             .query(
-                "SELECT modid, cmdid, policy FROM route_policy
+                "SELECT modid, cmdid, policy, slow_start_ms, max_overloaded_percent,
+                        panic_percent, locality_min_percent FROM route_policy
                   WHERE ($1::BIGINT IS NULL OR (modid = $1 AND cmdid = $2))",
                 &[&modid, &cmdid],
             )
@@ -294,6 +295,10 @@ impl PostgresStore {
                 modid: int(r, 0),
                 cmdid: int(r, 1),
                 policy: int(r, 2),
+                slow_start_ms: int(r, 3),
+                max_overloaded_percent: int(r, 4),
+                panic_percent: int(r, 5),
+                locality_min_percent: int(r, 6),
             })
             .collect();
         let nodes = rows
@@ -575,6 +580,38 @@ impl Store for PostgresStore {
                 &i64::from(module.modid),
                 &i64::from(module.cmdid),
                 &i16::from(policy.code()),
+            ],
+        )
+        .map_err(un)?;
+        tx.commit().map_err(un)?;
+        Ok(v)
+    }
+
+    fn set_options(&mut self, module: ModuleId, options: ModuleOptions) -> Result<u64, StoreError> {
+        options
+            .validate()
+            .map_err(|e| StoreError::BadInput(e.to_string()))?;
+        let (url, lost) = (self.url.clone(), self.lost.clone());
+        let un = |e: ::postgres::Error| unavailable(&url, &lost, &e);
+        let mut tx = self.client()?.transaction().map_err(un)?;
+        let v = Self::bump(&mut tx, module).map_err(un)?;
+        let small = |v: Option<u8>| v.map(i16::from);
+        tx.execute(
+            "INSERT INTO route_policy (modid, cmdid, policy, slow_start_ms,
+                    max_overloaded_percent, panic_percent, locality_min_percent)
+             VALUES ($1, $2, 0, $3, $4, $5, $6)
+             ON CONFLICT (modid, cmdid) DO UPDATE SET
+                slow_start_ms = excluded.slow_start_ms,
+                max_overloaded_percent = excluded.max_overloaded_percent,
+                panic_percent = excluded.panic_percent,
+                locality_min_percent = excluded.locality_min_percent",
+            &[
+                &i64::from(module.modid),
+                &i64::from(module.cmdid),
+                &options.slow_start_ms.map(i64::from),
+                &small(options.max_overloaded_percent),
+                &small(options.panic_percent),
+                &small(options.locality_min_percent),
             ],
         )
         .map_err(un)?;

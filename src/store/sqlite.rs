@@ -23,7 +23,7 @@ use super::{
     CallStatus, ChangeRow, Changes, Consumed, Imported, ModuleRoute, PolicyRow, ReportKey,
     RouteRow, RouteSet, StatusRow, Store, StoreError, CONSUMED_REPORT_KEEP_S, SQLITE_BUSY_TIMEOUT,
 };
-use lbagent_model::{ModuleId, NodeAddr, Policy, RouteNode};
+use lbagent_model::{ModuleId, ModuleOptions, NodeAddr, Policy, RouteNode};
 
 /// One connection to a SQLite store.
 ///
@@ -341,13 +341,18 @@ impl SqliteStore {
         };
         let policies = query(
             &tx,
-            "SELECT modid, cmdid, policy FROM route_policy
+            "SELECT modid, cmdid, policy, slow_start_ms, max_overloaded_percent,
+                    panic_percent, locality_min_percent FROM route_policy
               WHERE modid BETWEEN ?1 AND ?2 AND cmdid BETWEEN ?3 AND ?4",
             params![m_lo, m_hi, c_lo, c_hi],
             |v| PolicyRow {
                 modid: v[0],
                 cmdid: v[1],
                 policy: v[2],
+                slow_start_ms: v[3],
+                max_overloaded_percent: v[4],
+                panic_percent: v[5],
+                locality_min_percent: v[6],
             },
         )
         .map_err(un)?;
@@ -646,6 +651,40 @@ impl Store for SqliteStore {
             "INSERT INTO route_policy (modid, cmdid, policy) VALUES (?1, ?2, ?3)
              ON CONFLICT (modid, cmdid) DO UPDATE SET policy = excluded.policy",
             params![module.modid, module.cmdid, policy.code()],
+        )
+        .map_err(un)?;
+        let v = Self::bump(&tx, module).map_err(un)?;
+        tx.commit().map_err(un)?;
+        Ok(v)
+    }
+
+    fn set_options(&mut self, module: ModuleId, options: ModuleOptions) -> Result<u64, StoreError> {
+        options
+            .validate()
+            .map_err(|e| StoreError::BadInput(e.to_string()))?;
+        let url = self.url.clone();
+        let un = |e: rusqlite::Error| StoreError::Unavailable {
+            url: url.clone(),
+            why: super::why(&e),
+        };
+        let tx = self.write_tx()?;
+        tx.execute(
+            "INSERT INTO route_policy (modid, cmdid, policy, slow_start_ms,
+                    max_overloaded_percent, panic_percent, locality_min_percent)
+             VALUES (?1, ?2, 0, ?3, ?4, ?5, ?6)
+             ON CONFLICT (modid, cmdid) DO UPDATE SET
+                slow_start_ms = excluded.slow_start_ms,
+                max_overloaded_percent = excluded.max_overloaded_percent,
+                panic_percent = excluded.panic_percent,
+                locality_min_percent = excluded.locality_min_percent",
+            params![
+                module.modid,
+                module.cmdid,
+                options.slow_start_ms,
+                options.max_overloaded_percent,
+                options.panic_percent,
+                options.locality_min_percent
+            ],
         )
         .map_err(un)?;
         let v = Self::bump(&tx, module).map_err(un)?;

@@ -449,11 +449,13 @@ mod tests {
                 version: 3,
                 nodes: vec![node("10.0.0.1:80", 5), node("10.0.0.2:81", 1)],
                 policy: lbagent_model::Policy::L5,
+                options: Default::default(),
             },
             ModuleRoute {
                 module: ModuleId::new(7, 0),
                 version: 4,
                 nodes: vec![node("192.168.1.1:65535", 1_000_000)],
+                options: Default::default(),
                 policy: lbagent_model::Policy::L5,
             },
         ];

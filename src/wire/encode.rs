@@ -7,7 +7,7 @@ use flatbuffers::{FlatBufferBuilder, Push, UOffsetT, Vector, WIPOffset};
 use super::fb;
 use super::values::{CacheRoute, ModuleStats, NodeStats, NodeStatus, Report};
 use super::{AdmissionLevel, RetCode};
-use lbagent_model::{ModuleId, NodeAddr, Policy, RouteNode};
+use lbagent_model::{ModuleId, ModuleOptions, NodeAddr, Policy, RouteNode};
 
 /// Encodes messages into one reusable buffer.
 ///
@@ -231,11 +231,21 @@ impl Encoder {
         version: u64,
         nodes: &[NodeStatus],
     ) -> &[u8] {
-        self.get_route_resp_part(seq, module, retcode, version, nodes, (0, 1), Policy::L5)
+        let none = ModuleOptions::default();
+        self.get_route_resp_part(
+            seq,
+            module,
+            retcode,
+            version,
+            nodes,
+            (0, 1),
+            Policy::L5,
+            &none,
+        )
     }
 
     /// GetRouteResp carrying `nodes`, part `part.0` of `part.1`, of a
-    /// module of `policy`.
+    /// module of `policy` with its own `options`.
     #[allow(clippy::too_many_arguments)]
     pub fn get_route_resp_part(
         &mut self,
@@ -246,6 +256,7 @@ impl Encoder {
         nodes: &[NodeStatus],
         part: (u32, u32),
         policy: Policy,
+        options: &ModuleOptions,
     ) -> &[u8] {
         self.fbb.reset();
         self.offsets.clear();
@@ -272,6 +283,7 @@ impl Encoder {
             self.offsets.push(node.value());
         }
         let nodes = self.tables::<fb::NodeStatus>();
+        let options = self.module_options(options);
         let args = fb::GetRouteRespArgs {
             seq,
             modid: module.modid,
@@ -282,6 +294,7 @@ impl Encoder {
             part: part.0,
             parts: part.1,
             policy: policy.code(),
+            options,
         };
         let body = fb::GetRouteResp::create(&mut self.fbb, &args);
         self.finish(fb::Body::GetRouteResp, body)
@@ -439,10 +452,12 @@ impl Encoder {
         version: u64,
         nodes: &[RouteNode],
     ) -> &[u8] {
-        self.route_answer_with(seq, module, exists, version, nodes, Policy::L5)
+        let none = ModuleOptions::default();
+        self.route_answer_with(seq, module, exists, version, nodes, Policy::L5, &none)
     }
 
-    /// RouteAnswer of a module of `policy`.
+    /// RouteAnswer of a module of `policy` with its own `options`.
+    #[allow(clippy::too_many_arguments)]
     pub fn route_answer_with(
         &mut self,
         seq: u64,
@@ -451,9 +466,11 @@ impl Encoder {
         version: u64,
         nodes: &[RouteNode],
         policy: Policy,
+        options: &ModuleOptions,
     ) -> &[u8] {
         self.fbb.reset();
         let nodes = self.structs(nodes, fb::RouteNode::from);
+        let options = self.module_options(options);
         let args = fb::RouteAnswerArgs {
             seq,
             modid: module.modid,
@@ -462,6 +479,7 @@ impl Encoder {
             version,
             nodes,
             policy: policy.code(),
+            options,
         };
         let body = fb::RouteAnswer::create(&mut self.fbb, &args);
         self.finish(fb::Body::RouteAnswer, body)
@@ -475,10 +493,11 @@ impl Encoder {
         version: u64,
         nodes: &[RouteNode],
     ) -> &[u8] {
-        self.route_push_with(module, exists, version, nodes, Policy::L5)
+        let none = ModuleOptions::default();
+        self.route_push_with(module, exists, version, nodes, Policy::L5, &none)
     }
 
-    /// RoutePush of a module of `policy`.
+    /// RoutePush of a module of `policy` with its own `options`.
     pub fn route_push_with(
         &mut self,
         module: ModuleId,
@@ -486,9 +505,11 @@ impl Encoder {
         version: u64,
         nodes: &[RouteNode],
         policy: Policy,
+        options: &ModuleOptions,
     ) -> &[u8] {
         self.fbb.reset();
         let nodes = self.structs(nodes, fb::RouteNode::from);
+        let options = self.module_options(options);
         let args = fb::RoutePushArgs {
             modid: module.modid,
             cmdid: module.cmdid,
@@ -496,9 +517,28 @@ impl Encoder {
             version,
             nodes,
             policy: policy.code(),
+            options,
         };
         let body = fb::RoutePush::create(&mut self.fbb, &args);
         self.finish(fb::Body::RoutePush, body)
+    }
+
+    /// A module's own options as a table; None (nothing on the wire) when
+    /// none is set.
+    fn module_options(
+        &mut self,
+        o: &ModuleOptions,
+    ) -> Option<WIPOffset<fb::ModuleOptions<'static>>> {
+        if o.is_unset() {
+            return None;
+        }
+        let args = fb::ModuleOptionsArgs {
+            slow_start_ms: o.slow_start_ms,
+            max_overloaded_percent: o.max_overloaded_percent,
+            panic_percent: o.panic_percent,
+            locality_min_percent: o.locality_min_percent,
+        };
+        Some(fb::ModuleOptions::create(&mut self.fbb, &args))
     }
 
     /// KeepAlive: keep this connection's subscriptions.

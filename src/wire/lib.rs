@@ -53,7 +53,9 @@ pub use validate::{
     BatchReport, GetHost, Pull, Register, Unchanged, ValidationError, MAX_CONSUMED, MAX_PRIORITY,
     MAX_PULL_MODULES, MAX_REGISTER_TIMEOUT_MS,
 };
-pub use values::{AdmissionLevel, CacheRoute, ModuleStats, NodeStats, NodeStatus, Report};
+pub use values::{
+    module_options, AdmissionLevel, CacheRoute, ModuleStats, NodeStats, NodeStatus, Report,
+};
 
 /// Nodes per GetRouteResp part: a module with more is answered in parts,
 /// one datagram each, asked for by `GetRouteReq.part`. A part of this many

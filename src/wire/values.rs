@@ -3,7 +3,7 @@
 
 use super::fb;
 use super::RetCode;
-use lbagent_model::{ModuleId, NodeAddr, RouteNode};
+use lbagent_model::{ModuleId, ModuleOptions, NodeAddr, RouteNode};
 
 /// A DAGOR compound admission level `(B*, U*)`, each 1..=128 (1 = most
 /// important). A request of priorities `(b, u)` is admitted when `b < B*`,
@@ -219,4 +219,29 @@ impl From<fb::NodeStatus<'_>> for NodeStatus {
             phi: n.phi(),
         }
     }
+}
+
+/// A module's own options as the wire carries them (absent: none set).
+/// A field out of its range (a newer or broken sender) is dropped, so
+/// that the agent's default applies to it rather than a wrong value.
+pub fn module_options(t: Option<fb::ModuleOptions<'_>>) -> ModuleOptions {
+    let Some(t) = t else {
+        return ModuleOptions::default();
+    };
+    let mut o = ModuleOptions {
+        slow_start_ms: t.slow_start_ms(),
+        max_overloaded_percent: t.max_overloaded_percent(),
+        panic_percent: t.panic_percent(),
+        locality_min_percent: t.locality_min_percent(),
+    };
+    if o.max_overloaded_percent.is_some_and(|v| v == 0 || v > 100) {
+        o.max_overloaded_percent = None;
+    }
+    if o.panic_percent.is_some_and(|v| v > 100) {
+        o.panic_percent = None;
+    }
+    if o.locality_min_percent.is_some_and(|v| v > 100) {
+        o.locality_min_percent = None;
+    }
+    o
 }

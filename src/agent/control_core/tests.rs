@@ -79,6 +79,7 @@ fn route(module: ModuleId, version: u64) -> RouteClientEvent {
         nodes: vec![node(1), node(2)],
         pushed: false,
         policy: Policy::L5,
+        options: Default::default(),
     })
 }
 

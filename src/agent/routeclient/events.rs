@@ -20,6 +20,8 @@ pub struct RouteEvent {
     /// The module's policy (an unknown code, from a newer route server,
     /// reads as `l5`).
     pub policy: Policy,
+    /// The module's own options (none set when the server sends none).
+    pub options: lbagent_model::ModuleOptions,
 }
 
 /// An ErrorResp: the route server refused a request.

@@ -430,6 +430,7 @@ impl RouteClientCore {
                         nodes,
                         pushed: false,
                         policy: Policy::from_code(m.policy()).unwrap_or_default(),
+                        options: lbagent_wire::module_options(m.options()),
                     }))
                 }
             }
@@ -460,6 +461,7 @@ impl RouteClientCore {
                     nodes,
                     pushed: true,
                     policy: Policy::from_code(m.policy()).unwrap_or_default(),
+                    options: lbagent_wire::module_options(m.options()),
                 }))
             }
             Message::RouteUnchanged(m) => {

@@ -492,6 +492,7 @@ fn an_answer_becomes_a_route_event() {
             nodes: vec![node(1), node(2)],
             pushed: false,
             policy: Policy::L5,
+            options: Default::default(),
         }
     );
     let r = route(core.on_frame(&answer(1, B, 0, &[]), 5).unwrap());

@@ -152,7 +152,23 @@ impl ShardCore {
                 (RetCode::Overloaded, None)
             }
             Pick::NoSuchModule => (RetCode::NoSuchModule, None),
+            Pick::Panic(a) => {
+                self.metrics.panic_answers += 1;
+                (RetCode::Ok, Some(a))
+            }
         };
+        if lb.is_tuned() {
+            if let Some(began) = lb.take_panic_news() {
+                let idle = (lb.nodes().len() - lb.overloaded_count()) as u32;
+                let nodes = lb.nodes().len() as u32;
+                outbox.push(crate::messages::ToControl::Panic {
+                    module,
+                    began,
+                    idle,
+                    nodes,
+                });
+            }
+        }
         if retcode != RetCode::Ok {
             self.metrics.count_error(Kind::GetHost);
         }

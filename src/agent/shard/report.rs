@@ -73,7 +73,10 @@ impl ShardCore {
         } else {
             ANY_CLIENT
         };
-        match entry.lb.report_from(client, host, outcome, now, p) {
+        match entry
+            .lb
+            .report_call(client, host, outcome, Some(rep.tcost_ms), now, p)
+        {
             Ok(t) => {
                 if let Some(t) = t {
                     node_moved(&mut self.metrics, t.to);

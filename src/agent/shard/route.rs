@@ -31,16 +31,21 @@ impl ShardCore {
     }
 
     pub(super) fn apply_route(&mut self, msg: ToShard, now: Millis) -> Vec<Reply> {
-        let (module, exists, version, nodes, policy) = match msg {
+        let (module, exists, version, nodes, policy, options) = match msg {
             ToShard::Route {
                 module,
                 exists,
                 version,
                 nodes,
                 policy,
-            } => (module, exists, version, nodes, policy),
+                options,
+            } => (module, exists, version, nodes, policy, options),
             ToShard::Params(live) => {
-                // Read at each use: every module follows them from now on.
+                // Read at each use: every module follows them from now on,
+                // its options resolved again over the new defaults.
+                for entry in self.modules.values_mut() {
+                    entry.lb.configure(now, &live.params);
+                }
                 self.setup.params = live.params;
                 self.setup.update_timeout_ms = live.update_timeout_ms;
                 self.setup.report_timeout_ms = live.report_timeout_ms;
@@ -68,10 +73,12 @@ impl ShardCore {
         if exists && !nodes.is_empty() {
             entry.lb.update_route(&nodes, version, now, p);
             entry.lb.set_policy(policy);
+            entry.lb.set_options(options, now, p);
             entry.route = RouteState::Present;
         } else {
             entry.lb.update_route(&[], version, now, p);
             entry.lb.set_policy(Policy::L5);
+            entry.lb.set_options(Default::default(), now, p);
             entry.route = RouteState::Absent;
         }
         let after = node_counts(&entry.lb);
@@ -181,11 +188,13 @@ impl ShardCore {
             ..
         } = self;
         let mut policy = Policy::L5;
+        let mut options = Default::default();
         let (retcode, version, parts) = match touch(modules, outbox, setup, module, now) {
             entry if entry.route == RouteState::Present => {
                 let timed_out = entry.lb.expire_units(now);
                 self.metrics.units_timed_out += u64::from(timed_out);
                 policy = entry.lb.policy();
+                options = entry.lb.options();
                 let (nodes, units) = (entry.lb.nodes(), entry.lb.units());
                 let parts = wire::route_parts(nodes.len(), wire::GETROUTE_PART_NODES);
                 let first = (part as usize).saturating_mul(wire::GETROUTE_PART_NODES);
@@ -210,6 +219,7 @@ impl ShardCore {
             &self.statuses,
             (part.min(parts - 1), parts),
             policy,
+            &options,
         ))
     }
 

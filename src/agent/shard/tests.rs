@@ -39,6 +39,7 @@ fn route(n: u8) -> ToShard {
         version: 7,
         nodes: route_nodes(n),
         policy: Policy::L5,
+        options: Default::default(),
     }
 }
 
@@ -204,6 +205,7 @@ fn register_times_out_or_learns_the_module_does_not_exist() {
             version: 0,
             nodes: vec![],
             policy: Policy::L5,
+            options: Default::default(),
         },
         2001,
     );
@@ -264,6 +266,7 @@ fn a_route_update_to_empty_answers_no_such_module() {
             version: 8,
             nodes: vec![],
             policy: Policy::L5,
+            options: Default::default(),
         },
         1,
     );
@@ -384,6 +387,7 @@ fn module_route(module: ModuleId, n: u32, version: u64) -> ToShard {
             })
             .collect(),
         policy: Policy::L5,
+        options: Default::default(),
     }
 }
 
@@ -394,6 +398,7 @@ fn absent(module: ModuleId) -> ToShard {
         version: 0,
         nodes: vec![],
         policy: Policy::L5,
+        options: Default::default(),
     }
 }
 
@@ -733,6 +738,12 @@ fn the_largest_get_route_part_fits_a_datagram() {
             &nodes,
             (u32::MAX, u32::MAX),
             Policy::L5,
+            &lbagent_model::ModuleOptions {
+                slow_start_ms: Some(u32::MAX),
+                max_overloaded_percent: Some(100),
+                panic_percent: Some(100),
+                locality_min_percent: Some(100),
+            },
         )
         .len();
     assert!(len <= 65_507, "{len} bytes");
@@ -887,6 +898,7 @@ fn a_balance_module_draws_among_the_nodes_its_levels_admit() {
                 },
             ],
             policy: Policy::Balance,
+            options: Default::default(),
         },
         0,
     );
@@ -1200,6 +1212,7 @@ fn a_route_for_a_preloaded_module_replaces_the_snapshots() {
             weight: 1,
         }],
         policy: Policy::L5,
+        options: Default::default(),
     };
     assert!(s.apply(newer, 5).is_empty());
     assert_eq!(s.preloading(), 2);
@@ -1238,6 +1251,7 @@ fn node_gauges_follow_routes_transitions_and_forgets_without_a_walk() {
                 })
                 .to_vec(),
             policy: Policy::L5,
+            options: Default::default(),
         },
         3,
     );
@@ -1450,6 +1464,7 @@ fn balance_route(weight: u32) -> ToShard {
             weight,
         }],
         policy: Policy::Balance,
+        options: Default::default(),
     }
 }
 
@@ -1649,4 +1664,124 @@ fn a_udp_source_a_trusted_connection_identified_is_trusted_and_released_with_it(
     s.local_closed(8);
     assert_eq!(s.metrics.units_released, 2);
     assert!(!s.trusts(PEER));
+}
+
+// === issue 31: module options through the shard ===
+
+fn route_with(n: u8, policy: Policy, options: lbagent_model::ModuleOptions) -> ToShard {
+    ToShard::Route {
+        module: M,
+        exists: true,
+        version: 8,
+        nodes: route_nodes(n),
+        policy,
+        options,
+    }
+}
+
+#[test]
+fn a_module_in_panic_answers_every_node_counts_and_tells_the_control_core_once() {
+    let mut s = shard();
+    get_host(&mut s, M, 0);
+    let panic = lbagent_model::ModuleOptions {
+        panic_percent: Some(50),
+        ..Default::default()
+    };
+    s.apply(route_with(2, Policy::L5, panic), 0);
+    s.outbox.clear();
+    // Node 1 fails until overloaded: 1 of 2 idle is not below half.
+    for _ in 0..15 {
+        report(&mut s, node(1), 1, 1);
+    }
+    assert_eq!(get_host(&mut s, M, 2), (RetCode::Ok, Some(node(2))));
+    for _ in 0..15 {
+        report(&mut s, node(2), 1, 3);
+    }
+    // Every node overloaded: round robin over all instead of OVERLOADED.
+    let hosts: Vec<_> = (0..4).map(|_| get_host(&mut s, M, 4)).collect();
+    assert!(hosts
+        .iter()
+        .all(|&(rc, h)| rc == RetCode::Ok && h.is_some()));
+    assert_eq!(s.metrics.panic_answers, 4);
+    let told: Vec<_> = s
+        .outbox
+        .iter()
+        .filter(|m| matches!(m, ToControl::Panic { .. }))
+        .cloned()
+        .collect();
+    assert_eq!(
+        told,
+        vec![ToControl::Panic {
+            module: M,
+            began: true,
+            idle: 0,
+            nodes: 2
+        }]
+    );
+}
+
+#[test]
+fn without_options_every_node_overloaded_is_overloaded() {
+    let mut s = shard();
+    get_host(&mut s, M, 0);
+    s.apply(route(2), 0);
+    for i in 1..=2 {
+        for _ in 0..15 {
+            report(&mut s, node(i), 1, 1);
+        }
+    }
+    assert_eq!(get_host(&mut s, M, 2), (RetCode::Overloaded, None));
+    assert_eq!(s.metrics.panic_answers, 0);
+}
+
+#[test]
+fn agent_wide_defaults_reach_held_modules_on_a_reload() {
+    let mut s = shard();
+    get_host(&mut s, M, 0);
+    s.apply(route(2), 0);
+    for i in 1..=2 {
+        for _ in 0..15 {
+            report(&mut s, node(i), 1, 1);
+        }
+    }
+    assert_eq!(get_host(&mut s, M, 2).0, RetCode::Overloaded);
+    let params = LbParams {
+        panic_percent: 50,
+        ..LbParams::default()
+    };
+    s.apply(
+        ToShard::Params(crate::messages::LiveParams {
+            params,
+            update_timeout_ms: 15_000,
+            report_timeout_ms: 15_000,
+        }),
+        3,
+    );
+    assert_eq!(get_host(&mut s, M, 4).0, RetCode::Ok, "in panic now");
+}
+
+#[test]
+fn a_p2c_module_learns_from_the_reported_time_cost() {
+    let mut s = shard();
+    get_host(&mut s, M, 0);
+    s.apply(route_with(2, Policy::P2c, Default::default()), 0);
+    let mut enc = Encoder::new();
+    for (i, tcost_ms) in [(1u8, 50u32), (2, 2)] {
+        let req = enc
+            .report_req(&Report {
+                seq: 1,
+                module: M,
+                host: node(i),
+                retcode: 0,
+                tcost_ms,
+                downstream_level: None,
+                consumed: 0,
+            })
+            .to_vec();
+        assert!(s.handle(&req, PEER, 1).is_none());
+    }
+    // Two nodes: both are drawn; the fast one wins while 2·(k+1) < 50.
+    for _ in 0..10 {
+        assert_eq!(get_host(&mut s, M, 1), (RetCode::Ok, Some(node(2))));
+    }
 }

@@ -58,11 +58,11 @@ fn an_l5_module_has_no_units_and_keeps_round_robin() {
     let mut m = ModuleLb::new(&route(&[2, 3]), 1, T0, &p);
     assert_eq!(m.policy(), Policy::L5);
     assert!(m.units().is_none());
-    let picks: Vec<Pick> = (0..4).map(|_| get(&mut m, &p, T0)).collect();
+    let picks: Vec<Pick> = (0..5).map(|_| get(&mut m, &p, T0)).collect();
     assert_eq!(
         picks,
-        [1, 2, 1, 2].map(|i| Pick::Idle(addr(i))),
-        "round robin, weights ignored"
+        [2, 1, 2, 1, 2].map(|i| Pick::Idle(addr(i))),
+        "smooth weighted round robin by the weights (issue 31), no units"
     );
 }
 

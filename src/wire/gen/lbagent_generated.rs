@@ -2648,6 +2648,7 @@ impl<'a> GetRouteResp<'a> {
   pub const VT_PART: flatbuffers::VOffsetT = 16;
   pub const VT_PARTS: flatbuffers::VOffsetT = 18;
   pub const VT_POLICY: flatbuffers::VOffsetT = 20;
+  pub const VT_OPTIONS: flatbuffers::VOffsetT = 22;
 
   #[inline]
   pub unsafe fn init_from_table(table: flatbuffers::Table<'a>) -> Self {
@@ -2660,6 +2661,7 @@ impl<'a> GetRouteResp<'a> {
   ) -> flatbuffers::WIPOffset<GetRouteResp<'bldr>> {
     let mut builder = GetRouteRespBuilder::new(_fbb);
     builder.add_version(args.version);
+    if let Some(x) = args.options { builder.add_options(x); }
     builder.add_parts(args.parts);
     builder.add_part(args.part);
     if let Some(x) = args.nodes { builder.add_nodes(x); }
@@ -2733,13 +2735,21 @@ impl<'a> GetRouteResp<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<u32>(GetRouteResp::VT_PARTS, Some(0)).unwrap()}
   }
-  /// The module's policy: 0 = l5, 1 = balance.
+  /// The module's policy: 0 = l5, 1 = balance, 2 = p2c.
   #[inline]
   pub fn policy(&self) -> u8 {
     // Safety:
     // Created from valid Table for this object
     // which contains a valid value in this slot
     unsafe { self._tab.get::<u8>(GetRouteResp::VT_POLICY, Some(0)).unwrap()}
+  }
+  /// The module's own options (absent: none set; the agent's defaults).
+  #[inline]
+  pub fn options(&self) -> Option<ModuleOptions<'a>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<flatbuffers::ForwardsUOffset<ModuleOptions>>(GetRouteResp::VT_OPTIONS, None)}
   }
 }
 
@@ -2759,6 +2769,7 @@ impl flatbuffers::Verifiable for GetRouteResp<'_> {
      .visit_field::<u32>("part", Self::VT_PART, false)?
      .visit_field::<u32>("parts", Self::VT_PARTS, false)?
      .visit_field::<u8>("policy", Self::VT_POLICY, false)?
+     .visit_field::<flatbuffers::ForwardsUOffset<ModuleOptions>>("options", Self::VT_OPTIONS, false)?
      .finish();
     Ok(())
   }
@@ -2773,6 +2784,7 @@ pub struct GetRouteRespArgs<'a> {
     pub part: u32,
     pub parts: u32,
     pub policy: u8,
+    pub options: Option<flatbuffers::WIPOffset<ModuleOptions<'a>>>,
 }
 impl<'a> Default for GetRouteRespArgs<'a> {
   #[inline]
@@ -2787,6 +2799,7 @@ impl<'a> Default for GetRouteRespArgs<'a> {
       part: 0,
       parts: 0,
       policy: 0,
+      options: None,
     }
   }
 }
@@ -2833,6 +2846,10 @@ impl<'a: 'b, 'b> GetRouteRespBuilder<'a, 'b> {
     self.fbb_.push_slot::<u8>(GetRouteResp::VT_POLICY, policy, 0);
   }
   #[inline]
+  pub fn add_options(&mut self, options: flatbuffers::WIPOffset<ModuleOptions<'b >>) {
+    self.fbb_.push_slot_always::<flatbuffers::WIPOffset<ModuleOptions>>(GetRouteResp::VT_OPTIONS, options);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut flatbuffers::FlatBufferBuilder<'a>) -> GetRouteRespBuilder<'a, 'b> {
     let start = _fbb.start_table();
     GetRouteRespBuilder {
@@ -2859,6 +2876,7 @@ impl core::fmt::Debug for GetRouteResp<'_> {
       ds.field("part", &self.part());
       ds.field("parts", &self.parts());
       ds.field("policy", &self.policy());
+      ds.field("options", &self.options());
       ds.finish()
   }
 }
@@ -3617,6 +3635,7 @@ impl<'a> RouteAnswer<'a> {
   pub const VT_VERSION: flatbuffers::VOffsetT = 12;
   pub const VT_NODES: flatbuffers::VOffsetT = 14;
   pub const VT_POLICY: flatbuffers::VOffsetT = 16;
+  pub const VT_OPTIONS: flatbuffers::VOffsetT = 18;
 
   #[inline]
   pub unsafe fn init_from_table(table: flatbuffers::Table<'a>) -> Self {
@@ -3630,6 +3649,7 @@ impl<'a> RouteAnswer<'a> {
     let mut builder = RouteAnswerBuilder::new(_fbb);
     builder.add_version(args.version);
     builder.add_seq(args.seq);
+    if let Some(x) = args.options { builder.add_options(x); }
     if let Some(x) = args.nodes { builder.add_nodes(x); }
     builder.add_cmdid(args.cmdid);
     builder.add_modid(args.modid);
@@ -3681,13 +3701,22 @@ impl<'a> RouteAnswer<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<flatbuffers::ForwardsUOffset<flatbuffers::Vector<'a, RouteNode>>>(RouteAnswer::VT_NODES, None)}
   }
-  /// The module's policy: 0 = l5 (an older route server), 1 = balance.
+  /// The module's policy: 0 = l5 (an older route server), 1 = balance,
+  /// 2 = p2c (an older agent reads it as l5).
   #[inline]
   pub fn policy(&self) -> u8 {
     // Safety:
     // Created from valid Table for this object
     // which contains a valid value in this slot
     unsafe { self._tab.get::<u8>(RouteAnswer::VT_POLICY, Some(0)).unwrap()}
+  }
+  /// The module's own options (absent: none set; the agent's defaults).
+  #[inline]
+  pub fn options(&self) -> Option<ModuleOptions<'a>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<flatbuffers::ForwardsUOffset<ModuleOptions>>(RouteAnswer::VT_OPTIONS, None)}
   }
 }
 
@@ -3705,6 +3734,7 @@ impl flatbuffers::Verifiable for RouteAnswer<'_> {
      .visit_field::<u64>("version", Self::VT_VERSION, false)?
      .visit_field::<flatbuffers::ForwardsUOffset<flatbuffers::Vector<'_, RouteNode>>>("nodes", Self::VT_NODES, false)?
      .visit_field::<u8>("policy", Self::VT_POLICY, false)?
+     .visit_field::<flatbuffers::ForwardsUOffset<ModuleOptions>>("options", Self::VT_OPTIONS, false)?
      .finish();
     Ok(())
   }
@@ -3717,6 +3747,7 @@ pub struct RouteAnswerArgs<'a> {
     pub version: u64,
     pub nodes: Option<flatbuffers::WIPOffset<flatbuffers::Vector<'a, RouteNode>>>,
     pub policy: u8,
+    pub options: Option<flatbuffers::WIPOffset<ModuleOptions<'a>>>,
 }
 impl<'a> Default for RouteAnswerArgs<'a> {
   #[inline]
@@ -3729,6 +3760,7 @@ impl<'a> Default for RouteAnswerArgs<'a> {
       version: 0,
       nodes: None,
       policy: 0,
+      options: None,
     }
   }
 }
@@ -3767,6 +3799,10 @@ impl<'a: 'b, 'b> RouteAnswerBuilder<'a, 'b> {
     self.fbb_.push_slot::<u8>(RouteAnswer::VT_POLICY, policy, 0);
   }
   #[inline]
+  pub fn add_options(&mut self, options: flatbuffers::WIPOffset<ModuleOptions<'b >>) {
+    self.fbb_.push_slot_always::<flatbuffers::WIPOffset<ModuleOptions>>(RouteAnswer::VT_OPTIONS, options);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut flatbuffers::FlatBufferBuilder<'a>) -> RouteAnswerBuilder<'a, 'b> {
     let start = _fbb.start_table();
     RouteAnswerBuilder {
@@ -3791,6 +3827,7 @@ impl core::fmt::Debug for RouteAnswer<'_> {
       ds.field("version", &self.version());
       ds.field("nodes", &self.nodes());
       ds.field("policy", &self.policy());
+      ds.field("options", &self.options());
       ds.finish()
   }
 }
@@ -3818,6 +3855,7 @@ impl<'a> RoutePush<'a> {
   pub const VT_VERSION: flatbuffers::VOffsetT = 10;
   pub const VT_NODES: flatbuffers::VOffsetT = 12;
   pub const VT_POLICY: flatbuffers::VOffsetT = 14;
+  pub const VT_OPTIONS: flatbuffers::VOffsetT = 16;
 
   #[inline]
   pub unsafe fn init_from_table(table: flatbuffers::Table<'a>) -> Self {
@@ -3830,6 +3868,7 @@ impl<'a> RoutePush<'a> {
   ) -> flatbuffers::WIPOffset<RoutePush<'bldr>> {
     let mut builder = RoutePushBuilder::new(_fbb);
     builder.add_version(args.version);
+    if let Some(x) = args.options { builder.add_options(x); }
     if let Some(x) = args.nodes { builder.add_nodes(x); }
     builder.add_cmdid(args.cmdid);
     builder.add_modid(args.modid);
@@ -3874,13 +3913,22 @@ impl<'a> RoutePush<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<flatbuffers::ForwardsUOffset<flatbuffers::Vector<'a, RouteNode>>>(RoutePush::VT_NODES, None)}
   }
-  /// The module's policy: 0 = l5 (an older route server), 1 = balance.
+  /// The module's policy: 0 = l5 (an older route server), 1 = balance,
+  /// 2 = p2c (an older agent reads it as l5).
   #[inline]
   pub fn policy(&self) -> u8 {
     // Safety:
     // Created from valid Table for this object
     // which contains a valid value in this slot
     unsafe { self._tab.get::<u8>(RoutePush::VT_POLICY, Some(0)).unwrap()}
+  }
+  /// The module's own options (absent: none set; the agent's defaults).
+  #[inline]
+  pub fn options(&self) -> Option<ModuleOptions<'a>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<flatbuffers::ForwardsUOffset<ModuleOptions>>(RoutePush::VT_OPTIONS, None)}
   }
 }
 
@@ -3897,6 +3945,7 @@ impl flatbuffers::Verifiable for RoutePush<'_> {
      .visit_field::<u64>("version", Self::VT_VERSION, false)?
      .visit_field::<flatbuffers::ForwardsUOffset<flatbuffers::Vector<'_, RouteNode>>>("nodes", Self::VT_NODES, false)?
      .visit_field::<u8>("policy", Self::VT_POLICY, false)?
+     .visit_field::<flatbuffers::ForwardsUOffset<ModuleOptions>>("options", Self::VT_OPTIONS, false)?
      .finish();
     Ok(())
   }
@@ -3908,6 +3957,7 @@ pub struct RoutePushArgs<'a> {
     pub version: u64,
     pub nodes: Option<flatbuffers::WIPOffset<flatbuffers::Vector<'a, RouteNode>>>,
     pub policy: u8,
+    pub options: Option<flatbuffers::WIPOffset<ModuleOptions<'a>>>,
 }
 impl<'a> Default for RoutePushArgs<'a> {
   #[inline]
@@ -3919,6 +3969,7 @@ impl<'a> Default for RoutePushArgs<'a> {
       version: 0,
       nodes: None,
       policy: 0,
+      options: None,
     }
   }
 }
@@ -3953,6 +4004,10 @@ impl<'a: 'b, 'b> RoutePushBuilder<'a, 'b> {
     self.fbb_.push_slot::<u8>(RoutePush::VT_POLICY, policy, 0);
   }
   #[inline]
+  pub fn add_options(&mut self, options: flatbuffers::WIPOffset<ModuleOptions<'b >>) {
+    self.fbb_.push_slot_always::<flatbuffers::WIPOffset<ModuleOptions>>(RoutePush::VT_OPTIONS, options);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut flatbuffers::FlatBufferBuilder<'a>) -> RoutePushBuilder<'a, 'b> {
     let start = _fbb.start_table();
     RoutePushBuilder {
@@ -3976,6 +4031,162 @@ impl core::fmt::Debug for RoutePush<'_> {
       ds.field("version", &self.version());
       ds.field("nodes", &self.nodes());
       ds.field("policy", &self.policy());
+      ds.field("options", &self.options());
+      ds.finish()
+  }
+}
+pub enum ModuleOptionsOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// A module's own load-balancing options, stored and pushed with its
+/// policy (`lbagent route options`). An absent field is not set: the
+/// agent's `[lb]` default applies. An older agent ignores the table.
+pub struct ModuleOptions<'a> {
+  pub _tab: flatbuffers::Table<'a>,
+}
+
+impl<'a> flatbuffers::Follow<'a> for ModuleOptions<'a> {
+  type Inner = ModuleOptions<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: flatbuffers::Table::new(buf, loc) }
+  }
+}
+
+impl<'a> ModuleOptions<'a> {
+  pub const VT_SLOW_START_MS: flatbuffers::VOffsetT = 4;
+  pub const VT_MAX_OVERLOADED_PERCENT: flatbuffers::VOffsetT = 6;
+  pub const VT_PANIC_PERCENT: flatbuffers::VOffsetT = 8;
+  pub const VT_LOCALITY_MIN_PERCENT: flatbuffers::VOffsetT = 10;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: flatbuffers::Table<'a>) -> Self {
+    ModuleOptions { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr>(
+    _fbb: &'mut_bldr mut flatbuffers::FlatBufferBuilder<'bldr>,
+    args: &'args ModuleOptionsArgs
+  ) -> flatbuffers::WIPOffset<ModuleOptions<'bldr>> {
+    let mut builder = ModuleOptionsBuilder::new(_fbb);
+    if let Some(x) = args.slow_start_ms { builder.add_slow_start_ms(x); }
+    if let Some(x) = args.locality_min_percent { builder.add_locality_min_percent(x); }
+    if let Some(x) = args.panic_percent { builder.add_panic_percent(x); }
+    if let Some(x) = args.max_overloaded_percent { builder.add_max_overloaded_percent(x); }
+    builder.finish()
+  }
+
+
+  /// Slow-start window, milliseconds (0 = off).
+  #[inline]
+  pub fn slow_start_ms(&self) -> Option<u32> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(ModuleOptions::VT_SLOW_START_MS, None)}
+  }
+  /// The most nodes, percent, marked overloaded at once (1..=100).
+  #[inline]
+  pub fn max_overloaded_percent(&self) -> Option<u8> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u8>(ModuleOptions::VT_MAX_OVERLOADED_PERCENT, None)}
+  }
+  /// Below this idle share, percent, getHost answers in panic (0 = off).
+  #[inline]
+  pub fn panic_percent(&self) -> Option<u8> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u8>(ModuleOptions::VT_PANIC_PERCENT, None)}
+  }
+  /// Below this idle share of its own zone, percent, getHost spills over.
+  #[inline]
+  pub fn locality_min_percent(&self) -> Option<u8> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u8>(ModuleOptions::VT_LOCALITY_MIN_PERCENT, None)}
+  }
+}
+
+impl flatbuffers::Verifiable for ModuleOptions<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut flatbuffers::Verifier, pos: usize
+  ) -> Result<(), flatbuffers::InvalidFlatbuffer> {
+    use self::flatbuffers::Verifiable;
+    v.visit_table(pos)?
+     .visit_field::<u32>("slow_start_ms", Self::VT_SLOW_START_MS, false)?
+     .visit_field::<u8>("max_overloaded_percent", Self::VT_MAX_OVERLOADED_PERCENT, false)?
+     .visit_field::<u8>("panic_percent", Self::VT_PANIC_PERCENT, false)?
+     .visit_field::<u8>("locality_min_percent", Self::VT_LOCALITY_MIN_PERCENT, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct ModuleOptionsArgs {
+    pub slow_start_ms: Option<u32>,
+    pub max_overloaded_percent: Option<u8>,
+    pub panic_percent: Option<u8>,
+    pub locality_min_percent: Option<u8>,
+}
+impl<'a> Default for ModuleOptionsArgs {
+  #[inline]
+  fn default() -> Self {
+    ModuleOptionsArgs {
+      slow_start_ms: None,
+      max_overloaded_percent: None,
+      panic_percent: None,
+      locality_min_percent: None,
+    }
+  }
+}
+
+pub struct ModuleOptionsBuilder<'a: 'b, 'b> {
+  fbb_: &'b mut flatbuffers::FlatBufferBuilder<'a>,
+  start_: flatbuffers::WIPOffset<flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b> ModuleOptionsBuilder<'a, 'b> {
+  #[inline]
+  pub fn add_slow_start_ms(&mut self, slow_start_ms: u32) {
+    self.fbb_.push_slot_always::<u32>(ModuleOptions::VT_SLOW_START_MS, slow_start_ms);
+  }
+  #[inline]
+  pub fn add_max_overloaded_percent(&mut self, max_overloaded_percent: u8) {
+    self.fbb_.push_slot_always::<u8>(ModuleOptions::VT_MAX_OVERLOADED_PERCENT, max_overloaded_percent);
+  }
+  #[inline]
+  pub fn add_panic_percent(&mut self, panic_percent: u8) {
+    self.fbb_.push_slot_always::<u8>(ModuleOptions::VT_PANIC_PERCENT, panic_percent);
+  }
+  #[inline]
+  pub fn add_locality_min_percent(&mut self, locality_min_percent: u8) {
+    self.fbb_.push_slot_always::<u8>(ModuleOptions::VT_LOCALITY_MIN_PERCENT, locality_min_percent);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut flatbuffers::FlatBufferBuilder<'a>) -> ModuleOptionsBuilder<'a, 'b> {
+    let start = _fbb.start_table();
+    ModuleOptionsBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> flatbuffers::WIPOffset<ModuleOptions<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl core::fmt::Debug for ModuleOptions<'_> {
+  fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+    let mut ds = f.debug_struct("ModuleOptions");
+      ds.field("slow_start_ms", &self.slow_start_ms());
+      ds.field("max_overloaded_percent", &self.max_overloaded_percent());
+      ds.field("panic_percent", &self.panic_percent());
+      ds.field("locality_min_percent", &self.locality_min_percent());
       ds.finish()
   }
 }

@@ -1,0 +1,234 @@
+//! Issue 31 end to end, from the shell: `lbagent route options` and
+//! `route policy ... p2c` stored, pushed to a real agent and applied.
+//! Every wait is bounded.
+
+#[path = "support/common.rs"]
+mod common;
+
+use common::wait_for;
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+
+use lbagent::client::{Client, ClientError, ClientOptions};
+use lbagent::host::heartbeat::HeartbeatReader;
+
+const BIN: &str = env!("CARGO_BIN_EXE_lbagent");
+
+/// A child process killed when dropped.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn run(args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("run lbagent {args:?}: {e}"))
+}
+
+fn run_ok(args: &[&str]) -> Output {
+    let out = run(args);
+    assert!(
+        out.status.success(),
+        "lbagent {args:?} failed ({:?}): {}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+fn json(out: &Output) -> serde_json::Value {
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)))
+}
+
+/// A standalone system in `dir` (statistics sent every second); returns
+/// it and its heartbeat path.
+fn standalone(dir: &Path) -> (Proc, String) {
+    let data = dir.join("data");
+    let heartbeat = dir.join("heartbeat");
+    let sets = [
+        "dnsserver.listen=127.0.0.1:0".to_string(),
+        "dnsserver.metrics_addr=127.0.0.1:0".to_string(),
+        "reporter.listen=127.0.0.1:0".to_string(),
+        "reporter.metrics_addr=127.0.0.1:0".to_string(),
+        "agent.metrics_addr=127.0.0.1:0".to_string(),
+        "agent.base_port=0".to_string(),
+        "agent.shards=1".to_string(),
+        "lb.report_timeout=1".to_string(),
+        format!("agent.heartbeat_path={}", heartbeat.display()),
+        format!("agent.snapshot_path={}", dir.join("snapshot").display()),
+    ];
+    let mut args = vec!["standalone", "--data", data.to_str().unwrap()];
+    for s in &sets {
+        args.extend_from_slice(&["--set", s]);
+    }
+    let child = Command::new(BIN)
+        .args(&args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start lbagent standalone");
+    let pid = child.id();
+    let p = Proc(child);
+    wait_for(Duration::from_secs(15), || {
+        let h = HeartbeatReader::open(&heartbeat).ok()?.read().ok()?;
+        (h.info.pid == pid && h.beat_unix_ms > 0).then_some(())
+    })
+    .expect("standalone writes its heartbeat within 15 s");
+    (p, heartbeat.display().to_string())
+}
+
+fn library_client(hb: &str) -> Client {
+    Client::with_options(ClientOptions {
+        heartbeat_path: hb.into(),
+        // Patient with a heartbeat that lags on a busy machine.
+        max_heartbeat_age: Duration::from_secs(30),
+        ..ClientOptions::default()
+    })
+    .expect("a client")
+}
+
+#[test]
+fn route_options_are_shown_set_unset_and_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = format!("sqlite:{}", dir.path().join("lbagent.db").display());
+    run_ok(&[
+        "route",
+        "add",
+        "5",
+        "5",
+        "10.0.0.1:80",
+        "--create",
+        "--store",
+        &store,
+    ]);
+    let shown = run_ok(&["route", "options", "5", "5", "--store", &store]);
+    assert_eq!(
+        String::from_utf8_lossy(&shown.stdout).trim(),
+        "module [5, 5] slow_start_ms=default max_overloaded_percent=default \
+         panic_percent=default locality_min_percent=default"
+    );
+    let set = json(&run_ok(&[
+        "route",
+        "options",
+        "5",
+        "5",
+        "--slow-start-ms",
+        "30000",
+        "--panic-percent",
+        "50",
+        "--json",
+        "--store",
+        &store,
+    ]));
+    assert_eq!(set["slow_start_ms"], 30_000);
+    assert_eq!(set["panic_percent"], 50);
+    assert_eq!(set["max_overloaded_percent"], serde_json::Value::Null);
+    assert_eq!(set["route_version"], 2);
+    // Only the flags given change; `default` unsets one.
+    let set = json(&run_ok(&[
+        "route",
+        "options",
+        "5",
+        "5",
+        "--panic-percent",
+        "default",
+        "--locality-min-percent",
+        "70",
+        "--json",
+        "--store",
+        &store,
+    ]));
+    assert_eq!(set["slow_start_ms"], 30_000);
+    assert_eq!(set["panic_percent"], serde_json::Value::Null);
+    assert_eq!(set["locality_min_percent"], 70);
+    let list = json(&run_ok(&["route", "list", "--json", "--store", &store]));
+    assert_eq!(list["modules"][0]["options"]["slow_start_ms"], 30_000);
+    // Out of range: exit 2 naming the option; nothing changes.
+    let out = run(&[
+        "route",
+        "options",
+        "5",
+        "5",
+        "--max-overloaded-percent",
+        "0",
+        "--store",
+        &store,
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("max_overloaded_percent"), "{err}");
+    let list = json(&run_ok(&["route", "list", "--json", "--store", &store]));
+    assert_eq!(list["route_version"], 3);
+    // p2c is a policy.
+    let set = run_ok(&["route", "policy", "5", "5", "p2c", "--store", &store]);
+    assert!(String::from_utf8_lossy(&set.stdout).contains("policy p2c"));
+}
+
+/// Both nodes of module 81 fail until the agent marks them overloaded;
+/// returns what getHost answers then.
+fn get_host_after_both_nodes_fail(with_panic: bool) -> Result<(), ClientError> {
+    let dir = tempfile::tempdir().unwrap();
+    let (_system, hb) = standalone(dir.path());
+    let store = format!("sqlite:{}", dir.path().join("data/lbagent.db").display());
+    let (a, b) = ("10.8.1.1:80", "10.8.1.2:80");
+    run_ok(&["route", "add", "81", "1", a, "--store", &store]);
+    run_ok(&["route", "add", "81", "1", b, "--store", &store]);
+    if with_panic {
+        run_ok(&[
+            "route",
+            "options",
+            "81",
+            "1",
+            "--panic-percent",
+            "50",
+            "--store",
+            &store,
+        ]);
+    }
+    let mut client = library_client(&hb);
+    wait_for(Duration::from_secs(15), || {
+        client.get_host(81, 1, Duration::from_secs(2)).ok()
+    })
+    .expect("the agent has the module within 15 s");
+    for node in [a, b] {
+        for _ in 0..15 {
+            client
+                .report(81, 1, node.parse().unwrap(), 1, 0)
+                .expect("report");
+        }
+    }
+    // Reports are datagrams: wait until the agent shows both nodes
+    // overloaded (getRoute changes nothing), then ask once.
+    wait_for(Duration::from_secs(15), || {
+        let out = run(&["getroute", "81", "1", "--json", "--heartbeat", &hb]);
+        let v = out.status.success().then(|| json(&out))?;
+        let nodes = v["nodes"].as_array()?;
+        (nodes.len() == 2 && nodes.iter().all(|n| n["state"] == "overloaded")).then_some(())
+    })
+    .expect("the agent marks both nodes overloaded within 15 s");
+    client.get_host(81, 1, Duration::from_secs(2)).map(|_| ())
+}
+
+#[test]
+fn without_panic_a_module_whose_nodes_all_fail_is_overloaded() {
+    let got = get_host_after_both_nodes_fail(false);
+    assert!(
+        matches!(got, Err(ClientError::Overloaded { .. })),
+        "{got:?}"
+    );
+}
+
+#[test]
+fn a_modules_panic_percent_reaches_the_agent_and_answers_instead_of_overloaded() {
+    let got = get_host_after_both_nodes_fail(true);
+    assert!(got.is_ok(), "in panic getHost answers a node: {got:?}");
+}
