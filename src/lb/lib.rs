@@ -58,11 +58,13 @@
 //!   their expiry.
 //! - `units` ([`Units`]): balance units taken and returned.
 //! - [`balance`]: seed 002's capacity-balancing choice.
+//! - [`maglev`]: consistent hashing for keyed getHosts (Maglev's table).
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 
 pub mod balance;
 mod levels;
+pub mod maglev;
 mod module;
 mod node;
 mod params;
