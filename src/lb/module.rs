@@ -4,6 +4,10 @@
 
 use std::collections::VecDeque;
 
+mod meta;
+#[cfg(test)]
+mod meta_tests;
+
 use super::balance::NoChoice;
 use super::levels::Levels;
 use super::node::{Millis, Node, NodeState, Outcome, Transition};
@@ -85,6 +89,9 @@ pub struct ModuleLb {
     /// The balance policy's units; None for an `l5` module (the default:
     /// no memory, one test on getHost).
     units: Option<Box<Units>>,
+    /// Zones, labels and the Maglev table (`module/meta.rs`); None for a
+    /// module without them (the default: no memory, no test on getHost).
+    meta: Option<Box<meta::Meta>>,
 }
 
 impl ModuleLb {
@@ -99,6 +106,7 @@ impl ModuleLb {
             version,
             levels: None,
             units: None,
+            meta: None,
         };
         m.update_route(route, version, now, p);
         m
@@ -504,6 +512,7 @@ impl ModuleLb {
         if let Some(u) = &mut self.units {
             u.rebuild(&self.nodes);
         }
+        self.refresh_meta();
     }
 
     /// Takes every node's real call counts since the last call (for the
