@@ -286,3 +286,54 @@ fn zones_follow_the_nodes_through_a_route_update() {
         assert!([addr(2), addr(3), addr(4)].contains(&a));
     }
 }
+
+// === cost ===
+
+/// Runs `LB_COST_LOOPS` getHosts of kind `LB_COST_CASE` (bare: no
+/// metadata; plain, near, selecting, keyed; keyed_hash and format: the
+/// key hashed in the loop, and the same loop's formatting alone) on a 20-node module with a zone and labels set, one
+/// node overloaded. Not a check: the figure behind the book's cost per
+/// getHost, read by running it under callgrind at two loop counts
+/// (the difference over the difference of loops is the cost of one):
+/// `LB_COST_CASE=keyed LB_COST_LOOPS=1000 valgrind --tool=callgrind
+/// TESTBIN --ignored --exact module::meta_tests::cost_loop`.
+#[test]
+#[ignore]
+fn cost_loop() {
+    let case = std::env::var("LB_COST_CASE").unwrap_or_default();
+    let loops: u32 = std::env::var("LB_COST_LOOPS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1000);
+    let (mut m, p) = module(20);
+    if case != "bare" {
+        let meta: Vec<(NodeAddr, NodeMeta)> = (1..=20)
+            .map(|i| {
+                let z = if i <= 5 { "a" } else { "b" };
+                let l = if i % 4 == 0 { "version=canary" } else { "version=stable" };
+                (addr(i), meta(z, l))
+            })
+            .collect();
+        m.set_meta(&meta, Some(&zone("a")));
+    }
+    overload(&mut m, &p, addr(3));
+    let canary: Selector = "version=canary".parse().unwrap();
+    let keys: Vec<u64> = (0..64u32).map(|k| key_hash(&k.to_le_bytes())).collect();
+    m.get_host_keyed(&p, keys[0]);
+    let mut n = 0usize;
+    for k in 0..loops {
+        let pick = match case.as_str() {
+            "near" => m.get_host_near(&p, 50),
+            "selecting" => m.get_host_selecting(&p, &canary, Fallback::Any).unwrap(),
+            "keyed" => m.get_host_keyed(&p, keys[(k % 64) as usize]),
+            "keyed_hash" => m.get_host_keyed(&p, key_hash(format!("user-{}", k % 64).as_bytes())),
+            "format" => {
+                std::hint::black_box(format!("user-{}", k % 64));
+                m.get_host(&p)
+            }
+            _ => m.get_host(&p),
+        };
+        n += usize::from(std::hint::black_box(pick).addr().is_some());
+    }
+    assert!(n > 0);
+}
