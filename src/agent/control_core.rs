@@ -244,6 +244,7 @@ impl ControlCore {
                     version: r.version,
                     nodes: r.nodes,
                     policy: r.policy,
+                    meta: r.meta,
                 };
                 (None, self.deliver(rings, shard, msg))
             }

@@ -106,6 +106,12 @@ pub struct ShardMetrics {
     pub unknown_node_reports: u64,
     /// getHosts answered by a probe of an overloaded node.
     pub probes: u64,
+    /// getHosts that carried a key and were answered by consistent hashing.
+    pub keyed_gethosts: u64,
+    /// getHosts that carried a label selector.
+    pub selecting_gethosts: u64,
+    /// getHosts answered with the agent's zone preferred (`agent.zone`).
+    pub near_gethosts: u64,
     /// getHosts answered Rejected: every idle node's downstream level
     /// refuses the request's priorities (DAGOR collaborative admission).
     pub rejected: u64,
@@ -223,6 +229,9 @@ impl ShardMetrics {
             unknown_module_reports: 0,
             unknown_node_reports: 0,
             probes: 0,
+            keyed_gethosts: 0,
+            selecting_gethosts: 0,
+            near_gethosts: 0,
             rejected: 0,
             levels_reported: 0,
             units_timed_out: 0,
@@ -383,7 +392,7 @@ pub struct ControlMetrics {
 // [`render_service_time`].
 
 /// The per-shard figures with no label but `shard`, in exposition order.
-const SHARD_FIGURES: [Figure<ShardMetrics>; 39] = [
+const SHARD_FIGURES: [Figure<ShardMetrics>; 42] = [
     (
         "lbagent_shm_requests_total",
         Counter,
@@ -449,6 +458,24 @@ const SHARD_FIGURES: [Figure<ShardMetrics>; 39] = [
         Counter,
         "getHosts answered by probing an overloaded node.",
         |m| m.probes,
+    ),
+    (
+        "lbagent_keyed_gethosts_total",
+        Counter,
+        "getHosts with a key, answered by consistent hashing (Maglev).",
+        |m| m.keyed_gethosts,
+    ),
+    (
+        "lbagent_selecting_gethosts_total",
+        Counter,
+        "getHosts with a label selector.",
+        |m| m.selecting_gethosts,
+    ),
+    (
+        "lbagent_near_gethosts_total",
+        Counter,
+        "getHosts answered preferring the agent's zone (agent.zone).",
+        |m| m.near_gethosts,
     ),
     (
         "lbagent_gethost_rejected_total",

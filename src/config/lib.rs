@@ -175,6 +175,13 @@ pub struct LbConfig {
     /// The most units of one `balance` module one client (a UDP source, a
     /// shared-memory slot, a local-socket connection) holds at once.
     pub units_per_client: u32,
+    /// Zone-aware getHosts (with `agent.zone` set): the share of the
+    /// local zone's nodes, in percent, that must be idle for a getHost to
+    /// stay in the zone; below it, every zone's idle nodes take turns.
+    pub locality_min_percent: u32,
+    /// A getHost whose label selector matches no node of the module:
+    /// `any` (choose among every node) or `fail` (answer no such module).
+    pub label_fallback: String,
 }
 
 impl Default for LbConfig {
@@ -196,11 +203,19 @@ impl Default for LbConfig {
             overload_wait_lim: p.overload_wait_ms / 1000,
             unit_timeout: p.unit_timeout_ms / 1000,
             units_per_client: p.units_per_client,
+            locality_min_percent: 0,
+            label_fallback: "any".into(),
         }
     }
 }
 
 impl LbConfig {
+    /// `label_fallback` as the LB core takes it (`any` when it is not a
+    /// name [`Config::validate`] accepts).
+    pub fn label_fallback(&self) -> lbagent_lb::labels::Fallback {
+        self.label_fallback.parse().unwrap_or_default()
+    }
+
     /// The parameters the LB core takes.
     pub fn params(&self) -> LbParams {
         LbParams {
@@ -283,6 +298,10 @@ pub struct AgentConfig {
     /// over UDP, as before the local socket. Off: refused (consumed) or
     /// kept to the reporter's own getHosts (levels).
     pub udp_acts_beyond: bool,
+    /// The agent's zone (a data centre, a rack, a cloud zone): getHosts
+    /// prefer a module's nodes of this zone (`lb.locality_min_percent`).
+    /// Empty: no zone, no preference.
+    pub zone: String,
 }
 
 impl Default for AgentConfig {
@@ -308,6 +327,7 @@ impl Default for AgentConfig {
             trusted_uids: Vec::new(),
             trusted_gids: Vec::new(),
             udp_acts_beyond: false,
+            zone: String::new(),
         }
     }
 }
@@ -653,8 +673,25 @@ impl Config {
         in_range("lb.overload_wait_lim", lb.overload_wait_lim, 1, 86_400)?;
         in_range("lb.unit_timeout", lb.unit_timeout, 1, 86_400)?;
         in_range("lb.units_per_client", lb.units_per_client, 1, 1_000_000)?;
+        in_range("lb.locality_min_percent", lb.locality_min_percent, 0, 100)?;
+        if let Err(e) = lb.label_fallback.parse::<lbagent_lb::labels::Fallback>() {
+            return Err(ConfigError::Invalid {
+                field: "lb.label_fallback",
+                value: lb.label_fallback.clone(),
+                allowed: format!("any or fail ({e})"),
+            });
+        }
 
         let a = &self.agent;
+        if !a.zone.is_empty() {
+            if let Err(e) = a.zone.parse::<lbagent_model::Zone>() {
+                return Err(ConfigError::Invalid {
+                    field: "agent.zone",
+                    value: a.zone.chars().take(80).collect(),
+                    allowed: format!("empty (no zone) or a zone name: {e}"),
+                });
+            }
+        }
         in_range("agent.base_port", a.base_port, 0, u16::MAX)?;
         in_range("agent.shards", a.shards, 0, 1_024)?;
         let last = u32::from(a.base_port) + a.shards.max(1) - 1;

@@ -54,12 +54,7 @@ pub const SLOTS: usize = 65_537;
 /// node before it walks the nodes in order.
 pub const REHASHES: u32 = 8;
 
-/// The hash of a getHost's key: rapidhash V3, whose output the crate fixes
-/// for good (a persistent hash: the same key hashes the same in every
-/// version and on every platform, so agents agree).
-pub fn key_hash(key: &[u8]) -> u64 {
-    rapidhash::v3::rapidhash_v3(key)
-}
+pub use lbagent_model::key_hash;
 
 /// A Maglev lookup table over a module's nodes.
 #[derive(Clone, Debug, PartialEq, Eq)]

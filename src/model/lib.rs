@@ -186,6 +186,15 @@ pub struct RouteNode {
     pub weight: u32,
 }
 
+// === keys ===
+
+/// The hash of a keyed getHost's key (consistent hashing): rapidhash V3
+/// of its bytes, a persistent hash whose output the crate fixes for good,
+/// so that every client and agent, on every platform, maps a key alike.
+pub fn key_hash(key: &[u8]) -> u64 {
+    rapidhash::v3::rapidhash_v3(key)
+}
+
 // === zones, labels, selectors ===
 
 /// The longest zone name, label key or label value, in bytes.
@@ -536,6 +545,15 @@ mod tests {
             "host:80".parse::<NodeAddr>(),
             Err(ParseNodeAddrError::Syntax(_))
         ));
+    }
+
+    /// The key hash is part of the protocol (clients hash, agents look up):
+    /// a new version of the hash crate that changed it would split keys
+    /// between old and new clients.
+    #[test]
+    fn the_key_hash_is_pinned() {
+        assert_eq!(key_hash(b"user-42"), 1_584_347_175_418_348_536);
+        assert_ne!(key_hash(b""), key_hash(b"\0"));
     }
 
     #[test]

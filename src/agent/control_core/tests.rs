@@ -79,6 +79,7 @@ fn route(module: ModuleId, version: u64) -> RouteClientEvent {
         nodes: vec![node(1), node(2)],
         pushed: false,
         policy: Policy::L5,
+        meta: Vec::new(),
     })
 }
 
@@ -99,6 +100,8 @@ fn update(interval: Duration) -> LiveUpdate {
             params: LbParams::default(),
             update_timeout_ms: 7_000,
             report_timeout_ms: 8_000,
+            locality_min_percent: 0,
+            label_fallback: Default::default(),
         },
         route_servers: Some(vec![addr(1)]),
         reporters: None,

@@ -20,6 +20,8 @@ pub struct RouteEvent {
     /// The module's policy (an unknown code, from a newer route server,
     /// reads as `l5`).
     pub policy: Policy,
+    /// The zones and labels of the nodes that have any (issue 31).
+    pub meta: Vec<(NodeAddr, NodeMeta)>,
 }
 
 /// An ErrorResp: the route server refused a request.
@@ -79,6 +81,9 @@ pub enum RouteClientError {
     /// whose versions are not one per module).
     #[error("invalid message from the route server: {0}")]
     Invalid(#[from] ValidationError),
+    /// A route whose nodes' zones or labels break the bounds.
+    #[error("invalid zones or labels from the route server: {0}")]
+    Meta(#[from] BadMeta),
     /// A valid message that a route server never sends to an agent.
     #[error("unexpected {0} from the route server: only RouteAnswer, RouteUnchanged, RoutePush, KeepAliveAck and ErrorResp belong on this connection")]
     Unexpected(&'static str),

@@ -422,6 +422,7 @@ impl RouteClientCore {
                     self.stats.answers += 1;
                     let nodes = m.nodes().unwrap_or_default().iter().map(RouteNode::from);
                     let nodes: Vec<RouteNode> = nodes.collect();
+                    let meta = read_node_meta(m.node_meta(), nodes.len())?;
                     self.stats.nodes_received += nodes.len() as u64;
                     Some(RouteClientEvent::Route(RouteEvent {
                         module,
@@ -430,6 +431,7 @@ impl RouteClientCore {
                         nodes,
                         pushed: false,
                         policy: Policy::from_code(m.policy()).unwrap_or_default(),
+                        meta,
                     }))
                 }
             }
@@ -452,6 +454,7 @@ impl RouteClientCore {
                 self.stats.pushes += 1;
                 let nodes = m.nodes().unwrap_or_default().iter().map(RouteNode::from);
                 let nodes: Vec<RouteNode> = nodes.collect();
+                let meta = read_node_meta(m.node_meta(), nodes.len())?;
                 self.stats.nodes_received += nodes.len() as u64;
                 Some(RouteClientEvent::Route(RouteEvent {
                     module,
@@ -460,6 +463,7 @@ impl RouteClientCore {
                     nodes,
                     pushed: true,
                     policy: Policy::from_code(m.policy()).unwrap_or_default(),
+                    meta,
                 }))
             }
             Message::RouteUnchanged(m) => {

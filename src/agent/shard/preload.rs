@@ -99,6 +99,7 @@ impl ShardCore {
             // The static route file keeps no policy: `l5` until the
             // module's route is pulled again.
             policy: Policy::L5,
+            meta: Vec::new(),
         };
         self.preload.set_made(i);
         self.preload.left -= 1;

@@ -31,19 +31,22 @@ impl ShardCore {
     }
 
     pub(super) fn apply_route(&mut self, msg: ToShard, now: Millis) -> Vec<Reply> {
-        let (module, exists, version, nodes, policy) = match msg {
+        let (module, exists, version, nodes, policy, meta) = match msg {
             ToShard::Route {
                 module,
                 exists,
                 version,
                 nodes,
                 policy,
-            } => (module, exists, version, nodes, policy),
+                meta,
+            } => (module, exists, version, nodes, policy, meta),
             ToShard::Params(live) => {
                 // Read at each use: every module follows them from now on.
                 self.setup.params = live.params;
                 self.setup.update_timeout_ms = live.update_timeout_ms;
                 self.setup.report_timeout_ms = live.report_timeout_ms;
+                self.setup.steering.locality_min_percent = live.locality_min_percent;
+                self.setup.steering.label_fallback = live.label_fallback;
                 return Vec::new();
             }
         };
@@ -68,6 +71,11 @@ impl ShardCore {
         if exists && !nodes.is_empty() {
             entry.lb.update_route(&nodes, version, now, p);
             entry.lb.set_policy(policy);
+            // Zones and labels: only for a route that has them, or to
+            // clear those of the route before (no cost otherwise).
+            if !meta.is_empty() || entry.lb.has_meta() {
+                entry.lb.set_meta(&meta, self.setup.steering.zone.as_ref());
+            }
             entry.route = RouteState::Present;
         } else {
             entry.lb.update_route(&[], version, now, p);

@@ -39,6 +39,7 @@ fn route(n: u8) -> ToShard {
         version: 7,
         nodes: route_nodes(n),
         policy: Policy::L5,
+        meta: Vec::new(),
     }
 }
 
@@ -204,6 +205,7 @@ fn register_times_out_or_learns_the_module_does_not_exist() {
             version: 0,
             nodes: vec![],
             policy: Policy::L5,
+            meta: Vec::new(),
         },
         2001,
     );
@@ -264,6 +266,7 @@ fn a_route_update_to_empty_answers_no_such_module() {
             version: 8,
             nodes: vec![],
             policy: Policy::L5,
+            meta: Vec::new(),
         },
         1,
     );
@@ -384,6 +387,7 @@ fn module_route(module: ModuleId, n: u32, version: u64) -> ToShard {
             })
             .collect(),
         policy: Policy::L5,
+        meta: Vec::new(),
     }
 }
 
@@ -394,6 +398,7 @@ fn absent(module: ModuleId) -> ToShard {
         version: 0,
         nodes: vec![],
         policy: Policy::L5,
+        meta: Vec::new(),
     }
 }
 
@@ -887,6 +892,7 @@ fn a_balance_module_draws_among_the_nodes_its_levels_admit() {
                 },
             ],
             policy: Policy::Balance,
+            meta: Vec::new(),
         },
         0,
     );
@@ -1200,6 +1206,7 @@ fn a_route_for_a_preloaded_module_replaces_the_snapshots() {
             weight: 1,
         }],
         policy: Policy::L5,
+        meta: Vec::new(),
     };
     assert!(s.apply(newer, 5).is_empty());
     assert_eq!(s.preloading(), 2);
@@ -1238,6 +1245,7 @@ fn node_gauges_follow_routes_transitions_and_forgets_without_a_walk() {
                 })
                 .to_vec(),
             policy: Policy::L5,
+            meta: Vec::new(),
         },
         3,
     );
@@ -1450,6 +1458,7 @@ fn balance_route(weight: u32) -> ToShard {
             weight,
         }],
         policy: Policy::Balance,
+        meta: Vec::new(),
     }
 }
 

@@ -47,6 +47,11 @@ impl ModuleLb {
             .collect();
         given.sort_by_key(|g| g.0);
         given.dedup_by_key(|g| g.0);
+        if let Some(m) = self.meta.as_deref() {
+            if m.given == given && m.agent_zone.as_ref() == agent_zone {
+                return; // the same: the route update refreshed the rest
+            }
+        }
         let maglev = self.meta.as_mut().and_then(|m| m.maglev.take());
         if given.is_empty() && maglev.is_none() {
             self.meta = None;
@@ -218,6 +223,11 @@ impl ModuleLb {
         };
         self.meta = Some(meta);
         found.map_or(Pick::Overloaded, Pick::Idle)
+    }
+
+    /// True when some node of the module has a zone or labels.
+    pub fn has_meta(&self) -> bool {
+        self.meta.as_ref().is_some_and(|m| !m.given.is_empty())
     }
 
     /// How many of the module's nodes are in the agent's zone.

@@ -310,7 +310,11 @@ fn cost_loop() {
         let meta: Vec<(NodeAddr, NodeMeta)> = (1..=20)
             .map(|i| {
                 let z = if i <= 5 { "a" } else { "b" };
-                let l = if i % 4 == 0 { "version=canary" } else { "version=stable" };
+                let l = if i % 4 == 0 {
+                    "version=canary"
+                } else {
+                    "version=stable"
+                };
                 (addr(i), meta(z, l))
             })
             .collect();
