@@ -146,9 +146,9 @@ impl ShardCore {
             ANY_CLIENT
         };
         let steered = client == ANY_CLIENT;
-        let pick = if steered && key.is_some() {
+        let pick = if let Some(hash) = key.filter(|_| steered) {
             self.metrics.keyed_gethosts += 1;
-            lb.get_host_keyed(&setup.params, key.expect("checked"))
+            lb.get_host_keyed(&setup.params, hash)
         } else if steered && !selector.is_empty() {
             self.metrics.selecting_gethosts += 1;
             let fallback = setup.steering.label_fallback;
