@@ -139,6 +139,19 @@ pub struct GethostArgs {
     /// (exit 78 when it cannot be read or is invalid).
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
+    /// Consistent hashing: ask for the node this key belongs to (a
+    /// session, a user, a cache key): the same key gets the same node
+    /// while it is idle, and adding or removing one node of N moves about
+    /// 1/N of the keys. Its bytes are hashed here; not with --priority
+    /// or --user.
+    #[arg(long, value_name = "K", conflicts_with_all = ["priority", "user", "select"])]
+    pub key: Option<String>,
+    /// Labels: choose among the nodes carrying every KEY=VALUE of this
+    /// comma-separated list (e.g. version=canary); at most 16 terms of 1 to
+    /// 63 characters of A-Z a-z 0-9 . _ - each (exit 2 otherwise). Not with
+    /// --priority or --user.
+    #[arg(long, value_name = "K=V,...", conflicts_with_all = ["priority", "user"])]
+    pub select: Option<crate::model::Selector>,
     /// Finding the agent.
     #[command(flatten)]
     pub conn: AgentConnArgs,
@@ -305,7 +318,12 @@ pub fn gethost(args: &GethostArgs) -> ToolOutcome {
         },
     };
     let prio = crate::client::Priority::new(args.priority.unwrap_or(0), user);
-    let host = match client.get_host_with(args.modid, args.cmdid, prio, timeout) {
+    let ask = |client: &mut Client| match (&args.key, &args.select) {
+        (Some(key), _) => client.get_host_keyed(args.modid, args.cmdid, key.as_bytes(), timeout),
+        (None, Some(sel)) => client.get_host_selecting(args.modid, args.cmdid, sel, timeout),
+        (None, None) => client.get_host_with(args.modid, args.cmdid, prio, timeout),
+    };
+    let host = match ask(&mut client) {
         Ok(h) => h,
         // A one-shot command is always a first use: the agent may not have
         // pulled the module yet. Register (pull and wait, within the same
@@ -313,7 +331,7 @@ pub fn gethost(args: &GethostArgs) -> ToolOutcome {
         Err(ClientError::NoSuchModule { .. }) => {
             match client
                 .register(args.modid, args.cmdid, timeout)
-                .and_then(|_| client.get_host_with(args.modid, args.cmdid, prio, timeout))
+                .and_then(|_| ask(&mut client))
             {
                 Ok(h) => h,
                 Err(e) => return fail(&e),

@@ -411,6 +411,22 @@ fn sqlite_rows(url: &StoreUrl) -> Vec<CallStatus> {
 
 // === the tests ===
 
+/// The reporter listens on a non-loopback address when its caller says so
+/// (the whole configuration, `[tls]` included, is judged before: a plain
+/// listen address off loopback needs `tls.insecure`). Before, its partial
+/// check refused every one against a default `[tls]` (fleet lab, issue 32).
+#[test]
+fn listens_on_a_non_loopback_address_its_caller_allowed() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = ReporterConfig {
+        listen: "0.0.0.0:0".parse().unwrap(),
+        ..config(1, 100, 1000)
+    };
+    let r = Reporter::start(&cfg, sqlite_url(&dir)).expect("a reporter on 0.0.0.0");
+    assert!(r.addr().ip().is_unspecified());
+    r.stop().expect("stop");
+}
+
 #[test]
 fn statistics_sent_by_an_agent_appear_in_the_store() {
     let dir = tempfile::tempdir().unwrap();

@@ -70,6 +70,8 @@ fn gethost(dir: &Path, m: ModuleId, json: bool) -> ToolOutcome {
         user: None,
         user_hash_seed: None,
         config: None,
+        key: None,
+        select: None,
         conn: conn(dir, ANSWERED_MS),
     })
 }
@@ -108,11 +110,16 @@ struct AgentProc(Child);
 
 impl AgentProc {
     fn start(dir: &Path, source: &RouteSource) -> AgentProc {
+        AgentProc::start_with(dir, source, "")
+    }
+
+    /// [`AgentProc::start`] with more lines of the `[agent]` table.
+    fn start_with(dir: &Path, source: &RouteSource, agent_lines: &str) -> AgentProc {
         let config = dir.join("lbagent.toml");
         let text = format!(
             "[agent]\nbase_port = 0\nshards = 1\nroute_servers = [\"{}\"]\n\
              reporters = [\"127.0.0.1:1\"]\nheartbeat_path = \"{}\"\nsnapshot_path = \"{}\"\n\
-             metrics_addr = \"127.0.0.1:0\"\n",
+             metrics_addr = \"127.0.0.1:0\"\n{agent_lines}",
             source.addr(),
             dir.join("heartbeat").display(),
             dir.join("routes.snapshot").display()
@@ -322,6 +329,93 @@ fn the_client_hashes_user_ids_and_gethost_takes_the_key_from_its_config() {
         .unwrap();
     assert_eq!(out.status.code(), Some(78));
     assert!(String::from_utf8_lossy(&out.stderr).contains("missing.toml"));
+}
+
+/// Issue 31: `gethost --key K` answers the key's node in the Maglev table
+/// of the module's nodes, every time, and the keys spread over the nodes.
+#[test]
+fn gethost_with_a_key_answers_the_keys_node_in_the_maglev_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let source = RouteSource::start();
+    let route = nodes(6);
+    source.set_route(M, &route);
+    let _agent = AgentProc::start(d, &source);
+    let (m, c) = (M.modid.to_string(), M.cmdid.to_string());
+    wait_for(Duration::from_secs(10), || {
+        (tool_binary(d, &["gethost", &m, &c]).0 == i32::from(EXIT_OK)).then_some(())
+    })
+    .expect("the route arrives");
+    // The agent's nodes are in address order: the table is built over them.
+    let mut ids: Vec<NodeAddr> = route.iter().map(|n| n.addr).collect();
+    ids.sort();
+    let keys: Vec<u64> = ids.iter().map(|a| a.key()).collect();
+    let table = lbagent::lb::maglev::Maglev::new(&keys);
+    let mut seen = std::collections::BTreeSet::new();
+    for k in 0..12 {
+        let key = format!("session-{k}");
+        let want = ids[table
+            .home(lbagent::model::key_hash(key.as_bytes()))
+            .unwrap()];
+        for _ in 0..2 {
+            let (code, out) = tool_binary(d, &["gethost", &m, &c, "--key", &key]);
+            assert_eq!(code, i32::from(EXIT_OK), "{out}");
+            assert_eq!(out.trim(), want.to_string(), "key {key}");
+        }
+        seen.insert(want);
+    }
+    assert!(seen.len() >= 3, "12 keys went to {seen:?}");
+}
+
+/// Issue 31: the route's zones and labels reach the real agent; an agent
+/// in zone a answers zone a's nodes, `gethost --select` the labelled ones.
+#[test]
+fn a_zoned_agent_and_gethost_select_follow_the_routes_zones_and_labels() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let source = RouteSource::start();
+    let meta: Vec<(NodeAddr, lbagent::model::NodeMeta)> = (1..=6)
+        .map(|i| {
+            let zone = if i <= 3 { "a" } else { "b" };
+            let version = if i % 3 == 2 { "canary" } else { "stable" };
+            let m = lbagent::model::NodeMeta {
+                zone: Some(zone.parse().unwrap()),
+                labels: format!("version={version}").parse().unwrap(),
+            };
+            (node(i), m)
+        })
+        .collect();
+    source.set_route_meta(M, &nodes(6), &meta);
+    let _agent = AgentProc::start_with(d, &source, "zone = \"a\"\n");
+    let (m, c) = (M.modid.to_string(), M.cmdid.to_string());
+    wait_for(Duration::from_secs(10), || {
+        (tool_binary(d, &["gethost", &m, &c]).0 == i32::from(EXIT_OK)).then_some(())
+    })
+    .expect("the route arrives");
+    let zone_a = [node(1), node(2), node(3)].map(|n| n.to_string());
+    for _ in 0..6 {
+        let (code, out) = tool_binary(d, &["gethost", &m, &c]);
+        assert_eq!(code, i32::from(EXIT_OK), "{out}");
+        assert!(
+            zone_a.contains(&out.trim().to_string()),
+            "{out} is not in zone a"
+        );
+    }
+    let canaries = [node(2), node(5)].map(|n| n.to_string());
+    for _ in 0..4 {
+        let (code, out) = tool_binary(d, &["gethost", &m, &c, "--select", "version=canary"]);
+        assert_eq!(code, i32::from(EXIT_OK), "{out}");
+        assert!(
+            canaries.contains(&out.trim().to_string()),
+            "{out} is no canary"
+        );
+    }
+    // No node matches: the default fallback, any node.
+    let (code, out) = tool_binary(d, &["gethost", &m, &c, "--select", "version=gamma"]);
+    assert_eq!(code, i32::from(EXIT_OK), "{out}");
+    // A selector out of bounds never leaves the command line.
+    let (code, _) = tool_binary(d, &["gethost", &m, &c, "--select", "version"]);
+    assert_eq!(code, 2);
 }
 
 #[test]

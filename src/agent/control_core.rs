@@ -263,6 +263,7 @@ impl ControlCore {
                     nodes: r.nodes,
                     policy: r.policy,
                     options: r.options,
+                    meta: r.meta,
                 };
                 (None, self.deliver(rings, shard, msg))
             }

@@ -40,6 +40,8 @@ impl LiveUpdate {
                 params: config.lb.params(),
                 update_timeout_ms: config.lb.update_timeout * 1000,
                 report_timeout_ms: config.lb.report_timeout * 1000,
+                locality_min_percent: u32::from(config.lb.locality_min_percent),
+                label_fallback: config.lb.label_fallback(),
             },
             route_servers,
             reporters,

@@ -2,7 +2,7 @@
 //! are messages, not shared state: each side owns what it receives.
 
 use lbagent_lb::{LbParams, NodeCallStats};
-use lbagent_model::{ModuleId, ModuleOptions, Policy, RouteNode};
+use lbagent_model::{ModuleId, ModuleOptions, NodeAddr, NodeMeta, Policy, RouteNode};
 
 /// Shard → control core.
 #[derive(Clone, Debug, PartialEq)]
@@ -55,6 +55,8 @@ pub enum ToShard {
         policy: Policy,
         /// The module's own options (each unset: the agent's `[lb]` default).
         options: ModuleOptions,
+        /// The zones and labels of the nodes that have any (issue 31).
+        meta: Vec<(NodeAddr, NodeMeta)>,
     },
     /// The `[lb]` parameters changed (a configuration reload): use these
     /// from now on, for every module the shard holds.
@@ -70,4 +72,8 @@ pub struct LiveParams {
     pub update_timeout_ms: u64,
     /// Send a module's statistics at most this often, ms (`lb.report_timeout`).
     pub report_timeout_ms: u64,
+    /// `lb.locality_min_percent`.
+    pub locality_min_percent: u32,
+    /// `lb.label_fallback`.
+    pub label_fallback: lbagent_lb::labels::Fallback,
 }

@@ -109,6 +109,12 @@ pub struct ShardMetrics {
     /// getHosts answered in panic: a module's idle share below its
     /// `panic_percent`, a node by round robin over every node.
     pub panic_answers: u64,
+    /// getHosts that carried a key and were answered by consistent hashing.
+    pub keyed_gethosts: u64,
+    /// getHosts that carried a label selector.
+    pub selecting_gethosts: u64,
+    /// getHosts answered with the agent's zone preferred (`agent.zone`).
+    pub near_gethosts: u64,
     /// getHosts answered Rejected: every idle node's downstream level
     /// refuses the request's priorities (DAGOR collaborative admission).
     pub rejected: u64,
@@ -227,6 +233,9 @@ impl ShardMetrics {
             unknown_node_reports: 0,
             probes: 0,
             panic_answers: 0,
+            keyed_gethosts: 0,
+            selecting_gethosts: 0,
+            near_gethosts: 0,
             rejected: 0,
             levels_reported: 0,
             units_timed_out: 0,
@@ -387,7 +396,7 @@ pub struct ControlMetrics {
 // [`render_service_time`].
 
 /// The per-shard figures with no label but `shard`, in exposition order.
-const SHARD_FIGURES: [Figure<ShardMetrics>; 40] = [
+const SHARD_FIGURES: [Figure<ShardMetrics>; 43] = [
     (
         "lbagent_shm_requests_total",
         Counter,
@@ -459,6 +468,24 @@ const SHARD_FIGURES: [Figure<ShardMetrics>; 40] = [
         Counter,
         "getHosts answered in panic (a module's idle share below its panic_percent).",
         |m| m.panic_answers,
+    ),
+    (
+        "lbagent_keyed_gethosts_total",
+        Counter,
+        "getHosts with a key, answered by consistent hashing (Maglev).",
+        |m| m.keyed_gethosts,
+    ),
+    (
+        "lbagent_selecting_gethosts_total",
+        Counter,
+        "getHosts with a label selector.",
+        |m| m.selecting_gethosts,
+    ),
+    (
+        "lbagent_near_gethosts_total",
+        Counter,
+        "getHosts answered preferring the agent's zone (agent.zone).",
+        |m| m.near_gethosts,
     ),
     (
         "lbagent_gethost_rejected_total",

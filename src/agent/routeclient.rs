@@ -85,11 +85,11 @@ use glommio::channels::local_channel::{LocalReceiver, LocalSender};
 use super::link_shell::{LinkCore, LinkShell};
 use super::reconnect::{LinkState, Reconnect, ReconnectPolicy};
 use super::timers::Timers;
-use lbagent_model::{ModuleId, Policy, RouteNode};
+use lbagent_model::{ModuleId, NodeAddr, NodeMeta, Policy, RouteNode};
 use lbagent_tls::TlsHandle;
 use lbagent_wire::{
-    decode, write_frame, DecodeError, Encoder, FrameError, Limits, Message, RetCode,
-    ValidationError, MAX_PULL_MODULES,
+    decode, read_node_meta, write_frame, BadMeta, DecodeError, Encoder, FrameError, Limits,
+    Message, RetCode, ValidationError, MAX_PULL_MODULES,
 };
 
 mod config;

@@ -18,7 +18,7 @@ use super::live::{LiveSlot, LiveUpdate};
 use super::liveness::{self, Liveness};
 use super::local_socket::{Acceptor, Inbox, Trust};
 use super::routeclient::RouteClientConfig;
-use super::shard::ShardSetup;
+use super::shard::{ShardSetup, Steering};
 use super::shard_rt::{self, ShardParts};
 use super::statsclient::StatsClientConfig;
 use lbagent_config::reload::Role;
@@ -435,6 +435,11 @@ fn spawn_shards(
                 max_unknown: a.max_unknown_modules as usize,
                 level_timeout_ms: config.admission.level_timeout_ms,
                 udp_acts_beyond: a.udp_acts_beyond,
+                steering: Steering {
+                    zone: a.zone.parse().ok(),
+                    locality_min_percent: u32::from(config.lb.locality_min_percent),
+                    label_fallback: config.lb.label_fallback(),
+                },
             },
             socket,
             snapshot: snapshot.clone(),

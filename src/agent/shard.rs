@@ -64,7 +64,7 @@ use super::timers::Timers;
 use gethost::HostDecision;
 use lbagent_admission::{Admission, Micros};
 use lbagent_lb::{LbParams, Millis, ModuleLb, NodeCallStats};
-use lbagent_model::ModuleId;
+use lbagent_model::{ModuleId, Selector};
 use lbagent_shm::fixed::{self, HostAnswer};
 use lbagent_wire::{self as wire, Encoder, Limits, Message, NodeStatus, RetCode};
 use preload::Preload;
@@ -134,6 +134,25 @@ pub struct ShardSetup {
     /// Trust UDP callers with requests that act beyond themselves
     /// (`agent.udp_acts_beyond`, compatibility; off by default).
     pub udp_acts_beyond: bool,
+    /// Zones and labels (issue 31): the agent's zone and what a getHost
+    /// does with them.
+    pub steering: Steering,
+}
+
+/// The agent's zone and the agent-wide rules of zone-aware and
+/// label-selecting getHosts (`agent.zone`, `[lb] locality_min_percent`,
+/// `[lb] label_fallback`). The default: no zone (every getHost as L5),
+/// threshold 0, fallback `any`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Steering {
+    /// The agent's own zone; None: no zone preference.
+    pub zone: Option<lbagent_model::Zone>,
+    /// The local zone's idle share, in percent, below which a getHost
+    /// spills over to every zone (a module's own value, when its options
+    /// carry one, wins: [`lbagent_lb::locality::threshold`]).
+    pub locality_min_percent: u32,
+    /// What a selector matching no node answers.
+    pub label_fallback: lbagent_lb::labels::Fallback,
 }
 
 impl ShardSetup {
@@ -152,6 +171,7 @@ impl ShardSetup {
             max_unknown: 1024,
             level_timeout_ms: LEVEL_TIMEOUT_MS,
             udp_acts_beyond: false,
+            steering: Steering::default(),
         }
     }
 }
@@ -346,7 +366,7 @@ impl ShardCore {
             // verifier; anything it cannot vouch for takes the full decode
             // below), so that a rejection costs a fraction of an answer.
             if let Some(g) = wire::peek_get_host(datagram, Limits::UDP.max_len) {
-                return self.get_host(g, peer, now, shed, bucket);
+                return self.get_host(g, None, &Selector::default(), peer, now, shed, bucket);
             }
         }
         let msg = match wire::decode(datagram, &Limits::UDP) {
@@ -358,7 +378,10 @@ impl ShardCore {
         };
         match msg {
             Message::GetHostReq(r) => match r.validate() {
-                Ok(g) => self.get_host(g, peer, now, shed, bucket),
+                Ok(g) => match wire::read_selector(r.selector()) {
+                    Ok(sel) => self.get_host(g, r.key_hash(), &sel, peer, now, shed, bucket),
+                    Err(e) => self.bad_request(Kind::GetHost, u64::from(g.seq), g.module, &e),
+                },
                 Err(e) => self.bad_request(
                     Kind::GetHost,
                     u64::from(r.seq()),
@@ -488,7 +511,7 @@ impl ShardCore {
         kind: Kind,
         seq: u64,
         module: ModuleId,
-        e: &wire::ValidationError,
+        e: &dyn std::fmt::Display,
     ) -> Option<&[u8]> {
         self.last_kind = Some(kind);
         self.metrics.count_request(kind);
@@ -507,5 +530,7 @@ impl ShardCore {
     }
 }
 
+#[cfg(test)]
+mod steering_tests;
 #[cfg(test)]
 mod tests;

@@ -192,6 +192,9 @@ pub struct LbConfig {
     /// Below this idle share, percent, of the agent's own zone, getHost
     /// spills over to other zones (a module's own where it sets one).
     pub locality_min_percent: u8,
+    /// A getHost whose label selector matches no node of the module:
+    /// `any` (choose among every node) or `fail` (answer no such module).
+    pub label_fallback: String,
 }
 
 impl Default for LbConfig {
@@ -219,11 +222,18 @@ impl Default for LbConfig {
             max_overloaded_percent: p.max_overloaded_percent,
             panic_percent: p.panic_percent,
             locality_min_percent: p.locality_min_percent,
+            label_fallback: "any".into(),
         }
     }
 }
 
 impl LbConfig {
+    /// `label_fallback` as the LB core takes it (`any` when it is not a
+    /// name [`Config::validate`] accepts).
+    pub fn label_fallback(&self) -> lbagent_lb::labels::Fallback {
+        self.label_fallback.parse().unwrap_or_default()
+    }
+
     /// The parameters the LB core takes.
     pub fn params(&self) -> LbParams {
         LbParams {
@@ -312,6 +322,10 @@ pub struct AgentConfig {
     /// over UDP, as before the local socket. Off: refused (consumed) or
     /// kept to the reporter's own getHosts (levels).
     pub udp_acts_beyond: bool,
+    /// The agent's zone (a data centre, a rack, a cloud zone): getHosts
+    /// prefer a module's nodes of this zone (`lb.locality_min_percent`).
+    /// Empty: no zone, no preference.
+    pub zone: String,
 }
 
 impl Default for AgentConfig {
@@ -337,6 +351,7 @@ impl Default for AgentConfig {
             trusted_uids: Vec::new(),
             trusted_gids: Vec::new(),
             udp_acts_beyond: false,
+            zone: String::new(),
         }
     }
 }
@@ -749,8 +764,24 @@ impl Config {
         )?;
         in_range("lb.panic_percent", lb.panic_percent, 0, 100)?;
         in_range("lb.locality_min_percent", lb.locality_min_percent, 0, 100)?;
+        if let Err(e) = lb.label_fallback.parse::<lbagent_lb::labels::Fallback>() {
+            return Err(ConfigError::Invalid {
+                field: "lb.label_fallback",
+                value: lb.label_fallback.clone(),
+                allowed: format!("any or fail ({e})"),
+            });
+        }
 
         let a = &self.agent;
+        if !a.zone.is_empty() {
+            if let Err(e) = a.zone.parse::<lbagent_model::Zone>() {
+                return Err(ConfigError::Invalid {
+                    field: "agent.zone",
+                    value: a.zone.chars().take(80).collect(),
+                    allowed: format!("empty (no zone) or a zone name: {e}"),
+                });
+            }
+        }
         in_range("agent.base_port", a.base_port, 0, u16::MAX)?;
         in_range("agent.shards", a.shards, 0, 1_024)?;
         let last = u32::from(a.base_port) + a.shards.max(1) - 1;

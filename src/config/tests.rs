@@ -139,6 +139,17 @@ fn an_out_of_range_value_names_the_field_and_the_range() {
             "agent.io_memory_kib",
             "64..=1048576",
         ),
+        (
+            "[lb]\nlocality_min_percent = 101\n",
+            "lb.locality_min_percent",
+            "0..=100",
+        ),
+        (
+            "[lb]\nlabel_fallback = \"none\"\n",
+            "lb.label_fallback",
+            "any or fail",
+        ),
+        ("[agent]\nzone = \"eu west\"\n", "agent.zone", "A-Z a-z 0-9"),
     ] {
         let e = Config::from_toml(toml).unwrap_err();
         let msg = e.to_string();
@@ -352,4 +363,23 @@ fn nix_mkfifo(path: &std::path::Path) {
         .status()
         .unwrap();
     assert!(ok.success(), "mkfifo {}", path.display());
+}
+
+#[test]
+fn a_zone_and_the_steering_rules_are_read() {
+    let c = Config::from_toml(
+        "[agent]\nzone = \"eu-1a\"\n[lb]\nlocality_min_percent = 40\nlabel_fallback = \"fail\"\n",
+    )
+    .unwrap();
+    assert_eq!(c.agent.zone, "eu-1a");
+    assert_eq!(c.lb.locality_min_percent, 40);
+    assert_eq!(c.lb.label_fallback(), lbagent_lb::labels::Fallback::Fail);
+    let d = Config::default();
+    assert_eq!((d.agent.zone.as_str(), d.lb.locality_min_percent), ("", 0));
+    assert_eq!(d.lb.label_fallback(), lbagent_lb::labels::Fallback::Any);
+    let long = format!("[agent]\nzone = \"{}\"\n", "z".repeat(64));
+    assert!(Config::from_toml(&long)
+        .unwrap_err()
+        .to_string()
+        .contains("at most 63"));
 }

@@ -72,12 +72,23 @@
 //! - [`p2c`]: the `p2c` policy's peak-EWMA cost and its choice of two.
 //! - `tuning` ([`Resolved`]): a module's options over the agent's
 //!   defaults and their per-node state, held only while some are on.
+//! - [`maglev`]: consistent hashing for keyed getHosts (Maglev's table).
+//! - [`locality`]: when a getHost stays in the agent's zone.
+//! - [`labels`]: what a label selector matching no node answers.
+//!
+//! The getHosts that use zones, labels and keys are `module/meta.rs`
+//! ([`ModuleLb::set_meta`], [`ModuleLb::get_host_keyed`],
+//! [`ModuleLb::get_host_selecting`], [`ModuleLb::get_host_near`]): entry
+//! points of their own, so that `get_host` is unchanged.
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 
 pub mod balance;
+pub mod labels;
 mod levels;
 pub mod limits;
+pub mod locality;
+pub mod maglev;
 mod module;
 mod node;
 pub mod p2c;

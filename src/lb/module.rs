@@ -4,6 +4,10 @@
 
 use std::collections::VecDeque;
 
+mod meta;
+#[cfg(test)]
+mod meta_tests;
+
 use super::balance::NoChoice;
 use super::levels::Levels;
 use super::limits;
@@ -101,6 +105,9 @@ pub struct ModuleLb {
     /// Weights, slow start, the ejection limit, panic, `p2c`: None while
     /// all are off (the original's path: no memory, one test on getHost).
     tuned: Option<Box<Tuned>>,
+    /// Zones, labels and the Maglev table (`module/meta.rs`); None for a
+    /// module without them (the default: no memory, no test on getHost).
+    meta: Option<Box<meta::Meta>>,
 }
 
 impl ModuleLb {
@@ -119,6 +126,7 @@ impl ModuleLb {
             resolved: Resolved::new(&ModuleOptions::default(), p),
             p2c: false,
             tuned: None,
+            meta: None,
         };
         m.update_route(route, version, now, p);
         m
@@ -560,6 +568,7 @@ impl ModuleLb {
             t.remap(&remap, &self.nodes, now);
         }
         self.configure(now, p);
+        self.refresh_meta();
     }
 
     /// Takes every node's real call counts since the last call (for the

@@ -1,5 +1,6 @@
 //! Plain values every part of the system shares: a module's name, a node's
-//! address, a route entry. No behaviour beyond formatting and parsing; the
+//! address, a route entry, a node's zone and labels and a getHost's label
+//! selector (each bounded in length, count and charset). No behaviour beyond formatting and parsing; the
 //! wire format and the LB core both speak these types so neither depends on
 //! the other.
 #![warn(missing_docs)]
@@ -270,6 +271,323 @@ impl fmt::Display for ModuleOptions {
     }
 }
 
+// === keys ===
+
+/// The hash of a keyed getHost's key (consistent hashing): rapidhash V3
+/// of its bytes, a persistent hash whose output the crate fixes for good,
+/// so that every client and agent, on every platform, maps a key alike.
+pub fn key_hash(key: &[u8]) -> u64 {
+    rapidhash::v3::rapidhash_v3(key)
+}
+
+// === zones, labels, selectors ===
+
+/// The longest zone name, label key or label value, in bytes.
+pub const MAX_NAME_LEN: usize = 63;
+/// The most labels one node carries, and the most terms one selector has.
+pub const MAX_LABELS: usize = 16;
+
+/// Why a zone, a label or a selector was refused. Each names the offending
+/// text (cut to a readable length) and what is allowed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MetaError {
+    /// An empty zone, label key or selector key.
+    #[error("{what} is empty: give 1 to 63 characters of A-Z a-z 0-9 . _ -")]
+    Empty {
+        /// Which kind of name ("zone", "label key", ...).
+        what: &'static str,
+    },
+    /// A name longer than [`MAX_NAME_LEN`] bytes.
+    #[error("{what} `{text}…` is {len} bytes long: at most 63 are allowed")]
+    TooLong {
+        /// Which kind of name.
+        what: &'static str,
+        /// Its first characters.
+        text: String,
+        /// Its length in bytes.
+        len: usize,
+    },
+    /// A character outside `A-Z a-z 0-9 . _ -`.
+    #[error("{what} `{text}` has the character {bad:?}: use only A-Z a-z 0-9 . _ -")]
+    Charset {
+        /// Which kind of name.
+        what: &'static str,
+        /// The name (cut to 63 bytes).
+        text: String,
+        /// The first character refused.
+        bad: char,
+    },
+    /// A label or selector term that is not `KEY=VALUE`.
+    #[error("label `{0}` is not KEY=VALUE, e.g. version=canary")]
+    NotKeyValue(String),
+    /// More than [`MAX_LABELS`] labels or selector terms.
+    #[error("{what} has {count} entries: at most 16 are allowed")]
+    TooMany {
+        /// "labels" or "selector".
+        what: &'static str,
+        /// How many were given.
+        count: usize,
+    },
+    /// The same key twice in one node's labels or one selector.
+    #[error("label key `{0}` is given twice: a key has one value")]
+    DuplicateKey(String),
+}
+
+/// Checks one zone name, label key or label value: at most
+/// [`MAX_NAME_LEN`] bytes of `A-Z a-z 0-9 . _ -`, empty only where
+/// `may_be_empty` (a label's value).
+///
+/// # Errors
+/// [`MetaError::Empty`], [`MetaError::TooLong`], [`MetaError::Charset`].
+pub fn check_name(what: &'static str, text: &str, may_be_empty: bool) -> Result<(), MetaError> {
+    if text.is_empty() && !may_be_empty {
+        return Err(MetaError::Empty { what });
+    }
+    if text.len() > MAX_NAME_LEN {
+        let cut = text
+            .char_indices()
+            .take_while(|&(i, _)| i < 32)
+            .map(|(_, c)| c)
+            .collect();
+        return Err(MetaError::TooLong {
+            what,
+            text: cut,
+            len: text.len(),
+        });
+    }
+    if let Some(bad) = text
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
+    {
+        return Err(MetaError::Charset {
+            what,
+            text: text.to_string(),
+            bad,
+        });
+    }
+    Ok(())
+}
+
+/// Where a node runs (a data centre, a rack, a cloud zone): 1 to 63 bytes
+/// of `A-Z a-z 0-9 . _ -`. getHost prefers nodes of the agent's own zone.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Zone(String);
+
+impl Zone {
+    /// The zone's name.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for Zone {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl FromStr for Zone {
+    type Err = MetaError;
+
+    /// # Errors
+    /// As [`check_name`] for a zone.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        check_name("zone", s, false)?;
+        Ok(Zone(s.to_string()))
+    }
+}
+
+/// One `key=value` label of a node (`version=canary`): a key of 1 to 63
+/// bytes and a value of 0 to 63 bytes, both of `A-Z a-z 0-9 . _ -`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Label {
+    key: String,
+    value: String,
+}
+
+impl Label {
+    /// A label from its key and value.
+    ///
+    /// # Errors
+    /// As [`check_name`] for the key (not empty) and the value.
+    pub fn new(key: &str, value: &str) -> Result<Self, MetaError> {
+        check_name("label key", key, false)?;
+        check_name("label value", value, true)?;
+        Ok(Label {
+            key: key.to_string(),
+            value: value.to_string(),
+        })
+    }
+
+    /// The label's key.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The label's value.
+    pub fn value(&self) -> &str {
+        &self.value
+    }
+}
+
+impl fmt::Display for Label {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}={}", self.key, self.value)
+    }
+}
+
+impl FromStr for Label {
+    type Err = MetaError;
+
+    /// Parses `KEY=VALUE`.
+    ///
+    /// # Errors
+    /// [`MetaError::NotKeyValue`] without `=`, else as [`Label::new`].
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (k, v) = s.split_once('=').ok_or_else(|| {
+            MetaError::NotKeyValue(s.chars().take(MAX_NAME_LEN).collect::<String>())
+        })?;
+        Label::new(k, v)
+    }
+}
+
+/// A node's labels: at most [`MAX_LABELS`], each key once, kept sorted by
+/// key (so two equal sets compare equal whatever order they were given in).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Labels(Vec<Label>);
+
+impl Labels {
+    /// Labels from a list.
+    ///
+    /// # Errors
+    /// [`MetaError::TooMany`] past [`MAX_LABELS`], [`MetaError::DuplicateKey`]
+    /// for a key given twice.
+    pub fn new(mut labels: Vec<Label>) -> Result<Self, MetaError> {
+        if labels.len() > MAX_LABELS {
+            return Err(MetaError::TooMany {
+                what: "labels",
+                count: labels.len(),
+            });
+        }
+        labels.sort();
+        if let Some(w) = labels.windows(2).find(|w| w[0].key == w[1].key) {
+            return Err(MetaError::DuplicateKey(w[0].key.clone()));
+        }
+        Ok(Labels(labels))
+    }
+
+    /// Every label, sorted by key.
+    pub fn iter(&self) -> impl Iterator<Item = &Label> {
+        self.0.iter()
+    }
+
+    /// True when there is no label.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The value of `key`, if the node has that label.
+    pub fn get(&self, key: &str) -> Option<&str> {
+        self.0
+            .binary_search_by(|l| l.key.as_str().cmp(key))
+            .ok()
+            .map(|i| self.0[i].value.as_str())
+    }
+}
+
+impl fmt::Display for Labels {
+    /// `k=v,k2=v2` (empty for none): what [`Labels::from_str`] reads back.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, l) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            write!(f, "{l}")?;
+        }
+        Ok(())
+    }
+}
+
+impl FromStr for Labels {
+    type Err = MetaError;
+
+    /// Parses `k=v,k2=v2` (empty: no label).
+    ///
+    /// # Errors
+    /// As [`Label::from_str`] for each term, then as [`Labels::new`].
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s.is_empty() {
+            return Ok(Labels::default());
+        }
+        let terms = s.split(',').count();
+        if terms > MAX_LABELS {
+            return Err(MetaError::TooMany {
+                what: "labels",
+                count: terms,
+            });
+        }
+        Labels::new(s.split(',').map(str::parse).collect::<Result<_, _>>()?)
+    }
+}
+
+/// A getHost's label selector: every term `key=value` must be a label of
+/// the node (an empty selector matches every node).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Selector(Labels);
+
+impl Selector {
+    /// A selector requiring every one of `labels`.
+    pub fn new(labels: Labels) -> Self {
+        Selector(labels)
+    }
+
+    /// True when `node` carries every label of the selector.
+    pub fn matches(&self, node: &Labels) -> bool {
+        self.0
+            .iter()
+            .all(|l| node.get(&l.key) == Some(l.value.as_str()))
+    }
+
+    /// True for the selector that matches every node.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The terms, sorted by key.
+    pub fn terms(&self) -> &Labels {
+        &self.0
+    }
+}
+
+impl FromStr for Selector {
+    type Err = MetaError;
+
+    /// Parses `k=v,k2=v2`, as [`Labels::from_str`].
+    ///
+    /// # Errors
+    /// As [`Labels::from_str`].
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        s.parse().map(Selector)
+    }
+}
+
+/// What a route carries of a node beyond its address and weight: its zone
+/// and its labels (none of either by default).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct NodeMeta {
+    /// The node's zone, if it has one.
+    pub zone: Option<Zone>,
+    /// The node's labels.
+    pub labels: Labels,
+}
+
+impl NodeMeta {
+    /// True when the node has neither a zone nor a label.
+    pub fn is_empty(&self) -> bool {
+        self.zone.is_none() && self.labels.is_empty()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -353,5 +671,85 @@ mod tests {
             locality_min_percent: Some(70),
         };
         assert_eq!(good.validate(), Ok(()));
+    }
+
+    /// The key hash is part of the protocol (clients hash, agents look up):
+    /// a new version of the hash crate that changed it would split keys
+    /// between old and new clients.
+    #[test]
+    fn the_key_hash_is_pinned() {
+        assert_eq!(key_hash(b"user-42"), 1_584_347_175_418_348_536);
+        assert_ne!(key_hash(b""), key_hash(b"\0"));
+    }
+
+    #[test]
+    fn zones_and_labels_are_bounded_in_length_and_charset() {
+        assert_eq!(
+            "eu-west_1.a".parse::<Zone>().unwrap().as_str(),
+            "eu-west_1.a"
+        );
+        assert_eq!("".parse::<Zone>(), Err(MetaError::Empty { what: "zone" }));
+        assert!(matches!(
+            "a".repeat(64).parse::<Zone>(),
+            Err(MetaError::TooLong { len: 64, .. })
+        ));
+        assert!("a".repeat(63).parse::<Zone>().is_ok());
+        assert!(matches!(
+            "eu west".parse::<Zone>(),
+            Err(MetaError::Charset { bad: ' ', .. })
+        ));
+        assert!(matches!(
+            "zoné".parse::<Zone>(),
+            Err(MetaError::Charset { bad: 'é', .. })
+        ));
+        assert!(matches!(
+            "version".parse::<Label>(),
+            Err(MetaError::NotKeyValue(_))
+        ));
+        assert!(matches!(
+            "=canary".parse::<Label>(),
+            Err(MetaError::Empty { what: "label key" })
+        ));
+        assert_eq!("flag=".parse::<Label>().unwrap().value(), "");
+        assert!(matches!(
+            "k=a,b".parse::<Label>(),
+            Err(MetaError::Charset { bad: ',', .. })
+        ));
+    }
+
+    #[test]
+    fn labels_are_sorted_unique_and_at_most_sixteen() {
+        let l: Labels = "version=canary,az=b".parse().unwrap();
+        assert_eq!(l.to_string(), "az=b,version=canary");
+        assert_eq!(l.get("version"), Some("canary"));
+        assert_eq!(l.get("other"), None);
+        assert_eq!(l.to_string().parse::<Labels>().unwrap(), l);
+        assert_eq!(
+            "a=1,a=2".parse::<Labels>(),
+            Err(MetaError::DuplicateKey("a".into()))
+        );
+        let many: Vec<String> = (0..17).map(|i| format!("k{i}=v")).collect();
+        assert_eq!(
+            many.join(",").parse::<Labels>(),
+            Err(MetaError::TooMany {
+                what: "labels",
+                count: 17
+            })
+        );
+        assert!(many[..16].join(",").parse::<Labels>().is_ok());
+        assert!("".parse::<Labels>().unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_selector_matches_nodes_carrying_every_term() {
+        let node: Labels = "version=canary,az=b".parse().unwrap();
+        let yes: Selector = "version=canary".parse().unwrap();
+        let both: Selector = "az=b,version=canary".parse().unwrap();
+        let no: Selector = "version=stable".parse().unwrap();
+        let missing: Selector = "tier=gold".parse().unwrap();
+        assert!(yes.matches(&node) && both.matches(&node));
+        assert!(!no.matches(&node) && !missing.matches(&node));
+        assert!(Selector::default().matches(&Labels::default()));
+        assert!(!yes.matches(&Labels::default()));
     }
 }

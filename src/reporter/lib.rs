@@ -192,8 +192,17 @@ impl Reporter {
         log: Log,
         tls: Option<Arc<Tls>>,
     ) -> anyhow::Result<Reporter> {
+        // The ranges of `[reporter]` only: whether a plain listen address
+        // off loopback is allowed depends on `[tls]` (`tls.insecure`), which
+        // the whole configuration's validation judged (Config::load); judged
+        // here against a default `[tls]`, every non-loopback listen address
+        // was refused, `tls.insecure` or not (found by the fleet lab).
         let whole = Config {
             reporter: cfg.clone(),
+            tls: lbagent_config::TlsConfig {
+                insecure: true,
+                ..Default::default()
+            },
             ..Config::default()
         };
         whole

@@ -7,7 +7,7 @@ use flatbuffers::{FlatBufferBuilder, Push, UOffsetT, Vector, WIPOffset};
 use super::fb;
 use super::values::{CacheRoute, ModuleStats, NodeStats, NodeStatus, Report};
 use super::{AdmissionLevel, RetCode};
-use lbagent_model::{ModuleId, ModuleOptions, NodeAddr, Policy, RouteNode};
+use lbagent_model::{ModuleId, ModuleOptions, NodeAddr, NodeMeta, Policy, RouteNode};
 
 /// Encodes messages into one reusable buffer.
 ///
@@ -93,13 +93,44 @@ impl Encoder {
         business_priority: u8,
         user_priority: u8,
     ) -> &[u8] {
+        self.get_host_req_keyed(seq, module, business_priority, user_priority, None)
+    }
+
+    /// GetHostReq as [`Encoder::get_host_req`], with the hash of the
+    /// caller's key when it has one (consistent hashing;
+    /// [`lbagent_model::key_hash`]).
+    pub fn get_host_req_keyed(
+        &mut self,
+        seq: u32,
+        module: ModuleId,
+        business_priority: u8,
+        user_priority: u8,
+        key_hash: Option<u64>,
+    ) -> &[u8] {
+        self.get_host_req_full(seq, module, business_priority, user_priority, key_hash, "")
+    }
+
+    /// GetHostReq with every optional part: a key's hash and a label
+    /// selector (`k=v,k2=v2`; empty: none, the field is left out).
+    pub fn get_host_req_full(
+        &mut self,
+        seq: u32,
+        module: ModuleId,
+        business_priority: u8,
+        user_priority: u8,
+        key_hash: Option<u64>,
+        selector: &str,
+    ) -> &[u8] {
         self.fbb.reset();
+        let selector = (!selector.is_empty()).then(|| self.fbb.create_string(selector));
         let args = fb::GetHostReqArgs {
             seq,
             modid: module.modid,
             cmdid: module.cmdid,
             business_priority,
             user_priority,
+            key_hash,
+            selector,
         };
         let body = fb::GetHostReq::create(&mut self.fbb, &args);
         self.finish(fb::Body::GetHostReq, body)
@@ -468,9 +499,28 @@ impl Encoder {
         policy: Policy,
         options: &ModuleOptions,
     ) -> &[u8] {
+        self.route_answer_meta(seq, module, exists, version, nodes, policy, options, &[])
+    }
+
+    /// RouteAnswer of a module of `policy` with its own `options`, whose
+    /// nodes `meta` names have a zone or labels (issue 31; nodes with
+    /// neither are left out).
+    #[allow(clippy::too_many_arguments)]
+    pub fn route_answer_meta(
+        &mut self,
+        seq: u64,
+        module: ModuleId,
+        exists: bool,
+        version: u64,
+        nodes: &[RouteNode],
+        policy: Policy,
+        options: &ModuleOptions,
+        meta: &[(NodeAddr, NodeMeta)],
+    ) -> &[u8] {
         self.fbb.reset();
         let nodes = self.structs(nodes, fb::RouteNode::from);
         let options = self.module_options(options);
+        let node_meta = crate::meta::build(&mut self.fbb, meta);
         let args = fb::RouteAnswerArgs {
             seq,
             modid: module.modid,
@@ -480,6 +530,7 @@ impl Encoder {
             nodes,
             policy: policy.code(),
             options,
+            node_meta,
         };
         let body = fb::RouteAnswer::create(&mut self.fbb, &args);
         self.finish(fb::Body::RouteAnswer, body)
@@ -507,9 +558,26 @@ impl Encoder {
         policy: Policy,
         options: &ModuleOptions,
     ) -> &[u8] {
+        self.route_push_meta(module, exists, version, nodes, policy, options, &[])
+    }
+
+    /// RoutePush of a module of `policy` with its own `options` and its
+    /// nodes' zones and labels, as [`Encoder::route_answer_meta`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn route_push_meta(
+        &mut self,
+        module: ModuleId,
+        exists: bool,
+        version: u64,
+        nodes: &[RouteNode],
+        policy: Policy,
+        options: &ModuleOptions,
+        meta: &[(NodeAddr, NodeMeta)],
+    ) -> &[u8] {
         self.fbb.reset();
         let nodes = self.structs(nodes, fb::RouteNode::from);
         let options = self.module_options(options);
+        let node_meta = crate::meta::build(&mut self.fbb, meta);
         let args = fb::RoutePushArgs {
             modid: module.modid,
             cmdid: module.cmdid,
@@ -518,6 +586,7 @@ impl Encoder {
             nodes,
             policy: policy.code(),
             options,
+            node_meta,
         };
         let body = fb::RoutePush::create(&mut self.fbb, &args);
         self.finish(fb::Body::RoutePush, body)
@@ -664,6 +733,23 @@ mod tests {
         let v = m.validate().unwrap();
         assert_eq!((v.seq, v.module), (42, M));
         assert_eq!((v.business_priority, v.user_priority), (3, 128));
+        assert_eq!(m.key_hash(), None, "an unkeyed getHost carries no key");
+    }
+
+    #[test]
+    fn a_keyed_get_host_req_carries_its_hash_and_is_not_peeked() {
+        let mut enc = Encoder::new();
+        for hash in [0, 7, u64::MAX] {
+            let buf = enc.get_host_req_keyed(1, M, 0, 0, Some(hash)).to_vec();
+            let Message::GetHostReq(m) = decoded(&buf) else {
+                panic!("wrong type")
+            };
+            assert_eq!(m.key_hash(), Some(hash));
+            // The shed path's reader leaves it to the full decode.
+            assert_eq!(crate::peek_get_host(&buf, 1500), None);
+        }
+        let plain = enc.get_host_req(1, M, 0, 0).to_vec();
+        assert!(crate::peek_get_host(&plain, 1500).is_some());
     }
 
     #[test]

@@ -16,6 +16,8 @@
 //!   [`ValidationError`].
 //! - `encode` ([`Encoder`]): one reusable builder, one method per message.
 //! - [`frame`]: the TCP framing (u32 little-endian length prefix).
+//! - `meta` ([`read_node_meta`], [`read_selector`]): a route's zones and
+//!   labels and a getHost's selector, built and read back within bounds.
 //! - `values`: the owned values the encoder takes ([`NodeStatus`],
 //!   [`Report`], [`AdmissionLevel`], ...).
 //! - `peek` ([`peek_get_host`]): a getHost read from the bytes, to shed it
@@ -39,6 +41,7 @@ pub mod fb;
 mod decode;
 mod encode;
 pub mod frame;
+mod meta;
 mod peek;
 mod validate;
 mod values;
@@ -48,6 +51,7 @@ pub use decode::{decode, DecodeError, Limits, Message, MIN_LEN};
 pub use encode::Encoder;
 pub use fb::RetCode;
 pub use frame::{write_frame, FrameDecoder, FrameError, MAX_FRAME_LEN};
+pub use meta::{read_node_meta, read_selector, BadMeta};
 pub use peek::peek_get_host;
 pub use validate::{
     BatchReport, GetHost, Pull, Register, Unchanged, ValidationError, MAX_CONSUMED, MAX_PRIORITY,

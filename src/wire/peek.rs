@@ -41,6 +41,13 @@ pub fn peek_get_host(buf: &[u8], max_len: usize) -> Option<GetHost> {
     if business_priority > super::MAX_PRIORITY || user_priority > super::MAX_PRIORITY {
         return None;
     }
+    // A keyed or selecting getHost takes the full decode: neither the key
+    // nor the selector is read here.
+    if body.slot(buf, fb::GetHostReq::VT_KEY_HASH, 8)?.is_some()
+        || body.slot(buf, fb::GetHostReq::VT_SELECTOR, 4)?.is_some()
+    {
+        return None;
+    }
     Some(GetHost {
         seq: body.u32(buf, fb::GetHostReq::VT_SEQ)?,
         module: ModuleId::new(

@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
-use lbagent::model::{ModuleId, RouteNode};
+use lbagent::model::{ModuleId, NodeAddr, NodeMeta, Policy, RouteNode};
 use lbagent::wire::{decode, write_frame, Encoder, FrameDecoder, Limits, Message, RetCode};
 
 /// How often the threads look at the stop flag.
@@ -56,9 +56,12 @@ struct Shared {
     mute: AtomicBool,
 }
 
+/// A module's version, nodes, and the zones and labels of those that have any.
+type Route = (u64, Vec<RouteNode>, Vec<(NodeAddr, NodeMeta)>);
+
 #[derive(Default)]
 struct State {
-    routes: HashMap<ModuleId, (u64, Vec<RouteNode>)>,
+    routes: HashMap<ModuleId, Route>,
     /// The last version of every module ever set, deleted ones included.
     versions: HashMap<ModuleId, u64>,
     pulls: HashMap<ModuleId, u32>,
@@ -132,11 +135,32 @@ impl RouteSource {
     /// Sets `module`'s nodes, bumping its version, and pushes the route to
     /// every connection subscribed to it. Returns the new version.
     pub fn set_route(&self, module: ModuleId, nodes: &[RouteNode]) -> u64 {
+        self.set_route_meta(module, nodes, &[])
+    }
+
+    /// [`RouteSource::set_route`] with the zones and labels of the nodes
+    /// that have any (issue 31).
+    pub fn set_route_meta(
+        &self,
+        module: ModuleId,
+        nodes: &[RouteNode],
+        meta: &[(NodeAddr, NodeMeta)],
+    ) -> u64 {
         let mut state = self.state();
         let version = state.bump(module);
-        state.routes.insert(module, (version, nodes.to_vec()));
+        state
+            .routes
+            .insert(module, (version, nodes.to_vec(), meta.to_vec()));
         let frame = Encoder::new()
-            .route_push(module, true, version, nodes)
+            .route_push_meta(
+                module,
+                true,
+                version,
+                nodes,
+                Policy::L5,
+                &Default::default(),
+                meta,
+            )
             .to_vec();
         self.push(&mut state, module, &frame);
         version
@@ -374,9 +398,16 @@ fn handle_frames(frames: &mut FrameDecoder, shared: &Shared, id: u64) -> bool {
                             continue;
                         }
                         let frame = match state.routes.get(&module) {
-                            Some((version, nodes)) => {
-                                enc.route_answer(pull.seq, module, true, *version, nodes)
-                            }
+                            Some((version, nodes, meta)) => enc.route_answer_meta(
+                                pull.seq,
+                                module,
+                                true,
+                                *version,
+                                nodes,
+                                Policy::L5,
+                                &Default::default(),
+                                meta,
+                            ),
                             None => enc.route_answer(pull.seq, module, false, 0, &[]),
                         };
                         conn.send_route(shared, frame);

@@ -9,6 +9,7 @@
  */
 #include <inttypes.h>
 #include <stdio.h>
+#include <string.h>
 #include <stdlib.h>
 #include <time.h>
 
@@ -96,6 +97,23 @@ int main(int argc, char **argv) {
                nodes[i].port, nodes[i].overloaded, nodes[i].vsucc, nodes[i].verr, nodes[i].rsucc,
                nodes[i].rerr);
     }
+
+    /* Consistent hashing: one key, the same node every time. */
+    const char *key = "session-42";
+    LbHost first, again;
+    rc = lb_get_host_keyed(client, modid, cmdid, 1000, (const uint8_t *)key, strlen(key), &first);
+    if (rc == LB_OK) {
+        rc = lb_get_host_keyed(client, modid, cmdid, 1000, (const uint8_t *)key, strlen(key),
+                               &again);
+    }
+    if (rc != LB_OK || first.ip != again.ip || first.port != again.port) {
+        fprintf(stderr, "lb_get_host_keyed: %s: %s\n", lb_status_name(rc), lb_last_error());
+        lb_client_free(client);
+        return rc == LB_OK ? 1 : rc;
+    }
+    printf("key %s: ", key);
+    print_ip(first.ip);
+    printf(":%u, twice\n", first.port);
 
     /* An unknown module: the error code is the tool commands' exit status. */
     LbHost none;

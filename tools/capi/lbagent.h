@@ -193,6 +193,28 @@ int lb_get_host_for_user(struct LbClient *client,
                          size_t user_id_len,
                          struct LbHost *out);
 
+// Asks for the node of module `(modid, cmdid)` that the key of
+// `key_len` bytes at `key` belongs to (consistent hashing: a session, a
+// user, a cache key): the agent answers the key's node in the module's
+// Maglev table, or its next candidate while that node is overloaded, so
+// that adding or removing one node of N moves about 1/N of the keys. The
+// key is hashed in the library; the route cache is not used, and while
+// the agent is down the static route file answers without the key.
+// `key` may be NULL when `key_len` is 0.
+//
+// Returns as [`lb_get_host`]; `LB_ERR_BAD_ARGUMENT` also for a NULL `key`
+// with a length.
+//
+// # Safety
+// As [`lb_get_host`]; `key` is NULL or points to `key_len` readable bytes.
+int lb_get_host_keyed(struct LbClient *client,
+                      uint32_t modid,
+                      uint32_t cmdid,
+                      uint32_t timeout_ms,
+                      const uint8_t *key,
+                      size_t key_len,
+                      struct LbHost *out);
+
 // [`lb_report`] passing on the admission level `(level_business,
 // level_user)` the downstream attached to its response (DAGOR
 // collaborative admission; `(0, 0)` = none, else each 1..=128): the agent

@@ -80,6 +80,7 @@ fn route(module: ModuleId, version: u64) -> RouteClientEvent {
         pushed: false,
         policy: Policy::L5,
         options: Default::default(),
+        meta: Vec::new(),
     })
 }
 
@@ -100,6 +101,8 @@ fn update(interval: Duration) -> LiveUpdate {
             params: LbParams::default(),
             update_timeout_ms: 7_000,
             report_timeout_ms: 8_000,
+            locality_min_percent: 0,
+            label_fallback: Default::default(),
         },
         route_servers: Some(vec![addr(1)]),
         reporters: None,

@@ -22,6 +22,8 @@ pub struct RouteEvent {
     pub policy: Policy,
     /// The module's own options (none set when the server sends none).
     pub options: lbagent_model::ModuleOptions,
+    /// The zones and labels of the nodes that have any (issue 31).
+    pub meta: Vec<(NodeAddr, NodeMeta)>,
 }
 
 /// An ErrorResp: the route server refused a request.
@@ -81,6 +83,9 @@ pub enum RouteClientError {
     /// whose versions are not one per module).
     #[error("invalid message from the route server: {0}")]
     Invalid(#[from] ValidationError),
+    /// A route whose nodes' zones or labels break the bounds.
+    #[error("invalid zones or labels from the route server: {0}")]
+    Meta(#[from] BadMeta),
     /// A valid message that a route server never sends to an agent.
     #[error("unexpected {0} from the route server: only RouteAnswer, RouteUnchanged, RoutePush, KeepAliveAck and ErrorResp belong on this connection")]
     Unexpected(&'static str),

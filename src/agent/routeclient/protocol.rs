@@ -422,6 +422,7 @@ impl RouteClientCore {
                     self.stats.answers += 1;
                     let nodes = m.nodes().unwrap_or_default().iter().map(RouteNode::from);
                     let nodes: Vec<RouteNode> = nodes.collect();
+                    let meta = read_node_meta(m.node_meta(), nodes.len())?;
                     self.stats.nodes_received += nodes.len() as u64;
                     Some(RouteClientEvent::Route(RouteEvent {
                         module,
@@ -431,6 +432,7 @@ impl RouteClientCore {
                         pushed: false,
                         policy: Policy::from_code(m.policy()).unwrap_or_default(),
                         options: lbagent_wire::module_options(m.options()),
+                        meta,
                     }))
                 }
             }
@@ -453,6 +455,7 @@ impl RouteClientCore {
                 self.stats.pushes += 1;
                 let nodes = m.nodes().unwrap_or_default().iter().map(RouteNode::from);
                 let nodes: Vec<RouteNode> = nodes.collect();
+                let meta = read_node_meta(m.node_meta(), nodes.len())?;
                 self.stats.nodes_received += nodes.len() as u64;
                 Some(RouteClientEvent::Route(RouteEvent {
                     module,
@@ -462,6 +465,7 @@ impl RouteClientCore {
                     pushed: true,
                     policy: Policy::from_code(m.policy()).unwrap_or_default(),
                     options: lbagent_wire::module_options(m.options()),
+                    meta,
                 }))
             }
             Message::RouteUnchanged(m) => {

@@ -493,6 +493,7 @@ fn an_answer_becomes_a_route_event() {
             pushed: false,
             policy: Policy::L5,
             options: Default::default(),
+            meta: Vec::new(),
         }
     );
     let r = route(core.on_frame(&answer(1, B, 0, &[]), 5).unwrap());
@@ -903,4 +904,55 @@ fn a_lost_connection_moves_to_the_next_address() {
     assert_eq!(core.link().current_addr(), addr(2));
     assert_eq!(core.stats().connects, 1);
     assert_eq!(core.stats().disconnects, 1);
+}
+
+/// Issue 31: a route's zones and labels reach the event; a route server
+/// sending more metadata entries than nodes is refused (the connection
+/// closes, as for any invalid message).
+#[test]
+fn zones_and_labels_come_with_the_route_and_are_bounded() {
+    let mut core = connected(&config(), 0);
+    core.want(A);
+    transmit(&mut core, 0);
+    let meta = vec![(
+        node(1).addr,
+        NodeMeta {
+            zone: Some("eu-1".parse().unwrap()),
+            labels: "version=canary".parse().unwrap(),
+        },
+    )];
+    let mut enc = Encoder::new();
+    let frame = enc
+        .route_answer_meta(
+            1,
+            A,
+            true,
+            3,
+            &[node(1)],
+            Policy::L5,
+            &Default::default(),
+            &meta,
+        )
+        .to_vec();
+    let r = route(core.on_frame(&frame, 5).unwrap());
+    assert_eq!(r.meta, meta);
+    let two = vec![meta[0].clone(), (node(2).addr, meta[0].1.clone())];
+    let frame = enc
+        .route_push_meta(
+            A,
+            true,
+            4,
+            &[node(1)],
+            Policy::L5,
+            &Default::default(),
+            &two,
+        )
+        .to_vec();
+    assert!(matches!(
+        core.on_frame(&frame, 6),
+        Err(RouteClientError::Meta(BadMeta::TooMany {
+            count: 2,
+            nodes: 1
+        }))
+    ));
 }

@@ -9,22 +9,28 @@ use super::ShardCore;
 use crate::metrics::{priority_class, Kind};
 use lbagent_admission::{AdmissionLevel, OPEN};
 use lbagent_lb::{Millis, Pick, ANY_CLIENT};
+use lbagent_model::Selector;
 use lbagent_shm::fixed::HostAnswer;
 use lbagent_wire::{self as wire, RetCode};
 use std::net::SocketAddr;
 
 impl ShardCore {
-    /// A getHost; `shed`: the shard's own level applies; `bucket`: its
-    /// queuing-time bucket and queuing time (µs), when the kernel stamped it.
+    /// A getHost; `key`: its key's hash when it is keyed (consistent
+    /// hashing); `selector`: its labels (empty: none); `shed`: the shard's
+    /// own level applies; `bucket`: its queuing-time bucket and queuing
+    /// time (µs), when the kernel stamped it.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn get_host(
         &mut self,
         g: wire::GetHost,
+        key: Option<u64>,
+        selector: &Selector,
         peer: SocketAddr,
         now: Millis,
         shed: bool,
         bucket: Option<(usize, u64)>,
     ) -> Option<&[u8]> {
-        match self.decide_get_host(g, peer, now, shed, bucket) {
+        match self.decide_get_host_keyed(g, key, selector, peer, now, shed, bucket) {
             HostDecision::Answer(a) => Some(
                 self.enc
                     .get_host_resp(a.seq, a.module, a.retcode, a.host, a.level),
@@ -56,6 +62,31 @@ impl ShardCore {
     pub(super) fn decide_get_host(
         &mut self,
         g: wire::GetHost,
+        peer: SocketAddr,
+        now: Millis,
+        shed: bool,
+        bucket: Option<(usize, u64)>,
+    ) -> HostDecision {
+        let none = Selector::default();
+        self.decide_get_host_keyed(g, None, &none, peer, now, shed, bucket)
+    }
+
+    /// [`ShardCore::decide_get_host`] for a getHost that may carry a key's
+    /// hash or a label selector, in an `l5` module without downstream
+    /// levels (a `balance` module, or one with levels, ignores both): a
+    /// keyed one picks the key's node
+    /// ([`lbagent_lb::ModuleLb::get_host_keyed`]), a selecting one among
+    /// the matching nodes ([`lbagent_lb::ModuleLb::get_host_selecting`];
+    /// none matching with `[lb] label_fallback = "fail"`: an ErrorResp of
+    /// NoSuchModule), and, with `agent.zone` set and nodes of the module in
+    /// that zone, any other prefers them
+    /// ([`lbagent_lb::ModuleLb::get_host_near`]).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn decide_get_host_keyed(
+        &mut self,
+        g: wire::GetHost,
+        key: Option<u64>,
+        selector: &Selector,
         peer: SocketAddr,
         now: Millis,
         shed: bool,
@@ -128,13 +159,40 @@ impl ShardCore {
         } else {
             ANY_CLIENT
         };
-        let pick = lb.get_host_from(
-            &setup.params,
-            client,
-            g.business_priority,
-            g.user_priority,
-            now,
-        );
+        let steered = client == ANY_CLIENT;
+        let pick = if let Some(hash) = key.filter(|_| steered) {
+            self.metrics.keyed_gethosts += 1;
+            lb.get_host_keyed(&setup.params, hash)
+        } else if steered && !selector.is_empty() {
+            self.metrics.selecting_gethosts += 1;
+            let fallback = setup.steering.label_fallback;
+            match lb.get_host_selecting(&setup.params, selector, fallback) {
+                Ok(p) => p,
+                Err(no_match) => {
+                    self.metrics.count_error(Kind::GetHost);
+                    self.enc.error_resp(
+                        u64::from(seq),
+                        module,
+                        RetCode::NoSuchModule,
+                        &no_match.to_string(),
+                    );
+                    return HostDecision::Encoded;
+                }
+            }
+        } else if steered && lb.local_nodes() > 0 {
+            self.metrics.near_gethosts += 1;
+            let threshold =
+                lbagent_lb::locality::threshold(None, setup.steering.locality_min_percent);
+            lb.get_host_near(&setup.params, threshold)
+        } else {
+            lb.get_host_from(
+                &setup.params,
+                client,
+                g.business_priority,
+                g.user_priority,
+                now,
+            )
+        };
         let (retcode, host) = match pick {
             Pick::Idle(a) => (RetCode::Ok, Some(a)),
             Pick::Rejected => {

@@ -100,6 +100,7 @@ impl ShardCore {
             // module's route is pulled again.
             policy: Policy::L5,
             options: Default::default(),
+            meta: Vec::new(),
         };
         self.preload.set_made(i);
         self.preload.left -= 1;

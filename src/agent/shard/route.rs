@@ -31,7 +31,7 @@ impl ShardCore {
     }
 
     pub(super) fn apply_route(&mut self, msg: ToShard, now: Millis) -> Vec<Reply> {
-        let (module, exists, version, nodes, policy, options) = match msg {
+        let (module, exists, version, nodes, policy, options, meta) = match msg {
             ToShard::Route {
                 module,
                 exists,
@@ -39,7 +39,8 @@ impl ShardCore {
                 nodes,
                 policy,
                 options,
-            } => (module, exists, version, nodes, policy, options),
+                meta,
+            } => (module, exists, version, nodes, policy, options, meta),
             ToShard::Params(live) => {
                 // Read at each use: every module follows them from now on,
                 // its options resolved again over the new defaults.
@@ -49,6 +50,8 @@ impl ShardCore {
                 self.setup.params = live.params;
                 self.setup.update_timeout_ms = live.update_timeout_ms;
                 self.setup.report_timeout_ms = live.report_timeout_ms;
+                self.setup.steering.locality_min_percent = live.locality_min_percent;
+                self.setup.steering.label_fallback = live.label_fallback;
                 return Vec::new();
             }
         };
@@ -74,6 +77,11 @@ impl ShardCore {
             entry.lb.update_route(&nodes, version, now, p);
             entry.lb.set_policy(policy);
             entry.lb.set_options(options, now, p);
+            // Zones and labels: only for a route that has them, or to
+            // clear those of the route before (no cost otherwise).
+            if !meta.is_empty() || entry.lb.has_meta() {
+                entry.lb.set_meta(&meta, self.setup.steering.zone.as_ref());
+            }
             entry.route = RouteState::Present;
         } else {
             entry.lb.update_route(&[], version, now, p);

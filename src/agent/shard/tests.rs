@@ -40,6 +40,7 @@ fn route(n: u8) -> ToShard {
         nodes: route_nodes(n),
         policy: Policy::L5,
         options: Default::default(),
+        meta: Vec::new(),
     }
 }
 
@@ -206,6 +207,7 @@ fn register_times_out_or_learns_the_module_does_not_exist() {
             nodes: vec![],
             policy: Policy::L5,
             options: Default::default(),
+            meta: Vec::new(),
         },
         2001,
     );
@@ -267,6 +269,7 @@ fn a_route_update_to_empty_answers_no_such_module() {
             nodes: vec![],
             policy: Policy::L5,
             options: Default::default(),
+            meta: Vec::new(),
         },
         1,
     );
@@ -388,6 +391,7 @@ fn module_route(module: ModuleId, n: u32, version: u64) -> ToShard {
             .collect(),
         policy: Policy::L5,
         options: Default::default(),
+        meta: Vec::new(),
     }
 }
 
@@ -399,6 +403,7 @@ fn absent(module: ModuleId) -> ToShard {
         nodes: vec![],
         policy: Policy::L5,
         options: Default::default(),
+        meta: Vec::new(),
     }
 }
 
@@ -899,6 +904,7 @@ fn a_balance_module_draws_among_the_nodes_its_levels_admit() {
             ],
             policy: Policy::Balance,
             options: Default::default(),
+            meta: Vec::new(),
         },
         0,
     );
@@ -1213,6 +1219,7 @@ fn a_route_for_a_preloaded_module_replaces_the_snapshots() {
         }],
         policy: Policy::L5,
         options: Default::default(),
+        meta: Vec::new(),
     };
     assert!(s.apply(newer, 5).is_empty());
     assert_eq!(s.preloading(), 2);
@@ -1252,6 +1259,7 @@ fn node_gauges_follow_routes_transitions_and_forgets_without_a_walk() {
                 .to_vec(),
             policy: Policy::L5,
             options: Default::default(),
+            meta: Vec::new(),
         },
         3,
     );
@@ -1465,6 +1473,7 @@ fn balance_route(weight: u32) -> ToShard {
         }],
         policy: Policy::Balance,
         options: Default::default(),
+        meta: Vec::new(),
     }
 }
 

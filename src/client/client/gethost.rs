@@ -78,6 +78,93 @@ impl Client {
         self.get_host_with(modid, cmdid, prio, timeout)
     }
 
+    /// Asks for the node of module `(modid, cmdid)` that `key` belongs to
+    /// (consistent hashing: a session, a user, a cache key). The agent
+    /// answers the key's node in the module's Maglev table, or, while that
+    /// node is overloaded, the key's next candidate; adding or removing one
+    /// node of N moves about 1/N of the keys. The key is hashed here
+    /// ([`lbagent_model::key_hash`]); the route cache is not used (it does
+    /// not hash), and while the agent is down the static route file answers
+    /// as for [`Client::get_host`], without the key. A `balance` module,
+    /// or one with downstream admission levels, ignores the key.
+    ///
+    /// # Errors
+    /// As [`Client::get_host`].
+    pub fn get_host_keyed(
+        &mut self,
+        modid: u32,
+        cmdid: u32,
+        key: &[u8],
+        timeout: Duration,
+    ) -> Result<Host, ClientError> {
+        let hash = lbagent_model::key_hash(key);
+        self.get_host_steered(ModuleId::new(modid, cmdid), Some(hash), "", timeout)
+    }
+
+    /// Asks for a node of module `(modid, cmdid)` among those carrying
+    /// every label of `selector` (`version=canary,tier=gold`: canary and
+    /// metadata routing), chosen with the module's policy among them. The
+    /// agent answers [`ClientError::Overloaded`] when every matching node is
+    /// overloaded, and, when no node of the module matches, as
+    /// `[lb] label_fallback` says: any node, or
+    /// [`ClientError::NoSuchModule`]. The route cache is not used; while
+    /// the agent is down the static route file answers without the
+    /// selector.
+    ///
+    /// # Errors
+    /// As [`Client::get_host`].
+    pub fn get_host_selecting(
+        &mut self,
+        modid: u32,
+        cmdid: u32,
+        selector: &lbagent_model::Selector,
+        timeout: Duration,
+    ) -> Result<Host, ClientError> {
+        let text = selector.terms().to_string();
+        self.get_host_steered(ModuleId::new(modid, cmdid), None, &text, timeout)
+    }
+
+    /// A getHost with a key's hash or a selector, to the agent alone.
+    fn get_host_steered(
+        &mut self,
+        module: ModuleId,
+        hash: Option<u64>,
+        selector: &str,
+        timeout: Duration,
+    ) -> Result<Host, ClientError> {
+        check_timeout(timeout)?;
+        let (b, u) = (self.opts.business_priority, self.opts.user_priority);
+        let now = self.clock.now_ms();
+        self.clock.keep_ticking(now);
+        let started = Instant::now();
+        if let Err(why) = self.locate_at(now) {
+            return self.static_host(module, why);
+        }
+        let deadline = started + timeout;
+        let r = self.exchange(
+            module,
+            deadline,
+            None,
+            |e, seq| {
+                e.get_host_req_full(seq, module, b, u, hash, selector);
+            },
+            |a| match a {
+                Answer::Host(a) => host_reply(module, &a, &mut None),
+                Answer::Msg(Message::GetHostResp(r)) => {
+                    host_reply(module, &HostAnswer::from_resp(&r), &mut None)
+                }
+                Answer::Msg(other) => other_reply(module, other, "GetHostReq"),
+            },
+        );
+        match r {
+            Ok(addr) => Ok(Host {
+                addr,
+                source: HostSource::Agent,
+            }),
+            Err(t) => self.get_host_unanswered(module, started, t),
+        }
+    }
+
     /// The user priority `U` (1..=128) this client gives `user_id` now
     /// (wall-clock time), as [`Client::get_host_for_user`] sends it.
     pub fn user_priority(&mut self, user_id: &[u8]) -> u8 {

@@ -1104,6 +1104,8 @@ impl<'a> GetHostReq<'a> {
   pub const VT_CMDID: flatbuffers::VOffsetT = 8;
   pub const VT_BUSINESS_PRIORITY: flatbuffers::VOffsetT = 10;
   pub const VT_USER_PRIORITY: flatbuffers::VOffsetT = 12;
+  pub const VT_KEY_HASH: flatbuffers::VOffsetT = 14;
+  pub const VT_SELECTOR: flatbuffers::VOffsetT = 16;
 
   #[inline]
   pub unsafe fn init_from_table(table: flatbuffers::Table<'a>) -> Self {
@@ -1112,9 +1114,11 @@ impl<'a> GetHostReq<'a> {
   #[allow(unused_mut)]
   pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr>(
     _fbb: &'mut_bldr mut flatbuffers::FlatBufferBuilder<'bldr>,
-    args: &'args GetHostReqArgs
+    args: &'args GetHostReqArgs<'args>
   ) -> flatbuffers::WIPOffset<GetHostReq<'bldr>> {
     let mut builder = GetHostReqBuilder::new(_fbb);
+    if let Some(x) = args.key_hash { builder.add_key_hash(x); }
+    if let Some(x) = args.selector { builder.add_selector(x); }
     builder.add_cmdid(args.cmdid);
     builder.add_modid(args.modid);
     builder.add_seq(args.seq);
@@ -1161,6 +1165,28 @@ impl<'a> GetHostReq<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<u8>(GetHostReq::VT_USER_PRIORITY, Some(0)).unwrap()}
   }
+  /// Consistent hashing (appended): the hash of the caller's key
+  /// (rapidhash V3 of its bytes, `lbagent_model::key_hash`). When set,
+  /// the agent answers the key's node in the module's Maglev table,
+  /// skipping overloaded nodes; absent (an older client): round robin.
+  #[inline]
+  pub fn key_hash(&self) -> Option<u64> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(GetHostReq::VT_KEY_HASH, None)}
+  }
+  /// Labels (appended): choose among the nodes carrying every `key=value`
+  /// of this comma-separated list (`version=canary,tier=gold`; at most 16
+  /// terms of at most 63 bytes of A-Z a-z 0-9 . _ - each side). Absent or
+  /// empty: every node.
+  #[inline]
+  pub fn selector(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<flatbuffers::ForwardsUOffset<&str>>(GetHostReq::VT_SELECTOR, None)}
+  }
 }
 
 impl flatbuffers::Verifiable for GetHostReq<'_> {
@@ -1175,18 +1201,22 @@ impl flatbuffers::Verifiable for GetHostReq<'_> {
      .visit_field::<u32>("cmdid", Self::VT_CMDID, false)?
      .visit_field::<u8>("business_priority", Self::VT_BUSINESS_PRIORITY, false)?
      .visit_field::<u8>("user_priority", Self::VT_USER_PRIORITY, false)?
+     .visit_field::<u64>("key_hash", Self::VT_KEY_HASH, false)?
+     .visit_field::<flatbuffers::ForwardsUOffset<&str>>("selector", Self::VT_SELECTOR, false)?
      .finish();
     Ok(())
   }
 }
-pub struct GetHostReqArgs {
+pub struct GetHostReqArgs<'a> {
     pub seq: u32,
     pub modid: u32,
     pub cmdid: u32,
     pub business_priority: u8,
     pub user_priority: u8,
+    pub key_hash: Option<u64>,
+    pub selector: Option<flatbuffers::WIPOffset<&'a str>>,
 }
-impl<'a> Default for GetHostReqArgs {
+impl<'a> Default for GetHostReqArgs<'a> {
   #[inline]
   fn default() -> Self {
     GetHostReqArgs {
@@ -1195,6 +1225,8 @@ impl<'a> Default for GetHostReqArgs {
       cmdid: 0,
       business_priority: 0,
       user_priority: 0,
+      key_hash: None,
+      selector: None,
     }
   }
 }
@@ -1225,6 +1257,14 @@ impl<'a: 'b, 'b> GetHostReqBuilder<'a, 'b> {
     self.fbb_.push_slot::<u8>(GetHostReq::VT_USER_PRIORITY, user_priority, 0);
   }
   #[inline]
+  pub fn add_key_hash(&mut self, key_hash: u64) {
+    self.fbb_.push_slot_always::<u64>(GetHostReq::VT_KEY_HASH, key_hash);
+  }
+  #[inline]
+  pub fn add_selector(&mut self, selector: flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<flatbuffers::WIPOffset<_>>(GetHostReq::VT_SELECTOR, selector);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut flatbuffers::FlatBufferBuilder<'a>) -> GetHostReqBuilder<'a, 'b> {
     let start = _fbb.start_table();
     GetHostReqBuilder {
@@ -1247,6 +1287,8 @@ impl core::fmt::Debug for GetHostReq<'_> {
       ds.field("cmdid", &self.cmdid());
       ds.field("business_priority", &self.business_priority());
       ds.field("user_priority", &self.user_priority());
+      ds.field("key_hash", &self.key_hash());
+      ds.field("selector", &self.selector());
       ds.finish()
   }
 }
@@ -3610,6 +3652,141 @@ impl core::fmt::Debug for PullReq<'_> {
       ds.finish()
   }
 }
+pub enum NodeMetaOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// A route's node's zone and labels (issue 31), sent for the nodes that
+/// have any. Both bounded as the store bounds them: a zone of 1 to 63
+/// bytes of A-Z a-z 0-9 . _ -, at most 16 labels `key=value` (a key of 1
+/// to 63 bytes, a value of 0 to 63, the same characters), a key once.
+pub struct NodeMeta<'a> {
+  pub _tab: flatbuffers::Table<'a>,
+}
+
+impl<'a> flatbuffers::Follow<'a> for NodeMeta<'a> {
+  type Inner = NodeMeta<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: flatbuffers::Table::new(buf, loc) }
+  }
+}
+
+impl<'a> NodeMeta<'a> {
+  pub const VT_HOST: flatbuffers::VOffsetT = 4;
+  pub const VT_ZONE: flatbuffers::VOffsetT = 6;
+  pub const VT_LABELS: flatbuffers::VOffsetT = 8;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: flatbuffers::Table<'a>) -> Self {
+    NodeMeta { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr>(
+    _fbb: &'mut_bldr mut flatbuffers::FlatBufferBuilder<'bldr>,
+    args: &'args NodeMetaArgs<'args>
+  ) -> flatbuffers::WIPOffset<NodeMeta<'bldr>> {
+    let mut builder = NodeMetaBuilder::new(_fbb);
+    if let Some(x) = args.labels { builder.add_labels(x); }
+    if let Some(x) = args.zone { builder.add_zone(x); }
+    if let Some(x) = args.host { builder.add_host(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn host(&self) -> Option<&'a Host> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<Host>(NodeMeta::VT_HOST, None)}
+  }
+  #[inline]
+  pub fn zone(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<flatbuffers::ForwardsUOffset<&str>>(NodeMeta::VT_ZONE, None)}
+  }
+  #[inline]
+  pub fn labels(&self) -> Option<flatbuffers::Vector<'a, flatbuffers::ForwardsUOffset<&'a str>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<flatbuffers::ForwardsUOffset<flatbuffers::Vector<'a, flatbuffers::ForwardsUOffset<&'a str>>>>(NodeMeta::VT_LABELS, None)}
+  }
+}
+
+impl flatbuffers::Verifiable for NodeMeta<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut flatbuffers::Verifier, pos: usize
+  ) -> Result<(), flatbuffers::InvalidFlatbuffer> {
+    use self::flatbuffers::Verifiable;
+    v.visit_table(pos)?
+     .visit_field::<Host>("host", Self::VT_HOST, false)?
+     .visit_field::<flatbuffers::ForwardsUOffset<&str>>("zone", Self::VT_ZONE, false)?
+     .visit_field::<flatbuffers::ForwardsUOffset<flatbuffers::Vector<'_, flatbuffers::ForwardsUOffset<&'_ str>>>>("labels", Self::VT_LABELS, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct NodeMetaArgs<'a> {
+    pub host: Option<&'a Host>,
+    pub zone: Option<flatbuffers::WIPOffset<&'a str>>,
+    pub labels: Option<flatbuffers::WIPOffset<flatbuffers::Vector<'a, flatbuffers::ForwardsUOffset<&'a str>>>>,
+}
+impl<'a> Default for NodeMetaArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    NodeMetaArgs {
+      host: None,
+      zone: None,
+      labels: None,
+    }
+  }
+}
+
+pub struct NodeMetaBuilder<'a: 'b, 'b> {
+  fbb_: &'b mut flatbuffers::FlatBufferBuilder<'a>,
+  start_: flatbuffers::WIPOffset<flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b> NodeMetaBuilder<'a, 'b> {
+  #[inline]
+  pub fn add_host(&mut self, host: &Host) {
+    self.fbb_.push_slot_always::<&Host>(NodeMeta::VT_HOST, host);
+  }
+  #[inline]
+  pub fn add_zone(&mut self, zone: flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<flatbuffers::WIPOffset<_>>(NodeMeta::VT_ZONE, zone);
+  }
+  #[inline]
+  pub fn add_labels(&mut self, labels: flatbuffers::WIPOffset<flatbuffers::Vector<'b , flatbuffers::ForwardsUOffset<&'b  str>>>) {
+    self.fbb_.push_slot_always::<flatbuffers::WIPOffset<_>>(NodeMeta::VT_LABELS, labels);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut flatbuffers::FlatBufferBuilder<'a>) -> NodeMetaBuilder<'a, 'b> {
+    let start = _fbb.start_table();
+    NodeMetaBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> flatbuffers::WIPOffset<NodeMeta<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl core::fmt::Debug for NodeMeta<'_> {
+  fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+    let mut ds = f.debug_struct("NodeMeta");
+      ds.field("host", &self.host());
+      ds.field("zone", &self.zone());
+      ds.field("labels", &self.labels());
+      ds.finish()
+  }
+}
 pub enum RouteAnswerOffset {}
 #[derive(Copy, Clone, PartialEq)]
 
@@ -3636,6 +3813,7 @@ impl<'a> RouteAnswer<'a> {
   pub const VT_NODES: flatbuffers::VOffsetT = 14;
   pub const VT_POLICY: flatbuffers::VOffsetT = 16;
   pub const VT_OPTIONS: flatbuffers::VOffsetT = 18;
+  pub const VT_NODE_META: flatbuffers::VOffsetT = 20;
 
   #[inline]
   pub unsafe fn init_from_table(table: flatbuffers::Table<'a>) -> Self {
@@ -3649,6 +3827,7 @@ impl<'a> RouteAnswer<'a> {
     let mut builder = RouteAnswerBuilder::new(_fbb);
     builder.add_version(args.version);
     builder.add_seq(args.seq);
+    if let Some(x) = args.node_meta { builder.add_node_meta(x); }
     if let Some(x) = args.options { builder.add_options(x); }
     if let Some(x) = args.nodes { builder.add_nodes(x); }
     builder.add_cmdid(args.cmdid);
@@ -3718,6 +3897,15 @@ impl<'a> RouteAnswer<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<flatbuffers::ForwardsUOffset<ModuleOptions>>(RouteAnswer::VT_OPTIONS, None)}
   }
+  /// Zones and labels (appended) of the nodes that have any, each node
+  /// of `nodes` at most once; absent from an older route server.
+  #[inline]
+  pub fn node_meta(&self) -> Option<flatbuffers::Vector<'a, flatbuffers::ForwardsUOffset<NodeMeta<'a>>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<flatbuffers::ForwardsUOffset<flatbuffers::Vector<'a, flatbuffers::ForwardsUOffset<NodeMeta>>>>(RouteAnswer::VT_NODE_META, None)}
+  }
 }
 
 impl flatbuffers::Verifiable for RouteAnswer<'_> {
@@ -3735,6 +3923,7 @@ impl flatbuffers::Verifiable for RouteAnswer<'_> {
      .visit_field::<flatbuffers::ForwardsUOffset<flatbuffers::Vector<'_, RouteNode>>>("nodes", Self::VT_NODES, false)?
      .visit_field::<u8>("policy", Self::VT_POLICY, false)?
      .visit_field::<flatbuffers::ForwardsUOffset<ModuleOptions>>("options", Self::VT_OPTIONS, false)?
+     .visit_field::<flatbuffers::ForwardsUOffset<flatbuffers::Vector<'_, flatbuffers::ForwardsUOffset<NodeMeta>>>>("node_meta", Self::VT_NODE_META, false)?
      .finish();
     Ok(())
   }
@@ -3748,6 +3937,7 @@ pub struct RouteAnswerArgs<'a> {
     pub nodes: Option<flatbuffers::WIPOffset<flatbuffers::Vector<'a, RouteNode>>>,
     pub policy: u8,
     pub options: Option<flatbuffers::WIPOffset<ModuleOptions<'a>>>,
+    pub node_meta: Option<flatbuffers::WIPOffset<flatbuffers::Vector<'a, flatbuffers::ForwardsUOffset<NodeMeta<'a>>>>>,
 }
 impl<'a> Default for RouteAnswerArgs<'a> {
   #[inline]
@@ -3761,6 +3951,7 @@ impl<'a> Default for RouteAnswerArgs<'a> {
       nodes: None,
       policy: 0,
       options: None,
+      node_meta: None,
     }
   }
 }
@@ -3803,6 +3994,10 @@ impl<'a: 'b, 'b> RouteAnswerBuilder<'a, 'b> {
     self.fbb_.push_slot_always::<flatbuffers::WIPOffset<ModuleOptions>>(RouteAnswer::VT_OPTIONS, options);
   }
   #[inline]
+  pub fn add_node_meta(&mut self, node_meta: flatbuffers::WIPOffset<flatbuffers::Vector<'b , flatbuffers::ForwardsUOffset<NodeMeta<'b >>>>) {
+    self.fbb_.push_slot_always::<flatbuffers::WIPOffset<_>>(RouteAnswer::VT_NODE_META, node_meta);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut flatbuffers::FlatBufferBuilder<'a>) -> RouteAnswerBuilder<'a, 'b> {
     let start = _fbb.start_table();
     RouteAnswerBuilder {
@@ -3828,6 +4023,7 @@ impl core::fmt::Debug for RouteAnswer<'_> {
       ds.field("nodes", &self.nodes());
       ds.field("policy", &self.policy());
       ds.field("options", &self.options());
+      ds.field("node_meta", &self.node_meta());
       ds.finish()
   }
 }
@@ -3856,6 +4052,7 @@ impl<'a> RoutePush<'a> {
   pub const VT_NODES: flatbuffers::VOffsetT = 12;
   pub const VT_POLICY: flatbuffers::VOffsetT = 14;
   pub const VT_OPTIONS: flatbuffers::VOffsetT = 16;
+  pub const VT_NODE_META: flatbuffers::VOffsetT = 18;
 
   #[inline]
   pub unsafe fn init_from_table(table: flatbuffers::Table<'a>) -> Self {
@@ -3868,6 +4065,7 @@ impl<'a> RoutePush<'a> {
   ) -> flatbuffers::WIPOffset<RoutePush<'bldr>> {
     let mut builder = RoutePushBuilder::new(_fbb);
     builder.add_version(args.version);
+    if let Some(x) = args.node_meta { builder.add_node_meta(x); }
     if let Some(x) = args.options { builder.add_options(x); }
     if let Some(x) = args.nodes { builder.add_nodes(x); }
     builder.add_cmdid(args.cmdid);
@@ -3930,6 +4128,15 @@ impl<'a> RoutePush<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<flatbuffers::ForwardsUOffset<ModuleOptions>>(RoutePush::VT_OPTIONS, None)}
   }
+  /// Zones and labels (appended) of the nodes that have any, each node
+  /// of `nodes` at most once; absent from an older route server.
+  #[inline]
+  pub fn node_meta(&self) -> Option<flatbuffers::Vector<'a, flatbuffers::ForwardsUOffset<NodeMeta<'a>>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<flatbuffers::ForwardsUOffset<flatbuffers::Vector<'a, flatbuffers::ForwardsUOffset<NodeMeta>>>>(RoutePush::VT_NODE_META, None)}
+  }
 }
 
 impl flatbuffers::Verifiable for RoutePush<'_> {
@@ -3946,6 +4153,7 @@ impl flatbuffers::Verifiable for RoutePush<'_> {
      .visit_field::<flatbuffers::ForwardsUOffset<flatbuffers::Vector<'_, RouteNode>>>("nodes", Self::VT_NODES, false)?
      .visit_field::<u8>("policy", Self::VT_POLICY, false)?
      .visit_field::<flatbuffers::ForwardsUOffset<ModuleOptions>>("options", Self::VT_OPTIONS, false)?
+     .visit_field::<flatbuffers::ForwardsUOffset<flatbuffers::Vector<'_, flatbuffers::ForwardsUOffset<NodeMeta>>>>("node_meta", Self::VT_NODE_META, false)?
      .finish();
     Ok(())
   }
@@ -3958,6 +4166,7 @@ pub struct RoutePushArgs<'a> {
     pub nodes: Option<flatbuffers::WIPOffset<flatbuffers::Vector<'a, RouteNode>>>,
     pub policy: u8,
     pub options: Option<flatbuffers::WIPOffset<ModuleOptions<'a>>>,
+    pub node_meta: Option<flatbuffers::WIPOffset<flatbuffers::Vector<'a, flatbuffers::ForwardsUOffset<NodeMeta<'a>>>>>,
 }
 impl<'a> Default for RoutePushArgs<'a> {
   #[inline]
@@ -3970,6 +4179,7 @@ impl<'a> Default for RoutePushArgs<'a> {
       nodes: None,
       policy: 0,
       options: None,
+      node_meta: None,
     }
   }
 }
@@ -4008,6 +4218,10 @@ impl<'a: 'b, 'b> RoutePushBuilder<'a, 'b> {
     self.fbb_.push_slot_always::<flatbuffers::WIPOffset<ModuleOptions>>(RoutePush::VT_OPTIONS, options);
   }
   #[inline]
+  pub fn add_node_meta(&mut self, node_meta: flatbuffers::WIPOffset<flatbuffers::Vector<'b , flatbuffers::ForwardsUOffset<NodeMeta<'b >>>>) {
+    self.fbb_.push_slot_always::<flatbuffers::WIPOffset<_>>(RoutePush::VT_NODE_META, node_meta);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut flatbuffers::FlatBufferBuilder<'a>) -> RoutePushBuilder<'a, 'b> {
     let start = _fbb.start_table();
     RoutePushBuilder {
@@ -4032,6 +4246,7 @@ impl core::fmt::Debug for RoutePush<'_> {
       ds.field("nodes", &self.nodes());
       ds.field("policy", &self.policy());
       ds.field("options", &self.options());
+      ds.field("node_meta", &self.node_meta());
       ds.finish()
   }
 }

@@ -423,6 +423,52 @@ pub unsafe extern "C" fn lb_get_host_for_user(
     }
 }
 
+/// Asks for the node of module `(modid, cmdid)` that the key of
+/// `key_len` bytes at `key` belongs to (consistent hashing: a session, a
+/// user, a cache key): the agent answers the key's node in the module's
+/// Maglev table, or its next candidate while that node is overloaded, so
+/// that adding or removing one node of N moves about 1/N of the keys. The
+/// key is hashed in the library; the route cache is not used, and while
+/// the agent is down the static route file answers without the key.
+/// `key` may be NULL when `key_len` is 0.
+///
+/// Returns as [`lb_get_host`]; `LB_ERR_BAD_ARGUMENT` also for a NULL `key`
+/// with a length.
+///
+/// # Safety
+/// As [`lb_get_host`]; `key` is NULL or points to `key_len` readable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn lb_get_host_keyed(
+    client: *mut LbClient,
+    modid: u32,
+    cmdid: u32,
+    timeout_ms: u32,
+    key: *const u8,
+    key_len: usize,
+    out: *mut LbHost,
+) -> c_int {
+    if out.is_null() {
+        return bad("out is NULL: pass the address of an LbHost");
+    }
+    let key: &[u8] = if key_len == 0 {
+        &[]
+    } else if key.is_null() {
+        return bad("key is NULL with key_len > 0: pass the key's bytes");
+    } else {
+        // SAFETY: non-null, `key_len` readable bytes by the contract.
+        unsafe { std::slice::from_raw_parts(key, key_len) }
+    };
+    // SAFETY: the caller's contract.
+    unsafe {
+        with_client(client, |c| {
+            let host = c.get_host_keyed(modid, cmdid, key, timeout(timeout_ms)?)?;
+            // SAFETY: checked non-null; the caller's contract.
+            *out = lb_host(host);
+            Ok(LB_OK)
+        })
+    }
+}
+
 /// [`lb_report`] passing on the admission level `(level_business,
 /// level_user)` the downstream attached to its response (DAGOR
 /// collaborative admission; `(0, 0)` = none, else each 1..=128): the agent

@@ -65,6 +65,13 @@ class Client:
         user_priority: int = 0,
         user_id: Optional[Union[bytes, str]] = None,
     ) -> Tuple[str, int, str]: ...
+    def get_host_keyed(
+        self,
+        modid: int,
+        cmdid: int,
+        key: Union[bytes, str],
+        timeout: float = 1.0,
+    ) -> Tuple[str, int]: ...
     def user_priority(self, user_id: Union[bytes, str]) -> int: ...
     def report(
         self,

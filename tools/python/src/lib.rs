@@ -336,6 +336,24 @@ impl Client {
         Ok((h.addr.ipv4().to_string(), h.addr.port, source_name(&h)))
     }
 
+    /// The node of module (modid, cmdid) that `key` (bytes or str: a
+    /// session, a user, a cache key) belongs to, as `(ip, port)`:
+    /// consistent hashing, the same node for the same key while it is
+    /// idle; adding or removing one node of N moves about 1/N of the keys.
+    #[pyo3(signature = (modid, cmdid, key, timeout=1.0))]
+    fn get_host_keyed(
+        &self,
+        py: Python<'_>,
+        modid: u32,
+        cmdid: u32,
+        key: UserId,
+        timeout: f64,
+    ) -> PyResult<(String, u16)> {
+        let t = self::timeout(py, timeout)?;
+        let h = self.with(py, true, |c| c.get_host_keyed(modid, cmdid, key.bytes(), t))?;
+        Ok((h.addr.ipv4().to_string(), h.addr.port))
+    }
+
     /// The user priority (1..=128) this client gives `user_id` now, as
     /// get_host(user_id=...) sends it.
     fn user_priority(&self, py: Python<'_>, user_id: UserId) -> PyResult<u8> {

@@ -196,3 +196,16 @@ def test_a_reported_downstream_level_rejects_lower_priorities(system):
         # (128, 128) is the open level: the agent forgets the node's level.
         client.report(*DAGOR, node, 0, 3, downstream_level=(128, 128))
     assert client.get_host(*DAGOR, business_priority=20, user_id="alice") == node
+
+
+def test_a_key_gets_the_same_node_every_time(system):
+    c = lbagent.Client(heartbeat=system.heartbeat)
+    c.register(*MODULE)
+    seen = set()
+    for k in range(16):
+        first = c.get_host_keyed(*MODULE, "session-%d" % k)
+        assert "%s:%d" % first in NODES
+        for _ in range(3):
+            assert c.get_host_keyed(*MODULE, b"session-%d" % k) == first
+        seen.add(first)
+    assert len(seen) == 2, "16 keys over both nodes: %s" % seen
