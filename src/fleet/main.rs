@@ -122,8 +122,9 @@ enum Command {
         #[arg(long)]
         app: Vec<PathBuf>,
         /// Fault windows FROM_MS:TO_MS[:HOST]: changes committed inside one
-        /// are timed from its end, for every agent or only for the real
-        /// agent HOST.
+        /// are timed from its end, for every agent; with HOST, the real
+        /// agent HOST was cut off: its changes from then must arrive but are
+        /// not timed (its time to reconnect is a figure of its own).
         #[arg(long, value_parser = parse_window)]
         window: Vec<(u64, u64, Option<String>)>,
         /// Segments NAME=FROM_MS:TO_MS: route change to last agent is also
@@ -348,7 +349,7 @@ fn judge(j: &Judge) -> Result<bool> {
         .map(|a| {
             j.windows
                 .iter()
-                .filter(|w| w.2.is_none() || w.2.as_deref() == Some(a.host.as_str()))
+                .filter(|w| w.2.as_deref() == Some(a.host.as_str()))
                 .map(|w| (w.0, w.1))
                 .collect()
         })
@@ -356,11 +357,14 @@ fn judge(j: &Judge) -> Result<bool> {
     let real: Vec<verdict::Follower<'_>> = apps
         .iter()
         .zip(&app_windows)
-        .flat_map(|(a, w)| a.arrivals.iter().map(move |r| (r, w.as_slice())))
+        .flat_map(|(a, own)| {
+            let global = global.as_slice();
+            a.arrivals.iter().map(move |r| (r, global, own.as_slice()))
+        })
         .collect();
     let simulated: Vec<verdict::Follower<'_>> = sims
         .iter()
-        .flat_map(|s| s.arrivals.iter().map(|r| (r, global.as_slice())))
+        .flat_map(|s| s.arrivals.iter().map(|r| (r, global.as_slice(), &[][..])))
         .collect();
     let groups = [("real agents", real), ("simulated agents", simulated)];
     for (name, followers) in &groups {

@@ -21,8 +21,12 @@ pub struct Convergence {
     pub missing: Vec<(Commit, usize)>,
 }
 
-/// A follower with the fault windows that apply to it.
-pub type Follower<'a> = (&'a Arrivals, &'a [Window]);
+/// A follower with the fault windows that apply to it: changes committed
+/// inside one of the first are timed from its end; changes committed
+/// inside one of the second (the follower's host cut off: how long it
+/// takes to reconnect is a figure of its own, and the bound holds once it
+/// is connected) must still arrive but are not timed.
+pub type Follower<'a> = (&'a Arrivals, &'a [Window], &'a [Window]);
 
 /// Route change to last follower for every commit: per follower, from the
 /// commit (or the end of a window of its own holding the commit) to the
@@ -39,7 +43,8 @@ pub fn convergence(commits: &[Commit], followers: &[Follower<'_>]) -> Convergenc
         };
         let mut last = 0;
         let mut short = 0;
-        for (a, windows) in followers {
+        for (a, windows, untimed) in followers {
+            let timed = !untimed.iter().any(|&(w0, w1)| c.t_ms >= w0 && c.t_ms <= w1);
             let from = windows
                 .iter()
                 .filter(|&&(w0, w1)| c.t_ms >= w0 && c.t_ms <= w1)
@@ -47,7 +52,8 @@ pub fn convergence(commits: &[Commit], followers: &[Follower<'_>]) -> Convergenc
                 .max()
                 .unwrap_or(c.t_ms);
             match a.seen.iter().find(|&&(v, _)| v >= c.version) {
-                Some(&(_, t)) => last = last.max(t.saturating_sub(from)),
+                Some(&(_, t)) if timed => last = last.max(t.saturating_sub(from)),
+                Some(_) => {}
                 None => short += 1,
             }
         }
@@ -141,7 +147,7 @@ mod tests {
             version: 6,
             t_ms: 2000,
         }];
-        let got = convergence(&c, &[(&a, &[]), (&b, &[])]);
+        let got = convergence(&c, &[(&a, &[], &[]), (&b, &[], &[])]);
         assert_eq!(got.latencies, vec![50]);
         assert!(got.missing.is_empty());
     }
@@ -155,15 +161,21 @@ mod tests {
             version: 6,
             t_ms: 2000,
         }];
-        let got = convergence(&c, &[(&a, &[]), (&b, &[])]);
+        let got = convergence(&c, &[(&a, &[], &[]), (&b, &[], &[])]);
         assert_eq!(got.missing, vec![(c[0], 1)]);
         let cut = [(1500, 8800)];
-        let got = convergence(&c, &[(&b, &cut)]);
+        let got = convergence(&c, &[(&b, &cut, &[])]);
         assert_eq!(got.latencies, vec![200]);
         // Another follower outside the window counts from the commit.
         let d = follower(2, &[(6, 2300)]);
-        let got = convergence(&c, &[(&b, &cut), (&d, &[])]);
+        let got = convergence(&c, &[(&b, &cut, &[]), (&d, &[], &[])]);
         assert_eq!(got.latencies, vec![300]);
+        // Untimed for b (its host cut off): only d's time counts, but a
+        // follower that never got the change is still missing.
+        let got = convergence(&c, &[(&b, &[], &cut), (&d, &[], &[])]);
+        assert_eq!(got.latencies, vec![300]);
+        let got = convergence(&c, &[(&a, &[], &cut), (&d, &[], &[])]);
+        assert_eq!(got.missing, vec![(c[0], 1)]);
     }
 
     #[test]
