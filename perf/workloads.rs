@@ -159,6 +159,7 @@ pub fn shard() -> ShardCore {
                 .collect(),
             policy: Policy::L5,
             options: Default::default(),
+            meta: Vec::new(),
         },
         0,
     );
@@ -466,6 +467,7 @@ pub fn route_changes() -> Vec<ToShard> {
                 nodes,
                 policy: Policy::L5,
                 options: Default::default(),
+                meta: Vec::new(),
             }
         })
         .collect()
@@ -560,6 +562,7 @@ pub fn many_modules_run() -> ManyModulesRun {
                 nodes,
                 policy: Policy::L5,
                 options: Default::default(),
+                meta: Vec::new(),
             },
             0,
         );

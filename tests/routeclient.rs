@@ -214,6 +214,7 @@ fn a_pull_is_answered_and_the_status_shows_the_server() {
             pushed: false,
             policy: lbagent::model::Policy::L5,
             options: Default::default(),
+            meta: Vec::new(),
         }
     );
     let unknown = client.expect_route(UNKNOWN);

@@ -35,6 +35,7 @@ fn route() -> ToShard {
             })
             .collect(),
         policy: Policy::L5,
+        options: Default::default(),
         meta: (1..=6)
             .map(|i| {
                 let zone = if i <= 3 { "a" } else { "b" };
@@ -146,6 +147,7 @@ fn a_later_route_without_zones_clears_them() {
             version: version + 1,
             nodes,
             policy: Policy::L5,
+            options: Default::default(),
             meta: Vec::new(),
         },
         0,

@@ -1685,6 +1685,7 @@ fn route_with(n: u8, policy: Policy, options: lbagent_model::ModuleOptions) -> T
         nodes: route_nodes(n),
         policy,
         options,
+        meta: Vec::new(),
     }
 }
 
@@ -1763,6 +1764,8 @@ fn agent_wide_defaults_reach_held_modules_on_a_reload() {
             params,
             update_timeout_ms: 15_000,
             report_timeout_ms: 15_000,
+            locality_min_percent: 0,
+            label_fallback: Default::default(),
         }),
         3,
     );
