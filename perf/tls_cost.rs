@@ -15,8 +15,10 @@
 //!   AGENTS pushed), each round; reported: the median over rounds of both.
 //! - **Reporter rows/s:** every connection sends REPORTS StatsReports of
 //!   NODES rows, each after the previous one's StatsAck; rows acknowledged
-//!   per second over the whole run (the ingest rate: an ack waits for the
-//!   buffer, never for the store).
+//!   per second over the whole run. Since issue 32 an ack waits for the
+//!   database's commit, so this is the committed rate (SQLite here); until
+//!   then it was the ingest rate (an ack waited for the buffer only, and
+//!   the rows were mostly still unwritten when the run ended).
 //!
 //! Beside the wall figures (which include the clients' own TLS work, on
 //! the same cores), the servers' own cost: the CPU time (user + system,
