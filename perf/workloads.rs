@@ -155,6 +155,7 @@ pub fn shard() -> ShardCore {
                 })
                 .collect(),
             policy: Policy::L5,
+            meta: Vec::new(),
         },
         0,
     );
@@ -461,6 +462,7 @@ pub fn route_changes() -> Vec<ToShard> {
                 version: u64::from(v),
                 nodes,
                 policy: Policy::L5,
+                meta: Vec::new(),
             }
         })
         .collect()
@@ -554,6 +556,7 @@ pub fn many_modules_run() -> ManyModulesRun {
                 version: 1,
                 nodes,
                 policy: Policy::L5,
+                meta: Vec::new(),
             },
             0,
         );

@@ -213,6 +213,7 @@ fn a_pull_is_answered_and_the_status_shows_the_server() {
             nodes: vec![node(1), node(2)],
             pushed: false,
             policy: lbagent::model::Policy::L5,
+            meta: Vec::new(),
         }
     );
     let unknown = client.expect_route(UNKNOWN);
