@@ -137,16 +137,11 @@ impl ModuleLb {
         if let Some(probe) = self.probe_due(p) {
             return probe;
         }
-        if self.meta.as_ref().is_none_or(|m| m.maglev.is_none()) {
-            let table = self.build_maglev();
-            self.meta.get_or_insert_with(Box::default).maglev = Some(table);
-            if self
-                .meta
-                .as_ref()
-                .is_some_and(|m| m.local.len() != self.nodes.len())
-            {
-                self.refresh_meta();
-            }
+        if !self.has_keyed_table() {
+            // Mark the table wanted; the refresh builds it (once) with the
+            // per-node vectors.
+            self.meta.get_or_insert_with(Box::default).maglev = Some(Maglev::new(&[]));
+            self.refresh_meta();
         }
         let table = self
             .meta
