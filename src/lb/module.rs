@@ -517,17 +517,10 @@ impl ModuleLb {
         let mut fresh = vec![u32::MAX; route.len()];
         let mut nodes = Vec::with_capacity(wanted.len());
         let mut old_iter = old.into_iter().enumerate().peekable();
-        // Whether the weights differ, seen in this pass (not another one
-        // over the nodes: a 10,000-node route's update measured +5.5%).
-        let first_weight = wanted
-            .first()
-            .map_or(1, |&(_, pos)| route[pos as usize].weight.max(1));
-        let mut unequal = false;
         for &(key, pos) in &wanted {
             // Old nodes before this key are gone.
             while old_iter.next_if(|(_, n)| n.key() < key).is_some() {}
             let r = &route[pos as usize];
-            unequal |= r.weight.max(1) != first_weight;
             let new_index = nodes.len() as u32;
             match old_iter.next_if(|(_, n)| n.key() == key) {
                 Some((i, mut node)) => {
@@ -564,10 +557,9 @@ impl ModuleLb {
             u.rebuild(&self.nodes);
         }
         if let Some(t) = &mut self.tuned {
-            t.remap(&remap, &self.nodes, now, unequal);
+            t.remap(&remap, &self.nodes, now);
         }
-        self.resolved = Resolved::new(&self.options, p);
-        self.retune_weighted(now, unequal);
+        self.configure(now, p);
     }
 
     /// Takes every node's real call counts since the last call (for the
@@ -792,19 +784,14 @@ impl ModuleLb {
 
     /// Makes, updates or drops the extra state for the options resolved.
     fn retune(&mut self, now: Millis) {
-        self.retune_weighted(now, tuning::unequal_weights(&self.nodes));
-    }
-
-    /// [`ModuleLb::retune`] knowing whether the nodes' weights differ.
-    fn retune_weighted(&mut self, now: Millis, unequal: bool) {
-        if !(unequal || self.p2c || !self.resolved.is_neutral()) {
+        if !tuning::needed(&self.resolved, self.p2c, &self.nodes) {
             self.tuned = None;
             return;
         }
         match &mut self.tuned {
             Some(t) => {
                 t.opts = self.resolved;
-                t.weighted = unequal;
+                t.weighted = tuning::unequal_weights(&self.nodes);
                 t.set_p2c(self.p2c, self.nodes.len(), now);
             }
             None => {

@@ -109,9 +109,9 @@ impl Tuned {
     }
 
     /// The route changed: `remap[old] = new index` (u32::MAX for a node
-    /// gone), `nodes` now (whose weights differ when `unequal`), the new
-    /// ones (not in `remap`'s image) entering the idle list at `now`.
-    pub fn remap(&mut self, remap: &[u32], nodes: &[Node], now: Millis, unequal: bool) {
+    /// gone), `len` nodes now, the new ones (not in `remap`'s image)
+    /// entering the idle list at `now`.
+    pub fn remap(&mut self, remap: &[u32], nodes: &[Node], now: Millis) {
         let len = nodes.len();
         let mut current = vec![0; len];
         let mut entered = vec![now; len];
@@ -134,7 +134,7 @@ impl Tuned {
         self.current = current;
         self.entered = entered;
         self.cost = cost;
-        self.weighted = unequal;
+        self.weighted = unequal_weights(nodes);
     }
 
     /// Switches `p2c` on or off, keeping the costs when it stays on.
@@ -185,4 +185,9 @@ pub fn unequal_weights(nodes: &[Node]) -> bool {
         Some(first) => w.any(|x| x != first),
         None => false,
     }
+}
+
+/// Whether a module with these options needs the state at all.
+pub fn needed(opts: &Resolved, p2c: bool, nodes: &[Node]) -> bool {
+    p2c || !opts.is_neutral() || unequal_weights(nodes)
 }
