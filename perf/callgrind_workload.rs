@@ -18,6 +18,15 @@
 //!   the gated Gungraun benchmark `shm_requests`).
 //!   `valgrind --tool=callgrind --toggle-collect='*::workloads::shm_shard_turn' target/release/examples/callgrind_workload shm fixed`.
 //!
+//! - `lb MODE` ([`lb_main`]; issue 31's options, for the book's options
+//!   page): 100,000 getHosts, each reported (tcost 2 ms), through one
+//!   module's LB core (`ModuleLb::get_host_from` + `report_call`, six
+//!   nodes), with MODE one of `off` (the original's path), `weights`
+//!   (weights 5,5,5,5,1,1), `slow_start` (30 s window, every node ramping),
+//!   `limit` (max_overloaded_percent 50), `panic` (panic_percent 50, not in
+//!   panic), `p2c`; [`lb_gethosts`] is the counted function.
+//!   `valgrind --tool=callgrind --toggle-collect='callgrind_workload::lb_gethosts' target/release/examples/callgrind_workload lb p2c`.
+//!
 //! Build: `cargo build --release --example callgrind_workload`. The program
 //! checks its answers and exits non-zero when they are wrong, so that a
 //! broken build cannot pass for a fast one.
@@ -177,9 +186,83 @@ fn main() -> ExitCode {
         Some("shed") => shed_main(),
         Some("shm") if std::env::args().nth(2).as_deref() == Some("busy") => shm_busy_main(),
         Some("shm") => shm_main(std::env::args().nth(2).as_deref()),
+        Some("lb") => lb_main(std::env::args().nth(2).as_deref()),
         _ => {
-            eprintln!("usage: callgrind_workload shed | shm fixed|flat|busy");
+            eprintln!(
+                "usage: callgrind_workload shed | shm fixed|flat|busy | lb off|weights|slow_start|limit|panic|p2c"
+            );
             ExitCode::from(2)
         }
     }
+}
+
+/// getHosts (each reported) of an `lb` run.
+const LB_N: u64 = 100_000;
+
+/// `lb MODE`: a six-node module with one of issue 31's options on (or
+/// none), driven by [`lb_gethosts`].
+fn lb_main(mode: Option<&str>) -> ExitCode {
+    use lbagent::lb::{LbParams, ModuleLb};
+    use lbagent::model::{ModuleOptions, NodeAddr, Policy, RouteNode};
+    let weights: [u32; 6] = match mode {
+        Some("weights") => [5, 5, 5, 5, 1, 1],
+        _ => [1; 6],
+    };
+    let route: Vec<RouteNode> = weights
+        .iter()
+        .enumerate()
+        .map(|(i, &weight)| RouteNode {
+            addr: NodeAddr::new(std::net::Ipv4Addr::new(10, 0, 0, i as u8 + 1), 80),
+            weight,
+        })
+        .collect();
+    let p = LbParams::default();
+    let mut m = ModuleLb::new(&route, 1, 0, &p);
+    let mut o = ModuleOptions::default();
+    match mode {
+        Some("off") | Some("weights") => {}
+        Some("slow_start") => o.slow_start_ms = Some(30_000),
+        Some("limit") => o.max_overloaded_percent = Some(50),
+        Some("panic") => o.panic_percent = Some(50),
+        Some("p2c") => m.set_policy(Policy::P2c),
+        _ => {
+            eprintln!("usage: callgrind_workload lb off|weights|slow_start|limit|panic|p2c");
+            return ExitCode::from(2);
+        }
+    }
+    // Slow start: every node entered the idle list at 1 ms, so each is
+    // ramping for the whole run.
+    m.set_options(o, 1, &p);
+    if mode == Some("slow_start") {
+        m.update_route(&[], 2, 1, &p);
+        m.update_route(&route, 3, 1, &p);
+        m.set_options(o, 1, &p);
+    }
+    if (mode == Some("off")) == m.is_tuned() {
+        eprintln!("lb {mode:?}: the module's options are not as the mode says");
+        return ExitCode::FAILURE;
+    }
+    let answered = lb_gethosts(&mut m, &p);
+    if answered != LB_N {
+        eprintln!("lb {mode:?}: {answered} of {LB_N} getHosts answered a node");
+        return ExitCode::FAILURE;
+    }
+    println!("lb {}: {LB_N} getHosts and reports", mode.unwrap_or(""));
+    ExitCode::SUCCESS
+}
+
+/// [`LB_N`] getHosts through `m`, each reported a success of 2 ms, time
+/// advancing 1 ms per 10; how many answered a node.
+#[inline(never)]
+fn lb_gethosts(m: &mut lbagent::lb::ModuleLb, p: &lbagent::lb::LbParams) -> u64 {
+    use lbagent::lb::{Outcome, ANY_CLIENT};
+    let mut answered = 0;
+    for i in 0..LB_N {
+        let now = 1 + i / 10;
+        if let Some(a) = black_box(m.get_host_from(p, ANY_CLIENT, 0, 0, now)).addr() {
+            answered += 1;
+            let _ = m.report_call(ANY_CLIENT, a, Outcome::Success, Some(2), now, p);
+        }
+    }
+    answered
 }

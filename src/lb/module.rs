@@ -763,6 +763,12 @@ impl ModuleLb {
     /// Sets the module's own options (as its route carries them) over the
     /// agent's defaults in `p`, at `now`.
     pub fn set_options(&mut self, options: ModuleOptions, now: Millis, p: &LbParams) {
+        // The shard sets them with every route update, right after
+        // update_route resolved them: unchanged, nothing to redo (no second
+        // pass over the nodes).
+        if options == self.options && Resolved::new(&options, p) == self.resolved {
+            return;
+        }
         self.options = options;
         self.configure(now, p);
     }
