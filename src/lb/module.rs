@@ -525,10 +525,19 @@ impl ModuleLb {
         let mut fresh = vec![u32::MAX; route.len()];
         let mut nodes = Vec::with_capacity(wanted.len());
         let mut old_iter = old.into_iter().enumerate().peekable();
+        // Whether the weights differ (the options' state needs it), found
+        // on the way rather than by another pass over the nodes.
+        let mut first_weight = 0;
+        let mut weights_differ = false;
         for &(key, pos) in &wanted {
             // Old nodes before this key are gone.
             while old_iter.next_if(|(_, n)| n.key() < key).is_some() {}
             let r = &route[pos as usize];
+            let w = r.weight.max(1);
+            if first_weight == 0 {
+                first_weight = w;
+            }
+            weights_differ |= w != first_weight;
             let new_index = nodes.len() as u32;
             match old_iter.next_if(|(_, n)| n.key() == key) {
                 Some((i, mut node)) => {
@@ -567,7 +576,8 @@ impl ModuleLb {
         if let Some(t) = &mut self.tuned {
             t.remap(&remap, &self.nodes, now);
         }
-        self.configure(now, p);
+        self.resolved = Resolved::new(&self.options, p);
+        self.retune_with(now, weights_differ);
         self.refresh_meta();
     }
 
@@ -799,14 +809,20 @@ impl ModuleLb {
 
     /// Makes, updates or drops the extra state for the options resolved.
     fn retune(&mut self, now: Millis) {
-        if !tuning::needed(&self.resolved, self.p2c, &self.nodes) {
+        let differ = tuning::unequal_weights(&self.nodes);
+        self.retune_with(now, differ);
+    }
+
+    /// [`Self::retune`] knowing whether the nodes' weights differ.
+    fn retune_with(&mut self, now: Millis, weights_differ: bool) {
+        if !(self.p2c || !self.resolved.is_neutral() || weights_differ) {
             self.tuned = None;
             return;
         }
         match &mut self.tuned {
             Some(t) => {
                 t.opts = self.resolved;
-                t.weighted = tuning::unequal_weights(&self.nodes);
+                t.weighted = weights_differ;
                 t.set_p2c(self.p2c, self.nodes.len(), now);
             }
             None => {

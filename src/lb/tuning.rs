@@ -186,8 +186,3 @@ pub fn unequal_weights(nodes: &[Node]) -> bool {
         None => false,
     }
 }
-
-/// Whether a module with these options needs the state at all.
-pub fn needed(opts: &Resolved, p2c: bool, nodes: &[Node]) -> bool {
-    p2c || !opts.is_neutral() || unequal_weights(nodes)
-}

@@ -181,8 +181,10 @@ impl ShardCore {
             }
         } else if steered && lb.local_nodes() > 0 {
             self.metrics.near_gethosts += 1;
-            let threshold =
-                lbagent_lb::locality::threshold(None, setup.steering.locality_min_percent);
+            let threshold = lbagent_lb::locality::threshold(
+                lb.options().locality_min_percent.map(u32::from),
+                setup.steering.locality_min_percent,
+            );
             lb.get_host_near(&setup.params, threshold)
         } else {
             lb.get_host_from(

@@ -156,3 +156,67 @@ fn a_later_route_without_zones_clears_them() {
         (0..6).map(|_| ask(&mut s, None, "").1.unwrap()).collect();
     assert_eq!(seen.len(), 6);
 }
+
+/// A module's own `locality_min_percent` (its options, `lbagent route
+/// options`) wins over the agent's `[lb]` value: with 50 agent-wide, zone
+/// a (nodes 1..=3) with one idle node of three stays local only while the
+/// module says 30, and spills over when it says 40.
+#[test]
+fn a_modules_own_locality_threshold_wins_over_the_agents() {
+    for (own, stays) in [(30u8, true), (40, false)] {
+        let mut s = shard(Some("a"), "any");
+        let ToShard::Route {
+            module,
+            version,
+            nodes,
+            meta,
+            ..
+        } = route()
+        else {
+            unreachable!()
+        };
+        s.apply(
+            ToShard::Route {
+                module,
+                exists: true,
+                version: version + 1,
+                nodes,
+                policy: Policy::L5,
+                options: lbagent_model::ModuleOptions {
+                    locality_min_percent: Some(own),
+                    ..Default::default()
+                },
+                meta,
+            },
+            1,
+        );
+        // Nodes 1 and 2 of zone a overloaded: one of its three idle.
+        for bad in [node(1), node(2)] {
+            for seq in 0..20 {
+                let mut enc = Encoder::new();
+                let rep = lbagent_wire::Report {
+                    seq,
+                    module: M,
+                    host: bad,
+                    retcode: -1,
+                    tcost_ms: 10,
+                    downstream_level: None,
+                    consumed: 0,
+                };
+                let req = enc.report_req(&rep).to_vec();
+                let _ = s.handle(&req, PEER, 2);
+            }
+        }
+        let answers: Vec<NodeAddr> = (0..12).filter_map(|_| ask(&mut s, None, "").1).collect();
+        // An overloaded node is still probed now and then (L5): leave
+        // the probes out.
+        let picked: Vec<NodeAddr> = answers
+            .into_iter()
+            .filter(|a| *a != node(1) && *a != node(2))
+            .collect();
+        assert!(picked.len() >= 8, "{picked:?}");
+        let answers = picked;
+        let local = answers.iter().all(|a| *a == node(3));
+        assert_eq!(local, stays, "own threshold {own}%: {answers:?}");
+    }
+}
