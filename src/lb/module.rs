@@ -525,19 +525,10 @@ impl ModuleLb {
         let mut fresh = vec![u32::MAX; route.len()];
         let mut nodes = Vec::with_capacity(wanted.len());
         let mut old_iter = old.into_iter().enumerate().peekable();
-        // Whether the weights differ (the options' state needs it), found
-        // on the way rather than by another pass over the nodes.
-        let mut first_weight = 0;
-        let mut weights_differ = false;
         for &(key, pos) in &wanted {
             // Old nodes before this key are gone.
             while old_iter.next_if(|(_, n)| n.key() < key).is_some() {}
             let r = &route[pos as usize];
-            let w = r.weight.max(1);
-            if first_weight == 0 {
-                first_weight = w;
-            }
-            weights_differ |= w != first_weight;
             let new_index = nodes.len() as u32;
             match old_iter.next_if(|(_, n)| n.key() == key) {
                 Some((i, mut node)) => {
@@ -576,8 +567,7 @@ impl ModuleLb {
         if let Some(t) = &mut self.tuned {
             t.remap(&remap, &self.nodes, now);
         }
-        self.resolved = Resolved::new(&self.options, p);
-        self.retune_with(now, weights_differ);
+        self.configure(now, p);
         self.refresh_meta();
     }
 
