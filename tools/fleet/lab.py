@@ -320,9 +320,10 @@ insecure = true
     def start_rp(self, name, binary=None):
         ip = self.ip(name)
         # A reporter that refuses a non-loopback listen address even with
-        # tls.insecure (a fault of today's reporter: it validates its
-        # section against a default [tls]) listens on loopback in its
-        # namespace, reached through a DNAT rule; the lab says so.
+        # tls.insecure (a fault of reporters built before issue 32's fix:
+        # they validated their section against a default [tls]) listens on
+        # loopback in its namespace, reached through a DNAT rule; the lab
+        # says so.
         listen = f"127.0.0.1:{RP_PORT}" if self.rp_loopback else f"{ip}:{RP_PORT}"
         conf = self.write(f"{name}.toml", f"""
 [reporter]
