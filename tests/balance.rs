@@ -5,28 +5,17 @@
 #[path = "support/common.rs"]
 mod common;
 
-use common::wait_for;
+use common::{start_standalone, wait_for, Proc};
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use lbagent::client::{Client, ClientError, ClientOptions};
-use lbagent::host::heartbeat::HeartbeatReader;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
 const BIN: &str = env!("CARGO_BIN_EXE_lbagent");
-
-/// A child process killed when dropped.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 fn run(args: &[&str]) -> Output {
     Command::new(BIN)
@@ -55,37 +44,7 @@ fn json(out: &Output) -> serde_json::Value {
 /// A standalone system in `dir` (statistics sent every second); returns
 /// it and its heartbeat path.
 fn standalone(dir: &Path) -> (Proc, String) {
-    let data = dir.join("data");
-    let heartbeat = dir.join("heartbeat");
-    let sets = [
-        "dnsserver.listen=127.0.0.1:0".to_string(),
-        "dnsserver.metrics_addr=127.0.0.1:0".to_string(),
-        "reporter.listen=127.0.0.1:0".to_string(),
-        "reporter.metrics_addr=127.0.0.1:0".to_string(),
-        "agent.metrics_addr=127.0.0.1:0".to_string(),
-        "agent.base_port=0".to_string(),
-        "agent.shards=1".to_string(),
-        "lb.report_timeout=1".to_string(),
-        format!("agent.heartbeat_path={}", heartbeat.display()),
-        format!("agent.snapshot_path={}", dir.join("snapshot").display()),
-    ];
-    let mut args = vec!["standalone", "--data", data.to_str().unwrap()];
-    for s in &sets {
-        args.extend_from_slice(&["--set", s]);
-    }
-    let child = Command::new(BIN)
-        .args(&args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start lbagent standalone");
-    let pid = child.id();
-    let p = Proc(child);
-    wait_for(Duration::from_secs(15), || {
-        let h = HeartbeatReader::open(&heartbeat).ok()?.read().ok()?;
-        (h.info.pid == pid && h.beat_unix_ms > 0).then_some(())
-    })
-    .expect("standalone writes its heartbeat within 15 s");
+    let (p, heartbeat) = start_standalone(BIN, dir, &[]);
     (p, heartbeat.display().to_string())
 }
 

@@ -12,11 +12,11 @@
 #[path = "support/common.rs"]
 mod common;
 
-use common::wait_for;
+use common::{start_standalone, wait_for, Proc};
 use std::net::UdpSocket;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use lbagent::client::{Client, ClientError, ClientOptions};
@@ -34,16 +34,6 @@ enum As {
     Root,
     Nobody,
     Contained,
-}
-
-/// A child process killed when dropped.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 fn is_root() -> bool {
@@ -113,40 +103,11 @@ impl System {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().to_path_buf();
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
-        let heartbeat = dir.join("heartbeat");
-        let mut sets = vec![
-            "dnsserver.listen=127.0.0.1:0".to_string(),
-            "dnsserver.metrics_addr=127.0.0.1:0".to_string(),
-            "reporter.listen=127.0.0.1:0".to_string(),
-            "reporter.metrics_addr=127.0.0.1:0".to_string(),
-            "agent.metrics_addr=127.0.0.1:0".to_string(),
-            "agent.base_port=0".to_string(),
-            "agent.shards=1".to_string(),
-            "lb.report_timeout=1".to_string(),
-            format!("agent.heartbeat_path={}", heartbeat.display()),
-            format!("agent.snapshot_path={}", dir.join("snapshot").display()),
-        ];
         // "{dir}" in a setting is the system's directory.
         let shown = dir.display().to_string();
-        sets.extend(extra.iter().map(|s| s.replace("{dir}", &shown)));
+        let sets: Vec<String> = extra.iter().map(|s| s.replace("{dir}", &shown)).collect();
+        let (proc, heartbeat) = start_standalone(BIN, &dir, &sets);
         let data = dir.join("data");
-        let mut args = vec!["standalone", "--data", data.to_str().unwrap()];
-        for s in &sets {
-            args.extend_from_slice(&["--set", s]);
-        }
-        let child = Command::new(BIN)
-            .args(&args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start lbagent standalone");
-        let pid = child.id();
-        let proc = Proc(child);
-        wait_for(Duration::from_secs(15), || {
-            let h = HeartbeatReader::open(&heartbeat).ok()?.read().ok()?;
-            (h.info.pid == pid && h.beat_unix_ms > 0).then_some(())
-        })
-        .expect("standalone writes its heartbeat within 15 s");
         System {
             _proc: proc,
             _dir: tmp,

@@ -1,7 +1,8 @@
 //! Small helpers every end-to-end test file needs: bounded waits, a child
 //! process's log in a file (and the addresses it bound, read from it), a
 //! loopback address nothing listens on, the wall clock in milliseconds, a
-//! GET of a metrics page. Include it with
+//! GET of a metrics page, a standalone system started from the binary.
+//! Include it with
 //! `#[path = "support/common.rs"] mod common;`.
 //!
 //! No helper here picks a "free" port for a process to bind later: another
@@ -134,4 +135,58 @@ pub fn http_get(addr: SocketAddr, path: &str) -> Option<String> {
     s.read_to_string(&mut out).ok()?;
     let (head, body) = out.split_once("\r\n\r\n")?;
     head.starts_with("HTTP/1.1 200").then(|| body.to_string())
+}
+
+/// A child process killed (and reaped) when dropped.
+pub struct Proc(pub Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `lbagent standalone` (the binary `bin`) with its data, heartbeat
+/// and snapshot in `dir`: every listener on a loopback port of its own
+/// (port 0), one shard, statistics sent every second, then the `extra`
+/// `--set` settings. Returns once its heartbeat names it (at most 15 s),
+/// with its heartbeat path.
+pub fn start_standalone(bin: &str, dir: &Path, extra: &[String]) -> (Proc, std::path::PathBuf) {
+    let heartbeat = dir.join("heartbeat");
+    let mut sets = vec![
+        "dnsserver.listen=127.0.0.1:0".to_string(),
+        "dnsserver.metrics_addr=127.0.0.1:0".to_string(),
+        "reporter.listen=127.0.0.1:0".to_string(),
+        "reporter.metrics_addr=127.0.0.1:0".to_string(),
+        "agent.metrics_addr=127.0.0.1:0".to_string(),
+        "agent.base_port=0".to_string(),
+        "agent.shards=1".to_string(),
+        "lb.report_timeout=1".to_string(),
+        format!("agent.heartbeat_path={}", heartbeat.display()),
+        format!("agent.snapshot_path={}", dir.join("snapshot").display()),
+    ];
+    sets.extend_from_slice(extra);
+    let data = dir.join("data");
+    let mut args = vec!["standalone", "--data", data.to_str().unwrap()];
+    for s in &sets {
+        args.extend_from_slice(&["--set", s]);
+    }
+    let child = Command::new(bin)
+        .args(&args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start lbagent standalone");
+    let pid = child.id();
+    let proc = Proc(child);
+    wait_for(Duration::from_secs(15), || {
+        let h = lbagent::host::heartbeat::HeartbeatReader::open(&heartbeat)
+            .ok()?
+            .read()
+            .ok()?;
+        (h.info.pid == pid && h.beat_unix_ms > 0).then_some(())
+    })
+    .expect("standalone writes its heartbeat within 15 s");
+    (proc, heartbeat)
 }
