@@ -4,13 +4,18 @@
 //! reporter and agent: `Standalone`) at 70% and 90% of the fleet's
 //! capacity, under `l5`, `l5` with weights and `p2c`: p50 / p99 latency
 //! (from each call's intended start, coordinated omission corrected) and
-//! success rate. Then a 2 ms node restarted under load (down 3 s, then
-//! 1 s at half speed, "cold") with and without slow start: the restarted
-//! node's calls and failures in its first second back.
+//! success rate. Then a 2 ms node restarted under load (down from 3 s to
+//! 8 s in, then back "cold", four times slower for its first 2 s) with and
+//! without slow start: per second after its return, the calls sent to it
+//! (counted by the second they were sent) and how many failed, its
+//! queue-full answers and mean queuing time. Each figure is the median of
+//! `--rounds` runs (3) with its range.
 //!
 //! ```text
 //! cargo bench --bench policies                 # the whole experiment
-//! cargo bench --bench policies -- --quick      # 1 s warm-up, 3 s measured
+//! cargo bench --bench policies -- --quick      # 1 s warm-up, 3 s measured, 1 round
+//! cargo bench --bench policies -- --rounds 5   # medians of 5
+//! cargo bench --bench policies -- --restart-only
 //! cargo bench --bench policies -- --plot FILE  # also a PNG of the table
 //! ```
 //!
@@ -27,7 +32,7 @@ use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 use lbagent::admission::AdmissionParams;
-use lbagent::demo_service::{serve, Counters, ServiceParams, Shedding};
+use lbagent::demo_service::{serve, serve_cold, ColdStart, Counters, ServiceParams, Shedding};
 use lbagent::model::{ModuleId, ModuleOptions, NodeAddr, Policy, RouteNode};
 use lbagent::standalone::{Standalone, StandaloneOptions};
 use lbagent::store::{self, StoreUrl};
@@ -128,19 +133,17 @@ fn start_node(spec: NodeSpec, bind: SocketAddr, cold_for: Option<Duration>) -> S
     let counters = Arc::new(Counters::default());
     let (s, c) = (stop.clone(), counters.clone());
     let thread = std::thread::spawn(move || {
-        if let Some(cold) = cold_for {
-            let warm = Arc::new(AtomicBool::new(false));
-            let w = warm.clone();
-            let timer = std::thread::spawn(move || {
-                std::thread::sleep(cold);
-                w.store(true, Relaxed);
-            });
-            let _ = serve(&socket, params(spec.service_us * 2, spec.fails), &warm, &c);
-            let _ = timer.join();
-        }
-        if !s.load(Relaxed) {
-            let _ = serve(&socket, params(spec.service_us, spec.fails), &s, &c);
-        }
+        let p = params(spec.service_us, spec.fails);
+        let _ = match cold_for {
+            Some(duration) => {
+                let cold = ColdStart {
+                    duration,
+                    factor: COLD_FACTOR,
+                };
+                serve_cold(&socket, p, cold, &s, &c)
+            }
+            None => serve(&socket, p, &s, &c),
+        };
     });
     Served {
         addr,
@@ -260,8 +263,11 @@ fn drive(
     let start = Instant::now();
     let interval = Duration::from_secs_f64(1.0 / rate);
     let finish = |m: &mut Measured, c: &Call, ok: bool, now: Instant| {
-        let second = now.duration_since(start).as_secs() as usize;
-        if let Some((node, _)) = c.node {
+        if let Some((node, asked)) = c.node {
+            // By the second the call was sent to the node, so that a call
+            // sent while the node was down counts there, not when it
+            // timed out.
+            let second = asked.duration_since(start).as_secs() as usize;
             if m.per_second.len() <= second {
                 m.per_second.resize_with(second + 1, HashMap::new);
             }
@@ -388,14 +394,18 @@ fn report(
 struct Opts {
     warmup: Duration,
     measure: Duration,
+    rounds: usize,
     plot: Option<PathBuf>,
+    only_restart: bool,
 }
 
 fn opts() -> Opts {
     let mut o = Opts {
         warmup: Duration::from_secs(2),
         measure: Duration::from_secs(8),
+        rounds: 3,
         plot: None,
+        only_restart: false,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -403,7 +413,16 @@ fn opts() -> Opts {
             "--quick" => {
                 o.warmup = Duration::from_secs(1);
                 o.measure = Duration::from_secs(3);
+                o.rounds = 1;
             }
+            "--rounds" => {
+                o.rounds = args
+                    .next()
+                    .and_then(|r| r.parse().ok())
+                    .filter(|&r| r > 0)
+                    .expect("--rounds takes a count of at least 1")
+            }
+            "--restart-only" => o.only_restart = true,
             "--plot" => o.plot = args.next().map(PathBuf::from),
             _ => {}
         }
@@ -411,15 +430,160 @@ fn opts() -> Opts {
     o
 }
 
-/// One line of the table.
+/// One line of the table: the median of the rounds, with each figure's
+/// range.
 struct Row {
     policy: &'static str,
     load: f64,
-    p50_ms: f64,
-    p99_ms: f64,
+    p50_ms: Spread,
+    p99_ms: Spread,
+    success: Spread,
+    slow_share: Spread,
+    failing_share: Spread,
+}
+
+/// The median of several rounds' figures and their range.
+#[derive(Clone, Copy)]
+struct Spread {
+    median: f64,
+    min: f64,
+    max: f64,
+}
+
+impl Spread {
+    fn of(mut v: Vec<f64>) -> Spread {
+        v.sort_by(f64::total_cmp);
+        let n = v.len();
+        let median = if n % 2 == 1 {
+            v[n / 2]
+        } else {
+            (v[n / 2 - 1] + v[n / 2]) / 2.0
+        };
+        Spread {
+            median,
+            min: v[0],
+            max: v[n - 1],
+        }
+    }
+
+    fn show(&self, scale: f64, digits: usize) -> String {
+        if self.min == self.max {
+            return format!("{:.*}", digits, self.median * scale);
+        }
+        format!(
+            "{:.*} ({:.*}–{:.*})",
+            digits,
+            self.median * scale,
+            digits,
+            self.min * scale,
+            digits,
+            self.max * scale
+        )
+    }
+}
+
+/// One round of one policy at one load: p50 ms, p99 ms, success, the
+/// slow node's share, the failing node's share.
+fn policy_round(o: &Opts, policy: Policy, weighted: bool, load: f64) -> [f64; 5] {
+    let served: Vec<Served> = FLEET
+        .iter()
+        .map(|&s| start_node(s, "127.0.0.1:0".parse().unwrap(), None))
+        .collect();
+    let route: Vec<RouteNode> = FLEET
+        .iter()
+        .zip(&served)
+        .map(|(s, n)| RouteNode {
+            addr: node_of(n.addr),
+            weight: if weighted { s.weight } else { 1 },
+        })
+        .collect();
+    let m = with_agent(&route, policy, ModuleOptions::default(), |agent| {
+        drive(agent, capacity() * load, o.warmup, o.measure, |_| {})
+    });
+    let h = m.latency_us.as_ref().expect("set");
+    let share = |i: usize| {
+        let calls = m.per_node.get(&node_of(served[i].addr)).map_or(0, |e| e.0);
+        calls as f64 / m.calls.max(1) as f64
+    };
+    [
+        h.value_at_quantile(0.5) as f64 / 1000.0,
+        h.value_at_quantile(0.99) as f64 / 1000.0,
+        m.ok as f64 / m.calls.max(1) as f64,
+        share(4),
+        share(5),
+    ]
+}
+
+/// How long the restarted node is down, from `RESTART_DOWN` in.
+const RESTART_DOWN: Duration = Duration::from_secs(3);
+/// When it comes back.
+const RESTART_UP: Duration = Duration::from_secs(8);
+/// How long it is cold once back, and how much slower it then is.
+const COLD: Duration = Duration::from_secs(2);
+/// See [`COLD`].
+const COLD_FACTOR: u64 = 4;
+/// Seconds after its return shown per second.
+const AFTER: usize = 4;
+
+/// One restart run: per second after the node's return, the calls sent to
+/// it and how many failed; the queue-full answers it gave while cold and
+/// after; its mean queuing time, ms; the run's overall success.
+struct RestartRound {
+    per_second: Vec<(u64, u64)>,
+    queue_full: u64,
+    mean_queue_ms: f64,
     success: f64,
-    slow_share: f64,
-    failing_share: f64,
+}
+
+fn restart_round(slow_start: u32) -> RestartRound {
+    let mut served: Vec<Option<Served>> = FLEET
+        .iter()
+        .map(|&s| Some(start_node(s, "127.0.0.1:0".parse().unwrap(), None)))
+        .collect();
+    let addr = served[0].as_ref().expect("started").addr;
+    let route: Vec<RouteNode> = served
+        .iter()
+        .map(|n| RouteNode {
+            addr: node_of(n.as_ref().expect("started").addr),
+            weight: 1,
+        })
+        .collect();
+    let options = ModuleOptions {
+        slow_start_ms: Some(slow_start),
+        ..ModuleOptions::default()
+    };
+    let total = RESTART_UP + Duration::from_secs(AFTER as u64 + 1);
+    let m = with_agent(&route, Policy::L5, options, |agent| {
+        drive(agent, capacity() * 0.7, Duration::ZERO, total, |el| {
+            if el >= RESTART_DOWN && el < RESTART_UP && served[0].is_some() {
+                served[0] = None;
+            }
+            if el >= RESTART_UP && served[0].is_none() {
+                served[0] = Some(start_node(FLEET[0], addr, Some(COLD)));
+            }
+        })
+    });
+    let node = node_of(addr);
+    let up = RESTART_UP.as_secs() as usize;
+    let per_second = (up..up + AFTER)
+        .map(|s| {
+            m.per_second
+                .get(s)
+                .and_then(|s| s.get(&node))
+                .copied()
+                .unwrap_or((0, 0))
+        })
+        .collect();
+    let back = served[0].as_ref().expect("restarted");
+    let started = back.counters.started.load(Relaxed);
+    RestartRound {
+        per_second,
+        queue_full: back.counters.queue_full.load(Relaxed),
+        mean_queue_ms: back.counters.queuing_us_sum.load(Relaxed) as f64
+            / 1000.0
+            / started.max(1) as f64,
+        success: m.ok as f64 / m.calls.max(1) as f64,
+    }
 }
 
 fn main() {
@@ -428,112 +592,100 @@ fn main() {
     println!(
         "# fleet: 4 nodes at 2 ms, 1 at 10 ms, 1 failing fast (1 worker each, queue {QUEUE}); capacity {cap:.0} calls/s"
     );
-    println!("# machine load: {}", load_average());
+    println!(
+        "# {} round(s), {} s warm-up + {} s measured each; medians, range in brackets",
+        o.rounds,
+        o.warmup.as_secs(),
+        o.measure.as_secs()
+    );
+    println!("# machine load at the start: {}", load_average());
     let mut rows = Vec::new();
     let shapes: [(&str, Policy, bool); 3] = [
         ("l5", Policy::L5, false),
         ("l5+weights", Policy::L5, true),
         ("p2c", Policy::P2c, false),
     ];
-    for load in [0.7, 0.9] {
-        for &(name, policy, weighted) in &shapes {
-            let served: Vec<Served> = FLEET
-                .iter()
-                .map(|&s| start_node(s, "127.0.0.1:0".parse().unwrap(), None))
-                .collect();
-            let route: Vec<RouteNode> = FLEET
-                .iter()
-                .zip(&served)
-                .map(|(s, n)| RouteNode {
-                    addr: node_of(n.addr),
-                    weight: if weighted { s.weight } else { 1 },
-                })
-                .collect();
-            let m = with_agent(&route, policy, ModuleOptions::default(), |agent| {
-                drive(agent, cap * load, o.warmup, o.measure, |_| {})
-            });
-            let h = m.latency_us.as_ref().expect("set");
-            let share = |i: usize| {
-                let calls = m.per_node.get(&node_of(served[i].addr)).map_or(0, |e| e.0);
-                calls as f64 / m.calls.max(1) as f64
-            };
-            let row = Row {
-                policy: name,
-                load,
-                p50_ms: h.value_at_quantile(0.5) as f64 / 1000.0,
-                p99_ms: h.value_at_quantile(0.99) as f64 / 1000.0,
-                success: m.ok as f64 / m.calls.max(1) as f64,
-                slow_share: share(4),
-                failing_share: share(5),
-            };
-            println!(
-                "| {} | {:.0}% ({:.0}/s) | {:.2} | {:.2} | {:.2}% | {:.1}% | {:.1}% |",
-                row.policy,
-                row.load * 100.0,
-                cap * load,
-                row.p50_ms,
-                row.p99_ms,
-                row.success * 100.0,
-                row.slow_share * 100.0,
-                row.failing_share * 100.0
-            );
-            rows.push(row);
+    if !o.only_restart {
+        println!("| policy | offered | p50 ms | p99 ms | success % | 10 ms node's share % | failing node's share % |");
+        println!("|---|---|---:|---:|---:|---:|---:|");
+        for load in [0.7, 0.9] {
+            for &(name, policy, weighted) in &shapes {
+                // Rounds interleaved with nothing else: one policy's
+                // rounds back to back, each on fresh nodes and a fresh
+                // agent.
+                let runs: Vec<[f64; 5]> = (0..o.rounds)
+                    .map(|_| policy_round(&o, policy, weighted, load))
+                    .collect();
+                let col = |k: usize| Spread::of(runs.iter().map(|r| r[k]).collect());
+                let row = Row {
+                    policy: name,
+                    load,
+                    p50_ms: col(0),
+                    p99_ms: col(1),
+                    success: col(2),
+                    slow_share: col(3),
+                    failing_share: col(4),
+                };
+                println!(
+                    "| {} | {:.0}% ({:.0}/s) | {} | {} | {} | {} | {} |",
+                    row.policy,
+                    row.load * 100.0,
+                    cap * load,
+                    row.p50_ms.show(1.0, 2),
+                    row.p99_ms.show(1.0, 2),
+                    row.success.show(100.0, 2),
+                    row.slow_share.show(100.0, 1),
+                    row.failing_share.show(100.0, 1)
+                );
+                rows.push(row);
+            }
         }
     }
-    // A 2 ms node restarted under load at 70%: down 3 s from 3 s in, back
-    // at half speed for its first second.
+    // A 2 ms node restarted under load at 70%: down from 3 s to 8 s in
+    // (long enough for L5 to mark it overloaded and for its probes to
+    // fail), then back cold, four times slower for its first 2 s.
+    println!(
+        "# restart: a 2 ms node down {}–{} s, then {}× slower for {} s; calls counted by the second they were sent to it",
+        RESTART_DOWN.as_secs(),
+        RESTART_UP.as_secs(),
+        COLD_FACTOR,
+        COLD.as_secs()
+    );
+    let mut head = String::from("| slow_start_ms |");
+    let mut rule = String::from("|---:|");
+    for s in 0..AFTER {
+        head.push_str(&format!(" second {} back: calls, failed % |", s + 1));
+        rule.push_str("---:|");
+    }
+    head.push_str(" queue-full answers | mean queuing ms | overall success % |");
+    rule.push_str("---:|---:|---:|");
+    println!("{head}\n{rule}");
     for slow_start in [0u32, 3_000] {
-        let mut served: Vec<Option<Served>> = FLEET
-            .iter()
-            .map(|&s| Some(start_node(s, "127.0.0.1:0".parse().unwrap(), None)))
-            .collect();
-        let addr = served[0].as_ref().expect("started").addr;
-        let route: Vec<RouteNode> = served
-            .iter()
-            .map(|n| RouteNode {
-                addr: node_of(n.as_ref().expect("started").addr),
-                weight: 1,
-            })
-            .collect();
-        let options = ModuleOptions {
-            slow_start_ms: Some(slow_start),
-            ..ModuleOptions::default()
-        };
-        let (down, up) = (Duration::from_secs(3), Duration::from_secs(6));
-        let m = with_agent(&route, Policy::L5, options, |agent| {
-            drive(
-                agent,
-                cap * 0.7,
-                Duration::ZERO,
-                Duration::from_secs(10),
-                |el| {
-                    if el >= down && el < up && served[0].is_some() {
-                        served[0] = None;
-                    }
-                    if el >= up && served[0].is_none() {
-                        served[0] = Some(start_node(FLEET[0], addr, Some(Duration::from_secs(1))));
-                    }
-                },
-            )
-        });
-        let node = node_of(addr);
-        let first = m
-            .per_second
-            .get(up.as_secs() as usize)
-            .and_then(|s| s.get(&node))
-            .copied()
-            .unwrap_or((0, 0));
-        let queue_full = served[0]
-            .as_ref()
-            .map_or(0, |s| s.counters.queue_full.load(Relaxed));
-        println!(
-            "| restart, slow_start_ms {slow_start} | calls to it in its first second {} | failed {} ({:.1}%) | answered queue-full since restart {} | overall success {:.2}% |",
-            first.0,
-            first.1,
-            100.0 * first.1 as f64 / first.0.max(1) as f64,
-            queue_full,
-            100.0 * m.ok as f64 / m.calls.max(1) as f64
-        );
+        let runs: Vec<RestartRound> = (0..o.rounds).map(|_| restart_round(slow_start)).collect();
+        let mut line = format!("| {slow_start} |");
+        for s in 0..AFTER {
+            let calls = Spread::of(runs.iter().map(|r| r.per_second[s].0 as f64).collect());
+            let failed = Spread::of(
+                runs.iter()
+                    .map(|r| r.per_second[s].1 as f64 / r.per_second[s].0.max(1) as f64)
+                    .collect(),
+            );
+            line.push_str(&format!(
+                " {}, {} |",
+                calls.show(1.0, 0),
+                failed.show(100.0, 1)
+            ));
+        }
+        let qf = Spread::of(runs.iter().map(|r| r.queue_full as f64).collect());
+        let mq = Spread::of(runs.iter().map(|r| r.mean_queue_ms).collect());
+        let ok = Spread::of(runs.iter().map(|r| r.success).collect());
+        line.push_str(&format!(
+            " {} | {} | {} |",
+            qf.show(1.0, 0),
+            mq.show(1.0, 2),
+            ok.show(100.0, 2)
+        ));
+        println!("{line}");
     }
     if let Some(path) = &o.plot {
         match plot(&rows, path) {
@@ -561,7 +713,8 @@ fn font() -> Result<&'static [u8], String> {
     Err("no TrueType font found: install fonts-dejavu-core".into())
 }
 
-/// p99 latency and success per policy, at 70% and 90% load.
+/// p99 latency and success per policy, at 70% and 90% load: medians, a
+/// vertical line for the range over the rounds.
 fn plot(rows: &[Row], path: &Path) -> Result<(), String> {
     use plotters::prelude::*;
     let bytes = font()?;
@@ -577,7 +730,7 @@ fn plot(rows: &[Row], path: &Path) -> Result<(), String> {
         RGBColor(40, 120, 200),
         RGBColor(30, 150, 60),
     ];
-    let max_p99 = rows.iter().map(|r| r.p99_ms).fold(1.0, f64::max) * 1.1;
+    let max_p99 = rows.iter().map(|r| r.p99_ms.max).fold(1.0, f64::max) * 1.1;
     for (k, (title, top)) in [("p99 latency, ms", max_p99), ("success, %", 100.0)]
         .into_iter()
         .enumerate()
@@ -599,7 +752,11 @@ fn plot(rows: &[Row], path: &Path) -> Result<(), String> {
                 .iter()
                 .filter(|r| r.policy == *p)
                 .map(|r| {
-                    let y = if k == 0 { r.p99_ms } else { r.success * 100.0 };
+                    let y = if k == 0 {
+                        r.p99_ms.median
+                    } else {
+                        r.success.median * 100.0
+                    };
                     (r.load * 100.0, y)
                 })
                 .collect();
@@ -612,6 +769,17 @@ fn plot(rows: &[Row], path: &Path) -> Result<(), String> {
             chart
                 .draw_series(pts.iter().map(|&xy| Circle::new(xy, 4, c.filled())))
                 .map_err(err)?;
+            // Each point's range over the rounds.
+            let ranges = rows.iter().filter(|r| r.policy == *p).map(|r| {
+                let (lo, hi) = if k == 0 {
+                    (r.p99_ms.min, r.p99_ms.max)
+                } else {
+                    (r.success.min * 100.0, r.success.max * 100.0)
+                };
+                let x = r.load * 100.0;
+                PathElement::new(vec![(x, lo), (x, hi)], c.stroke_width(1))
+            });
+            chart.draw_series(ranges).map_err(err)?;
         }
         chart
             .configure_series_labels()

@@ -141,6 +141,13 @@ impl<T> ServiceCore<T> {
         matches!(self.params.shedding, Shedding::Dagor).then(|| self.admission.level())
     }
 
+    /// Requests started from now on take `service_us` (at least 1), those
+    /// already started keep theirs: a node that warms up, or slows down,
+    /// while it serves.
+    pub fn set_service_us(&mut self, service_us: Micros) {
+        self.params.service_us = service_us.max(1);
+    }
+
     /// Counters since the start.
     pub fn stats(&self) -> ServiceStats {
         self.stats
@@ -291,6 +298,21 @@ mod tests {
         // Queued 0, 0, 10, 10 and 20 ms.
         assert_eq!(st.queuing_us_sum, 40 * MS);
         assert_eq!(s.level(), None);
+    }
+
+    #[test]
+    fn a_new_service_time_applies_to_requests_started_after_it() {
+        let mut s = ServiceCore::new(params(Shedding::Off));
+        for i in 0..3 {
+            s.arrive(0, 1, 1, i);
+        }
+        // Two started at 0 ms with 10 ms; the third waits for a worker.
+        s.set_service_us(2 * MS);
+        assert_eq!(drain(&mut s, 10 * MS), vec![0, 1], "started before: 10 ms");
+        assert_eq!(s.next_event(), Some(12 * MS), "started at 10 ms: 2 ms");
+        assert_eq!(drain(&mut s, 12 * MS), vec![2]);
+        s.set_service_us(0);
+        assert_eq!(s.params().service_us, 1, "at least 1 µs");
     }
 
     #[test]

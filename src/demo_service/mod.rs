@@ -32,4 +32,6 @@ mod sim;
 
 pub use self::core::{Arrival, ServiceCore, ServiceParams, ServiceStats, Shedding};
 pub use args::{command, DemoServiceArgs, SheddingArg};
-pub use serve::{serve, serve_traced, Counters, ServiceTrace, TracedArrival};
+pub use serve::{
+    serve, serve_cold, serve_traced, ColdStart, Counters, ServiceTrace, TracedArrival,
+};

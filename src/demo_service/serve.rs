@@ -125,7 +125,33 @@ pub fn serve(
     stop: &AtomicBool,
     counters: &Counters,
 ) -> io::Result<()> {
-    serve_inner(socket, params, stop, counters, None)
+    serve_with(socket, params, None, stop, counters, None)
+}
+
+/// A node that starts cold: for its first `duration` each request takes
+/// `factor` times the service time (caches, connection pools and JIT still
+/// warming), then the service time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ColdStart {
+    /// How long the node stays cold after the serve starts.
+    pub duration: Duration,
+    /// How many times slower a request is while cold (at least 1).
+    pub factor: u64,
+}
+
+/// [`serve`] for a node that starts cold ([`ColdStart`]): its queue is kept
+/// when it warms up, so no request is lost to the change.
+///
+/// # Errors
+/// As [`serve`].
+pub fn serve_cold(
+    socket: &UdpSocket,
+    params: ServiceParams,
+    cold: ColdStart,
+    stop: &AtomicBool,
+    counters: &Counters,
+) -> io::Result<()> {
+    serve_with(socket, params, Some(cold), stop, counters, None)
 }
 
 /// [`serve`], keeping every request and admission window in `trace` (for
@@ -140,12 +166,13 @@ pub fn serve_traced(
     counters: &Counters,
     trace: &mut ServiceTrace,
 ) -> io::Result<()> {
-    serve_inner(socket, params, stop, counters, Some(trace))
+    serve_with(socket, params, None, stop, counters, Some(trace))
 }
 
-fn serve_inner(
+fn serve_with(
     socket: &UdpSocket,
     params: ServiceParams,
+    cold: Option<ColdStart>,
     stop: &AtomicBool,
     counters: &Counters,
     mut trace: Option<&mut ServiceTrace>,
@@ -155,6 +182,11 @@ fn serve_inner(
     let epoch = Instant::now();
     let now = || epoch.elapsed().as_micros() as Micros;
     let mut core: ServiceCore<Token> = ServiceCore::new(params);
+    // While cold, requests take `factor` times longer, until `warm_at`.
+    let mut warm_at = cold.map(|c| {
+        core.set_service_us(params.service_us.saturating_mul(c.factor.max(1)));
+        c.duration.as_micros() as Micros
+    });
     core.trace_windows(trace.is_some());
     let mut enc = Encoder::new();
     let mut batch = RecvBatch::new(BATCH);
@@ -177,6 +209,10 @@ fn serve_inner(
         let n = batch.recv(fd)?;
         // The kernel stamps on CLOCK_REALTIME; the core's clock is `epoch`.
         let (mono, real_us) = (now(), udp::realtime_ns() / 1000);
+        if warm_at.is_some_and(|w| mono >= w) {
+            core.set_service_us(params.service_us);
+            warm_at = None;
+        }
         for i in 0..n {
             let stamp = batch.arrived_ns(i).filter(|_| stamped);
             let arrival = arrival_us(stamp, mono, real_us, last);
