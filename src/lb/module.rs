@@ -567,8 +567,16 @@ impl ModuleLb {
         if let Some(t) = &mut self.tuned {
             t.remap(&remap, &self.nodes, now);
         }
-        self.configure(now, p);
-        self.refresh_meta();
+        // Whether the weights differ, from the route's own entries first:
+        // one pass over them, branch-free, that a route of equal weights
+        // (every default route) ends with; only a route whose entries
+        // differ has the nodes looked at (duplicates left out).
+        let differ = tuning::route_weights_differ(route) && tuning::unequal_weights(&self.nodes);
+        self.resolved = Resolved::new(&self.options, p);
+        self.retune_with(now, differ);
+        if self.meta.is_some() {
+            self.refresh_meta();
+        }
     }
 
     /// Takes every node's real call counts since the last call (for the
