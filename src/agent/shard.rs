@@ -64,7 +64,7 @@ use super::timers::Timers;
 use gethost::HostDecision;
 use lbagent_admission::{Admission, Micros};
 use lbagent_lb::{LbParams, Millis, ModuleLb, NodeCallStats};
-use lbagent_model::{ModuleId, Selector};
+use lbagent_model::ModuleId;
 use lbagent_shm::fixed::{self, HostAnswer};
 use lbagent_wire::{self as wire, Encoder, Limits, Message, NodeStatus, RetCode};
 use preload::Preload;
@@ -366,7 +366,7 @@ impl ShardCore {
             // verifier; anything it cannot vouch for takes the full decode
             // below), so that a rejection costs a fraction of an answer.
             if let Some(g) = wire::peek_get_host(datagram, Limits::UDP.max_len) {
-                return self.get_host(g, None, &Selector::default(), peer, now, shed, bucket);
+                return self.get_host(g, None, peer, now, shed, bucket);
             }
         }
         let msg = match wire::decode(datagram, &Limits::UDP) {
@@ -378,8 +378,16 @@ impl ShardCore {
         };
         match msg {
             Message::GetHostReq(r) => match r.validate() {
+                // A plain getHost: its key and selector are not looked up.
+                Ok(g) if !r.may_steer() => self.get_host(g, None, peer, now, shed, bucket),
                 Ok(g) => match wire::read_selector(r.selector()) {
-                    Ok(sel) => self.get_host(g, r.key_hash(), &sel, peer, now, shed, bucket),
+                    Ok(selector) => {
+                        let steer = gethost::Steer {
+                            key: r.key_hash(),
+                            selector: &selector,
+                        };
+                        self.get_host(g, Some(&steer), peer, now, shed, bucket)
+                    }
                     Err(e) => self.bad_request(Kind::GetHost, u64::from(g.seq), g.module, &e),
                 },
                 Err(e) => self.bad_request(
