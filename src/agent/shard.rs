@@ -64,7 +64,7 @@ use super::timers::Timers;
 use gethost::HostDecision;
 use lbagent_admission::{Admission, Micros};
 use lbagent_lb::{LbParams, Millis, ModuleLb, NodeCallStats};
-use lbagent_model::{ModuleId, Selector};
+use lbagent_model::ModuleId;
 use lbagent_shm::fixed::{self, HostAnswer};
 use lbagent_wire::{self as wire, Encoder, Limits, Message, NodeStatus, RetCode};
 use preload::Preload;
@@ -366,7 +366,7 @@ impl ShardCore {
             // verifier; anything it cannot vouch for takes the full decode
             // below), so that a rejection costs a fraction of an answer.
             if let Some(g) = wire::peek_get_host(datagram, Limits::UDP.max_len) {
-                return self.get_host(g, None, &Selector::default(), peer, now, shed, bucket);
+                return self.get_host(g, None, peer, now, shed, bucket);
             }
         }
         let msg = match wire::decode(datagram, &Limits::UDP) {
@@ -378,8 +378,16 @@ impl ShardCore {
         };
         match msg {
             Message::GetHostReq(r) => match r.validate() {
+                // A plain getHost: its key and selector are not looked up.
+                Ok(g) if !r.may_steer() => self.get_host(g, None, peer, now, shed, bucket),
                 Ok(g) => match wire::read_selector(r.selector()) {
-                    Ok(sel) => self.get_host(g, r.key_hash(), &sel, peer, now, shed, bucket),
+                    Ok(selector) => {
+                        let steer = gethost::Steer {
+                            key: r.key_hash(),
+                            selector: &selector,
+                        };
+                        self.get_host(g, Some(&steer), peer, now, shed, bucket)
+                    }
                     Err(e) => self.bad_request(Kind::GetHost, u64::from(g.seq), g.module, &e),
                 },
                 Err(e) => self.bad_request(
@@ -495,6 +503,16 @@ impl ShardCore {
             }
             return true;
         }
+        self.wrong_shard(kind, seq, module, owner);
+        false
+    }
+
+    /// The wrong-shard answer of [`ShardCore::admit`], counted. Out of
+    /// line: the request path of a module the shard owns pays nothing for
+    /// the message it formats.
+    #[cold]
+    #[inline(never)]
+    fn wrong_shard(&mut self, kind: Kind, seq: u64, module: ModuleId, owner: u32) {
         self.metrics.count_error(kind);
         self.metrics.wrong_shard += 1;
         let port = u32::from(self.setup.base_port) + owner;
@@ -503,7 +521,6 @@ impl ShardCore {
             self.setup.id, self.setup.shards
         );
         self.enc.error_resp(seq, module, RetCode::WrongShard, &msg);
-        false
     }
 
     fn bad_request(

@@ -178,6 +178,7 @@ impl ModuleLb {
     /// This is the original's choice alone: the module's options (weights,
     /// slow start, panic, `p2c`) apply through [`ModuleLb::get_host_for`]
     /// and [`ModuleLb::get_host_from`], which take the time.
+    #[inline]
     pub fn get_host(&mut self, p: &LbParams) -> Pick {
         if self.overload.is_empty() {
             self.access_cnt = 0;
@@ -228,7 +229,7 @@ impl ModuleLb {
     /// downstream levels ([`ModuleLb::set_private_level`]) filter too, and
     /// a `balance` module's unit is booked to it, at most
     /// `p.units_per_client` at once ([`Pick::ClientLimit`] past that).
-    #[inline]
+    #[inline(always)]
     pub fn get_host_from(
         &mut self,
         p: &LbParams,
@@ -240,6 +241,21 @@ impl ModuleLb {
         if self.levels.is_none() && self.units.is_none() && self.tuned.is_none() {
             return self.get_host(p);
         }
+        self.get_host_beyond(p, client, business, user, now)
+    }
+
+    /// [`ModuleLb::get_host_from`] of a module with downstream levels,
+    /// units or options. Out of line: the original's path inlines into
+    /// its caller and pays three tests.
+    #[inline(never)]
+    fn get_host_beyond(
+        &mut self,
+        p: &LbParams,
+        client: ClientKey,
+        business: u8,
+        user: u8,
+        now: Millis,
+    ) -> Pick {
         if self.levels.is_none() && self.units.is_none() {
             return self.get_host_tuned(p, now);
         }
@@ -567,8 +583,16 @@ impl ModuleLb {
         if let Some(t) = &mut self.tuned {
             t.remap(&remap, &self.nodes, now);
         }
-        self.configure(now, p);
-        self.refresh_meta();
+        // Whether the weights differ, from the route's own entries first:
+        // one pass over them, branch-free, that a route of equal weights
+        // (every default route) ends with; only a route whose entries
+        // differ has the nodes looked at (duplicates left out).
+        let differ = tuning::route_weights_differ(route) && tuning::unequal_weights(&self.nodes);
+        self.resolved = Resolved::new(&self.options, p);
+        self.retune_with(now, differ);
+        if self.meta.is_some() {
+            self.refresh_meta();
+        }
     }
 
     /// Takes every node's real call counts since the last call (for the

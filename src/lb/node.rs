@@ -92,15 +92,17 @@ pub struct Transition {
 /// never make them small again.
 ///
 /// 56 bytes (an agent holds one per node of every module in use, a million
-/// of them at scale): the address is stored as its two parts so that the
-/// state and the run's direction fill its padding; the consecutive runs are
+/// of them at scale): the address is stored as its ordering key
+/// ([`NodeAddr::key`], 6 bytes in a u64), which the report's binary search
+/// and the route merge compare without building it, and the state and the
+/// run's direction fill the rest of the padding; the consecutive runs are
 /// one counter, since a call of one outcome resets the other run; and one
 /// timestamp serves both clocks, since an idle node's window and an
 /// overloaded node's timeout are never live at once.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Node {
-    ip: u32,
-    port: u16,
+    /// The address as its key: `ip << 16 | port`.
+    key: u64,
     state: NodeState,
     /// Whether `contin` counts consecutive successes (else failures).
     run_succ: bool,
@@ -123,8 +125,7 @@ impl Node {
     /// A new node, idle, its window starting at `now`.
     pub fn new(route: RouteNode, now: Millis, p: &LbParams) -> Self {
         let mut n = Node {
-            ip: route.addr.ip,
-            port: route.addr.port,
+            key: route.addr.key(),
             state: NodeState::Idle,
             run_succ: false,
             weight: route.weight,
@@ -145,14 +146,15 @@ impl Node {
     /// The node's address.
     pub fn addr(&self) -> NodeAddr {
         NodeAddr {
-            ip: self.ip,
-            port: self.port,
+            ip: (self.key >> 16) as u32,
+            port: self.key as u16,
         }
     }
 
     /// The address's ordering key ([`NodeAddr::key`]).
+    #[inline]
     pub(super) fn key(&self) -> u64 {
-        (u64::from(self.ip) << 16) | u64::from(self.port)
+        self.key
     }
     /// The node's weight / capacity from its route entry.
     pub fn weight(&self) -> u32 {

@@ -62,6 +62,32 @@ fn equal_weights_keep_the_original_path_and_order() {
 }
 
 #[test]
+fn a_route_update_tunes_the_module_exactly_when_its_nodes_weights_differ() {
+    let p = LbParams::default();
+    let mut m = ModuleLb::new(&weighted(&[3, 3, 3]), 1, T0, &p);
+    assert!(!m.is_tuned());
+    // Weights 0 and 1 are the same weight.
+    m.update_route(&weighted(&[0, 1, 1]), 2, T0, &p);
+    assert!(!m.is_tuned(), "0 counts as 1");
+    m.update_route(&weighted(&[1, 1, 2]), 3, T0, &p);
+    assert!(m.is_tuned(), "the last entry's weight differs");
+    m.update_route(&weighted(&[5, 5, 5]), 4, T0, &p);
+    assert!(!m.is_tuned(), "equal again: the extra state goes");
+    // A duplicate entry's weight is ignored with the entry: the nodes'
+    // weights are equal, so the module stays untuned.
+    let mut dup = weighted(&[4, 4]);
+    dup.push(RouteNode {
+        addr: addr(1),
+        weight: 9,
+    });
+    m.update_route(&dup, 5, T0, &p);
+    assert_eq!(m.nodes().len(), 2);
+    assert!(!m.is_tuned(), "only a duplicate's weight differs");
+    assert!(tuning::route_weights_differ(&dup));
+    assert!(!tuning::route_weights_differ(&[]));
+}
+
+#[test]
 fn l5_follows_route_weights_smoothly() {
     let p = LbParams::default();
     let mut m = ModuleLb::new(&weighted(&[5, 1, 1]), 1, T0, &p);

@@ -8,7 +8,7 @@ use super::node::{Millis, Node};
 use super::p2c::PeakEwma;
 use super::params::LbParams;
 use super::weights::{ramped, scaled_weight, slow_start_share};
-use lbagent_model::ModuleOptions;
+use lbagent_model::{ModuleOptions, RouteNode};
 
 /// The options in force for one module: its own where set, the agent's
 /// defaults otherwise.
@@ -176,6 +176,19 @@ impl Tuned {
     pub fn weighs(&self) -> bool {
         self.weighted || self.opts.slow_start_ms > 0
     }
+}
+
+/// False when every entry of `route` has the same weight (0 counted as
+/// 1): then its nodes' weights are all equal. True may be a duplicate's
+/// weight alone ([`unequal_weights`] over the nodes decides). One pass
+/// without an early exit, which the compiler vectorizes: a route update
+/// of 10,000 equal-weight nodes pays about one instruction a node.
+pub fn route_weights_differ(route: &[RouteNode]) -> bool {
+    let Some(first) = route.first() else {
+        return false;
+    };
+    let w0 = first.weight.max(1);
+    route.iter().fold(0, |acc, r| acc | (r.weight.max(1) ^ w0)) != 0
 }
 
 /// True when the nodes' weights (0 counted as 1) are not all equal.

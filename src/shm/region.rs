@@ -500,6 +500,7 @@ impl Region {
     ///
     /// # Panics
     /// When the range is outside the mapping.
+    #[inline]
     pub fn copy_out(&self, off: usize, dst: &mut [u8]) {
         assert!(off
             .checked_add(dst.len())
@@ -518,6 +519,7 @@ impl Region {
     ///
     /// # Panics
     /// When the range is outside the mapping.
+    #[inline]
     pub fn copy_in(&self, off: usize, src: &[u8]) {
         assert!(off
             .checked_add(src.len())

@@ -120,7 +120,7 @@ impl Server {
     /// buffer: a compare-and-swap sets [`layout::TAKEN`] first, so its
     /// client no longer touches the cell. A request whose length or split
     /// is garbage is answered [`layout::NO_ANSWER`] and counted.
-    #[inline]
+    #[inline(always)]
     pub fn take(&mut self, slot: u32, now_ns: u64, visited_ns: u64) -> Option<Taken> {
         let base = self.g().slot_offset(slot);
         let w = self.region.slot_words(base);
@@ -150,8 +150,7 @@ impl Server {
             Some((len, layout::split_at(raw_split, len)?, format, first_format))
         });
         let Some((len, split, format, first_format)) = parts else {
-            self.counts.garbage += 1;
-            self.respond(slot, seq, None);
+            self.refuse_garbage(slot, seq);
             return None;
         };
         // The client's stamp only matters when queuing times are measured.
@@ -177,6 +176,16 @@ impl Server {
             first_format,
             waited_us,
         })
+    }
+
+    /// A request whose length, split or format is garbage: counted and
+    /// answered [`layout::NO_ANSWER`]. Out of line: a request taken pays
+    /// only the test.
+    #[cold]
+    #[inline(never)]
+    fn refuse_garbage(&mut self, slot: u32, seq: u32) {
+        self.counts.garbage += 1;
+        self.respond(slot, seq, None);
     }
 
     /// The report sent in the same cell before the request, if any.
@@ -225,12 +234,20 @@ impl Server {
         w[layout::S_RESP_LEN / 4].store(len, Ordering::Relaxed);
         w[layout::S_RESP_FORMAT / 4].store(u32::from(format), Ordering::Relaxed);
         w[layout::S_RESP_SEQ / 4].store(seq, Ordering::SeqCst);
-        let sleeping = &w[layout::S_SLEEPING / 4];
-        if sleeping.load(Ordering::SeqCst) != 0 {
-            sleeping.store(0, Ordering::Relaxed);
-            self.region.futex_wake(base + layout::S_RESP_SEQ);
-            self.counts.wakes += 1;
+        if w[layout::S_SLEEPING / 4].load(Ordering::SeqCst) != 0 {
+            self.wake(base);
         }
+    }
+
+    /// Wakes the client of the slot at `base`, which sleeps on its answer.
+    /// Out of line: a client that polls is answered without it.
+    #[cold]
+    #[inline(never)]
+    fn wake(&mut self, base: usize) {
+        let w = self.region.slot_words(base);
+        w[layout::S_SLEEPING / 4].store(0, Ordering::Relaxed);
+        self.region.futex_wake(base + layout::S_RESP_SEQ);
+        self.counts.wakes += 1;
     }
 
     /// The core answered request `t` with nothing for now: a register that
@@ -295,7 +312,11 @@ impl Server {
     /// holds a request not yet taken, whatever its bit says (a client
     /// that does not set it is served by these full sweeps only). A bit is
     /// only a hint: [`Server::take`] checks the slot itself.
+    #[inline]
     pub fn ready(&mut self, full: bool) -> usize {
+        if full {
+            return self.ready_all();
+        }
         self.ready.clear();
         let slots = self.slots();
         for w in 0..layout::pending_words(slots) {
@@ -304,15 +325,27 @@ impl Server {
                 continue;
             }
             let bits = word.swap(0, Ordering::AcqRel);
-            if !full {
-                self.ready.extend(layout::pending_slots(w, bits, slots));
+            self.ready.extend(layout::pending_slots(w, bits, slots));
+        }
+        self.ready.len()
+    }
+
+    /// [`Server::ready`] with `full`: every pending word cleared, every
+    /// slot holding a request not yet taken collected. Out of line: the
+    /// full sweeps are the periodic ones.
+    #[inline(never)]
+    fn ready_all(&mut self) -> usize {
+        self.ready.clear();
+        let slots = self.slots();
+        for w in 0..layout::pending_words(slots) {
+            let word = self.region.u64(layout::H_PENDING + 8 * w);
+            if word.load(Ordering::Relaxed) != 0 {
+                word.swap(0, Ordering::AcqRel);
             }
         }
-        if full {
-            for s in 0..slots {
-                if self.has_request(s, Ordering::Acquire) {
-                    self.ready.push(s);
-                }
+        for s in 0..slots {
+            if self.has_request(s, Ordering::Acquire) {
+                self.ready.push(s);
             }
         }
         self.ready.len()

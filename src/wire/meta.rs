@@ -268,4 +268,59 @@ mod tests {
         assert_eq!(g.selector(), Some("a=b"));
         assert_eq!(crate::peek_get_host(&buf, 1500), None, "not peeked");
     }
+
+    fn get_host(buf: &[u8]) -> crate::fb::GetHostReq<'_> {
+        match decode(buf, &Limits::UDP) {
+            Ok(Message::GetHostReq(g)) => g,
+            other => panic!("not a getHost: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn only_a_get_host_that_may_carry_a_key_or_a_selector_is_looked_at_for_them() {
+        let m = ModuleId::new(1, 1);
+        let mut enc = Encoder::new();
+        for (b, u) in [(0, 0), (5, 0), (0, 7), (128, 128)] {
+            let plain = enc.get_host_req(9, m, b, u).to_vec();
+            assert!(!get_host(&plain).may_steer(), "plain getHost ({b}, {u})");
+        }
+        let keyed = enc.get_host_req_keyed(9, m, 0, 0, Some(0)).to_vec();
+        assert!(get_host(&keyed).may_steer());
+        assert_eq!(get_host(&keyed).key_hash(), Some(0), "a key hashing to 0");
+        let selecting = enc.get_host_req_full(9, m, 3, 3, None, "a=b").to_vec();
+        assert!(get_host(&selecting).may_steer());
+        // Another builder's getHost: without the fields, the vtable ends
+        // before their slots; with an empty selector it reaches them and
+        // the key's slot is empty (offset 0): then both are read.
+        let raw = |selector: Option<&str>| {
+            let mut fbb = flatbuffers::FlatBufferBuilder::new();
+            let selector = selector.map(|s| fbb.create_string(s));
+            let mut b = crate::fb::GetHostReqBuilder::new(&mut fbb);
+            b.add_seq(9);
+            b.add_modid(1);
+            b.add_cmdid(1);
+            if let Some(s) = selector {
+                b.add_selector(s);
+            }
+            let body = b.finish();
+            let env = crate::fb::Envelope::create(
+                &mut fbb,
+                &crate::fb::EnvelopeArgs {
+                    body_type: crate::fb::Body::GetHostReq,
+                    body: Some(body.as_union_value()),
+                },
+            );
+            fbb.finish(env, Some(crate::FILE_IDENTIFIER));
+            fbb.finished_data().to_vec()
+        };
+        let bare = raw(None);
+        let g = get_host(&bare);
+        assert!(!g.may_steer(), "a vtable that ends before the key's slot");
+        assert_eq!((g.key_hash(), g.selector()), (None, None));
+        let empty = raw(Some(""));
+        let g = get_host(&empty);
+        assert!(g.may_steer(), "a vtable that reaches the selector's slot");
+        assert_eq!((g.key_hash(), g.selector()), (None, Some("")));
+        assert!(read_selector(g.selector()).unwrap().is_empty());
+    }
 }

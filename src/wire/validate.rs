@@ -214,6 +214,18 @@ impl fb::GetHostReq<'_> {
             user_priority: user,
         })
     }
+
+    /// False for a plain getHost, which carries neither a key's hash nor
+    /// a selector: its vtable ends before their slots (a FlatBuffers
+    /// builder writes a table's vtable only up to its last field
+    /// present). One comparison on the verified vtable, so a plain
+    /// getHost looks neither field up; true does not mean either is
+    /// there ([`fb::GetHostReq::key_hash`] and
+    /// [`fb::GetHostReq::selector`] say).
+    #[inline]
+    pub fn may_steer(&self) -> bool {
+        self._tab.vtable().num_bytes() > usize::from(fb::GetHostReq::VT_KEY_HASH)
+    }
 }
 
 impl fb::ReportReq<'_> {

@@ -14,23 +14,33 @@ use lbagent_shm::fixed::HostAnswer;
 use lbagent_wire::{self as wire, RetCode};
 use std::net::SocketAddr;
 
+/// What a getHost asks beyond the original's: a key's hash (consistent
+/// hashing) and a label selector (empty: none). A plain getHost has none
+/// (`None` where it is passed): it is decided without looking at either.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Steer<'s> {
+    /// Its key's hash, when it is keyed.
+    pub key: Option<u64>,
+    /// Its labels (empty: none).
+    pub selector: &'s Selector,
+}
+
 impl ShardCore {
-    /// A getHost; `key`: its key's hash when it is keyed (consistent
-    /// hashing); `selector`: its labels (empty: none); `shed`: the shard's
-    /// own level applies; `bucket`: its queuing-time bucket and queuing
-    /// time (µs), when the kernel stamped it.
+    /// A getHost; `steer`: its key's hash and selector, None for a plain
+    /// one; `shed`: the shard's own level applies; `bucket`: its
+    /// queuing-time bucket and queuing time (µs), when the kernel stamped
+    /// it.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn get_host(
         &mut self,
         g: wire::GetHost,
-        key: Option<u64>,
-        selector: &Selector,
+        steer: Option<&Steer<'_>>,
         peer: SocketAddr,
         now: Millis,
         shed: bool,
         bucket: Option<(usize, u64)>,
     ) -> Option<&[u8]> {
-        match self.decide_get_host_keyed(g, key, selector, peer, now, shed, bucket) {
+        match self.decide_get_host_keyed(g, steer, peer, now, shed, bucket) {
             HostDecision::Answer(a) => Some(
                 self.enc
                     .get_host_resp(a.seq, a.module, a.retcode, a.host, a.level),
@@ -57,8 +67,9 @@ impl ShardCore {
         }
     }
 
-    /// A getHost's decision, before any encoding (the UDP path encodes
-    /// it, the fixed layout writes it as it is).
+    /// A plain getHost's decision, before any encoding (the UDP path
+    /// encodes it, the fixed layout writes it as it is).
+    #[inline]
     pub(super) fn decide_get_host(
         &mut self,
         g: wire::GetHost,
@@ -67,26 +78,25 @@ impl ShardCore {
         shed: bool,
         bucket: Option<(usize, u64)>,
     ) -> HostDecision {
-        let none = Selector::default();
-        self.decide_get_host_keyed(g, None, &none, peer, now, shed, bucket)
+        self.decide_get_host_keyed(g, None, peer, now, shed, bucket)
     }
 
     /// [`ShardCore::decide_get_host`] for a getHost that may carry a key's
-    /// hash or a label selector, in an `l5` module without downstream
-    /// levels (a `balance` module, or one with levels, ignores both): a
-    /// keyed one picks the key's node
+    /// hash or a label selector (`steer`), in an `l5` module without
+    /// downstream levels (a `balance` module, or one with levels, ignores
+    /// both): a keyed one picks the key's node
     /// ([`lbagent_lb::ModuleLb::get_host_keyed`]), a selecting one among
     /// the matching nodes ([`lbagent_lb::ModuleLb::get_host_selecting`];
     /// none matching with `[lb] label_fallback = "fail"`: an ErrorResp of
     /// NoSuchModule), and, with `agent.zone` set and nodes of the module in
     /// that zone, any other prefers them
-    /// ([`lbagent_lb::ModuleLb::get_host_near`]).
+    /// ([`lbagent_lb::ModuleLb::get_host_near`]). A plain getHost of a
+    /// module without zones pays one test for all of it.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn decide_get_host_keyed(
         &mut self,
         g: wire::GetHost,
-        key: Option<u64>,
-        selector: &Selector,
+        steer: Option<&Steer<'_>>,
         peer: SocketAddr,
         now: Millis,
         shed: bool,
@@ -151,22 +161,16 @@ impl ShardCore {
         // a module with levels (a caller's own filter); an l5 module
         // without levels answers from get_host_from's first test.
         let client = if lb.units().is_some() {
-            self.metrics.units_timed_out += u64::from(lb.expire_units(now));
-            self.balanced.insert(module);
-            client_key(peer)
+            let (metrics, balanced) = (&mut self.metrics, &mut self.balanced);
+            balance_client(lb, metrics, balanced, module, peer, now)
         } else if lb.levels_held() > 0 {
             client_key(peer)
         } else {
             ANY_CLIENT
         };
-        let steered = client == ANY_CLIENT;
-        let pick = if let Some(hash) = key.filter(|_| steered) {
-            self.metrics.keyed_gethosts += 1;
-            lb.get_host_keyed(&setup.params, hash)
-        } else if steered && !selector.is_empty() {
-            self.metrics.selecting_gethosts += 1;
-            let fallback = setup.steering.label_fallback;
-            match lb.get_host_selecting(&setup.params, selector, fallback) {
+        let steered = client == ANY_CLIENT && (steer.is_some() || lb.local_nodes() > 0);
+        let pick = if steered {
+            match steered_pick(lb, setup, &mut self.metrics, steer, &g, now) {
                 Ok(p) => p,
                 Err(no_match) => {
                     self.metrics.count_error(Kind::GetHost);
@@ -179,13 +183,6 @@ impl ShardCore {
                     return HostDecision::Encoded;
                 }
             }
-        } else if steered && lb.local_nodes() > 0 {
-            self.metrics.near_gethosts += 1;
-            let threshold = lbagent_lb::locality::threshold(
-                lb.options().locality_min_percent.map(u32::from),
-                setup.steering.locality_min_percent,
-            );
-            lb.get_host_near(&setup.params, threshold)
         } else {
             lb.get_host_from(
                 &setup.params,
@@ -238,9 +235,74 @@ impl ShardCore {
         // While the shard sheds, every answer carries its level, so that a
         // caller can shed below it before sending (collaborative admission
         // with the agent itself).
-        let level = Some(self.self_level()).filter(|&l| l != OPEN);
+        let level = self
+            .shedding
+            .as_ref()
+            .map(|a| a.level())
+            .filter(|&l| l != OPEN);
         HostDecision::Answer(answer(retcode, host, level))
     }
+}
+
+/// The client key of a getHost of a `balance` module (its units are
+/// booked to it), after the units due back by `now` returned (counted);
+/// the module is remembered as one that may hold units. Out of line: an
+/// `l5` module pays one test.
+#[cold]
+#[inline(never)]
+fn balance_client(
+    lb: &mut lbagent_lb::ModuleLb,
+    metrics: &mut crate::metrics::ShardMetrics,
+    balanced: &mut std::collections::HashSet<lbagent_model::ModuleId>,
+    module: lbagent_model::ModuleId,
+    peer: SocketAddr,
+    now: Millis,
+) -> lbagent_lb::ClientKey {
+    metrics.units_timed_out += u64::from(lb.expire_units(now));
+    balanced.insert(module);
+    client_key(peer)
+}
+
+/// The pick of a getHost that asks for a key's node or by labels
+/// (`steer`), or of a plain one in a module with nodes in the agent's
+/// zone (an `l5` module without levels: the caller checked); a selector
+/// matching no node with `[lb] label_fallback = "fail"` is the error.
+/// Out of line: a plain getHost of a module without zones never comes here.
+#[cold]
+#[inline(never)]
+fn steered_pick(
+    lb: &mut lbagent_lb::ModuleLb,
+    setup: &super::ShardSetup,
+    metrics: &mut crate::metrics::ShardMetrics,
+    steer: Option<&Steer<'_>>,
+    g: &wire::GetHost,
+    now: Millis,
+) -> Result<Pick, lbagent_lb::labels::NoMatch> {
+    if let Some(hash) = steer.and_then(|s| s.key) {
+        metrics.keyed_gethosts += 1;
+        return Ok(lb.get_host_keyed(&setup.params, hash));
+    }
+    if let Some(selector) = steer.map(|s| s.selector).filter(|s| !s.is_empty()) {
+        metrics.selecting_gethosts += 1;
+        let fallback = setup.steering.label_fallback;
+        return lb.get_host_selecting(&setup.params, selector, fallback);
+    }
+    if lb.local_nodes() > 0 {
+        metrics.near_gethosts += 1;
+        let threshold = lbagent_lb::locality::threshold(
+            lb.options().locality_min_percent.map(u32::from),
+            setup.steering.locality_min_percent,
+        );
+        return Ok(lb.get_host_near(&setup.params, threshold));
+    }
+    // Neither a key nor a selector after all: as a plain getHost.
+    Ok(lb.get_host_from(
+        &setup.params,
+        ANY_CLIENT,
+        g.business_priority,
+        g.user_priority,
+        now,
+    ))
 }
 
 /// A getHost's decision.

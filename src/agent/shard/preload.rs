@@ -68,6 +68,9 @@ impl ShardCore {
     }
 
     /// Makes `module` from its preloaded route, if it has one waiting.
+    /// Out of line: only the first seconds after a start come here.
+    #[cold]
+    #[inline(never)]
     pub(super) fn take_preloaded(&mut self, module: ModuleId, now: Millis) {
         // No clone of the Arc: its count is shared by every shard.
         let Some(i) = self.preload.snapshot.as_ref().and_then(|s| s.find(module)) else {

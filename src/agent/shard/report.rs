@@ -8,7 +8,7 @@ use super::callers::client_key;
 use super::outbox::stats_due;
 use super::{RouteState, ShardCore};
 use crate::metrics::{Kind, ShardMetrics};
-use lbagent_lb::{Millis, NodeState, Outcome, ANY_CLIENT};
+use lbagent_lb::{ClientKey, Millis, ModuleLb, NodeState, Outcome, ANY_CLIENT};
 use lbagent_wire::{self as wire, RetCode};
 
 /// The answer to a report that consumes, from a caller not trusted with it.
@@ -56,16 +56,7 @@ impl ShardCore {
             .get_mut(&module)
             .filter(|e| e.route == RouteState::Present)
         else {
-            self.metrics.count_error(Kind::Report);
-            self.metrics.unknown_module_reports += 1;
-            return (ack && rep.consumed > 0).then(|| {
-                self.enc.error_resp(
-                    u64::from(seq),
-                    module,
-                    RetCode::NoSuchModule,
-                    "no route for the module here: nothing consumed",
-                )
-            });
+            return self.report_unknown_module(rep, ack);
         };
         entry.last_used = now;
         let client = if entry.lb.units().is_some() || rep.downstream_level.is_some() {
@@ -81,23 +72,14 @@ impl ShardCore {
                 if let Some(t) = t {
                     node_moved(&mut self.metrics, t.to);
                 }
-                // The node is in the route: report() just found it.
-                if rep.consumed > 0 && !entry.lb.consume(host, rep.consumed).unwrap_or(false) {
-                    self.metrics.consumed_ignored += 1;
-                }
-                if let Some(level) = rep.downstream_level {
-                    let expires = now + self.setup.level_timeout_ms;
+                if rep.consumed > 0 || rep.downstream_level.is_some() {
                     // The node is in the route: report() just found it.
-                    if shared {
-                        let _ = entry.lb.set_level(host, Some(level), expires);
-                    } else {
-                        let _ = entry
-                            .lb
-                            .set_private_level(client, host, Some(level), expires);
-                        self.metrics.levels_private += 1;
+                    let (metrics, levelled) = (&mut self.metrics, &mut self.levelled);
+                    let expires = now + self.setup.level_timeout_ms;
+                    beyond_the_call(&mut entry.lb, rep, client, shared, expires, metrics);
+                    if rep.downstream_level.is_some() {
+                        levelled.insert(module);
                     }
-                    self.metrics.levels_reported += 1;
-                    self.levelled.insert(module);
                 }
             }
             Err(_) => {
@@ -110,20 +92,46 @@ impl ShardCore {
             self.send_stats(module, now);
         }
         if ack && rep.consumed > 0 {
-            let (rc, why) = if known {
-                (
-                    RetCode::Ok,
-                    "taken: the consumed units go to the reporter with the module's next statistics",
-                )
-            } else {
-                (
-                    RetCode::BadRequest,
-                    "the node is not in the module's route here: nothing consumed",
-                )
-            };
-            return Some(self.enc.error_resp(u64::from(seq), module, rc, why));
+            return Some(self.consumed_ack(seq, module, known));
         }
         None
+    }
+
+    /// A report of a module without a route here: counted; a consuming
+    /// one that waits for its answer is told nothing was consumed. Out of
+    /// line, as the other rare ends of [`ShardCore::report`].
+    #[cold]
+    #[inline(never)]
+    fn report_unknown_module(&mut self, rep: &wire::Report, ack: bool) -> Option<&[u8]> {
+        self.metrics.count_error(Kind::Report);
+        self.metrics.unknown_module_reports += 1;
+        (ack && rep.consumed > 0).then(|| {
+            self.enc.error_resp(
+                u64::from(rep.seq),
+                rep.module,
+                RetCode::NoSuchModule,
+                "no route for the module here: nothing consumed",
+            )
+        })
+    }
+
+    /// The answer to a consuming report that waits for it: taken, or not
+    /// (`known` false: the node is not in the route).
+    #[cold]
+    #[inline(never)]
+    fn consumed_ack(&mut self, seq: u32, module: lbagent_model::ModuleId, known: bool) -> &[u8] {
+        let (rc, why) = if known {
+            (
+                RetCode::Ok,
+                "taken: the consumed units go to the reporter with the module's next statistics",
+            )
+        } else {
+            (
+                RetCode::BadRequest,
+                "the node is not in the module's route here: nothing consumed",
+            )
+        };
+        self.enc.error_resp(u64::from(seq), module, rc, why)
     }
 
     pub(super) fn batch_report(
@@ -163,6 +171,35 @@ impl ShardCore {
         }
         self.maybe_stats(b.module, now);
         None
+    }
+}
+
+/// What a report carries beyond the call's outcome, for its node (in the
+/// route): consumed units, and a downstream level, shared (`shared`: a
+/// caller the shard trusts) or `client`'s own until `expires`. Out of
+/// line: a plain report pays one test for both.
+#[cold]
+#[inline(never)]
+fn beyond_the_call(
+    lb: &mut ModuleLb,
+    rep: &wire::Report,
+    client: ClientKey,
+    shared: bool,
+    expires: Millis,
+    metrics: &mut ShardMetrics,
+) {
+    let host = rep.host;
+    if rep.consumed > 0 && !lb.consume(host, rep.consumed).unwrap_or(false) {
+        metrics.consumed_ignored += 1;
+    }
+    if let Some(level) = rep.downstream_level {
+        if shared {
+            let _ = lb.set_level(host, Some(level), expires);
+        } else {
+            let _ = lb.set_private_level(client, host, Some(level), expires);
+            metrics.levels_private += 1;
+        }
+        metrics.levels_reported += 1;
     }
 }
 
