@@ -3,6 +3,25 @@
 //! back-off between attempts, and whether an attempt is due. Pure: time is
 //! an argument, randomness a seeded generator.
 //!
+//! # The back-off
+//!
+//! After `n` consecutive failures the next attempt waits a delay drawn
+//! uniformly from `0..=min(max, initial * 2^n)` ("full jitter"): agents
+//! that lost their servers at the same instant (every route server
+//! restarted, a switch rebooted) spread their attempts over the whole
+//! window instead of coming back in step, and the window's cap bounds how
+//! long an agent waits once its server is reachable again. The clients'
+//! defaults (`initial` 100 ms, `max` 1000 ms) put the next attempt of an
+//! agent cut off for any length of time at most 1 s plus the attempt in
+//! progress (`connect_timeout_ms`, 1 s) away from the heal. What that
+//! costs the servers: an agent at the cap tries every 0.5 s on average
+//! while its attempts are refused at once (a server's port closed: one
+//! SYN and one RST each), so 10,000 agents whose servers are down offer
+//! about 20,000 attempts a second in all, the kernel's work; once a
+//! server listens, each agent's next attempt connects, and those 10,000
+//! arrive spread over about one cap (see the test
+//! `a_fleet_restart_is_spread_over_the_cap_not_synchronised`).
+//!
 //! The route client's and the statistics client's cores each hold one and
 //! state only their protocol around it. The server list and the back-off
 //! bounds can be replaced at runtime ([`Reconnect::reconfigure`], e.g. on a
@@ -67,15 +86,19 @@ pub struct Reconnect {
     pending: Option<ReconnectPolicy>,
 }
 
-/// The reconnection delay after `failures` consecutive failures:
-/// `min(max, initial * 2^failures)` (no overflow), jittered down by up to
-/// half with `rng`.
+/// The reconnection delay after `failures` consecutive failures: drawn
+/// uniformly with `rng` from `0..=min(max, initial * 2^failures)` (no
+/// overflow): full jitter, see the module docs.
 pub fn backoff_delay(initial: u64, max: u64, failures: u32, rng: &mut fastrand::Rng) -> u64 {
-    let base = 1u64
-        .checked_shl(failures)
+    rng.u64(0..=backoff_window(initial, max, failures))
+}
+
+/// The window the delay after `failures` consecutive failures is drawn
+/// from: `min(max, initial * 2^failures)`, without overflow.
+pub fn backoff_window(initial: u64, max: u64, failures: u32) -> u64 {
+    1u64.checked_shl(failures)
         .and_then(|factor| initial.checked_mul(factor))
-        .map_or(max, |d| d.min(max));
-    base - rng.u64(0..=base / 2)
+        .map_or(max, |d| d.min(max))
 }
 
 impl Reconnect {
@@ -145,8 +168,8 @@ impl Reconnect {
     }
 
     /// The connection (or the attempt) ended: the next attempt goes to the
-    /// next server after `min(max, initial * 2^failures)`, jittered down by
-    /// up to half.
+    /// next server after a delay drawn from `0..=min(max, initial *
+    /// 2^failures)` (full jitter).
     pub fn on_disconnected(&mut self, now: u64) {
         if let Some(policy) = self.pending.take() {
             // Go on from the server just left when the new list has it,
@@ -279,12 +302,88 @@ mod tests {
             let mut r = Reconnect::new(policy(&[1]), seed);
             for (n, (_, delay)) in fail(&mut r, 12).into_iter().enumerate() {
                 let base = (100u64 << n).min(5000);
-                assert!(
-                    (base / 2..=base).contains(&delay),
-                    "seed {seed} #{n}: {delay}"
-                );
+                assert!(delay <= base, "seed {seed} #{n}: {delay}");
             }
         }
+    }
+
+    #[test]
+    fn the_jitter_is_full_delays_spread_over_the_whole_window() {
+        // At the cap (5000 ms here), 1,000 agents' delays cover the window
+        // evenly: a quarter of them in its first quarter, none synchronised
+        // at its top (a jitter "down by up to half" put none below 2500).
+        let delays: Vec<u64> = (0..1000)
+            .map(|seed| {
+                let mut r = Reconnect::new(policy(&[1]), seed);
+                r.set_failures(20);
+                r.backoff()
+            })
+            .collect();
+        let low = delays.iter().filter(|&&d| d < 1250).count();
+        assert!((150..=350).contains(&low), "{low} of 1000 below 1250 ms");
+        let mean = delays.iter().sum::<u64>() / 1000;
+        assert!((2200..=2800).contains(&mean), "mean {mean} ms");
+    }
+
+    #[test]
+    fn a_fleet_restart_is_spread_over_the_cap_not_synchronised() {
+        // 10,000 agents with the clients' default back-off (100 ms doubling
+        // to 1000 ms) lose their three servers at 0 ms; every attempt is
+        // refused at once until the servers listen again at 3000 ms.
+        const AGENTS: u64 = 10_000;
+        const UP: u64 = 3000;
+        let defaults = crate::routeclient::RouteClientConfig::new(vec![addr(1)]);
+        let (initial, max) = (defaults.backoff_initial_ms, defaults.backoff_max_ms);
+        let mut attempts_down = 0u64;
+        let mut second_before_up = 0u64;
+        let mut connected_at = Vec::new();
+        for seed in 0..AGENTS {
+            let mut r = Reconnect::new(
+                ReconnectPolicy {
+                    addrs: vec![addr(1), addr(2), addr(3)],
+                    backoff_initial_ms: initial,
+                    backoff_max_ms: max,
+                },
+                seed,
+            );
+            r.poll_connect(0).unwrap();
+            r.on_connected();
+            r.on_disconnected(0);
+            loop {
+                let at = r.next_attempt_at().unwrap();
+                r.poll_connect(at).unwrap();
+                if at >= UP {
+                    r.on_connected();
+                    connected_at.push(at - UP);
+                    break;
+                }
+                attempts_down += 1;
+                second_before_up += u64::from(at >= UP - 1000);
+                r.on_disconnected(at);
+            }
+        }
+        // Back within one cap (1 s) of the servers' return.
+        let last = *connected_at.iter().max().unwrap();
+        assert!(last <= 1000, "the last agent connected {last} ms after");
+        // Spread: no 100 ms holds a quarter of the fleet (in step, one
+        // would hold all of it); the first, the busiest, about a fifth.
+        let mut per_100ms = [0u64; 11];
+        for &t in &connected_at {
+            per_100ms[(t / 100) as usize] += 1;
+        }
+        let peak = *per_100ms.iter().max().unwrap();
+        eprintln!("connections per 100 ms after the servers came back: {per_100ms:?}; attempts in the second before: {second_before_up}; last {last} ms");
+        assert!(
+            peak < AGENTS / 4,
+            "{peak} connections in one 100 ms: {per_100ms:?}"
+        );
+        // What a fleet of 10,000 offers servers that refuse: about 20,000
+        // attempts a second (each agent every 0.5 s on average).
+        assert!(
+            (15_000..=25_000).contains(&second_before_up),
+            "{second_before_up} attempts in the second before the servers came back"
+        );
+        assert!(attempts_down > AGENTS * 3);
     }
 
     #[test]
@@ -322,8 +421,10 @@ mod tests {
             1,
         );
         for f in [0, 1, 63, 64, 65, u32::MAX] {
+            let window = backoff_window(u64::MAX / 2, u64::MAX, f);
+            assert!(window >= u64::MAX / 2, "{f} failures: {window}");
             r.set_failures(f);
-            assert!(r.backoff() >= u64::MAX / 4, "{f} failures");
+            r.backoff();
         }
         r.poll_connect(u64::MAX).unwrap();
         r.on_disconnected(u64::MAX);

@@ -450,6 +450,14 @@ fn retry_in_use<T>(mut bind: impl FnMut() -> io::Result<T>) -> io::Result<T> {
 /// connection to exactly one of them.
 fn bind_all(addr: SocketAddr, n: usize) -> io::Result<Vec<TcpListener>> {
     let first = TcpListener::bind(addr)?;
+    // std listens with a backlog of 128. When every route server restarts,
+    // thousands of agents connect within a second (and while the store
+    // loads, before the executors accept): past the backlog their SYNs are
+    // dropped, each attempt waits out the connect timeout and backs off.
+    // Listen again with the largest queue the kernel allows
+    // (`net.core.somaxconn`, 4096 by default).
+    nix::sys::socket::listen(&first, nix::sys::socket::Backlog::MAXALLOWABLE)
+        .map_err(io::Error::from)?;
     first.set_nonblocking(true)?;
     let mut all = Vec::with_capacity(n);
     for _ in 1..n {
@@ -474,6 +482,20 @@ fn in_use_named(e: io::Error, field: &str, addr: SocketAddr) -> anyhow::Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_burst_of_connections_waits_in_the_queue_not_in_syn_retries() {
+        // Every route server restarted: a fleet connects before anything
+        // accepts. 600 connections (std's backlog holds 129) all complete.
+        let all = bind_all("127.0.0.1:0".parse().unwrap(), 1).unwrap();
+        let addr = all[0].local_addr().unwrap();
+        let mut held = Vec::new();
+        for i in 0..600 {
+            let c = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(3))
+                .unwrap_or_else(|e| panic!("connection {i} not queued: {e}"));
+            held.push(c);
+        }
+    }
 
     #[test]
     fn listeners_share_one_port_that_no_one_else_can_bind() {

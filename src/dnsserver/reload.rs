@@ -97,6 +97,15 @@ impl Intervals {
     pub fn retry(&self) -> Duration {
         self.poll.max(self.notified_poll)
     }
+
+    /// One wait before the next attempt to reach a store that failed:
+    /// [`Self::retry`] jittered down by up to half, drawn with `rng`, so
+    /// that the route servers of one store, which all lost it at the same
+    /// instant (a failover, a restart), do not knock on it in step.
+    pub fn retry_jittered(&self, rng: &mut fastrand::Rng) -> Duration {
+        let retry = self.retry();
+        retry.saturating_sub(retry.mul_f64(rng.f64() / 2.0))
+    }
 }
 
 /// The store poller: see the module docs.
@@ -225,13 +234,13 @@ impl Poller {
         let every = self.intervals.retry().as_millis();
         if self.table.is_loaded() {
             format!(
-                "store unreachable: {e}; serving the last routes ({} modules, route version {}) and retrying every {every} ms",
+                "store unreachable: {e}; serving the last routes ({} modules, route version {}) and retrying every {every} ms or less",
                 self.table.len(),
                 self.table.version()
             )
         } else {
             format!(
-                "store unreachable: {e}; no route loaded yet, so pulls are held (answered once it answers); retrying every {every} ms"
+                "store unreachable: {e}; no route loaded yet, so pulls are held (answered once it answers); retrying every {every} ms or less"
             )
         }
     }
@@ -359,6 +368,7 @@ pub fn run(
     // Whether the store announced changes at the last wait, and whether a
     // failed wait was logged (once per episode).
     let (mut notified, mut wait_failed) = (false, false);
+    let mut jitter = fastrand::Rng::new();
     loop {
         let polled = poller.poll(Instant::now());
         let failed = polled.error.is_some();
@@ -381,7 +391,7 @@ pub fn run(
             let _ = tx.send(polled.error.map_or(Ok(()), Err));
         }
         let every = if failed {
-            poller.intervals().retry()
+            poller.intervals().retry_jittered(&mut jitter)
         } else if notified {
             poller.intervals().notified_poll
         } else {
@@ -846,6 +856,33 @@ pub(crate) mod tests {
 
     fn p_intervals() -> Intervals {
         poller(&MemStore::default()).intervals()
+    }
+
+    #[test]
+    fn retries_of_a_failed_store_are_jittered_so_route_servers_do_not_knock_in_step() {
+        let every = Intervals {
+            poll: Duration::from_millis(25),
+            notified_poll: Duration::from_millis(1000),
+            full_reload: None,
+        };
+        // Three route servers that lost the store at the same instant.
+        let mut servers: Vec<fastrand::Rng> = (0..3).map(fastrand::Rng::with_seed).collect();
+        let mut waits = Vec::new();
+        for _ in 0..200 {
+            for rng in &mut servers {
+                let wait = every.retry_jittered(rng);
+                assert!(
+                    (Duration::from_millis(500)..=Duration::from_millis(1000)).contains(&wait),
+                    "{wait:?}"
+                );
+                waits.push(wait);
+            }
+        }
+        let low = waits
+            .iter()
+            .filter(|w| **w < Duration::from_millis(750))
+            .count();
+        assert!((200..=400).contains(&low), "{low} of 600 in the lower half");
     }
 
     #[test]

@@ -438,6 +438,25 @@ fn judge(j: &Judge) -> Result<bool> {
             ));
         }
     }
+    if !sims.is_empty() {
+        // The simulators' own lateness, in every simulated arrival above:
+        // the worst simulator's, per quantile.
+        let worst = |f: fn(&SimRecord) -> u64| sims.iter().map(f).max().unwrap_or(0);
+        let (p50, p99, max) = (
+            worst(|s| s.loop_lag.p50),
+            worst(|s| s.loop_lag.p99),
+            worst(|s| s.loop_lag.max),
+        );
+        let n: u64 = sims.iter().map(|s| s.loop_lag.n).sum();
+        println!(
+            "{:<58} {:>8}ms {:>8}ms {:>8}ms {:>8}",
+            "simulators' own loop lag (a 10 ms timer's lateness)", p50, p99, max, n
+        );
+        figures.insert(
+            "sim_loop_lag".into(),
+            serde_json::json!({"p50": p50, "p99": p99, "max": max, "n": n}),
+        );
+    }
     let gethosts: u64 = apps.iter().map(|a| a.gethosts).sum();
     let failed: u64 = apps.iter().map(|a| a.gethost_failures).sum();
     let statics: u64 = apps.iter().map(|a| a.static_answers).sum();

@@ -88,6 +88,24 @@ pub struct SimRecord {
     /// epoch): after a restart of every route server, when the last agent
     /// was back.
     pub last_connect_ms: u64,
+    /// How late the simulator's own event loop ran a task that was due: a
+    /// probe timer's lateness, ms. Every arrival the simulator records is
+    /// late by about as much, on top of what the system took.
+    #[serde(default)]
+    pub loop_lag: LagSummary,
+}
+
+/// Quantiles of a set of delays, ms.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LagSummary {
+    /// The median.
+    pub p50: u64,
+    /// The 99th percentile.
+    pub p99: u64,
+    /// The largest.
+    pub max: u64,
+    /// How many were measured.
+    pub n: u64,
 }
 
 /// What one application program on a real agent's host recorded.

@@ -21,7 +21,11 @@ use tokio::sync::watch;
 use crate::clock::Clock;
 use crate::ledger::{self, Pushed};
 use crate::link::{drive, Hooks, Phase};
-use crate::record::{Acked, Arrivals, Module, SimRecord};
+use crate::record::{Acked, Arrivals, LagSummary, Module, SimRecord};
+use crate::verdict::quantile;
+
+/// How often the loop-lag probe asks to be woken, ms.
+const PROBE_EVERY_MS: u64 = 10;
 
 /// The first module id of the lab (`modid`; `cmdid` is 1).
 pub const FIRST_MODID: u32 = 10_000;
@@ -228,6 +232,35 @@ async fn run_agent(
     })
 }
 
+/// Measures the simulator's own scheduling lag while the links run: a
+/// timer due every [`PROBE_EVERY_MS`], and how late the loop woke it. On a
+/// loaded machine with thousands of links on one thread, that lateness is
+/// in every arrival time the simulator records.
+async fn probe_loop_lag(mut phase: watch::Receiver<Phase>) -> LagSummary {
+    let mut lags = Vec::new();
+    while *phase.borrow() == Phase::Run {
+        let due = tokio::time::Instant::now() + Duration::from_millis(PROBE_EVERY_MS);
+        tokio::select! {
+            _ = tokio::time::sleep_until(due) => {
+                lags.push(due.elapsed().as_millis() as u64);
+            }
+            r = phase.changed() => if r.is_err() { break },
+        }
+    }
+    lag_summary(&mut lags)
+}
+
+/// The quantiles of `lags` (sorted in place).
+pub fn lag_summary(lags: &mut [u64]) -> LagSummary {
+    lags.sort_unstable();
+    LagSummary {
+        p50: quantile(lags, 0.5),
+        p99: quantile(lags, 0.99),
+        max: quantile(lags, 1.0),
+        n: lags.len() as u64,
+    }
+}
+
 /// Runs the simulator: every agent until the duration passes or SIGTERM /
 /// SIGINT arrives, then drains the statistics links, then stops.
 ///
@@ -252,6 +285,7 @@ pub fn run(opts: SimOptions) -> Result<SimRecord> {
                 rx.clone(),
             )));
         }
+        let probe = tokio::task::spawn_local(probe_loop_lag(rx.clone()));
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             .context("SIGTERM handler")?;
         tokio::select! {
@@ -280,6 +314,7 @@ pub fn run(opts: SimOptions) -> Result<SimRecord> {
         }
         let mut rec = SimRecord {
             agents: opts.agents,
+            loop_lag: probe.await.context("the loop-lag probe panicked")?,
             ..SimRecord::default()
         };
         for o in outcomes {
@@ -307,6 +342,14 @@ pub fn run(opts: SimOptions) -> Result<SimRecord> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_lag_summary_takes_nearest_rank_quantiles_of_unsorted_lags() {
+        let mut lags: Vec<u64> = (1..=100).rev().collect();
+        let s = lag_summary(&mut lags);
+        assert_eq!((s.p50, s.p99, s.max, s.n), (50, 99, 100, 100));
+        assert_eq!(lag_summary(&mut []), LagSummary::default());
+    }
 
     #[test]
     fn every_module_gets_followers_and_agents_spread_over_servers() {

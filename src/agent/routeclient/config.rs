@@ -17,10 +17,14 @@ pub struct RouteClientConfig {
     /// A connection that receives nothing for this long while answers are
     /// due (pulls in flight, a KeepAlive unanswered) is dead (default 15000).
     pub idle_timeout_ms: u64,
-    /// The first reconnection delay (default 100); it doubles per failed
-    /// attempt up to [`Self::backoff_max_ms`].
+    /// The first reconnection delay's window (default 100); it doubles per
+    /// failed attempt up to [`Self::backoff_max_ms`], and each delay is
+    /// drawn uniformly from `0..=window` (full jitter: see
+    /// [`crate::reconnect`]).
     pub backoff_initial_ms: u64,
-    /// The longest reconnection delay (default 5000).
+    /// The longest reconnection delay (default 1000): after a partition or
+    /// a restart of every server, how long at most an agent waits once a
+    /// server is reachable again (plus the attempt in progress).
     pub backoff_max_ms: u64,
     /// The most modules one PullReq names (default 1024; at most
     /// [`MAX_PULL_MODULES`]).
@@ -48,7 +52,7 @@ impl RouteClientConfig {
             keepalive_ms: 5000,
             idle_timeout_ms: 15_000,
             backoff_initial_ms: 100,
-            backoff_max_ms: 5000,
+            backoff_max_ms: 1000,
             max_modules_per_pull: 1024,
             refresh_ms: 15_000,
             jitter_seed: fastrand::u64(..),

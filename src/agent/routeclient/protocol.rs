@@ -292,8 +292,8 @@ impl RouteClientCore {
 
     /// The connection (or the attempt) ended: pulls in flight go back to
     /// the queue, the next attempt goes to the next address after a
-    /// back-off of `min(max, initial * 2^failures)`, jittered down by up to
-    /// half.
+    /// back-off drawn from `0..=min(max, initial * 2^failures)` (full
+    /// jitter).
     pub fn on_disconnected(&mut self, now: u64) {
         self.requeue_in_flight();
         // A new connection starts without subscriptions.

@@ -18,10 +18,14 @@ pub struct StatsClientConfig {
     /// in flight is dead (default 15000); so is a write that cannot proceed
     /// for this long.
     pub ack_timeout_ms: u64,
-    /// The first reconnection delay (default 100); it doubles per failed
-    /// attempt up to [`Self::backoff_max_ms`].
+    /// The first reconnection delay's window (default 100); it doubles per
+    /// failed attempt up to [`Self::backoff_max_ms`], and each delay is
+    /// drawn uniformly from `0..=window` (full jitter: see
+    /// [`crate::reconnect`]).
     pub backoff_initial_ms: u64,
-    /// The longest reconnection delay (default 5000).
+    /// The longest reconnection delay (default 1000): after a partition or
+    /// a restart of every server, how long at most an agent waits once a
+    /// server is reachable again (plus the attempt in progress).
     pub backoff_max_ms: u64,
     /// The most entries one StatsReport carries (default 1024; at most
     /// [`MAX_MODULES_PER_REPORT`]).
@@ -54,7 +58,7 @@ impl StatsClientConfig {
             connect_timeout_ms: 1000,
             ack_timeout_ms: 15_000,
             backoff_initial_ms: 100,
-            backoff_max_ms: 5000,
+            backoff_max_ms: 1000,
             max_modules_per_report: 1024,
             max_nodes_per_report: 65_536,
             max_reports_in_flight: 8,

@@ -214,8 +214,8 @@ impl StatsClientCore {
 
     /// The connection (or the attempt) ended: reports in flight go back to
     /// the front of the queue (the bound applies), the next attempt goes to
-    /// the next address after the route client's back-off of
-    /// `min(max, initial * 2^failures)`, jittered down by up to half.
+    /// the next address after the route client's back-off: a delay drawn
+    /// from `0..=min(max, initial * 2^failures)` (full jitter).
     pub fn on_disconnected(&mut self, now: u64) {
         while let Some(batch) = self.in_flight.pop_back() {
             self.queued += batch.entries.len();
