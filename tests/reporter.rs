@@ -93,6 +93,8 @@ fn rows_of(caller: u32, time_s: u64, content: &Content) -> Vec<CallStatus> {
                 err: n.err,
                 ts: time_s,
                 overload: n.overloaded,
+                agent_start: 0,
+                seq: 0,
             };
             rows.insert((row.module, row.node, row.caller), row);
         }

@@ -165,6 +165,7 @@ suite!(
     concurrent_admins_never_share_a_version,
     upsert_status_replaces_by_key,
     upsert_status_writes_thousands_in_one_call,
+    a_resent_older_report_never_replaces_a_newer_row,
     bad_rows_are_skipped_not_fatal,
     a_newer_schema_is_refused,
     import_is_one_version_and_logs_every_module,
@@ -470,6 +471,8 @@ fn status(module: ModuleId, node: &str, caller: u32, succ: u32) -> CallStatus {
         err: succ / 10,
         ts: 1_700_000_000,
         overload: false,
+        agent_start: 0,
+        seq: 0,
     }
 }
 
@@ -788,6 +791,8 @@ fn upsert_status_replaces_by_key(db: &Db) {
         err: u32::MAX,
         ts: i64::MAX as u64,
         overload: false,
+        agent_start: u64::MAX,
+        seq: u64::MAX,
     };
     s.upsert_status(&[top]).unwrap();
     assert_eq!(s.call_status(Some(top.module)).unwrap(), vec![top]);
@@ -807,6 +812,52 @@ fn upsert_status_replaces_by_key(db: &Db) {
     assert_eq!(s.call_status(Some(m(3, 3))).unwrap(), vec![]);
 }
 
+/// Issue 32: an agent's report re-sent after a reconnect can reach a
+/// reporter after a newer report of the same run went through another;
+/// the store keeps the newer row, in one batch as across batches.
+fn a_resent_older_report_never_replaces_a_newer_row(db: &Db) {
+    let mut s = db.open();
+    let run = 0xfeed_0000_0000_0001_u64; // above i64::MAX: stored as its bits
+    let from = |seq: u64, succ: u32| CallStatus {
+        agent_start: run,
+        seq,
+        ..status(m(1, 1), "10.0.0.1:80", 7, succ)
+    };
+    let newer = from(5, 50);
+    s.upsert_status(&[newer]).unwrap();
+    s.upsert_status(&[from(4, 40)]).unwrap();
+    assert_eq!(
+        s.call_status(None).unwrap(),
+        vec![newer],
+        "re-sent report 4 undid report 5"
+    );
+    // In one batch, whatever the order.
+    let newest = from(7, 70);
+    s.upsert_status(&[newest, from(6, 60)]).unwrap();
+    assert_eq!(s.call_status(None).unwrap(), vec![newest]);
+    // The same report again stores the same values again.
+    s.upsert_status(&[newest]).unwrap();
+    assert_eq!(s.call_status(None).unwrap(), vec![newest]);
+    // Another run of the agent (restarted: its seq starts again), and an
+    // agent that does not say its run, replace as they come.
+    let restarted = CallStatus {
+        agent_start: run + 1,
+        ..from(1, 10)
+    };
+    s.upsert_status(&[restarted]).unwrap();
+    assert_eq!(s.call_status(None).unwrap(), vec![restarted]);
+    let unknown = status(m(1, 1), "10.0.0.1:80", 7, 3);
+    s.upsert_status(&[unknown]).unwrap();
+    assert_eq!(s.call_status(None).unwrap(), vec![unknown]);
+    // Another caller's row is its own.
+    let other = CallStatus {
+        caller: 8,
+        ..from(1, 1)
+    };
+    s.upsert_status(&[other]).unwrap();
+    assert_eq!(s.call_status(None).unwrap(), vec![unknown, other]);
+}
+
 fn upsert_status_writes_thousands_in_one_call(db: &Db) {
     let mut s = db.open();
     let batch: Vec<CallStatus> = (0..5000u32)
@@ -818,6 +869,8 @@ fn upsert_status_writes_thousands_in_one_call(db: &Db) {
             err: 0,
             ts: 1_700_000_000,
             overload: i % 3 == 0,
+            agent_start: u64::from(i % 7) + 1,
+            seq: u64::from(i),
         })
         .collect();
     let t = Instant::now();
@@ -827,6 +880,7 @@ fn upsert_status_writes_thousands_in_one_call(db: &Db) {
         .map(|r| CallStatus {
             succ: r.succ + 1,
             ts: r.ts + 15,
+            seq: r.seq + 5000,
             ..*r
         })
         .collect();

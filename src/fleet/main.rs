@@ -49,6 +49,11 @@ enum Command {
         /// One statistics entry per agent every this many ms (0: none).
         #[arg(long, default_value_t = 1000)]
         stats_interval_ms: u64,
+        /// Each module's periodic re-pull, ms (the agent's default: 15000;
+        /// 0: none). The lab's restart storm sets it past its window, so
+        /// that every pull the servers count there is a reconnection's.
+        #[arg(long, default_value_t = 15_000)]
+        refresh_ms: u64,
         /// The longest run before draining, seconds.
         #[arg(long, default_value_t = 600)]
         duration_s: u64,
@@ -205,6 +210,7 @@ fn run(command: Command) -> Result<bool> {
             modules,
             per_agent,
             stats_interval_ms,
+            refresh_ms,
             duration_s,
             drain_s,
             out,
@@ -217,6 +223,7 @@ fn run(command: Command) -> Result<bool> {
                 modules,
                 per_agent,
                 stats_interval_ms,
+                refresh_ms,
                 duration: Duration::from_secs(duration_s),
                 drain: Duration::from_secs(drain_s),
             })?;

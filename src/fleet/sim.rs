@@ -84,6 +84,9 @@ pub struct SimOptions {
     pub per_agent: u32,
     /// One statistics entry per agent every this many ms (0: none).
     pub stats_interval_ms: u64,
+    /// Each module's periodic re-pull, ms (0: none): the route client's
+    /// `refresh_ms`.
+    pub refresh_ms: u64,
     /// The longest the run lasts before draining (a signal ends it sooner).
     pub duration: Duration,
     /// The longest the drain lasts.
@@ -182,6 +185,7 @@ async fn run_agent(
     let mods = modules_of(index, opts.per_agent, opts.modules);
     let mut rc = RouteClientConfig::new(rotated(&opts.route_servers, index));
     rc.jitter_seed = u64::from(index) * 0x9E37_79B9 + 1;
+    rc.refresh_ms = opts.refresh_ms;
     let mut route = RouteClientCore::new(&rc).context("route client configuration")?;
     for &m in &mods {
         let (modid, cmdid) = module(m);

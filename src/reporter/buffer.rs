@@ -7,7 +7,10 @@
 //! - **Coalescing.** A row whose key (module, node, caller) already waits in
 //!   its shard replaces the waiting one (the store would replace it
 //!   anyway): the older is removed, counted as coalesced, and the newer
-//!   queues at the back. Rows a writer holds are not coalesced.
+//!   queues at the back. Newer is the store's rule
+//!   ([`CallStatus::supersedes`]): a row from an earlier report of the same
+//!   agent run (a re-send) queues at the back with the waiting row's
+//!   values. Rows a writer holds are not coalesced.
 //! - **Bounded, dropping the oldest.** Rows waiting plus rows the writers
 //!   hold never exceed the bound. A push past it drops the oldest waiting
 //!   rows over all shards (by arrival), counted as dropped; it never waits
@@ -131,20 +134,21 @@ impl Shard {
     }
 
     /// Marks the waiting row `seq` replaced and returns its ticket (0:
-    /// none); compacts when replaced rows outnumber live ones, so dead
-    /// slots never exceed the live ones by much.
-    fn kill(&mut self, seq: u64) -> u64 {
-        let mut ticket = 0;
+    /// none) and its row; compacts when replaced rows outnumber live ones,
+    /// so dead slots never exceed the live ones by much.
+    fn kill(&mut self, seq: u64) -> (u64, Option<CallStatus>) {
+        let (mut ticket, mut row) = (0, None);
         if let Ok(i) = self.slots.binary_search_by_key(&seq, |s| s.seq) {
             self.slots[i].live = false;
             ticket = self.slots[i].ticket;
+            row = Some(self.slots[i].row);
             self.live -= 1;
         }
         self.pop_dead_front();
         if self.slots.len() > 2 * self.live + 64 {
             self.slots.retain(|s| s.live);
         }
-        ticket
+        (ticket, row)
     }
 
     /// Removes and returns the oldest waiting row.
@@ -331,10 +335,16 @@ impl Buffer {
             self.next_seq += 1;
             self.counts.accepted += 1;
             let shard = &mut self.shards[i];
+            let mut kept = *row;
             let replaced = match shard.index.entry(key(row)) {
                 MapEntry::Occupied(mut e) => {
                     let old = e.insert(seq);
-                    let old_ticket = shard.kill(old);
+                    let (old_ticket, old_row) = shard.kill(old);
+                    // A re-sent older report keeps the waiting newer row's
+                    // values (the store would not take the older either).
+                    if let Some(old_row) = old_row.filter(|o| !row.supersedes(o)) {
+                        kept = old_row;
+                    }
                     self.counts.coalesced += 1;
                     self.live -= 1;
                     Some((old, old_ticket))
@@ -346,7 +356,7 @@ impl Buffer {
             };
             shard.slots.push_back(Slot {
                 seq,
-                row: *row,
+                row: kept,
                 ticket,
                 live: true,
             });
@@ -444,8 +454,17 @@ impl Buffer {
         let mut handed = Vec::new();
         let rows = batch.rows.iter().zip(&batch.seqs).zip(&batch.tickets);
         for ((row, &seq), &ticket) in rows.rev() {
+            let mut kept = *row;
             match s.index.get(&key(row)).copied() {
                 Some(newer) if newer > seq => {
+                    // The row that arrived since answers for this one, with
+                    // this one's values if it came from an earlier report
+                    // of the same run (a re-send).
+                    if let Ok(i) = s.slots.binary_search_by_key(&newer, |x| x.seq) {
+                        if !s.slots[i].row.supersedes(row) {
+                            s.slots[i].row = *row;
+                        }
+                    }
                     self.counts.coalesced += 1;
                     handed.push((seq, ticket, newer));
                     continue;
@@ -453,7 +472,10 @@ impl Buffer {
                 Some(older) => {
                     // An older row of the key came back first (two batches
                     // of one shard out at once): this one replaces it.
-                    let old_ticket = s.kill(older);
+                    let (old_ticket, old_row) = s.kill(older);
+                    if let Some(old_row) = old_row.filter(|o| !row.supersedes(o)) {
+                        kept = old_row;
+                    }
                     handed.push((older, old_ticket, seq));
                     self.counts.coalesced += 1;
                     self.live -= 1;
@@ -465,7 +487,7 @@ impl Buffer {
             let at = s.slots.partition_point(|x| x.seq < seq);
             let slot = Slot {
                 seq,
-                row: *row,
+                row: kept,
                 ticket,
                 live: true,
             };
@@ -511,6 +533,8 @@ mod tests {
             err: 0,
             ts,
             overload: false,
+            agent_start: 0,
+            seq: 0,
         }
     }
 
@@ -663,6 +687,70 @@ mod tests {
         let other_caller = CallStatus { caller: 8, ..a };
         buf.push(&[a, other_caller]);
         assert_eq!(buf.len(), 2, "another caller is another key");
+    }
+
+    /// `r` as carried by report `seq` of agent run 77.
+    fn of_report(r: CallStatus, seq: u64, succ: u32) -> CallStatus {
+        CallStatus {
+            agent_start: 77,
+            seq,
+            succ,
+            ..r
+        }
+    }
+
+    #[test]
+    fn a_resent_older_report_keeps_the_waiting_newer_rows_values() {
+        let mut buf = Buffer::new(1, 100);
+        let newer = of_report(row(1, 1, 10), 5, 50);
+        let resent = of_report(row(1, 1, 10), 4, 40);
+        buf.push_report(&[newer], 1, 0);
+        buf.push_report(&[resent], 2, 0);
+        assert_eq!(buf.counts().coalesced, 1);
+        let mut batch = Batch::default();
+        buf.take_batch(0, 10, &mut batch);
+        assert_eq!(batch.rows(), [newer], "the re-send does not undo report 5");
+        buf.written(&mut batch);
+        let mut done = settled(&mut buf);
+        done.sort();
+        assert_eq!(
+            done,
+            [(1, Settled::Committed), (2, Settled::Committed)],
+            "both answered once the newer values are stored"
+        );
+        // Another run, or a run unknown, replaces as it comes.
+        let other_run = CallStatus {
+            agent_start: 78,
+            ..resent
+        };
+        let unknown = CallStatus {
+            agent_start: 0,
+            seq: 0,
+            ..resent
+        };
+        for later in [other_run, unknown] {
+            buf.push(&[newer, later]);
+            assert_eq!(drain_all(&mut buf), [later]);
+        }
+    }
+
+    #[test]
+    fn a_failed_newer_row_gives_its_values_to_a_waiting_resent_one() {
+        let mut buf = Buffer::new(1, 100);
+        let newer = of_report(row(1, 1, 10), 5, 50);
+        let resent = of_report(row(1, 1, 10), 4, 40);
+        buf.push(&[newer]);
+        let mut batch = Batch::default();
+        buf.take_batch(0, 10, &mut batch);
+        buf.push(&[resent]);
+        buf.failed(&mut batch);
+        assert_eq!(drain_all(&mut buf), [newer]);
+        // The other way round: the re-send failed, the newer row waits.
+        buf.push(&[resent]);
+        buf.take_batch(0, 10, &mut batch);
+        buf.push(&[newer]);
+        buf.failed(&mut batch);
+        assert_eq!(drain_all(&mut buf), [newer]);
     }
 
     #[test]

@@ -26,9 +26,12 @@
 //!   still acknowledged: its call statistics are stored).
 //! - A report that names its agent run (`agent_start`, not 0) carries a
 //!   [`ReportKey`]: its consumed units are applied once however often it
-//!   is re-sent ([`lbagent_store::Store::consume_once`]). Its rows need no
-//!   key: a row replaces the stored row of its (module, node, caller), so
-//!   a re-sent report stores the same values again.
+//!   is re-sent ([`lbagent_store::Store::consume_once`]). Its rows carry
+//!   the run and the report's `seq`: a row replaces the stored row of its
+//!   (module, node, caller) unless that row came from a later report of
+//!   the same run ([`CallStatus::supersedes`]), so a re-sent report stores
+//!   the same values again, and one that reaches a reporter after a newer
+//!   report (through another reporter) changes nothing.
 
 use std::fmt;
 use std::net::Ipv4Addr;
@@ -164,7 +167,8 @@ impl Peer {
 }
 
 /// Appends one row per node of `report` to `out`, all stamped with the
-/// report's time and caller; a caller of 0 (the agent does not know its
+/// report's time, caller, run (`agent_start`) and sequence number (0 when
+/// the run is unknown); a caller of 0 (the agent does not know its
 /// address) becomes `peer`, the connection's remote IPv4 address, when
 /// known. Returns the number of rows appended.
 ///
@@ -190,6 +194,10 @@ fn rows_from(
         return Err(RefusedReport::TimeOutOfRange(ts));
     }
     let caller = peer.caller(report);
+    // Which report of which run each row came from, for the store's
+    // newest-wins rule (CallStatus::supersedes); unknown without a run.
+    let agent_start = report.agent_start();
+    let seq = if agent_start == 0 { 0 } else { report.seq() };
     let start = out.len();
     for m in report.modules().unwrap_or_default() {
         let module = ModuleId::new(m.modid(), m.cmdid());
@@ -207,6 +215,8 @@ fn rows_from(
                 err: n.err(),
                 ts,
                 overload: n.overloaded(),
+                agent_start,
+                seq,
             });
         }
     }
@@ -499,6 +509,8 @@ mod tests {
             err: n.err,
             ts: 1_700_000_000,
             overload: n.overloaded,
+            agent_start: 0,
+            seq: 0,
         };
         assert_eq!(
             s.rows(),
@@ -577,6 +589,13 @@ mod tests {
         assert_eq!(s.accepted()[0].consumed, 0..1);
         assert_eq!(s.accepted()[1].key, None, "an agent that names no run");
         assert_eq!(s.accepted()[1].consumed, 1..2);
+        // Its rows carry the run and the report, for the store's
+        // newest-wins rule; a report of no run carries neither.
+        let order = |r: &CallStatus| (r.agent_start, r.seq);
+        assert_eq!(
+            s.rows().iter().map(order).collect::<Vec<_>>(),
+            [(0xabcd, 5), (0, 0)]
+        );
     }
 
     #[test]

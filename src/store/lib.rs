@@ -9,7 +9,8 @@
 //! The tables follow the original's `dnsserver.sql`: `route_data` (modid,
 //! cmdid, ip, port, plus weight), `route_version` (one row), `route_change`
 //! (the change log: version, modid, cmdid) and `server_call_status`
-//! (modid, cmdid, ip, port, caller, succ_cnt, err_cnt, ts, overload).
+//! (modid, cmdid, ip, port, caller, succ_cnt, err_cnt, ts, overload, and
+//! the agent run and report that carried the row: agent_start, seq).
 //! Schema creation and upgrades are versioned migrations applied by
 //! [`open`], idempotent.
 //!
@@ -60,7 +61,7 @@
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{btree_map, BTreeMap, HashSet};
 
 use lbagent_model::{ModuleId, ModuleOptions, NodeAddr, Policy, RouteNode};
 
@@ -122,7 +123,8 @@ pub struct Changes {
 /// One row of per-node call status: what `caller` saw of a node over the
 /// statistics period ending at `ts`. Keyed by (module, node, caller); a new
 /// row for the same key replaces the old (as the original's
-/// `ON DUPLICATE KEY UPDATE`).
+/// `ON DUPLICATE KEY UPDATE`) unless it is older: see
+/// [`CallStatus::supersedes`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct CallStatus {
     /// The module called.
@@ -139,6 +141,13 @@ pub struct CallStatus {
     pub ts: u64,
     /// Whether the agent held the node overloaded.
     pub overload: bool,
+    /// The run of the agent whose report carried the row
+    /// (`StatsReport.agent_start`); 0: unknown (an agent that predates the
+    /// field, a reporter that does not store it, a row written by hand).
+    pub agent_start: u64,
+    /// The sequence number of that report in that run (0 with an unknown
+    /// run).
+    pub seq: u64,
 }
 
 /// Why a store operation failed. Admin errors (`Duplicate`, `NotFound`,
@@ -608,18 +617,44 @@ impl CallStatus {
     pub fn key(&self) -> (ModuleId, NodeAddr, u32) {
         (self.module, self.node, self.caller)
     }
+
+    /// Whether this row may replace `stored`, a row of the same key: always,
+    /// except when both come from the same known run of the same agent and
+    /// this one from an earlier report (a lower `seq`): a re-sent report
+    /// that reaches a reporter after a newer one must not undo it. The
+    /// order within a run is the agent's own sequence, not a clock, so a
+    /// host's clock stepping back changes nothing; rows of different runs,
+    /// or of an unknown run (0), replace as they come, as before.
+    ///
+    /// Both stores apply the same rule in their upsert's `WHERE`; the
+    /// reporter's buffer and [`Store::upsert_status`]'s batch apply it
+    /// among the rows they hold.
+    pub fn supersedes(&self, stored: &CallStatus) -> bool {
+        let same_run = self.agent_start != 0 && self.agent_start == stored.agent_start;
+        !(same_run && self.seq < stored.seq)
+    }
 }
 
-/// `rows` checked, with the last row of each key kept, sorted by key: one
-/// statement may then write them all, and concurrent writers lock rows in
-/// the same order.
+/// `rows` checked, with the newest row of each key kept (the last of
+/// those that [`CallStatus::supersedes`] the one before), sorted by key:
+/// one statement may then write them all, and concurrent writers lock rows
+/// in the same order.
 pub(crate) fn prepare_status(rows: &[CallStatus]) -> Result<Vec<CallStatus>, StoreError> {
-    let mut last = BTreeMap::new();
+    let mut newest: BTreeMap<_, CallStatus> = BTreeMap::new();
     for row in rows {
         row.check()?;
-        last.insert(row.key(), *row);
+        match newest.entry(row.key()) {
+            btree_map::Entry::Occupied(mut e) => {
+                if row.supersedes(e.get()) {
+                    e.insert(*row);
+                }
+            }
+            btree_map::Entry::Vacant(e) => {
+                e.insert(*row);
+            }
+        }
     }
-    Ok(last.into_values().collect())
+    Ok(newest.into_values().collect())
 }
 
 // === reading rows that may be wrong (the module's "Bad rows") ===
@@ -699,6 +734,8 @@ pub(crate) struct StatusRow {
     pub err: i64,
     pub ts: i64,
     pub overload: i64,
+    pub agent_start: i64,
+    pub seq: i64,
 }
 
 fn u32_col(name: &str, v: i64) -> Result<u32, String> {
@@ -777,6 +814,9 @@ impl StatusRow {
             err: u32_col("err_cnt", self.err)?,
             ts,
             overload,
+            // The bits of the agent's u64s, as written.
+            agent_start: self.agent_start as u64,
+            seq: self.seq as u64,
         })
     }
 

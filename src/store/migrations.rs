@@ -55,6 +55,16 @@
 //!   NULL where it keeps the agent's default. A module with options and
 //!   no policy set has a row with policy 0 (`l5`).
 
+//! # Version 5: the newest report wins (issue 32)
+//!
+//! - `server_call_status.agent_start`, `server_call_status.seq`: the agent
+//!   run and the report that carried the row (the bits of the wire's
+//!   `u64`s; 0 and 0 for rows written before, or by a reporter that does
+//!   not know the columns). An upsert does not replace a row with one
+//!   from an earlier report of the same run
+//!   ([`crate::CallStatus::supersedes`]). Readers that predate the columns
+//!   still read and write the table (the columns have defaults).
+
 /// One schema version: what it does and its SQL for each backend.
 pub(crate) struct Migration {
     /// The schema version this migration brings the store to.
@@ -68,7 +78,7 @@ pub(crate) struct Migration {
 }
 
 /// The newest schema version this binary knows.
-pub const LATEST: u32 = 4;
+pub const LATEST: u32 = 5;
 
 /// `schema_version` itself, created before any migration runs (SQLite).
 pub(crate) const SQLITE_SCHEMA_VERSION_TABLE: &str = "CREATE TABLE IF NOT EXISTS schema_version (
@@ -247,6 +257,21 @@ ALTER TABLE route_policy
 ",
     },
     // --- end issue 31 ---
+    // === issue 32: a re-sent older report never replaces a newer row ===
+    Migration {
+        version: 5,
+        name: "call status: the report that carried each row",
+        sqlite: "
+ALTER TABLE server_call_status ADD COLUMN agent_start INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE server_call_status ADD COLUMN seq INTEGER NOT NULL DEFAULT 0;
+",
+        postgres: "
+ALTER TABLE server_call_status
+    ADD COLUMN agent_start BIGINT NOT NULL DEFAULT 0,
+    ADD COLUMN seq BIGINT NOT NULL DEFAULT 0;
+",
+    },
+    // --- end issue 32 (report order) ---
 ];
 
 #[cfg(test)]

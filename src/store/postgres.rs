@@ -841,18 +841,29 @@ impl Store for PostgresStore {
         let err = col(|r| i64::from(r.err));
         let ts = col(|r| r.ts as i64); // checked by prepare_status
         let overload: Vec<bool> = rows.iter().map(|r| r.overload).collect();
+        // The bits of the agent's u64s (CallStatus::supersedes).
+        let agent_start = col(|r| r.agent_start as i64);
+        let seq = col(|r| r.seq as i64);
         let (url, lost) = (self.url.clone(), self.lost.clone());
         let un = |e: ::postgres::Error| unavailable(&url, &lost, &e);
         let mut tx = self.client()?.transaction().map_err(un)?;
         tx.execute(
             "INSERT INTO server_call_status
-                 (modid, cmdid, ip, port, caller, succ_cnt, err_cnt, ts, overload)
+                 (modid, cmdid, ip, port, caller, succ_cnt, err_cnt, ts, overload, agent_start, seq)
              SELECT * FROM UNNEST($1::BIGINT[], $2::BIGINT[], $3::BIGINT[], $4::INTEGER[], $5::BIGINT[],
-                                  $6::BIGINT[], $7::BIGINT[], $8::BIGINT[], $9::BOOLEAN[])
+                                  $6::BIGINT[], $7::BIGINT[], $8::BIGINT[], $9::BOOLEAN[],
+                                  $10::BIGINT[], $11::BIGINT[])
              ON CONFLICT (modid, cmdid, ip, port, caller) DO UPDATE SET
                  succ_cnt = excluded.succ_cnt, err_cnt = excluded.err_cnt,
-                 ts = excluded.ts, overload = excluded.overload",
-            &[&modid, &cmdid, &ip, &port, &caller, &succ, &err, &ts, &overload],
+                 ts = excluded.ts, overload = excluded.overload,
+                 agent_start = excluded.agent_start, seq = excluded.seq
+             WHERE NOT (excluded.agent_start <> 0
+                        AND excluded.agent_start = server_call_status.agent_start
+                        AND excluded.seq < server_call_status.seq)",
+            &[
+                &modid, &cmdid, &ip, &port, &caller, &succ, &err, &ts, &overload, &agent_start,
+                &seq,
+            ],
         )
         .map_err(un)?;
         tx.commit().map_err(un)
@@ -868,7 +879,8 @@ impl Store for PostgresStore {
         let mut tx = self.read_tx()?;
         let rows = tx
             .query(
-                "SELECT modid, cmdid, ip, port, caller, succ_cnt, err_cnt, ts, overload
+                "SELECT modid, cmdid, ip, port, caller, succ_cnt, err_cnt, ts, overload,
+                        agent_start, seq
                    FROM server_call_status
                   WHERE $1::BIGINT IS NULL OR (modid = $1 AND cmdid = $2)",
                 &[&modid, &cmdid],
@@ -888,6 +900,8 @@ impl Store for PostgresStore {
                     Ok(Some(b)) => i64::from(b),
                     _ => int(r, 8),
                 },
+                agent_start: int(r, 9),
+                seq: int(r, 10),
             })
             .collect();
         tx.commit().map_err(un)?;

@@ -755,11 +755,16 @@ impl Store for SqliteStore {
             let mut stmt = tx
                 .prepare_cached(
                     "INSERT INTO server_call_status
-                         (modid, cmdid, ip, port, caller, succ_cnt, err_cnt, ts, overload)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
+                         (modid, cmdid, ip, port, caller, succ_cnt, err_cnt, ts, overload,
+                          agent_start, seq)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)
                      ON CONFLICT (modid, cmdid, ip, port, caller) DO UPDATE SET
                          succ_cnt = excluded.succ_cnt, err_cnt = excluded.err_cnt,
-                         ts = excluded.ts, overload = excluded.overload",
+                         ts = excluded.ts, overload = excluded.overload,
+                         agent_start = excluded.agent_start, seq = excluded.seq
+                     WHERE NOT (excluded.agent_start <> 0
+                                AND excluded.agent_start = server_call_status.agent_start
+                                AND excluded.seq < server_call_status.seq)",
                 )
                 .map_err(un)?;
             for r in &rows {
@@ -773,6 +778,9 @@ impl Store for SqliteStore {
                     r.err,
                     r.ts as i64, // checked by prepare_status
                     i64::from(r.overload),
+                    // The bits of the agent's u64s (CallStatus::supersedes).
+                    r.agent_start as i64,
+                    r.seq as i64,
                 ])
                 .map_err(un)?;
             }
@@ -798,7 +806,8 @@ impl Store for SqliteStore {
         let tx = self.read_tx()?;
         let rows = query(
             &tx,
-            "SELECT modid, cmdid, ip, port, caller, succ_cnt, err_cnt, ts, overload
+            "SELECT modid, cmdid, ip, port, caller, succ_cnt, err_cnt, ts, overload,
+                    agent_start, seq
                FROM server_call_status
               WHERE modid BETWEEN ?1 AND ?2 AND cmdid BETWEEN ?3 AND ?4",
             params![m_lo, m_hi, c_lo, c_hi],
@@ -812,6 +821,8 @@ impl Store for SqliteStore {
                 err: v[6],
                 ts: v[7],
                 overload: v[8],
+                agent_start: v[9],
+                seq: v[10],
             },
         )
         .map_err(un)?;

@@ -24,8 +24,13 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 NET = "10.77"
+# Scenario 7's previous release: main as it stood before issue 32's work
+# was merged (6256ce3, 2026-11-27 04:39 UTC: schema version 2, reporters
+# acknowledging on receipt, no StatsReport.agent_start).
+DEFAULT_PREVIOUS = "6256ce3497dd02d5b512de5840d3172f89349aa1"
 PG_PORT = 5432
 RS_PORT = 7777
 RP_PORT = 7778
@@ -129,6 +134,9 @@ class Lab:
         self.windows = []  # (from_ms, to_ms, host or None)
         self.events = []  # (ms, what)
         self.figures = {}
+        # Scenario 7: the fleet starts on the previous release.
+        self.previous = 7 in args.scenarios
+        self.first_bin = args.previous_lbagent if self.previous else None
         os.makedirs(os.path.join(self.dir, "logs"), exist_ok=True)
 
     # --- network ---
@@ -351,7 +359,7 @@ insecure = true
     def reporters_up(self):
         self.rp_loopback = False
         first = self.rp_names()[0]
-        self.start_rp(first)
+        self.start_rp(first, self.first_bin)
         deadline = time.time() + 60
         while time.time() < deadline and not self.port_open_quiet(first, RP_PORT):
             if not self.alive(first):
@@ -370,7 +378,7 @@ insecure = true
             if self.rp_loopback:
                 self.rp_loopback_dnat(n)
             if n != first or self.rp_loopback:
-                self.start_rp(n)
+                self.start_rp(n, self.first_bin)
 
     def port_open_quiet(self, name, port):
         ip = self.ip(name)
@@ -406,7 +414,7 @@ metrics_addr = "127.0.0.1:9888"
 dir = "{home}"
 [tls]
 insecure = true
-""")
+{self.refresh_section()}""")
         self.start(name, name, [binary or self.a.lbagent, "agent", "--config", conf])
         return home
 
@@ -436,22 +444,32 @@ insecure = true
         log(f"network: bridge {self.bridge}, {len(self.hosts)} namespaces")
         self.postgres_up()
         log("PostgreSQL: primary and synchronous standby streaming")
-        # The schema and the modules, before any server reads the store.
+        # The schema and the modules, before any server reads the store
+        # (scenario 7: after, see upgrade_setup_after_servers).
         self.churn_out = os.path.join(self.dir, "churn.json")
-        self.in_ns("sim", a.fleet, "churn", "--store", self.store_url(), "--modules", str(a.modules),
-                   "--duration-s", "0", "--out", self.churn_out, timeout=120)
+        if not self.upgrade_setup_after_servers():
+            self.churn_setup()
         for n in self.rs_names():
-            self.start_rs(n)
+            self.start_rs(n, self.first_bin)
         self.reporters_up()
         for n in self.rs_names():
             self.wait_for(f"route server {n} listening", lambda n=n: self.port_open(n, RS_PORT), 60)
         for n in self.rp_names():
             self.wait_for(f"reporter {n} listening", lambda n=n: self.port_open(n, RP_PORT), 60)
+        if self.upgrade_setup_after_servers():
+            self.churn_setup()
         self.homes = {}
         for n in self.agents:
-            self.homes[n] = self.start_agent(n)
+            self.homes[n] = self.start_agent(n, self.first_bin)
         log(f"servers: {len(self.rs_names())} route servers, {len(self.rp_names())} reporters; "
             f"{len(self.agents)} agents; built in {time.time() - t0:.1f} s")
+
+    def churn_setup(self):
+        """The lab's modules imported (and the schema made or migrated,
+        with the current build's store code)."""
+        a = self.a
+        self.in_ns("sim", a.fleet, "churn", "--store", self.store_url(), "--modules", str(a.modules),
+                   "--duration-s", "0", "--out", self.churn_out, timeout=120)
 
     def start_load(self, run_s):
         a = self.a
@@ -467,6 +485,7 @@ insecure = true
                 "--reporters", ",".join(self.rp_addrs()), "--agents", str(n), "--first", str(k),
                 "--modules", str(a.modules), "--duration-s", str(run_s + 120),
                 "--drain-s", "20", "--stats-interval-ms", str(a.sim_stats_interval_ms), "--out", out,
+                "--refresh-ms", str(a.refresh_s * 1000),
             ])
             k += n
         self.app_outs = []
@@ -561,7 +580,9 @@ insecure = true
             self.wait_for(f"{n} back", lambda n=n: self.port_open(n, RS_PORT), 30)
         self.windows.append((t, self.now_ms(), None))
         self.figures.setdefault("restart_all_ms", []).append(t)
-        time.sleep(10)
+        self.storm_pulls(t)
+        self.sleep_until(t / 1000 + 11)
+        self.figures["storm"][-1]["refresh_s"] = self.a.refresh_s
 
     def nft_cut(self, host, cut):
         ns = self.ns(host)
@@ -633,11 +654,203 @@ insecure = true
         self.event(f"scenario 6: {victim} restarted")
         time.sleep(5)
 
+    # === scenario 3: pulls per agent in the restart storm (upgrade branch) ===
+
+    def rs_metrics(self, name):
+        """Route server NAME's /metrics samples, summed over labels:
+        {"lbagent_dnsserver_pull_requests_total": v, ...} ({} when it
+        does not answer)."""
+        r = self.in_ns(name, "curl", "-sf", "--max-time", "5", "http://127.0.0.1:9777/metrics",
+                       check=False, timeout=15)
+        out = {}
+        for line in (r.stdout or "").splitlines():
+            if line.startswith("#") or " " not in line:
+                continue
+            key, value = line.rsplit(" ", 1)
+            name_only = key.split("{", 1)[0]
+            try:
+                out[name_only] = out.get(name_only, 0) + float(value)
+            except ValueError:
+                pass
+        return out
+
+    def storm_pulls(self, killed_at_ms):
+        """What the restarted route servers were asked, counted from their
+        own metrics (they start from 0 at the restart), read before any
+        periodic re-pull can be due: an agent re-pulls a module
+        `refresh_ms` (15 s) jittered down by at most a quarter after its
+        last answer, and every answer a restarted server gave came after
+        the kill, so nothing counted up to 3/4 of `--refresh-s` after it
+        is a periodic re-pull. Read once every agent is connected and the
+        count holds still for a second, or 1 s before that bound (at least
+        10 s). On a saturated machine the servers may have accepted
+        connections whose PullReq they have not read yet: a longer
+        window (`--refresh-s 120`) lets them."""
+        agents = self.a.sim_agents + len(self.agents)
+        last = None
+        while True:
+            time.sleep(1)
+            with ThreadPoolExecutor(len(self.rs_names())) as pool:
+                per = list(pool.map(self.rs_metrics, self.rs_names()))
+            took_ms = self.now_ms() - killed_at_ms
+
+            def total(metric):
+                return sum(m.get(f"lbagent_dnsserver_{metric}", 0) for m in per)
+
+            now = (total("connections"), total("pull_requests_total"))
+            window_ms = max(10_000, self.a.refresh_s * 750 - 1000)
+            if (now[0] >= agents and now == last) or took_ms >= window_ms:
+                break
+            last = now
+        connected = total("connections")
+        storm = {
+            "read_after_ms": took_ms,
+            "agents": agents,
+            "connections": int(connected),
+            "connections_accepted": int(total("connections_accepted_total")),
+            "pull_requests": int(total("pull_requests_total")),
+            "modules_pulled": int(total("pulls_total")),
+            "answers": int(total("answers_total")),
+            "unchanged": int(total("unchanged_total")),
+            "held": int(total("pulls_held_total")),
+            "connections_refused": int(total("connections_refused_total")),
+            "subscriptions_refused": int(total("subscriptions_refused_total")),
+        }
+        storm["pulls_per_agent"] = round(storm["pull_requests"] / max(1, connected), 3)
+        storm["modules_pulled_per_agent"] = round(storm["modules_pulled"] / max(1, connected), 2)
+        self.figures.setdefault("storm", []).append(storm)
+        self.event(f"scenario 3: {storm['pull_requests']} PullReqs ({storm['modules_pulled']} modules: "
+                   f"{storm['answers']} answered with nodes, {storm['unchanged']} unchanged) from "
+                   f"{int(connected)} agents connected, {took_ms} ms after the kill")
+
+    # === scenario 7: the rolling upgrade (upgrade branch) ===
+
+    def refresh_section(self):
+        """The agents' periodic re-pull, when --refresh-s is not the default."""
+        return "" if self.a.refresh_s == 15 else f"[lb]\nupdate_timeout = {self.a.refresh_s}\n"
+
+    def upgrade_setup_after_servers(self):
+        """Scenario 7: the previous release's servers make the schema of
+        their version in the empty database; the lab's modules are
+        imported after, with the current build's store code, which
+        migrates the schema under the running servers (as an operator's
+        newer `lbagent route` would)."""
+        return self.previous
+
+    def upgrade_budget_s(self):
+        n = len(self.rs_names()) + len(self.rp_names()) + self.a.agents
+        return 40 + n * (self.a.upgrade_settle_s + 8)
+
+    def upgrade_replace(self, key, start, ready, host_window):
+        """Stops KEY (SIGTERM, as a package upgrade's restart does),
+        starts it again with the current build, waits until it is ready."""
+        p = self.procs[key]
+        t = self.now_ms()
+        os.killpg(p.pid, signal.SIGTERM)
+        try:
+            p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.upgrade_note(f"{key}: the previous release did not stop within 30 s of SIGTERM (killed)")
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait(timeout=30)
+        if p.returncode not in (0, -signal.SIGTERM):
+            self.upgrade_note(f"{key}: the previous release exited {p.returncode} on SIGTERM")
+        start()
+        self.wait_for(f"{key} (current build) ready", ready, 60)
+        self.windows.append((t, self.now_ms(), host_window))
+        self.event(f"scenario 7: {key} runs the current build ({self.now_ms() - t} ms)")
+        time.sleep(self.a.upgrade_settle_s)
+
+    def upgrade_note(self, what):
+        self.figures.setdefault("upgrade_notes", []).append(what)
+        log(f"scenario 7: {what}")
+
+    def heartbeat_fresh(self, name, since_ms):
+        try:
+            return os.stat(os.path.join(self.homes[name], "heartbeat")).st_mtime * 1000 > since_ms
+        except OSError:
+            return False
+
+    def upgrade_probe_previous_server(self):
+        """A previous-release route server started on the store the current
+        build migrated (as a supervisor restarting one mid-upgrade, or a
+        rollback, would): does it serve?"""
+        version = self.psql("db1", "SELECT max(version) FROM schema_version", check=False)
+        conf = self.write("probe-rs.toml", f"""
+[dnsserver]
+listen = "{self.ip('rs1')}:{RS_PORT + 2}"
+metrics_addr = "127.0.0.1:9779"
+[store]
+url = "{self.store_url()}"
+[tls]
+insecure = true
+""")
+        try:
+            r = self.in_ns("rs1", self.a.previous_lbagent, "dnsserver", "--config", conf, check=False, timeout=20)
+            said = " ".join((r.stderr + r.stdout).strip().splitlines()[-1:])[-220:]
+            self.upgrade_note(f"a previous-release route server started on the store at schema version "
+                              f"{version}: exited {r.returncode}: {said}")
+        except subprocess.TimeoutExpired:
+            self.upgrade_note(f"a previous-release route server started on the store at schema version "
+                              f"{version}: it ran (stopped after 20 s)")
+
+    def upgrade_options(self):
+        """Module options and the p2c policy, set with the current build on
+        two of the real agents' modules while every server and agent is the
+        previous release (which knows neither)."""
+        (m1, m2) = (self.agent_modules(0)[0], self.agent_modules(0)[1])
+        for argv in ([self.a.lbagent, "route", "policy", str(10_000 + m1), "1", "p2c"],
+                     [self.a.lbagent, "route", "options", str(10_000 + m2), "1", "--slow-start-ms", "5000"]):
+            r = self.in_ns("sim", *argv, "--store", self.store_url(), check=False, timeout=30)
+            if r.returncode != 0:
+                self.upgrade_note(f"{' '.join(argv[1:4])}: exited {r.returncode}: {r.stderr.strip()[:200]}")
+        time.sleep(2)
+        bad = {n: self.rs_metrics(n).get("lbagent_dnsserver_store_bad_rows") for n in self.rs_names()}
+        self.upgrade_note(f"p2c on module {10_000 + m1}, slow start on {10_000 + m2} (current CLI): "
+                          f"previous-release route servers' store_bad_rows gauge {bad}")
+
+    def scenario_7(self):
+        """The rolling upgrade: every route server, reporter and agent
+        replaced one by one with the current build, under churn and
+        statistics load."""
+        self.event(f"scenario 7: the fleet runs the previous release ({self.a.previous[:12]})")
+        self.upgrade_probe_previous_server()
+        self.upgrade_options()
+
+        def rs(n):
+            self.upgrade_replace(n, lambda: self.start_rs(n), lambda: self.port_open(n, RS_PORT), None)
+
+        def rp(n):
+            self.upgrade_replace(n, lambda: self.start_rp(n), lambda: self.port_open(n, RP_PORT), None)
+
+        def agent(n):
+            t = self.now_ms()
+            self.upgrade_replace(n, lambda: self.start_agent(n),
+                                 lambda: self.alive(n) and self.heartbeat_fresh(n, t), n)
+
+        # Interleaved, so that both mixes run a while: previous-release
+        # agents on current servers, and current agents (the simulated
+        # ones throughout, half the real ones from early on) on
+        # previous-release servers.
+        half = (len(self.agents) + 1) // 2
+        rs(self.rs_names()[0])
+        for n in self.agents[:half]:
+            agent(n)
+        rp(self.rp_names()[0])
+        for n in self.rs_names()[1:]:
+            rs(n)
+        for n in self.rp_names()[1:]:
+            rp(n)
+        for n in self.agents[half:]:
+            agent(n)
+        self.event("scenario 7: every process runs the current build")
+
     def run(self):
         a = self.a
         self.build()
         # Long enough for every scenario; the apps and churn stop at its end.
-        budget = {1: a.steady_s, 2: 16 + a.freeze_s, 3: 14, 4: a.partition_s + 6, 5: 10, 6: 10}
+        budget = {1: a.steady_s, 2: 16 + a.freeze_s, 3: 14, 4: a.partition_s + 6, 5: 10, 6: 10,
+                  7: self.upgrade_budget_s()}
         run_s = 8 + sum(budget.get(s, 0) for s in a.scenarios)
         rss0 = self.rs_rss_kib()
         self.start_load(run_s)
@@ -665,7 +878,8 @@ insecure = true
             self.check_up()
         log("scenarios done; letting the churn and the load finish")
         self.procs["churn"].wait(timeout=max(10, run_s - (time.time() - t_start) + 60))
-        time.sleep(3)  # the last change reaches everyone
+        # The last change reaches everyone: within the bound, as every other.
+        time.sleep(max(3, a.bound_ms / 1000))
         self.figures["cpu_s"] = {
             "simulators": round(sum(self.cpu_s(k) for k in self.procs if k.startswith("sim")), 1),
             "route_servers": round(sum(self.cpu_s(k) for k in self.rs_names()), 1),
@@ -745,12 +959,27 @@ insecure = true
             if last >= t:
                 self.figures["resubscribed_after_restart_ms"] = last - t
                 print(f"{'every route server restarted -> last agent reconnected':<58} {last - t:>30}ms")
+        self.print_upgrade_figures()
         summary = {"verdict": figures, "lab": self.figures, "events": self.events,
                    "windows": self.windows, "rc": r.returncode}
         if a.json:
             with open(a.json, "w") as f:
                 json.dump(summary, f)
         return r.returncode
+
+
+    def print_upgrade_figures(self):
+        """Scenario 3's pulls per agent and scenario 7's notes (what the
+        invariants do not say)."""
+        for st in self.figures.get("storm", [])[-1:]:
+            print(f"{'every route server restarted -> PullReqs per agent (target <= 1)':<58} "
+                  f"{st['pulls_per_agent']:>30}")
+            print(f"{'... modules pulled per agent (answered with nodes / unchanged)':<58} "
+                  f"{st['modules_pulled_per_agent']:>12} ({st['answers']} / {st['unchanged']})")
+            print(f"{'... agents connected when counted / in the fleet':<58} "
+                  f"{st['connections']:>12} / {st['agents']} at +{st['read_after_ms']} ms")
+        for note in self.figures.get("upgrade_notes", []):
+            print(f"scenario 7: {note}")
 
 
 def heal_convergence_ms(churn, app, cut_from, healed):
@@ -779,7 +1008,17 @@ def main():
     p.add_argument("--fleet", help="the lbagent-fleet binary")
     p.add_argument("--short", action="store_true",
                    help="CI's run: 4 agent hosts, 1,000 simulated agents, scenarios 2, 4 and 5")
-    p.add_argument("--scenarios", default="2,4,5", help="comma-separated, from 1-6 (default 2,4,5)")
+    p.add_argument("--scenarios", default="2,4,5", help="comma-separated, from 1-7 (default 2,4,5)")
+    p.add_argument("--previous", default=DEFAULT_PREVIOUS,
+                   help="scenario 7: the earlier commit the fleet starts on (tools/fleet/lab builds it "
+                        f"and passes --previous-lbagent; default {DEFAULT_PREVIOUS})")
+    p.add_argument("--previous-lbagent", help="scenario 7: the previous release's lbagent binary")
+    p.add_argument("--refresh-s", type=int, default=15,
+                   help="every agent's periodic re-pull of each module, s (real agents' lb.update_timeout, "
+                        "the simulated agents' refresh; default 15, the agent's); the restart storm's pull "
+                        "count waits for every agent up to 3/4 of it, so 120 gives it a window of 89 s")
+    p.add_argument("--upgrade-settle-s", type=int, default=5,
+                   help="scenario 7: seconds between one process replaced and the next")
     p.add_argument("--agents", type=int, default=16, help="real agent hosts (default 16)")
     p.add_argument("--sim-agents", type=int, default=10000, help="simulated agents (default 10,000)")
     p.add_argument("--sim-per-process", type=int, default=4000,
@@ -807,9 +1046,13 @@ def main():
     a.scenarios = [int(s) for s in a.scenarios.split(",") if s]
     if a.sim_stats_interval_ms <= 0:
         a.sim_stats_interval_ms = max(1000, a.sim_agents)
-    bad = [s for s in a.scenarios if s not in range(1, 7)]
+    bad = [s for s in a.scenarios if s not in range(1, 8)]
     if bad:
-        print(f"lab: --scenarios: {bad} not in 1-6 (7, the rolling upgrade, is not built yet)", file=sys.stderr)
+        print(f"lab: --scenarios: {bad} not in 1-7", file=sys.stderr)
+        return 2
+    if 7 in a.scenarios and not a.previous_lbagent:
+        print("lab: scenario 7 needs --previous-lbagent (tools/fleet/lab builds it from --previous)",
+              file=sys.stderr)
         return 2
     a.hot = min(a.hot, a.modules, max(10, a.agents * 10))
     if a.route_servers < 2 or a.reporters < 1:
