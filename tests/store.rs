@@ -614,6 +614,7 @@ fn every_change_bumps_the_version_and_logs_its_module(db: &Db) {
             nodes: vec![],
             policy: lbagent::model::Policy::L5,
             options: Default::default(),
+            meta: vec![],
         }]
     );
     assert!(s

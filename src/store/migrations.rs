@@ -54,6 +54,14 @@
 //!   `panic_percent`, `locality_min_percent`: a module's own options,
 //!   NULL where it keeps the agent's default. A module with options and
 //!   no policy set has a row with policy 0 (`l5`).
+//!
+//! # Version 5: a node's zone and labels (issue 31)
+//!
+//! - `route_data.zone`: the node's zone, NULL for none (1 to 63 bytes of
+//!   `A-Z a-z 0-9 . _ -`; the model checks the charset on the way in and
+//!   on the way out, the column only its length).
+//! - `route_data.labels`: its labels as `k=v,k2=v2`, sorted by key, NULL
+//!   for none (at most 16; bounded to 2,047 characters by the column).
 
 /// One schema version: what it does and its SQL for each backend.
 pub(crate) struct Migration {
@@ -68,7 +76,7 @@ pub(crate) struct Migration {
 }
 
 /// The newest schema version this binary knows.
-pub const LATEST: u32 = 4;
+pub const LATEST: u32 = 5;
 
 /// `schema_version` itself, created before any migration runs (SQLite).
 pub(crate) const SQLITE_SCHEMA_VERSION_TABLE: &str = "CREATE TABLE IF NOT EXISTS schema_version (
@@ -247,6 +255,25 @@ ALTER TABLE route_policy
 ",
     },
     // --- end issue 31 ---
+    // --- issue 31: zones and labels in the store (the meta block) ---
+    Migration {
+        version: 5,
+        name: "node zone and labels",
+        sqlite: "
+ALTER TABLE route_data ADD COLUMN zone TEXT
+    CONSTRAINT route_data_zone_check CHECK (zone IS NULL OR length(zone) BETWEEN 1 AND 63);
+ALTER TABLE route_data ADD COLUMN labels TEXT
+    CONSTRAINT route_data_labels_check CHECK (labels IS NULL OR length(labels) BETWEEN 1 AND 2047);
+",
+        postgres: "
+ALTER TABLE route_data
+    ADD COLUMN zone TEXT
+        CONSTRAINT route_data_zone_check CHECK (zone IS NULL OR length(zone) BETWEEN 1 AND 63),
+    ADD COLUMN labels TEXT
+        CONSTRAINT route_data_labels_check CHECK (labels IS NULL OR length(labels) BETWEEN 1 AND 2047);
+",
+    },
+    // --- end issue 31: zones and labels ---
 ];
 
 #[cfg(test)]
