@@ -51,8 +51,10 @@
 //! | 1 | zone length, 0..=63 (0: no zone), then the zone's bytes |
 //! | 1 | label count, 0..=16, then per label: 1 key length (1..=63), the key, 1 value length (0..=63), the value |
 //!
-//! in strictly increasing (route, address, port) order, each name checked
-//! as the model checks it (`A-Z a-z 0-9 . _ -`). [`write()`] writes
+//! in strictly increasing (route, address, port) order, each with a zone
+//! or a label, labels sorted by key, each name checked as the model checks
+//! it (`A-Z a-z 0-9 . _ -`), and at least one entry: a file has one form,
+//! the one [`write()`] makes of what it holds. [`write()`] writes
 //! version 2 only when some node has a zone or a label, so an agent whose
 //! routes have none writes exactly version 1, which every older client
 //! reads; this code reads both. An older client reading a version-2 file
@@ -776,6 +778,10 @@ fn index(path: &Path, bytes: &[u8]) -> Result<Indexed, SnapshotError> {
 fn index_meta(rest: &[u8], routes: usize) -> Result<Vec<RouteMeta>, String> {
     let mut r = Reader { bytes: rest, at: 0 };
     let count = r.u32("the zones and labels' entry count")? as usize;
+    if count == 0 {
+        // What write() makes of no entries is version 1: one file, one form.
+        return Err("a version-2 file with no zone or label entry (version 1 has none)".into());
+    }
     // Each entry takes at least 12 bytes.
     if count > rest.len() / 12 {
         return Err(format!(
@@ -808,7 +814,14 @@ fn index_meta(rest: &[u8], routes: usize) -> Result<Vec<RouteMeta>, String> {
             let (k, v) = (r.name("a label key")?, r.name("a label value")?);
             labels.push(Label::new(k, v).map_err(|e| bad(e.to_string()))?);
         }
+        if labels.windows(2).any(|w| w[0].key() > w[1].key()) {
+            // write() sorts them: one file, one form.
+            return Err(bad("labels not sorted by key".into()));
+        }
         let labels = Labels::new(labels).map_err(|e| bad(e.to_string()))?;
+        if zone.is_none() && labels.is_empty() {
+            return Err(bad("an entry with neither a zone nor a label".into()));
+        }
         if let Some(prev) = out.last() {
             if (prev.0, prev.1) >= (route, addr) {
                 return Err(bad("not in strictly increasing (route, node) order".into()));
@@ -1399,6 +1412,12 @@ mod tests {
                 "twice",
             ),
             (file(&[entry(0, 80, b"eu", &[(b"", b"1")])]), "empty"),
+            (file(&[entry(0, 80, b"", &[])]), "neither"),
+            (
+                file(&[entry(0, 80, b"", &[(b"b", b""), (b"a", b"")])]),
+                "not sorted",
+            ),
+            (file(&[]), "no zone or label entry"),
             (
                 file(&[entry(0, 80, b"eu", &[]), entry(0, 80, b"us", &[])]),
                 "increasing",
@@ -1486,17 +1505,32 @@ mod tests {
             addr: NodeAddr { ip, port },
             weight,
         });
+        // Some nodes get a zone and labels (format 2), from a few names.
+        let zones = ["eu-1", "us-2", "a.b_c"];
+        let labels = ["", "version=canary", "tier=gold,v=", "a=1,b=2,c=3"];
+        let meta = (0usize..4, 0usize..4).prop_map(move |(z, l)| NodeMeta {
+            zone: zones.get(z).map(|z| z.parse().unwrap()),
+            labels: labels[l].parse().unwrap(),
+        });
         let route = (
             0u32..8,
             0u32..8,
             any::<u64>(),
-            prop::collection::vec(node, 0..6),
+            prop::collection::vec((node, prop::option::weighted(0.3, meta)), 0..6),
         )
-            .prop_map(|(modid, cmdid, version, nodes)| SnapshotRoute {
-                module: ModuleId::new(modid, cmdid),
-                version,
-                nodes,
-                meta: Vec::new(),
+            .prop_map(|(modid, cmdid, version, nodes)| {
+                let mut meta: Vec<(NodeAddr, NodeMeta)> = nodes
+                    .iter()
+                    .filter_map(|(n, m)| m.clone().filter(|m| !m.is_empty()).map(|m| (n.addr, m)))
+                    .collect();
+                meta.sort_by_key(|(a, _)| *a);
+                meta.dedup_by_key(|(a, _)| *a);
+                SnapshotRoute {
+                    module: ModuleId::new(modid, cmdid),
+                    version,
+                    nodes: nodes.into_iter().map(|(n, _)| n).collect(),
+                    meta,
+                }
             });
         prop::collection::vec(route, 0..10).prop_map(|mut routes| {
             routes.sort_by_key(|r| r.module);
