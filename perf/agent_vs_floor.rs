@@ -134,6 +134,7 @@ fn run_agent(threads: usize, dur: Duration) -> Run {
             module: M,
             version: 1,
             nodes,
+            meta: Vec::new(),
         }],
     )
     .unwrap();

@@ -147,6 +147,7 @@ fn routes(t: Table, version: u64) -> Vec<SnapshotRoute> {
             module: module(k),
             version,
             nodes: (0..t.nodes).map(|i| node(t, k, i)).collect(),
+            meta: Vec::new(),
         })
         .collect()
 }

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand};
 use lbagent::config::reload::Role;
 use lbagent::config::{Config, ConfigSource, DEFAULT_TOML};
-use lbagent::model::{ModuleId, NodeAddr, Policy, RouteNode};
+use lbagent::model::{Label, Labels, ModuleId, NodeAddr, NodeMeta, Policy, RouteNode, Zone};
 use lbagent::store::table::{self, TableFormat};
 use lbagent::store::{self, ModuleRoute, StoreError, StoreUrl};
 
@@ -194,6 +194,17 @@ enum RouteCommand {
         /// The node's weight / capacity (balance policy), 1..=1000000.
         #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=i64::from(store::MAX_WEIGHT)))]
         weight: u32,
+        /// The node's zone (a data centre, a rack, a cloud zone): 1 to 63
+        /// characters of A-Z a-z 0-9 . _ -. Agents whose agent.zone is the
+        /// same prefer it.
+        #[arg(long, value_name = "ZONE", value_parser = parse_zone)]
+        zone: Option<Zone>,
+        /// A label of the node, KEY=VALUE (e.g. version=canary; a key of 1
+        /// to 63 characters, a value of 0 to 63, of A-Z a-z 0-9 . _ -);
+        /// repeat for more, at most 16, each key once. `gethost --select`
+        /// picks among the nodes whose labels match.
+        #[arg(long = "label", value_name = "KEY=VALUE", value_parser = parse_label)]
+        labels: Vec<Label>,
         /// The store: `sqlite:PATH` or a `postgres://` URL (default: store.url
         /// of --config, else sqlite:./lbagent-data/lbagent.db, the
         /// standalone default).
@@ -207,6 +218,37 @@ enum RouteCommand {
         /// never becomes a new, empty store).
         #[arg(long)]
         create: bool,
+    },
+    /// Show or set the zone and labels of a node the module has. Given
+    /// options replace what they name (`--label` replaces every label);
+    /// the others keep theirs; none: show them. One versioned change,
+    /// pushed to every agent following the module.
+    Meta {
+        /// Module id.
+        modid: u32,
+        /// Command id.
+        cmdid: u32,
+        /// The node, A.B.C.D:PORT.
+        node: NodeAddr,
+        /// The node's zone: 1 to 63 characters of A-Z a-z 0-9 . _ -.
+        #[arg(long, value_name = "ZONE", value_parser = parse_zone, conflicts_with = "no_zone")]
+        zone: Option<Zone>,
+        /// Clear the node's zone.
+        #[arg(long)]
+        no_zone: bool,
+        /// A label, KEY=VALUE; repeat for more (at most 16, each key
+        /// once). The node's labels become exactly these.
+        #[arg(long = "label", value_name = "KEY=VALUE", value_parser = parse_label, conflicts_with = "no_labels")]
+        labels: Vec<Label>,
+        /// Clear the node's labels.
+        #[arg(long)]
+        no_labels: bool,
+        /// The store: `sqlite:PATH` or a `postgres://` URL (default as for add).
+        #[arg(long, value_name = "URL")]
+        store: Option<String>,
+        /// A configuration file whose store.url to use.
+        #[arg(long, value_name = "FILE")]
+        config: Option<PathBuf>,
     },
     /// Remove a node from a module's route.
     Del {
@@ -224,8 +266,10 @@ enum RouteCommand {
         config: Option<PathBuf>,
     },
     /// Apply a whole route table from FILE in one transaction and one
-    /// route version: CSV with a header (modid,cmdid,ip,port,weight) or
-    /// JSON lines ({"modid":..,"cmdid":..,"ip":"A.B.C.D","port":..,"weight":..}),
+    /// route version: CSV with a header (modid,cmdid,ip,port,weight, and
+    /// optionally zone and labels, labels as k=v;k2=v2) or JSON lines
+    /// ({"modid":..,"cmdid":..,"ip":"A.B.C.D","port":..,"weight":..},
+    /// optionally "zone":"..","labels":"k=v,k2=v2"),
     /// picked by the extension (.csv; .jsonl, .ndjson, .json), else by the
     /// first line ({ means JSON lines). Every row is checked first with
     /// route add's rules; any bad row: all of them are named by line (exit
@@ -557,6 +601,7 @@ fn standalone(args: StandaloneArgs) -> ExitCode {
 fn route(cmd: RouteCommand) -> ExitCode {
     let (store_arg, config) = match &cmd {
         RouteCommand::Add { store, config, .. }
+        | RouteCommand::Meta { store, config, .. }
         | RouteCommand::Del { store, config, .. }
         | RouteCommand::Import { store, config, .. }
         | RouteCommand::Export { store, config, .. }
@@ -616,13 +661,77 @@ fn route(cmd: RouteCommand) -> ExitCode {
             cmdid,
             node,
             weight,
+            zone,
+            labels,
             ..
         } => {
             let module = ModuleId::new(modid, cmdid);
-            match db.add_node(module, RouteNode { addr: node, weight }) {
+            let labels = match labels_of(labels) {
+                Ok(l) => l,
+                Err(code) => return code,
+            };
+            let meta = NodeMeta { zone, labels };
+            match db.add_node_meta(module, RouteNode { addr: node, weight }, &meta) {
                 Ok(v) => {
                     println!(
-                        "added {node} (weight {weight}) to module {module}; route version {v}"
+                        "added {node} (weight {weight}{}) to module {module}; route version {v}",
+                        meta_text(&meta)
+                    );
+                    ExitCode::SUCCESS
+                }
+                Err(e) => refused(e),
+            }
+        }
+        RouteCommand::Meta {
+            modid,
+            cmdid,
+            node,
+            zone,
+            no_zone,
+            labels,
+            no_labels,
+            ..
+        } => {
+            let module = ModuleId::new(modid, cmdid);
+            let held = match db.list(Some(module)) {
+                Ok(routes) => routes
+                    .first()
+                    .filter(|r| r.nodes.iter().any(|n| n.addr == node))
+                    .map(|r| {
+                        r.meta
+                            .iter()
+                            .find(|(a, _)| *a == node)
+                            .map(|(_, m)| m.clone())
+                            .unwrap_or_default()
+                    }),
+                Err(e) => return refused(e),
+            };
+            let Some(mut meta) = held else {
+                return refused(StoreError::NotFound { module, node });
+            };
+            let change = zone.is_some() || no_zone || !labels.is_empty() || no_labels;
+            if !change {
+                println!("module {module} node {node}{}", meta_text(&meta));
+                return ExitCode::SUCCESS;
+            }
+            if let Some(z) = zone {
+                meta.zone = Some(z);
+            } else if no_zone {
+                meta.zone = None;
+            }
+            if !labels.is_empty() {
+                meta.labels = match labels_of(labels) {
+                    Ok(l) => l,
+                    Err(code) => return code,
+                };
+            } else if no_labels {
+                meta.labels = Labels::default();
+            }
+            match db.set_meta(module, node, &meta) {
+                Ok(v) => {
+                    println!(
+                        "module {module} node {node}{}; route version {v}",
+                        meta_text(&meta)
                     );
                     ExitCode::SUCCESS
                 }
@@ -705,8 +814,8 @@ fn route(cmd: RouteCommand) -> ExitCode {
             ExitCode::SUCCESS
         }
         RouteCommand::Import { replace, .. } => {
-            let rows = rows.unwrap_or_default();
-            match db.import_routes(&rows, replace) {
+            let t = rows.unwrap_or_default();
+            match db.import_table(&t.rows, &t.meta, replace) {
                 Ok(i) => {
                     println!(
                         "imported {} nodes of {} modules{}; route version {}",
@@ -776,7 +885,7 @@ fn route(cmd: RouteCommand) -> ExitCode {
 fn read_table(
     file: &std::path::Path,
     format: Option<TableFormat>,
-) -> Result<Vec<(ModuleId, RouteNode)>, ExitCode> {
+) -> Result<table::Table, ExitCode> {
     let read = if file.as_os_str() == "-" {
         let mut s = String::new();
         std::io::Read::read_to_string(&mut std::io::stdin(), &mut s).map(|_| s)
@@ -792,6 +901,40 @@ fn read_table(
         eprintln!("lbagent route import: {}: {bad}", file.display());
         ExitCode::from(EXIT_USAGE)
     })
+}
+
+/// `--zone`: a zone name within the model's bounds.
+fn parse_zone(s: &str) -> Result<Zone, String> {
+    s.parse().map_err(|e| format!("{e}"))
+}
+
+/// `--label`: one `KEY=VALUE` within the model's bounds.
+fn parse_label(s: &str) -> Result<Label, String> {
+    s.parse().map_err(|e| format!("{e}"))
+}
+
+/// The `--label`s given as a node's labels: at most 16, each key once;
+/// otherwise the reason on standard error and exit 2.
+fn labels_of(labels: Vec<Label>) -> Result<Labels, ExitCode> {
+    Labels::new(labels).map_err(|e| {
+        eprintln!("lbagent route: --label: {e}");
+        ExitCode::from(EXIT_USAGE)
+    })
+}
+
+/// `, zone Z, labels k=v,...` for what `meta` has (nothing for none).
+fn meta_text(meta: &NodeMeta) -> String {
+    let mut out = String::new();
+    if let Some(z) = &meta.zone {
+        out.push_str(&format!(", zone {z}"));
+    }
+    if !meta.labels.is_empty() {
+        out.push_str(&format!(", labels {}", meta.labels));
+    }
+    if meta.is_empty() {
+        out.push_str(", no zone, no labels");
+    }
+    out
 }
 
 /// A policy name, `l5`, `balance` or `p2c`.
@@ -900,24 +1043,47 @@ fn routes_json(version: u64, routes: &[ModuleRoute]) -> serde_json::Value {
                     "panic_percent": r.options.panic_percent,
                     "locality_min_percent": r.options.locality_min_percent,
                 },
-                "nodes": r.nodes.iter().map(|n| serde_json::json!({
-                    "node": n.addr.to_string(),
-                    "weight": n.weight,
-                })).collect::<Vec<_>>(),
+                "nodes": r.nodes.iter().map(|n| {
+                    let meta = node_meta(r, n.addr);
+                    serde_json::json!({
+                        "node": n.addr.to_string(),
+                        "weight": n.weight,
+                        "zone": meta.and_then(|m| m.zone.as_ref()).map(|z| z.as_str()),
+                        "labels": meta.map(|m| m.labels.to_string()).unwrap_or_default(),
+                    })
+                }).collect::<Vec<_>>(),
             })
         })
         .collect();
     serde_json::json!({ "route_version": version, "modules": modules })
 }
 
-/// `route list`: one line per node (the policy last).
+/// The zone and labels of `route`'s node `addr`, if it has any.
+fn node_meta(route: &ModuleRoute, addr: NodeAddr) -> Option<&NodeMeta> {
+    route
+        .meta
+        .binary_search_by_key(&addr, |(a, _)| *a)
+        .ok()
+        .map(|i| &route.meta[i].1)
+}
+
+/// `route list`: one line per node (the policy, then the zone and the
+/// labels, `-` for none, last).
 fn routes_text(version: u64, routes: &[ModuleRoute]) -> String {
-    let mut out =
-        format!("# route version {version}\n# modid cmdid node weight module_version policy\n");
+    let mut out = format!(
+        "# route version {version}\n# modid cmdid node weight module_version policy zone labels\n"
+    );
     for r in routes {
         for n in &r.nodes {
+            let meta = node_meta(r, n.addr);
+            let zone = meta
+                .and_then(|m| m.zone.as_ref())
+                .map_or("-", |z| z.as_str());
+            let labels = meta
+                .filter(|m| !m.labels.is_empty())
+                .map_or_else(|| "-".to_string(), |m| m.labels.to_string());
             out.push_str(&format!(
-                "{} {} {} {} {} {}\n",
+                "{} {} {} {} {} {} {zone} {labels}\n",
                 r.module.modid, r.module.cmdid, n.addr, n.weight, r.version, r.policy
             ));
         }

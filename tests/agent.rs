@@ -374,6 +374,7 @@ fn a_restart_serves_each_shards_share_of_the_snapshot_and_writes_it_all_back() {
         module,
         version: 5,
         nodes,
+        meta: Vec::new(),
     };
     let written = vec![
         route(M, nodes(3)),
@@ -400,6 +401,60 @@ fn a_restart_serves_each_shards_share_of_the_snapshot_and_writes_it_all_back() {
     assert_eq!(s.routes, written[..2]);
 }
 
+/// Issue 31: the nodes' zones and labels survive a restart from the static
+/// route file. An agent in zone eu-1 learns a route whose only eu-1 node
+/// is node 2 and answers only it; stopped (the file written), then started
+/// again with the route server gone, it still answers only node 2, and the
+/// file it writes again keeps the zones and labels.
+#[test]
+fn zones_and_labels_survive_a_restart_from_the_snapshot() {
+    use lbagent::model::NodeMeta;
+    let dir = tempfile::tempdir().unwrap();
+    let mut source = RouteSource::start();
+    let meta = |zone: &str, labels: &str| NodeMeta {
+        zone: Some(zone.parse().unwrap()),
+        labels: labels.parse().unwrap(),
+    };
+    let metas = vec![
+        (node(1), meta("us-1", "version=stable")),
+        (node(2), meta("eu-1", "version=canary")),
+        (node(3), meta("us-1", "version=stable")),
+    ];
+    source.set_route_meta(M, &nodes(3), &metas);
+    let mut agent = start_with(
+        dir.path(),
+        source.addr(),
+        "127.0.0.1:1",
+        1,
+        ("", "zone = \"eu-1\""),
+    );
+    let mut c = Client::patient(agent.port, Duration::from_secs(3));
+    c.wait_route(M);
+    let only_local = |c: &mut Client| (0..9).all(|_| c.get_host(M).1 == Some(node(2)));
+    assert!(only_local(&mut c), "the agent prefers its zone's node");
+    let (code, _) = agent.sigterm();
+    assert_eq!(code, Some(0));
+    let s = snapshot::read(&agent.snapshot_path()).expect("a snapshot written at shutdown");
+    assert_eq!(
+        s.route(M).unwrap().meta,
+        metas,
+        "the file keeps zones and labels"
+    );
+    source.stop();
+    agent.spawn();
+    let mut c = Client::patient(agent.port, Duration::from_secs(3));
+    let (code, _) = c.get_host(M);
+    assert_eq!(code, RetCode::Ok, "served from the snapshot");
+    assert!(
+        only_local(&mut c),
+        "restarted from the snapshot, the agent still knows the zones"
+    );
+    let (code, _) = agent.sigterm();
+    assert_eq!(code, Some(0));
+    let s = snapshot::read(&agent.snapshot_path()).expect("written again at shutdown");
+    assert_eq!(s.route(M).unwrap().meta, metas, "and writes them back");
+}
+
 #[test]
 fn a_corrupt_snapshot_is_refused_with_a_clear_error_and_the_agent_pulls_instead() {
     let dir = tempfile::tempdir().unwrap();
@@ -408,6 +463,7 @@ fn a_corrupt_snapshot_is_refused_with_a_clear_error_and_the_agent_pulls_instead(
         module: M,
         version: 1,
         nodes: nodes(3),
+        meta: Vec::new(),
     }];
     snapshot::write(&path, 1, &stale).unwrap();
     let mut bytes = std::fs::read(&path).unwrap();

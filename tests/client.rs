@@ -309,6 +309,7 @@ fn write_snapshot(path: &Path, module: ModuleId, n: u8) {
         module,
         version: 3,
         nodes: nodes(n),
+        meta: Vec::new(),
     };
     snapshot::write(path, 1, &[route]).unwrap();
 }

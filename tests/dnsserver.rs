@@ -72,21 +72,36 @@ impl Store for Flaky {
         self.check()?;
         self.inner.changes_since(version)
     }
-    fn add_node(&mut self, module: ModuleId, node: RouteNode) -> Result<u64, StoreError> {
+    fn add_node_meta(
+        &mut self,
+        module: ModuleId,
+        node: RouteNode,
+        meta: &lbagent::model::NodeMeta,
+    ) -> Result<u64, StoreError> {
         self.check()?;
-        self.inner.add_node(module, node)
+        self.inner.add_node_meta(module, node, meta)
+    }
+    fn set_meta(
+        &mut self,
+        module: ModuleId,
+        node: NodeAddr,
+        meta: &lbagent::model::NodeMeta,
+    ) -> Result<u64, StoreError> {
+        self.check()?;
+        self.inner.set_meta(module, node, meta)
     }
     fn del_node(&mut self, module: ModuleId, node: NodeAddr) -> Result<u64, StoreError> {
         self.check()?;
         self.inner.del_node(module, node)
     }
-    fn import_routes(
+    fn import_table(
         &mut self,
         rows: &[(ModuleId, RouteNode)],
+        meta: &[lbagent::store::TableMeta],
         replace: bool,
     ) -> Result<lbagent::store::Imported, StoreError> {
         self.check()?;
-        self.inner.import_routes(rows, replace)
+        self.inner.import_table(rows, meta, replace)
     }
     fn list(&mut self, module: Option<ModuleId>) -> Result<Vec<ModuleRoute>, StoreError> {
         self.check()?;

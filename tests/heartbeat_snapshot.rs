@@ -36,6 +36,7 @@ fn a_stale_heartbeat_sends_the_client_to_the_snapshot_it_names() {
             addr: node,
             weight: 1,
         }],
+        meta: Vec::new(),
     }];
     snapshot::write(&snapshot_path, 1_000, &routes).unwrap();
 

@@ -120,6 +120,7 @@ fn start_agent(dir: &std::path::Path, opts: &QpsOptions, level_timeout_ms: u64) 
             module: opts.module(0),
             version: 1,
             nodes: demo_nodes(0),
+            meta: Vec::new(),
         }],
     )
     .unwrap();

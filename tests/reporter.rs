@@ -324,7 +324,22 @@ impl Store for MemConn {
     fn changes_since(&mut self, _: u64) -> Result<Changes, StoreError> {
         Ok(Changes::default())
     }
-    fn add_node(&mut self, _: ModuleId, _: RouteNode) -> Result<u64, StoreError> {
+    fn add_node_meta(
+        &mut self,
+        _: ModuleId,
+        _: RouteNode,
+        _: &lbagent::model::NodeMeta,
+    ) -> Result<u64, StoreError> {
+        Err(StoreError::BadInput(
+            "the test store keeps no routes".into(),
+        ))
+    }
+    fn set_meta(
+        &mut self,
+        _: ModuleId,
+        _: NodeAddr,
+        _: &lbagent::model::NodeMeta,
+    ) -> Result<u64, StoreError> {
         Err(StoreError::BadInput(
             "the test store keeps no routes".into(),
         ))
@@ -334,9 +349,10 @@ impl Store for MemConn {
             "the test store keeps no routes".into(),
         ))
     }
-    fn import_routes(
+    fn import_table(
         &mut self,
         _: &[(ModuleId, RouteNode)],
+        _: &[lbagent::store::TableMeta],
         _: bool,
     ) -> Result<lbagent::store::Imported, StoreError> {
         Err(StoreError::BadInput(

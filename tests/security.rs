@@ -488,6 +488,7 @@ fn a_static_route_file_in_a_directory_another_user_made_is_never_answered() {
                 addr: NodeAddr::new(EVIL, 666),
                 weight: 1,
             }],
+            meta: Vec::new(),
         }],
     )
     .unwrap();

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use lbagent::model::{ModuleId, NodeAddr, RouteNode};
+use lbagent::model::{ModuleId, NodeAddr, NodeMeta, RouteNode};
 use lbagent::store::{
     self, CallStatus, Imported, Store, StoreError, StoreUrl, Wake, DEFAULT_WEIGHT, MAX_WEIGHT,
     SCHEMA_VERSION,
@@ -178,6 +178,7 @@ suite!(
     policy_is_a_versioned_change_carried_with_the_route,
     consumed_units_lower_the_capacity_never_below_zero,
     options_are_a_versioned_change_beside_the_policy,
+    zones_and_labels_are_stored_set_imported_and_checked_on_the_way_out,
 );
 
 fn changes_since_reads_exactly_the_changed_modules(db: &Db) {
@@ -617,6 +618,7 @@ fn every_change_bumps_the_version_and_logs_its_module(db: &Db) {
             nodes: vec![],
             policy: lbagent::model::Policy::L5,
             options: Default::default(),
+            meta: vec![],
         }]
     );
     assert!(s
@@ -949,6 +951,80 @@ fn bad_rows_are_skipped_not_fatal(db: &Db) {
         matches!(e, StoreError::BadInput(_)) && e.to_string().contains("route_version"),
         "{e}"
     );
+}
+
+fn meta(zone: &str, labels: &str) -> NodeMeta {
+    NodeMeta {
+        zone: (!zone.is_empty()).then(|| zone.parse().unwrap()),
+        labels: labels.parse().unwrap(),
+    }
+}
+
+/// Issue 31: a node's zone and labels are route columns, read back with
+/// the route, set on a node the module has, imported, and a bad stored
+/// value (a database row is input too) is refused naming the module and
+/// node, the node itself still served.
+fn zones_and_labels_are_stored_set_imported_and_checked_on_the_way_out(db: &Db) {
+    let mut s = db.open();
+    let a = m(31, 1);
+    let v = s
+        .add_node_meta(
+            a,
+            node("10.0.0.1:80", 1),
+            &meta("eu-1", "version=canary,tier=gold"),
+        )
+        .unwrap();
+    s.add_node(a, node("10.0.0.2:80", 1)).unwrap();
+    let r = &s.list(Some(a)).unwrap()[0];
+    assert_eq!(
+        r.meta,
+        vec![(
+            addr("10.0.0.1:80"),
+            meta("eu-1", "tier=gold,version=canary")
+        )]
+    );
+    // set_meta: a versioned change; an empty one clears.
+    let v2 = s
+        .set_meta(a, addr("10.0.0.2:80"), &meta("us-1", ""))
+        .unwrap();
+    assert!(v2 > v);
+    let c = s.changes_since(v).unwrap();
+    assert_eq!(c.modules.len(), 1);
+    assert_eq!(c.modules[0].meta.len(), 2, "the change carries the meta");
+    s.set_meta(a, addr("10.0.0.1:80"), &NodeMeta::default())
+        .unwrap();
+    let r = &s.load_all().unwrap().modules[0];
+    assert_eq!(r.meta, vec![(addr("10.0.0.2:80"), meta("us-1", ""))]);
+    assert!(matches!(
+        s.set_meta(a, addr("10.0.0.9:80"), &meta("eu", "")),
+        Err(StoreError::NotFound { .. })
+    ));
+    // import_table: the meta of the rows named; replace keeps it exact.
+    let rows = [(a, node("10.0.0.1:80", 2)), (a, node("10.0.0.3:80", 1))];
+    let metas = [(a, addr("10.0.0.3:80"), meta("eu-2", "k=v"))];
+    s.import_table(&rows, &metas, true).unwrap();
+    let r = &s.list(Some(a)).unwrap()[0];
+    assert_eq!(r.nodes, rows.iter().map(|r| r.1).collect::<Vec<_>>());
+    assert_eq!(r.meta, vec![(addr("10.0.0.3:80"), meta("eu-2", "k=v"))]);
+    let stray = [(a, addr("10.0.0.7:80"), meta("eu-2", ""))];
+    assert!(matches!(
+        s.import_table(&rows, &stray, true),
+        Err(StoreError::BadInput(e)) if e.contains("does not list")
+    ));
+    // A zone or labels written around the checks: the node is served
+    // without them, the row counted, the rest of the route kept.
+    db.hand(
+        "UPDATE route_data SET zone = 'eu 1', labels = 'a=1,a=2' WHERE ip = 167772161;
+         UPDATE route_data SET labels = 'version' WHERE ip = 167772163;",
+    );
+    let r = &s.list(Some(a)).unwrap()[0];
+    assert_eq!(r.nodes.len(), 2, "both nodes still served");
+    assert!(r.meta.is_empty(), "{:?}", r.meta);
+    assert_eq!(s.bad_rows(), 2);
+    // Good again: read back.
+    s.set_meta(a, addr("10.0.0.1:80"), &meta("eu-1", ""))
+        .unwrap();
+    assert_eq!(s.list(Some(a)).unwrap()[0].meta.len(), 1);
 }
 
 fn a_newer_schema_is_refused(db: &Db) {

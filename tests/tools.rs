@@ -521,6 +521,7 @@ fn with_no_agent_the_tools_say_so_and_gethost_answers_from_the_route_file() {
         module: M,
         version: 1,
         nodes: nodes(1),
+        meta: Vec::new(),
     };
     snapshot::write(&d.join("routes.snapshot"), 1, &[route]).unwrap();
     let ok = gethost(d, M, false);

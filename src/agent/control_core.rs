@@ -249,12 +249,12 @@ impl ControlCore {
         match ev {
             RouteClientEvent::Route(r) => {
                 self.control.routes_received += 1;
-                let held = if r.exists {
-                    r.nodes.clone()
+                let (held, meta) = if r.exists {
+                    (r.nodes.clone(), r.meta.clone())
                 } else {
-                    Vec::new()
+                    (Vec::new(), Vec::new())
                 };
-                self.routes.set(r.module, r.version, held);
+                self.routes.set(r.module, r.version, held, meta);
                 let shard = r.module.shard(self.shards) as usize;
                 let msg = ToShard::Route {
                     module: r.module,

@@ -16,12 +16,16 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use lbagent_host::snapshot::{SnapshotIndex, SnapshotRoute};
-use lbagent_model::{ModuleId, RouteNode};
+use lbagent_model::{ModuleId, NodeAddr, NodeMeta, RouteNode};
 
-/// module → (version, nodes): the routes the control core holds.
+/// A module's route as held: version, nodes, and the zones and labels of
+/// those nodes that have any.
+type Held = (u64, Vec<RouteNode>, Vec<(NodeAddr, NodeMeta)>);
+
+/// module → (version, nodes, meta): the routes the control core holds.
 #[derive(Debug, Default)]
 pub struct RouteTable {
-    routes: HashMap<ModuleId, (u64, Vec<RouteNode>)>,
+    routes: HashMap<ModuleId, Held>,
     fill: Option<Fill>,
 }
 
@@ -56,14 +60,21 @@ impl RouteTable {
         }
     }
 
-    /// Takes a route from the route server: `nodes` empty (or the module
+    /// Takes a route from the route server, with its nodes' zones and
+    /// labels (`meta`, kept for the snapshot): `nodes` empty (or the module
     /// absent there) drops the module.
-    pub fn set(&mut self, module: ModuleId, version: u64, nodes: Vec<RouteNode>) {
+    pub fn set(
+        &mut self,
+        module: ModuleId,
+        version: u64,
+        nodes: Vec<RouteNode>,
+        meta: Vec<(NodeAddr, NodeMeta)>,
+    ) {
         if nodes.is_empty() {
             self.touch(module);
             self.routes.remove(&module);
         } else {
-            self.routes.insert(module, (version, nodes));
+            self.routes.insert(module, (version, nodes, meta));
         }
     }
 
@@ -106,7 +117,11 @@ impl RouteTable {
                 continue;
             }
             if let Entry::Vacant(e) = self.routes.entry(module) {
-                e.insert((f.snapshot.version(i), f.snapshot.nodes(i)));
+                e.insert((
+                    f.snapshot.version(i),
+                    f.snapshot.nodes(i),
+                    f.snapshot.meta(i),
+                ));
                 taken(module);
             }
         }
@@ -137,7 +152,7 @@ impl RouteTable {
     /// `module`'s (version, nodes), if held.
     #[cfg(test)]
     pub fn get(&self, module: ModuleId) -> Option<(u64, &[RouteNode])> {
-        self.routes.get(&module).map(|(v, n)| (*v, n.as_slice()))
+        self.routes.get(&module).map(|(v, n, _)| (*v, n.as_slice()))
     }
 
     /// The table as the snapshot file's sorted list.
@@ -145,10 +160,11 @@ impl RouteTable {
         let mut routes: Vec<SnapshotRoute> = self
             .routes
             .iter()
-            .map(|(m, (v, nodes))| SnapshotRoute {
+            .map(|(m, (v, nodes, meta))| SnapshotRoute {
                 module: *m,
                 version: *v,
                 nodes: nodes.clone(),
+                meta: meta.clone(),
             })
             .collect();
         routes.sort_by_key(|r| r.module);
@@ -188,6 +204,7 @@ mod tests {
                 module: m(k),
                 version: 1,
                 nodes: nodes(2),
+                meta: Vec::new(),
             })
             .collect()
     }
@@ -203,6 +220,7 @@ mod tests {
                 module: m(k),
                 version: u64::from(k) + 100,
                 nodes: nodes(k % 3),
+                meta: Vec::new(),
             })
             .collect();
         let snap = index(&routes);
@@ -235,8 +253,8 @@ mod tests {
         let mut t = RouteTable::from_snapshot(index(&routes));
         // Before their slice: 0 updated, 1 gone at the route server, 2
         // forgotten by its shard.
-        t.set(m(0), 9, nodes(5));
-        t.set(m(1), 9, Vec::new());
+        t.set(m(0), 9, nodes(5), vec![]);
+        t.set(m(1), 9, Vec::new(), vec![]);
         t.forget(m(2));
         let mut taken = Vec::new();
         while t.fill_step(1, |m| taken.push(m)) {}
@@ -255,10 +273,10 @@ mod tests {
         let routes = four_modules();
         let mut t = RouteTable::from_snapshot(index(&routes));
         assert!(t.fill_step(1, |_| {}));
-        t.set(m(0), 9, Vec::new()); // behind the fill
-        t.set(m(2), 9, nodes(3)); // set: the table holds it
+        t.set(m(0), 9, Vec::new(), vec![]); // behind the fill
+        t.set(m(2), 9, nodes(3), vec![]); // set: the table holds it
         t.forget(m(3)); // ahead: remembered
-        t.set(m(7), 9, Vec::new()); // not in the snapshot
+        t.set(m(7), 9, Vec::new(), vec![]); // not in the snapshot
         let touched = &t.fill.as_ref().expect("still filling").touched;
         assert_eq!(touched.iter().copied().collect::<Vec<_>>(), [m(3)]);
         while t.fill_step(1, |_| {}) {}
@@ -275,6 +293,7 @@ mod tests {
                 module: m(k as u32),
                 version: 1,
                 nodes: nodes(n),
+                meta: Vec::new(),
             })
             .collect();
         let mut t = RouteTable::from_snapshot(index(&routes));
@@ -293,7 +312,7 @@ mod tests {
         let mut t = RouteTable::new();
         assert!(!t.filling());
         assert!(!t.fill_step(10, |_| panic!("nothing to take")));
-        t.set(m(1), 2, nodes(1));
+        t.set(m(1), 2, nodes(1), vec![]);
         assert_eq!(t.snapshot_routes().len(), 1);
     }
 }

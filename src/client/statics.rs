@@ -129,6 +129,7 @@ mod tests {
                 .iter()
                 .map(|&addr| RouteNode { addr, weight: 1 })
                 .collect(),
+            meta: Vec::new(),
         };
         snapshot::write(path, 1, &[route]).unwrap();
     }

@@ -484,6 +484,7 @@ pub(crate) mod tests {
         /// The reports whose consumed units were applied.
         applied: std::collections::HashSet<lbagent_store::ReportKey>,
         options: BTreeMap<ModuleId, lbagent_model::ModuleOptions>,
+        meta: BTreeMap<(ModuleId, NodeAddr), lbagent_model::NodeMeta>,
     }
 
     impl MemStore {
@@ -535,6 +536,12 @@ pub(crate) mod tests {
                     .collect(),
                 policy: data.policies.get(&module).copied().unwrap_or_default(),
                 options: data.options.get(&module).copied().unwrap_or_default(),
+                meta: data
+                    .meta
+                    .range((module, NodeAddr { ip: 0, port: 0 })..)
+                    .take_while(|((m, _), _)| *m == module)
+                    .map(|((_, a), m)| (*a, m.clone()))
+                    .collect(),
             }
         }
     }
@@ -576,7 +583,12 @@ pub(crate) mod tests {
             })
         }
 
-        fn add_node(&mut self, module: ModuleId, node: RouteNode) -> Result<u64, StoreError> {
+        fn add_node_meta(
+            &mut self,
+            module: ModuleId,
+            node: RouteNode,
+            meta: &lbagent_model::NodeMeta,
+        ) -> Result<u64, StoreError> {
             self.check()?;
             let mut data = self.data.lock().unwrap();
             data.version += 1;
@@ -585,13 +597,42 @@ pub(crate) mod tests {
                 .entry(module)
                 .or_default()
                 .insert(node.addr, node.weight);
+            if !meta.is_empty() {
+                data.meta.insert((module, node.addr), meta.clone());
+            }
             data.log.push((v, module));
             Ok(v)
         }
 
-        fn import_routes(
+        fn set_meta(
+            &mut self,
+            module: ModuleId,
+            node: NodeAddr,
+            meta: &lbagent_model::NodeMeta,
+        ) -> Result<u64, StoreError> {
+            self.check()?;
+            let mut data = self.data.lock().unwrap();
+            if !data
+                .routes
+                .get(&module)
+                .is_some_and(|r| r.contains_key(&node))
+            {
+                return Err(StoreError::NotFound { module, node });
+            }
+            data.version += 1;
+            let v = data.version;
+            data.meta.insert((module, node), meta.clone());
+            if meta.is_empty() {
+                data.meta.remove(&(module, node));
+            }
+            data.log.push((v, module));
+            Ok(v)
+        }
+
+        fn import_table(
             &mut self,
             rows: &[(ModuleId, RouteNode)],
+            _meta: &[lbagent_store::TableMeta],
             _replace: bool,
         ) -> Result<lbagent_store::Imported, StoreError> {
             self.check()?;
@@ -627,6 +668,7 @@ pub(crate) mod tests {
             if nodes.is_empty() {
                 data.routes.remove(&module);
             }
+            data.meta.remove(&(module, node));
             data.version += 1;
             let v = data.version;
             data.log.push((v, module));

@@ -335,6 +335,7 @@ mod tests {
                     nodes: nodes(3),
                     policy: lbagent_model::Policy::L5,
                     options: Default::default(),
+                    meta: vec![],
                 },
                 ModuleRoute {
                     module: B,
@@ -342,6 +343,7 @@ mod tests {
                     nodes: nodes(1),
                     options: Default::default(),
                     policy: lbagent_model::Policy::L5,
+                    meta: vec![],
                 },
             ],
         };

@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use super::module_map::ModuleMap;
 
-use lbagent_model::{ModuleId, ModuleOptions, Policy, RouteNode};
+use lbagent_model::{ModuleId, ModuleOptions, NodeAddr, NodeMeta, Policy, RouteNode};
 use lbagent_store::{Changes, ModuleRoute, RouteSet};
 use lbagent_wire::{decode, fb, write_frame, Encoder, FrameError, Limits, Message};
 
@@ -41,6 +41,9 @@ pub struct ModuleEntry {
     pub policy: Policy,
     /// Its own options, carried in both frames.
     pub options: ModuleOptions,
+    /// Its nodes' zones and labels (those that have any, by address),
+    /// carried in both frames as `node_meta`.
+    pub meta: Vec<(NodeAddr, NodeMeta)>,
     /// A RouteAnswer frame (length prefix included) with `seq` =
     /// `u64::MAX`, to be patched with [`ModuleEntry::write_answer`].
     answer: Box<[u8]>,
@@ -67,7 +70,10 @@ pub enum EntryError {
 
 impl ModuleEntry {
     /// Encodes `module`'s frames for `version`, `nodes` (sorted here by
-    /// address, duplicates kept as given), `policy` and `options`.
+    /// address, duplicates kept as given), `policy`, `options` and the
+    /// nodes' zones and labels (`meta`, sorted by address). An agent older
+    /// than `node_meta` ignores the appended field (FlatBuffers skips
+    /// fields its schema does not know) and serves the nodes without.
     ///
     /// # Errors
     /// [`EntryError::TooLarge`] when a frame would exceed the frame limit.
@@ -76,6 +82,7 @@ impl ModuleEntry {
         version: u64,
         mut nodes: Vec<RouteNode>,
         (policy, options): (Policy, ModuleOptions),
+        meta: Vec<(NodeAddr, NodeMeta)>,
         enc: &mut Encoder,
     ) -> Result<ModuleEntry, EntryError> {
         nodes.sort_by_key(|n| n.addr.key());
@@ -87,12 +94,21 @@ impl ModuleEntry {
         let mut answer = Vec::new();
         write_frame(
             &mut answer,
-            enc.route_answer_with(u64::MAX, module, true, version, &nodes, policy, &options),
+            enc.route_answer_meta(
+                u64::MAX,
+                module,
+                true,
+                version,
+                &nodes,
+                policy,
+                &options,
+                &meta,
+            ),
         )
         .map_err(too_large)?;
         let answer_seq_at = PREFIX_LEN + seq_offset(&answer[PREFIX_LEN..]);
         let mut push = Vec::new();
-        let push_msg = enc.route_push_with(module, true, version, &nodes, policy, &options);
+        let push_msg = enc.route_push_meta(module, true, version, &nodes, policy, &options, &meta);
         write_frame(&mut push, push_msg).map_err(too_large)?;
         Ok(ModuleEntry {
             module,
@@ -100,6 +116,7 @@ impl ModuleEntry {
             nodes,
             policy,
             options,
+            meta,
             answer: answer.into_boxed_slice(),
             answer_seq_at,
             push: push.into(),
@@ -128,11 +145,13 @@ impl ModuleEntry {
         version: u64,
         nodes: &[RouteNode],
         policy: (Policy, ModuleOptions),
+        meta: &[(NodeAddr, NodeMeta)],
     ) -> bool {
         self.version == version
             && self.nodes == nodes
             && self.policy == policy.0
             && self.options == policy.1
+            && self.meta == meta
     }
 }
 
@@ -328,14 +347,15 @@ impl RouteTable {
             mut nodes,
             policy,
             options,
+            meta,
         } = route;
         nodes.sort_by_key(|n| n.addr.key());
         if let Some(old) = self.modules.get(module) {
-            if old.same_route(version, &nodes, (policy, options)) {
+            if old.same_route(version, &nodes, (policy, options), &meta) {
                 return Ok(Updated::Same(old.clone()));
             }
         }
-        ModuleEntry::new(module, version, nodes, (policy, options), enc)
+        ModuleEntry::new(module, version, nodes, (policy, options), meta, enc)
             .map(|e| Updated::New(Arc::new(e)))
     }
 }
@@ -381,6 +401,7 @@ mod tests {
             nodes: nodes.to_vec(),
             policy: Policy::L5,
             options: Default::default(),
+            meta: vec![],
         }
     }
 
@@ -428,7 +449,8 @@ mod tests {
     #[test]
     fn a_patched_answer_carries_the_requests_seq_and_the_route() {
         let nodes = vec![node(2, 80), node(1, 80)];
-        let entry = ModuleEntry::new(A, 9, nodes, Default::default(), &mut Encoder::new()).unwrap();
+        let entry =
+            ModuleEntry::new(A, 9, nodes, Default::default(), vec![], &mut Encoder::new()).unwrap();
         for seq in [0, 1, 0x0102_0304_0506_0708, u64::MAX] {
             let mut out = b"earlier bytes".to_vec();
             entry.write_answer(seq, &mut out);
@@ -583,6 +605,47 @@ mod tests {
         let r = old.apply(changes, &mut Encoder::new());
         assert!(r.changes.is_empty());
         assert_eq!(r.table.version(), 2);
+    }
+
+    /// Issue 31: the store's zones and labels reach the agents: a change
+    /// of a node's zone alone is a change, pushed and answered with
+    /// `node_meta`.
+    #[test]
+    fn a_zone_or_label_change_is_pushed_and_answered_with_the_nodes_meta() {
+        let meta = |zone: &str| lbagent_model::NodeMeta {
+            zone: Some(zone.parse().unwrap()),
+            labels: "version=canary".parse().unwrap(),
+        };
+        let old = loaded(vec![route(A, 1, &[node(1, 80), node(2, 80)])], 1);
+        let mut with_zone = route(A, 1, &[node(1, 80), node(2, 80)]);
+        with_zone.meta = vec![(node(2, 80).addr, meta("eu-1"))];
+        let r = old.apply(
+            Changes {
+                version: 2,
+                modules: vec![with_zone],
+            },
+            &mut Encoder::new(),
+        );
+        assert_eq!(changed(&r), vec![(A, true, 1)], "the meta alone changed");
+        let mut frames = FrameDecoder::default();
+        frames.feed(&r.changes[0].push);
+        let frame = frames.next_frame().unwrap().unwrap();
+        let Ok(Message::RoutePush(p)) = decode(frame, &Limits::TCP_FRAME) else {
+            panic!("not a RoutePush");
+        };
+        let got = lbagent_wire::read_node_meta(p.node_meta(), 2).unwrap();
+        assert_eq!(got, vec![(node(2, 80).addr, meta("eu-1"))]);
+        let mut out = Vec::new();
+        r.table.get(A).unwrap().write_answer(7, &mut out);
+        let mut frames = FrameDecoder::default();
+        frames.feed(&out);
+        let frame = frames.next_frame().unwrap().unwrap();
+        let Ok(Message::RouteAnswer(a)) = decode(frame, &Limits::TCP_FRAME) else {
+            panic!("not a RouteAnswer");
+        };
+        assert_eq!(a.seq(), 7);
+        let got = lbagent_wire::read_node_meta(a.node_meta(), 2).unwrap();
+        assert_eq!(got, vec![(node(2, 80).addr, meta("eu-1"))]);
     }
 
     #[test]

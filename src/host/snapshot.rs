@@ -37,6 +37,28 @@
 //!
 //! The file is exactly header plus payload: nothing may follow it. The
 //! checksum covers the header too, so a flipped bit anywhere is caught.
+//!
+//! # Format version 2: zones and labels (issue 31)
+//!
+//! Version 1 with, after the last route, the zones and labels of the nodes
+//! that have any: a 4-byte entry count, then per entry
+//!
+//! | size | field |
+//! |---:|---|
+//! | 4 | the route's number in the file (0 = the first) |
+//! | 4 | the node's IPv4 address |
+//! | 2 | its port, 1..=65535 |
+//! | 1 | zone length, 0..=63 (0: no zone), then the zone's bytes |
+//! | 1 | label count, 0..=16, then per label: 1 key length (1..=63), the key, 1 value length (0..=63), the value |
+//!
+//! in strictly increasing (route, address, port) order, each with a zone
+//! or a label, labels sorted by key, each name checked as the model checks
+//! it (`A-Z a-z 0-9 . _ -`), and at least one entry: a file has one form,
+//! the one [`write()`] makes of what it holds. [`write()`] writes
+//! version 2 only when some node has a zone or a label, so an agent whose
+//! routes have none writes exactly version 1, which every older client
+//! reads; this code reads both. An older client reading a version-2 file
+//! finds it unsupported and answers as with no static route file.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
@@ -44,7 +66,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use lbagent_model::{ModuleId, NodeAddr, RouteNode};
+use lbagent_model::{Label, Labels, ModuleId, NodeAddr, NodeMeta, RouteNode, Zone, MAX_LABELS};
 
 /// The first 8 bytes of every snapshot file.
 pub const MAGIC: [u8; 8] = *b"LBAGSNAP";
@@ -55,8 +77,12 @@ pub const MAGIC: [u8; 8] = *b"LBAGSNAP";
 /// user can write.
 pub const DEFAULT_PATH: &str = "/var/lib/lbagent/routes.snapshot";
 
-/// The format version this code writes and reads.
-pub const FORMAT_VERSION: u32 = 1;
+/// The newest format version this code writes and reads (it reads
+/// [`FORMAT_V1`] too, and writes it when no node has a zone or a label).
+pub const FORMAT_VERSION: u32 = 2;
+
+/// The first format: routes and nodes, no zones or labels.
+pub const FORMAT_V1: u32 = 1;
 
 /// The header's length in bytes.
 pub const HEADER_LEN: usize = 32;
@@ -80,6 +106,9 @@ pub struct SnapshotRoute {
     pub version: u64,
     /// The module's nodes; may be empty.
     pub nodes: Vec<RouteNode>,
+    /// The zones and labels of those of its nodes that have any, by
+    /// address (format version 2; empty in a version-1 file).
+    pub meta: Vec<(NodeAddr, NodeMeta)>,
 }
 
 /// A whole snapshot file: when it was written and every module's route.
@@ -174,7 +203,7 @@ pub enum SnapshotError {
         found: [u8; 8],
     },
     /// Written in a format version this code does not read.
-    #[error("snapshot file {path} has format version {found}, this build reads {FORMAT_VERSION}")]
+    #[error("snapshot file {path} has format version {found}, this build reads {FORMAT_V1} and {FORMAT_VERSION}")]
     UnsupportedVersion {
         /// The snapshot file.
         path: PathBuf,
@@ -253,10 +282,12 @@ fn encode(written_unix_s: u64, routes: &[SnapshotRoute]) -> Result<Vec<u8>, Stri
     }
     let count = u32::try_from(sorted.len())
         .map_err(|_| format!("{} routes, at most {}", sorted.len(), u32::MAX))?;
+    let meta = encode_meta(&sorted)?;
     let payload_len: usize = sorted
         .iter()
         .map(|r| ROUTE_LEN + NODE_LEN * r.nodes.len())
-        .sum();
+        .sum::<usize>()
+        + meta.as_ref().map_or(0, Vec::len);
     if (HEADER_LEN + payload_len) as u64 > MAX_LEN {
         return Err(format!(
             "{} bytes, a snapshot file is at most {MAX_LEN}",
@@ -268,7 +299,12 @@ fn encode(written_unix_s: u64, routes: &[SnapshotRoute]) -> Result<Vec<u8>, Stri
 
     let mut out = Vec::with_capacity(HEADER_LEN + payload_len);
     out.extend_from_slice(&MAGIC);
-    out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+    let version = if meta.is_some() {
+        FORMAT_VERSION
+    } else {
+        FORMAT_V1
+    };
+    out.extend_from_slice(&version.to_le_bytes());
     out.extend_from_slice(&count.to_le_bytes());
     out.extend_from_slice(&written_unix_s.to_le_bytes());
     out.extend_from_slice(&payload_len32.to_le_bytes());
@@ -293,9 +329,67 @@ fn encode(written_unix_s: u64, routes: &[SnapshotRoute]) -> Result<Vec<u8>, Stri
             out.extend_from_slice(&node.weight.to_le_bytes());
         }
     }
+    if let Some(meta) = meta {
+        out.extend_from_slice(&meta);
+    }
     let crc = checksum(&out[..CHECKED_HEADER_LEN], &out[HEADER_LEN..]);
     out[CHECKED_HEADER_LEN..HEADER_LEN].copy_from_slice(&crc.to_le_bytes());
     Ok(out)
+}
+
+/// The zones-and-labels section of version 2 for `sorted` (the routes in
+/// file order); None when no node has a zone or a label.
+fn encode_meta(sorted: &[&SnapshotRoute]) -> Result<Option<Vec<u8>>, String> {
+    let mut entries: Vec<(u32, NodeAddr, &NodeMeta)> = Vec::new();
+    for (i, r) in sorted.iter().enumerate() {
+        let i = u32::try_from(i).map_err(|_| "too many routes".to_string())?;
+        entries.extend(
+            r.meta
+                .iter()
+                .filter(|(_, m)| !m.is_empty())
+                .map(|(a, m)| (i, *a, m)),
+        );
+    }
+    if entries.is_empty() {
+        return Ok(None);
+    }
+    entries.sort_by_key(|e| (e.0, e.1));
+    if let Some(w) = entries
+        .windows(2)
+        .find(|w| (w[0].0, w[0].1) == (w[1].0, w[1].1))
+    {
+        return Err(format!(
+            "module {} node {} has its zone and labels twice",
+            sorted[w[0].0 as usize].module, w[0].1
+        ));
+    }
+    let count = u32::try_from(entries.len()).map_err(|_| "too many entries".to_string())?;
+    let mut out = Vec::new();
+    out.extend_from_slice(&count.to_le_bytes());
+    // The model bounds every name to 63 bytes and 16 labels: each length
+    // fits its byte.
+    let name = |out: &mut Vec<u8>, s: &str| {
+        out.push(s.len() as u8);
+        out.extend_from_slice(s.as_bytes());
+    };
+    for (i, addr, m) in entries {
+        if addr.port == 0 {
+            return Err(format!(
+                "module {} has metadata for node {addr} with port 0",
+                sorted[i as usize].module
+            ));
+        }
+        out.extend_from_slice(&i.to_le_bytes());
+        out.extend_from_slice(&addr.ip.to_le_bytes());
+        out.extend_from_slice(&addr.port.to_le_bytes());
+        name(&mut out, m.zone.as_ref().map_or("", |z| z.as_str()));
+        out.push(m.labels.iter().count() as u8);
+        for l in m.labels.iter() {
+            name(&mut out, l.key());
+            name(&mut out, l.value());
+        }
+    }
+    Ok(Some(out))
 }
 
 fn checksum(header: &[u8], payload: &[u8]) -> u32 {
@@ -458,10 +552,11 @@ fn read_bytes(path: &Path) -> Result<Vec<u8>, SnapshotError> {
 /// after the payload, a count that does not fit the payload, modules out of
 /// order or twice, a node with port 0).
 pub fn decode(path: &Path, bytes: &[u8]) -> Result<Snapshot, SnapshotError> {
-    let (written_unix_s, starts) = index(path, bytes)?;
+    let (written_unix_s, starts, meta) = index(path, bytes)?;
     let routes = starts
         .iter()
-        .map(|&at| route_at(bytes, at as usize))
+        .enumerate()
+        .map(|(i, &at)| route_at(bytes, at as usize, meta_of(&meta, i)))
         .collect();
     Ok(Snapshot {
         written_unix_s,
@@ -479,6 +574,23 @@ pub struct SnapshotIndex {
     bytes: Vec<u8>,
     /// Where each route's header starts in `bytes`, in module order.
     starts: Vec<u32>,
+    /// The zones and labels (format version 2), by route number and node.
+    meta: Vec<RouteMeta>,
+}
+
+/// One node's zone and labels in a version-2 file: (route number, node,
+/// its metadata).
+type RouteMeta = (u32, NodeAddr, NodeMeta);
+
+/// Route `i`'s entries of `meta` (sorted by route number), by address.
+fn meta_of(meta: &[RouteMeta], i: usize) -> Vec<(NodeAddr, NodeMeta)> {
+    let i = i as u32;
+    let from = meta.partition_point(|m| m.0 < i);
+    meta[from..]
+        .iter()
+        .take_while(|m| m.0 == i)
+        .map(|m| (m.1, m.2.clone()))
+        .collect()
 }
 
 impl SnapshotIndex {
@@ -490,11 +602,12 @@ impl SnapshotIndex {
     /// # Errors
     /// Those of [`decode`], for the same bytes.
     pub fn new(path: &Path, bytes: Vec<u8>) -> Result<SnapshotIndex, SnapshotError> {
-        let (written_unix_s, starts) = index(path, &bytes)?;
+        let (written_unix_s, starts, meta) = index(path, &bytes)?;
         Ok(SnapshotIndex {
             written_unix_s,
             bytes,
             starts,
+            meta,
         })
     }
 
@@ -546,13 +659,19 @@ impl SnapshotIndex {
         nodes_at(&self.bytes, self.starts[i] as usize)
     }
 
+    /// The zones and labels of route `i`'s nodes that have any, by
+    /// address (none from a version-1 file).
+    pub fn meta(&self, i: usize) -> Vec<(NodeAddr, NodeMeta)> {
+        meta_of(&self.meta, i)
+    }
+
     /// Route `i`, decoded now.
     ///
     /// # Panics
     /// `i >= self.len()`.
     #[cfg(test)]
     pub fn route(&self, i: usize) -> SnapshotRoute {
-        route_at(&self.bytes, self.starts[i] as usize)
+        route_at(&self.bytes, self.starts[i] as usize, self.meta(i))
     }
 
     /// The number of `module`'s route, by binary search.
@@ -582,9 +701,12 @@ impl std::fmt::Debug for SnapshotIndex {
     }
 }
 
-/// Validates a whole file's bytes: (time written, where each route's
-/// header starts). Never panics.
-fn index(path: &Path, bytes: &[u8]) -> Result<(u64, Vec<u32>), SnapshotError> {
+/// What [`index`] finds in a valid file: the time written, where each
+/// route's header starts, and the zones and labels.
+type Indexed = (u64, Vec<u32>, Vec<RouteMeta>);
+
+/// Validates a whole file's bytes. Never panics.
+fn index(path: &Path, bytes: &[u8]) -> Result<Indexed, SnapshotError> {
     let len = bytes.len() as u64;
     let truncated = |expected: u64| SnapshotError::Truncated {
         path: path.to_path_buf(),
@@ -606,7 +728,7 @@ fn index(path: &Path, bytes: &[u8]) -> Result<(u64, Vec<u32>), SnapshotError> {
         });
     }
     let version = le_u32(bytes, 8);
-    if version != FORMAT_VERSION {
+    if version != FORMAT_V1 && version != FORMAT_VERSION {
         return Err(SnapshotError::UnsupportedVersion {
             path: path.to_path_buf(),
             found: version,
@@ -634,14 +756,134 @@ fn index(path: &Path, bytes: &[u8]) -> Result<(u64, Vec<u32>), SnapshotError> {
             computed,
         });
     }
-    let starts = index_routes(route_count, bytes).map_err(malformed)?;
-    Ok((written_unix_s, starts))
+    let (starts, end) = index_routes(route_count, bytes).map_err(malformed)?;
+    let rest = &bytes[HEADER_LEN + end..];
+    let meta = if version == FORMAT_V1 {
+        if !rest.is_empty() {
+            return Err(malformed(format!(
+                "{} payload bytes after the last of {route_count} routes",
+                rest.len()
+            )));
+        }
+        Vec::new()
+    } else {
+        index_meta(rest, starts.len()).map_err(malformed)?
+    };
+    Ok((written_unix_s, starts, meta))
+}
+
+/// The zones-and-labels section of a version-2 file (`rest`, what follows
+/// the routes, exactly), for a file of `routes` routes; the rule broken
+/// otherwise. Allocates at most in proportion to `rest.len()`.
+fn index_meta(rest: &[u8], routes: usize) -> Result<Vec<RouteMeta>, String> {
+    let mut r = Reader { bytes: rest, at: 0 };
+    let count = r.u32("the zones and labels' entry count")? as usize;
+    if count == 0 {
+        // What write() makes of no entries is version 1: one file, one form.
+        return Err("a version-2 file with no zone or label entry (version 1 has none)".into());
+    }
+    // Each entry takes at least 12 bytes.
+    if count > rest.len() / 12 {
+        return Err(format!(
+            "{count} zone and label entries do not fit in {} bytes",
+            rest.len()
+        ));
+    }
+    let mut out: Vec<RouteMeta> = Vec::with_capacity(count);
+    for e in 0..count {
+        let route = r.u32("an entry's route")?;
+        let ip = r.u32("an entry's address")?;
+        let port = r.u16("an entry's port")?;
+        let addr = NodeAddr { ip, port };
+        if route as usize >= routes || port == 0 {
+            return Err(format!(
+                "zone and label entry {e} names route {route} node {addr}: the file has {routes} routes, and a node needs a port"
+            ));
+        }
+        let bad = |what: String| format!("route {route} node {addr}: {what}");
+        let zone = match r.name("a zone")? {
+            "" => None,
+            z => Some(z.parse::<Zone>().map_err(|e| bad(e.to_string()))?),
+        };
+        let n = r.u8("a label count")? as usize;
+        if n > MAX_LABELS {
+            return Err(bad(format!("{n} labels, at most {MAX_LABELS}")));
+        }
+        let mut labels = Vec::with_capacity(n);
+        for _ in 0..n {
+            let (k, v) = (r.name("a label key")?, r.name("a label value")?);
+            labels.push(Label::new(k, v).map_err(|e| bad(e.to_string()))?);
+        }
+        if labels.windows(2).any(|w| w[0].key() > w[1].key()) {
+            // write() sorts them: one file, one form.
+            return Err(bad("labels not sorted by key".into()));
+        }
+        let labels = Labels::new(labels).map_err(|e| bad(e.to_string()))?;
+        if zone.is_none() && labels.is_empty() {
+            return Err(bad("an entry with neither a zone nor a label".into()));
+        }
+        if let Some(prev) = out.last() {
+            if (prev.0, prev.1) >= (route, addr) {
+                return Err(bad("not in strictly increasing (route, node) order".into()));
+            }
+        }
+        out.push((route, addr, NodeMeta { zone, labels }));
+    }
+    if r.at != rest.len() {
+        return Err(format!(
+            "{} bytes after the last of {count} zone and label entries",
+            rest.len() - r.at
+        ));
+    }
+    Ok(out)
+}
+
+/// Reads the zones-and-labels section, every read bounds-checked.
+struct Reader<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize, what: &str) -> Result<&'a [u8], String> {
+        if self.bytes.len() - self.at < n {
+            return Err(format!(
+                "{what} is cut off at byte {} of the zones and labels",
+                self.at
+            ));
+        }
+        let out = &self.bytes[self.at..self.at + n];
+        self.at += n;
+        Ok(out)
+    }
+
+    fn u8(&mut self, what: &str) -> Result<u8, String> {
+        Ok(self.take(1, what)?[0])
+    }
+
+    fn u16(&mut self, what: &str) -> Result<u16, String> {
+        let b = self.take(2, what)?;
+        Ok(u16::from_le_bytes([b[0], b[1]]))
+    }
+
+    fn u32(&mut self, what: &str) -> Result<u32, String> {
+        Ok(le_u32(self.take(4, what)?, 0))
+    }
+
+    /// A length byte and that many bytes of ASCII (checked further by the
+    /// model).
+    fn name(&mut self, what: &str) -> Result<&'a str, String> {
+        let n = self.u8(what)? as usize;
+        let b = self.take(n, what)?;
+        std::str::from_utf8(b).map_err(|_| format!("{what} is not text"))
+    }
 }
 
 /// Where each of the `route_count` routes of a whole file (`bytes`, the
-/// header's length already checked) starts; the rule broken otherwise.
-/// Offsets fit a u32: a file is at most [`MAX_LEN`] bytes.
-fn index_routes(route_count: u32, bytes: &[u8]) -> Result<Vec<u32>, String> {
+/// header's length already checked) starts, and where in the payload the
+/// routes end; the rule broken otherwise. Offsets fit a u32: a file is at
+/// most [`MAX_LEN`] bytes.
+fn index_routes(route_count: u32, bytes: &[u8]) -> Result<(Vec<u32>, usize), String> {
     let payload = &bytes[HEADER_LEN..];
     let count = route_count as usize;
     if count > payload.len() / ROUTE_LEN {
@@ -685,13 +927,7 @@ fn index_routes(route_count: u32, bytes: &[u8]) -> Result<Vec<u32>, String> {
         }
         at += node_count * NODE_LEN;
     }
-    if at != payload.len() {
-        return Err(format!(
-            "{} payload bytes after the last of {count} routes",
-            payload.len() - at
-        ));
-    }
-    Ok(starts)
+    Ok((starts, at))
 }
 
 /// The module of the route header at `at`; bounds checked by [`index`].
@@ -715,12 +951,14 @@ fn nodes_at(bytes: &[u8], at: usize) -> Vec<RouteNode> {
         .collect()
 }
 
-/// The route whose header is at `at`; checked by [`index`].
-fn route_at(bytes: &[u8], at: usize) -> SnapshotRoute {
+/// The route whose header is at `at`, with its nodes' `meta`; checked by
+/// [`index`].
+fn route_at(bytes: &[u8], at: usize, meta: Vec<(NodeAddr, NodeMeta)>) -> SnapshotRoute {
     SnapshotRoute {
         module: module_at(bytes, at),
         version: le_u64(bytes, at + 8),
         nodes: nodes_at(bytes, at),
+        meta,
     }
 }
 
@@ -788,6 +1026,7 @@ mod tests {
             module: ModuleId::new(modid, cmdid),
             version: u64::from(modid) * 100 + u64::from(cmdid),
             nodes,
+            meta: Vec::new(),
         }
     }
 
@@ -810,9 +1049,14 @@ mod tests {
 
     /// A file with a valid checksum around any header fields and payload.
     fn sealed(route_count: u32, payload: &[u8]) -> Vec<u8> {
+        sealed_as(FORMAT_V1, route_count, payload)
+    }
+
+    /// [`sealed`] in format `version`.
+    fn sealed_as(version: u32, route_count: u32, payload: &[u8]) -> Vec<u8> {
         let mut out = Vec::new();
         out.extend_from_slice(&MAGIC);
-        out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+        out.extend_from_slice(&version.to_le_bytes());
         out.extend_from_slice(&route_count.to_le_bytes());
         out.extend_from_slice(&5u64.to_le_bytes());
         out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
@@ -1077,12 +1321,129 @@ mod tests {
     #[test]
     fn newer_formats_are_unsupported() {
         let mut bytes = encode(1, &sample()).unwrap();
-        bytes[8..12].copy_from_slice(&2u32.to_le_bytes());
+        bytes[8..12].copy_from_slice(&3u32.to_le_bytes());
         let err = decode(Path::new("/x/snap"), &bytes).unwrap_err();
         assert!(
-            matches!(err, SnapshotError::UnsupportedVersion { found: 2, .. }),
+            matches!(err, SnapshotError::UnsupportedVersion { found: 3, .. }),
             "{err}"
         );
+    }
+
+    fn meta(zone: &str, labels: &str) -> NodeMeta {
+        NodeMeta {
+            zone: (!zone.is_empty()).then(|| zone.parse().unwrap()),
+            labels: labels.parse().unwrap(),
+        }
+    }
+
+    /// Issue 31: the zones and labels survive the file (format 2), which
+    /// is written only when some node has either; version-1 files still
+    /// load.
+    #[test]
+    fn zones_and_labels_round_trip_in_format_2_and_version_1_still_loads() {
+        let plain = sample();
+        let v1 = encode(1, &plain).unwrap();
+        assert_eq!(le_u32(&v1, 8), FORMAT_V1, "no meta: the old format");
+        let mut routes = sample();
+        let addr0 = routes[0].nodes[0].addr;
+        let addr1 = routes[1].nodes[0].addr;
+        routes[0].meta = vec![(addr0, meta("eu-1", "version=canary,tier=gold"))];
+        routes[1].meta = vec![(addr1, meta("", "flag="))];
+        let v2 = encode(7, &routes).unwrap();
+        assert_eq!(le_u32(&v2, 8), FORMAT_VERSION);
+        let mut want = routes.clone();
+        want.sort_by_key(|r| r.module);
+        let got = decode(Path::new("/x/snap"), &v2).unwrap();
+        assert_eq!(got.routes, want);
+        let idx = SnapshotIndex::new(Path::new("/x/snap"), v2).unwrap();
+        assert_eq!(idx.to_snapshot().routes, want);
+        let i = idx.find(routes[0].module).unwrap();
+        assert_eq!(idx.meta(i), routes[0].meta);
+        // A version-1 file (what older agents wrote) loads, with no meta.
+        let old = decode(Path::new("/x/snap"), &v1).unwrap();
+        assert!(old.routes.iter().all(|r| r.meta.is_empty()));
+    }
+
+    /// A hostile version-2 file: every bound checked, named, no panic.
+    #[test]
+    fn bad_zones_and_labels_in_a_file_are_malformed() {
+        let route = route_bytes(1, 1, 1, &[(1, 80, 1)]);
+        let entry = |route_no: u32, port: u16, zone: &[u8], labels: &[(&[u8], &[u8])]| {
+            let mut e = Vec::new();
+            e.extend_from_slice(&route_no.to_le_bytes());
+            e.extend_from_slice(&1u32.to_le_bytes());
+            e.extend_from_slice(&port.to_le_bytes());
+            e.push(zone.len() as u8);
+            e.extend_from_slice(zone);
+            e.push(labels.len() as u8);
+            for (k, v) in labels {
+                e.push(k.len() as u8);
+                e.extend_from_slice(k);
+                e.push(v.len() as u8);
+                e.extend_from_slice(v);
+            }
+            e
+        };
+        let file = |entries: &[Vec<u8>]| {
+            let mut p = route.clone();
+            p.extend_from_slice(&(entries.len() as u32).to_le_bytes());
+            for e in entries {
+                p.extend_from_slice(e);
+            }
+            sealed_as(FORMAT_VERSION, 1, &p)
+        };
+        let good = file(&[entry(0, 80, b"eu-1", &[(b"v", b"1")])]);
+        assert_eq!(
+            decode(Path::new("/x/snap"), &good).unwrap().routes[0]
+                .meta
+                .len(),
+            1
+        );
+        let seventeen: Vec<(&[u8], &[u8])> = (0..17).map(|_| (&b"k"[..], &b"v"[..])).collect();
+        let cases: Vec<(Vec<u8>, &str)> = vec![
+            (file(&[entry(1, 80, b"eu", &[])]), "route 1"),
+            (file(&[entry(0, 0, b"eu", &[])]), "needs a port"),
+            (file(&[entry(0, 80, b"eu 1", &[])]), "the character ' '"),
+            (file(&[entry(0, 80, &[b'z'; 64], &[])]), "at most 63"),
+            (file(&[entry(0, 80, &[0xff], &[])]), "not text"),
+            (file(&[entry(0, 80, b"eu", &seventeen)]), "at most 16"),
+            (
+                file(&[entry(0, 80, b"eu", &[(b"a", b"1"), (b"a", b"2")])]),
+                "twice",
+            ),
+            (file(&[entry(0, 80, b"eu", &[(b"", b"1")])]), "empty"),
+            (file(&[entry(0, 80, b"", &[])]), "neither"),
+            (
+                file(&[entry(0, 80, b"", &[(b"b", b""), (b"a", b"")])]),
+                "not sorted",
+            ),
+            (file(&[]), "no zone or label entry"),
+            (
+                file(&[entry(0, 80, b"eu", &[]), entry(0, 80, b"us", &[])]),
+                "increasing",
+            ),
+            (
+                sealed_as(
+                    FORMAT_VERSION,
+                    1,
+                    &[route.clone(), 9u32.to_le_bytes().to_vec()].concat(),
+                ),
+                "do not fit",
+            ),
+            (sealed_as(FORMAT_VERSION, 1, &route), "cut off"),
+            (
+                sealed_as(FORMAT_V1, 1, &[route.clone(), vec![0; 4]].concat()),
+                "after the last",
+            ),
+            ([&good[..], &[0]].concat(), "after the declared"),
+        ];
+        for (bytes, want) in cases {
+            let what = match decode(Path::new("/x/snap"), &bytes) {
+                Err(SnapshotError::Malformed { what, .. }) => what,
+                other => panic!("{want}: {other:?}"),
+            };
+            assert!(what.contains(want), "{want}: {what}");
+        }
     }
 
     #[test]
@@ -1144,16 +1505,32 @@ mod tests {
             addr: NodeAddr { ip, port },
             weight,
         });
+        // Some nodes get a zone and labels (format 2), from a few names.
+        let zones = ["eu-1", "us-2", "a.b_c"];
+        let labels = ["", "version=canary", "tier=gold,v=", "a=1,b=2,c=3"];
+        let meta = (0usize..4, 0usize..4).prop_map(move |(z, l)| NodeMeta {
+            zone: zones.get(z).map(|z| z.parse().unwrap()),
+            labels: labels[l].parse().unwrap(),
+        });
         let route = (
             0u32..8,
             0u32..8,
             any::<u64>(),
-            prop::collection::vec(node, 0..6),
+            prop::collection::vec((node, prop::option::weighted(0.3, meta)), 0..6),
         )
-            .prop_map(|(modid, cmdid, version, nodes)| SnapshotRoute {
-                module: ModuleId::new(modid, cmdid),
-                version,
-                nodes,
+            .prop_map(|(modid, cmdid, version, nodes)| {
+                let mut meta: Vec<(NodeAddr, NodeMeta)> = nodes
+                    .iter()
+                    .filter_map(|(n, m)| m.clone().filter(|m| !m.is_empty()).map(|m| (n.addr, m)))
+                    .collect();
+                meta.sort_by_key(|(a, _)| *a);
+                meta.dedup_by_key(|(a, _)| *a);
+                SnapshotRoute {
+                    module: ModuleId::new(modid, cmdid),
+                    version,
+                    nodes: nodes.into_iter().map(|(n, _)| n).collect(),
+                    meta,
+                }
             });
         prop::collection::vec(route, 0..10).prop_map(|mut routes| {
             routes.sort_by_key(|r| r.module);

@@ -61,9 +61,9 @@
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 
-use std::collections::{btree_map, BTreeMap, HashSet};
+use std::collections::{btree_map, BTreeMap, HashMap, HashSet};
 
-use lbagent_model::{ModuleId, ModuleOptions, NodeAddr, Policy, RouteNode};
+use lbagent_model::{Labels, ModuleId, ModuleOptions, NodeAddr, NodeMeta, Policy, RouteNode, Zone};
 
 mod migrations;
 mod pg_tls;
@@ -99,6 +99,10 @@ pub struct ModuleRoute {
     pub policy: Policy,
     /// Its own options (none unless set by [`Store::set_options`]).
     pub options: ModuleOptions,
+    /// The zones and labels of those of its nodes that have any, sorted by
+    /// address (empty when no node has either: what the wire's
+    /// `node_meta` carries).
+    pub meta: Vec<(NodeAddr, NodeMeta)>,
 }
 
 /// Every route in the store, read in one transaction.
@@ -229,16 +233,44 @@ pub trait Store: Send {
     /// with their current routes, and the route version now.
     fn changes_since(&mut self, version: u64) -> Result<Changes, StoreError>;
 
-    /// Adds `node` to `module`: one transaction that inserts the node,
-    /// bumps the route version and appends the module to the change log.
-    /// Returns the new route version.
+    /// Adds `node` to `module` with no zone and no label: as
+    /// [`Store::add_node_meta`].
+    ///
+    /// # Errors
+    /// As [`Store::add_node_meta`].
+    fn add_node(&mut self, module: ModuleId, node: RouteNode) -> Result<u64, StoreError> {
+        self.add_node_meta(module, node, &NodeMeta::default())
+    }
+
+    /// Adds `node` to `module` with its zone and labels (`meta`): one
+    /// transaction that inserts the node, bumps the route version and
+    /// appends the module to the change log. Returns the new route version.
     ///
     /// # Errors
     /// [`StoreError::Duplicate`] when the module has the node already;
     /// [`StoreError::BadInput`] for port 0 or a weight above
     /// [`MAX_WEIGHT`] (weight 0 is stored as [`DEFAULT_WEIGHT`]); both
     /// change nothing.
-    fn add_node(&mut self, module: ModuleId, node: RouteNode) -> Result<u64, StoreError>;
+    fn add_node_meta(
+        &mut self,
+        module: ModuleId,
+        node: RouteNode,
+        meta: &NodeMeta,
+    ) -> Result<u64, StoreError>;
+
+    /// Sets the zone and labels of `module`'s node `node` to `meta` (an
+    /// empty one clears both), in one transaction like
+    /// [`Store::add_node_meta`]. Returns the new route version.
+    ///
+    /// # Errors
+    /// [`StoreError::NotFound`] when the module has no such node; it
+    /// changes nothing.
+    fn set_meta(
+        &mut self,
+        module: ModuleId,
+        node: NodeAddr,
+        meta: &NodeMeta,
+    ) -> Result<u64, StoreError>;
 
     /// Deletes `node` from `module`, in one transaction like
     /// [`Store::add_node`]. Returns the new route version.
@@ -265,6 +297,22 @@ pub trait Store: Send {
     fn import_routes(
         &mut self,
         rows: &[(ModuleId, RouteNode)],
+        replace: bool,
+    ) -> Result<Imported, StoreError> {
+        self.import_table(rows, &[], replace)
+    }
+
+    /// [`Store::import_routes`] of `rows` whose nodes named in `meta`
+    /// carry that zone and those labels (the others none). A `meta` entry
+    /// naming no row of `rows` is refused.
+    ///
+    /// # Errors
+    /// As [`Store::import_routes`], and [`StoreError::BadInput`] for a
+    /// `meta` entry naming no row, or one row twice.
+    fn import_table(
+        &mut self,
+        rows: &[(ModuleId, RouteNode)],
+        meta: &[TableMeta],
         replace: bool,
     ) -> Result<Imported, StoreError>;
 
@@ -367,6 +415,10 @@ pub enum Wake {
 
 /// One row of a route table: a module and one of its nodes.
 pub type TableRow = (ModuleId, RouteNode);
+
+/// The zone and labels of one node of a route table (rows without any
+/// have no entry).
+pub type TableMeta = (ModuleId, NodeAddr, NodeMeta);
 
 /// What [`Store::consume`] applied.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -564,11 +616,13 @@ pub fn stored_weight(table_weight: u32) -> (u32, u32) {
     }
 }
 
-/// The rows of an import checked as [`Store::import_routes`] says, and
-/// the distinct modules they name, sorted.
-pub(crate) fn prepare_import(
+/// The rows of an import checked as [`Store::import_routes`] says, the
+/// zones and labels of `meta` by (module, node), and the distinct modules
+/// the rows name, sorted.
+pub(crate) fn prepare_import<'m>(
     rows: &[(ModuleId, RouteNode)],
-) -> Result<(Vec<TableRow>, Vec<ModuleId>), StoreError> {
+    meta: &'m [TableMeta],
+) -> Result<PreparedImport<'m>, StoreError> {
     let mut seen = HashSet::with_capacity(rows.len());
     let mut out = Vec::with_capacity(rows.len());
     for &(module, node) in rows {
@@ -581,8 +635,53 @@ pub(crate) fn prepare_import(
         }
         out.push((module, node));
     }
+    let mut by_node = HashMap::with_capacity(meta.len());
+    for (module, addr, m) in meta {
+        if !seen.contains(&(*module, *addr)) {
+            return Err(StoreError::BadInput(format!(
+                "module {module} node {addr}: a zone or labels are given for a node the table does not list"
+            )));
+        }
+        if by_node.insert((*module, *addr), m).is_some() {
+            return Err(StoreError::BadInput(format!(
+                "module {module} node {addr}: its zone and labels are given twice"
+            )));
+        }
+    }
     let modules: std::collections::BTreeSet<ModuleId> = out.iter().map(|r| r.0).collect();
-    Ok((out, modules.into_iter().collect()))
+    Ok(PreparedImport {
+        rows: out,
+        meta: by_node,
+        modules: modules.into_iter().collect(),
+    })
+}
+
+/// An import checked by [`prepare_import`].
+pub(crate) struct PreparedImport<'m> {
+    /// The rows, checked, in the table's order.
+    pub rows: Vec<TableRow>,
+    /// The zones and labels of the nodes that have any.
+    pub meta: HashMap<(ModuleId, NodeAddr), &'m NodeMeta>,
+    /// The modules the rows name, sorted.
+    pub modules: Vec<ModuleId>,
+}
+
+impl PreparedImport<'_> {
+    /// The `zone` and `labels` columns of row `(module, addr)`.
+    pub fn columns(&self, module: ModuleId, addr: NodeAddr) -> (Option<String>, Option<String>) {
+        self.meta
+            .get(&(module, addr))
+            .map_or((None, None), |m| meta_columns(m))
+    }
+}
+
+/// A node's `zone` and `labels` columns: NULL for none; the labels as
+/// `k=v,k2=v2`, sorted by key ([`Labels`]'s text).
+pub(crate) fn meta_columns(meta: &NodeMeta) -> (Option<String>, Option<String>) {
+    (
+        meta.zone.as_ref().map(|z| z.as_str().to_string()),
+        (!meta.labels.is_empty()).then(|| meta.labels.to_string()),
+    )
 }
 
 fn check_addr(module: ModuleId, addr: NodeAddr) -> Result<(), StoreError> {
@@ -666,6 +765,54 @@ pub(crate) struct RouteRow {
     pub ip: i64,
     pub port: i64,
     pub weight: i64,
+    /// The `zone` column.
+    pub zone: TextCol,
+    /// The `labels` column.
+    pub labels: TextCol,
+}
+
+/// A text column as read: NULL, text, or a value of another type (only a
+/// table edited around its checks holds one).
+pub(crate) enum TextCol {
+    /// NULL.
+    Null,
+    /// Text.
+    Text(String),
+    /// Neither NULL nor text.
+    NotText,
+}
+
+impl TextCol {
+    fn is_null(&self) -> bool {
+        matches!(self, TextCol::Null)
+    }
+}
+
+/// The longest `labels` column read: 16 labels of a 63-byte key and a
+/// 63-byte value, `=` and `,` between.
+pub(crate) const MAX_LABELS_TEXT: usize =
+    lbagent_model::MAX_LABELS * (2 * lbagent_model::MAX_NAME_LEN + 2) - 1;
+
+/// A row's `zone` and `labels` columns read back, checked with the model's
+/// bounds (a database row is input too).
+fn parse_meta(zone: &TextCol, labels: &TextCol) -> Result<NodeMeta, String> {
+    let zone = match zone {
+        TextCol::Null => None,
+        TextCol::NotText => return Err("zone is not text".into()),
+        TextCol::Text(z) => Some(z.parse::<Zone>().map_err(|e| format!("zone: {e}"))?),
+    };
+    let labels = match labels {
+        TextCol::Null => Labels::default(),
+        TextCol::NotText => return Err("labels is not text".into()),
+        TextCol::Text(l) if l.len() > MAX_LABELS_TEXT => {
+            return Err(format!(
+                "labels is {} bytes long: 16 labels take at most {MAX_LABELS_TEXT}",
+                l.len()
+            ))
+        }
+        TextCol::Text(l) => l.parse::<Labels>().map_err(|e| format!("labels: {e}"))?,
+    };
+    Ok(NodeMeta { zone, labels })
 }
 
 /// A `route_policy` row as read; an option column read as NULL is
@@ -757,6 +904,14 @@ fn module_of(modid: i64, cmdid: i64) -> Result<ModuleId, String> {
 }
 
 impl RouteRow {
+    /// The row's zone and labels; None for none.
+    fn meta(&self) -> Option<Result<NodeMeta, String>> {
+        if self.zone.is_null() && self.labels.is_null() {
+            return None;
+        }
+        Some(parse_meta(&self.zone, &self.labels))
+    }
+
     fn parse(&self) -> Result<(ModuleId, RouteNode), String> {
         let module = module_of(self.modid, self.cmdid)?;
         let ip = u32_col("ip", self.ip)?;
@@ -874,10 +1029,36 @@ impl BadRows {
         }
     }
 
-    pub fn routes(&mut self, rows: Vec<RouteRow>) -> Vec<(ModuleId, RouteNode)> {
-        rows.into_iter()
-            .filter_map(|r| r.parse().map_err(|why| self.skip(r.describe(), why)).ok())
-            .collect()
+    /// The good rows, and the zones and labels of those that have any. A
+    /// row whose zone or labels break the model's bounds is served
+    /// without them: the node stays, its metadata is refused (logged once
+    /// naming the module and node, and counted).
+    pub fn routes(&mut self, rows: Vec<RouteRow>) -> (Vec<(ModuleId, RouteNode)>, Vec<TableMeta>) {
+        let mut nodes = Vec::with_capacity(rows.len());
+        let mut metas = Vec::new();
+        for r in rows {
+            let (module, node) = match r.parse() {
+                Ok(ok) => ok,
+                Err(why) => {
+                    self.skip(r.describe(), why);
+                    continue;
+                }
+            };
+            match r.meta() {
+                None => {}
+                Some(Ok(m)) if m.is_empty() => {}
+                Some(Ok(m)) => metas.push((module, node.addr, m)),
+                Some(Err(why)) => self.skip(
+                    format!("zone or labels of module {module} node {}", node.addr),
+                    format!(
+                        "{why}; the node is served without its zone and labels: set them again with `lbagent route meta {} {} {}`",
+                        module.modid, module.cmdid, node.addr
+                    ),
+                ),
+            }
+            nodes.push((module, node));
+        }
+        (nodes, metas)
     }
 
     pub fn changes(&mut self, rows: Vec<ChangeRow>) -> BTreeMap<ModuleId, u64> {
@@ -920,10 +1101,14 @@ impl BadRows {
 pub(crate) fn assemble(
     route_version: u64,
     latest: &BTreeMap<ModuleId, u64>,
-    nodes: Vec<(ModuleId, RouteNode)>,
+    (nodes, metas): (Vec<(ModuleId, RouteNode)>, Vec<TableMeta>),
     keep: impl IntoIterator<Item = ModuleId>,
     policies: &BTreeMap<ModuleId, (Policy, ModuleOptions)>,
 ) -> Vec<ModuleRoute> {
+    let mut meta_of: BTreeMap<ModuleId, Vec<(NodeAddr, NodeMeta)>> = BTreeMap::new();
+    for (m, addr, meta) in metas {
+        meta_of.entry(m).or_default().push((addr, meta));
+    }
     let mut by_module: BTreeMap<ModuleId, Vec<RouteNode>> = BTreeMap::new();
     for m in keep {
         by_module.entry(m).or_default();
@@ -937,12 +1122,15 @@ pub(crate) fn assemble(
             nodes.sort_unstable_by_key(|n| n.addr);
             let version = latest.get(&module).copied().unwrap_or(route_version);
             let (policy, options) = policies.get(&module).copied().unwrap_or_default();
+            let mut meta = meta_of.remove(&module).unwrap_or_default();
+            meta.sort_unstable_by_key(|(addr, _)| *addr);
             ModuleRoute {
                 module,
                 version,
                 nodes,
                 policy,
                 options,
+                meta,
             }
         })
         .collect()

@@ -54,7 +54,7 @@
 //!   `panic_percent`, `locality_min_percent`: a module's own options,
 //!   NULL where it keeps the agent's default. A module with options and
 //!   no policy set has a row with policy 0 (`l5`).
-
+//!
 //! # Version 5: the newest report wins (issue 32)
 //!
 //! - `server_call_status.agent_start`, `server_call_status.seq`: the agent
@@ -64,6 +64,14 @@
 //!   from an earlier report of the same run
 //!   ([`crate::CallStatus::supersedes`]). Readers that predate the columns
 //!   still read and write the table (the columns have defaults).
+//!
+//! # Version 6: a node's zone and labels (issue 31)
+//!
+//! - `route_data.zone`: the node's zone, NULL for none (1 to 63 bytes of
+//!   `A-Z a-z 0-9 . _ -`; the model checks the charset on the way in and
+//!   on the way out, the column only its length).
+//! - `route_data.labels`: its labels as `k=v,k2=v2`, sorted by key, NULL
+//!   for none (at most 16; bounded to 2,047 characters by the column).
 
 /// One schema version: what it does and its SQL for each backend.
 pub(crate) struct Migration {
@@ -272,6 +280,25 @@ ALTER TABLE server_call_status
 ",
     },
     // --- end issue 32 (report order) ---
+    // --- issue 31: zones and labels in the store (the meta block) ---
+    Migration {
+        version: 6,
+        name: "node zone and labels",
+        sqlite: "
+ALTER TABLE route_data ADD COLUMN zone TEXT
+    CONSTRAINT route_data_zone_check CHECK (zone IS NULL OR length(zone) BETWEEN 1 AND 63);
+ALTER TABLE route_data ADD COLUMN labels TEXT
+    CONSTRAINT route_data_labels_check CHECK (labels IS NULL OR length(labels) BETWEEN 1 AND 2047);
+",
+        postgres: "
+ALTER TABLE route_data
+    ADD COLUMN zone TEXT
+        CONSTRAINT route_data_zone_check CHECK (zone IS NULL OR length(zone) BETWEEN 1 AND 63),
+    ADD COLUMN labels TEXT
+        CONSTRAINT route_data_labels_check CHECK (labels IS NULL OR length(labels) BETWEEN 1 AND 2047);
+",
+    },
+    // --- end issue 31: zones and labels ---
 ];
 
 #[cfg(test)]

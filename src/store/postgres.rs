@@ -28,12 +28,12 @@ use ::postgres::{Client, Config, IsolationLevel, NoTls, Transaction};
 use super::migrations::{self, MIGRATIONS, POSTGRES_SCHEMA_VERSION_TABLE};
 use super::pg_tls::{self, Mode, PgTls};
 use super::{
-    assemble, check_consumed, check_node, prepare_import, prepare_status, redact, version_of,
-    BadRows, CallStatus, ChangeRow, Changes, Consumed, Imported, ModuleRoute, PolicyRow, ReportKey,
-    RouteRow, RouteSet, StatusRow, Store, StoreError, Wake, CONNECT_TIMEOUT,
-    CONSUMED_REPORT_KEEP_S,
+    assemble, check_consumed, check_node, meta_columns, prepare_import, prepare_status, redact,
+    version_of, BadRows, CallStatus, ChangeRow, Changes, Consumed, Imported, ModuleRoute,
+    PolicyRow, ReportKey, RouteRow, RouteSet, StatusRow, Store, StoreError, TableMeta, TextCol,
+    Wake, CONNECT_TIMEOUT, CONSUMED_REPORT_KEEP_S,
 };
-use lbagent_model::{ModuleId, ModuleOptions, NodeAddr, Policy, RouteNode};
+use lbagent_model::{ModuleId, ModuleOptions, NodeAddr, NodeMeta, Policy, RouteNode};
 
 /// Connection attempts still waiting for a server that accepted the TCP
 /// connection and then said nothing. Each holds a thread; past
@@ -270,14 +270,14 @@ impl PostgresStore {
             let modids: Vec<i64> = modules.iter().map(|m| m.0).collect();
             let cmdids: Vec<i64> = modules.iter().map(|m| m.1).collect();
             tx.query(
-                "SELECT d.modid, d.cmdid, d.ip, d.port, d.weight - d.consumed
+                "SELECT d.modid, d.cmdid, d.ip, d.port, d.weight - d.consumed, d.zone, d.labels
                    FROM UNNEST($1::BIGINT[], $2::BIGINT[]) AS u(modid, cmdid)
                    JOIN route_data d ON d.modid = u.modid AND d.cmdid = u.cmdid",
                 &[&modids, &cmdids],
             )
         } else {
             tx.query(
-                "SELECT modid, cmdid, ip, port, weight - consumed FROM route_data
+                "SELECT modid, cmdid, ip, port, weight - consumed, zone, labels FROM route_data
                   WHERE $1::BIGINT IS NULL OR (modid = $1 AND cmdid = $2)",
                 &[&modid, &cmdid],
             )
@@ -310,6 +310,8 @@ impl PostgresStore {
                 ip: int(r, 2),
                 port: int(r, 3),
                 weight: int(r, 4),
+                zone: text(r, 5),
+                labels: text(r, 6),
             })
             .collect();
         tx.commit().map_err(un)?;
@@ -551,6 +553,16 @@ fn int(r: &::postgres::Row, i: usize) -> i64 {
     i64::MIN
 }
 
+/// Column `i` as text: NULL, text, or (another type in a hand-edited
+/// table) not text.
+fn text(r: &::postgres::Row, i: usize) -> TextCol {
+    match r.try_get::<_, Option<String>>(i) {
+        Ok(None) => TextCol::Null,
+        Ok(Some(s)) => TextCol::Text(s),
+        Err(_) => TextCol::NotText,
+    }
+}
+
 /// The schema version recorded in the store, 0 when it has none.
 fn schema_version(c: &mut impl ::postgres::GenericClient) -> Result<u32, ::postgres::Error> {
     let exists: bool = c
@@ -685,8 +697,14 @@ impl Store for PostgresStore {
         Ok(Changes { version, modules })
     }
 
-    fn add_node(&mut self, module: ModuleId, node: RouteNode) -> Result<u64, StoreError> {
+    fn add_node_meta(
+        &mut self,
+        module: ModuleId,
+        node: RouteNode,
+        meta: &NodeMeta,
+    ) -> Result<u64, StoreError> {
         let node = check_node(module, node)?;
+        let (zone, labels) = meta_columns(meta);
         let (url, lost) = (self.url.clone(), self.lost.clone());
         let un = |e: ::postgres::Error| unavailable(&url, &lost, &e);
         let mut tx = self.client()?.transaction().map_err(un)?;
@@ -694,7 +712,8 @@ impl Store for PostgresStore {
         let v = Self::bump(&mut tx, module).map_err(un)?;
         let inserted = tx
             .execute(
-                "INSERT INTO route_data (modid, cmdid, ip, port, weight) VALUES ($1, $2, $3, $4, $5)
+                "INSERT INTO route_data (modid, cmdid, ip, port, weight, zone, labels)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7)
                  ON CONFLICT (modid, cmdid, ip, port) DO NOTHING",
                 &[
                     &i64::from(module.modid),
@@ -702,6 +721,8 @@ impl Store for PostgresStore {
                     &i64::from(node.addr.ip),
                     &i32::from(node.addr.port),
                     &i64::from(node.weight),
+                    &zone,
+                    &labels,
                 ],
             )
             .map_err(un)?;
@@ -738,12 +759,46 @@ impl Store for PostgresStore {
         Ok(v)
     }
 
-    fn import_routes(
+    fn set_meta(
+        &mut self,
+        module: ModuleId,
+        node: NodeAddr,
+        meta: &NodeMeta,
+    ) -> Result<u64, StoreError> {
+        let (zone, labels) = meta_columns(meta);
+        let (url, lost) = (self.url.clone(), self.lost.clone());
+        let un = |e: ::postgres::Error| unavailable(&url, &lost, &e);
+        let mut tx = self.client()?.transaction().map_err(un)?;
+        let v = Self::bump(&mut tx, module).map_err(un)?;
+        let updated = tx
+            .execute(
+                "UPDATE route_data SET zone = $5, labels = $6
+                  WHERE modid = $1 AND cmdid = $2 AND ip = $3 AND port = $4",
+                &[
+                    &i64::from(module.modid),
+                    &i64::from(module.cmdid),
+                    &i64::from(node.ip),
+                    &i32::from(node.port),
+                    &zone,
+                    &labels,
+                ],
+            )
+            .map_err(un)?;
+        if updated == 0 {
+            return Err(StoreError::NotFound { module, node }); // rolls back
+        }
+        tx.commit().map_err(un)?;
+        Ok(v)
+    }
+
+    fn import_table(
         &mut self,
         rows: &[(ModuleId, RouteNode)],
+        meta: &[TableMeta],
         replace: bool,
     ) -> Result<Imported, StoreError> {
-        let (rows, modules) = prepare_import(rows)?;
+        let prepared = prepare_import(rows, meta)?;
+        let (rows, modules) = (&prepared.rows, &prepared.modules);
         if rows.is_empty() {
             let version = self.route_version()?;
             return Ok(Imported {
@@ -786,19 +841,23 @@ impl Store for PostgresStore {
             let port: Vec<i32> = chunk.iter().map(|r| i32::from(r.1.addr.port)).collect();
             let weight = col(|r| i64::from(super::stored_weight(r.1.weight).0));
             let consumed = col(|r| i64::from(super::stored_weight(r.1.weight).1));
+            let (zone, labels): (Vec<Option<String>>, Vec<Option<String>>) = chunk
+                .iter()
+                .map(|r| prepared.columns(r.0, r.1.addr))
+                .unzip();
             let inserted = tx
                 .execute(
-                    "INSERT INTO route_data (modid, cmdid, ip, port, weight, consumed)
-                     SELECT * FROM UNNEST($1::BIGINT[], $2::BIGINT[], $3::BIGINT[], $4::INTEGER[], $5::BIGINT[], $6::BIGINT[])
+                    "INSERT INTO route_data (modid, cmdid, ip, port, weight, consumed, zone, labels)
+                     SELECT * FROM UNNEST($1::BIGINT[], $2::BIGINT[], $3::BIGINT[], $4::INTEGER[], $5::BIGINT[], $6::BIGINT[], $7::TEXT[], $8::TEXT[])
                      ON CONFLICT (modid, cmdid, ip, port) DO NOTHING",
-                    &[&modid, &cmdid, &ip, &port, &weight, &consumed],
+                    &[&modid, &cmdid, &ip, &port, &weight, &consumed, &zone, &labels],
                 )
                 .map_err(un)?;
             if inserted < chunk.len() as u64 {
                 // Only without replace (the rows are distinct): a node the
                 // store has. Roll back, then name one.
                 drop(tx);
-                return Err(self.duplicate_of(&rows));
+                return Err(self.duplicate_of(rows));
             }
         }
         tx.execute(

@@ -19,11 +19,12 @@ use rusqlite::{
 
 use super::migrations::{self, MIGRATIONS, SQLITE_SCHEMA_VERSION_TABLE};
 use super::{
-    assemble, check_consumed, check_node, prepare_import, prepare_status, version_of, BadRows,
-    CallStatus, ChangeRow, Changes, Consumed, Imported, ModuleRoute, PolicyRow, ReportKey,
-    RouteRow, RouteSet, StatusRow, Store, StoreError, CONSUMED_REPORT_KEEP_S, SQLITE_BUSY_TIMEOUT,
+    assemble, check_consumed, check_node, meta_columns, prepare_import, prepare_status, version_of,
+    BadRows, CallStatus, ChangeRow, Changes, Consumed, Imported, ModuleRoute, PolicyRow, ReportKey,
+    RouteRow, RouteSet, StatusRow, Store, StoreError, TableMeta, TextCol, CONSUMED_REPORT_KEEP_S,
+    SQLITE_BUSY_TIMEOUT,
 };
-use lbagent_model::{ModuleId, ModuleOptions, NodeAddr, Policy, RouteNode};
+use lbagent_model::{ModuleId, ModuleOptions, NodeAddr, NodeMeta, Policy, RouteNode};
 
 /// One connection to a SQLite store.
 ///
@@ -318,24 +319,22 @@ impl SqliteStore {
             let mut nodes = Vec::new();
             for (modid, cmdid) in modules {
                 nodes.extend(
-                    query(
+                    route_rows(
                         &tx,
-                        "SELECT modid, cmdid, ip, port, weight - consumed FROM route_data
-                          WHERE modid = ?1 AND cmdid = ?2",
+                        "SELECT modid, cmdid, ip, port, weight - consumed, zone, labels
+                           FROM route_data WHERE modid = ?1 AND cmdid = ?2",
                         params![modid, cmdid],
-                        route_row,
                     )
                     .map_err(un)?,
                 );
             }
             nodes
         } else {
-            query(
+            route_rows(
                 &tx,
-                "SELECT modid, cmdid, ip, port, weight - consumed FROM route_data
+                "SELECT modid, cmdid, ip, port, weight - consumed, zone, labels FROM route_data
                   WHERE modid BETWEEN ?1 AND ?2 AND cmdid BETWEEN ?3 AND ?4",
                 params![m_lo, m_hi, c_lo, c_hi],
-                route_row,
             )
             .map_err(un)?
         };
@@ -446,14 +445,36 @@ impl SqliteStore {
     }
 }
 
-fn route_row(v: &[i64]) -> RouteRow {
-    RouteRow {
-        modid: v[0],
-        cmdid: v[1],
-        ip: v[2],
-        port: v[3],
-        weight: v[4],
+/// Runs `sql`, which selects `modid, cmdid, ip, port, weight, zone,
+/// labels`, and reads every row.
+fn route_rows(
+    tx: &Transaction<'_>,
+    sql: &str,
+    params: impl rusqlite::Params,
+) -> rusqlite::Result<Vec<RouteRow>> {
+    let mut stmt = tx.prepare_cached(sql)?;
+    let mut rows = stmt.query(params)?;
+    let mut out = Vec::new();
+    while let Some(row) = rows.next()? {
+        out.push(RouteRow {
+            modid: int(row, 0)?,
+            cmdid: int(row, 1)?,
+            ip: int(row, 2)?,
+            port: int(row, 3)?,
+            weight: int(row, 4)?,
+            zone: text(row, 5)?,
+            labels: text(row, 6)?,
+        });
     }
+    Ok(out)
+}
+
+fn text(row: &Row<'_>, i: usize) -> rusqlite::Result<TextCol> {
+    Ok(match row.get::<_, Value>(i)? {
+        Value::Null => TextCol::Null,
+        Value::Text(s) => TextCol::Text(s),
+        _ => TextCol::NotText,
+    })
 }
 
 fn is_busy(e: &rusqlite::Error) -> bool {
@@ -520,8 +541,14 @@ impl Store for SqliteStore {
         Ok(Changes { version, modules })
     }
 
-    fn add_node(&mut self, module: ModuleId, node: RouteNode) -> Result<u64, StoreError> {
+    fn add_node_meta(
+        &mut self,
+        module: ModuleId,
+        node: RouteNode,
+        meta: &NodeMeta,
+    ) -> Result<u64, StoreError> {
         let node = check_node(module, node)?;
+        let (zone, labels) = meta_columns(meta);
         let url = self.url.clone();
         let un = |e: rusqlite::Error| StoreError::Unavailable {
             url: url.clone(),
@@ -530,9 +557,18 @@ impl Store for SqliteStore {
         let tx = self.write_tx()?;
         let inserted = tx
             .execute(
-                "INSERT INTO route_data (modid, cmdid, ip, port, weight) VALUES (?1, ?2, ?3, ?4, ?5)
+                "INSERT INTO route_data (modid, cmdid, ip, port, weight, zone, labels)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
                  ON CONFLICT (modid, cmdid, ip, port) DO NOTHING",
-                params![module.modid, module.cmdid, node.addr.ip, node.addr.port, node.weight],
+                params![
+                    module.modid,
+                    module.cmdid,
+                    node.addr.ip,
+                    node.addr.port,
+                    node.weight,
+                    zone,
+                    labels
+                ],
             )
             .map_err(un)?;
         if inserted == 0 {
@@ -567,12 +603,42 @@ impl Store for SqliteStore {
         Ok(v)
     }
 
-    fn import_routes(
+    fn set_meta(
+        &mut self,
+        module: ModuleId,
+        node: NodeAddr,
+        meta: &NodeMeta,
+    ) -> Result<u64, StoreError> {
+        let (zone, labels) = meta_columns(meta);
+        let url = self.url.clone();
+        let un = |e: rusqlite::Error| StoreError::Unavailable {
+            url: url.clone(),
+            why: super::why(&e),
+        };
+        let tx = self.write_tx()?;
+        let updated = tx
+            .execute(
+                "UPDATE route_data SET zone = ?5, labels = ?6
+                  WHERE modid = ?1 AND cmdid = ?2 AND ip = ?3 AND port = ?4",
+                params![module.modid, module.cmdid, node.ip, node.port, zone, labels],
+            )
+            .map_err(un)?;
+        if updated == 0 {
+            return Err(StoreError::NotFound { module, node });
+        }
+        let v = Self::bump(&tx, module).map_err(un)?;
+        tx.commit().map_err(un)?;
+        Ok(v)
+    }
+
+    fn import_table(
         &mut self,
         rows: &[(ModuleId, RouteNode)],
+        meta: &[TableMeta],
         replace: bool,
     ) -> Result<Imported, StoreError> {
-        let (rows, modules) = prepare_import(rows)?;
+        let prepared = prepare_import(rows, meta)?;
+        let (rows, modules) = (&prepared.rows, &prepared.modules);
         if rows.is_empty() {
             let version = self.route_version()?;
             return Ok(Imported {
@@ -592,20 +658,21 @@ impl Store for SqliteStore {
             let mut del = tx
                 .prepare_cached("DELETE FROM route_data WHERE modid = ?1 AND cmdid = ?2")
                 .map_err(un)?;
-            for m in &modules {
+            for m in modules {
                 del.execute(params![m.modid, m.cmdid]).map_err(un)?;
             }
         }
         {
             let mut ins = tx
                 .prepare_cached(
-                    "INSERT INTO route_data (modid, cmdid, ip, port, weight, consumed)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+                    "INSERT INTO route_data (modid, cmdid, ip, port, weight, consumed, zone, labels)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
                      ON CONFLICT (modid, cmdid, ip, port) DO NOTHING",
                 )
                 .map_err(un)?;
-            for (m, n) in &rows {
+            for (m, n) in rows {
                 let (weight, consumed) = super::stored_weight(n.weight);
+                let (zone, labels) = prepared.columns(*m, n.addr);
                 let inserted = ins
                     .execute(params![
                         m.modid,
@@ -613,7 +680,9 @@ impl Store for SqliteStore {
                         n.addr.ip,
                         n.addr.port,
                         weight,
-                        consumed
+                        consumed,
+                        zone,
+                        labels
                     ])
                     .map_err(un)?;
                 if inserted == 0 {
@@ -625,7 +694,7 @@ impl Store for SqliteStore {
                 }
             }
         }
-        for m in &modules {
+        for m in modules {
             Self::log_change(&tx, v, *m).map_err(un)?;
         }
         tx.commit().map_err(un)?;

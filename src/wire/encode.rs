@@ -484,22 +484,7 @@ impl Encoder {
         nodes: &[RouteNode],
     ) -> &[u8] {
         let none = ModuleOptions::default();
-        self.route_answer_with(seq, module, exists, version, nodes, Policy::L5, &none)
-    }
-
-    /// RouteAnswer of a module of `policy` with its own `options`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn route_answer_with(
-        &mut self,
-        seq: u64,
-        module: ModuleId,
-        exists: bool,
-        version: u64,
-        nodes: &[RouteNode],
-        policy: Policy,
-        options: &ModuleOptions,
-    ) -> &[u8] {
-        self.route_answer_meta(seq, module, exists, version, nodes, policy, options, &[])
+        self.route_answer_meta(seq, module, exists, version, nodes, Policy::L5, &none, &[])
     }
 
     /// RouteAnswer of a module of `policy` with its own `options`, whose
@@ -545,20 +530,7 @@ impl Encoder {
         nodes: &[RouteNode],
     ) -> &[u8] {
         let none = ModuleOptions::default();
-        self.route_push_with(module, exists, version, nodes, Policy::L5, &none)
-    }
-
-    /// RoutePush of a module of `policy` with its own `options`.
-    pub fn route_push_with(
-        &mut self,
-        module: ModuleId,
-        exists: bool,
-        version: u64,
-        nodes: &[RouteNode],
-        policy: Policy,
-        options: &ModuleOptions,
-    ) -> &[u8] {
-        self.route_push_meta(module, exists, version, nodes, policy, options, &[])
+        self.route_push_meta(module, exists, version, nodes, Policy::L5, &none, &[])
     }
 
     /// RoutePush of a module of `policy` with its own `options` and its

@@ -6,7 +6,8 @@
 #      links against each;
 #   3. both example programs run against a real system: `lbagent standalone`
 #      on free loopback ports in a temporary directory, with one module
-#      added by `lbagent route add`. Their output is printed;
+#      added by `lbagent route add` (one node labelled version=canary, which
+#      lb_get_host_selecting must pick every time). Their output is printed;
 #   4. tools/capi/dagor.c (DAGOR through the C ABI: getHost by user id, a
 #      report with a downstream level, the level's two bytes) runs against
 #      the same system on a module of one node, and must exit 0.
@@ -72,7 +73,7 @@ for _ in $(seq 1 200); do
 done
 [[ -s "$hb" ]] || { cat "$tmp/standalone.log"; echo "no heartbeat in 10 s" >&2; exit 1; }
 "$bin" route add 77 1 10.7.0.1:80 --store "$store"
-"$bin" route add 77 1 10.7.0.2:80 --store "$store"
+"$bin" route add 77 1 10.7.0.2:80 --label version=canary --store "$store"
 "$bin" route add 79 1 10.9.0.1:80 --store "$store"
 ok=""
 for _ in $(seq 1 100); do
@@ -83,7 +84,10 @@ done
 [[ -n "$ok" ]] || { cat "$tmp/standalone.log"; echo "the route did not reach the agent in 10 s+" >&2; exit 1; }
 
 echo "--- example (static library)"
-"$tmp/example-static" "$hb" 77 1
+"$tmp/example-static" "$hb" 77 1 | tee "$tmp/example.out"
+# The selector reaches the agent: only the node labelled version=canary.
+grep -q "^selector version=canary: 10.7.0.2:80, every time$" "$tmp/example.out" ||
+  { echo "lb_get_host_selecting did not pick the labelled node" >&2; exit 1; }
 echo "--- example (shared library)"
 LD_LIBRARY_PATH="$lib" "$tmp/example-shared" "$hb" 77 1
 echo "--- DAGOR (dagor.c: module 79/1, one node)"

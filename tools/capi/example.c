@@ -115,6 +115,27 @@ int main(int argc, char **argv) {
     print_ip(first.ip);
     printf(":%u, twice\n", first.port);
 
+    /* A label selector: only nodes labelled version=canary (check.sh labels
+       one node of the module so). */
+    LbHost canary;
+    for (int i = 0; i < 4; i++) {
+        rc = lb_get_host_selecting(client, modid, cmdid, 1000, "version=canary", &canary);
+        if (rc != LB_OK) {
+            fprintf(stderr, "lb_get_host_selecting: %s: %s\n", lb_status_name(rc), lb_last_error());
+            lb_client_free(client);
+            return rc;
+        }
+        if (i > 0 && (canary.ip != first.ip || canary.port != first.port)) {
+            fprintf(stderr, "lb_get_host_selecting: two nodes for one selector\n");
+            lb_client_free(client);
+            return 1;
+        }
+        first = canary;
+    }
+    printf("selector version=canary: ");
+    print_ip(canary.ip);
+    printf(":%u, every time\n", canary.port);
+
     /* An unknown module: the error code is the tool commands' exit status. */
     LbHost none;
     rc = lb_get_host(client, 999999, 1, 200, 0, 0, &none);

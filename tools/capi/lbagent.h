@@ -215,6 +215,30 @@ int lb_get_host_keyed(struct LbClient *client,
                       size_t key_len,
                       struct LbHost *out);
 
+// Asks for a node of module `(modid, cmdid)` whose labels match
+// `selector`, a NUL-terminated `key=value,key2=value2` (every term must
+// be a label of the node; at most 16 terms of 1 to 63 characters of
+// `A-Z a-z 0-9 . _ -`, values may be empty): the agent chooses among the
+// matching nodes with the module's policy, and when none matches falls
+// back as its `lb.label_fallback` says (`any`: every node; `fail`:
+// `LB_ERR_NO_SUCH_MODULE`). Nodes get their labels with the route
+// (`lbagent route add --label`, `route meta`). A NULL or empty selector
+// matches every node. The route cache is not used, and while the agent
+// is down the static route file answers without the selector.
+//
+// Returns as [`lb_get_host`]; `LB_ERR_BAD_ARGUMENT` also for a selector
+// that is not UTF-8 or breaks the bounds (the message says which term
+// and why).
+//
+// # Safety
+// As [`lb_get_host`]; `selector` is NULL or a NUL-terminated string.
+int lb_get_host_selecting(struct LbClient *client,
+                          uint32_t modid,
+                          uint32_t cmdid,
+                          uint32_t timeout_ms,
+                          const char *selector,
+                          struct LbHost *out);
+
 // [`lb_report`] passing on the admission level `(level_business,
 // level_user)` the downstream attached to its response (DAGOR
 // collaborative admission; `(0, 0)` = none, else each 1..=128): the agent

@@ -270,6 +270,7 @@ fn no_snapshot_and_no_sleep_for_it_while_the_table_fills() {
             module: m(k),
             version: 1,
             nodes: vec![node(k)],
+            meta: Vec::new(),
         })
         .collect();
     snapshot::write(&path, 1, &routes).unwrap();
@@ -302,6 +303,7 @@ fn the_final_routes_take_what_the_fill_had_left() {
         module: m(7),
         version: 2,
         nodes: vec![node(1)],
+        meta: Vec::new(),
     }];
     snapshot::write(&path, 1, &routes).unwrap();
     let index = Arc::new(snapshot::read_index(&path).unwrap());

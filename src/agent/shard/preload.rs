@@ -100,10 +100,11 @@ impl ShardCore {
             version: snapshot.version(i),
             nodes,
             // The static route file keeps no policy: `l5` until the
-            // module's route is pulled again.
+            // module's route is pulled again. It keeps the nodes' zones and
+            // labels (format 2).
             policy: Policy::L5,
             options: Default::default(),
-            meta: Vec::new(),
+            meta: snapshot.meta(i),
         };
         self.preload.set_made(i);
         self.preload.left -= 1;

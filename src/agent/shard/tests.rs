@@ -1084,6 +1084,7 @@ fn preloaded(modules: u32, nodes: u8) -> Arc<SnapshotIndex> {
         module,
         version: 1,
         nodes: route_nodes(n),
+        meta: Vec::new(),
     };
     let routes: Vec<SnapshotRoute> = (0..modules)
         .flat_map(|k| {
@@ -1183,6 +1184,7 @@ fn a_share_with_no_route_to_make_holds_nothing_and_its_step_is_done_at_once() {
         module: ModuleId::new(modid, 1),
         version: 1,
         nodes: route_nodes(n),
+        meta: Vec::new(),
     };
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("routes.snapshot");

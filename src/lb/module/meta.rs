@@ -31,6 +31,13 @@ pub(super) struct Meta {
     local_count: usize,
     /// Per node index: its labels.
     labels: Vec<Labels>,
+    /// Every distinct `(key, value)` label of the route, sorted, when there
+    /// are at most 64 (interned at route update; empty past 64, and then
+    /// selectors compare strings).
+    vocab: Vec<(String, String)>,
+    /// Per node index: its labels as bits of `vocab` (empty when `vocab`
+    /// is not used).
+    masks: Vec<u64>,
     /// The consistent-hashing table, once a keyed getHost asked for it.
     maglev: Option<Maglev>,
 }
@@ -57,10 +64,12 @@ impl ModuleLb {
             self.meta = None;
             return;
         }
+        let vocab = vocab_of(&given);
         self.meta = Some(Box::new(Meta {
             given,
             agent_zone: agent_zone.cloned(),
             maglev,
+            vocab,
             ..Meta::default()
         }));
         self.refresh_meta();
@@ -83,6 +92,14 @@ impl ModuleLb {
             }
         }
         meta.local_count = meta.local.iter().filter(|&&l| l).count();
+        meta.masks = if meta.vocab.is_empty() {
+            Vec::new()
+        } else {
+            meta.labels
+                .iter()
+                .map(|l| mask_of(&meta.vocab, l).unwrap_or(0))
+                .collect()
+        };
         if meta.maglev.is_some() {
             let table = self.build_maglev();
             if let Some(m) = self.meta.as_deref_mut() {
@@ -174,9 +191,17 @@ impl ModuleLb {
         if selector.is_empty() || self.nodes.is_empty() {
             return Ok(self.get_host(p));
         }
-        let matching = self.meta.as_ref().map_or(0, |m| {
-            m.labels.iter().filter(|l| selector.matches(l)).count()
-        });
+        // Interned: the selector's terms as bits (a term no node has: no
+        // match), then one AND a node; else strings compared a node.
+        let want = self
+            .meta
+            .as_ref()
+            .and_then(|m| (!m.vocab.is_empty()).then(|| mask_of(&m.vocab, selector.terms())));
+        let matching = match (want, self.meta.as_ref()) {
+            (Some(None), _) | (_, None) => 0,
+            (Some(Some(w)), Some(m)) => m.masks.iter().filter(|&&b| b & w == w).count(),
+            (None, Some(m)) => m.labels.iter().filter(|l| selector.matches(l)).count(),
+        };
         if plan(matching, fallback)? == Plan::Everyone {
             return Ok(self.get_host(p));
         }
@@ -184,7 +209,10 @@ impl ModuleLb {
             return Ok(probe);
         }
         let meta = self.meta.take().expect("some node matches");
-        let found = self.rotate_to(|i| selector.matches(&meta.labels[i]));
+        let found = match want {
+            Some(Some(w)) => self.rotate_to(|i| meta.masks[i] & w == w),
+            _ => self.rotate_to(|i| selector.matches(&meta.labels[i])),
+        };
         self.meta = Some(meta);
         Ok(found.map_or(Pick::Overloaded, Pick::Idle))
     }
@@ -220,6 +248,12 @@ impl ModuleLb {
         found.map_or(Pick::Overloaded, Pick::Idle)
     }
 
+    /// True when the module's labels are interned (at most 64 distinct),
+    /// so that a selecting getHost compares bits, not strings.
+    pub fn labels_interned(&self) -> bool {
+        self.meta.as_ref().is_some_and(|m| !m.vocab.is_empty())
+    }
+
     /// True when some node of the module has a zone or labels.
     pub fn has_meta(&self) -> bool {
         self.meta.as_ref().is_some_and(|m| !m.given.is_empty())
@@ -234,4 +268,30 @@ impl ModuleLb {
     pub fn has_keyed_table(&self) -> bool {
         self.meta.as_ref().is_some_and(|m| m.maglev.is_some())
     }
+}
+
+/// The distinct labels of `given`, sorted, when at most 64 (a `u64` of
+/// bits a node); empty otherwise.
+fn vocab_of(given: &[(u64, Labels, Option<Zone>)]) -> Vec<(String, String)> {
+    let mut vocab: Vec<(String, String)> = given
+        .iter()
+        .flat_map(|g| g.1.iter())
+        .map(|l| (l.key().to_string(), l.value().to_string()))
+        .collect();
+    vocab.sort_unstable();
+    vocab.dedup();
+    if vocab.len() > 64 {
+        vocab.clear();
+    }
+    vocab
+}
+
+/// `labels` as bits of `vocab`; None when one of them is not in it.
+fn mask_of(vocab: &[(String, String)], labels: &Labels) -> Option<u64> {
+    labels.iter().try_fold(0u64, |bits, l| {
+        let i = vocab
+            .binary_search_by(|(k, v)| (k.as_str(), v.as_str()).cmp(&(l.key(), l.value())))
+            .ok()?;
+        Some(bits | 1 << i)
+    })
 }

@@ -169,6 +169,47 @@ fn a_selector_round_robins_among_the_matching_nodes() {
     );
 }
 
+/// Labels interned at route update (at most 64 distinct) and labels
+/// compared as strings (more) choose the same nodes, in the same order.
+#[test]
+fn interned_labels_and_compared_strings_choose_alike() {
+    let (mut interned, p) = labelled();
+    assert!(interned.labels_interned());
+    // The same module with 70 more distinct labels on a fifth node: past
+    // 64, strings.
+    let (mut strings, _) = labelled();
+    let many: Vec<String> = (0..16).map(|i| format!("x{i}=y")).collect();
+    let mut metas: Vec<(NodeAddr, NodeMeta)> = vec![
+        (addr(1), meta("", "version=stable")),
+        (addr(2), meta("", "version=canary")),
+        (addr(3), meta("", "version=stable")),
+        (addr(4), meta("", "version=canary,tier=gold")),
+    ];
+    // Nodes not in the route: their labels count in the vocabulary only.
+    for n in 0..5u8 {
+        let l: Vec<String> = many.iter().map(|t| format!("{t}{n}")).collect();
+        metas.push((addr(100 + n), meta("", &l.join(","))));
+    }
+    strings.set_meta(&metas, None);
+    assert!(!strings.labels_interned(), "80 distinct labels: strings");
+    for sel in [
+        "version=canary",
+        "version=canary,tier=gold",
+        "tier=gold",
+        "version=gamma",
+        "x1=y0",
+    ] {
+        let sel: Selector = sel.parse().unwrap();
+        for _ in 0..5 {
+            assert_eq!(
+                interned.get_host_selecting(&p, &sel, Fallback::Fail),
+                strings.get_host_selecting(&p, &sel, Fallback::Fail),
+                "{sel:?}"
+            );
+        }
+    }
+}
+
 #[test]
 fn matching_nodes_all_overloaded_answer_overloaded_not_the_others() {
     let (mut m, mut p) = labelled();

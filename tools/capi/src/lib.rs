@@ -32,7 +32,7 @@ use std::time::Duration;
 use lbagent_admission::AdmissionLevel;
 use lbagent_client::exit::exit_code;
 use lbagent_client::{level, Client, ClientError, ClientOptions, Host, HostSource};
-use lbagent_model::NodeAddr;
+use lbagent_model::{NodeAddr, Selector};
 
 /// Success.
 pub const LB_OK: c_int = 0;
@@ -469,6 +469,60 @@ pub unsafe extern "C" fn lb_get_host_keyed(
     }
 }
 
+/// Asks for a node of module `(modid, cmdid)` whose labels match
+/// `selector`, a NUL-terminated `key=value,key2=value2` (every term must
+/// be a label of the node; at most 16 terms of 1 to 63 characters of
+/// `A-Z a-z 0-9 . _ -`, values may be empty): the agent chooses among the
+/// matching nodes with the module's policy, and when none matches falls
+/// back as its `lb.label_fallback` says (`any`: every node; `fail`:
+/// `LB_ERR_NO_SUCH_MODULE`). Nodes get their labels with the route
+/// (`lbagent route add --label`, `route meta`). A NULL or empty selector
+/// matches every node. The route cache is not used, and while the agent
+/// is down the static route file answers without the selector.
+///
+/// Returns as [`lb_get_host`]; `LB_ERR_BAD_ARGUMENT` also for a selector
+/// that is not UTF-8 or breaks the bounds (the message says which term
+/// and why).
+///
+/// # Safety
+/// As [`lb_get_host`]; `selector` is NULL or a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn lb_get_host_selecting(
+    client: *mut LbClient,
+    modid: u32,
+    cmdid: u32,
+    timeout_ms: u32,
+    selector: *const c_char,
+    out: *mut LbHost,
+) -> c_int {
+    if out.is_null() {
+        return bad("out is NULL: pass the address of an LbHost");
+    }
+    let text = if selector.is_null() {
+        ""
+    } else {
+        // SAFETY: non-null and NUL-terminated by the contract.
+        match unsafe { CStr::from_ptr(selector) }.to_str() {
+            Ok(s) => s,
+            Err(_) => return bad("selector is not UTF-8"),
+        }
+    };
+    let selector: Selector = match text.parse() {
+        Ok(s) => s,
+        Err(e) => return bad(&format!("selector: {e}")),
+    };
+    // SAFETY: the caller's contract.
+    unsafe {
+        with_client(client, |c| {
+            let t = timeout(timeout_ms)?;
+            let host = c.get_host_selecting(modid, cmdid, &selector, t)?;
+            // SAFETY: checked non-null; the caller's contract.
+            *out = lb_host(host);
+            Ok(LB_OK)
+        })
+    }
+}
+
 /// [`lb_report`] passing on the admission level `(level_business,
 /// level_user)` the downstream attached to its response (DAGOR
 /// collaborative admission; `(0, 0)` = none, else each 1..=128): the agent
@@ -851,6 +905,51 @@ mod tests {
             assert_eq!(lb_report(c, 1, 2, host, 0, 5), LB_OK);
             let zero = LbHost { port: 0, ..host };
             assert_eq!(lb_report(c, 1, 2, zero, 0, 5), LB_ERR_BAD_ARGUMENT);
+            lb_client_free(c);
+        }
+    }
+
+    #[test]
+    fn a_selecting_get_host_checks_its_selector() {
+        let dir = std::env::temp_dir().join(format!("lbagent-capi-select-{}", std::process::id()));
+        let hb = CString::new(dir.join("no-heartbeat").to_str().unwrap()).unwrap();
+        let opts = LbClientOptions {
+            heartbeat_path: hb.as_ptr(),
+            snapshot_path: hb.as_ptr(),
+            cache: 0,
+            user_hash_seed: 0,
+            user_key_period_s: 0,
+        };
+        unsafe {
+            let mut c = std::ptr::null_mut();
+            assert_eq!(lb_client_new(&opts, &mut c), LB_OK);
+            let mut h = LbHost::default();
+            let bad_terms: [(&[u8], &str); 4] = [
+                (b"version\0", "KEY=VALUE"),
+                (b"a=1,a=2\0", "twice"),
+                (b"k=v v\0", "the character ' '"),
+                (b"k=\xff\0", "not UTF-8"),
+            ];
+            for (sel, want) in bad_terms {
+                let rc = lb_get_host_selecting(c, 1, 2, 50, sel.as_ptr().cast(), &mut h);
+                assert_eq!(rc, LB_ERR_BAD_ARGUMENT, "{want}");
+                let msg = CStr::from_ptr(lb_last_error()).to_str().unwrap();
+                assert!(msg.contains(want), "{msg}");
+            }
+            let good = b"version=canary\0";
+            assert_eq!(
+                lb_get_host_selecting(c, 1, 2, 50, good.as_ptr().cast(), std::ptr::null_mut()),
+                LB_ERR_BAD_ARGUMENT
+            );
+            // No agent, no static route file: the call got that far.
+            assert_eq!(
+                lb_get_host_selecting(c, 1, 2, 50, good.as_ptr().cast(), &mut h),
+                LB_ERR_STATIC_ROUTES
+            );
+            assert_eq!(
+                lb_get_host_selecting(c, 1, 2, 50, std::ptr::null(), &mut h),
+                LB_ERR_STATIC_ROUTES
+            );
             lb_client_free(c);
         }
     }

@@ -245,22 +245,26 @@ pub fn write_all(dir: &Path) -> io::Result<()> {
             module: M,
             version: 3,
             nodes: route_nodes(2),
+            meta: Vec::new(),
         }],
         vec![
             SnapshotRoute {
                 module: ModuleId::new(1, 1),
                 version: 1,
                 nodes: vec![],
+                meta: Vec::new(),
             },
             SnapshotRoute {
                 module: M,
                 version: 9,
                 nodes: route_nodes(5),
+                meta: Vec::new(),
             },
             SnapshotRoute {
                 module: ModuleId::new(100, 8),
                 version: 2,
                 nodes: route_nodes(1),
+                meta: Vec::new(),
             },
         ],
     ];

@@ -72,6 +72,13 @@ class Client:
         key: Union[bytes, str],
         timeout: float = 1.0,
     ) -> Tuple[str, int]: ...
+    def get_host_selecting(
+        self,
+        modid: int,
+        cmdid: int,
+        select: str,
+        timeout: float = 1.0,
+    ) -> Tuple[str, int]: ...
     def user_priority(self, user_id: Union[bytes, str]) -> int: ...
     def report(
         self,

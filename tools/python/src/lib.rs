@@ -354,6 +354,32 @@ impl Client {
         Ok((h.addr.ipv4().to_string(), h.addr.port))
     }
 
+    /// A node of module (modid, cmdid) whose labels match `select`,
+    /// `"key=value,key2=value2"` (every term a label of the node; at most
+    /// 16 terms of 1 to 63 characters of A-Z a-z 0-9 . _ -): the agent
+    /// chooses among the matching nodes with the module's policy, and when
+    /// none matches falls back as its `lb.label_fallback` says. "" matches
+    /// every node. Nodes get labels with the route (`lbagent route add
+    /// --label`). Raises BadArgument for a selector out of bounds.
+    #[pyo3(signature = (modid, cmdid, select, timeout=1.0))]
+    fn get_host_selecting(
+        &self,
+        py: Python<'_>,
+        modid: u32,
+        cmdid: u32,
+        select: &str,
+        timeout: f64,
+    ) -> PyResult<(String, u16)> {
+        let selector: lbagent_model::Selector = select
+            .parse()
+            .map_err(|e| BadArgument::new_err(format!("selector: {e}")))?;
+        let t = self::timeout(py, timeout)?;
+        let h = self.with(py, true, |c| {
+            c.get_host_selecting(modid, cmdid, &selector, t)
+        })?;
+        Ok((h.addr.ipv4().to_string(), h.addr.port))
+    }
+
     /// The user priority (1..=128) this client gives `user_id` now, as
     /// get_host(user_id=...) sends it.
     fn user_priority(&self, py: Python<'_>, user_id: UserId) -> PyResult<u8> {

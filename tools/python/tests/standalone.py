@@ -1,6 +1,6 @@
 """A real lbagent system for the tests and the benchmark: `lbagent standalone`
 on free loopback ports in a temporary directory, with module (77, 1) of two
-nodes, and (78, 1) and (79, 1) of one each, added by `lbagent route add`. Every wait is bounded."""
+nodes (one labelled version=canary), and (78, 1) and (79, 1) of one each, added by `lbagent route add`. Every wait is bounded."""
 
 import os
 import subprocess
@@ -11,6 +11,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[3]
 MODULE = (77, 1)
 NODES = ("10.7.0.1:80", "10.7.0.2:80")
+#: The node of MODULE labelled version=canary (for selectors).
+CANARY = "10.7.0.2:80"
 #: A second module with one node, for tests that count its reports.
 SINGLE = (78, 1)
 SINGLE_NODE = "10.8.0.1:80"
@@ -64,8 +66,9 @@ class System:
         try:
             self._wait(lambda: os.path.getsize(self.heartbeat) > 0 and (d / "data" / "lbagent.db").exists(), 15, "a heartbeat")
             for module, node in [(MODULE, n) for n in NODES] + [(SINGLE, SINGLE_NODE), (DAGOR, DAGOR_NODE)]:
+                labels = ["--label", "version=canary"] if (module, node) == (MODULE, CANARY) else []
                 subprocess.run(
-                    [self.bin, "route", "add", str(module[0]), str(module[1]), node, "--store", self.store],
+                    [self.bin, "route", "add", str(module[0]), str(module[1]), node, "--store", self.store] + labels,
                     check=True,
                     capture_output=True,
                 )
