@@ -595,7 +595,14 @@ fn resolve(field: &str, list: &[String]) -> anyhow::Result<Vec<SocketAddr>> {
 fn load_snapshot(path: &std::path::Path) -> Option<Arc<SnapshotIndex>> {
     match snapshot::read_index(path) {
         Ok(s) if s.is_empty() => None,
-        Ok(s) => Some(Arc::new(s)),
+        Ok(s) => {
+            if let Some(why) = s.zones_problem() {
+                tracing::warn!(
+                    "the route snapshot's zones file is left out: {why}; the nodes' zones and labels come back with the route server's next answer"
+                );
+            }
+            Some(Arc::new(s))
+        }
         Err(SnapshotError::Missing { .. }) => None,
         Err(e) => {
             tracing::warn!("ignoring the route snapshot: {e}");

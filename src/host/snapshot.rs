@@ -38,14 +38,22 @@
 //! The file is exactly header plus payload: nothing may follow it. The
 //! checksum covers the header too, so a flipped bit anywhere is caught.
 //!
-//! # Format version 2: zones and labels (issue 31)
+//! # The zones file (issue 31)
 //!
-//! Version 1 with, after the last route, the zones and labels of the nodes
-//! that have any: a 4-byte entry count, then per entry
+//! The nodes' zones and labels are not in the static route file, whose
+//! format every client ever shipped reads (version 1, nothing after the
+//! payload): an agent whose nodes have any writes them beside it, to
+//! [`zones_path`] (the static route file's path with `.zones` appended),
+//! first, then the static route file. The zones file has the same 32-byte
+//! header as the static route file, with the magic [`ZONES_MAGIC`] =
+//! `"LBAGZONE"`, version [`ZONES_FORMAT_VERSION`], and the static route
+//! file's route count and time written; its payload is the CRC-32 of the
+//! static route file it belongs to (its header's bytes 28..32), then a
+//! 4-byte entry count, then per entry
 //!
 //! | size | field |
 //! |---:|---|
-//! | 4 | the route's number in the file (0 = the first) |
+//! | 4 | the route's number in the static route file (0 = the first) |
 //! | 4 | the node's IPv4 address |
 //! | 2 | its port, 1..=65535 |
 //! | 1 | zone length, 0..=63 (0: no zone), then the zone's bytes |
@@ -54,11 +62,13 @@
 //! in strictly increasing (route, address, port) order, each with a zone
 //! or a label, labels sorted by key, each name checked as the model checks
 //! it (`A-Z a-z 0-9 . _ -`), and at least one entry: a file has one form,
-//! the one [`write()`] makes of what it holds. [`write()`] writes
-//! version 2 only when some node has a zone or a label, so an agent whose
-//! routes have none writes exactly version 1, which every older client
-//! reads; this code reads both. An older client reading a version-2 file
-//! finds it unsupported and answers as with no static route file.
+//! the one [`write()`] makes of what it holds. An agent whose nodes have
+//! none writes no zones file and removes an old one. Only a restarting
+//! agent reads it ([`read_index`]): a zones file that is missing, belongs
+//! to another static route file (a crash between the two renames) or is
+//! bad in any way leaves the routes without zones and labels until the
+//! route server's next answer, and [`SnapshotIndex::zones_problem`] says
+//! why; it never costs the routes themselves. Clients never read it.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
@@ -77,12 +87,22 @@ pub const MAGIC: [u8; 8] = *b"LBAGSNAP";
 /// user can write.
 pub const DEFAULT_PATH: &str = "/var/lib/lbagent/routes.snapshot";
 
-/// The newest format version this code writes and reads (it reads
-/// [`FORMAT_V1`] too, and writes it when no node has a zone or a label).
-pub const FORMAT_VERSION: u32 = 2;
+/// The format version this code writes and reads.
+pub const FORMAT_VERSION: u32 = 1;
 
-/// The first format: routes and nodes, no zones or labels.
-pub const FORMAT_V1: u32 = 1;
+/// The first 8 bytes of every zones file ([`zones_path`]).
+pub const ZONES_MAGIC: [u8; 8] = *b"LBAGZONE";
+
+/// The zones file's format version.
+pub const ZONES_FORMAT_VERSION: u32 = 1;
+
+/// Where the zones and labels of the static route file at `path` are
+/// kept: `path` with `.zones` appended (see the module docs).
+pub fn zones_path(path: &Path) -> PathBuf {
+    let mut p = path.as_os_str().to_owned();
+    p.push(".zones");
+    PathBuf::from(p)
+}
 
 /// The header's length in bytes.
 pub const HEADER_LEN: usize = 32;
@@ -107,7 +127,8 @@ pub struct SnapshotRoute {
     /// The module's nodes; may be empty.
     pub nodes: Vec<RouteNode>,
     /// The zones and labels of those of its nodes that have any, by
-    /// address (format version 2; empty in a version-1 file).
+    /// address: written to the zones file ([`zones_path`]); [`read`]
+    /// (the clients') leaves it empty.
     pub meta: Vec<(NodeAddr, NodeMeta)>,
 }
 
@@ -194,21 +215,29 @@ pub enum SnapshotError {
         /// The length its header needs.
         expected: u64,
     },
-    /// Does not start with [`MAGIC`]: not a snapshot file.
-    #[error("snapshot file {path} has bad magic {found:02x?}, expected \"LBAGSNAP\"")]
+    /// Does not start with its magic ([`MAGIC`], or [`ZONES_MAGIC`] for a
+    /// zones file): not such a file.
+    #[error(
+        "snapshot file {path} has bad magic {found:02x?}, expected \"{}\"",
+        String::from_utf8_lossy(expected)
+    )]
     BadMagic {
         /// The snapshot file.
         path: PathBuf,
         /// Its first 8 bytes.
         found: [u8; 8],
+        /// The magic wanted.
+        expected: [u8; 8],
     },
     /// Written in a format version this code does not read.
-    #[error("snapshot file {path} has format version {found}, this build reads {FORMAT_V1} and {FORMAT_VERSION}")]
+    #[error("snapshot file {path} has format version {found}, this build reads {reads}")]
     UnsupportedVersion {
         /// The snapshot file.
         path: PathBuf,
         /// The version found.
         found: u32,
+        /// The version this build reads.
+        reads: u32,
     },
     /// The checksum does not match: the file is corrupt.
     #[error("snapshot file {path} is corrupt: checksum {stored:#010x} stored, {computed:#010x} computed")]
@@ -265,29 +294,90 @@ pub fn write(
     written_unix_s: u64,
     routes: &[SnapshotRoute],
 ) -> Result<(), SnapshotError> {
-    let bytes = encode(written_unix_s, routes).map_err(|what| SnapshotError::Invalid {
-        path: path.to_path_buf(),
-        what,
-    })?;
-    write_bytes(path, &bytes, |_| Ok(()))
+    let (bytes, zones) =
+        encode_files(written_unix_s, routes).map_err(|what| SnapshotError::Invalid {
+            path: path.to_path_buf(),
+            what,
+        })?;
+    let zpath = zones_path(path);
+    match zones {
+        // The zones file first: a crash between the renames leaves a zones
+        // file bound to the new static route file beside the old one, which
+        // a reader recognises and leaves out.
+        Some(z) => {
+            write_bytes(&zpath, &z, |_| Ok(()))?;
+            write_bytes(path, &bytes, |_| Ok(()))
+        }
+        None => {
+            write_bytes(path, &bytes, |_| Ok(()))?;
+            // Best effort: one left behind belongs to an older static
+            // route file, and a reader leaves it out.
+            let _ = fs::remove_file(&zpath);
+            Ok(())
+        }
+    }
 }
 
-/// The file's bytes for `routes`, sorted by module; the reason when the
-/// format cannot hold them.
+/// The static route file's bytes for `routes` (what [`encode_files`] makes
+/// first).
+#[cfg(test)]
 fn encode(written_unix_s: u64, routes: &[SnapshotRoute]) -> Result<Vec<u8>, String> {
+    encode_files(written_unix_s, routes).map(|(main, _)| main)
+}
+
+/// The static route file's bytes for `routes`, sorted by module, and the
+/// zones file's when some node has a zone or a label; the reason when the
+/// format cannot hold them.
+fn encode_files(
+    written_unix_s: u64,
+    routes: &[SnapshotRoute],
+) -> Result<(Vec<u8>, Option<Vec<u8>>), String> {
     let mut sorted: Vec<&SnapshotRoute> = routes.iter().collect();
     sorted.sort_by_key(|r| r.module);
+    let main = encode_sorted(written_unix_s, &sorted)?;
+    let zones = encode_meta(&sorted)?.map(|section| {
+        let mut payload = Vec::with_capacity(4 + section.len());
+        payload.extend_from_slice(&main[CHECKED_HEADER_LEN..HEADER_LEN]);
+        payload.extend_from_slice(&section);
+        seal(
+            ZONES_MAGIC,
+            ZONES_FORMAT_VERSION,
+            le_u32(&main, 12),
+            written_unix_s,
+            &payload,
+        )
+    });
+    Ok((main, zones))
+}
+
+/// A file of the common header (`magic`, `version`, `count`, the time
+/// written, the payload's length and the CRC-32 of both) and `payload`.
+fn seal(magic: [u8; 8], version: u32, count: u32, written_unix_s: u64, payload: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(HEADER_LEN + payload.len());
+    out.extend_from_slice(&magic);
+    out.extend_from_slice(&version.to_le_bytes());
+    out.extend_from_slice(&count.to_le_bytes());
+    out.extend_from_slice(&written_unix_s.to_le_bytes());
+    out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    out.extend_from_slice(&[0; 4]);
+    out.extend_from_slice(payload);
+    let crc = checksum(&out[..CHECKED_HEADER_LEN], &out[HEADER_LEN..]);
+    out[CHECKED_HEADER_LEN..HEADER_LEN].copy_from_slice(&crc.to_le_bytes());
+    out
+}
+
+/// The static route file's bytes for `sorted` (the routes in module
+/// order); the reason when the format cannot hold them.
+fn encode_sorted(written_unix_s: u64, sorted: &[&SnapshotRoute]) -> Result<Vec<u8>, String> {
     if let Some(pair) = sorted.windows(2).find(|p| p[0].module == p[1].module) {
         return Err(format!("module {} appears twice", pair[0].module));
     }
     let count = u32::try_from(sorted.len())
         .map_err(|_| format!("{} routes, at most {}", sorted.len(), u32::MAX))?;
-    let meta = encode_meta(&sorted)?;
     let payload_len: usize = sorted
         .iter()
         .map(|r| ROUTE_LEN + NODE_LEN * r.nodes.len())
-        .sum::<usize>()
-        + meta.as_ref().map_or(0, Vec::len);
+        .sum::<usize>();
     if (HEADER_LEN + payload_len) as u64 > MAX_LEN {
         return Err(format!(
             "{} bytes, a snapshot file is at most {MAX_LEN}",
@@ -299,12 +389,7 @@ fn encode(written_unix_s: u64, routes: &[SnapshotRoute]) -> Result<Vec<u8>, Stri
 
     let mut out = Vec::with_capacity(HEADER_LEN + payload_len);
     out.extend_from_slice(&MAGIC);
-    let version = if meta.is_some() {
-        FORMAT_VERSION
-    } else {
-        FORMAT_V1
-    };
-    out.extend_from_slice(&version.to_le_bytes());
+    out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
     out.extend_from_slice(&count.to_le_bytes());
     out.extend_from_slice(&written_unix_s.to_le_bytes());
     out.extend_from_slice(&payload_len32.to_le_bytes());
@@ -329,16 +414,13 @@ fn encode(written_unix_s: u64, routes: &[SnapshotRoute]) -> Result<Vec<u8>, Stri
             out.extend_from_slice(&node.weight.to_le_bytes());
         }
     }
-    if let Some(meta) = meta {
-        out.extend_from_slice(&meta);
-    }
     let crc = checksum(&out[..CHECKED_HEADER_LEN], &out[HEADER_LEN..]);
     out[CHECKED_HEADER_LEN..HEADER_LEN].copy_from_slice(&crc.to_le_bytes());
     Ok(out)
 }
 
-/// The zones-and-labels section of version 2 for `sorted` (the routes in
-/// file order); None when no node has a zone or a label.
+/// The zones file's entries for `sorted` (the routes in file order), with
+/// their count first; None when no node has a zone or a label.
 fn encode_meta(sorted: &[&SnapshotRoute]) -> Result<Option<Vec<u8>>, String> {
     let mut entries: Vec<(u32, NodeAddr, &NodeMeta)> = Vec::new();
     for (i, r) in sorted.iter().enumerate() {
@@ -489,8 +571,24 @@ pub fn read(path: &Path) -> Result<Snapshot, SnapshotError> {
 ///
 /// # Errors
 /// Those of [`read`], for the same files.
+///
+/// The zones and labels come from the zones file beside it
+/// ([`zones_path`]) when it is there and belongs to this file; otherwise
+/// the routes come without them and [`SnapshotIndex::zones_problem`] says
+/// why (nothing when there is simply no zones file).
 pub fn read_index(path: &Path) -> Result<SnapshotIndex, SnapshotError> {
-    SnapshotIndex::new(path, read_bytes(path)?)
+    let mut index = SnapshotIndex::new(path, read_bytes(path)?)?;
+    let zpath = zones_path(path);
+    match read_bytes(&zpath) {
+        Ok(bytes) => {
+            if let Err(e) = index.attach_zones(&zpath, &bytes) {
+                index.zones_problem = Some(e.to_string());
+            }
+        }
+        Err(SnapshotError::Missing { .. }) => {}
+        Err(e) => index.zones_problem = Some(e.to_string()),
+    }
+    Ok(index)
 }
 
 /// The file's bytes, bounded as [`read`] says; not yet validated.
@@ -552,11 +650,10 @@ fn read_bytes(path: &Path) -> Result<Vec<u8>, SnapshotError> {
 /// after the payload, a count that does not fit the payload, modules out of
 /// order or twice, a node with port 0).
 pub fn decode(path: &Path, bytes: &[u8]) -> Result<Snapshot, SnapshotError> {
-    let (written_unix_s, starts, meta) = index(path, bytes)?;
+    let (written_unix_s, starts) = index(path, bytes)?;
     let routes = starts
         .iter()
-        .enumerate()
-        .map(|(i, &at)| route_at(bytes, at as usize, meta_of(&meta, i)))
+        .map(|&at| route_at(bytes, at as usize, Vec::new()))
         .collect();
     Ok(Snapshot {
         written_unix_s,
@@ -574,12 +671,15 @@ pub struct SnapshotIndex {
     bytes: Vec<u8>,
     /// Where each route's header starts in `bytes`, in module order.
     starts: Vec<u32>,
-    /// The zones and labels (format version 2), by route number and node.
+    /// The zones and labels (from the zones file), by route number and node.
     meta: Vec<RouteMeta>,
+    /// Why the zones file was left out, when it was there but could not be
+    /// used.
+    zones_problem: Option<String>,
 }
 
-/// One node's zone and labels in a version-2 file: (route number, node,
-/// its metadata).
+/// One node's zone and labels in a zones file: (route number, node, its
+/// metadata).
 type RouteMeta = (u32, NodeAddr, NodeMeta);
 
 /// Route `i`'s entries of `meta` (sorted by route number), by address.
@@ -602,13 +702,55 @@ impl SnapshotIndex {
     /// # Errors
     /// Those of [`decode`], for the same bytes.
     pub fn new(path: &Path, bytes: Vec<u8>) -> Result<SnapshotIndex, SnapshotError> {
-        let (written_unix_s, starts, meta) = index(path, &bytes)?;
+        let (written_unix_s, starts) = index(path, &bytes)?;
         Ok(SnapshotIndex {
             written_unix_s,
             bytes,
             starts,
-            meta,
+            meta: Vec::new(),
+            zones_problem: None,
         })
+    }
+
+    /// Takes the zones and labels from `bytes`, a whole zones file (`path`
+    /// only names it in errors), when it belongs to this static route file.
+    /// Never panics; allocates at most in proportion to `bytes.len()`.
+    ///
+    /// # Errors
+    /// [`SnapshotError::Truncated`], [`SnapshotError::BadMagic`],
+    /// [`SnapshotError::UnsupportedVersion`],
+    /// [`SnapshotError::ChecksumMismatch`] as for the static route file;
+    /// [`SnapshotError::Malformed`] when it belongs to another static route
+    /// file or breaks a rule of the format. The index is unchanged then.
+    pub fn attach_zones(&mut self, path: &Path, bytes: &[u8]) -> Result<(), SnapshotError> {
+        let main_crc: [u8; 4] = self.bytes[CHECKED_HEADER_LEN..HEADER_LEN]
+            .try_into()
+            .expect("4 bytes");
+        let payload = check_header(path, bytes, ZONES_MAGIC, ZONES_FORMAT_VERSION)?;
+        let malformed = |what: String| SnapshotError::Malformed {
+            path: path.to_path_buf(),
+            what,
+        };
+        let (count, written) = (le_u32(bytes, 12), le_u64(bytes, 16));
+        if payload.len() < 4
+            || payload[..4] != main_crc
+            || count as usize != self.len()
+            || written != self.written_unix_s
+        {
+            return Err(malformed(format!(
+                "it belongs to another static route file than the one beside it ({} routes written at {}, this file names {count} at {written}): left out",
+                self.len(),
+                self.written_unix_s
+            )));
+        }
+        self.meta = index_meta(&payload[4..], self.len()).map_err(malformed)?;
+        Ok(())
+    }
+
+    /// Why the zones file beside the static route file was left out, when
+    /// it was there and could not be used ([`read_index`]).
+    pub fn zones_problem(&self) -> Option<&str> {
+        self.zones_problem.as_deref()
     }
 
     /// When the agent wrote it, unix seconds.
@@ -660,7 +802,7 @@ impl SnapshotIndex {
     }
 
     /// The zones and labels of route `i`'s nodes that have any, by
-    /// address (none from a version-1 file).
+    /// address (none without a zones file).
     pub fn meta(&self, i: usize) -> Vec<(NodeAddr, NodeMeta)> {
         meta_of(&self.meta, i)
     }
@@ -701,12 +843,39 @@ impl std::fmt::Debug for SnapshotIndex {
     }
 }
 
-/// What [`index`] finds in a valid file: the time written, where each
-/// route's header starts, and the zones and labels.
-type Indexed = (u64, Vec<u32>, Vec<RouteMeta>);
+/// What [`index`] finds in a valid file: the time written and where each
+/// route's header starts.
+type Indexed = (u64, Vec<u32>);
 
 /// Validates a whole file's bytes. Never panics.
 fn index(path: &Path, bytes: &[u8]) -> Result<Indexed, SnapshotError> {
+    check_header(path, bytes, MAGIC, FORMAT_VERSION)?;
+    let malformed = |what: String| SnapshotError::Malformed {
+        path: path.to_path_buf(),
+        what,
+    };
+    let route_count = le_u32(bytes, 12);
+    let written_unix_s = le_u64(bytes, 16);
+    let (starts, end) = index_routes(route_count, bytes).map_err(malformed)?;
+    let rest = &bytes[HEADER_LEN + end..];
+    if !rest.is_empty() {
+        return Err(malformed(format!(
+            "{} payload bytes after the last of {route_count} routes",
+            rest.len()
+        )));
+    }
+    Ok((written_unix_s, starts))
+}
+
+/// Checks the common header of a static route or zones file (`magic`,
+/// `version`, the declared length, the checksum) and returns the payload.
+/// Never panics.
+fn check_header<'a>(
+    path: &Path,
+    bytes: &'a [u8],
+    magic_wanted: [u8; 8],
+    version_wanted: u32,
+) -> Result<&'a [u8], SnapshotError> {
     let len = bytes.len() as u64;
     let truncated = |expected: u64| SnapshotError::Truncated {
         path: path.to_path_buf(),
@@ -721,21 +890,21 @@ fn index(path: &Path, bytes: &[u8]) -> Result<Indexed, SnapshotError> {
         return Err(truncated(HEADER_LEN as u64));
     }
     let magic: [u8; 8] = bytes[..8].try_into().expect("8 bytes");
-    if magic != MAGIC {
+    if magic != magic_wanted {
         return Err(SnapshotError::BadMagic {
             path: path.to_path_buf(),
             found: magic,
+            expected: magic_wanted,
         });
     }
     let version = le_u32(bytes, 8);
-    if version != FORMAT_V1 && version != FORMAT_VERSION {
+    if version != version_wanted {
         return Err(SnapshotError::UnsupportedVersion {
             path: path.to_path_buf(),
             found: version,
+            reads: version_wanted,
         });
     }
-    let route_count = le_u32(bytes, 12);
-    let written_unix_s = le_u64(bytes, 16);
     let payload_len = le_u32(bytes, 24) as usize;
     let stored = le_u32(bytes, 28);
     let expected = (HEADER_LEN + payload_len) as u64;
@@ -756,31 +925,18 @@ fn index(path: &Path, bytes: &[u8]) -> Result<Indexed, SnapshotError> {
             computed,
         });
     }
-    let (starts, end) = index_routes(route_count, bytes).map_err(malformed)?;
-    let rest = &bytes[HEADER_LEN + end..];
-    let meta = if version == FORMAT_V1 {
-        if !rest.is_empty() {
-            return Err(malformed(format!(
-                "{} payload bytes after the last of {route_count} routes",
-                rest.len()
-            )));
-        }
-        Vec::new()
-    } else {
-        index_meta(rest, starts.len()).map_err(malformed)?
-    };
-    Ok((written_unix_s, starts, meta))
+    Ok(&bytes[HEADER_LEN..])
 }
 
-/// The zones-and-labels section of a version-2 file (`rest`, what follows
-/// the routes, exactly), for a file of `routes` routes; the rule broken
-/// otherwise. Allocates at most in proportion to `rest.len()`.
+/// A zones file's entries (`rest`, its payload after the static route
+/// file's checksum, exactly), for a static route file of `routes` routes;
+/// the rule broken otherwise. Allocates at most in proportion to `rest.len()`.
 fn index_meta(rest: &[u8], routes: usize) -> Result<Vec<RouteMeta>, String> {
     let mut r = Reader { bytes: rest, at: 0 };
     let count = r.u32("the zones and labels' entry count")? as usize;
     if count == 0 {
-        // What write() makes of no entries is version 1: one file, one form.
-        return Err("a version-2 file with no zone or label entry (version 1 has none)".into());
+        // write() makes no zones file of no entries: one file, one form.
+        return Err("a zones file with no zone or label entry (write() makes none then)".into());
     }
     // Each entry takes at least 12 bytes.
     if count > rest.len() / 12 {
@@ -1049,7 +1205,7 @@ mod tests {
 
     /// A file with a valid checksum around any header fields and payload.
     fn sealed(route_count: u32, payload: &[u8]) -> Vec<u8> {
-        sealed_as(FORMAT_V1, route_count, payload)
+        sealed_as(FORMAT_VERSION, route_count, payload)
     }
 
     /// [`sealed`] in format `version`.
@@ -1336,38 +1492,100 @@ mod tests {
         }
     }
 
-    /// Issue 31: the zones and labels survive the file (format 2), which
-    /// is written only when some node has either; version-1 files still
-    /// load.
+    /// Issue 31: the zones and labels survive in the zones file, which is
+    /// written only when some node has either; the static route file
+    /// beside it is byte for byte what it would be without them, so every
+    /// client ever shipped still reads it.
     #[test]
-    fn zones_and_labels_round_trip_in_format_2_and_version_1_still_loads() {
+    fn zones_and_labels_round_trip_in_the_zones_file_and_the_static_file_stays_version_1() {
         let plain = sample();
-        let v1 = encode(1, &plain).unwrap();
-        assert_eq!(le_u32(&v1, 8), FORMAT_V1, "no meta: the old format");
+        let (v1, none) = encode_files(7, &plain).unwrap();
+        assert!(none.is_none(), "no meta: no zones file");
         let mut routes = sample();
         let addr0 = routes[0].nodes[0].addr;
         let addr1 = routes[1].nodes[0].addr;
         routes[0].meta = vec![(addr0, meta("eu-1", "version=canary,tier=gold"))];
         routes[1].meta = vec![(addr1, meta("", "flag="))];
-        let v2 = encode(7, &routes).unwrap();
-        assert_eq!(le_u32(&v2, 8), FORMAT_VERSION);
+        let (main, zones) = encode_files(7, &routes).unwrap();
+        assert_eq!(main, v1, "the static route file is the same bytes");
+        assert_eq!(le_u32(&main, 8), 1, "version 1, what older clients read");
+        let zones = zones.expect("a zones file");
         let mut want = routes.clone();
         want.sort_by_key(|r| r.module);
-        let got = decode(Path::new("/x/snap"), &v2).unwrap();
-        assert_eq!(got.routes, want);
-        let idx = SnapshotIndex::new(Path::new("/x/snap"), v2).unwrap();
+        let mut idx = SnapshotIndex::new(Path::new("/x/snap"), main.clone()).unwrap();
+        idx.attach_zones(Path::new("/x/snap.zones"), &zones)
+            .unwrap();
         assert_eq!(idx.to_snapshot().routes, want);
         let i = idx.find(routes[0].module).unwrap();
         assert_eq!(idx.meta(i), routes[0].meta);
-        // A version-1 file (what older agents wrote) loads, with no meta.
-        let old = decode(Path::new("/x/snap"), &v1).unwrap();
-        assert!(old.routes.iter().all(|r| r.meta.is_empty()));
+        // A client's read: the routes, no meta.
+        let client = decode(Path::new("/x/snap"), &main).unwrap();
+        assert!(client.routes.iter().all(|r| r.meta.is_empty()));
+        // A zones file of another static route file (another time written:
+        // a crash between the renames) is left out, the routes kept.
+        let (other, _) = encode_files(8, &routes).unwrap();
+        let mut idx = SnapshotIndex::new(Path::new("/x/snap"), other).unwrap();
+        let err = idx
+            .attach_zones(Path::new("/x/snap.zones"), &zones)
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("another static route file"),
+            "{err}"
+        );
+        assert!((0..idx.len()).all(|i| idx.meta(i).is_empty()));
     }
 
-    /// A hostile version-2 file: every bound checked, named, no panic.
+    /// On disk: write() makes the zones file first and removes it when the
+    /// nodes have none; read_index takes it, read (the clients') never
+    /// looks; a bad zones file costs the agent the zones, not the routes.
     #[test]
-    fn bad_zones_and_labels_in_a_file_are_malformed() {
+    fn the_zones_file_on_disk_is_written_read_replaced_and_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("routes.snapshot");
+        let zpath = zones_path(&path);
+        assert_eq!(zpath, dir.path().join("routes.snapshot.zones"));
+        let mut routes = sample();
+        let addr0 = routes[0].nodes[0].addr;
+        routes[0].meta = vec![(addr0, meta("eu-1", ""))];
+        write(&path, 5, &routes).unwrap();
+        assert!(zpath.exists());
+        let idx = read_index(&path).unwrap();
+        assert_eq!(idx.zones_problem(), None);
+        assert_eq!(
+            idx.meta(idx.find(routes[0].module).unwrap()),
+            routes[0].meta
+        );
+        assert!(read(&path)
+            .unwrap()
+            .routes
+            .iter()
+            .all(|r| r.meta.is_empty()));
+        // A corrupt zones file: the routes load, without zones, and why.
+        let mut z = fs::read(&zpath).unwrap();
+        let last = z.len() - 1;
+        z[last] ^= 1;
+        fs::write(&zpath, &z).unwrap();
+        let idx = read_index(&path).unwrap();
+        assert_eq!(idx.len(), 3);
+        assert!(
+            idx.zones_problem().unwrap().contains("checksum"),
+            "{:?}",
+            idx.zones_problem()
+        );
+        assert!((0..idx.len()).all(|i| idx.meta(i).is_empty()));
+        // No zones any more: the file goes.
+        write(&path, 6, &sample()).unwrap();
+        assert!(!zpath.exists());
+        assert_eq!(read_index(&path).unwrap().zones_problem(), None);
+    }
+
+    /// A hostile zones file: every bound checked, named, no panic.
+    #[test]
+    fn bad_zones_and_labels_in_a_zones_file_are_malformed() {
         let route = route_bytes(1, 1, 1, &[(1, 80, 1)]);
+        let main = sealed(1, &route);
+        let main_crc = main[CHECKED_HEADER_LEN..HEADER_LEN].to_vec();
+        let written = le_u64(&main, 16);
         let entry = |route_no: u32, port: u16, zone: &[u8], labels: &[(&[u8], &[u8])]| {
             let mut e = Vec::new();
             e.extend_from_slice(&route_no.to_le_bytes());
@@ -1384,21 +1602,24 @@ mod tests {
             }
             e
         };
+        let zones_of = |payload: &[u8]| {
+            let p = [&main_crc[..], payload].concat();
+            seal(ZONES_MAGIC, ZONES_FORMAT_VERSION, 1, written, &p)
+        };
         let file = |entries: &[Vec<u8>]| {
-            let mut p = route.clone();
-            p.extend_from_slice(&(entries.len() as u32).to_le_bytes());
+            let mut p = (entries.len() as u32).to_le_bytes().to_vec();
             for e in entries {
                 p.extend_from_slice(e);
             }
-            sealed_as(FORMAT_VERSION, 1, &p)
+            zones_of(&p)
+        };
+        let attach = |bytes: &[u8]| {
+            let mut idx = SnapshotIndex::new(Path::new("/x/snap"), main.clone()).unwrap();
+            idx.attach_zones(Path::new("/x/snap.zones"), bytes)
+                .map(|()| idx)
         };
         let good = file(&[entry(0, 80, b"eu-1", &[(b"v", b"1")])]);
-        assert_eq!(
-            decode(Path::new("/x/snap"), &good).unwrap().routes[0]
-                .meta
-                .len(),
-            1
-        );
+        assert_eq!(attach(&good).unwrap().meta(0).len(), 1);
         let seventeen: Vec<(&[u8], &[u8])> = (0..17).map(|_| (&b"k"[..], &b"v"[..])).collect();
         let cases: Vec<(Vec<u8>, &str)> = vec![
             (file(&[entry(1, 80, b"eu", &[])]), "route 1"),
@@ -1422,28 +1643,43 @@ mod tests {
                 file(&[entry(0, 80, b"eu", &[]), entry(0, 80, b"us", &[])]),
                 "increasing",
             ),
+            (zones_of(&9u32.to_le_bytes()), "do not fit"),
+            (zones_of(&[]), "cut off"),
             (
-                sealed_as(
-                    FORMAT_VERSION,
-                    1,
-                    &[route.clone(), 9u32.to_le_bytes().to_vec()].concat(),
-                ),
-                "do not fit",
+                seal(ZONES_MAGIC, ZONES_FORMAT_VERSION, 1, written, &[0; 8]),
+                "another static route file",
             ),
-            (sealed_as(FORMAT_VERSION, 1, &route), "cut off"),
             (
-                sealed_as(FORMAT_V1, 1, &[route.clone(), vec![0; 4]].concat()),
-                "after the last",
+                seal(
+                    ZONES_MAGIC,
+                    ZONES_FORMAT_VERSION,
+                    2,
+                    written,
+                    &good[HEADER_LEN..],
+                ),
+                "another static route file",
             ),
             ([&good[..], &[0]].concat(), "after the declared"),
         ];
         for (bytes, want) in cases {
-            let what = match decode(Path::new("/x/snap"), &bytes) {
+            let what = match attach(&bytes) {
                 Err(SnapshotError::Malformed { what, .. }) => what,
                 other => panic!("{want}: {other:?}"),
             };
             assert!(what.contains(want), "{want}: {what}");
         }
+        // A static route file with bytes after its routes (what a
+        // version-2 file of an unreleased build looked like) is malformed.
+        let trailing = sealed(1, &[route.clone(), vec![0; 4]].concat());
+        assert!(malformed_what(&trailing).contains("after the last"));
+        // The wrong magic: a static route file given as a zones file.
+        assert!(matches!(
+            attach(&main),
+            Err(SnapshotError::BadMagic {
+                expected: ZONES_MAGIC,
+                ..
+            })
+        ));
     }
 
     #[test]
@@ -1587,9 +1823,12 @@ mod tests {
     proptest! {
         #[test]
         fn an_index_agrees_with_decode(routes in arb_routes(), t in any::<u64>(), probe in (0u32..9, 0u32..9)) {
-            let bytes = encode(t, &routes).unwrap();
-            let index = SnapshotIndex::new(Path::new("p"), bytes.clone()).unwrap();
+            let (bytes, zones) = encode_files(t, &routes).unwrap();
+            let mut index = SnapshotIndex::new(Path::new("p"), bytes.clone()).unwrap();
             prop_assert_eq!(index.to_snapshot(), decode(Path::new("p"), &bytes).unwrap());
+            if let Some(z) = &zones {
+                index.attach_zones(Path::new("p.zones"), z).unwrap();
+            }
             let probe = ModuleId::new(probe.0, probe.1);
             let found = index.find(probe).map(|i| index.route(i));
             prop_assert_eq!(found.as_ref(), routes.iter().find(|r| r.module == probe));
@@ -1616,14 +1855,41 @@ mod tests {
 
         #[test]
         fn encoded_routes_decode_to_themselves(routes in arb_routes(), t in any::<u64>()) {
-            let bytes = encode(t, &routes).unwrap();
+            let (bytes, zones) = encode_files(t, &routes).unwrap();
+            // The clients' read: the routes without their zones and labels.
             let snap = decode(Path::new("p"), &bytes).unwrap();
-            prop_assert_eq!(snap, Snapshot { written_unix_s: t, routes });
+            let bare: Vec<SnapshotRoute> = routes
+                .iter()
+                .map(|r| SnapshotRoute { meta: Vec::new(), ..r.clone() })
+                .collect();
+            prop_assert_eq!(snap, Snapshot { written_unix_s: t, routes: bare });
+            // The agent's: with them, from the zones file.
+            let mut index = SnapshotIndex::new(Path::new("p"), bytes).unwrap();
+            if let Some(z) = &zones {
+                index.attach_zones(Path::new("p.zones"), z).unwrap();
+            }
+            prop_assert_eq!(index.to_snapshot(), Snapshot { written_unix_s: t, routes });
         }
 
         #[test]
         fn arbitrary_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..512)) {
             let _ = decode(Path::new("p"), &bytes);
+        }
+
+        #[test]
+        fn arbitrary_zones_files_never_panic(
+            payload in prop::collection::vec(any::<u8>(), 0..256),
+            count in 0u32..5,
+        ) {
+            let main = encode(3, &sample()).unwrap();
+            let mut idx = SnapshotIndex::new(Path::new("p"), main.clone()).unwrap();
+            let _ = idx.attach_zones(Path::new("z"), &payload);
+            // Behind a valid header bound to the file, to reach the entries.
+            let p = [&main[CHECKED_HEADER_LEN..HEADER_LEN], &payload[..]].concat();
+            let sealed = seal(ZONES_MAGIC, ZONES_FORMAT_VERSION, count, 3, &p);
+            if idx.attach_zones(Path::new("z"), &sealed).is_err() {
+                prop_assert!((0..idx.len()).all(|i| idx.meta(i).is_empty()));
+            }
         }
 
         #[test]

@@ -100,8 +100,8 @@ impl ShardCore {
             version: snapshot.version(i),
             nodes,
             // The static route file keeps no policy: `l5` until the
-            // module's route is pulled again. It keeps the nodes' zones and
-            // labels (format 2).
+            // module's route is pulled again. The nodes' zones and labels
+            // come from the zones file beside it.
             policy: Policy::L5,
             options: Default::default(),
             meta: snapshot.meta(i),
