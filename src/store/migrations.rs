@@ -86,7 +86,7 @@ pub(crate) struct Migration {
 }
 
 /// The newest schema version this binary knows.
-pub const LATEST: u32 = 5;
+pub const LATEST: u32 = 6;
 
 /// `schema_version` itself, created before any migration runs (SQLite).
 pub(crate) const SQLITE_SCHEMA_VERSION_TABLE: &str = "CREATE TABLE IF NOT EXISTS schema_version (
