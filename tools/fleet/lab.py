@@ -27,6 +27,20 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 NET = "10.77"
+# The most connections a route server or reporter of the lab holds: the
+# 20,000 open files a process may hold here, less room for its store,
+# logs and listeners.
+MAX_CONNS_PER_SERVER = 19000
+
+
+def conn_limit(a, servers):
+    """The `max_connections` each of `servers` route servers (or
+    reporters) gets: its share of every agent's one connection, with half
+    again for an uneven spread after reconnections, never below the
+    default 10,000 nor above what a process's files allow."""
+    agents = a.sim_agents + a.agents
+    share = -(-agents * 3 // (2 * servers)) + 100
+    return max(10000, min(MAX_CONNS_PER_SERVER, share))
 # Scenario 7's previous release: main as it stood before issue 32's work
 # was merged (6256ce3, 2026-11-27 04:39 UTC: schema version 2, reporters
 # acknowledging on receipt, no StatsReport.agent_start).
@@ -318,6 +332,7 @@ class Lab:
 [dnsserver]
 listen = "{ip}:{RS_PORT}"
 metrics_addr = "127.0.0.1:9777"
+max_connections = {conn_limit(self.a, self.a.route_servers)}
 [store]
 url = "{self.store_url()}"
 [tls]
@@ -337,6 +352,7 @@ insecure = true
 [reporter]
 listen = "{listen}"
 metrics_addr = "127.0.0.1:9778"
+max_connections = {conn_limit(self.a, self.a.reporters)}
 [store]
 url = "{self.store_url()}"
 [tls]
@@ -1057,6 +1073,16 @@ def main():
     a.hot = min(a.hot, a.modules, max(10, a.agents * 10))
     if a.route_servers < 2 or a.reporters < 1:
         print("lab: needs at least 2 route servers and 1 reporter", file=sys.stderr)
+        return 2
+    # Every agent holds one connection to a route server and one to a
+    # reporter, and a server process at most MAX_CONNS_PER_SERVER.
+    agents = a.sim_agents + a.agents
+    need = -(-agents // MAX_CONNS_PER_SERVER)
+    if a.route_servers < need or a.reporters < need:
+        print(f"lab: {agents} agents need at least {need} route servers and {need} reporters "
+              f"({MAX_CONNS_PER_SERVER} connections a server process at most): "
+              f"--route-servers {max(need, a.route_servers)} --reporters {max(need, a.reporters)}",
+              file=sys.stderr)
         return 2
     state = State(a.dir, a.tag)
     lab = Lab(a, state)
