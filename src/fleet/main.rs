@@ -85,6 +85,12 @@ enum Command {
         /// Where to write the record (JSON).
         #[arg(long)]
         out: PathBuf,
+        /// Do not set the modules up: take the record a `--duration-s 0`
+        /// run left in OUT (its setup version and modules). Importing them
+        /// again would make every module a change pushed to every follower
+        /// just before the measured churn.
+        #[arg(long)]
+        no_setup: bool,
     },
     /// An application on a real agent's host: getHost + report at a steady
     /// rate, failures counted, route versions polled (JSON at the end).
@@ -237,9 +243,22 @@ fn run(command: Command) -> Result<bool> {
             interval_ms,
             duration_s,
             out,
+            no_setup,
         } => {
             let url = store_url(&store)?;
-            let mut rec = churn::setup(&url, modules)?;
+            let mut rec = if no_setup {
+                let rec: ChurnRecord = read_json(&out)
+                    .context("--no-setup takes the record of an earlier set-up run from --out")?;
+                anyhow::ensure!(
+                    rec.modules.len() == modules as usize,
+                    "--no-setup: {} holds {} modules, not --modules {modules}: set up again",
+                    out.display(),
+                    rec.modules.len()
+                );
+                rec
+            } else {
+                churn::setup(&url, modules)?
+            };
             write_json(&out, &rec)?;
             let opts = churn::ChurnOptions {
                 store: url,

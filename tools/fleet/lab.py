@@ -522,6 +522,9 @@ insecure = true
             a.fleet, "churn", "--store", self.store_url(), "--modules", str(a.modules),
             "--hot", str(a.hot), "--interval-ms", str(a.churn_interval_ms),
             "--duration-s", str(run_s), "--out", self.churn_out,
+            # The modules were imported by churn_setup: importing them again
+            # would push every module to every follower before the churn.
+            "--no-setup",
         ])
 
     def sleep_until(self, t):
