@@ -5,41 +5,14 @@
 #[path = "support/common.rs"]
 mod common;
 
-use common::{start_standalone, wait_for, Proc};
+use common::{json, patient_client, run, run_ok, start_standalone, wait_for, Proc, LBAGENT as BIN};
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use lbagent::client::{Client, ClientError, ClientOptions};
+use lbagent::client::ClientError;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
-
-const BIN: &str = env!("CARGO_BIN_EXE_lbagent");
-
-fn run(args: &[&str]) -> Output {
-    Command::new(BIN)
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap_or_else(|e| panic!("run lbagent {args:?}: {e}"))
-}
-
-fn run_ok(args: &[&str]) -> Output {
-    let out = run(args);
-    assert!(
-        out.status.success(),
-        "lbagent {args:?} failed ({:?}): {}",
-        out.status.code(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
-
-fn json(out: &Output) -> serde_json::Value {
-    serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)))
-}
 
 /// A standalone system in `dir` (statistics sent every second); returns
 /// it and its heartbeat path.
@@ -88,7 +61,7 @@ fn weights_2_and_3_give_exactly_five_hosts_the_sixth_is_overloaded_and_a_report_
 
     // Units are held by the client that took them and go back when it
     // exits (issue 27): one client, in this process, takes them all.
-    let mut client = library_client(hb[1]);
+    let mut client = patient_client(hb[1]);
     let mut gethost = || client.get_host(78, 1, Duration::from_secs(2));
     let mut given: BTreeMap<String, u32> = BTreeMap::new();
     for i in 0..5 {
@@ -155,16 +128,6 @@ fn weights_2_and_3_give_exactly_five_hosts_the_sixth_is_overloaded_and_a_report_
 }
 
 /// A library client of the agent whose heartbeat is `hb`.
-fn library_client(hb: &str) -> Client {
-    Client::with_options(ClientOptions {
-        heartbeat_path: hb.into(),
-        // Patient with a heartbeat that lags on a busy machine.
-        max_heartbeat_age: Duration::from_secs(30),
-        ..ClientOptions::default()
-    })
-    .expect("a client")
-}
-
 #[test]
 fn route_policy_refuses_an_unknown_policy_and_changes_nothing() {
     let dir = tempfile::tempdir().unwrap();
@@ -248,7 +211,7 @@ fn units_consumed_for_good_lower_the_capacity_for_the_agent_never_below_zero() {
     })
     .unwrap_or_else(|| panic!("the capacity goes to 0 and no lower: {:?}", capacity(b)));
     // Only a's two units are left (for one client holding them).
-    let mut client = library_client(hb[1]);
+    let mut client = patient_client(hb[1]);
     let mut hosts = Vec::new();
     loop {
         match client.get_host(79, 1, Duration::from_secs(2)) {

@@ -5,54 +5,17 @@
 #[path = "support/common.rs"]
 mod common;
 
-use common::{start_standalone, wait_for, Proc};
+use common::{json, patient_client, run, run_ok, start_standalone, wait_for, Proc, LBAGENT as BIN};
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use lbagent::client::{Client, ClientError, ClientOptions};
-
-const BIN: &str = env!("CARGO_BIN_EXE_lbagent");
-
-fn run(args: &[&str]) -> Output {
-    Command::new(BIN)
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap_or_else(|e| panic!("run lbagent {args:?}: {e}"))
-}
-
-fn run_ok(args: &[&str]) -> Output {
-    let out = run(args);
-    assert!(
-        out.status.success(),
-        "lbagent {args:?} failed ({:?}): {}",
-        out.status.code(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
-
-fn json(out: &Output) -> serde_json::Value {
-    serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)))
-}
+use lbagent::client::ClientError;
 
 /// A standalone system in `dir` (statistics sent every second); returns
 /// it and its heartbeat path.
 fn standalone(dir: &Path) -> (Proc, String) {
     let (p, heartbeat) = start_standalone(BIN, dir, &[]);
     (p, heartbeat.display().to_string())
-}
-
-fn library_client(hb: &str) -> Client {
-    Client::with_options(ClientOptions {
-        heartbeat_path: hb.into(),
-        // Patient with a heartbeat that lags on a busy machine.
-        max_heartbeat_age: Duration::from_secs(30),
-        ..ClientOptions::default()
-    })
-    .expect("a client")
 }
 
 #[test]
@@ -153,7 +116,7 @@ fn get_host_after_both_nodes_fail(with_panic: bool) -> Result<(), ClientError> {
             &store,
         ]);
     }
-    let mut client = library_client(&hb);
+    let mut client = patient_client(&hb);
     wait_for(Duration::from_secs(15), || {
         client.get_host(81, 1, Duration::from_secs(2)).ok()
     })

@@ -7,45 +7,12 @@
 #[path = "support/common.rs"]
 mod common;
 
-use common::{start_standalone, wait_for};
+use common::{patient_client, run, run_ok, start_standalone, wait_for, LBAGENT as BIN};
 use std::collections::BTreeSet;
-use std::path::Path;
-use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use lbagent::client::{Client, ClientOptions};
+use lbagent::client::Client;
 use lbagent::model::Selector;
-
-const BIN: &str = env!("CARGO_BIN_EXE_lbagent");
-
-fn run(args: &[&str]) -> Output {
-    Command::new(BIN)
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap_or_else(|e| panic!("run lbagent {args:?}: {e}"))
-}
-
-fn run_ok(args: &[&str]) -> Output {
-    let out = run(args);
-    assert!(
-        out.status.success(),
-        "lbagent {args:?} failed ({:?}): {}",
-        out.status.code(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
-
-fn library_client(hb: &Path) -> Client {
-    Client::with_options(ClientOptions {
-        heartbeat_path: hb.into(),
-        // Patient with a heartbeat that lags on a busy machine.
-        max_heartbeat_age: Duration::from_secs(30),
-        ..ClientOptions::default()
-    })
-    .expect("a client")
-}
 
 /// The nodes `n` getHosts of module (31, 1) answered, selecting by
 /// `select` when given; None when one failed (the module not there yet).
@@ -88,7 +55,7 @@ fn zones_and_labels_set_from_the_shell_steer_a_real_agents_get_hosts() {
     add(EU, "eu-1", "version=stable");
     add(US_CANARY, "us-1", "version=canary");
     add(US_STABLE, "us-1", "version=stable");
-    let mut client = library_client(&hb);
+    let mut client = patient_client(&hb);
     // The agent is in eu-1: every getHost stays on the eu-1 node once the
     // route (with its zones) has arrived.
     wait_for(Duration::from_secs(15), || {

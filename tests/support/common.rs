@@ -1,7 +1,8 @@
 //! Small helpers every end-to-end test file needs: bounded waits, a child
 //! process's log in a file (and the addresses it bound, read from it), a
 //! loopback address nothing listens on, the wall clock in milliseconds, a
-//! GET of a metrics page, a standalone system started from the binary.
+//! GET of a metrics page, a standalone system started from the binary,
+//! `lbagent` commands run as a user runs them, a patient client library.
 //! Include it with
 //! `#[path = "support/common.rs"] mod common;`.
 //!
@@ -13,7 +14,7 @@
 use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// Calls `f` every 20 ms until it returns Some, at most `limit`.
@@ -189,4 +190,45 @@ pub fn start_standalone(bin: &str, dir: &Path, extra: &[String]) -> (Proc, std::
     })
     .expect("standalone writes its heartbeat within 15 s");
     (proc, heartbeat)
+}
+
+/// The package's `lbagent` binary.
+pub const LBAGENT: &str = env!("CARGO_BIN_EXE_lbagent");
+
+/// Runs `lbagent ARGS` to its end, stdin closed; its output.
+pub fn run(args: &[&str]) -> Output {
+    Command::new(LBAGENT)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("run lbagent {args:?}: {e}"))
+}
+
+/// [`run`], which must succeed (else the test fails with its stderr).
+pub fn run_ok(args: &[&str]) -> Output {
+    let out = run(args);
+    assert!(
+        out.status.success(),
+        "lbagent {args:?} failed ({:?}): {}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// A command's stdout as JSON (else the test fails showing it).
+pub fn json(out: &Output) -> serde_json::Value {
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)))
+}
+
+/// The client library on the agent whose heartbeat is `hb`, patient with a
+/// heartbeat that lags on a busy machine (30 s).
+pub fn patient_client(hb: impl AsRef<Path>) -> lbagent::client::Client {
+    lbagent::client::Client::with_options(lbagent::client::ClientOptions {
+        heartbeat_path: hb.as_ref().into(),
+        max_heartbeat_age: Duration::from_secs(30),
+        ..lbagent::client::ClientOptions::default()
+    })
+    .expect("a client")
 }
