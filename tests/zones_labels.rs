@@ -7,7 +7,7 @@
 #[path = "support/common.rs"]
 mod common;
 
-use common::{patient_client, run, run_ok, start_standalone, wait_for, LBAGENT as BIN};
+use common::{json, patient_client, run, run_ok, start_standalone, wait_for, LBAGENT as BIN};
 use std::collections::BTreeSet;
 use std::time::Duration;
 
@@ -55,6 +55,15 @@ fn zones_and_labels_set_from_the_shell_steer_a_real_agents_get_hosts() {
     add(EU, "eu-1", "version=stable");
     add(US_CANARY, "us-1", "version=canary");
     add(US_STABLE, "us-1", "version=stable");
+    // All three nodes: the agent may have pulled the route between the
+    // commits, and the checks below need every node.
+    let hb_arg = hb.display().to_string();
+    wait_for(Duration::from_secs(15), || {
+        let out = run(&["getroute", "31", "1", "--json", "--heartbeat", &hb_arg]);
+        let v = out.status.success().then(|| json(&out))?;
+        (v["nodes"].as_array()?.len() == 3).then_some(())
+    })
+    .expect("the agent has all three nodes within 15 s");
     let mut client = patient_client(&hb);
     // The agent is in eu-1: every getHost stays on the eu-1 node once the
     // route (with its zones) has arrived.
