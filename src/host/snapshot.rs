@@ -1573,6 +1573,17 @@ mod tests {
             idx.zones_problem()
         );
         assert!((0..idx.len()).all(|i| idx.meta(i).is_empty()));
+        // A zones file anyone could have written (mode 0666) is not
+        // trusted: the routes load, without zones, and why.
+        write(&path, 5, &routes).unwrap();
+        fs::set_permissions(&zpath, std::os::unix::fs::PermissionsExt::from_mode(0o666)).unwrap();
+        let idx = read_index(&path).unwrap();
+        assert_eq!(idx.len(), 3);
+        let why = idx
+            .zones_problem()
+            .expect("the writable zones file refused");
+        assert!(why.contains("routes.snapshot.zones"), "{why}");
+        assert!((0..idx.len()).all(|i| idx.meta(i).is_empty()));
         // No zones any more: the file goes.
         write(&path, 6, &sample()).unwrap();
         assert!(!zpath.exists());
