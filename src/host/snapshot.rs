@@ -353,17 +353,35 @@ fn encode_files(
 /// A file of the common header (`magic`, `version`, `count`, the time
 /// written, the payload's length and the CRC-32 of both) and `payload`.
 fn seal(magic: [u8; 8], version: u32, count: u32, written_unix_s: u64, payload: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(HEADER_LEN + payload.len());
+    let mut out = header(magic, version, count, written_unix_s, payload.len() as u32);
+    out.extend_from_slice(payload);
+    seal_checksum(&mut out);
+    out
+}
+
+/// The common header with its checksum left 0 (see [`seal_checksum`]).
+fn header(
+    magic: [u8; 8],
+    version: u32,
+    count: u32,
+    written_unix_s: u64,
+    payload_len: u32,
+) -> Vec<u8> {
+    let mut out = Vec::with_capacity(HEADER_LEN);
     out.extend_from_slice(&magic);
     out.extend_from_slice(&version.to_le_bytes());
     out.extend_from_slice(&count.to_le_bytes());
     out.extend_from_slice(&written_unix_s.to_le_bytes());
-    out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    out.extend_from_slice(&payload_len.to_le_bytes());
     out.extend_from_slice(&[0; 4]);
-    out.extend_from_slice(payload);
+    out
+}
+
+/// Writes the checksum of a whole file (header and payload) into its
+/// header.
+fn seal_checksum(out: &mut [u8]) {
     let crc = checksum(&out[..CHECKED_HEADER_LEN], &out[HEADER_LEN..]);
     out[CHECKED_HEADER_LEN..HEADER_LEN].copy_from_slice(&crc.to_le_bytes());
-    out
 }
 
 /// The static route file's bytes for `sorted` (the routes in module
@@ -387,13 +405,8 @@ fn encode_sorted(written_unix_s: u64, sorted: &[&SnapshotRoute]) -> Result<Vec<u
     let payload_len32 = u32::try_from(payload_len)
         .map_err(|_| format!("payload of {payload_len} bytes, at most {}", u32::MAX))?;
 
-    let mut out = Vec::with_capacity(HEADER_LEN + payload_len);
-    out.extend_from_slice(&MAGIC);
-    out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
-    out.extend_from_slice(&count.to_le_bytes());
-    out.extend_from_slice(&written_unix_s.to_le_bytes());
-    out.extend_from_slice(&payload_len32.to_le_bytes());
-    out.extend_from_slice(&[0; 4]);
+    let mut out = header(MAGIC, FORMAT_VERSION, count, written_unix_s, payload_len32);
+    out.reserve_exact(payload_len);
     for route in sorted {
         let module = route.module;
         let nodes = u32::try_from(route.nodes.len())
@@ -414,8 +427,7 @@ fn encode_sorted(written_unix_s: u64, sorted: &[&SnapshotRoute]) -> Result<Vec<u
             out.extend_from_slice(&node.weight.to_le_bytes());
         }
     }
-    let crc = checksum(&out[..CHECKED_HEADER_LEN], &out[HEADER_LEN..]);
-    out[CHECKED_HEADER_LEN..HEADER_LEN].copy_from_slice(&crc.to_le_bytes());
+    seal_checksum(&mut out);
     Ok(out)
 }
 
