@@ -39,6 +39,9 @@
 //! TrueType font: DejaVu Sans from Debian's fonts-dejavu-core, or the file
 //! named by LBAGENT_PLOT_FONT). DIR defaults to target/dagor.
 
+#[path = "support/standalone.rs"]
+mod standalone;
+
 use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::net::{SocketAddr, UdpSocket};
@@ -51,8 +54,6 @@ use lbagent::demo_service::{
     serve, serve_traced, Arrival, Counters, ServiceParams, ServiceTrace, Shedding,
 };
 use lbagent::model::{ModuleId, NodeAddr, RouteNode};
-use lbagent::standalone::{Standalone, StandaloneOptions};
-use lbagent::store::{self, StoreUrl};
 use lbagent::wire::{decode, Encoder, Limits, Message, Report, RetCode};
 
 /// Feed rates, as multiples of the capacity.
@@ -411,50 +412,15 @@ fn with_agent<R>(service: SocketAddr, f: impl FnOnce(SocketAddr) -> R) -> R {
     let SocketAddr::V4(v4) = service else {
         panic!("the service binds IPv4")
     };
-    let dir = std::env::temp_dir().join(format!("lbagent-dagor-bench-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("scratch directory");
-    let url = StoreUrl::Sqlite(dir.join(lbagent::standalone::STORE_FILE));
     let node = RouteNode {
         addr: NodeAddr::new(*v4.ip(), v4.port()),
         weight: 1,
     };
-    store::open(&url)
-        .and_then(|mut s| s.import_routes(&[(MODULE, node)], true))
-        .expect("the route into the store");
-    let system = Standalone::start(StandaloneOptions::ephemeral(&dir)).expect("standalone agent");
-    let ports = system.agent_ports().to_vec();
-    let port = ports[MODULE.shard(ports.len() as u32) as usize];
-    let agent = SocketAddr::from(([127, 0, 0, 1], port));
-    wait_for_route(agent);
-    let r = f(agent);
-    system.stop().expect("stop the standalone agent");
-    let _ = std::fs::remove_dir_all(&dir);
-    r
-}
-
-/// Asks the agent for a host until its first pull of the route is
-/// answered (10 s at most).
-fn wait_for_route(agent: SocketAddr) {
-    let socket = UdpSocket::bind("127.0.0.1:0").expect("bind");
-    socket
-        .set_read_timeout(Some(Duration::from_millis(50)))
-        .expect("timeout");
-    let mut enc = Encoder::new();
-    let mut buf = vec![0u8; 65_536];
-    let until = Instant::now() + Duration::from_secs(10);
-    while Instant::now() < until {
-        let _ = socket.send_to(enc.get_host_req(1, MODULE, 1, 1), agent);
-        if let Ok(n) = socket.recv(&mut buf) {
-            if let Ok(Message::GetHostResp(r)) = decode(&buf[..n], &Limits::UDP) {
-                if r.retcode() == RetCode::Ok {
-                    return;
-                }
-            }
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    panic!("the agent at {agent} found no route for {MODULE} within 10 s");
+    let fill = |s: &mut dyn lbagent::store::Store| {
+        s.import_routes(&[(MODULE, node)], true)
+            .expect("the route into the store");
+    };
+    standalone::with_agent("dagor", MODULE, fill, f)
 }
 
 /// What one feed phase measured.

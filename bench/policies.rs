@@ -23,6 +23,9 @@
 //! the node's answer (or 1 s without one: a failure), a report to the
 //! agent with the call's retcode and time cost. Not run by CI.
 
+#[path = "support/standalone.rs"]
+mod standalone;
+
 use std::collections::HashMap;
 use std::net::{SocketAddr, UdpSocket};
 use std::path::{Path, PathBuf};
@@ -34,8 +37,6 @@ use hdrhistogram::Histogram;
 use lbagent::admission::AdmissionParams;
 use lbagent::demo_service::{serve, serve_cold, ColdStart, Counters, ServiceParams, Shedding};
 use lbagent::model::{ModuleId, ModuleOptions, NodeAddr, Policy, RouteNode};
-use lbagent::standalone::{Standalone, StandaloneOptions};
-use lbagent::store::{self, StoreUrl};
 use lbagent::wire::{decode, Encoder, Limits, Message, Report, RetCode};
 
 const MODULE: ModuleId = ModuleId::new(31, 1);
@@ -177,47 +178,13 @@ fn with_agent<R>(
     options: ModuleOptions,
     f: impl FnOnce(SocketAddr) -> R,
 ) -> R {
-    let dir = std::env::temp_dir().join(format!("lbagent-policies-bench-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("scratch directory");
-    let url = StoreUrl::Sqlite(dir.join(lbagent::standalone::STORE_FILE));
     let rows: Vec<(ModuleId, RouteNode)> = nodes.iter().map(|&n| (MODULE, n)).collect();
-    let mut s = store::open(&url).expect("the store");
-    s.import_routes(&rows, true).expect("the route");
-    s.set_policy(MODULE, policy).expect("the policy");
-    s.set_options(MODULE, options).expect("the options");
-    drop(s);
-    let system = Standalone::start(StandaloneOptions::ephemeral(&dir)).expect("standalone agent");
-    let ports = system.agent_ports().to_vec();
-    let port = ports[MODULE.shard(ports.len() as u32) as usize];
-    let agent = SocketAddr::from(([127, 0, 0, 1], port));
-    wait_for_route(agent);
-    let r = f(agent);
-    system.stop().expect("stop the standalone agent");
-    let _ = std::fs::remove_dir_all(&dir);
-    r
-}
-
-fn wait_for_route(agent: SocketAddr) {
-    let socket = UdpSocket::bind("127.0.0.1:0").expect("bind");
-    socket
-        .set_read_timeout(Some(Duration::from_millis(50)))
-        .expect("timeout");
-    let mut enc = Encoder::new();
-    let mut buf = vec![0u8; 65_536];
-    let until = Instant::now() + Duration::from_secs(10);
-    while Instant::now() < until {
-        let _ = socket.send_to(enc.get_host_req(1, MODULE, 0, 0), agent);
-        if let Ok(n) = socket.recv(&mut buf) {
-            if let Ok(Message::GetHostResp(r)) = decode(&buf[..n], &Limits::UDP) {
-                if r.retcode() == RetCode::Ok {
-                    return;
-                }
-            }
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    panic!("the agent at {agent} found no route for {MODULE} within 10 s");
+    let fill = |s: &mut dyn lbagent::store::Store| {
+        s.import_routes(&rows, true).expect("the route");
+        s.set_policy(MODULE, policy).expect("the policy");
+        s.set_options(MODULE, options).expect("the options");
+    };
+    standalone::with_agent("policies", MODULE, fill, f)
 }
 
 /// What a run measured over its measured part.
