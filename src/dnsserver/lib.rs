@@ -266,6 +266,7 @@ impl DnsServer {
             let handle = LocalExecutorBuilder::new(Placement::Fixed(i % ncpu))
                 .name(&format!("lbagent-dns-{i}"))
                 .io_memory(io_memory)
+                .ring_depth(lbagent_service::conn::RING_DEPTH)
                 .spawn(move || serve::run(parts))
                 .map_err(|e| {
                     anyhow!(

@@ -114,6 +114,7 @@ impl Ingest {
         let handle = LocalExecutorBuilder::new(Placement::Unbound)
             .name("lbagent-reporter")
             .io_memory(IO_MEMORY)
+            .ring_depth(lbagent_service::conn::RING_DEPTH)
             .spawn(move || async move {
                 let _ = ready_tx.send(());
                 serve(agents, metrics, shared, flag, limits, tls).await

@@ -15,6 +15,21 @@ use std::time::Duration;
 use futures_lite::{AsyncRead, AsyncReadExt};
 use glommio::channels::local_channel::LocalReceiver;
 
+/// The io_uring submission depth of an executor that holds thousands of
+/// connections (the route server's and the reporter's; glommio's default
+/// is 128).
+///
+/// The kernel sizes a ring's table of pending polls from its completion
+/// queue (2 x this depth): 2^(log2(entries) - 5) buckets, from 2 to 256. At
+/// glommio's default that is 8 buckets, and every cancellation the
+/// executor issues (its preemption timers' at each sleep, a dropped read)
+/// walks one: with 5,000 connections, each holding a poll for readable
+/// bytes, 625 requests a walk. perf put a quarter of a reporter's CPU in
+/// that walk (`io_poll_find`) at 5,000 simulated agents. 4,096 gives the
+/// most buckets the kernel makes (256); the rings take about 1 MiB,
+/// charged to the process's memory, not to `ulimit -l`.
+pub const RING_DEPTH: usize = 4096;
+
 /// Which of two raced futures completed.
 pub enum Either<A, B> {
     /// The first future completed.
