@@ -665,10 +665,13 @@ fn with_the_database_stopped_the_reporter_keeps_accepting_and_says_what_it_dropp
         last = rows_of(0x0a00_0002, 100 + seq, &content);
     }
     // Fifteen reports lost their rows to the bound, the oldest still held:
-    // answered at once. Which fifteen depends on timing: a writer may
-    // already hold the first report it took (a batch of 10 rows, waiting on
-    // the lock) when the bound is reached, and the rows it holds count
-    // toward the bound but are not dropped: at most one report a writer.
+    // answered at once. Which fifteen depends on timing: the rows a writer
+    // holds (one report, a batch of 10 rows, waiting on the lock) count
+    // toward the bound but are not dropped, and a writer may take its
+    // report at any time (on a busy machine after the first ones were
+    // dropped: [1..=13, 16, 17] was seen, the writers holding 14 and 15).
+    // So: the oldest waiting rows go first, and of the reports older than
+    // the newest dropped one at most one a writer survives.
     let dropped: Vec<u64> = agent
         .answers_by_seq(15)
         .into_iter()
@@ -680,12 +683,12 @@ fn with_the_database_stopped_the_reporter_keeps_accepting_and_says_what_it_dropp
             *s
         })
         .collect();
-    let writers_held = dropped[0] - 1;
-    assert!(writers_held <= 2, "at most a report a writer: {dropped:?}");
-    assert_eq!(
-        dropped,
-        (writers_held + 1..=writers_held + 15).collect::<Vec<_>>(),
-        "the oldest reports the writers did not hold"
+    let kept: Vec<u64> = (1..=25).filter(|s| !dropped.contains(s)).collect();
+    let newest_dropped = dropped.iter().copied().max().unwrap();
+    let held = kept.iter().filter(|&&s| s < newest_dropped).count();
+    assert!(
+        held <= 2,
+        "the oldest reports the writers did not hold are dropped, at most a report a writer survives: dropped {dropped:?}"
     );
     assert_eq!(metric(&r, "rows_accepted_total"), 250);
     assert_eq!(metric(&r, "rows_buffered"), 100);
@@ -707,10 +710,7 @@ fn with_the_database_stopped_the_reporter_keeps_accepting_and_says_what_it_dropp
     // The database is back: what the bound held is written, and only
     // then acknowledged.
     lock.execute_batch("ROLLBACK").unwrap();
-    let kept: Vec<Answer> = (1..=writers_held)
-        .chain(writers_held + 16..=25)
-        .map(Answer::Ack)
-        .collect();
+    let kept: Vec<Answer> = kept.into_iter().map(Answer::Ack).collect();
     assert_eq!(agent.answers_by_seq(10), kept);
     wait_for("100 rows in the store", || sqlite_rows(&url).len() == 100);
     let stored = sqlite_rows(&url);
@@ -926,13 +926,17 @@ fn a_silent_connection_is_closed_after_the_idle_timeout() {
     let (r, _db) = bounded(|c| c.idle_timeout = 1);
     let mut agent = Agent::connect(r.addr());
     let content = vec![(ModuleId::new(1, 1), nodes(80, 1))];
+    // The idle clock starts when the reporter has read the frame, after
+    // this; not when its acknowledgement arrives, which on a busy machine
+    // can be hundreds of milliseconds later (it comes after the commit).
+    let t0 = Instant::now();
     agent.send(&frame(1, 1, 1, &content));
     assert_eq!(agent.answers(1), acks(1..=1));
-    let t0 = Instant::now();
     assert!(agent.closed_by_peer(), "the idle connection is closed");
     assert!(
-        t0.elapsed() >= Duration::from_millis(900),
-        "not before the timeout"
+        t0.elapsed() >= Duration::from_millis(1000),
+        "not before the timeout: {:?}",
+        t0.elapsed()
     );
     wait_for("the idle close counted", || {
         metric(&r, "idle_closed_total") == 1
