@@ -73,8 +73,8 @@ pub fn read_hot(buf: &[u8], limits: &Limits) -> Option<Hot> {
     }
     // The root offset at 0 (aligned), then the envelope.
     let envelope = Table::at(buf, u32_at(buf, 0)? as usize)?;
-    let body_at = envelope.field(buf, fb::Envelope::VT_BODY)?;
-    let type_at = envelope.field(buf, fb::Envelope::VT_BODY_TYPE)?;
+    let body_at = envelope.field(fb::Envelope::VT_BODY);
+    let type_at = envelope.field(fb::Envelope::VT_BODY_TYPE);
     let (Some(type_at), Some(body_at)) = (type_at, body_at) else {
         // No body (NoBody) or an inconsistent union (malformed).
         return None;
@@ -92,10 +92,10 @@ pub fn read_hot(buf: &[u8], limits: &Limits) -> Option<Hot> {
 }
 
 /// A plain getHost's fields, validated.
-fn get_host(buf: &[u8], t: &Table) -> Option<GetHost> {
+fn get_host(buf: &[u8], t: &Table<'_>) -> Option<GetHost> {
     // The vtable reaches the key's hash or the selector: the steering path
     // (`may_steer`), which the full decode takes.
-    if t.vtable_len > usize::from(fb::GetHostReq::VT_KEY_HASH) {
+    if t.vtable_len() > usize::from(fb::GetHostReq::VT_KEY_HASH) {
         return None;
     }
     validate::get_host_values(
@@ -109,7 +109,7 @@ fn get_host(buf: &[u8], t: &Table) -> Option<GetHost> {
 }
 
 /// A report's fields, validated.
-fn report(buf: &[u8], t: &Table) -> Option<Report> {
+fn report(buf: &[u8], t: &Table<'_>) -> Option<Report> {
     // In the verifier's order (it does not matter which check fails first:
     // any failure is `None`).
     let seq = t.u32(buf, fb::ReportReq::VT_SEQ)?;
@@ -135,17 +135,17 @@ fn report(buf: &[u8], t: &Table) -> Option<Report> {
     .ok()
 }
 
-/// A table as the verifier's `visit_table` accepts it.
-struct Table {
+/// A table as the verifier's `visit_table` accepts it: its position and
+/// its vtable's bytes (the length word included).
+struct Table<'a> {
     at: usize,
-    vtable: usize,
-    vtable_len: usize,
+    vtable: &'a [u8],
 }
 
-impl Table {
+impl<'a> Table<'a> {
     /// The table at `at`: 4-byte aligned with its signed offset inside the
     /// buffer, its vtable inside the buffer, 2-byte aligned, of even length.
-    fn at(buf: &[u8], at: usize) -> Option<Table> {
+    fn at(buf: &'a [u8], at: usize) -> Option<Table<'a>> {
         if at % 4 != 0 {
             return None;
         }
@@ -156,42 +156,45 @@ impl Table {
         } else {
             at.checked_add(soffset.unsigned_abs() as usize)?
         };
-        if vtable % 2 != 0 {
-            return None;
-        }
+        // 2-byte aligned: u16_at checks it, as the verifier's get_u16.
         let vtable_len = usize::from(u16_at(buf, vtable)?);
-        if vtable_len % 2 != 0 || vtable.checked_add(vtable_len)? > buf.len() {
+        if vtable_len % 2 != 0 {
             return None;
         }
         Some(Table {
             at,
-            vtable,
-            vtable_len,
+            vtable: buf.get(vtable..vtable.checked_add(vtable_len)?)?,
         })
     }
 
-    /// Where field `vt` lies: `Some(None)` when the vtable does not name it
-    /// (its default applies), as the verifier's `deref` and the generated
-    /// accessors' `VTable::get` read it.
-    fn field(&self, buf: &[u8], vt: u16) -> Option<Option<usize>> {
+    /// The vtable's length in bytes (the verifier's `vtable_len`, the
+    /// accessors' `num_bytes`).
+    fn vtable_len(&self) -> usize {
+        self.vtable.len()
+    }
+
+    /// Where field `vt` lies: `None` when the vtable does not name it (its
+    /// default applies), as the verifier's `deref` and the generated
+    /// accessors' `VTable::get` read it. `vt` is even and the vtable's
+    /// length too, so an entry is either wholly inside it or past its end.
+    #[inline]
+    fn field(&self, vt: u16) -> Option<usize> {
         let vt = usize::from(vt);
-        if vt >= self.vtable_len {
-            return Some(None);
-        }
-        match u16_at(buf, self.vtable + vt)? {
-            0 => Some(None),
-            off => Some(Some(self.at.checked_add(usize::from(off))?)),
+        let entry = self.vtable.get(vt..vt + 2)?;
+        match u16::from_le_bytes([entry[0], entry[1]]) {
+            0 => None,
+            // No overflow: `at` is inside a buffer, the offset 16 bits.
+            off => Some(self.at + usize::from(off)),
         }
     }
 
     /// Field `vt` of `N` bytes aligned to `align`, inside the buffer:
-    /// `Some(None)` when absent.
+    /// `Some(None)` when absent, `None` when misaligned or outside it.
+    #[inline]
     fn raw<const N: usize>(&self, buf: &[u8], vt: u16, align: usize) -> Option<Option<[u8; N]>> {
-        match self.field(buf, vt)? {
+        match self.field(vt) {
             None => Some(None),
-            Some(at) if at % align == 0 => {
-                Some(Some(buf.get(at..at.checked_add(N)?)?.try_into().ok()?))
-            }
+            Some(at) if at % align == 0 => Some(Some(buf.get(at..at + N)?.try_into().ok()?)),
             Some(_) => None,
         }
     }
