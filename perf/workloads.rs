@@ -10,10 +10,11 @@
 //! All are deterministic but the cached client's (see [`cached_client`]).
 //!
 //! - [`workload`]: what an agent shard runs per datagram, minus the system
-//!   calls: [`ShardCore::handle`] on a received getHost or report — verify
-//!   and decode the buffer, validate it, the LB decision (round robin over
-//!   the idle list; for a report, the node's counts and state), encode the
-//!   answer — [`N`] getHosts and [`N`] reports, interleaved as qpstest sends
+//!   calls: [`ShardCore::handle`] on a received getHost or report — read
+//!   the buffer (the hot path, `wire::read_hot`, since issue 29: the
+//!   verifier's checks without the verifier), validate it, the LB decision
+//!   (round robin over the idle list; for a report, the node's counts and
+//!   state), the answer (the Ok template patched) — [`N`] getHosts and [`N`] reports, interleaved as qpstest sends
 //!   them, on one 10-node module. One report in 23 is a failure (spread over
 //!   the nodes, too few to overload any), and the clock advances 1 ms every
 //!   1000 requests.

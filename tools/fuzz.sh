@@ -6,7 +6,7 @@
 #   tools/fuzz.sh all SECONDS      fuzz each target for SECONDS, one after another
 #   tools/fuzz.sh list             the targets
 #
-# Targets: datagram frame heartbeat snapshot config.
+# Targets: datagram hot frame heartbeat snapshot config.
 # Each run starts from seeds written fresh from real encodings (the `seeds`
 # binary), prints one line per target (executions, crashes, hangs) and exits
 # 1 when any target crashed; the crashing inputs are kept under
@@ -18,7 +18,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-TARGETS=(datagram frame heartbeat snapshot config)
+TARGETS=(datagram hot frame heartbeat snapshot config)
 
 usage() {
   echo "usage: tools/fuzz.sh TARGET|all SECONDS   (targets: ${TARGETS[*]})" >&2

@@ -66,7 +66,7 @@ use lbagent_admission::{Admission, Micros};
 use lbagent_lb::{LbParams, Millis, ModuleLb, NodeCallStats};
 use lbagent_model::ModuleId;
 use lbagent_shm::fixed::{self, HostAnswer};
-use lbagent_wire::{self as wire, Encoder, Limits, Message, NodeStatus, RetCode};
+use lbagent_wire::{self as wire, Encoder, Hot, Limits, Message, NodeStatus, RetCode};
 use preload::Preload;
 
 mod admission;
@@ -269,6 +269,9 @@ pub struct ShardCore {
     /// The shed answer for the shard's current level, encoded once per
     /// level (see [`wire::RejectedAnswer`]).
     rejected: Option<wire::RejectedAnswer>,
+    /// The Ok answer for the level answers carry, encoded once per level,
+    /// its sequence, module and node patched in (see [`wire::OkAnswer`]).
+    answered: Option<wire::OkAnswer>,
     /// Counters for the metrics endpoint.
     pub metrics: ShardMetrics,
     /// The open local-socket connections and whether each is trusted.
@@ -324,6 +327,7 @@ impl ShardCore {
             shedding: None,
             drops_seen: 0,
             rejected: None,
+            answered: None,
             locals: callers::Locals::default(),
             balanced: HashSet::new(),
         }
@@ -361,13 +365,14 @@ impl ShardCore {
         queued: Option<Queued>,
     ) -> Option<&[u8]> {
         let (shed, bucket) = self.queued_start(queued);
-        if shed {
-            // The shed path: a getHost read straight from the bytes (no
-            // verifier; anything it cannot vouch for takes the full decode
-            // below), so that a rejection costs a fraction of an answer.
-            if let Some(g) = wire::peek_get_host(datagram, Limits::UDP.max_len) {
-                return self.get_host(g, None, peer, now, shed, bucket);
-            }
+        // The hot path: a plain getHost or a report read straight from the
+        // bytes, with the verifier's checks on their path and the same
+        // validation (no verifier pass); anything it does not vouch for
+        // takes the full decode below, which answers or counts it.
+        match wire::read_hot(datagram, &Limits::UDP) {
+            Some(Hot::GetHost(g)) => return self.get_host(g, None, peer, now, shed, bucket),
+            Some(Hot::Report(r)) => return self.report(&r, peer, now, true),
+            None => {}
         }
         let msg = match wire::decode(datagram, &Limits::UDP) {
             Ok(m) => m,

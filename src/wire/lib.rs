@@ -20,10 +20,13 @@
 //!   labels and a getHost's selector, built and read back within bounds.
 //! - `values`: the owned values the encoder takes ([`NodeStatus`],
 //!   [`Report`], [`AdmissionLevel`], ...).
-//! - `peek` ([`peek_get_host`]): a getHost read from the bytes, to shed it
-//!   before decoding (checked against the decoder).
-//! - `canned` ([`RejectedAnswer`]): a Rejected answer encoded once per
-//!   level, patched per request.
+//! - `hot` ([`read_hot`]): the two hot requests, a plain getHost and a
+//!   report, read from the bytes without the verifier, with the checks
+//!   the verifier makes on their path; anything else is left to
+//!   [`decode()`] (a differential proptest and a fuzz target hold it to
+//!   the decoder).
+//! - `canned` ([`RejectedAnswer`], [`OkAnswer`]): a Rejected answer and
+//!   an Ok one encoded once per level, patched per request.
 //!
 //! # Principles
 //!
@@ -41,18 +44,18 @@ pub mod fb;
 mod decode;
 mod encode;
 pub mod frame;
+mod hot;
 mod meta;
-mod peek;
 mod validate;
 mod values;
 
-pub use canned::RejectedAnswer;
+pub use canned::{OkAnswer, RejectedAnswer};
 pub use decode::{decode, DecodeError, Limits, Message, MIN_LEN};
 pub use encode::Encoder;
 pub use fb::RetCode;
 pub use frame::{write_frame, FrameDecoder, FrameError, MAX_FRAME_LEN};
+pub use hot::{read_hot, Hot};
 pub use meta::{read_node_meta, read_selector, BadMeta};
-pub use peek::peek_get_host;
 pub use validate::{
     BatchReport, GetHost, Pull, Register, Unchanged, ValidationError, MAX_CONSUMED, MAX_PRIORITY,
     MAX_PULL_MODULES, MAX_REGISTER_TIMEOUT_MS,

@@ -266,7 +266,11 @@ mod tests {
             panic!("not a getHost")
         };
         assert_eq!(g.selector(), Some("a=b"));
-        assert_eq!(crate::peek_get_host(&buf, 1500), None, "not peeked");
+        assert_eq!(
+            crate::read_hot(&buf, &Limits::UDP),
+            None,
+            "left to the full decode"
+        );
     }
 
     fn get_host(buf: &[u8]) -> crate::fb::GetHostReq<'_> {

@@ -195,6 +195,58 @@ fn level(l: Option<&fb::AdmissionLevel>) -> Result<Option<AdmissionLevel>, Valid
     }
 }
 
+// === the rules, shared by validate() and the hot path's reader ===
+
+/// A getHost's values with its priorities checked: what
+/// [`fb::GetHostReq::validate`] and the hot path ([`super::hot`]) return.
+pub(crate) fn get_host_values(
+    seq: u32,
+    modid: u32,
+    cmdid: u32,
+    business: u8,
+    user: u8,
+) -> Result<GetHost, ValidationError> {
+    if business > MAX_PRIORITY || user > MAX_PRIORITY {
+        return Err(ValidationError::PriorityOutOfRange { business, user });
+    }
+    Ok(GetHost {
+        seq,
+        module: ModuleId::new(modid, cmdid),
+        business_priority: business,
+        user_priority: user,
+    })
+}
+
+/// A report's fields as read from a buffer (absent ones at their defaults).
+pub(crate) struct ReportFields<'a> {
+    pub seq: u32,
+    pub modid: u32,
+    pub cmdid: u32,
+    pub host: Option<&'a fb::Host>,
+    pub retcode: i32,
+    pub tcost_ms: u32,
+    pub level: Option<&'a fb::AdmissionLevel>,
+    pub consumed: u32,
+}
+
+/// A report's values with its host, level and consumed units checked, in
+/// that order: what [`fb::ReportReq::validate`] and the hot path
+/// ([`super::hot`]) return.
+pub(crate) fn report_values(f: ReportFields<'_>) -> Result<Report, ValidationError> {
+    Ok(Report {
+        seq: f.seq,
+        module: ModuleId::new(f.modid, f.cmdid),
+        host: host(f.host)?,
+        retcode: f.retcode,
+        tcost_ms: f.tcost_ms,
+        downstream_level: level(f.level)?,
+        consumed: match f.consumed {
+            c if c > MAX_CONSUMED => return Err(ValidationError::ConsumedOutOfRange(c)),
+            c => c,
+        },
+    })
+}
+
 // === impl validate() on the generated request tables ===
 
 impl fb::GetHostReq<'_> {
@@ -203,16 +255,13 @@ impl fb::GetHostReq<'_> {
     /// # Errors
     /// [`ValidationError::PriorityOutOfRange`] when a priority is above 128.
     pub fn validate(&self) -> Result<GetHost, ValidationError> {
-        let (business, user) = (self.business_priority(), self.user_priority());
-        if business > MAX_PRIORITY || user > MAX_PRIORITY {
-            return Err(ValidationError::PriorityOutOfRange { business, user });
-        }
-        Ok(GetHost {
-            seq: self.seq(),
-            module: ModuleId::new(self.modid(), self.cmdid()),
-            business_priority: business,
-            user_priority: user,
-        })
+        get_host_values(
+            self.seq(),
+            self.modid(),
+            self.cmdid(),
+            self.business_priority(),
+            self.user_priority(),
+        )
     }
 
     /// False for a plain getHost, which carries neither a key's hash nor
@@ -236,17 +285,15 @@ impl fb::ReportReq<'_> {
     /// [`ValidationError::LevelOutOfRange`],
     /// [`ValidationError::ConsumedOutOfRange`].
     pub fn validate(&self) -> Result<Report, ValidationError> {
-        Ok(Report {
+        report_values(ReportFields {
             seq: self.seq(),
-            module: ModuleId::new(self.modid(), self.cmdid()),
-            host: host(self.host())?,
+            modid: self.modid(),
+            cmdid: self.cmdid(),
+            host: self.host(),
             retcode: self.retcode(),
             tcost_ms: self.tcost_ms(),
-            downstream_level: level(self.downstream_level())?,
-            consumed: match self.consumed() {
-                c if c > MAX_CONSUMED => return Err(ValidationError::ConsumedOutOfRange(c)),
-                c => c,
-            },
+            level: self.downstream_level(),
+            consumed: self.consumed(),
         })
     }
 }

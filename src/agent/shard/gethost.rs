@@ -41,10 +41,26 @@ impl ShardCore {
         bucket: Option<(usize, u64)>,
     ) -> Option<&[u8]> {
         match self.decide_get_host_keyed(g, steer, peer, now, shed, bucket) {
-            HostDecision::Answer(a) => Some(
-                self.enc
-                    .get_host_resp(a.seq, a.module, a.retcode, a.host, a.level),
-            ),
+            HostDecision::Answer(a) => {
+                if let (RetCode::Ok, Some(host)) = (a.retcode, a.host) {
+                    // One answer encoded per level, its sequence, module
+                    // and node patched in.
+                    if self.answered.as_ref().is_none_or(|t| t.level() != a.level) {
+                        self.answered = Some(wire::OkAnswer::new(&mut self.enc, a.level));
+                    }
+                    if let Some(b) = self
+                        .answered
+                        .as_mut()
+                        .and_then(|t| t.answer(a.seq, a.module, host))
+                    {
+                        return Some(b);
+                    }
+                }
+                Some(
+                    self.enc
+                        .get_host_resp(a.seq, a.module, a.retcode, a.host, a.level),
+                )
+            }
             HostDecision::Shed(a, level) => {
                 // One answer encoded per level, its sequence and module
                 // patched in.

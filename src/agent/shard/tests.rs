@@ -1799,3 +1799,24 @@ fn a_p2c_module_learns_from_the_reported_time_cost() {
         assert_eq!(get_host(&mut s, M, 1), (RetCode::Ok, Some(node(2))));
     }
 }
+
+/// Issue 29: a getHost answered over UDP is the Ok template patched
+/// (`wire::OkAnswer`), a zero sequence number the encoder's full answer:
+/// either way byte for byte what the encoder makes, round after round.
+#[test]
+fn an_answered_get_host_is_byte_for_byte_the_encoders_answer() {
+    let mut s = shard();
+    s.apply(route(3), 0);
+    let mut enc = Encoder::new();
+    for seq in [1, 0, 7, u32::MAX, 0, 2] {
+        let req = enc.get_host_req(seq, M, 0, 0).to_vec();
+        let got = s.handle(&req, PEER, 1).expect("an answer").to_vec();
+        let Ok(Message::GetHostResp(r)) = decode(&got, &Limits::UDP) else {
+            panic!("not a getHost answer")
+        };
+        let host = r.host().map(NodeAddr::from);
+        assert!(host.is_some(), "answered with a node");
+        let want = enc.get_host_resp(seq, M, RetCode::Ok, host, None);
+        assert_eq!(got, want, "seq {seq}");
+    }
+}

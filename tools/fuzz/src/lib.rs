@@ -57,24 +57,33 @@ fn owners_only(path: &Path) {
 /// A datagram as the agent or the client receives it: decoded under the UDP
 /// limits; a message that decodes is walked field by field, validated when
 /// it is a request, and re-encoded, and the re-encoding must decode to the
-/// same fields. The shard's byte reader for shed getHosts
-/// ([`lbagent::wire::peek_get_host`]) must never accept what the decoder
-/// refuses, nor read a getHost differently. The same bytes are also read
-/// as a shared-memory cell of the fixed layout ([`fixed_record`]).
+/// same fields. The shard's hot-path reader is held to the decoder
+/// ([`hot`]). The same bytes are also read as a shared-memory cell of the
+/// fixed layout ([`fixed_record`]).
 pub fn datagram(data: &[u8]) {
     message(data, &Limits::UDP);
     fixed_record(data);
-    if let Some(peeked) = lbagent::wire::peek_get_host(data, Limits::UDP.max_len) {
-        let full = match decode(data, &Limits::UDP) {
-            Ok(Message::GetHostReq(r)) => r.validate().ok(),
-            _ => None,
-        };
-        assert_eq!(
-            Some(peeked),
-            full,
-            "the peek read a getHost the decoder reads otherwise or refuses"
-        );
-    }
+    hot(data);
+}
+
+/// The shard's hot path ([`lbagent::wire::read_hot`]: a plain getHost or
+/// a report read from the bytes without the verifier) against the
+/// verified decode and `validate()`: the same answer on every input.
+/// Whatever the reader accepts the decoder must accept with the same
+/// values, and whatever plain getHost or report the decoder accepts and
+/// validates the reader must read.
+pub fn hot(data: &[u8]) {
+    use lbagent::wire::{read_hot, Hot};
+    let read = read_hot(data, &Limits::UDP);
+    let full = match decode(data, &Limits::UDP) {
+        Ok(Message::GetHostReq(r)) if !r.may_steer() => r.validate().ok().map(Hot::GetHost),
+        Ok(Message::ReportReq(r)) => r.validate().ok().map(Hot::Report),
+        _ => None,
+    };
+    assert_eq!(
+        read, full,
+        "the hot path and the verified decode read these bytes differently"
+    );
 }
 
 /// A shared-memory cell read as a record of the fixed layout
@@ -731,8 +740,9 @@ fn round_trip(c: &Config) {
 pub type Check = fn(&[u8]);
 
 /// Every target by name, with its check.
-pub const TARGETS: [(&str, Check); 5] = [
+pub const TARGETS: [(&str, Check); 6] = [
     ("datagram", datagram),
+    ("hot", hot),
     ("frame", frame),
     ("heartbeat", heartbeat),
     ("snapshot", snapshot),

@@ -29,6 +29,38 @@ fn route_nodes(n: u8) -> Vec<RouteNode> {
         .collect()
 }
 
+/// The hot path's requests in each shape it reads or leaves to the full
+/// decode: plain getHosts, steering ones, reports with and without a level
+/// and consumed units, and values validation refuses.
+pub fn hot_requests() -> Vec<Vec<u8>> {
+    let mut e = Encoder::new();
+    let report = |host: NodeAddr, level: Option<AdmissionLevel>, consumed: u32| Report {
+        seq: 9,
+        module: M,
+        host,
+        retcode: -1,
+        tcost_ms: 120,
+        downstream_level: level,
+        consumed,
+    };
+    let level = Some(AdmissionLevel {
+        business: 3,
+        user: 9,
+    });
+    vec![
+        e.get_host_req(1, M, 0, 0).to_vec(),
+        e.get_host_req(u32::MAX, M, 128, 60).to_vec(),
+        e.get_host_req(2, M, 129, 1).to_vec(),
+        e.get_host_req_keyed(3, M, 1, 1, Some(42)).to_vec(),
+        e.get_host_req_full(4, M, 0, 0, None, "tier=gold").to_vec(),
+        e.report_req(&report(addr(1), None, 0)).to_vec(),
+        e.report_req(&report(addr(2), level, 7)).to_vec(),
+        e.report_req(&report(NodeAddr::new(Ipv4Addr::LOCALHOST, 0), None, 0))
+            .to_vec(),
+        e.report_req(&report(addr(3), None, 2_000_000)).to_vec(),
+    ]
+}
+
 /// One encoding of every message of the schema, some in two shapes.
 pub fn messages() -> Vec<Vec<u8>> {
     let mut e = Encoder::new();
@@ -189,6 +221,9 @@ pub fn write_all(dir: &Path) -> io::Result<()> {
     }
     for (i, r) in fixed_records().iter().enumerate() {
         put("datagram", format!("fixed{i:02}"), r)?;
+    }
+    for (i, m) in hot_requests().iter().enumerate() {
+        put("hot", format!("hot{i:02}"), m)?;
     }
     // Frame streams: a chunk-size byte, then a few frames; one cut short.
     for (i, group) in messages.chunks(4).enumerate() {
