@@ -3,9 +3,11 @@
 //! baseline taken in the same run on the same machine.
 //!
 //! One thread, pinned to a core, runs a bare `recvmmsg` / `sendmmsg` loop
-//! ([`crate::host::udp`]) on one UDP socket. Every getHost is verified and
-//! decoded (to echo its sequence number) and answered with one fixed host,
-//! encoded: no LB, no maps, no rings. Reports are decoded and ignored (the
+//! ([`crate::host::udp`]) on one UDP socket. Every getHost is read (to echo
+//! its sequence number) the way the agent reads it (the verifier-free hot
+//! path for a plain getHost or report, the full decode for anything else)
+//! and answered with one fixed host, its answer patched into an encoded
+//! template as the agent's is: no LB, no maps, no rings. Reports are decoded and ignored (the
 //! agent does not answer them either). So that the client library and
 //! `lbagent qpstest` can target the floor exactly like an agent, it also
 //! answers register (Ok, version 1) and the route cache's getRoute (the one
@@ -31,7 +33,7 @@ use crate::host::heartbeat::{AgentInfo, HeartbeatWriter};
 use crate::host::udp::{RecvBatch, SendBatch};
 use crate::model::{ModuleId, NodeAddr, RouteNode};
 use crate::qpstest::cpu;
-use crate::wire::{decode, CacheRoute, Encoder, Limits, Message, RetCode};
+use crate::wire::{decode, read_hot, CacheRoute, Encoder, Hot, Limits, Message, OkAnswer, RetCode};
 
 /// The host every getHost is answered with: 10.0.0.1:80.
 pub const FLOOR_HOST: NodeAddr = NodeAddr::new(Ipv4Addr::new(10, 0, 0, 1), 80);
@@ -302,15 +304,25 @@ fn serve(socket: &UdpSocket, stop: &AtomicBool, counters: &Counters) {
 }
 
 /// Decodes one datagram and queues its answer, if it has one.
+///
+/// The least work the agent does too: a plain getHost or a report is read
+/// from the bytes without the verifier (`wire::read_hot`, the agent's hot
+/// path) and a getHost's answer is the encoded template with its sequence
+/// and module patched in (`wire::OkAnswer`); anything else takes the full
+/// decode and a full encoding, as in the agent.
 struct Answerer {
     enc: Encoder,
+    ok: OkAnswer,
     route: [RouteNode; 1],
 }
 
 impl Answerer {
     fn new() -> Self {
+        let mut enc = Encoder::with_capacity(1024);
+        let ok = OkAnswer::new(&mut enc, None);
         Answerer {
-            enc: Encoder::with_capacity(1024),
+            enc,
+            ok,
             route: [RouteNode {
                 addr: FLOOR_HOST,
                 weight: 1,
@@ -319,6 +331,25 @@ impl Answerer {
     }
 
     fn handle(&mut self, bytes: &[u8], peer: SocketAddr, tx: &mut SendBatch, n: &mut FloorCounts) {
+        match read_hot(bytes, &Limits::UDP) {
+            Some(Hot::GetHost(g)) => {
+                match self.ok.answer(g.seq, g.module, FLOOR_HOST) {
+                    Some(b) => tx.push(peer, b),
+                    None => tx.push(
+                        peer,
+                        self.enc
+                            .get_host_resp(g.seq, g.module, RetCode::Ok, Some(FLOOR_HOST), None),
+                    ),
+                }
+                n.get_hosts += 1;
+                return;
+            }
+            Some(Hot::Report(_)) => {
+                n.reports += 1;
+                return;
+            }
+            None => {}
+        }
         match decode(bytes, &Limits::UDP) {
             Ok(Message::GetHostReq(r)) => {
                 let m = ModuleId::new(r.modid(), r.cmdid());
