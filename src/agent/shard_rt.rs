@@ -33,12 +33,13 @@ use super::messages::{ToControl, ToShard};
 use super::metrics::{Kind, ShardMetrics};
 use super::park::{ParkPolicy, Quiet};
 use super::shard::callers::{client_key, peer_local};
-use super::shard::{FixedReply, Queued, ShardCore, ShardSetup};
+use super::shard::{Queued, Served, ShardCore, ShardSetup};
 use super::wake::{self, ShardTimers, TimerPlan};
 use lbagent_admission::AdmissionParams;
 use lbagent_host::clock;
 use lbagent_host::snapshot::SnapshotIndex;
 use lbagent_host::udp::{self, RecvBatch, SendBatch};
+use lbagent_shm::fixed;
 use lbagent_shm::layout::{self, peer_slot, slot_peer};
 use lbagent_shm::region::Region;
 use lbagent_shm::serve::Server;
@@ -539,7 +540,7 @@ pub fn sweep(
 
 /// Serves the `ready` slots [`Server::ready`] collected: takes every new
 /// request, hands it to the core (a record of the fixed layout through
-/// [`ShardCore::handle_fixed`], FlatBuffers bytes through
+/// [`ShardCore::serve_record`], its answer written in place, FlatBuffers bytes through
 /// [`ShardCore::handle_queued`], as from the slot's [`slot_peer`]), and
 /// writes the answer back. `now` is the core's time; `now_ns` the realtime
 /// clock when queuing times are measured (each request's is then `now_ns`
@@ -572,7 +573,8 @@ pub fn serve_ready(
             // A report sent ahead of the request in the same cell: it has
             // no answer (anything else there would be dropped as over UDP).
             if t.first_format == layout::FMT_FIXED {
-                if let FixedReply::Garbage(_) = c.handle_fixed(report, slot_peer(slot), now, queued)
+                let mut out = [0u8; fixed::ANSWER_MAX];
+                if c.serve_record(report, slot_peer(slot), now, queued, &mut out) == Served::Garbage
                 {
                     srv.counts.garbage += 1;
                 }
@@ -582,11 +584,14 @@ pub fn serve_ready(
         }
         let t0 = (!timed).then(Instant::now);
         if t.format == layout::FMT_FIXED {
-            match c.handle_fixed(srv.request(&t), slot_peer(slot), now, queued) {
-                FixedReply::Host(a) => srv.respond_host(slot, t.seq, &a),
-                FixedReply::Bytes(answer) => srv.respond(slot, t.seq, Some(answer)),
-                FixedReply::Nothing => srv.respond(slot, t.seq, None),
-                FixedReply::Garbage(_) => {
+            // Decided and answered in place: the record written into
+            // `out` from the decision's values goes to the slot as it is.
+            let mut out = [0u8; fixed::ANSWER_MAX];
+            match c.serve_record(srv.request(&t), slot_peer(slot), now, queued, &mut out) {
+                Served::Answer(n) => srv.respond_record(slot, t.seq, &out, n),
+                Served::Encoded => srv.respond(slot, t.seq, Some(c.encoded())),
+                Served::Nothing => srv.respond(slot, t.seq, None),
+                Served::Garbage => {
                     srv.counts.garbage += 1;
                     srv.respond(slot, t.seq, None);
                 }

@@ -13,7 +13,6 @@ use crate::timers::Timers;
 use lbagent_lb::{LbParams, Millis, ModuleLb};
 use lbagent_model::ModuleId;
 use lbagent_wire::RetCode;
-use std::collections::hash_map::Entry;
 
 impl ShardCore {
     /// Makes sure the shard holds `module`, creating an unknown entry
@@ -195,12 +194,36 @@ pub(super) fn touch<'m>(
     touch_entry(entry, outbox, setup, module, now)
 }
 
-/// [`ShardCore::ensure`] and [`touch`] in one hash lookup, for the request
+/// [`ShardCore::ensure`] and [`touch`] in one hash lookup (none for the
+/// module looked up last: [`super::table`]), for the request
 /// path: the module's entry (made within the bounds when the shard does
 /// not hold it yet), touched; the refusal's message otherwise (counted).
 /// A free function over the fields it needs, so callers keep the others.
-#[inline]
+#[inline(always)]
 pub(super) fn ensure_touched<'m>(
+    fields: EnsureFields<'m, '_>,
+    module: ModuleId,
+    now: Millis,
+) -> Result<&'m mut ModuleEntry, &'static str> {
+    let modules = fields.modules;
+    if let Some(b) = modules.find(module) {
+        return Ok(touch_entry(
+            modules.at(b),
+            fields.outbox,
+            fields.setup,
+            module,
+            now,
+        ));
+    }
+    make_entry(EnsureFields { modules, ..fields }, module, now)
+}
+
+/// [`ensure_touched`] of a module the shard does not hold: an entry made
+/// within the bounds, touched (its pull asked for). Out of line: a module
+/// held pays nothing for it.
+#[cold]
+#[inline(never)]
+fn make_entry<'m>(
     fields: EnsureFields<'m, '_>,
     module: ModuleId,
     now: Millis,
@@ -213,26 +236,20 @@ pub(super) fn ensure_touched<'m>(
         unknown,
         metrics,
     } = fields;
-    let full = modules.len() >= setup.max_modules;
-    let entry = match modules.entry(module) {
-        Entry::Occupied(held) => held.into_mut(),
-        Entry::Vacant(slot) => {
-            if full {
-                metrics.module_limit_hits += 1;
-                return Err(REFUSED_FULL);
-            }
-            if *unknown >= setup.max_unknown {
-                metrics.unknown_refused += 1;
-                return Err(REFUSED_UNKNOWN);
-            }
-            let mut entry = new_entry(now, &setup.params);
-            let at = now + setup.unknown_ttl_ms;
-            entry.expiry_at = at;
-            timers.schedule(at, (module, Due::Expiry));
-            *unknown += 1;
-            slot.insert(Box::new(entry))
-        }
-    };
+    if modules.len() >= setup.max_modules {
+        metrics.module_limit_hits += 1;
+        return Err(REFUSED_FULL);
+    }
+    if *unknown >= setup.max_unknown {
+        metrics.unknown_refused += 1;
+        return Err(REFUSED_UNKNOWN);
+    }
+    let mut entry = new_entry(now, &setup.params);
+    let at = now + setup.unknown_ttl_ms;
+    entry.expiry_at = at;
+    timers.schedule(at, (module, Due::Expiry));
+    *unknown += 1;
+    let entry = modules.insert(module, Box::new(entry));
     Ok(touch_entry(entry, outbox, setup, module, now))
 }
 
@@ -261,15 +278,15 @@ fn touch_entry<'m>(
     module: ModuleId,
     now: Millis,
 ) -> &'m mut ModuleEntry {
-    let timeout = setup.update_timeout_ms;
     entry.last_used = now;
-    let stale = entry.route == RouteState::Unknown;
-    let outstanding = entry
-        .pull_sent
-        .is_some_and(|t| now.saturating_sub(t) < timeout);
-    if stale && !outstanding {
-        entry.pull_sent = Some(now);
-        outbox.push(ToControl::Pull(module));
+    if entry.route == RouteState::Unknown {
+        let outstanding = entry
+            .pull_sent
+            .is_some_and(|t| now.saturating_sub(t) < setup.update_timeout_ms);
+        if !outstanding {
+            entry.pull_sent = Some(now);
+            outbox.push(ToControl::Pull(module));
+        }
     }
     entry
 }
@@ -295,7 +312,8 @@ pub(super) fn nodes_changed(m: &mut ShardMetrics, before: (u64, u64), after: (u6
     m.nodes_overloaded = m.nodes_overloaded + after.1 - before.1;
 }
 
-fn new_entry(now: Millis, p: &LbParams) -> ModuleEntry {
+/// A new entry without a route, made at `now`.
+pub(super) fn new_entry(now: Millis, p: &LbParams) -> ModuleEntry {
     ModuleEntry {
         lb: ModuleLb::new(&[], 0, now, p),
         route: RouteState::Unknown,
