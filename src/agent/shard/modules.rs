@@ -205,29 +205,6 @@ pub(super) fn ensure_touched<'m>(
     module: ModuleId,
     now: Millis,
 ) -> Result<&'m mut ModuleEntry, &'static str> {
-    let modules = fields.modules;
-    if let Some(b) = modules.find(module) {
-        return Ok(touch_entry(
-            modules.at(b),
-            fields.outbox,
-            fields.setup,
-            module,
-            now,
-        ));
-    }
-    make_entry(EnsureFields { modules, ..fields }, module, now)
-}
-
-/// [`ensure_touched`] of a module the shard does not hold: an entry made
-/// within the bounds, touched (its pull asked for). Out of line: a module
-/// held pays nothing for it.
-#[cold]
-#[inline(never)]
-fn make_entry<'m>(
-    fields: EnsureFields<'m, '_>,
-    module: ModuleId,
-    now: Millis,
-) -> Result<&'m mut ModuleEntry, &'static str> {
     let EnsureFields {
         modules,
         outbox,
@@ -236,7 +213,29 @@ fn make_entry<'m>(
         unknown,
         metrics,
     } = fields;
-    if modules.len() >= setup.max_modules {
+    let full = modules.len() >= setup.max_modules;
+    let entry = modules.get_or_make(module, || {
+        make_entry(full, setup, timers, unknown, metrics, module, now)
+    })?;
+    Ok(touch_entry(entry, outbox, setup, module, now))
+}
+
+/// A new entry for [`ensure_touched`] (the shard does not hold `module`),
+/// within the bounds (`full`: the table holds `max_modules` already), its
+/// expiry armed; the refusal's message otherwise (counted). Out of line: a
+/// module held pays nothing for it.
+#[cold]
+#[inline(never)]
+fn make_entry(
+    full: bool,
+    setup: &ShardSetup,
+    timers: &mut Timers<(ModuleId, Due)>,
+    unknown: &mut usize,
+    metrics: &mut ShardMetrics,
+    module: ModuleId,
+    now: Millis,
+) -> Result<Box<ModuleEntry>, &'static str> {
+    if full {
         metrics.module_limit_hits += 1;
         return Err(REFUSED_FULL);
     }
@@ -249,8 +248,7 @@ fn make_entry<'m>(
     entry.expiry_at = at;
     timers.schedule(at, (module, Due::Expiry));
     *unknown += 1;
-    let entry = modules.insert(module, Box::new(entry));
-    Ok(touch_entry(entry, outbox, setup, module, now))
+    Ok(Box::new(entry))
 }
 
 /// The fields of [`ShardCore`] that [`ensure_touched`] borrows.

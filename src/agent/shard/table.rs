@@ -19,14 +19,11 @@
 
 use std::hash::BuildHasher;
 
+use hashbrown::hash_table::Entry;
 use hashbrown::HashTable;
 use lbagent_model::ModuleId;
 
 use super::ModuleEntry;
-
-/// Where an entry is ([`Modules::find`]).
-#[derive(Clone, Copy, Debug)]
-pub(super) struct Bucket(usize);
 
 /// Each module's entry, by its id (foldhash, seeded per process).
 #[derive(Default)]
@@ -42,41 +39,49 @@ impl Modules {
         self.hasher.hash_one(module)
     }
 
+    /// The bucket remembered, if it still holds `module`.
+    #[inline(always)]
+    fn remembered(&self, module: ModuleId) -> Option<usize> {
+        let (m, i) = self.last?;
+        (m == module && self.table.get_bucket(i).is_some_and(|e| e.0 == module)).then_some(i)
+    }
+
     /// The bucket that holds `module`, if the table does: the one
     /// remembered when it still holds `module`, else found by hash.
     #[inline]
     fn lookup(&self, module: ModuleId) -> Option<usize> {
-        if let Some((m, i)) = self.last {
-            if m == module && self.table.get_bucket(i).is_some_and(|e| e.0 == module) {
-                return Some(i);
-            }
-        }
-        self.table
-            .find_bucket_index(self.hash(module), |e| e.0 == module)
+        self.remembered(module).or_else(|| {
+            self.table
+                .find_bucket_index(self.hash(module), |e| e.0 == module)
+        })
     }
 
-    /// [`Modules::lookup`], the bucket found remembered.
-    #[inline]
-    fn bucket_of(&mut self, module: ModuleId) -> Option<usize> {
-        let i = self.lookup(module)?;
-        self.last = Some((module, i));
-        Some(i)
-    }
-
-    /// Where `module`'s entry is, if the table holds it (remembered): read
-    /// it with [`Modules::at`] before the table changes.
-    #[inline]
-    pub fn find(&mut self, module: ModuleId) -> Option<Bucket> {
-        self.bucket_of(module).map(Bucket)
-    }
-
-    /// The entry [`Modules::find`] found.
+    /// `module`'s entry, made by `make` when the table does not hold it
+    /// (its error returned as it is, nothing made); found or made, it is
+    /// remembered. One probe either way, as a map's entry.
     ///
-    /// # Panics
-    /// When the table changed since (a bug: `&mut self` was taken).
+    /// # Errors
+    /// `make`'s.
     #[inline]
-    pub fn at(&mut self, b: Bucket) -> &mut ModuleEntry {
-        &mut self.table.get_bucket_mut(b.0).expect("found just now").1
+    pub fn get_or_make<E>(
+        &mut self,
+        module: ModuleId,
+        make: impl FnOnce() -> Result<Box<ModuleEntry>, E>,
+    ) -> Result<&mut ModuleEntry, E> {
+        if let Some(i) = self.remembered(module) {
+            return Ok(&mut self.table.get_bucket_mut(i).expect("held just now").1);
+        }
+        let hasher = &self.hasher;
+        let e = match self.table.entry(
+            hasher.hash_one(module),
+            |e| e.0 == module,
+            |e| hasher.hash_one(e.0),
+        ) {
+            Entry::Occupied(held) => held,
+            Entry::Vacant(slot) => slot.insert((module, make()?)),
+        };
+        self.last = Some((module, e.bucket_index()));
+        Ok(&mut e.into_mut().1)
     }
 
     /// `module`'s entry (not remembered: a reader, not a request).
@@ -86,11 +91,17 @@ impl Modules {
         self.table.get_bucket(i).map(|e| &*e.1)
     }
 
-    /// `module`'s entry, to change.
+    /// `module`'s entry, to change (remembered).
     #[inline]
     pub fn get_mut(&mut self, module: &ModuleId) -> Option<&mut ModuleEntry> {
-        let i = self.bucket_of(*module)?;
-        self.table.get_bucket_mut(i).map(|e| &mut *e.1)
+        let module = *module;
+        if let Some(i) = self.remembered(module) {
+            return self.table.get_bucket_mut(i).map(|e| &mut *e.1);
+        }
+        let hash = self.hash(module);
+        let e = self.table.find_entry(hash, |e| e.0 == module).ok()?;
+        self.last = Some((module, e.bucket_index()));
+        Some(&mut e.into_mut().1)
     }
 
     /// Whether the table holds `module`.
@@ -167,8 +178,7 @@ mod tests {
 
     /// `m`'s route version, found as a request finds it (remembered).
     fn version(t: &mut Modules, m: ModuleId) -> Option<u64> {
-        let b = t.find(m)?;
-        Some(t.at(b).lb.version())
+        t.get_mut(&m).map(|e| e.lb.version())
     }
 
     const A: ModuleId = ModuleId::new(1, 1);
@@ -196,7 +206,7 @@ mod tests {
         }
         t.insert(A, entry(1));
         assert_eq!(version(&mut t, A), Some(1));
-        let had = t.bucket_of(A).unwrap();
+        let had = t.lookup(A).unwrap();
         assert!(t.remove(&A).is_some());
         assert_eq!(version(&mut t, A), None);
         // Another module in A's old bucket: A is still not there.
@@ -205,7 +215,7 @@ mod tests {
             assert!(k < 1_000_000, "no module landed in the old bucket");
             let m = ModuleId::new(3, k);
             t.insert(m, entry(4));
-            if t.bucket_of(m) == Some(had) {
+            if t.lookup(m) == Some(had) {
                 break;
             }
             assert!(t.remove(&m).is_some());
