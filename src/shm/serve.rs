@@ -175,9 +175,13 @@ impl Server {
         // fits in the cell's first SMALL bytes: copied as one block of a
         // fixed size (no call to memcpy); the bytes past `len` are never
         // read (every geometry's request area holds 64 bytes at least).
-        let copied = if len <= SMALL { SMALL } else { len };
-        self.region
-            .copy_out(base + layout::S_DATA, &mut self.buf[..copied]);
+        if len <= SMALL {
+            self.region
+                .copy_out(base + layout::S_DATA, &mut self.buf[..SMALL]);
+        } else {
+            self.region
+                .copy_out(base + layout::S_DATA, &mut self.buf[..len]);
+        }
         fence(Ordering::Acquire);
         self.counts.requests += 1 + u64::from(split > 0);
         Some(Taken {
