@@ -52,7 +52,8 @@
 //!   asks of the kernel per datagram is checked exactly by
 //!   [`check_udp`] (control-message bytes: none by default).
 //! - [`shm_shard_turn`] (issues 16 and 29): [`SHM_N`] getHosts, each
-//!   followed by a report of the node it named, through one slot of a
+//!   followed by a report of the node it named (handing back the node
+//!   hint its answer carried, as the client library does), through one slot of a
 //!   shared-memory region as fixed records, the client and the shard in
 //!   one thread (post, sweep, read the answer), the clock advancing 1 ms
 //!   every 500 exchanges; only the shard's sweeps are counted (the
@@ -828,19 +829,21 @@ pub fn shm_shard_turn(shard: &mut ShardCore, srv: &mut Server, now: u64) -> usiz
     n
 }
 
-/// The client's side of posting `req`: encode it (a fixed record, or
+/// The client's side of posting `req`: encode it (a fixed record with
+/// `hint`, as the client library writes it to a shard that reads hints, or
 /// FlatBuffers bytes as before layout 3) and publish it in the slot.
 #[inline(never)]
 pub fn shm_client_post(
     att: &mut Attachment,
     enc: &mut Encoder,
     req: &fixed::Request,
+    hint: fixed::Hint,
     record: bool,
     answer: bool,
 ) -> u32 {
     let mut rec = [0u8; fixed::MAX_LEN];
     let (bytes, format) = if record {
-        let n = fixed::encode_request(req, &mut rec);
+        let n = fixed::encode_request_hinted(req, hint, &mut rec);
         (&rec[..n], FMT_FIXED)
     } else {
         let b = match req {
@@ -856,20 +859,39 @@ pub fn shm_client_post(
         .expect("the slot takes the request")
 }
 
-/// The client's side of reading a getHost's answer: the host it names.
+/// The client's side of reading a getHost's answer: the host it names,
+/// and what its report hands back of the node hint.
 #[inline(never)]
-pub fn shm_client_wait(att: &mut Attachment, seq: u32, buf: &mut Vec<u8>) -> Option<NodeAddr> {
+pub fn shm_client_wait(
+    att: &mut Attachment,
+    seq: u32,
+    buf: &mut Vec<u8>,
+) -> Option<(NodeAddr, fixed::Hint)> {
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     let (n, format) = att.wait(seq, deadline, buf, &mut || {}).ok()?;
-    let a = if format == FMT_FIXED {
-        fixed::decode_answer(&buf[..n]).ok()?
+    let (a, hint) = if format == FMT_FIXED {
+        fixed::decode_answer_hinted(&buf[..n]).ok()?
     } else {
         match decode(&buf[..n], &Limits::UDP).ok()? {
-            Message::GetHostResp(r) => fixed::HostAnswer::from_resp(&r),
+            Message::GetHostResp(r) => (fixed::HostAnswer::from_resp(&r), None),
             _ => return None,
         }
     };
-    (a.retcode == RetCode::Ok).then_some(a.host).flatten()
+    let hint = hint.map_or(fixed::Hint::None, fixed::Hint::Node);
+    (a.retcode == RetCode::Ok)
+        .then_some(a.host)
+        .flatten()
+        .map(|h| (h, hint))
+}
+
+/// What a getHost asks of the node hint: as the client library, only of a
+/// shard that reads hints.
+fn ask(att: &Attachment) -> fixed::Hint {
+    if att.reads_hints() {
+        fixed::Hint::Ask
+    } else {
+        fixed::Hint::None
+    }
 }
 
 /// `n` exchanges: a getHost posted, a sweep, its answer read; a report of
@@ -884,10 +906,11 @@ pub fn shm_workload(run: &mut ShmRun, n: u64) -> ShmSeen {
             business_priority: 0,
             user_priority: 0,
         });
-        let s = shm_client_post(&mut run.att, &mut run.enc, &g, run.record, true);
+        let asks = ask(&run.att);
+        let s = shm_client_post(&mut run.att, &mut run.enc, &g, asks, run.record, true);
         let now = i / 500;
         shm_shard_turn(&mut run.shard, &mut run.srv, now);
-        let Some(host) = shm_client_wait(&mut run.att, s, &mut run.buf) else {
+        let Some((host, hint)) = shm_client_wait(&mut run.att, s, &mut run.buf) else {
             seen.missing += 1;
             continue;
         };
@@ -902,7 +925,7 @@ pub fn shm_workload(run: &mut ShmRun, n: u64) -> ShmSeen {
             downstream_level: None,
             consumed: 0,
         });
-        shm_client_post(&mut run.att, &mut run.enc, &r, run.record, false);
+        shm_client_post(&mut run.att, &mut run.enc, &r, hint, run.record, false);
         shm_shard_turn(&mut run.shard, &mut run.srv, now);
     }
     seen
@@ -978,7 +1001,8 @@ pub fn shm_busy_workload(run: &mut ShmBusyRun, rounds: u64) -> ShmSeen {
                 business_priority: 0,
                 user_priority: 0,
             });
-            seqs[k] = shm_client_post(att, &mut run.enc, &g, true, true);
+            let asks = ask(att);
+            seqs[k] = shm_client_post(att, &mut run.enc, &g, asks, true, true);
         }
         shm_shard_turn(&mut run.shard, &mut run.srv, now);
         for (k, att) in run.atts.iter_mut().enumerate() {
@@ -989,7 +1013,9 @@ pub fn shm_busy_workload(run: &mut ShmBusyRun, rounds: u64) -> ShmSeen {
             }
         }
         for (k, att) in run.atts.iter_mut().enumerate() {
-            let Some(host) = hosts[k] else { continue };
+            let Some((host, hint)) = hosts[k] else {
+                continue;
+            };
             let failed = (i + k as u64) % FAIL_EVERY == FAIL_EVERY - 1;
             let rep = fixed::Request::Report(Report {
                 seq: (i + k as u64) as u32,
@@ -1000,7 +1026,7 @@ pub fn shm_busy_workload(run: &mut ShmBusyRun, rounds: u64) -> ShmSeen {
                 downstream_level: None,
                 consumed: 0,
             });
-            shm_client_post(att, &mut run.enc, &rep, true, false);
+            shm_client_post(att, &mut run.enc, &rep, hint, true, false);
         }
         shm_shard_turn(&mut run.shard, &mut run.srv, now);
         i += n as u64;

@@ -123,7 +123,7 @@ impl Agent {
             // Its clients may now lease slots over the socket, whatever
             // pid namespace they run in (lbagent_shm::lease).
             for r in &regions {
-                r.set_features(lbagent_shm::layout::FEAT_LEASE);
+                r.add_features(lbagent_shm::layout::FEAT_LEASE);
             }
             (Some(acceptor), inboxes.into_iter().map(Some).collect())
         } else {

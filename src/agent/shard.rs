@@ -36,6 +36,8 @@
 //!   cacheGetRoute out.
 //! - `admission`: the shard's own admission control (shedding).
 //! - `modules`: the module table's bounds, expiry, timers and gauges.
+//! - `table`: the module table itself, which remembers the module looked
+//!   up last (no hash lookup for a run of one module's requests).
 //! - `outbox`: statistics and what a full ring refused, for the control core.
 //! - `preload`: the snapshot at start, made into modules in slices.
 //! - `callers`: who sent a request (its channel), whether the agent trusts
@@ -61,10 +63,10 @@ use std::net::SocketAddr;
 use super::messages::ToControl;
 use super::metrics::{Kind, ShardMetrics};
 use super::timers::Timers;
-use gethost::HostDecision;
+use gethost::{Decided, RecordSink};
 use lbagent_admission::{Admission, Micros};
-use lbagent_lb::{LbParams, Millis, ModuleLb, NodeCallStats};
-use lbagent_model::ModuleId;
+use lbagent_lb::{LbParams, Millis, ModuleLb, NodeCallStats, NO_HINT};
+use lbagent_model::{ModuleId, ShardOf};
 use lbagent_shm::fixed::{self, HostAnswer};
 use lbagent_wire::{self as wire, Encoder, Hot, Limits, Message, NodeStatus, RetCode};
 use preload::Preload;
@@ -77,12 +79,11 @@ mod outbox;
 mod preload;
 mod report;
 mod route;
+mod table;
+
+use table::Modules;
 
 pub use admission::agent_params;
-
-/// The shard's module table, looked up two or three times per request:
-/// foldhash (seeded per process), not SipHash.
-type Modules = HashMap<ModuleId, Box<ModuleEntry>, foldhash::fast::RandomState>;
 
 /// The default most modules one shard tracks (`agent.max_modules`).
 pub const MAX_MODULES: usize = 1 << 20;
@@ -235,6 +236,8 @@ pub type Reply = (SocketAddr, Vec<u8>);
 /// One shard's state and logic.
 pub struct ShardCore {
     setup: ShardSetup,
+    /// Who owns a module among `setup.shards` (the division done once).
+    owner: ShardOf,
     /// Boxed: the table then holds 16 bytes a slot instead of an entry's
     /// 230, which its free slots (up to half of them after it grows) would
     /// waste; the entry is allocated once, when the module is first named.
@@ -281,7 +284,7 @@ pub struct ShardCore {
     balanced: HashSet<ModuleId>,
 }
 
-/// What the shard answers to a record of the fixed layout
+/// What the shard answers to a record of the fixed layout, as values
 /// ([`ShardCore::handle_fixed`]).
 #[derive(Debug)]
 pub enum FixedReply<'a> {
@@ -294,6 +297,21 @@ pub enum FixedReply<'a> {
     Nothing,
     /// The bytes are no record: why.
     Garbage(&'static str),
+}
+
+/// What [`ShardCore::serve_record`] did with a record of the fixed layout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Served {
+    /// A getHost answered: its answer record is the first this many bytes
+    /// of the `out` given.
+    Answer(usize),
+    /// An answer in FlatBuffers bytes, in [`ShardCore::encoded`] (an
+    /// ErrorResp: wrong shard, unavailable, bad request, forbidden).
+    Encoded,
+    /// Nothing to answer (a report).
+    Nothing,
+    /// The bytes are no record (counted by the caller).
+    Garbage,
 }
 
 /// How long a datagram waited in the socket before the shard handled it.
@@ -310,6 +328,7 @@ impl ShardCore {
     pub fn new(setup: ShardSetup) -> Self {
         ShardCore {
             metrics: ShardMetrics::new(setup.id),
+            owner: ShardOf::new(setup.shards),
             setup,
             modules: Modules::default(),
             timers: Timers::new(),
@@ -403,7 +422,7 @@ impl ShardCore {
                 ),
             },
             Message::ReportReq(r) => match r.validate() {
-                Ok(rep) => self.report(&rep, peer, now, true),
+                Ok(rep) => self.report(&rep, NO_HINT, peer, now, true),
                 Err(e) => self.bad_request(
                     Kind::Report,
                     u64::from(r.seq()),
@@ -448,13 +467,89 @@ impl ShardCore {
     }
 
     /// [`ShardCore::handle_queued`] for a getHost or report record of the
-    /// shared memory's fixed layout ([`lbagent_shm::fixed`]): decoded into
-    /// the same request the FlatBuffers datagram gives, and taken through
-    /// the same path (the same L5 and DAGOR decisions, the same counts); a
-    /// getHost's answer comes back as values, not bytes. A record whose
-    /// values are out of range is answered BadRequest (FlatBuffers bytes),
-    /// as over UDP; bytes that are no record are [`FixedReply::Garbage`].
-    /// `peer` is the slot's ([`lbagent_shm::layout::slot_peer`]).
+    /// shared memory's fixed layout ([`lbagent_shm::fixed`]), decided and
+    /// answered in place: the record's fields are read into the same
+    /// request the FlatBuffers datagram gives and taken through the same
+    /// path (the same L5 and DAGOR decisions, the same counts), and a
+    /// getHost's answer is written as a record into `out` from the
+    /// decision's values ([`Served::Answer`], with the node hint when the
+    /// getHost asked for it). A report's node hint is tried before the
+    /// node's search. A record whose values are out of range is answered
+    /// BadRequest (FlatBuffers bytes in [`ShardCore::encoded`]), as over
+    /// UDP; bytes that are no record are [`Served::Garbage`]. `peer` is
+    /// the slot's ([`lbagent_shm::layout::slot_peer`]).
+    #[inline]
+    pub fn serve_record(
+        &mut self,
+        record: &[u8],
+        peer: SocketAddr,
+        now: Millis,
+        queued: Option<Queued>,
+        out: &mut [u8; fixed::ANSWER_MAX],
+    ) -> Served {
+        let (shed, bucket) = self.queued_start(queued);
+        match fixed::decode_request_hinted(record) {
+            Ok((fixed::Request::GetHost(g), hint)) => {
+                let mut sink = RecordSink {
+                    out,
+                    ask: hint == fixed::Hint::Ask,
+                    len: 0,
+                };
+                match self.decide_get_host(g, peer, now, shed, bucket, &mut sink) {
+                    Decided::Answered | Decided::Shed(_) => Served::Answer(sink.len),
+                    Decided::Encoded => Served::Encoded,
+                }
+            }
+            Ok((fixed::Request::Report(r), hint)) => {
+                let hint = match hint {
+                    fixed::Hint::Node(i) => i,
+                    _ => NO_HINT,
+                };
+                match self.report(&r, hint, peer, now, false) {
+                    Some(_) => Served::Encoded,
+                    None => Served::Nothing,
+                }
+            }
+            Err(e) => self.record_refused(e),
+        }
+    }
+
+    /// A record [`ShardCore::serve_record`] could not take: out-of-range
+    /// values answered BadRequest, garbage counted by the caller. Out of
+    /// line: a valid record pays nothing for it.
+    #[cold]
+    #[inline(never)]
+    fn record_refused(&mut self, e: fixed::FixedError) -> Served {
+        match e {
+            fixed::FixedError::Invalid {
+                kind,
+                seq,
+                module,
+                error,
+            } => {
+                let kind = if kind == fixed::GET_HOST {
+                    Kind::GetHost
+                } else {
+                    Kind::Report
+                };
+                match self.bad_request(kind, u64::from(seq), module, &error) {
+                    Some(_) => Served::Encoded,
+                    None => Served::Nothing,
+                }
+            }
+            fixed::FixedError::Garbage(_) => Served::Garbage,
+        }
+    }
+
+    /// The FlatBuffers answer the last request left in the shard's
+    /// encoder ([`Served::Encoded`]).
+    pub fn encoded(&self) -> &[u8] {
+        self.enc.finished()
+    }
+
+    /// [`ShardCore::serve_record`] with the answer as values (tests and
+    /// tools; the shell writes the record in place): a getHost's answer
+    /// comes back as [`FixedReply::Host`], read from the record written.
     pub fn handle_fixed(
         &mut self,
         record: &[u8],
@@ -462,35 +557,17 @@ impl ShardCore {
         now: Millis,
         queued: Option<Queued>,
     ) -> FixedReply<'_> {
-        let (shed, bucket) = self.queued_start(queued);
-        match fixed::decode_request(record) {
-            Ok(fixed::Request::GetHost(g)) => {
-                match self.decide_get_host(g, peer, now, shed, bucket) {
-                    HostDecision::Answer(a) | HostDecision::Shed(a, _) => FixedReply::Host(a),
-                    HostDecision::Encoded => FixedReply::Bytes(self.enc.finished()),
-                }
-            }
-            Ok(fixed::Request::Report(r)) => match self.report(&r, peer, now, false) {
-                Some(b) => FixedReply::Bytes(b),
-                None => FixedReply::Nothing,
+        let mut out = [0u8; fixed::ANSWER_MAX];
+        match self.serve_record(record, peer, now, queued, &mut out) {
+            Served::Answer(n) => FixedReply::Host(
+                fixed::decode_answer(&out[..n]).expect("the shard writes answer records it reads"),
+            ),
+            Served::Encoded => FixedReply::Bytes(self.enc.finished()),
+            Served::Nothing => FixedReply::Nothing,
+            Served::Garbage => match fixed::decode_request(record) {
+                Err(fixed::FixedError::Garbage(why)) => FixedReply::Garbage(why),
+                _ => FixedReply::Garbage("garbage"),
             },
-            Err(fixed::FixedError::Invalid {
-                kind,
-                seq,
-                module,
-                error,
-            }) => {
-                let kind = if kind == fixed::GET_HOST {
-                    Kind::GetHost
-                } else {
-                    Kind::Report
-                };
-                match self.bad_request(kind, u64::from(seq), module, &error) {
-                    Some(b) => FixedReply::Bytes(b),
-                    None => FixedReply::Nothing,
-                }
-            }
-            Err(fixed::FixedError::Garbage(why)) => FixedReply::Garbage(why),
         }
     }
 
@@ -501,7 +578,7 @@ impl ShardCore {
     fn admit(&mut self, kind: Kind, seq: u64, module: ModuleId, now: Millis) -> bool {
         self.last_kind = Some(kind);
         self.metrics.count_request(kind);
-        let owner = module.shard(self.setup.shards);
+        let owner = self.owner.of(module);
         if owner == self.setup.id {
             if self.preload.left > 0 {
                 self.take_preloaded(module, now);
@@ -552,6 +629,8 @@ impl ShardCore {
     }
 }
 
+#[cfg(test)]
+mod record_tests;
 #[cfg(test)]
 mod steering_tests;
 #[cfg(test)]

@@ -33,12 +33,13 @@ use super::messages::{ToControl, ToShard};
 use super::metrics::{Kind, ShardMetrics};
 use super::park::{ParkPolicy, Quiet};
 use super::shard::callers::{client_key, peer_local};
-use super::shard::{FixedReply, Queued, ShardCore, ShardSetup};
+use super::shard::{Queued, Served, ShardCore, ShardSetup};
 use super::wake::{self, ShardTimers, TimerPlan};
 use lbagent_admission::AdmissionParams;
 use lbagent_host::clock;
 use lbagent_host::snapshot::SnapshotIndex;
 use lbagent_host::udp::{self, RecvBatch, SendBatch};
+use lbagent_shm::fixed;
 use lbagent_shm::layout::{self, peer_slot, slot_peer};
 use lbagent_shm::region::Region;
 use lbagent_shm::serve::Server;
@@ -539,7 +540,7 @@ pub fn sweep(
 
 /// Serves the `ready` slots [`Server::ready`] collected: takes every new
 /// request, hands it to the core (a record of the fixed layout through
-/// [`ShardCore::handle_fixed`], FlatBuffers bytes through
+/// [`ShardCore::serve_record`], its answer written in place, FlatBuffers bytes through
 /// [`ShardCore::handle_queued`], as from the slot's [`slot_peer`]), and
 /// writes the answer back. `now` is the core's time; `now_ns` the realtime
 /// clock when queuing times are measured (each request's is then `now_ns`
@@ -572,7 +573,8 @@ pub fn serve_ready(
             // A report sent ahead of the request in the same cell: it has
             // no answer (anything else there would be dropped as over UDP).
             if t.first_format == layout::FMT_FIXED {
-                if let FixedReply::Garbage(_) = c.handle_fixed(report, slot_peer(slot), now, queued)
+                let mut out = [0u8; fixed::ANSWER_MAX];
+                if c.serve_record(report, slot_peer(slot), now, queued, &mut out) == Served::Garbage
                 {
                     srv.counts.garbage += 1;
                 }
@@ -582,11 +584,14 @@ pub fn serve_ready(
         }
         let t0 = (!timed).then(Instant::now);
         if t.format == layout::FMT_FIXED {
-            match c.handle_fixed(srv.request(&t), slot_peer(slot), now, queued) {
-                FixedReply::Host(a) => srv.respond_host(slot, t.seq, &a),
-                FixedReply::Bytes(answer) => srv.respond(slot, t.seq, Some(answer)),
-                FixedReply::Nothing => srv.respond(slot, t.seq, None),
-                FixedReply::Garbage(_) => {
+            // Decided and answered in place: the record written into
+            // `out` from the decision's values goes to the slot as it is.
+            let mut out = [0u8; fixed::ANSWER_MAX];
+            match c.serve_record(srv.request(&t), slot_peer(slot), now, queued, &mut out) {
+                Served::Answer(n) => srv.respond_record(slot, t.seq, &out, n),
+                Served::Encoded => srv.respond(slot, t.seq, Some(c.encoded())),
+                Served::Nothing => srv.respond(slot, t.seq, None),
+                Served::Garbage => {
                     srv.counts.garbage += 1;
                     srv.respond(slot, t.seq, None);
                 }
@@ -699,5 +704,171 @@ fn into_inner<T>(e: glommio::GlommioError<T>) -> Option<T> {
     match e {
         glommio::GlommioError::WouldBlock(glommio::ResourceType::Channel(t)) => Some(t),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod sweep_tests {
+    //! The shared-memory sweep ([`serve_ready`]) through a real region:
+    //! clients of one module in one sweep, the node hint handed back, and
+    //! a route update between two sweeps.
+
+    use super::*;
+    use crate::messages::ToShard;
+    use lbagent_model::{ModuleId, NodeAddr, Policy, RouteNode};
+    use lbagent_shm::attach::Attachment;
+    use lbagent_shm::layout::{Geometry, FMT_FIXED};
+    use lbagent_shm::region::{Access, Identity};
+    use lbagent_wire::{decode, Encoder, GetHost, Limits, Message, Report, RetCode};
+    use std::net::Ipv4Addr;
+    use std::time::{Duration, Instant};
+
+    const M: ModuleId = ModuleId::new(3, 1);
+
+    fn node(i: u8) -> NodeAddr {
+        NodeAddr::new(Ipv4Addr::new(10, 0, 0, i), 80)
+    }
+
+    fn route(ids: &[u8], version: u64) -> ToShard {
+        ToShard::Route {
+            module: M,
+            exists: true,
+            version,
+            nodes: ids
+                .iter()
+                .map(|&i| RouteNode {
+                    addr: node(i),
+                    weight: 1,
+                })
+                .collect(),
+            policy: Policy::L5,
+            options: Default::default(),
+            meta: Vec::new(),
+        }
+    }
+
+    /// Posts `req` (with `hint`) in `att`'s slot.
+    fn post(att: &mut Attachment, req: fixed::Request, hint: fixed::Hint, answer: bool) -> u32 {
+        let mut rec = [0u8; fixed::MAX_LEN];
+        let n = fixed::encode_request_hinted(&req, hint, &mut rec);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        att.post(&rec[..n], FMT_FIXED, answer, deadline, &mut || {})
+            .expect("the slot takes the request")
+    }
+
+    /// One sweep of every slot.
+    fn sweep(c: &mut ShardCore, srv: &mut Server, now: u64) -> usize {
+        let ready = srv.ready(true);
+        serve_ready(c, srv, ready, false, now, None)
+    }
+
+    /// Every client asks for a host in one sweep: the hosts and hints.
+    fn get_hosts(
+        c: &mut ShardCore,
+        srv: &mut Server,
+        atts: &mut [Attachment],
+        now: u64,
+    ) -> Vec<(NodeAddr, fixed::Hint)> {
+        let g = fixed::Request::GetHost(GetHost {
+            seq: 0,
+            module: M,
+            business_priority: 0,
+            user_priority: 0,
+        });
+        let seqs: Vec<u32> = atts
+            .iter_mut()
+            .map(|a| {
+                let ask = if a.reads_hints() {
+                    fixed::Hint::Ask
+                } else {
+                    fixed::Hint::None
+                };
+                post(a, g, ask, true)
+            })
+            .collect();
+        assert_eq!(sweep(c, srv, now), atts.len(), "one sweep takes them all");
+        let mut buf = Vec::new();
+        atts.iter_mut()
+            .zip(seqs)
+            .map(|(a, seq)| {
+                let deadline = Instant::now() + Duration::from_secs(30);
+                let (n, format) = a.wait(seq, deadline, &mut buf, &mut || {}).unwrap();
+                assert_eq!(format, FMT_FIXED);
+                let (ans, hint) = fixed::decode_answer_hinted(&buf[..n]).unwrap();
+                assert_eq!(ans.retcode, RetCode::Ok);
+                let hint = hint.map_or(fixed::Hint::None, fixed::Hint::Node);
+                (ans.host.expect("a host"), hint)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_sweep_serves_one_modules_clients_and_their_hinted_reports_across_a_route_update() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("r.0");
+        let pid = std::process::id();
+        let ident = Identity {
+            shard: 0,
+            pid,
+            boot: 1,
+        };
+        let region = Region::create(&path, Geometry::new(4), ident, Access::Owner).unwrap();
+        let mut srv = Server::new(region);
+        let mut atts: Vec<Attachment> = (0..3)
+            .map(|_| Attachment::attach(&path, pid).unwrap())
+            .collect();
+        assert!(atts.iter().all(Attachment::reads_hints));
+        let mut c = ShardCore::new(ShardSetup::new(0, 2, 8888));
+        c.apply(route(&[1, 2, 3], 7), 0);
+        let got = get_hosts(&mut c, &mut srv, &mut atts, 1);
+        // Round robin over the sweep's requests, in slot order.
+        let mut hosts: Vec<NodeAddr> = got.iter().map(|g| g.0).collect();
+        hosts.sort();
+        assert_eq!(hosts, [node(1), node(2), node(3)]);
+        // Each reports a failure of its node with its hint, in one sweep.
+        let report = |host| {
+            fixed::Request::Report(Report {
+                seq: 0,
+                module: M,
+                host,
+                retcode: -1,
+                tcost_ms: 1,
+                downstream_level: None,
+                consumed: 0,
+            })
+        };
+        for (a, &(host, hint)) in atts.iter_mut().zip(&got) {
+            assert!(matches!(hint, fixed::Hint::Node(_)), "{hint:?}");
+            post(a, report(host), hint, false);
+        }
+        assert_eq!(sweep(&mut c, &mut srv, 2), 3);
+        // A route update between two sweeps: node 1 leaves, so every
+        // index moves; the old hints still count for their own nodes.
+        c.apply(route(&[2, 3, 4], 8), 3);
+        for (a, &(host, hint)) in atts.iter_mut().zip(&got) {
+            post(a, report(host), hint, false);
+        }
+        assert_eq!(sweep(&mut c, &mut srv, 4), 3);
+        let req = Encoder::new().get_route_req(3, M).to_vec();
+        let resp = c.handle(&req, slot_peer(0), 5).unwrap().to_vec();
+        let Ok(Message::GetRouteResp(r)) = decode(&resp, &Limits::UDP) else {
+            panic!("a GetRouteResp")
+        };
+        let nodes = r.nodes().unwrap();
+        let errs = |n: NodeAddr| {
+            nodes
+                .iter()
+                .find(|s| NodeAddr::from(s.host().unwrap()) == n)
+                .map(|s| s.rerr())
+        };
+        assert_eq!(errs(node(2)), Some(2));
+        assert_eq!(errs(node(3)), Some(2));
+        assert_eq!(errs(node(4)), Some(0));
+        // The next sweep's getHosts read the new route.
+        let got = get_hosts(&mut c, &mut srv, &mut atts, 6);
+        assert!(got
+            .iter()
+            .all(|(h, _)| [node(2), node(3), node(4)].contains(h)));
+        assert_eq!(srv.counts.garbage, 0);
     }
 }

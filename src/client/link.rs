@@ -60,6 +60,7 @@ use std::time::{Duration, Instant};
 
 use super::local::{LocalConn, RecvError};
 use super::locate::Endpoints;
+use lbagent_model::{ModuleId, NodeAddr};
 use lbagent_shm::attach::{Attachment, ShmFailure, REPORT_WAIT};
 use lbagent_shm::fixed::{self, HostAnswer};
 use lbagent_shm::layout::{FMT_FIXED, FMT_FLATBUFFERS};
@@ -202,6 +203,10 @@ pub(crate) struct Link {
     /// Per shard: UDP did not reach it while the local connection was
     /// open; requests go over the connection.
     udp_down: Vec<bool>,
+    /// Per shard: the node hint of the last getHost answered through its
+    /// region, for that module and host ([`fixed::Hint`]): a report of
+    /// the same node hands it back.
+    hints: Vec<Option<(ModuleId, NodeAddr, u32)>>,
 }
 
 /// Where a shard's local connection stands.
@@ -258,6 +263,7 @@ impl Link {
             shm_target: None,
             slots: Vec::new(),
             attach_after: Vec::new(),
+            hints: Vec::new(),
         }
     }
 
@@ -278,6 +284,8 @@ impl Link {
                 .resize_with(endpoints.shards as usize, || Local::Untried);
             self.udp_down.clear();
             self.udp_down.resize(endpoints.shards as usize, false);
+            self.hints.clear();
+            self.hints.resize(endpoints.shards as usize, None);
         }
     }
 
@@ -466,6 +474,7 @@ impl Link {
             slots,
             enc,
             buf,
+            hints,
             ..
         } = self;
         let slot = slots[shard as usize].as_mut().expect("attached");
@@ -486,7 +495,12 @@ impl Link {
         let mut rec = [0u8; fixed::MAX_LEN];
         let (req, format) = match record {
             Some(r) => {
-                let n = fixed::encode_request(r, &mut rec);
+                let hint = if slot.reads_hints() {
+                    node_hint(r, hints[shard as usize])
+                } else {
+                    fixed::Hint::None
+                };
+                let n = fixed::encode_request_hinted(r, hint, &mut rec);
                 (&rec[..n], FMT_FIXED)
             }
             None => (enc.finished(), FMT_FLATBUFFERS),
@@ -614,12 +628,15 @@ impl Link {
             }
             match self.shm_exchange(shard, record.as_ref(), true, Instant::now() + timeout) {
                 Ok(Some((n, FMT_FIXED))) => {
-                    let a = fixed::decode_answer(&self.buf[..n])
+                    let (a, hint) = fixed::decode_answer_hinted(&self.buf[..n])
                         .map_err(|e| Failure::Garbage(format!("undecodable answer: {e}")))?;
                     if a.seq != seq {
                         return Err(Failure::Garbage(
                             "an answer to another request in the shared-memory slot".into(),
                         ));
+                    }
+                    if let (Some(i), Some(host)) = (hint, a.host) {
+                        self.hints[shard as usize] = Some((a.module, host, i));
                     }
                     return Ok(answer(Answer::Host(a)));
                 }
@@ -752,6 +769,20 @@ fn ceil_ms(d: Duration) -> Duration {
     Duration::from_millis(ms.min(u128::from(u64::MAX)) as u64)
 }
 
+/// What request `r` carries of the node hint ([`fixed::Hint`]) towards a
+/// shard that reads hints: a getHost asks for one; a report hands back
+/// `last`, the hint of the last getHost answered there, when it was for
+/// the same module and node.
+fn node_hint(r: &fixed::Request, last: Option<(ModuleId, NodeAddr, u32)>) -> fixed::Hint {
+    match r {
+        fixed::Request::GetHost(_) => fixed::Hint::Ask,
+        fixed::Request::Report(rep) => match last {
+            Some((m, host, i)) if m == rep.module && host == rep.host => fixed::Hint::Node(i),
+            _ => fixed::Hint::None,
+        },
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -759,6 +790,36 @@ mod tests {
     use lbagent_wire::RetCode;
 
     const M: ModuleId = ModuleId::new(4, 2);
+
+    #[test]
+    fn a_report_hands_back_the_hint_of_its_own_modules_node_only() {
+        let host = NodeAddr::new(Ipv4Addr::new(10, 0, 0, 1), 80);
+        let other = NodeAddr::new(Ipv4Addr::new(10, 0, 0, 2), 80);
+        let g = fixed::Request::GetHost(lbagent_wire::GetHost {
+            seq: 1,
+            module: M,
+            business_priority: 0,
+            user_priority: 0,
+        });
+        assert_eq!(node_hint(&g, None), fixed::Hint::Ask);
+        let report = |module, host| {
+            fixed::Request::Report(lbagent_wire::Report {
+                seq: 2,
+                module,
+                host,
+                retcode: 0,
+                tcost_ms: 1,
+                downstream_level: None,
+                consumed: 0,
+            })
+        };
+        let last = Some((M, host, 7));
+        assert_eq!(node_hint(&report(M, host), last), fixed::Hint::Node(7));
+        assert_eq!(node_hint(&report(M, other), last), fixed::Hint::None);
+        let m2 = ModuleId::new(5, 2);
+        assert_eq!(node_hint(&report(m2, host), last), fixed::Hint::None);
+        assert_eq!(node_hint(&report(M, host), None), fixed::Hint::None);
+    }
 
     #[test]
     fn resend_interval_is_a_quarter_of_the_timeout_within_bounds() {

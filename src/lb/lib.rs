@@ -98,7 +98,7 @@ mod units;
 pub mod weights;
 
 pub use levels::LEVEL_TIMEOUT_MS;
-pub use module::{ModuleLb, NodeCallStats, Pick, UnknownNode};
+pub use module::{ModuleLb, NodeCallStats, Pick, UnknownNode, NO_HINT};
 pub use node::{Millis, Node, NodeState, Outcome, Reason, Transition, MAX_ERRORS_PER_FAILURE};
 pub use params::{LbParams, DEFAULT_UNITS_PER_CLIENT};
 pub use tuning::Resolved;

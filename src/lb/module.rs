@@ -108,7 +108,14 @@ pub struct ModuleLb {
     /// Zones, labels and the Maglev table (`module/meta.rs`); None for a
     /// module without them (the default: no memory, no test on getHost).
     meta: Option<Box<meta::Meta>>,
+    /// The index in `nodes` of the node the last getHost named on the
+    /// original's path ([`NO_HINT`] after any other): a hint the caller
+    /// may hand back with the report ([`ModuleLb::report_call_hinted`]).
+    picked: u32,
 }
+
+/// No node hint: a report's node is found by its address alone.
+pub const NO_HINT: u32 = u32::MAX;
 
 impl ModuleLb {
     /// A module with `route` (duplicates after the first are ignored), every
@@ -127,6 +134,7 @@ impl ModuleLb {
             p2c: false,
             tuned: None,
             meta: None,
+            picked: NO_HINT,
         };
         m.update_route(route, version, now, p);
         m
@@ -178,25 +186,45 @@ impl ModuleLb {
     /// This is the original's choice alone: the module's options (weights,
     /// slow start, panic, `p2c`) apply through [`ModuleLb::get_host_for`]
     /// and [`ModuleLb::get_host_from`], which take the time.
+    ///
+    /// The index of the node named is kept as the next report's hint
+    /// ([`ModuleLb::picked`]).
     #[inline]
     pub fn get_host(&mut self, p: &LbParams) -> Pick {
         if self.overload.is_empty() {
             self.access_cnt = 0;
             return match rotate(&mut self.idle) {
-                Some(i) => Pick::Idle(self.nodes[i as usize].addr()),
+                Some(i) => Pick::Idle(self.named(i)),
                 None => Pick::NoSuchModule,
             };
         }
         if self.access_cnt >= p.probe_num {
             self.access_cnt = 0;
             let i = rotate(&mut self.overload).expect("overload list is not empty");
-            return Pick::Probe(self.nodes[i as usize].addr());
+            return Pick::Probe(self.named(i));
         }
         self.access_cnt += 1;
         match rotate(&mut self.idle) {
-            Some(i) => Pick::Idle(self.nodes[i as usize].addr()),
+            Some(i) => Pick::Idle(self.named(i)),
             None => Pick::Overloaded,
         }
+    }
+
+    /// Node `i`'s address, `i` kept as the hint of the getHost naming it.
+    #[inline(always)]
+    fn named(&mut self, i: u32) -> NodeAddr {
+        self.picked = i;
+        self.nodes[i as usize].addr()
+    }
+
+    /// The node hint of the last getHost: the index of the node it named
+    /// on the original's path, [`NO_HINT`] when it named none or took
+    /// another path (levels, units, options). Only a hint: a report that
+    /// hands it back is checked against the node's address
+    /// ([`ModuleLb::report_call_hinted`]), so a stale one (the route
+    /// changed since) costs the search it saves, never a wrong node.
+    pub fn picked(&self) -> u32 {
+        self.picked
     }
 
     /// Chooses a node for a request of DAGOR priorities `(business, user)`
@@ -241,7 +269,11 @@ impl ModuleLb {
         if self.levels.is_none() && self.units.is_none() && self.tuned.is_none() {
             return self.get_host(p);
         }
-        self.get_host_beyond(p, client, business, user, now)
+        self.picked = NO_HINT;
+        let pick = self.get_host_beyond(p, client, business, user, now);
+        // A path beyond the original may have run the original's pick.
+        self.picked = NO_HINT;
+        pick
     }
 
     /// [`ModuleLb::get_host_from`] of a module with downstream levels,
@@ -456,7 +488,31 @@ impl ModuleLb {
         now: Millis,
         p: &LbParams,
     ) -> Result<Option<Transition>, UnknownNode> {
-        let i = self.find(addr).ok_or(UnknownNode(addr))?;
+        self.report_call_hinted(client, addr, NO_HINT, outcome, tcost_ms, now, p)
+    }
+
+    /// [`ModuleLb::report_call`] with the node hint of the getHost that
+    /// named `addr` ([`ModuleLb::picked`]): the node at index `hint` when
+    /// it is `addr` (one comparison instead of the binary search), found
+    /// by its address otherwise. Any `hint` is safe: one out of range, or
+    /// naming another node (stale, or made up), finds the node by address,
+    /// as [`NO_HINT`] does.
+    ///
+    /// # Errors
+    /// [`UnknownNode`] when `addr` is not in the route; nothing changes.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    pub fn report_call_hinted(
+        &mut self,
+        client: ClientKey,
+        addr: NodeAddr,
+        hint: u32,
+        outcome: Outcome,
+        tcost_ms: Option<u32>,
+        now: Millis,
+        p: &LbParams,
+    ) -> Result<Option<Transition>, UnknownNode> {
+        let i = self.find_hinted(addr, hint).ok_or(UnknownNode(addr))?;
         if self.units.is_some() {
             self.give_back_unit(client, i);
         }
@@ -1003,6 +1059,16 @@ impl ModuleLb {
     fn find(&self, addr: NodeAddr) -> Option<usize> {
         let key = addr.key();
         self.nodes.binary_search_by_key(&key, Node::key).ok()
+    }
+
+    /// [`ModuleLb::find`], trying index `hint` first: it is the node only
+    /// if the node there has `addr`'s key (the keys are unique).
+    #[inline(always)]
+    fn find_hinted(&self, addr: NodeAddr, hint: u32) -> Option<usize> {
+        match self.nodes.get(hint as usize) {
+            Some(n) if n.key() == addr.key() => Some(hint as usize),
+            _ => self.find(addr),
+        }
     }
 
     fn report_at(

@@ -1048,3 +1048,80 @@ fn update_route_orders_nodes_by_address_whatever_the_route_order() {
     assert!(idle.windows(2).all(|w| w[0] < w[1]));
     assert_eq!(idle.len(), want.len());
 }
+
+// === the node hint of a getHost, handed back by its report ===
+
+/// Reports one failure of `a` with `hint`; returns every node's error
+/// count, in address order.
+fn fail_hinted(m: &mut ModuleLb, p: &LbParams, a: NodeAddr, hint: u32) -> Vec<u32> {
+    m.report_call_hinted(ANY_CLIENT, a, hint, FAIL, None, T0, p)
+        .unwrap();
+    m.check_invariants().unwrap();
+    m.nodes().iter().map(|n| n.rerr()).collect()
+}
+
+#[test]
+fn a_get_host_names_its_node_index_as_the_hint_and_its_report_uses_it() {
+    let (mut m, p) = module(3);
+    for want in [1u8, 2, 3, 1] {
+        assert_eq!(m.get_host(&p), Pick::Idle(addr(want)));
+        let hint = m.picked();
+        assert_eq!(m.nodes()[hint as usize].addr(), addr(want));
+    }
+    // The right hint: the report lands on that node.
+    let hint = m.picked();
+    assert_eq!(fail_hinted(&mut m, &p, addr(1), hint), [1, 0, 0]);
+}
+
+#[test]
+fn a_hint_that_names_another_node_or_none_finds_the_node_by_address() {
+    let (mut m, p) = module(3);
+    // Made up: index 2 is node 3, the report is of node 1.
+    assert_eq!(fail_hinted(&mut m, &p, addr(1), 2), [1, 0, 0]);
+    // Out of range, and no hint.
+    assert_eq!(fail_hinted(&mut m, &p, addr(2), 3), [1, 1, 0]);
+    assert_eq!(fail_hinted(&mut m, &p, addr(2), u32::MAX), [1, 2, 0]);
+    assert_eq!(fail_hinted(&mut m, &p, addr(3), NO_HINT), [1, 2, 1]);
+    // A node not in the route stays unknown whatever the hint.
+    let stranger = NodeAddr::new(Ipv4Addr::new(10, 9, 9, 9), 1);
+    for hint in [0, 1, 2, 7, NO_HINT] {
+        assert_eq!(
+            m.report_call_hinted(ANY_CLIENT, stranger, hint, FAIL, None, T0, &p),
+            Err(UnknownNode(stranger))
+        );
+    }
+}
+
+#[test]
+fn a_hint_from_before_a_route_update_never_lands_on_the_wrong_node() {
+    let (mut m, p) = module(3);
+    assert_eq!(m.get_host(&p), Pick::Idle(addr(1)));
+    assert_eq!(m.get_host(&p), Pick::Idle(addr(2)));
+    let stale = m.picked();
+    assert_eq!(stale, 1);
+    // Node 1 leaves: node 2 moves to index 0, node 3 to index 1 (the
+    // stale hint's).
+    m.update_route(&route(3)[1..], 2, T0, &p);
+    assert_eq!(m.nodes()[stale as usize].addr(), addr(3));
+    let rerr = fail_hinted(&mut m, &p, addr(2), stale);
+    assert_eq!(
+        rerr,
+        [1, 0],
+        "node 2 (index 0) took the failure, node 3 none"
+    );
+}
+
+#[test]
+fn a_pick_beyond_the_original_path_gives_no_hint() {
+    let (mut m, p) = module(3);
+    assert_eq!(m.get_host(&p), Pick::Idle(addr(1)));
+    assert_ne!(m.picked(), NO_HINT);
+    m.set_level(
+        addr(1),
+        Some(lbagent_admission::AdmissionLevel::new(10, 1)),
+        T0 + 1000,
+    )
+    .unwrap();
+    assert!(m.get_host_from(&p, ANY_CLIENT, 1, 1, T0).addr().is_some());
+    assert_eq!(m.picked(), NO_HINT);
+}

@@ -32,6 +32,51 @@ impl ModuleId {
     }
 }
 
+/// [`ModuleId::shard`] with the division done once, for a fixed shard
+/// count: a shard checks the owner of every request, and a 64-bit division
+/// costs tens of cycles. The remainder is Lemire's `fastmod` (one
+/// multiplication by a precomputed inverse and one wide multiplication,
+/// exact for every 32-bit dividend); a sum of ids past 32 bits divides.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ShardOf {
+    shards: u32,
+    /// `⌊(2⁶⁴ − 1) / shards⌋ + 1`, wrapping (0 for one shard).
+    inverse: u64,
+}
+
+impl ShardOf {
+    /// The owner check for `shards` shards.
+    ///
+    /// # Panics
+    /// When `shards` is 0.
+    pub const fn new(shards: u32) -> Self {
+        assert!(shards > 0, "a shard count of 0");
+        ShardOf {
+            shards,
+            inverse: (u64::MAX / shards as u64).wrapping_add(1),
+        }
+    }
+
+    /// The shard count.
+    pub const fn shards(&self) -> u32 {
+        self.shards
+    }
+
+    /// The shard that owns `module`: `(modid + cmdid) % shards`, as
+    /// [`ModuleId::shard`].
+    #[inline(always)]
+    pub fn of(&self, module: ModuleId) -> u32 {
+        let sum = u64::from(module.modid) + u64::from(module.cmdid);
+        match u32::try_from(sum) {
+            Ok(a) => {
+                let low = self.inverse.wrapping_mul(u64::from(a));
+                ((u128::from(low) * u128::from(self.shards)) >> 64) as u32
+            }
+            Err(_) => (sum % u64::from(self.shards)) as u32,
+        }
+    }
+}
+
 impl fmt::Display for ModuleId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "[{}, {}]", self.modid, self.cmdid)
@@ -599,6 +644,43 @@ mod tests {
             ((u32::MAX as u64 + 1) % 3) as u32
         );
         assert_eq!(ModuleId::new(10, 2).shard(3), 0);
+    }
+
+    #[test]
+    fn shard_of_divides_as_the_sum_does() {
+        let sums = [0u64, 1, 2, 3, 7, 255, 65_535, 1 << 31, u32::MAX as u64 - 1];
+        for shards in [
+            1,
+            2,
+            3,
+            5,
+            7,
+            8,
+            24,
+            64,
+            1000,
+            65_537,
+            u32::MAX - 1,
+            u32::MAX,
+        ] {
+            let of = ShardOf::new(shards);
+            for &s in &sums {
+                let m = ModuleId::new(s as u32, 0);
+                assert_eq!(of.of(m), m.shard(shards), "{s} % {shards}");
+            }
+            for (a, b) in [(u32::MAX, 1), (u32::MAX, u32::MAX), (1 << 31, 1 << 31)] {
+                let m = ModuleId::new(a, b);
+                assert_eq!(of.of(m), m.shard(shards), "({a} + {b}) % {shards}");
+            }
+        }
+        // Every remainder of a few small counts, over a dense range.
+        for shards in 1..=17 {
+            let of = ShardOf::new(shards);
+            for s in (0..100_000u32).chain(u32::MAX - 100_000..=u32::MAX) {
+                let m = ModuleId::new(s, 0);
+                assert_eq!(of.of(m), s % shards);
+            }
+        }
     }
 
     #[test]

@@ -111,6 +111,13 @@ impl Attachment {
         Ok((region, file))
     }
 
+    /// Whether the shard serving this slot reads node hints
+    /// ([`layout::FEAT_NODE_HINT`]): only then may a request carry
+    /// [`super::fixed::FLAG_HINT`].
+    pub fn reads_hints(&self) -> bool {
+        self.region.features() & layout::FEAT_NODE_HINT != 0
+    }
+
     /// Whether the agent that made `region` leases its slots over its
     /// local socket ([`layout::FEAT_LEASE`]).
     pub fn leases(region: &Region) -> bool {

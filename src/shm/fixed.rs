@@ -26,7 +26,7 @@
 //! | 0 | 1 | kind, 1 |
 //! | 1 | 1 | business priority (0 = unset, 1..=128) |
 //! | 2 | 1 | user priority (0 = unset, 1..=128) |
-//! | 3 | 1 | reserved |
+//! | 3 | 1 | flags: bit 0 [`FLAG_HINT`] = answer with the node hint; other bits 0 |
 //! | 4 | 4 | seq |
 //! | 8 | 4 | modid |
 //! | 12 | 4 | cmdid |
@@ -38,7 +38,7 @@
 //! | 0 | 1 | kind, 2 |
 //! | 1 | 1 | downstream level, business part (0 with the user part 0: none) |
 //! | 2 | 1 | downstream level, user part |
-//! | 3 | 1 | reserved |
+//! | 3 | 1 | flags: bit 0 [`FLAG_HINT`] = the node hint follows ([`REPORT_HINTED_LEN`] bytes); other bits 0 |
 //! | 4 | 4 | seq |
 //! | 8 | 4 | modid |
 //! | 12 | 4 | cmdid |
@@ -48,6 +48,7 @@
 //! | 24 | 4 | the call's retcode (i32) |
 //! | 28 | 4 | tcost, ms |
 //! | 32 | 4 | consumed units (at most [`lbagent_wire::MAX_CONSUMED`]) |
+//! | 36 | 4 | with [`FLAG_HINT`]: the node hint its getHost's answer carried |
 //!
 //! getHost answer ([`HOST_ANSWER`], [`HOST_ANSWER_LEN`] bytes), what a
 //! GetHostResp carries:
@@ -63,8 +64,28 @@
 //! | 12 | 4 | cmdid |
 //! | 16 | 4 | host IPv4 address |
 //! | 20 | 2 | host port |
-//! | 22 | 1 | flags: bit 0 = a host is named; other bits 0 |
+//! | 22 | 1 | flags: bit 0 = a host is named; bit 1 = the node hint follows ([`HOST_ANSWER_HINTED_LEN`] bytes); other bits 0 |
 //! | 23 | 1 | reserved |
+//! | 24 | 4 | with bit 1: the node hint |
+//!
+//! # The node hint
+//!
+//! A report names its node by address, and the shard finds the node in
+//! the module's route by a binary search. The getHost that named the node
+//! knew where it was: a client that asks ([`FLAG_HINT`] on its getHost)
+//! gets the node's index in the route as a hint in the answer, and hands
+//! it back with its report of that node. The shard tries that index first
+//! and takes it only if the node there has the report's address (the
+//! addresses in a route are unique); otherwise (the route changed since,
+//! or the hint is made up or out of range) it searches as without one. A
+//! hint changes what a report costs, never which node it counts for, so
+//! it needs no version: the address is the check.
+//!
+//! A client sets [`FLAG_HINT`] only in a region whose header's features
+//! word has [`super::layout::FEAT_NODE_HINT`] (an agent that reads the
+//! flag): an older agent finds a reserved byte set and drops the record as
+//! garbage. An older client never sets it, and gets the answers it knows
+//! (24 bytes, no hint), its reports found by address as before.
 
 use lbagent_model::{ModuleId, NodeAddr};
 use lbagent_wire::fb;
@@ -82,13 +103,38 @@ pub const HOST_ANSWER: u8 = 0x81;
 pub const GET_HOST_LEN: usize = 16;
 /// A report record's length.
 pub const REPORT_LEN: usize = 36;
+/// A report record's length with the node hint ([`FLAG_HINT`]).
+pub const REPORT_HINTED_LEN: usize = REPORT_LEN + 4;
 /// A getHost answer record's length.
 pub const HOST_ANSWER_LEN: usize = 24;
-/// The longest record.
-pub const MAX_LEN: usize = REPORT_LEN;
+/// A getHost answer record's length with the node hint.
+pub const HOST_ANSWER_HINTED_LEN: usize = HOST_ANSWER_LEN + 4;
+/// The longest answer record.
+pub const ANSWER_MAX: usize = HOST_ANSWER_HINTED_LEN;
+/// The longest request record.
+pub const MAX_LEN: usize = REPORT_HINTED_LEN;
+
+/// A request's flag (byte 3): a getHost asks for the node hint in its
+/// answer; a report carries the hint its getHost's answer gave.
+pub const FLAG_HINT: u8 = 1;
 
 /// The answer's flag saying a host is named.
 const HAS_HOST: u8 = 1;
+/// The answer's flag saying the node hint follows.
+const HAS_HINT: u8 = 2;
+
+/// What a request record carries of the node hint (see the module's
+/// header).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Hint {
+    /// Nothing: a getHost that does not ask, a report without a hint.
+    #[default]
+    None,
+    /// A getHost asking for the hint in its answer.
+    Ask,
+    /// A report handing back the hint of its getHost's answer.
+    Node(u32),
+}
 
 /// A hot request in its fixed layout.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -188,23 +234,31 @@ fn level_bytes(l: Option<AdmissionLevel>) -> (u8, u8) {
     l.map_or((0, 0), |l| (l.business, l.user))
 }
 
-/// Writes `req` into `out`; returns the record's length ([`GET_HOST_LEN`]
-/// or [`REPORT_LEN`]). `out` must hold [`MAX_LEN`] bytes.
+/// Writes `req` into `out`, without a node hint; returns the record's
+/// length ([`GET_HOST_LEN`] or [`REPORT_LEN`]).
 pub fn encode_request(req: &Request, out: &mut [u8; MAX_LEN]) -> usize {
+    encode_request_hinted(req, Hint::None, out)
+}
+
+/// Writes `req` into `out` with `hint` (a getHost takes [`Hint::Ask`], a
+/// report [`Hint::Node`]; any other pairing writes no hint); returns the
+/// record's length. Only for a region whose agent reads hints
+/// ([`super::layout::FEAT_NODE_HINT`]).
+pub fn encode_request_hinted(req: &Request, hint: Hint, out: &mut [u8; MAX_LEN]) -> usize {
     match req {
         Request::GetHost(g) => {
             let b = &mut out[..GET_HOST_LEN];
             b[0] = GET_HOST;
             b[1] = g.business_priority;
             b[2] = g.user_priority;
-            b[3] = 0;
+            b[3] = if hint == Hint::Ask { FLAG_HINT } else { 0 };
             put32(b, 4, g.seq);
             put32(b, 8, g.module.modid);
             put32(b, 12, g.module.cmdid);
             GET_HOST_LEN
         }
         Request::Report(r) => {
-            let b = &mut out[..REPORT_LEN];
+            let b = &mut out[..REPORT_HINTED_LEN];
             let (lb, lu) = level_bytes(r.downstream_level);
             b[0] = REPORT;
             b[1] = lb;
@@ -219,7 +273,14 @@ pub fn encode_request(req: &Request, out: &mut [u8; MAX_LEN]) -> usize {
             put32(b, 24, r.retcode as u32);
             put32(b, 28, r.tcost_ms);
             put32(b, 32, r.consumed);
-            REPORT_LEN
+            match hint {
+                Hint::Node(i) => {
+                    b[3] = FLAG_HINT;
+                    put32(b, REPORT_LEN, i);
+                    REPORT_HINTED_LEN
+                }
+                _ => REPORT_LEN,
+            }
         }
     }
 }
@@ -233,6 +294,16 @@ pub fn encode_request(req: &Request, out: &mut [u8; MAX_LEN]) -> usize {
 /// record whose values are out of range.
 #[inline]
 pub fn decode_request(b: &[u8]) -> Result<Request, FixedError> {
+    decode_request_hinted(b).map(|(req, _)| req)
+}
+
+/// [`decode_request`] with what the record carries of the node hint.
+///
+/// # Errors
+/// As [`decode_request`]; a flag bit other than [`FLAG_HINT`] set, or a
+/// length that does not match the flag, is garbage.
+#[inline(always)]
+pub fn decode_request_hinted(b: &[u8]) -> Result<(Request, Hint), FixedError> {
     let Some(&kind) = b.first() else {
         return Err(FixedError::Garbage("empty"));
     };
@@ -241,9 +312,14 @@ pub fn decode_request(b: &[u8]) -> Result<Request, FixedError> {
             if b.len() != GET_HOST_LEN {
                 return Err(FixedError::Garbage("a getHost record of the wrong length"));
             }
-            if b[3] != 0 {
-                return Err(FixedError::Garbage("a reserved byte is not 0"));
+            if b[3] & !FLAG_HINT != 0 {
+                return Err(FixedError::Garbage("a reserved bit is not 0"));
             }
+            let hint = if b[3] == FLAG_HINT {
+                Hint::Ask
+            } else {
+                Hint::None
+            };
             let g = GetHost {
                 seq: u32_at(b, 4),
                 module: ModuleId::new(u32_at(b, 8), u32_at(b, 12)),
@@ -261,13 +337,18 @@ pub fn decode_request(b: &[u8]) -> Result<Request, FixedError> {
                     },
                 });
             }
-            Ok(Request::GetHost(g))
+            Ok((Request::GetHost(g), hint))
         }
         REPORT => {
-            if b.len() != REPORT_LEN {
-                return Err(FixedError::Garbage("a report record of the wrong length"));
-            }
-            if b[3] != 0 || u16_at(b, 22) != 0 {
+            let hint = match (b[3], b.len()) {
+                (0, REPORT_LEN) => Hint::None,
+                (FLAG_HINT, REPORT_HINTED_LEN) => Hint::Node(u32_at(b, REPORT_LEN)),
+                (0 | FLAG_HINT, _) => {
+                    return Err(FixedError::Garbage("a report record of the wrong length"))
+                }
+                _ => return Err(FixedError::Garbage("a reserved bit is not 0")),
+            };
+            if u16_at(b, 22) != 0 {
                 return Err(FixedError::Garbage("a reserved byte is not 0"));
             }
             let (seq, module) = (u32_at(b, 4), ModuleId::new(u32_at(b, 8), u32_at(b, 12)));
@@ -300,47 +381,92 @@ pub fn decode_request(b: &[u8]) -> Result<Request, FixedError> {
             if consumed > MAX_CONSUMED {
                 return Err(invalid(ValidationError::ConsumedOutOfRange(consumed)));
             }
-            Ok(Request::Report(Report {
-                seq,
-                module,
-                host,
-                retcode: u32_at(b, 24) as i32,
-                tcost_ms: u32_at(b, 28),
-                downstream_level,
-                consumed,
-            }))
+            Ok((
+                Request::Report(Report {
+                    seq,
+                    module,
+                    host,
+                    retcode: u32_at(b, 24) as i32,
+                    tcost_ms: u32_at(b, 28),
+                    downstream_level,
+                    consumed,
+                }),
+                hint,
+            ))
         }
         _ => Err(FixedError::Garbage("an unknown request kind")),
     }
 }
 
-/// Writes answer `a` into `out`.
+/// Writes answer `a` into `out`, without a node hint.
 pub fn encode_answer(a: &HostAnswer, out: &mut [u8; HOST_ANSWER_LEN]) {
-    let (lb, lu) = level_bytes(a.level);
-    let host = a.host.unwrap_or(NodeAddr { ip: 0, port: 0 });
+    let mut full = [0u8; ANSWER_MAX];
+    let n = write_answer(&mut full, a.seq, a.module, a.retcode, a.host, a.level, None);
+    out.copy_from_slice(&full[..n]);
+}
+
+/// Writes a getHost answer into `out` from its values (the shard's path:
+/// no [`HostAnswer`] made); `hint`, the node hint, is written only with a
+/// host. Returns the record's length ([`HOST_ANSWER_LEN`] or
+/// [`HOST_ANSWER_HINTED_LEN`]).
+#[inline(always)]
+pub fn write_answer(
+    out: &mut [u8; ANSWER_MAX],
+    seq: u32,
+    module: ModuleId,
+    retcode: RetCode,
+    host: Option<NodeAddr>,
+    level: Option<AdmissionLevel>,
+    hint: Option<u32>,
+) -> usize {
+    let (lb, lu) = level_bytes(level);
     out[0] = HOST_ANSWER;
-    out[1] = a.retcode.0 as u8;
+    out[1] = retcode.0 as u8;
     out[2] = lb;
     out[3] = lu;
-    put32(out, 4, a.seq);
-    put32(out, 8, a.module.modid);
-    put32(out, 12, a.module.cmdid);
+    put32(out, 4, seq);
+    put32(out, 8, module.modid);
+    put32(out, 12, module.cmdid);
+    out[23] = 0;
+    let Some(host) = host else {
+        out[16..23].fill(0);
+        return HOST_ANSWER_LEN;
+    };
     put32(out, 16, host.ip);
     put16(out, 20, host.port);
-    out[22] = if a.host.is_some() { HAS_HOST } else { 0 };
-    out[23] = 0;
+    match hint {
+        Some(i) => {
+            out[22] = HAS_HOST | HAS_HINT;
+            put32(out, HOST_ANSWER_LEN, i);
+            HOST_ANSWER_HINTED_LEN
+        }
+        None => {
+            out[22] = HAS_HOST;
+            HOST_ANSWER_LEN
+        }
+    }
 }
 
 /// Reads a getHost answer record (a client reads what its agent wrote:
-/// checked all the same).
+/// checked all the same), with or without a node hint.
 ///
 /// # Errors
 /// [`FixedError::Garbage`] for bytes that are no answer record.
 pub fn decode_answer(b: &[u8]) -> Result<HostAnswer, FixedError> {
-    if b.len() != HOST_ANSWER_LEN || b[0] != HOST_ANSWER {
+    decode_answer_hinted(b).map(|(a, _)| a)
+}
+
+/// [`decode_answer`] with the node hint the answer carries, if any (hand
+/// it back with the report of the host: [`Hint::Node`]).
+///
+/// # Errors
+/// [`FixedError::Garbage`] for bytes that are no answer record: a hint
+/// without a host, or a length that does not match the flags, included.
+pub fn decode_answer_hinted(b: &[u8]) -> Result<(HostAnswer, Option<u32>), FixedError> {
+    if b.len() < HOST_ANSWER_LEN || b[0] != HOST_ANSWER {
         return Err(FixedError::Garbage("not a getHost answer record"));
     }
-    if b[22] & !HAS_HOST != 0 || b[23] != 0 {
+    if b[22] & !(HAS_HOST | HAS_HINT) != 0 || b[23] != 0 {
         return Err(FixedError::Garbage("a reserved bit is not 0"));
     }
     let host = NodeAddr {
@@ -351,13 +477,19 @@ pub fn decode_answer(b: &[u8]) -> Result<HostAnswer, FixedError> {
     if !named && (host.ip != 0 || host.port != 0) {
         return Err(FixedError::Garbage("an address with no host flag"));
     }
-    Ok(HostAnswer {
+    let hint = match (b[22] & HAS_HINT != 0, b.len()) {
+        (false, HOST_ANSWER_LEN) => None,
+        (true, HOST_ANSWER_HINTED_LEN) if named => Some(u32_at(b, HOST_ANSWER_LEN)),
+        _ => return Err(FixedError::Garbage("a getHost answer of the wrong length")),
+    };
+    let a = HostAnswer {
         seq: u32_at(b, 4),
         module: ModuleId::new(u32_at(b, 8), u32_at(b, 12)),
         retcode: RetCode(b[1] as i8),
         host: named.then_some(host),
         level: Some(AdmissionLevel::new(b[2], b[3])).filter(|l| *l != AdmissionLevel::default()),
-    })
+    };
+    Ok((a, hint))
 }
 
 /// The request a FlatBuffers datagram carries, in the values the fixed
@@ -448,7 +580,8 @@ mod tests {
         g.push(0);
         assert!(matches!(decode_request(&g), Err(FixedError::Garbage(_))));
         g.pop();
-        g[3] = 1;
+        // A flag bit no writer sets (bit 0 is FLAG_HINT).
+        g[3] = 2;
         assert!(matches!(decode_request(&g), Err(FixedError::Garbage(_))));
         g[0] = 9;
         assert!(matches!(decode_request(&g), Err(FixedError::Garbage(_))));
@@ -470,6 +603,54 @@ mod tests {
         assert!(decode_answer(&out).is_err());
         // A request record is no answer.
         assert!(decode_answer(&r[..HOST_ANSWER_LEN]).is_err());
+    }
+
+    #[test]
+    fn hinted_records_have_their_documented_layout() {
+        let g = Request::GetHost(GetHost {
+            seq: 1,
+            module: M,
+            business_priority: 2,
+            user_priority: 3,
+        });
+        let mut out = [0u8; MAX_LEN];
+        assert_eq!(encode_request_hinted(&g, Hint::Ask, &mut out), GET_HOST_LEN);
+        assert_eq!(out[3], FLAG_HINT);
+        let n = encode_request_hinted(&Request::Report(report()), Hint::Node(7), &mut out);
+        assert_eq!((n, out[3]), (REPORT_HINTED_LEN, FLAG_HINT));
+        assert_eq!(&out[36..40], &7u32.to_le_bytes());
+        // The flag without the hint's bytes, the bytes without the flag,
+        // and any other flag bit: garbage.
+        let mut r = out;
+        assert!(matches!(
+            decode_request(&r[..REPORT_LEN]),
+            Err(FixedError::Garbage(_))
+        ));
+        r[3] = 0;
+        assert!(matches!(
+            decode_request(&r[..REPORT_HINTED_LEN]),
+            Err(FixedError::Garbage(_))
+        ));
+        r[3] = 2;
+        assert!(matches!(
+            decode_request(&r[..REPORT_LEN]),
+            Err(FixedError::Garbage(_))
+        ));
+        let mut gb = fixed(&g);
+        gb[3] = 3;
+        assert!(matches!(decode_request(&gb), Err(FixedError::Garbage(_))));
+        // An answer with the hint: 28 bytes, read back; an old reader
+        // (24 bytes exactly) is never sent one.
+        let mut a = [0u8; ANSWER_MAX];
+        let n = write_answer(&mut a, 4, M, RetCode::Ok, Some(host(80)), None, Some(9));
+        assert_eq!((n, a[22]), (HOST_ANSWER_HINTED_LEN, 3));
+        let (got, hint) = decode_answer_hinted(&a[..n]).unwrap();
+        assert_eq!((got.host, hint), (Some(host(80)), Some(9)));
+        assert!(decode_answer_hinted(&a[..HOST_ANSWER_LEN]).is_err());
+        // No host: no hint, whatever was asked.
+        let n = write_answer(&mut a, 4, M, RetCode::Overloaded, None, None, Some(9));
+        assert_eq!((n, a[22]), (HOST_ANSWER_LEN, 0));
+        assert_eq!(decode_answer_hinted(&a[..n]).unwrap().1, None);
     }
 
     #[test]
@@ -607,14 +788,30 @@ mod tests {
         /// encodes back to the same bytes (no two records mean one request).
         #[test]
         fn any_bytes_decode_cleanly(b in proptest::collection::vec(any::<u8>(), 0..48)) {
-            if let Ok(req) = decode_request(&b) {
-                prop_assert_eq!(fixed(&req), b.clone());
+            if let Ok((req, hint)) = decode_request_hinted(&b) {
+                let mut out = [0u8; MAX_LEN];
+                let n = encode_request_hinted(&req, hint, &mut out);
+                prop_assert_eq!(&out[..n], &b[..]);
             }
-            if let Ok(a) = decode_answer(&b) {
-                let mut out = [0u8; HOST_ANSWER_LEN];
-                encode_answer(&a, &mut out);
-                prop_assert_eq!(&out[..], &b[..]);
+            if let Ok((a, hint)) = decode_answer_hinted(&b) {
+                let mut out = [0u8; ANSWER_MAX];
+                let n = write_answer(&mut out, a.seq, a.module, a.retcode, a.host, a.level, hint);
+                prop_assert_eq!(&out[..n], &b[..]);
             }
+        }
+
+        /// A hint survives the trip both ways, and a record with it reads
+        /// as the same request as without it.
+        #[test]
+        fn hints_read_back_and_change_nothing_else(req in any_request(), i in any::<u32>()) {
+            let hint = match req {
+                Request::GetHost(_) => Hint::Ask,
+                Request::Report(_) => Hint::Node(i),
+            };
+            let mut out = [0u8; MAX_LEN];
+            let n = encode_request_hinted(&req, hint, &mut out);
+            prop_assert_eq!(decode_request_hinted(&out[..n]), Ok((req, hint)));
+            prop_assert_eq!(decode_request(&out[..n]), Ok(req));
         }
     }
 }

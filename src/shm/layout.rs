@@ -17,7 +17,7 @@
 //! | 28 | 4 | response capacity, bytes |
 //! | 32 | 8 | boot id: random per agent start |
 //! | 40 | 4 | closed: 1 once the agent stopped serving the region |
-//! | 44 | 4 | features: bit 0 [`FEAT_LEASE`] (slots are leased over the agent's local socket); 0 from an agent before it |
+//! | 44 | 4 | features: bit 0 [`FEAT_LEASE`] (slots are leased over the agent's local socket), bit 1 [`FEAT_NODE_HINT`] (the shard reads node hints in fixed records); 0 from an agent before them |
 //! | 64 | 4 | parked: 1 while the shard sleeps (its own cache line) |
 //! | 128 | 8 × ⌈slots / 64⌉ | pending: bit `s % 64` of word `s / 64` set by slot `s`'s client after it publishes a request; the shard takes each word (swap to 0) and looks only at those slots |
 //!
@@ -84,6 +84,12 @@ pub const H_PARKED: usize = 64;
 /// in every region made before it, and a client that does not read it
 /// claims by pid as before.
 pub const FEAT_LEASE: u32 = 1;
+/// The features word's bit that says the shard reads the node hint of the
+/// fixed records ([`super::fixed`]'s [`super::fixed::FLAG_HINT`]): a
+/// client may ask for it and hand it back. The layout stays version 3: a
+/// client that does not read the bit sends no hint, and an agent before it
+/// leaves the bit 0, so no client sends it a flag it would refuse.
+pub const FEAT_NODE_HINT: u32 = 2;
 /// See the table: the first pending word.
 pub const H_PENDING: usize = 128;
 

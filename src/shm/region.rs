@@ -431,7 +431,8 @@ impl Region {
         self.file_id
     }
 
-    /// The header's features word ([`layout::FEAT_LEASE`]).
+    /// The header's features word ([`layout::FEAT_LEASE`],
+    /// [`layout::FEAT_NODE_HINT`]).
     pub fn features(&self) -> u32 {
         self.u32(layout::H_FEATURES).load(Ordering::Acquire)
     }
@@ -441,6 +442,13 @@ impl Region {
     pub fn set_features(&self, features: u32) {
         self.u32(layout::H_FEATURES)
             .store(features, Ordering::Release);
+    }
+
+    /// Adds `bits` to the header's features word (each part of the agent
+    /// that offers something sets its own bit).
+    pub fn add_features(&self, bits: u32) {
+        self.u32(layout::H_FEATURES)
+            .fetch_or(bits, Ordering::AcqRel);
     }
 
     /// The 32-bit word at byte `off`.

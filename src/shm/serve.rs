@@ -13,6 +13,11 @@ use super::lease::Leases;
 use super::region::{process_gone, Region};
 use lbagent_wire::{decode, Limits, Message};
 
+/// The requests up to this many bytes are copied out of their cell as one
+/// block of this size (see [`Server::take`]).
+const SMALL: usize = 64;
+const _: () = assert!(fixed::REPORT_HINTED_LEN + fixed::GET_HOST_LEN <= SMALL);
+
 /// Counters of the shard's side, shipped with the shard's metrics.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ShmCounts {
@@ -87,6 +92,9 @@ impl Server {
                 region.path().display()
             );
         }
+        // This shard reads the node hints of fixed records: its clients
+        // may ask for them.
+        region.add_features(layout::FEAT_NODE_HINT);
         let slots = region.geometry().slots as usize;
         let req_cap = region.geometry().req_cap;
         Server {
@@ -163,8 +171,17 @@ impl Server {
                 .load(Ordering::Relaxed);
             layout::waited_us(now_ns, stamp, visited_ns)
         };
-        self.region
-            .copy_out(base + layout::S_DATA, &mut self.buf[..len]);
+        // A hot request (a record, or a report and a getHost in one cell)
+        // fits in the cell's first SMALL bytes: copied as one block of a
+        // fixed size (no call to memcpy); the bytes past `len` are never
+        // read (every geometry's request area holds 64 bytes at least).
+        if len <= SMALL {
+            self.region
+                .copy_out(base + layout::S_DATA, &mut self.buf[..SMALL]);
+        } else {
+            self.region
+                .copy_out(base + layout::S_DATA, &mut self.buf[..len]);
+        }
         fence(Ordering::Acquire);
         self.counts.requests += 1 + u64::from(split > 0);
         Some(Taken {
@@ -207,18 +224,41 @@ impl Server {
     }
 
     /// Writes getHost answer `a` to request `seq` of `slot` as a record of
-    /// the fixed layout, and wakes the client if it sleeps.
-    #[inline]
+    /// the fixed layout (no node hint), and wakes the client if it sleeps.
     pub fn respond_host(&mut self, slot: u32, seq: u32, a: &fixed::HostAnswer) {
         let mut rec = [0u8; fixed::HOST_ANSWER_LEN];
         fixed::encode_answer(a, &mut rec);
         self.respond_as(slot, seq, Some(&rec), layout::FMT_FIXED);
     }
 
+    /// Writes the first `len` bytes of `record`, a getHost answer record
+    /// of the fixed layout the shard wrote ([`fixed::write_answer`]), as
+    /// the answer to request `seq` of `slot`, and wakes the client if it
+    /// sleeps. The whole array is copied (a fixed size: no call to
+    /// memcpy; every geometry's response area holds 64 bytes at least);
+    /// the client reads `len`.
+    #[inline(always)]
+    pub fn respond_record(
+        &mut self,
+        slot: u32,
+        seq: u32,
+        record: &[u8; fixed::ANSWER_MAX],
+        len: usize,
+    ) {
+        let g = *self.g();
+        self.region.copy_in(g.resp_offset(slot), record);
+        let len = if (1..=fixed::ANSWER_MAX).contains(&len) {
+            len as u32
+        } else {
+            self.counts.garbage += 1;
+            layout::NO_ANSWER
+        };
+        self.publish(slot, seq, len, layout::FMT_FIXED);
+    }
+
     #[inline]
     fn respond_as(&mut self, slot: u32, seq: u32, answer: Option<&[u8]>, format: u8) {
         let g = *self.g();
-        let base = g.slot_offset(slot);
         let len = match answer {
             Some(a) if a.len() <= g.resp_cap && !a.is_empty() => {
                 self.region.copy_in(g.resp_offset(slot), a);
@@ -230,6 +270,15 @@ impl Server {
             }
             None => layout::NO_ANSWER,
         };
+        self.publish(slot, seq, len, format);
+    }
+
+    /// Publishes the answer of `len` bytes (or [`layout::NO_ANSWER`]) in
+    /// `format` to request `seq` of `slot`, whose bytes are in place, and
+    /// wakes the client if it sleeps.
+    #[inline(always)]
+    fn publish(&mut self, slot: u32, seq: u32, len: u32, format: u8) {
+        let base = self.g().slot_offset(slot);
         let w = self.region.slot_words(base);
         w[layout::S_RESP_LEN / 4].store(len, Ordering::Relaxed);
         w[layout::S_RESP_FORMAT / 4].store(u32::from(format), Ordering::Relaxed);

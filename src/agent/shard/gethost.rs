@@ -1,16 +1,16 @@
 //! getHost: the shard's own level first (shed), then the owner check, the
 //! module's bounds, and the LB pick; the decision as values
-//! ([`HostDecision`]), encoded for UDP or written as they are into a
-//! shared-memory slot.
+//! handed to a [`HostSink`]: encoded for UDP, or written as they are into
+//! a shared-memory slot's answer record.
 
 use super::callers::client_key;
 use super::modules::{ensure_touched, EnsureFields};
 use super::ShardCore;
 use crate::metrics::{priority_class, Kind};
 use lbagent_admission::{AdmissionLevel, OPEN};
-use lbagent_lb::{Millis, Pick, ANY_CLIENT};
-use lbagent_model::Selector;
-use lbagent_shm::fixed::HostAnswer;
+use lbagent_lb::{Millis, Pick, ANY_CLIENT, NO_HINT};
+use lbagent_model::{ModuleId, NodeAddr, Selector};
+use lbagent_shm::fixed::{self, HostAnswer};
 use lbagent_wire::{self as wire, RetCode};
 use std::net::SocketAddr;
 
@@ -40,8 +40,10 @@ impl ShardCore {
         shed: bool,
         bucket: Option<(usize, u64)>,
     ) -> Option<&[u8]> {
-        match self.decide_get_host_keyed(g, steer, peer, now, shed, bucket) {
-            HostDecision::Answer(a) => {
+        let mut values = Values(None);
+        match self.decide_get_host_keyed(g, steer, peer, now, shed, bucket, &mut values) {
+            Decided::Answered => {
+                let a = values.0.expect("an answered getHost gave its values");
                 if let (RetCode::Ok, Some(host)) = (a.retcode, a.host) {
                     // One answer encoded per level, its sequence, module
                     // and node patched in.
@@ -61,7 +63,8 @@ impl ShardCore {
                         .get_host_resp(a.seq, a.module, a.retcode, a.host, a.level),
                 )
             }
-            HostDecision::Shed(a, level) => {
+            Decided::Shed(level) => {
+                let a = values.0.expect("a shed getHost gave its values");
                 // One answer encoded per level, its sequence and module
                 // patched in.
                 if self.rejected.as_ref().is_none_or(|r| r.level() != level) {
@@ -79,22 +82,24 @@ impl ShardCore {
                         .get_host_resp(a.seq, a.module, a.retcode, None, a.level),
                 )
             }
-            HostDecision::Encoded => Some(self.enc.finished()),
+            Decided::Encoded => Some(self.enc.finished()),
         }
     }
 
-    /// A plain getHost's decision, before any encoding (the UDP path
-    /// encodes it, the fixed layout writes it as it is).
-    #[inline]
-    pub(super) fn decide_get_host(
+    /// A plain getHost's decision, its answer's values handed to `sink`
+    /// (the UDP path encodes them, the fixed layout writes them as they
+    /// are into the answer record: [`RecordSink`]).
+    #[inline(always)]
+    pub(super) fn decide_get_host<S: HostSink>(
         &mut self,
         g: wire::GetHost,
         peer: SocketAddr,
         now: Millis,
         shed: bool,
         bucket: Option<(usize, u64)>,
-    ) -> HostDecision {
-        self.decide_get_host_keyed(g, None, peer, now, shed, bucket)
+        sink: &mut S,
+    ) -> Decided {
+        self.decide_get_host_keyed(g, None, peer, now, shed, bucket, sink)
     }
 
     /// [`ShardCore::decide_get_host`] for a getHost that may carry a key's
@@ -109,7 +114,8 @@ impl ShardCore {
     /// ([`lbagent_lb::ModuleLb::get_host_near`]). A plain getHost of a
     /// module without zones pays one test for all of it.
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn decide_get_host_keyed(
+    #[inline(always)]
+    pub(super) fn decide_get_host_keyed<S: HostSink>(
         &mut self,
         g: wire::GetHost,
         steer: Option<&Steer<'_>>,
@@ -117,15 +123,9 @@ impl ShardCore {
         now: Millis,
         shed: bool,
         bucket: Option<(usize, u64)>,
-    ) -> HostDecision {
+        sink: &mut S,
+    ) -> Decided {
         let (seq, module) = (g.seq, g.module);
-        let answer = |retcode, host, level| HostAnswer {
-            seq,
-            module,
-            retcode,
-            host,
-            level,
-        };
         let class = priority_class(g.business_priority);
         if let Some((b, us)) = bucket {
             self.metrics.record_gethost_queuing(class, b, us);
@@ -133,7 +133,7 @@ impl ShardCore {
         // Shed below the shard's own level before anything else: no
         // module lookup, no LB work (a getHost for another shard's module
         // is answered WrongShard below, as without shedding).
-        if shed && module.shard(self.setup.shards) == self.setup.id {
+        if shed && self.owner.of(module) == self.setup.id {
             if let Some(a) = self.shedding.as_mut() {
                 if !a.admit(g.business_priority, g.user_priority) {
                     let level = a.level();
@@ -141,12 +141,13 @@ impl ShardCore {
                     self.metrics.count_request(Kind::GetHost);
                     self.metrics.self_rejected[class] += 1;
                     self.metrics.count_error(Kind::GetHost);
-                    return HostDecision::Shed(answer(RetCode::Rejected, None, Some(level)), level);
+                    sink.answer(seq, module, RetCode::Rejected, None, NO_HINT, Some(level));
+                    return Decided::Shed(level);
                 }
             }
         }
         if !self.admit(Kind::GetHost, u64::from(seq), module, now) {
-            return HostDecision::Encoded;
+            return Decided::Encoded;
         }
         let Self {
             modules,
@@ -169,7 +170,7 @@ impl ShardCore {
             Ok(entry) => &mut entry.lb,
             Err(why) => {
                 self.refuse(Kind::GetHost, u64::from(seq), module, why);
-                return HostDecision::Encoded;
+                return Decided::Encoded;
             }
         };
         let setup = &self.setup;
@@ -196,7 +197,7 @@ impl ShardCore {
                         RetCode::NoSuchModule,
                         &no_match.to_string(),
                     );
-                    return HostDecision::Encoded;
+                    return Decided::Encoded;
                 }
             }
         } else {
@@ -208,6 +209,9 @@ impl ShardCore {
                 now,
             )
         };
+        // The node's index for the report's hint: the original's path
+        // keeps it (a steered pick gives none).
+        let hint = if steered { NO_HINT } else { lb.picked() };
         let (retcode, host) = match pick {
             Pick::Idle(a) => (RetCode::Ok, Some(a)),
             Pick::Rejected => {
@@ -256,7 +260,78 @@ impl ShardCore {
             .as_ref()
             .map(|a| a.level())
             .filter(|&l| l != OPEN);
-        HostDecision::Answer(answer(retcode, host, level))
+        sink.answer(seq, module, retcode, host, hint, level);
+        Decided::Answered
+    }
+}
+
+/// Where a getHost's decision puts its answer's values (answered or shed):
+/// the UDP path keeps them to encode ([`Values`]), the fixed layout
+/// writes them into the answer record ([`RecordSink`]).
+pub(super) trait HostSink {
+    /// The answer to getHost `seq` of `module`: `hint` is the index of the
+    /// node named ([`NO_HINT`]: none), `level` the admission level the
+    /// answer carries.
+    fn answer(
+        &mut self,
+        seq: u32,
+        module: ModuleId,
+        retcode: RetCode,
+        host: Option<NodeAddr>,
+        hint: u32,
+        level: Option<AdmissionLevel>,
+    );
+}
+
+/// The answer's values, kept (the UDP path, the tests).
+pub(super) struct Values(pub Option<HostAnswer>);
+
+impl HostSink for Values {
+    #[inline(always)]
+    fn answer(
+        &mut self,
+        seq: u32,
+        module: ModuleId,
+        retcode: RetCode,
+        host: Option<NodeAddr>,
+        _hint: u32,
+        level: Option<AdmissionLevel>,
+    ) {
+        self.0 = Some(HostAnswer {
+            seq,
+            module,
+            retcode,
+            host,
+            level,
+        });
+    }
+}
+
+/// The answer written in place as a record of the fixed layout
+/// ([`fixed::write_answer`]), with the node hint when the getHost asked
+/// for it and the decision has one; `len` is the record's length.
+pub(crate) struct RecordSink<'o> {
+    /// Where the record goes.
+    pub out: &'o mut [u8; fixed::ANSWER_MAX],
+    /// The getHost asked for the node hint.
+    pub ask: bool,
+    /// The record's length once written.
+    pub len: usize,
+}
+
+impl HostSink for RecordSink<'_> {
+    #[inline(always)]
+    fn answer(
+        &mut self,
+        seq: u32,
+        module: ModuleId,
+        retcode: RetCode,
+        host: Option<NodeAddr>,
+        hint: u32,
+        level: Option<AdmissionLevel>,
+    ) {
+        let hint = (self.ask && hint != NO_HINT).then_some(hint);
+        self.len = fixed::write_answer(self.out, seq, module, retcode, host, level, hint);
     }
 }
 
@@ -321,12 +396,14 @@ fn steered_pick(
     ))
 }
 
-/// A getHost's decision.
-pub(super) enum HostDecision {
-    /// Answer with these values.
-    Answer(HostAnswer),
-    /// Rejected below the shard's own level (this one).
-    Shed(HostAnswer, AdmissionLevel),
+/// A getHost's decision (its values went to the [`HostSink`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Decided {
+    /// Answered: the sink has the answer.
+    Answered,
+    /// Rejected below the shard's own level (this one): the sink has the
+    /// answer.
+    Shed(AdmissionLevel),
     /// An ErrorResp is encoded in the shard's encoder.
     Encoded,
 }

@@ -13,7 +13,6 @@ use crate::timers::Timers;
 use lbagent_lb::{LbParams, Millis, ModuleLb};
 use lbagent_model::ModuleId;
 use lbagent_wire::RetCode;
-use std::collections::hash_map::Entry;
 
 impl ShardCore {
     /// Makes sure the shard holds `module`, creating an unknown entry
@@ -195,11 +194,12 @@ pub(super) fn touch<'m>(
     touch_entry(entry, outbox, setup, module, now)
 }
 
-/// [`ShardCore::ensure`] and [`touch`] in one hash lookup, for the request
+/// [`ShardCore::ensure`] and [`touch`] in one hash lookup (none for the
+/// module looked up last: [`super::table`]), for the request
 /// path: the module's entry (made within the bounds when the shard does
 /// not hold it yet), touched; the refusal's message otherwise (counted).
 /// A free function over the fields it needs, so callers keep the others.
-#[inline]
+#[inline(always)]
 pub(super) fn ensure_touched<'m>(
     fields: EnsureFields<'m, '_>,
     module: ModuleId,
@@ -214,26 +214,41 @@ pub(super) fn ensure_touched<'m>(
         metrics,
     } = fields;
     let full = modules.len() >= setup.max_modules;
-    let entry = match modules.entry(module) {
-        Entry::Occupied(held) => held.into_mut(),
-        Entry::Vacant(slot) => {
-            if full {
-                metrics.module_limit_hits += 1;
-                return Err(REFUSED_FULL);
-            }
-            if *unknown >= setup.max_unknown {
-                metrics.unknown_refused += 1;
-                return Err(REFUSED_UNKNOWN);
-            }
-            let mut entry = new_entry(now, &setup.params);
-            let at = now + setup.unknown_ttl_ms;
-            entry.expiry_at = at;
-            timers.schedule(at, (module, Due::Expiry));
-            *unknown += 1;
-            slot.insert(Box::new(entry))
-        }
-    };
+    let entry = modules.get_or_make(module, || {
+        make_entry(full, setup, timers, unknown, metrics, module, now)
+    })?;
     Ok(touch_entry(entry, outbox, setup, module, now))
+}
+
+/// A new entry for [`ensure_touched`] (the shard does not hold `module`),
+/// within the bounds (`full`: the table holds `max_modules` already), its
+/// expiry armed; the refusal's message otherwise (counted). Out of line: a
+/// module held pays nothing for it.
+#[cold]
+#[inline(never)]
+fn make_entry(
+    full: bool,
+    setup: &ShardSetup,
+    timers: &mut Timers<(ModuleId, Due)>,
+    unknown: &mut usize,
+    metrics: &mut ShardMetrics,
+    module: ModuleId,
+    now: Millis,
+) -> Result<Box<ModuleEntry>, &'static str> {
+    if full {
+        metrics.module_limit_hits += 1;
+        return Err(REFUSED_FULL);
+    }
+    if *unknown >= setup.max_unknown {
+        metrics.unknown_refused += 1;
+        return Err(REFUSED_UNKNOWN);
+    }
+    let mut entry = new_entry(now, &setup.params);
+    let at = now + setup.unknown_ttl_ms;
+    entry.expiry_at = at;
+    timers.schedule(at, (module, Due::Expiry));
+    *unknown += 1;
+    Ok(Box::new(entry))
 }
 
 /// The fields of [`ShardCore`] that [`ensure_touched`] borrows.
@@ -261,15 +276,15 @@ fn touch_entry<'m>(
     module: ModuleId,
     now: Millis,
 ) -> &'m mut ModuleEntry {
-    let timeout = setup.update_timeout_ms;
     entry.last_used = now;
-    let stale = entry.route == RouteState::Unknown;
-    let outstanding = entry
-        .pull_sent
-        .is_some_and(|t| now.saturating_sub(t) < timeout);
-    if stale && !outstanding {
-        entry.pull_sent = Some(now);
-        outbox.push(ToControl::Pull(module));
+    if entry.route == RouteState::Unknown {
+        let outstanding = entry
+            .pull_sent
+            .is_some_and(|t| now.saturating_sub(t) < setup.update_timeout_ms);
+        if !outstanding {
+            entry.pull_sent = Some(now);
+            outbox.push(ToControl::Pull(module));
+        }
     }
     entry
 }
@@ -295,7 +310,8 @@ pub(super) fn nodes_changed(m: &mut ShardMetrics, before: (u64, u64), after: (u6
     m.nodes_overloaded = m.nodes_overloaded + after.1 - before.1;
 }
 
-fn new_entry(now: Millis, p: &LbParams) -> ModuleEntry {
+/// A new entry without a route, made at `now`.
+pub(super) fn new_entry(now: Millis, p: &LbParams) -> ModuleEntry {
     ModuleEntry {
         lb: ModuleLb::new(&[], 0, now, p),
         route: RouteState::Unknown,

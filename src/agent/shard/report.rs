@@ -24,10 +24,14 @@ impl ShardCore {
     /// counted); a level from such a caller filters only its own
     /// getHosts. With `ack` (a FlatBuffers request: the client library
     /// waits for it), a report that consumes and is taken is answered
-    /// ErrorResp `Ok`, so that its sender learns it was.
+    /// ErrorResp `Ok`, so that its sender learns it was. `hint`: the node
+    /// hint its getHost's answer carried ([`lbagent_lb::NO_HINT`]: none), tried before
+    /// the node's search ([`ModuleLb::report_call_hinted`]).
+    #[inline]
     pub(super) fn report(
         &mut self,
         rep: &wire::Report,
+        hint: u32,
         peer: SocketAddr,
         now: Millis,
         ack: bool,
@@ -66,7 +70,7 @@ impl ShardCore {
         };
         match entry
             .lb
-            .report_call(client, host, outcome, Some(rep.tcost_ms), now, p)
+            .report_call_hinted(client, host, hint, outcome, Some(rep.tcost_ms), now, p)
         {
             Ok(t) => {
                 if let Some(t) = t {

@@ -185,9 +185,15 @@ pub fn fixed_records() -> Vec<Vec<u8>> {
         consumed: 2,
     });
     let mut out = Vec::new();
-    for req in [g, r] {
+    // Each without and with the node hint.
+    for (req, hint) in [
+        (g, fixed::Hint::None),
+        (r, fixed::Hint::None),
+        (g, fixed::Hint::Ask),
+        (r, fixed::Hint::Node(3)),
+    ] {
         let mut b = [0u8; fixed::MAX_LEN];
-        let n = fixed::encode_request(&req, &mut b);
+        let n = fixed::encode_request_hinted(&req, hint, &mut b);
         out.push(b[..n].to_vec());
     }
     let mut a = [0u8; fixed::HOST_ANSWER_LEN];
@@ -202,6 +208,17 @@ pub fn fixed_records() -> Vec<Vec<u8>> {
         &mut a,
     );
     out.push(a.to_vec());
+    let mut h = [0u8; fixed::ANSWER_MAX];
+    let n = fixed::write_answer(
+        &mut h,
+        1,
+        M,
+        lbagent::wire::RetCode::Ok,
+        Some(addr(2)),
+        None,
+        Some(1),
+    );
+    out.push(h[..n].to_vec());
     out
 }
 
