@@ -390,7 +390,7 @@ impl ShardCore {
         // takes the full decode below, which answers or counts it.
         match wire::read_hot(datagram, &Limits::UDP) {
             Some(Hot::GetHost(g)) => return self.get_host(g, None, peer, now, shed, bucket),
-            Some(Hot::Report(r)) => return self.report(&r, peer, now, true),
+            Some(Hot::Report(r)) => return self.report(&r, NO_HINT, peer, now, true),
             None => {}
         }
         let msg = match wire::decode(datagram, &Limits::UDP) {

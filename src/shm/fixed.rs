@@ -340,10 +340,12 @@ pub fn decode_request_hinted(b: &[u8]) -> Result<(Request, Hint), FixedError> {
             Ok((Request::GetHost(g), hint))
         }
         REPORT => {
-            let hint = match (b[3], b.len()) {
-                (0, REPORT_LEN) => Hint::None,
-                (FLAG_HINT, REPORT_HINTED_LEN) => Hint::Node(u32_at(b, REPORT_LEN)),
-                (0 | FLAG_HINT, _) => {
+            // The flags byte is read with `get`: a record shorter than 4
+            // bytes is the wrong length, not a panic of the shard.
+            let hint = match (b.get(3).copied(), b.len()) {
+                (Some(0), REPORT_LEN) => Hint::None,
+                (Some(FLAG_HINT), REPORT_HINTED_LEN) => Hint::Node(u32_at(b, REPORT_LEN)),
+                (Some(0 | FLAG_HINT) | None, _) => {
                     return Err(FixedError::Garbage("a report record of the wrong length"))
                 }
                 _ => return Err(FixedError::Garbage("a reserved bit is not 0")),
@@ -541,6 +543,19 @@ mod tests {
                 .get_host_req(g.seq, g.module, g.business_priority, g.user_priority)
                 .to_vec(),
             Request::Report(r) => enc.report_req(r).to_vec(),
+        }
+    }
+
+    #[test]
+    fn a_report_record_too_short_for_its_flags_is_the_wrong_length_not_a_panic() {
+        for len in 1..4 {
+            let mut b = vec![0u8; len];
+            b[0] = REPORT;
+            assert_eq!(
+                decode_request_hinted(&b),
+                Err(FixedError::Garbage("a report record of the wrong length")),
+                "{len} bytes"
+            );
         }
     }
 
