@@ -337,8 +337,13 @@ impl Answerer {
                     Some(b) => tx.push(peer, b),
                     None => tx.push(
                         peer,
-                        self.enc
-                            .get_host_resp(g.seq, g.module, RetCode::Ok, Some(FLOOR_HOST), None),
+                        self.enc.get_host_resp(
+                            g.seq,
+                            g.module,
+                            RetCode::Ok,
+                            Some(FLOOR_HOST),
+                            None,
+                        ),
                     ),
                 }
                 n.get_hosts += 1;
