@@ -333,19 +333,11 @@ impl Answerer {
     fn handle(&mut self, bytes: &[u8], peer: SocketAddr, tx: &mut SendBatch, n: &mut FloorCounts) {
         match read_hot(bytes, &Limits::UDP) {
             Some(Hot::GetHost(g)) => {
-                match self.ok.answer(g.seq, g.module, FLOOR_HOST) {
-                    Some(b) => tx.push(peer, b),
-                    None => tx.push(
-                        peer,
-                        self.enc.get_host_resp(
-                            g.seq,
-                            g.module,
-                            RetCode::Ok,
-                            Some(FLOOR_HOST),
-                            None,
-                        ),
-                    ),
-                }
+                tx.push(
+                    peer,
+                    self.ok
+                        .answer_or_encode(&mut self.enc, g.seq, g.module, FLOOR_HOST),
+                );
                 n.get_hosts += 1;
                 return;
             }

@@ -185,6 +185,22 @@ impl OkAnswer {
         self.bytes[h..h + 8].copy_from_slice(&fb::Host::from(host).0);
         Some(&self.bytes)
     }
+
+    /// [`OkAnswer::answer`], or the answer encoded in full with `enc` when
+    /// it cannot be patched: what every caller sends.
+    pub fn answer_or_encode<'a>(
+        &'a mut self,
+        enc: &'a mut Encoder,
+        seq: u32,
+        module: ModuleId,
+        host: NodeAddr,
+    ) -> &'a [u8] {
+        let level = self.level;
+        if let Some(b) = self.answer(seq, module, host) {
+            return b;
+        }
+        enc.get_host_resp(seq, module, RetCode::Ok, Some(host), level)
+    }
 }
 
 #[cfg(test)]

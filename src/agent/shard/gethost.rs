@@ -50,12 +50,8 @@ impl ShardCore {
                     if self.answered.as_ref().is_none_or(|t| t.level() != a.level) {
                         self.answered = Some(wire::OkAnswer::new(&mut self.enc, a.level));
                     }
-                    if let Some(b) = self
-                        .answered
-                        .as_mut()
-                        .and_then(|t| t.answer(a.seq, a.module, host))
-                    {
-                        return Some(b);
+                    if let Some(t) = self.answered.as_mut() {
+                        return Some(t.answer_or_encode(&mut self.enc, a.seq, a.module, host));
                     }
                 }
                 Some(
