@@ -269,9 +269,9 @@ impl ModuleLb {
         if self.levels.is_none() && self.units.is_none() && self.tuned.is_none() {
             return self.get_host(p);
         }
-        self.picked = NO_HINT;
         let pick = self.get_host_beyond(p, client, business, user, now);
-        // A path beyond the original may have run the original's pick.
+        // A path beyond the original may have run the original's pick: its
+        // node is no hint for this answer.
         self.picked = NO_HINT;
         pick
     }
