@@ -630,7 +630,7 @@ impl ShardCore {
 }
 
 #[cfg(test)]
-mod record_tests;
+pub(crate) mod record_tests;
 #[cfg(test)]
 mod steering_tests;
 #[cfg(test)]

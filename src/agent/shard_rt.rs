@@ -714,38 +714,13 @@ mod sweep_tests {
     //! a route update between two sweeps.
 
     use super::*;
-    use crate::messages::ToShard;
-    use lbagent_model::{ModuleId, NodeAddr, Policy, RouteNode};
+    use crate::shard::record_tests::{node, route, M};
+    use lbagent_model::NodeAddr;
     use lbagent_shm::attach::Attachment;
     use lbagent_shm::layout::{Geometry, FMT_FIXED};
     use lbagent_shm::region::{Access, Identity};
     use lbagent_wire::{decode, Encoder, GetHost, Limits, Message, Report, RetCode};
-    use std::net::Ipv4Addr;
     use std::time::{Duration, Instant};
-
-    const M: ModuleId = ModuleId::new(3, 1);
-
-    fn node(i: u8) -> NodeAddr {
-        NodeAddr::new(Ipv4Addr::new(10, 0, 0, i), 80)
-    }
-
-    fn route(ids: &[u8], version: u64) -> ToShard {
-        ToShard::Route {
-            module: M,
-            exists: true,
-            version,
-            nodes: ids
-                .iter()
-                .map(|&i| RouteNode {
-                    addr: node(i),
-                    weight: 1,
-                })
-                .collect(),
-            policy: Policy::L5,
-            options: Default::default(),
-            meta: Vec::new(),
-        }
-    }
 
     /// Posts `req` (with `hint`) in `att`'s slot.
     fn post(att: &mut Attachment, req: fixed::Request, hint: fixed::Hint, answer: bool) -> u32 {

@@ -10,16 +10,23 @@ use lbagent_wire::{decode, Report};
 use std::net::Ipv4Addr;
 
 const PEER: SocketAddr = SocketAddr::V4(std::net::SocketAddrV4::new(Ipv4Addr::LOCALHOST, 40000));
-const M: ModuleId = ModuleId::new(3, 1);
+/// The module of these tests (and of the sweep's, `shard_rt::sweep_tests`).
+pub(crate) const M: ModuleId = ModuleId::new(3, 1);
 
-fn node(i: u8) -> NodeAddr {
+/// Node `i`: 10.0.0.`i`:80.
+pub(crate) fn node(i: u8) -> NodeAddr {
     NodeAddr::new(Ipv4Addr::new(10, 0, 0, i), 80)
 }
 
-/// The route of nodes `ids`, version `version`.
-fn route(ids: &[u8], version: u64) -> ToShard {
+/// The route of `M`'s nodes `ids`, version `version`.
+pub(crate) fn route(ids: &[u8], version: u64) -> ToShard {
+    route_of(M, ids, version)
+}
+
+/// The route of nodes `ids` for `module`.
+fn route_of(module: ModuleId, ids: &[u8], version: u64) -> ToShard {
     ToShard::Route {
-        module: M,
+        module,
         exists: true,
         version,
         nodes: ids
@@ -166,30 +173,6 @@ fn a_hint_from_before_a_route_update_still_counts_for_its_own_node() {
     let (_, host, hint) = get_host(&mut s, true, 13);
     let i = hint.expect("a hint") as usize;
     assert_eq!([node(2), node(3)][i], host.unwrap());
-}
-
-/// The route of nodes `ids` for `module`.
-fn route_of(module: ModuleId, ids: &[u8], version: u64) -> ToShard {
-    match route(ids, version) {
-        ToShard::Route {
-            exists,
-            version,
-            nodes,
-            policy,
-            options,
-            meta,
-            ..
-        } => ToShard::Route {
-            module,
-            exists,
-            version,
-            nodes,
-            policy,
-            options,
-            meta,
-        },
-        _ => unreachable!(),
-    }
 }
 
 #[test]
