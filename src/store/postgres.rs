@@ -418,6 +418,38 @@ impl PostgresStore {
         Ok(Consumed { version, nodes })
     }
 
+    /// Runs `sql` on `node`'s row of `module` (`$1` to `$4` name it,
+    /// `extra` binds `$5` on) and bumps the module's version, in one
+    /// transaction; [`StoreError::NotFound`] (rolled back) when no row
+    /// matched. Deleting a node and setting its meta.
+    fn change_node(
+        &mut self,
+        module: ModuleId,
+        node: NodeAddr,
+        sql: &str,
+        extra: &[&(dyn ::postgres::types::ToSql + Sync)],
+    ) -> Result<u64, StoreError> {
+        let (url, lost) = (self.url.clone(), self.lost.clone());
+        let un = |e: ::postgres::Error| unavailable(&url, &lost, &e);
+        let mut tx = self.client()?.transaction().map_err(un)?;
+        let v = Self::bump(&mut tx, module).map_err(un)?;
+        let key = (
+            i64::from(module.modid),
+            i64::from(module.cmdid),
+            i64::from(node.ip),
+            i32::from(node.port),
+        );
+        let mut p: Vec<&(dyn ::postgres::types::ToSql + Sync)> =
+            vec![&key.0, &key.1, &key.2, &key.3];
+        p.extend_from_slice(extra);
+        let changed = tx.execute(sql, &p).map_err(un)?;
+        if changed == 0 {
+            return Err(StoreError::NotFound { module, node }); // rolls back
+        }
+        tx.commit().map_err(un)?;
+        Ok(v)
+    }
+
     fn bump(tx: &mut Transaction<'_>, module: ModuleId) -> Result<u64, ::postgres::Error> {
         let row = tx.query_one(
             "INSERT INTO route_version (id, version)
@@ -737,26 +769,12 @@ impl Store for PostgresStore {
     }
 
     fn del_node(&mut self, module: ModuleId, node: NodeAddr) -> Result<u64, StoreError> {
-        let (url, lost) = (self.url.clone(), self.lost.clone());
-        let un = |e: ::postgres::Error| unavailable(&url, &lost, &e);
-        let mut tx = self.client()?.transaction().map_err(un)?;
-        let v = Self::bump(&mut tx, module).map_err(un)?;
-        let deleted = tx
-            .execute(
-                "DELETE FROM route_data WHERE modid = $1 AND cmdid = $2 AND ip = $3 AND port = $4",
-                &[
-                    &i64::from(module.modid),
-                    &i64::from(module.cmdid),
-                    &i64::from(node.ip),
-                    &i32::from(node.port),
-                ],
-            )
-            .map_err(un)?;
-        if deleted == 0 {
-            return Err(StoreError::NotFound { module, node }); // rolls back
-        }
-        tx.commit().map_err(un)?;
-        Ok(v)
+        self.change_node(
+            module,
+            node,
+            "DELETE FROM route_data WHERE modid = $1 AND cmdid = $2 AND ip = $3 AND port = $4",
+            &[],
+        )
     }
 
     fn set_meta(
@@ -766,29 +784,13 @@ impl Store for PostgresStore {
         meta: &NodeMeta,
     ) -> Result<u64, StoreError> {
         let (zone, labels) = meta_columns(meta);
-        let (url, lost) = (self.url.clone(), self.lost.clone());
-        let un = |e: ::postgres::Error| unavailable(&url, &lost, &e);
-        let mut tx = self.client()?.transaction().map_err(un)?;
-        let v = Self::bump(&mut tx, module).map_err(un)?;
-        let updated = tx
-            .execute(
-                "UPDATE route_data SET zone = $5, labels = $6
-                  WHERE modid = $1 AND cmdid = $2 AND ip = $3 AND port = $4",
-                &[
-                    &i64::from(module.modid),
-                    &i64::from(module.cmdid),
-                    &i64::from(node.ip),
-                    &i32::from(node.port),
-                    &zone,
-                    &labels,
-                ],
-            )
-            .map_err(un)?;
-        if updated == 0 {
-            return Err(StoreError::NotFound { module, node }); // rolls back
-        }
-        tx.commit().map_err(un)?;
-        Ok(v)
+        self.change_node(
+            module,
+            node,
+            "UPDATE route_data SET zone = $5, labels = $6
+              WHERE modid = $1 AND cmdid = $2 AND ip = $3 AND port = $4",
+            &[&zone, &labels],
+        )
     }
 
     fn import_table(

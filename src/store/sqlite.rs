@@ -369,6 +369,35 @@ impl SqliteStore {
     }
 
     /// Bumps the route version and logs `module` as changed, in `tx`.
+    /// Runs `sql` on `node`'s row of `module` (`?1` to `?4` name it,
+    /// `extra` binds `?5` on) and bumps the module's version, in one
+    /// transaction; [`StoreError::NotFound`] (nothing changed) when no row
+    /// matched. Deleting a node and setting its meta.
+    fn change_node(
+        &mut self,
+        module: ModuleId,
+        node: NodeAddr,
+        sql: &str,
+        extra: &[&dyn rusqlite::ToSql],
+    ) -> Result<u64, StoreError> {
+        let url = self.url.clone();
+        let un = |e: rusqlite::Error| StoreError::Unavailable {
+            url: url.clone(),
+            why: super::why(&e),
+        };
+        let tx = self.write_tx()?;
+        let mut p: Vec<&dyn rusqlite::ToSql> =
+            vec![&module.modid, &module.cmdid, &node.ip, &node.port];
+        p.extend_from_slice(extra);
+        let changed = tx.execute(sql, p.as_slice()).map_err(un)?;
+        if changed == 0 {
+            return Err(StoreError::NotFound { module, node });
+        }
+        let v = Self::bump(&tx, module).map_err(un)?;
+        tx.commit().map_err(un)?;
+        Ok(v)
+    }
+
     fn bump(tx: &Transaction<'_>, module: ModuleId) -> rusqlite::Result<u64> {
         let v = Self::next_version(tx)?;
         Self::log_change(tx, v, module)?;
@@ -583,24 +612,12 @@ impl Store for SqliteStore {
     }
 
     fn del_node(&mut self, module: ModuleId, node: NodeAddr) -> Result<u64, StoreError> {
-        let url = self.url.clone();
-        let un = |e: rusqlite::Error| StoreError::Unavailable {
-            url: url.clone(),
-            why: super::why(&e),
-        };
-        let tx = self.write_tx()?;
-        let deleted = tx
-            .execute(
-                "DELETE FROM route_data WHERE modid = ?1 AND cmdid = ?2 AND ip = ?3 AND port = ?4",
-                params![module.modid, module.cmdid, node.ip, node.port],
-            )
-            .map_err(un)?;
-        if deleted == 0 {
-            return Err(StoreError::NotFound { module, node });
-        }
-        let v = Self::bump(&tx, module).map_err(un)?;
-        tx.commit().map_err(un)?;
-        Ok(v)
+        self.change_node(
+            module,
+            node,
+            "DELETE FROM route_data WHERE modid = ?1 AND cmdid = ?2 AND ip = ?3 AND port = ?4",
+            &[],
+        )
     }
 
     fn set_meta(
@@ -610,25 +627,13 @@ impl Store for SqliteStore {
         meta: &NodeMeta,
     ) -> Result<u64, StoreError> {
         let (zone, labels) = meta_columns(meta);
-        let url = self.url.clone();
-        let un = |e: rusqlite::Error| StoreError::Unavailable {
-            url: url.clone(),
-            why: super::why(&e),
-        };
-        let tx = self.write_tx()?;
-        let updated = tx
-            .execute(
-                "UPDATE route_data SET zone = ?5, labels = ?6
-                  WHERE modid = ?1 AND cmdid = ?2 AND ip = ?3 AND port = ?4",
-                params![module.modid, module.cmdid, node.ip, node.port, zone, labels],
-            )
-            .map_err(un)?;
-        if updated == 0 {
-            return Err(StoreError::NotFound { module, node });
-        }
-        let v = Self::bump(&tx, module).map_err(un)?;
-        tx.commit().map_err(un)?;
-        Ok(v)
+        self.change_node(
+            module,
+            node,
+            "UPDATE route_data SET zone = ?5, labels = ?6
+              WHERE modid = ?1 AND cmdid = ?2 AND ip = ?3 AND port = ?4",
+            &[&zone, &labels],
+        )
     }
 
     fn import_table(
