@@ -8,7 +8,8 @@
 # getHost only; columns: the floor, the agent over UDP, the agent over
 # shared memory, getHosts per server CPU-second, medians of ROUNDS rounds,
 # and the agent/floor ratio as the median of the per-round ratios (with
-# their range). Environment: ROUNDS (3), SECONDS_EACH (4), THREADS (30),
+# their range); and the floor again in a process of its own (the agent's
+# shape: its clients in another process), with the agent's ratio to it. Environment: ROUNDS (3), SECONDS_EACH (4), THREADS (30),
 # LBAGENT (the binary; default: build this tree's release).
 # Needs 2 cores or more; meant for a quiet machine.
 set -euo pipefail
@@ -81,9 +82,38 @@ floor_run() { # pin extra...
     field get_hosts_per_server_cpu_second
 }
 
+# One run against the floor in a process of its own, as the agent is (the
+# floor above shares the qpstest process with its clients): a floor
+# process with one client thread at 10 requests a second keeps it up, and
+# this floor's serving thread (the one on core 0) is measured.
+floor_own_run() { # pin extra...
+  local pin=$1
+  shift
+  local fp hb tid t0 t1 out q
+  taskset -c 1 "$LBAGENT" qpstest --floor --threads 1 --rate 10 --duration $((SECONDS_EACH + 30)) --json >/dev/null 2>&1 &
+  fp=$!
+  for _ in $(seq 100); do
+    hb=$(ls -d /tmp/lbagent-qpstest-floor-"$fp"-*/heartbeat 2>/dev/null | head -1)
+    [[ -n $hb && -s $hb ]] && break
+    sleep 0.1
+  done
+  tid=
+  for t in /proc/"$fp"/task/*; do
+    [[ $(awk '{ print $39 }' "$t/stat") == 0 ]] && tid=${t##*/}
+  done
+  [[ -n $hb && -n $tid ]] || { echo "side_by_side: the floor process did not start" >&2; kill "$fp"; exit 1; }
+  t0=$(ticks "$fp/task/$tid")
+  out=$($pin "$LBAGENT" qpstest --heartbeat "$hb" --threads "$THREADS" --modid 7 --cmdid 1 \
+    --transport udp --duration "$SECONDS_EACH" --json "$@" 2>/dev/null)
+  t1=$(ticks "$fp/task/$tid")
+  kill "$fp" 2>/dev/null; wait "$fp" 2>/dev/null || true
+  q=$(echo "$out" | field qps)
+  awk -v q="$q" -v d="$SECONDS_EACH" -v a="$t0" -v b="$t1" -v hz="$HZ" 'BEGIN { printf "%.0f\n", q * d / ((b - a) / hz) }'
+}
+
 echo "# $(date -u +%FT%TZ), $(git rev-parse --short HEAD 2>/dev/null || echo '?'), $NCPU cores, load $(cut -d' ' -f1-3 /proc/loadavg); $THREADS threads, $ROUNDS rounds of ${SECONDS_EACH}s"
-echo "| clients | calls | UDP floor | agent over UDP | agent/floor (range) | agent over shared memory | shm/floor |"
-echo "|---|---|---:|---:|---:|---:|---:|"
+echo "| clients | calls | UDP floor | agent over UDP | agent/floor (range) | floor, own process | agent/that floor (range) | agent over shared memory | shm/floor |"
+echo "|---|---|---:|---:|---:|---:|---:|---:|---:|"
 start_agent
 for shape in pinned unpinned; do
   pin=
@@ -91,7 +121,7 @@ for shape in pinned unpinned; do
   for calls in report no-report; do
     extra=()
     [[ $calls == no-report ]] && extra=(--no-report)
-    : >"$scratch/f"; : >"$scratch/u"; : >"$scratch/s"; : >"$scratch/r"
+    : >"$scratch/f"; : >"$scratch/u"; : >"$scratch/s"; : >"$scratch/r"; : >"$scratch/o"; : >"$scratch/ro"
     for r in $(seq "$ROUNDS"); do
       # Alternate the order so that neither always runs first.
       if ((r % 2)); then
@@ -99,14 +129,17 @@ for shape in pinned unpinned; do
       else
         u=$(agent_run "$pin" udp "${extra[@]}"); f=$(floor_run "$pin" "${extra[@]}")
       fi
+      o=$(floor_own_run "$pin" "${extra[@]}")
       s=$(agent_run "$pin" shm "${extra[@]}")
-      echo "$f" >>"$scratch/f"; echo "$u" >>"$scratch/u"; echo "$s" >>"$scratch/s"
+      echo "$f" >>"$scratch/f"; echo "$u" >>"$scratch/u"; echo "$s" >>"$scratch/s"; echo "$o" >>"$scratch/o"
       awk -v u="$u" -v f="$f" 'BEGIN { print u / f }' >>"$scratch/r"
-      echo "# $shape $calls round $r: floor $f, udp $u, shm $s" >&2
+      awk -v u="$u" -v f="$o" 'BEGIN { print u / f }' >>"$scratch/ro"
+      echo "# $shape $calls round $r: floor $f, udp $u, floor in its own process $o, shm $s" >&2
     done
-    printf '| %s | %s | %.0f | %.0f | %.2f (%s) | %.0f | %.1f× |\n' "$shape" \
+    printf '| %s | %s | %.0f | %.0f | %.2f (%s) | %.0f | %.2f (%s) | %.0f | %.1f× |\n' "$shape" \
       "$([[ $calls == report ]] && echo "getHost + report" || echo "getHost only")" \
       "$(median <"$scratch/f")" "$(median <"$scratch/u")" "$(median <"$scratch/r")" "$(range <"$scratch/r")" \
+      "$(median <"$scratch/o")" "$(median <"$scratch/ro")" "$(range <"$scratch/ro")" \
       "$(median <"$scratch/s")" "$(awk -v s="$(median <"$scratch/s")" -v f="$(median <"$scratch/f")" 'BEGIN { print s / f }')"
   done
 done

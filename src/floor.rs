@@ -18,7 +18,7 @@
 //! must do as well, or the comparison stops being a floor.
 
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
@@ -26,11 +26,9 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 use std::{fmt, io};
 
-use nix::poll::{poll, PollFd, PollFlags};
-
 use crate::host::clock;
 use crate::host::heartbeat::{AgentInfo, HeartbeatWriter};
-use crate::host::udp::{RecvBatch, SendBatch};
+use crate::host::udp::{self, RecvBatch, SendBatch};
 use crate::model::{ModuleId, NodeAddr, RouteNode};
 use crate::qpstest::cpu;
 use crate::wire::{decode, read_hot, CacheRoute, Encoder, Hot, Limits, Message, OkAnswer, RetCode};
@@ -45,7 +43,7 @@ pub const FLOOR_ROUTE_VERSION: u64 = 1;
 const BATCH: usize = crate::agent::shard_rt::BATCH;
 
 /// How long an idle loop waits for a datagram before it checks for stop.
-const IDLE_POLL_MS: u16 = 50;
+const IDLE_POLL: Duration = Duration::from_millis(50);
 
 /// How often the heartbeat is written (as the agent's control core).
 const BEAT_EVERY: Duration = Duration::from_secs(1);
@@ -279,7 +277,7 @@ fn serve(socket: &UdpSocket, stop: &AtomicBool, counters: &Counters) {
         // any one bad peer.
         let n = rx.recv(fd).unwrap_or_default();
         if n == 0 {
-            wait_readable(socket.as_fd(), IDLE_POLL_MS);
+            udp::wait_readable(fd, IDLE_POLL);
             continue;
         }
         let mut local = FloorCounts::default();
@@ -384,12 +382,6 @@ impl Answerer {
             _ => n.dropped += 1,
         }
     }
-}
-
-/// Waits until `fd` is readable or `timeout_ms` passes.
-fn wait_readable(fd: BorrowedFd<'_>, timeout_ms: u16) {
-    // An interrupted or failed poll is one more turn of the loop.
-    let _ = poll(&mut [PollFd::new(fd, PollFlags::POLLIN)], timeout_ms);
 }
 
 #[cfg(test)]

@@ -91,6 +91,11 @@ impl Conns {
         true
     }
 
+    /// True when no connection is open.
+    pub fn is_empty(&self) -> bool {
+        self.senders.borrow().is_empty()
+    }
+
     /// A number no open connection has.
     fn number(&self) -> u32 {
         let senders = self.senders.borrow();

@@ -12,6 +12,24 @@
 //! request is microseconds away), looking at the clock every
 //! [`QUIET_CHECK`] quiet turns, then parks until a client's doorbell (a
 //! datagram) or the idle tick.
+//!
+//! A region no client holds a slot of is treated as no region
+//! ([`ParkPolicy::attach`]): the shard neither sweeps nor spins for it,
+//! and stays marked parked, so that a client's first request rings the
+//! doorbell (a UDP-only host pays nothing for a region nobody uses).
+//!
+//! A park first waits on the socket alone ([`POLL_PARK`], one `poll(2)`:
+//! the floor's own wait), and only when that passes quietly parks the
+//! executor (one io_uring peek, at most the idle tick). The executor's
+//! park costs a turn of its run loop and its rings; under load, where a
+//! park lasts microseconds, that turn was a fifth of the shard's CPU at
+//! 60,000 getHost + report a second (perf/side_by_side.sh's shape). The
+//! executor's other tasks (the control core's ring, the timers, local
+//! connections) do not run while the thread waits in `poll(2)`: the loop
+//! hands them the executor at least every [`YIELD_EVERY`] while it parks
+//! on the socket ([`ParkPolicy::poll_parked`]), and parks on the socket
+//! only while the shard has no local connection (their requests come
+//! through the executor).
 
 use std::time::{Duration, Instant};
 
@@ -31,6 +49,18 @@ pub const FULL_EVERY: u32 = 256;
 /// every 16 busy turns, it was a tenth of a busy shard's time, perf): a
 /// UDP datagram waits for at most the sweep that passes this many.
 pub const QUIET_CHECK: u32 = 64;
+
+/// How long a park waits on the socket alone (`poll(2)`) before it parks
+/// the executor: a shard under load is woken by its next datagram well
+/// within it; a shard whose traffic stopped pays one such wait, then
+/// parks the executor as before.
+pub const POLL_PARK: Duration = Duration::from_millis(1);
+
+/// While the loop parks on the socket alone, the longest it keeps the
+/// executor's other tasks waiting: a route from the control core, a timer
+/// (the register deadlines, the admission window) or a local connection's
+/// request is late by at most about this much under load.
+pub const YIELD_EVERY: Duration = Duration::from_millis(1);
 
 /// A sweep in this many turns times one getHost for the service-time
 /// histogram (two clock reads; the other sweeps time none).
@@ -67,6 +97,8 @@ pub struct ParkPolicy {
     udp_credit: u32,
     /// The next sweep looks at every slot.
     full_next: bool,
+    /// When the loop last gave the executor a turn (None: not yet).
+    executor_at: Option<Instant>,
 }
 
 impl ParkPolicy {
@@ -80,7 +112,48 @@ impl ParkPolicy {
             quiet_turns: 0,
             udp_credit: 0,
             full_next: true,
+            executor_at: None,
         }
+    }
+
+    /// A client now holds a slot of the shard's region (`true`), or none
+    /// does any longer (`false`): with none, the loop behaves as without a
+    /// region (reads the socket every turn, parks whenever it is empty);
+    /// with one, as with a region, starting with a sweep of every slot.
+    pub fn attach(&mut self, attached: bool) {
+        if attached && !self.region {
+            self.full_next = true;
+            self.quiet_since = None;
+            self.quiet_turns = 0;
+            self.udp_credit = 0;
+        }
+        self.region = attached;
+    }
+
+    /// Whether the loop sweeps and spins for a region now
+    /// ([`ParkPolicy::attach`]).
+    pub fn attached(&self) -> bool {
+        self.region
+    }
+
+    /// The loop came back at `now` from a park on the socket alone (it
+    /// became readable within [`POLL_PARK`]): true when the executor's
+    /// other tasks have waited [`YIELD_EVERY`] or more, and the loop is
+    /// to give them a turn now ([`ParkPolicy::executor_turn`]).
+    pub fn poll_parked(&mut self, now: Instant) -> bool {
+        match self.executor_at {
+            Some(at) => now.saturating_duration_since(at) >= YIELD_EVERY,
+            None => {
+                self.executor_at = Some(now);
+                false
+            }
+        }
+    }
+
+    /// The executor ran its other tasks at `now` (the loop yielded to it,
+    /// or parked it).
+    pub fn executor_turn(&mut self, now: Instant) {
+        self.executor_at = Some(now);
     }
 
     /// A new turn of a shard with a region: which slots its sweep looks at
@@ -291,6 +364,49 @@ mod tests {
         assert!(!p.sweep().full);
         let (turns, _) = turns_to_park(&mut p, t0, Duration::from_micros(10));
         assert_eq!(turns, 6 * QUIET_CHECK, "a whole spin again");
+    }
+
+    #[test]
+    fn a_region_nobody_holds_is_no_region_until_a_client_attaches() {
+        let mut p = ParkPolicy::new(false);
+        assert!(!p.attached());
+        for _ in 0..100 {
+            assert!(p.read_socket(0), "every turn");
+            assert_eq!(p.quiet(0, || unreachable!("no clock")), Quiet::Park);
+        }
+        let _ = p.sweep();
+        p.attach(true);
+        assert!(p.attached());
+        assert!(p.sweep().full, "the new client's request, bit or not");
+        assert!(!p.read_socket(0), "from now on every QUIET_CHECK credits");
+        let (turns, _) = turns_to_park(&mut p, Instant::now(), Duration::from_micros(10));
+        assert_eq!(turns, 6 * QUIET_CHECK, "a whole spin");
+        p.attach(false);
+        assert!(p.read_socket(0));
+        assert_eq!(p.quiet(0, || unreachable!("no clock")), Quiet::Park);
+    }
+
+    #[test]
+    fn parked_on_the_socket_the_other_tasks_get_the_executor_every_yield_every() {
+        let mut p = ParkPolicy::new(false);
+        let t0 = Instant::now();
+        assert!(!p.poll_parked(t0), "the first park starts the count");
+        let step = Duration::from_micros(10);
+        let mut now = t0;
+        let mut yields = Vec::new();
+        for i in 1..=250u32 {
+            now += step;
+            if p.poll_parked(now) {
+                yields.push(i);
+                p.executor_turn(now);
+            }
+        }
+        // 1 ms in 10 µs parks: the 100th, 200th.
+        assert_eq!(yields, [100, 200]);
+        // An executor park counts as a turn too.
+        p.executor_turn(now + YIELD_EVERY);
+        assert!(!p.poll_parked(now + YIELD_EVERY + step));
+        assert!(p.poll_parked(now + 2 * YIELD_EVERY));
     }
 
     #[test]

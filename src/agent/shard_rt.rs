@@ -4,8 +4,9 @@
 //!
 //! The request loop receives and answers in batches with `recvmmsg` /
 //! `sendmmsg` on the socket's descriptor; only when nothing is queued does it
-//! park on one io_uring peek until a datagram arrives (or its idle tick
-//! passes, see [`ShardParts::idle_tick`]). Under load every system call moves a batch.
+//! park: on the socket alone (`poll(2)`, [`super::park::POLL_PARK`]), then
+//! on one io_uring peek until a datagram arrives (or its idle tick passes,
+//! see [`ShardParts::idle_tick`]). Under load every system call moves a batch.
 //! When it spins and when it parks is [`super::park::ParkPolicy`]'s.
 //!
 //! With `agent.queuing_time` or `admission.agent_shedding` the kernel
@@ -31,7 +32,7 @@ use super::local_rt::{self, Conns};
 use super::local_socket::Inbox;
 use super::messages::{ToControl, ToShard};
 use super::metrics::{Kind, ShardMetrics};
-use super::park::{ParkPolicy, Quiet};
+use super::park::{ParkPolicy, Quiet, POLL_PARK};
 use super::shard::callers::{client_key, peer_local};
 use super::shard::{Queued, Served, ShardCore, ShardSetup};
 use super::wake::{self, ShardTimers, TimerPlan};
@@ -263,13 +264,17 @@ pub async fn run(parts: ShardParts) {
     let mut rx = RecvBatch::new(BATCH);
     let mut tx = SendBatch::new();
     let mut peek = [0u8; 1];
-    // When to read the socket, spin or park (see park.rs).
-    let mut policy = ParkPolicy::new(shm.is_some());
+    // When to read the socket, spin or park (see park.rs). A region starts
+    // unattached: marked parked, so that a client's first request rings.
+    let mut policy = ParkPolicy::new(false);
+    if let Some(s) = &shm {
+        s.borrow().park();
+    }
     ready.fetch_add(1, Ordering::SeqCst);
     while !stop.load(Ordering::Relaxed) {
         beat.beat();
         let served = match &shm {
-            Some(s) => {
+            Some(s) if policy.attached() => {
                 let sweep = policy.sweep();
                 let served = serve_slots(
                     &core,
@@ -284,7 +289,7 @@ pub async fn run(parts: ShardParts) {
                 }
                 served
             }
-            None => 0,
+            _ => 0,
         };
         // A receive error (e.g. an ICMP error queued on the socket) is
         // consumed by the call; treat it as an empty batch.
@@ -307,37 +312,76 @@ pub async fn run(parts: ShardParts) {
                 continue;
             }
             if let Some(s) = &shm {
-                // Let a client's doorbell (a datagram on the socket) wake
-                // the shard.
-                s.borrow().park();
-                if s.borrow().pending() {
-                    s.borrow().unpark();
-                    policy.pending();
+                let s = s.borrow();
+                if policy.attached() {
+                    // Let a client's doorbell (a datagram on the socket)
+                    // wake the shard.
+                    s.park();
+                    if s.pending() {
+                        s.unpark();
+                        policy.pending();
+                        continue;
+                    }
+                    if s.claimed() == 0 {
+                        // Nobody holds a slot: stay marked parked (a
+                        // client's next request rings) and stop sweeping.
+                        policy.attach(false);
+                    }
+                } else if s.claimed() > 0 {
+                    // A client holds a slot (counted once a second): sweep
+                    // for it again.
+                    s.unpark();
+                    policy.attach(true);
                     continue;
                 }
             }
             // Nothing queued: park until a datagram arrives (a request, a
             // client's doorbell, or the agent's own at stop) or a tick
-            // passes.
-            let woken =
-                glommio::timer::timeout(idle_tick, async { socket.peek_from(&mut peek).await })
-                    .await
-                    .is_ok();
+            // passes: first on the socket alone, then, if that passes
+            // quietly, the executor (see park.rs).
+            let woken = if conns.is_empty() && udp::wait_readable(socket.as_raw_fd(), POLL_PARK) {
+                if policy.poll_parked(Instant::now()) {
+                    glommio::executor().yield_task_queue_now().await;
+                    policy.executor_turn(Instant::now());
+                }
+                true
+            } else {
+                let woken =
+                    glommio::timer::timeout(idle_tick, async { socket.peek_from(&mut peek).await })
+                        .await
+                        .is_ok();
+                policy.executor_turn(Instant::now());
+                woken
+            };
             if let Some(s) = &shm {
-                s.borrow().unpark();
-                policy.woke(woken, Instant::now);
+                if policy.attached() {
+                    s.borrow().unpark();
+                    policy.woke(woken, Instant::now);
+                } else if !woken && s.borrow().pending() {
+                    // Only the tick: a client whose doorbell was lost.
+                    s.borrow().unpark();
+                    policy.attach(true);
+                }
             }
             continue;
         }
         policy.received();
-        {
+        let rang = {
             let mut c = core.borrow_mut();
             let now = clock::now_ms();
-            serve_datagrams(&mut c, &rx, n, &mut tx, socket.as_raw_fd(), stamps, now);
+            let rang = serve_datagrams(&mut c, &rx, n, &mut tx, socket.as_raw_fd(), stamps, now);
             if !c.outbox.is_empty() {
                 offer(&mut c, &to_control, now);
             }
             timer.nudge(&c);
+            rang
+        };
+        if rang && !policy.attached() {
+            if let Some(s) = &shm {
+                // A client's doorbell: it holds a slot now.
+                s.borrow().unpark();
+                policy.attach(true);
+            }
         }
         glommio::yield_if_needed().await;
     }
@@ -455,7 +499,8 @@ impl Stamps {
 /// times, and times one getHost per batch for the service-time summary (a
 /// sample, as over shared memory, instead of two clock reads around every
 /// request); a quiet shard's batches are single datagrams, so then every
-/// getHost is timed.
+/// getHost is timed. Returns true when the batch held a doorbell (an empty
+/// datagram).
 pub fn serve_datagrams(
     c: &mut ShardCore,
     rx: &RecvBatch,
@@ -464,7 +509,7 @@ pub fn serve_datagrams(
     fd: RawFd,
     stamps: Stamps,
     now: u64,
-) {
+) -> bool {
     // One clock read per batch: a datagram's queuing time is the batch's
     // receive time minus its arrival stamp.
     let now_ns = if stamps.stamped {
@@ -480,11 +525,13 @@ pub fn serve_datagrams(
         }
     }
     let mut timed = false;
+    let mut rang = false;
     for i in 0..n {
         let (bytes, peer, truncated) = rx.get(i);
         if bytes.is_empty() {
             // A doorbell (a shared-memory client's, or the agent's own at
             // stop): it woke the shard, nothing more.
+            rang = true;
             continue;
         }
         if truncated {
@@ -515,6 +562,7 @@ pub fn serve_datagrams(
     }
     let failed = tx.flush(fd);
     c.metrics.send_errors += failed as u64;
+    rang
 }
 
 /// One sweep of a shard's region: the slots [`Server::ready`] names (with

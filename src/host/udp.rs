@@ -24,7 +24,9 @@ use std::io;
 use std::mem::{size_of, zeroed};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::os::fd::{BorrowedFd, RawFd};
+use std::time::Duration;
 
+use nix::poll::{poll, PollFd, PollFlags};
 use nix::sys::socket::{getsockopt, setsockopt, sockopt};
 
 /// The largest request datagram a shard accepts; longer ones arrive
@@ -87,6 +89,18 @@ pub fn enable_timestamps(fd: RawFd) -> io::Result<Stamping> {
 /// The system refused the option.
 pub fn enable_drop_count(fd: RawFd) -> io::Result<()> {
     Ok(setsockopt(&borrowed(&fd), sockopt::RxqOvfl, &1)?)
+}
+
+/// Blocks the calling thread until `fd` is readable or `timeout`
+/// passes (`poll(2)`; rounded down to whole milliseconds, at most
+/// 65,535). Returns true when it is readable, and when the wait was cut
+/// short (a signal, or an error): the caller reads the socket and finds
+/// out. One system call, and the thread sleeps meanwhile: the cheapest
+/// park for a thread that has nothing else to wait on.
+pub fn wait_readable(fd: RawFd, timeout: Duration) -> bool {
+    let ms = u16::try_from(timeout.as_millis()).unwrap_or(u16::MAX);
+    let mut fds = [PollFd::new(borrowed(&fd), PollFlags::POLLIN)];
+    !matches!(poll(&mut fds, ms), Ok(0))
 }
 
 /// Gives the core to another runnable thread, if there is one

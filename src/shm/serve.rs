@@ -70,6 +70,9 @@ pub struct Server {
     ready: Vec<u32>,
     /// The slots leased to local-socket connections ([`super::lease`]).
     leases: Leases,
+    /// Slots some client held at the last [`Server::reclaim_dead`] (or
+    /// leased since).
+    claimed: u32,
     /// The counters.
     pub counts: ShmCounts,
 }
@@ -105,6 +108,7 @@ impl Server {
             visited_ns: 0,
             ready: Vec::with_capacity(slots),
             leases: Leases::new(slots as u32),
+            claimed: 0,
             counts: ShmCounts::default(),
         }
     }
@@ -465,7 +469,20 @@ impl Server {
             }
         }
         self.counts.reclaimed += gone.len() as u64;
+        self.claimed = (0..self.slots())
+            .filter(|&s| self.owner(s) != layout::FREE)
+            .count() as u32;
         gone
+    }
+
+    /// How many slots clients held at the last [`Server::reclaim_dead`]
+    /// (once a second), plus those leased since: 0 when nobody has used
+    /// the region for about a second. A client that claims a slot after
+    /// that count rings the doorbell with its first request if the shard
+    /// is marked parked ([`Server::park`]), which a shard that counts no
+    /// client stays.
+    pub fn claimed(&self) -> u32 {
+        self.claimed
     }
 
     fn owner(&self, slot: u32) -> u32 {
@@ -494,6 +511,7 @@ impl Server {
             .store(0, Ordering::Relaxed);
         self.held[slot as usize] = None;
         self.leases.grant(slot, conn);
+        self.claimed += 1;
         Some(slot)
     }
 
