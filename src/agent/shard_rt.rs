@@ -376,11 +376,15 @@ pub async fn run(parts: ShardParts) {
             timer.nudge(&c);
             rang
         };
-        if rang && !policy.attached() {
+        if !policy.attached() {
             if let Some(s) = &shm {
-                // A client's doorbell: it holds a slot now.
-                s.borrow().unpark();
-                policy.attach(true);
+                // A client's doorbell, or a client that holds a slot
+                // (counted once a second: one whose doorbell was lost
+                // while the socket keeps the shard from parking).
+                if rang || s.borrow().claimed() > 0 {
+                    s.borrow().unpark();
+                    policy.attach(true);
+                }
             }
         }
         glommio::yield_if_needed().await;
