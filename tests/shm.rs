@@ -183,6 +183,51 @@ fn every_request_kind_goes_through_shared_memory_with_the_answers_of_udp() {
     assert_eq!(mode & 0o777, 0o600);
 }
 
+/// A region nobody holds a slot of costs the shard nothing: it neither
+/// sweeps it nor spins for it under UDP traffic, and stays marked parked
+/// (so that the shard's `parked` word reads 1 through every request); a
+/// client that then attaches is answered through its slot.
+#[test]
+fn a_region_nobody_holds_is_left_alone_under_udp_and_a_new_client_is_served() {
+    let dir = tempfile::tempdir().unwrap();
+    // The registering client held a slot; it is gone when this returns
+    // (its lease ends with its connection, counted within a second).
+    let (_source, agent) = agent_with_route(dir.path(), 1, 4);
+    let region = Region::open(&agent.region_path(0)).unwrap();
+    let parked = region.u32(layout::H_PARKED);
+    let mut udp = Client::with_options(ClientOptions {
+        shm: false,
+        ..agent.options()
+    })
+    .unwrap();
+    // Bursts of UDP getHosts, `parked` sampled between them, until one
+    // whole burst saw it set throughout (a shard that swept the region
+    // would clear it while it serves): 15 s for the count to reach 0.
+    let left_alone = wait_for(Duration::from_secs(15), || {
+        let mut all = true;
+        for _ in 0..200 {
+            let h = udp.get_host(M.modid, M.cmdid, T).unwrap();
+            assert_eq!(h.source, HostSource::Agent);
+            all &= parked.load(Ordering::SeqCst) == 1;
+        }
+        all.then_some(())
+    });
+    assert!(
+        left_alone.is_some(),
+        "the shard kept clearing `parked` under UDP traffic with no client holding a slot"
+    );
+    // A new client attaches; its first request rings, and it is answered
+    // through its slot.
+    let mut shm = agent.client();
+    for _ in 0..3 {
+        let h = shm.get_host(M.modid, M.cmdid, T).unwrap();
+        assert_eq!(h.source, HostSource::Agent);
+        shm.report(M.modid, M.cmdid, h.addr, 0, 1).unwrap();
+    }
+    assert_eq!(shm.shm_attached(), 1, "the client holds a slot");
+    wait_metric(&agent, "lbagent_shm_requests_total", |v| v >= 6.0);
+}
+
 #[test]
 fn a_region_of_another_layout_version_is_refused_and_the_client_goes_by_udp() {
     let dir = tempfile::tempdir().unwrap();

@@ -359,7 +359,9 @@ pub async fn run(parts: ShardParts) {
                     policy.woke(woken, Instant::now);
                 } else if !woken && s.borrow().pending() {
                     // Only the tick: a client whose doorbell was lost.
-                    s.borrow().unpark();
+                    let mut s = s.borrow_mut();
+                    s.assume_held();
+                    s.unpark();
                     policy.attach(true);
                 }
             }
@@ -376,16 +378,8 @@ pub async fn run(parts: ShardParts) {
             timer.nudge(&c);
             rang
         };
-        if !policy.attached() {
-            if let Some(s) = &shm {
-                // A client's doorbell, or a client that holds a slot
-                // (counted once a second: one whose doorbell was lost
-                // while the socket keeps the shard from parking).
-                if rang || s.borrow().claimed() > 0 {
-                    s.borrow().unpark();
-                    policy.attach(true);
-                }
-            }
+        if let Some(s) = &shm {
+            follow_holders(s, &mut policy, rang);
         }
         glommio::yield_if_needed().await;
     }
@@ -663,6 +657,36 @@ pub fn serve_ready(
         }
     }
     served
+}
+
+/// After a UDP batch: attaches the region to the loop (it sweeps and spins
+/// for it, see park.rs) when a client shows it holds a slot, by its
+/// doorbell (`rang`) or in the once-a-second count; detaches it when the
+/// count says nobody does and no request is pending, and leaves the shard
+/// marked parked, so that the next client's first request rings. (The
+/// park does the same before it parks.) Under UDP traffic the loop may
+/// never park, so the batches look too.
+fn follow_holders(s: &RefCell<Server>, policy: &mut ParkPolicy, rang: bool) {
+    let mut s = s.borrow_mut();
+    if policy.attached() {
+        if s.claimed() == 0 {
+            s.park();
+            if s.pending() {
+                // A client the count has not seen yet.
+                s.assume_held();
+                s.unpark();
+                policy.pending();
+            } else {
+                policy.attach(false);
+            }
+        }
+    } else if rang || s.claimed() > 0 {
+        if rang {
+            s.assume_held();
+        }
+        s.unpark();
+        policy.attach(true);
+    }
 }
 
 /// A socket connected to the shard's own port `at` (127.0.0.1 when it is

@@ -485,6 +485,12 @@ impl Server {
         self.claimed
     }
 
+    /// A client showed it holds a slot (its doorbell, or a request found
+    /// pending): [`Server::claimed`] says at least 1 until the next count.
+    pub fn assume_held(&mut self) {
+        self.claimed = self.claimed.max(1);
+    }
+
     fn owner(&self, slot: u32) -> u32 {
         self.region
             .u32(self.g().slot_offset(slot) + layout::S_STATE)
