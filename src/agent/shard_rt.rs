@@ -339,6 +339,9 @@ pub async fn run(parts: ShardParts) {
             // client's doorbell, or the agent's own at stop) or a tick
             // passes: first on the socket alone, then, if that passes
             // quietly, the executor (see park.rs).
+            if policy.attached() {
+                policy.parking(Instant::now());
+            }
             let woken = if conns.is_empty() && udp::wait_readable(socket.as_raw_fd(), POLL_PARK) {
                 if policy.poll_parked(Instant::now()) {
                     glommio::executor().yield_task_queue_now().await;
