@@ -9,8 +9,9 @@
 # shared memory, getHosts per server CPU-second, medians of ROUNDS rounds,
 # and the agent/floor ratio as the median of the per-round ratios (with
 # their range); and the floor again in a process of its own (the agent's
-# shape: its clients in another process), with the agent's ratio to it. Environment: ROUNDS (3), SECONDS_EACH (4), THREADS (30),
-# LBAGENT (the binary; default: build this tree's release).
+# shape: its clients in another process), with the agent's ratio to it.
+# Environment: ROUNDS (3), SECONDS_EACH (4), THREADS (30), LBAGENT (the
+# binary; default: build this tree's release).
 # Needs 2 cores or more; meant for a quiet machine.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

@@ -108,7 +108,8 @@ pub enum Quiet {
 /// row and since when, and the credit toward the next read of the socket.
 #[derive(Clone, Debug)]
 pub struct ParkPolicy {
-    region: bool,
+    /// A region with a client: the loop sweeps and spins for it.
+    attached: bool,
     turn: u32,
     /// When the slots and the socket last had nothing (None: busy).
     quiet_since: Option<Instant>,
@@ -130,7 +131,7 @@ impl ParkPolicy {
     /// without one. The first sweep looks at every slot.
     pub fn new(region: bool) -> Self {
         ParkPolicy {
-            region,
+            attached: region,
             turn: 0,
             quiet_since: None,
             quiet_turns: 0,
@@ -147,20 +148,20 @@ impl ParkPolicy {
     /// region (reads the socket every turn, parks whenever it is empty);
     /// with one, as with a region, starting with a sweep of every slot.
     pub fn attach(&mut self, attached: bool) {
-        if attached && !self.region {
+        if attached && !self.attached {
             self.spin = SHARD_SPIN;
             self.full_next = true;
             self.quiet_since = None;
             self.quiet_turns = 0;
             self.udp_credit = 0;
         }
-        self.region = attached;
+        self.attached = attached;
     }
 
     /// Whether the loop sweeps and spins for a region now
     /// ([`ParkPolicy::attach`]).
     pub fn attached(&self) -> bool {
-        self.region
+        self.attached
     }
 
     /// The loop came back at `now` from a park on the socket alone (it
@@ -201,7 +202,7 @@ impl ParkPolicy {
     /// `served` requests: always without a region; with one every
     /// [`QUIET_CHECK`] requests served or quiet turns (a credit each).
     pub fn read_socket(&mut self, served: usize) -> bool {
-        if !self.region {
+        if !self.attached {
             return true;
         }
         self.udp_credit += (served as u32).max(1);
@@ -225,7 +226,7 @@ impl ParkPolicy {
     /// reads the clock): the loop parks once it has been quiet for
     /// [`SHARD_SPIN`]. Without a region: park.
     pub fn quiet(&mut self, served: usize, look: impl FnOnce() -> Instant) -> Quiet {
-        if !self.region {
+        if !self.attached {
             return Quiet::Park;
         }
         if served > 0 {

@@ -312,10 +312,10 @@ pub async fn run(parts: ShardParts) {
                 continue;
             }
             if let Some(s) = &shm {
-                let s = s.borrow();
                 if policy.attached() {
                     // Let a client's doorbell (a datagram on the socket)
                     // wake the shard.
+                    let s = s.borrow();
                     s.park();
                     if s.pending() {
                         s.unpark();
@@ -327,11 +327,9 @@ pub async fn run(parts: ShardParts) {
                         // client's next request rings) and stop sweeping.
                         policy.attach(false);
                     }
-                } else if s.claimed() > 0 {
+                } else if follow_holders(s, &mut policy, false) {
                     // A client holds a slot (counted once a second): sweep
-                    // for it again.
-                    s.unpark();
-                    policy.attach(true);
+                    // for it first.
                     continue;
                 }
             }
@@ -362,10 +360,7 @@ pub async fn run(parts: ShardParts) {
                     policy.woke(woken, Instant::now);
                 } else if !woken && s.borrow().pending() {
                     // Only the tick: a client whose doorbell was lost.
-                    let mut s = s.borrow_mut();
-                    s.assume_held();
-                    s.unpark();
-                    policy.attach(true);
+                    follow_holders(s, &mut policy, true);
                 }
             }
             continue;
@@ -662,14 +657,16 @@ pub fn serve_ready(
     served
 }
 
-/// After a UDP batch: attaches the region to the loop (it sweeps and spins
-/// for it, see park.rs) when a client shows it holds a slot, by its
-/// doorbell (`rang`) or in the once-a-second count; detaches it when the
-/// count says nobody does and no request is pending, and leaves the shard
-/// marked parked, so that the next client's first request rings. (The
-/// park does the same before it parks.) Under UDP traffic the loop may
-/// never park, so the batches look too.
-fn follow_holders(s: &RefCell<Server>, policy: &mut ParkPolicy, rang: bool) {
+/// Attaches the region to the loop (it sweeps and spins for it, see
+/// park.rs) when a client shows it holds a slot: `shown` (its doorbell in
+/// the last batch, or its request found pending at the idle tick), or the
+/// once-a-second count; returns true when it did. Detaches an attached
+/// region when the count says nobody holds a slot and no request is
+/// pending, and leaves the shard marked parked, so that the next client's
+/// first request rings. Called after every UDP batch (under UDP traffic
+/// the loop may never park) and, detached, before a park; an attached
+/// loop's park does its own detaching.
+fn follow_holders(s: &RefCell<Server>, policy: &mut ParkPolicy, shown: bool) -> bool {
     let mut s = s.borrow_mut();
     if policy.attached() {
         if s.claimed() == 0 {
@@ -683,12 +680,16 @@ fn follow_holders(s: &RefCell<Server>, policy: &mut ParkPolicy, rang: bool) {
                 policy.attach(false);
             }
         }
-    } else if rang || s.claimed() > 0 {
-        if rang {
+        false
+    } else if shown || s.claimed() > 0 {
+        if shown {
             s.assume_held();
         }
         s.unpark();
         policy.attach(true);
+        true
+    } else {
+        false
     }
 }
 

@@ -454,11 +454,14 @@ impl Server {
         }
         let agent = self.region.identity().pid;
         let mut gone = Vec::new();
+        let mut claimed = 0;
         for s in 0..self.slots() {
             if self.leases.holder(s).is_some() {
+                claimed += 1;
                 continue;
             }
-            let freed = if self.owner(s) == agent {
+            let owner = self.owner(s);
+            let freed = if owner == agent {
                 free_if(&self.region, s, agent)
             } else {
                 reclaim_if_dead(&self.region, s)
@@ -466,12 +469,12 @@ impl Server {
             if freed {
                 self.held[s as usize] = None;
                 gone.push(s);
+            } else if owner != layout::FREE {
+                claimed += 1;
             }
         }
         self.counts.reclaimed += gone.len() as u64;
-        self.claimed = (0..self.slots())
-            .filter(|&s| self.owner(s) != layout::FREE)
-            .count() as u32;
+        self.claimed = claimed;
         gone
     }
 
