@@ -107,6 +107,12 @@ fn nodes(n: u8) -> Vec<RouteNode> {
 /// An agent config in `dir` (heartbeat `hb`), run once with `--check`
 /// skipped: the agent started, waited for (at most 20 s) to exit.
 fn agent_exit(dir: &Path, hb: &Path, extra: &str) -> (Option<i32>, String) {
+    agent_exit_as(dir, hb, extra, &[])
+}
+
+/// [`agent_exit`], the agent started through `prefix` (`setpriv ...`: as
+/// another user).
+fn agent_exit_as(dir: &Path, hb: &Path, extra: &str, prefix: &[&str]) -> (Option<i32>, String) {
     let config = dir.join("agent.toml");
     std::fs::write(
         &config,
@@ -119,8 +125,13 @@ fn agent_exit(dir: &Path, hb: &Path, extra: &str) -> (Option<i32>, String) {
         ),
     )
     .unwrap();
-    let mut child = Command::new(BIN)
-        .args(["agent", "--config", config.to_str().unwrap()])
+    let argv: Vec<&str> = prefix
+        .iter()
+        .copied()
+        .chain([BIN, "agent", "--config", config.to_str().unwrap()])
+        .collect();
+    let mut child = Command::new(argv[0])
+        .args(&argv[1..])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -275,6 +286,63 @@ fn a_foreign_heartbeat_in_the_agents_directory_is_refused_by_agent_and_client() 
             "the client asked the attacker's fake agent"
         );
     }
+}
+
+/// What a first try as root leaves in the agent's directory (the
+/// README's `lbagent standalone` run as root, then stopped): root's
+/// heartbeat and its 0600 lock, which the packaged agent's user cannot even
+/// open. The agent stops naming the file, its owner and what to do (CI's
+/// package test met exactly this, with a bare "Permission denied"), and
+/// leaves both files as they were.
+#[test]
+fn files_an_agent_run_as_root_left_stop_another_users_agent_naming_them() {
+    require_root();
+    let dir = open_tempdir();
+    chown_nobody(dir.path());
+    let hb = dir.path().join("heartbeat");
+    let lock = lbagent::host::heartbeat::lock_path(&hb);
+    fake_heartbeat(&hb, 1);
+    std::fs::write(&lock, b"").unwrap();
+    chmod(&lock, 0o600);
+    let setpriv = [
+        "setpriv",
+        "--reuid",
+        "65534",
+        "--regid",
+        "65534",
+        "--clear-groups",
+    ];
+    let (code, err) = agent_exit_as(dir.path(), &hb, "", &setpriv);
+    assert_ne!(code, Some(0), "{err}");
+    assert_names(
+        &err,
+        &lock,
+        &[
+            "refusing",
+            "uid 0 (root), mode 0600",
+            "not made by this agent's user (uid 65534)",
+            "left by an agent run as that user",
+            "rm ",
+        ],
+    );
+    assert!(!err.contains("Permission denied"), "{err}");
+    // The lock alone gone, the heartbeat is next: the same words.
+    std::fs::remove_file(&lock).unwrap();
+    let before = std::fs::read(&hb).unwrap();
+    let (code, err) = agent_exit_as(dir.path(), &hb, "", &setpriv);
+    assert_ne!(code, Some(0), "{err}");
+    assert_names(
+        &err,
+        &hb,
+        &[
+            "refusing",
+            "uid 0 (root), mode 0644",
+            "left by an agent run as that user",
+            "rm ",
+        ],
+    );
+    assert_eq!(std::fs::read(&hb).unwrap(), before, "the agent rewrote it");
+    assert_eq!(std::fs::metadata(&hb).unwrap().uid(), 0);
 }
 
 #[test]

@@ -27,6 +27,38 @@ out="$dir/debian"
 fail() { echo "deb-test: $*" >&2; exit 1; }
 say() { printf 'deb-test: %s\n' "$*"; }
 
+# What the end undoes, whatever stops the script: the services it
+# started, its scratch directories, the package it installed, the paths
+# it moved aside. A failure prints the services' logs first.
+ctl="" pki="" logs="" installed=0
+pids=() saved=()
+stop_services() {
+  for p in "${pids[@]}"; do $sudo kill "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  pids=()
+}
+purge_ours() {
+  if dpkg-query -W lbagent >/dev/null 2>&1; then $sudo dpkg -P lbagent >/dev/null 2>&1 || true; fi
+}
+aside() { printf '%s.deb-test-saved.%s' "$1" "$$"; }
+cleanup() {
+  local rc=$?
+  stop_services
+  if ((rc != 0)) && [[ -n "$logs" ]]; then
+    for f in "$logs"/*.log; do
+      if [[ -e "$f" ]]; then echo "--- $f" >&2; cat "$f" >&2; fi
+    done
+  fi
+  if [[ -n "$ctl" ]]; then rm -rf "$ctl"; fi
+  if [[ -n "$pki" ]]; then rm -rf "$pki"; fi
+  if ((installed)); then purge_ours; fi
+  for path in "${saved[@]}"; do
+    $sudo rm -rf "$path"
+    $sudo mv "$(aside "$path")" "$path" && say "put $path back"
+  done
+}
+trap cleanup EXIT
+
 if ! cargo deb --version >/dev/null 2>&1; then
   say "installing cargo-deb"
   t0=$SECONDS
@@ -61,7 +93,6 @@ info="$(dpkg-deb -I "$deb")"
 grep -q '^ Depends:.*adduser' <<<"$info" || fail "Depends lacks adduser: $info"
 [[ "$(dpkg-deb -f "$deb" Package)" == lbagent ]] || fail "the package is not named lbagent"
 ctl="$(mktemp -d)"
-trap 'rm -rf "$ctl"' EXIT
 dpkg-deb -e "$deb" "$ctl"
 grep -qx /etc/lbagent/lbagent.toml "$ctl/conffiles" || fail "/etc/lbagent/lbagent.toml is not a conffile"
 for script in postinst postrm prerm; do
@@ -74,20 +105,33 @@ say "contents ok: binary, conffile, three units, maintainer scripts"
 if dpkg-query -W lbagent >/dev/null 2>&1; then
   fail "lbagent is already installed here; purge it first (dpkg -P lbagent)"
 fi
-$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$deb" >/dev/null
+# The test runs the services on the packaged ports and paths: another
+# lbagent running here would take them.
+if running="$(pgrep -d ' ' -x lbagent)"; then
+  fail "an lbagent runs on this host (pid $running): this test uses the packaged ports and paths; stop it first"
+fi
+# The package's own paths, left by a run by hand (the README's first
+# try, run as root, leaves its heartbeat and lock in /run/lbagent, owned
+# by root: the packaged agent, rightly, refuses to adopt them) or by an
+# earlier test: moved aside, put back at the end.
+for path in /run/lbagent /var/lib/lbagent /etc/lbagent; do
+  if [[ -e "$path" || -L "$path" ]]; then
+    [[ ! -e "$(aside "$path")" ]] || fail "$(aside "$path") is in the way"
+    $sudo mv "$path" "$(aside "$path")"
+    saved+=("$path")
+    say "moved $path aside (not the package's: left by an earlier run); it is put back at the end"
+  fi
+done
 # From here on a failure purges what this test installed (the next run
 # would otherwise stop at "already installed"); the end purges anyway.
-purge_ours() {
-  if dpkg-query -W lbagent >/dev/null 2>&1; then $sudo dpkg -P lbagent >/dev/null 2>&1 || true; fi
-}
-trap 'rm -rf "$ctl"; purge_ours' EXIT
+installed=1
+$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$deb" >/dev/null
 getent passwd lbagent >/dev/null || fail "postinst did not create the lbagent user"
 # The packaged [tls] names /etc/lbagent/tls/{host.pem,host.key,ca.pem}:
 # a test CA and one certificate for this host (all three roles), as
 # deploying.md shows. --check reads them.
 tls=/etc/lbagent/tls
 pki="$(mktemp -d)"
-trap 'rm -rf "$ctl" "$pki"; purge_ours' EXIT
 ec=(-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes)
 openssl req -x509 "${ec[@]}" -keyout "$pki/ca.key" -out "$pki/ca.pem" -days 2 \
   -subj /CN=lbagent-deb-test-ca 2>/dev/null
@@ -128,13 +172,6 @@ logs="$pki/logs"
 mkdir -p "$logs"
 # What the units' StateDirectory and RuntimeDirectory make for User=lbagent.
 $sudo install -d -o lbagent -g lbagent -m 0755 /var/lib/lbagent /run/lbagent
-pids=()
-stop_services() {
-  for p in "${pids[@]}"; do $sudo kill "$p" 2>/dev/null || true; done
-  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-  pids=()
-}
-trap 'stop_services; rm -rf "$ctl" "$pki"; purge_ours' EXIT
 as_lbagent() { $sudo setpriv --reuid lbagent --regid lbagent --init-groups "$@"; }
 # Starts a service in the background as lbagent, its stderr in LOG. A
 # simple command run with & is exec'd in the child (setpriv execs in
@@ -153,7 +190,6 @@ until_true() { # SECONDS-LIMIT WHAT COMMAND...
     if "$@" >/dev/null 2>&1; then return 0; fi
     sleep 0.2
   done
-  for f in "$logs"/*.log; do echo "--- $f" >&2; cat "$f" >&2; done
   fail "$what: not within $limit s"
 }
 start_as_lbagent "$logs/dnsserver.log" /usr/bin/lbagent dnsserver --config "$conf"
@@ -164,8 +200,10 @@ grep -q "listening for agents on 127.0.0.1:7778 (mutual TLS)" "$logs/reporter.lo
   fail "the reporter does not listen with mutual TLS on loopback: $(cat "$logs/reporter.log")"
 as_lbagent /usr/bin/lbagent route add 1 1 10.0.0.1:8080 --config "$conf" >/dev/null
 start_as_lbagent "$logs/agent.log" /usr/bin/lbagent agent --config "$conf" --set lb.report_timeout=1
-until_true 30 "the agent answers a getHost with the route pulled over TLS" \
-  /usr/bin/lbagent gethost 1 1
+# The agent's own answer: the client library would answer from a static
+# route file too while the agent is down.
+from_agent() { /usr/bin/lbagent gethost 1 1 --json | grep -qF '"source":"agent"'; }
+until_true 30 "the agent answers a getHost with the route pulled over TLS" from_agent
 /usr/bin/lbagent report 1 1 10.0.0.1:8080 0 --tcost 3 >/dev/null
 reports() { [[ "$(metric 9778 lbagent_reporter_reports_total)" -gt 0 ]]; }
 until_true 30 "the agent's statistics reach the reporter over TLS" reports

@@ -253,7 +253,8 @@ pub fn judge_file(f: &Facts, trusted: &Trusted, group_write: bool) -> Option<Str
 pub fn judge_adopt(f: &Facts, me: u32, private: bool) -> Option<String> {
     if f.uid != me {
         return Some(format!(
-            "it was not made by this agent's user (uid {me}): {}",
+            "it was not made by this agent's user (uid {me}): {} (planted, or left by an \
+             agent run as that user, by hand say: stop that agent if it still runs)",
             describe(f)
         ));
     }
@@ -466,9 +467,22 @@ pub fn open_or_create(path: &Path, mode: u32, private: bool) -> Result<File, Own
         "remove it (rm {}) and start the agent again: it makes its own",
         path.display()
     );
-    let file = open_flags(OpenOptions::new().read(true).write(true))
-        .open(path)
-        .map_err(|e| symlink_or(path, e, &fix))?;
+    let me = Trusted::me().me;
+    let file = match open_flags(OpenOptions::new().read(true).write(true)).open(path) {
+        Ok(f) => f,
+        // Another user's file, which this user may not open (an agent run
+        // as root leaves a 0600 lock): judged by what is there, as one it
+        // could open would be, so that the error says whose it is and what
+        // to do instead of a bare "Permission denied".
+        Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
+            let problem = lstat(path).ok().and_then(|f| judge_adopt(&f, me, private));
+            return Err(match problem {
+                Some(problem) => refused(path, problem, &fix),
+                None => io_err("open", path)(e),
+            });
+        }
+        Err(e) => return Err(symlink_or(path, e, &fix)),
+    };
     let meta = file.metadata().map_err(io_err("stat", path))?;
     if !meta.is_file() {
         return Err(OwnedError::NotAFile {
@@ -476,7 +490,7 @@ pub fn open_or_create(path: &Path, mode: u32, private: bool) -> Result<File, Own
             kind: crate::heartbeat::file_kind(&meta.file_type()),
         });
     }
-    if let Some(problem) = judge_adopt(&Facts::of(&meta), Trusted::me().me, private) {
+    if let Some(problem) = judge_adopt(&Facts::of(&meta), me, private) {
         return Err(refused(path, problem, &fix));
     }
     Ok(file)
