@@ -38,7 +38,7 @@ start="cargo run --release -- standalone"
 
 tmp="$(mktemp -d)"
 pid=""
-saved=()
+saved=() ours=()
 aside() { printf '%s.readme-check-saved.%s' "$1" "$$"; }
 cleanup() {
   local rc=$?
@@ -51,7 +51,10 @@ cleanup() {
     echo "--- the standalone's log" >&2
     tail -n 40 "$tmp/standalone.log" >&2
   fi
-  rm -rf /run/lbagent ./lbagent-data "$tmp"
+  rm -rf "$tmp"
+  # Only what this check made: a path it moved aside, or one that was not
+  # there before it.
+  for path in "${ours[@]}"; do rm -rf "$path"; done
   for path in "${saved[@]}"; do
     mv "$(aside "$path")" "$path" && say "put $path back"
   done
@@ -64,6 +67,7 @@ for path in /run/lbagent ./lbagent-data; do
     saved+=("$path")
     say "moved $path aside (left by an earlier run); it is put back at the end"
   fi
+  ours+=("$path")
 done
 
 # Built first (a no-op after perf/check), so that the wait below waits for
