@@ -59,10 +59,21 @@ fn require_root() {
     );
 }
 
+/// The command prefix that runs what follows as uid/gid 65534 with no
+/// groups.
+const NOBODY_SETPRIV: [&str; 6] = [
+    "setpriv",
+    "--reuid",
+    "65534",
+    "--regid",
+    "65534",
+    "--clear-groups",
+];
+
 /// `args` run as uid/gid 65534 with no groups.
 fn as_nobody(args: &[&str]) -> Output {
-    Command::new("setpriv")
-        .args(["--reuid", "65534", "--regid", "65534", "--clear-groups"])
+    Command::new(NOBODY_SETPRIV[0])
+        .args(&NOBODY_SETPRIV[1..])
         .args(args)
         .output()
         .expect("run setpriv (util-linux)")
@@ -304,15 +315,7 @@ fn files_an_agent_run_as_root_left_stop_another_users_agent_naming_them() {
     fake_heartbeat(&hb, 1);
     std::fs::write(&lock, b"").unwrap();
     chmod(&lock, 0o600);
-    let setpriv = [
-        "setpriv",
-        "--reuid",
-        "65534",
-        "--regid",
-        "65534",
-        "--clear-groups",
-    ];
-    let (code, err) = agent_exit_as(dir.path(), &hb, "", &setpriv);
+    let (code, err) = agent_exit_as(dir.path(), &hb, "", &NOBODY_SETPRIV);
     assert_ne!(code, Some(0), "{err}");
     assert_names(
         &err,
@@ -329,7 +332,7 @@ fn files_an_agent_run_as_root_left_stop_another_users_agent_naming_them() {
     // The lock alone gone, the heartbeat is next: the same words.
     std::fs::remove_file(&lock).unwrap();
     let before = std::fs::read(&hb).unwrap();
-    let (code, err) = agent_exit_as(dir.path(), &hb, "", &setpriv);
+    let (code, err) = agent_exit_as(dir.path(), &hb, "", &NOBODY_SETPRIV);
     assert_ne!(code, Some(0), "{err}");
     assert_names(
         &err,
@@ -406,8 +409,8 @@ fn another_user_cannot_hold_the_agents_lock_nor_plant_in_its_directory() {
     let mut agent = AgentProc::start(dir.path(), source.addr(), 1, "");
     let hb = agent.heartbeat_path();
     // The attacker takes an flock on the heartbeat it can read...
-    let mut holder: Child = Command::new("setpriv")
-        .args(["--reuid", "65534", "--regid", "65534", "--clear-groups"])
+    let mut holder: Child = Command::new(NOBODY_SETPRIV[0])
+        .args(&NOBODY_SETPRIV[1..])
         .args(["flock", "-n", "-x", hb.to_str().unwrap(), "sleep", "60"])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
