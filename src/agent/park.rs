@@ -240,8 +240,9 @@ impl ParkPolicy {
     /// spin or park. With a region, a turn that served resets the quiet
     /// count; a quiet one spins, and every [`QUIET_CHECK`] quiet turns
     /// `look` is called (the shell lets the clients on its core run, and
-    /// reads the clock): the loop parks once it has been quiet for
-    /// [`SHARD_SPIN`]. Without a region: park.
+    /// reads the clock): the loop parks once it has been quiet for the
+    /// spin [`ParkPolicy::woke`] set ([`SHARD_SPIN`] at most), at once
+    /// when that is zero. Without a region: park.
     pub fn quiet(&mut self, served: usize, look: impl FnOnce() -> Instant) -> Quiet {
         if !self.attached {
             return Quiet::Park;
