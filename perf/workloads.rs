@@ -81,7 +81,7 @@ use lbagent::config::Config;
 use lbagent::host::heartbeat::{AgentInfo, HeartbeatWriter};
 use lbagent::host::udp::{RecvBatch, SendBatch};
 use lbagent::model::{ModuleId, NodeAddr, Policy, RouteNode};
-use lbagent::shm::attach::Attachment;
+use lbagent::shm::attach::{Attachment, Due};
 use lbagent::shm::fixed;
 use lbagent::shm::layout::{Geometry, FMT_FIXED, FMT_FLATBUFFERS};
 use lbagent::shm::region::{Access, Identity, Region};
@@ -854,8 +854,8 @@ pub fn shm_client_post(
         };
         (b, FMT_FLATBUFFERS)
     };
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    att.post(black_box(bytes), format, answer, deadline, &mut || {})
+    let mut due = Due::after(Duration::from_secs(10));
+    att.post(black_box(bytes), format, answer, &mut due, &mut || {})
         .expect("the slot takes the request")
 }
 
@@ -867,8 +867,8 @@ pub fn shm_client_wait(
     seq: u32,
     buf: &mut Vec<u8>,
 ) -> Option<(NodeAddr, fixed::Hint)> {
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    let (n, format) = att.wait(seq, deadline, buf, &mut || {}).ok()?;
+    let mut due = Due::after(Duration::from_secs(10));
+    let (n, format) = att.wait(seq, &mut due, buf, &mut || {}).ok()?;
     let (a, hint) = if format == FMT_FIXED {
         fixed::decode_answer_hinted(&buf[..n]).ok()?
     } else {

@@ -163,7 +163,9 @@ fn every_request_kind_goes_through_shared_memory_with_the_answers_of_udp() {
         assert_eq!(h.source, HostSource::Agent);
         assert!((1..=3).any(|i| h.addr == node(i)), "{h:?}");
     }
-    // That answer came as a fixed record in the shm client's slot.
+    // That answer came as a fixed record in the shm client's slot, in the
+    // slot's second cache line (the getHost was small enough to go inline:
+    // lbagent_shm::layout's inline cells).
     let region = Region::open(&agent.region_path(M.shard(2))).unwrap();
     let g = *region.geometry();
     // Its slot is leased over the local socket: its owner word is the
@@ -174,7 +176,10 @@ fn every_request_kind_goes_through_shared_memory_with_the_answers_of_udp() {
         .filter(|&b| region.u32(b + layout::S_STATE).load(Ordering::SeqCst) == leased)
         .map(|b| region.u32(b + layout::S_RESP_FORMAT).load(Ordering::SeqCst))
         .collect();
-    assert_eq!(formats, [u32::from(layout::FMT_FIXED)]);
+    assert_eq!(
+        formats,
+        [layout::resp_format(layout::FMT_FIXED, layout::PLACE_INLINE)]
+    );
     wait_metric(&agent, "lbagent_shm_requests_total", |v| v >= 8.0);
     assert_eq!(agent.metric("lbagent_shm_garbage_total"), Some(0.0));
     // The regions are the agent user's alone by default.
@@ -350,23 +355,36 @@ fn garbage_in_a_slot_is_counted_and_harms_only_that_slot() {
             let mut rng = fastrand::Rng::with_seed(16);
             let mut seq = 0u32;
             while !stop.load(Ordering::SeqCst) {
-                let len = match rng.u8(..4) {
+                let len = match rng.u8(..5) {
                     0 => u32::MAX,
                     1 => (g.req_cap + 1) as u32,
                     2 => 0,
+                    // Around the inline cell's capacity.
+                    3 => rng.u32(1..=layout::INLINE_CAP as u32 + 8),
                     _ => rng.u32(1..=g.req_cap as u32),
                 };
                 let junk: Vec<u8> = (0..256).map(|_| rng.u8(..)).collect();
                 region.copy_in(base + layout::S_DATA, &junk);
+                // And the inline cell's bytes, for the formats that place
+                // the cell there.
+                region.copy_in(base + layout::S_INLINE_A, &junk[..layout::INLINE_A]);
+                region.copy_in(base + layout::S_INLINE_B, &junk[..layout::INLINE_B]);
                 region
                     .u32(base + layout::S_REQ_LEN)
                     .store(len, Ordering::SeqCst);
                 // FlatBuffers, fixed records, a report in front, garbage.
+                let place = if rng.bool() {
+                    layout::PLACE_INLINE
+                } else {
+                    layout::PLACE_DATA
+                };
                 let format = match rng.u8(..4) {
-                    0 => layout::req_format(layout::FMT_FIXED, layout::FMT_FLATBUFFERS),
-                    1 => layout::req_format(layout::FMT_FIXED, layout::FMT_FIXED),
+                    0 => layout::req_format(layout::FMT_FIXED, layout::FMT_FLATBUFFERS, place),
+                    1 => layout::req_format(layout::FMT_FIXED, layout::FMT_FIXED, place),
                     2 => rng.u32(..),
-                    _ => 0,
+                    _ => {
+                        layout::req_format(layout::FMT_FLATBUFFERS, layout::FMT_FLATBUFFERS, place)
+                    }
                 };
                 region
                     .u32(base + layout::S_REQ_FORMAT)

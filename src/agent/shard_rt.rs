@@ -116,9 +116,15 @@ pub async fn run(parts: ShardParts) {
         idle_tick,
         queuing_time,
     } = parts;
-    let shm = shm.map(|r| Rc::new(RefCell::new(Server::new(r))));
     let fd = socket.into_raw_fd();
     let stamps = Stamps::for_shard(fd, queuing_time, shedding.is_some());
+    let shm = shm.map(|r| {
+        let srv = Server::new(r);
+        // Without queuing times the clients' stamps are never read: the
+        // region tells them so, and they read no clock for them.
+        srv.reads_stamps(stamps.stamped);
+        Rc::new(RefCell::new(srv))
+    });
     // SAFETY: fd is a bound UDP socket we own; glommio takes it over.
     let socket = Rc::new(unsafe { UdpSocket::from_raw_fd(fd) });
     let core = Rc::new(RefCell::new(ShardCore::new(setup)));
@@ -632,7 +638,7 @@ pub fn serve_ready(
             // `out` from the decision's values goes to the slot as it is.
             let mut out = [0u8; fixed::ANSWER_MAX];
             match c.serve_record(srv.request(&t), slot_peer(slot), now, queued, &mut out) {
-                Served::Answer(n) => srv.respond_record(slot, t.seq, &out, n),
+                Served::Answer(n) => srv.respond_record(slot, t.seq, &out, n, t.inline),
                 Served::Encoded => srv.respond(slot, t.seq, Some(c.encoded())),
                 Served::Nothing => srv.respond(slot, t.seq, None),
                 Served::Garbage => {
@@ -796,18 +802,18 @@ mod sweep_tests {
     use super::*;
     use crate::shard::record_tests::{node, route, M};
     use lbagent_model::NodeAddr;
-    use lbagent_shm::attach::Attachment;
+    use lbagent_shm::attach::{Attachment, Due};
     use lbagent_shm::layout::{Geometry, FMT_FIXED};
     use lbagent_shm::region::{Access, Identity};
     use lbagent_wire::{decode, Encoder, GetHost, Limits, Message, Report, RetCode};
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
 
     /// Posts `req` (with `hint`) in `att`'s slot.
     fn post(att: &mut Attachment, req: fixed::Request, hint: fixed::Hint, answer: bool) -> u32 {
         let mut rec = [0u8; fixed::MAX_LEN];
         let n = fixed::encode_request_hinted(&req, hint, &mut rec);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        att.post(&rec[..n], FMT_FIXED, answer, deadline, &mut || {})
+        let mut due = Due::after(Duration::from_secs(30));
+        att.post(&rec[..n], FMT_FIXED, answer, &mut due, &mut || {})
             .expect("the slot takes the request")
     }
 
@@ -846,8 +852,8 @@ mod sweep_tests {
         atts.iter_mut()
             .zip(seqs)
             .map(|(a, seq)| {
-                let deadline = Instant::now() + Duration::from_secs(30);
-                let (n, format) = a.wait(seq, deadline, &mut buf, &mut || {}).unwrap();
+                let mut due = Due::after(Duration::from_secs(30));
+                let (n, format) = a.wait(seq, &mut due, &mut buf, &mut || {}).unwrap();
                 assert_eq!(format, FMT_FIXED);
                 let (ans, hint) = fixed::decode_answer_hinted(&buf[..n]).unwrap();
                 assert_eq!(ans.retcode, RetCode::Ok);
@@ -925,5 +931,167 @@ mod sweep_tests {
             .iter()
             .all(|(h, _)| [node(2), node(3), node(4)].contains(h)));
         assert_eq!(srv.counts.garbage, 0);
+    }
+
+    /// The placement byte and split of `att`'s slot's request format word
+    /// and the placement byte of its response format word, read from
+    /// `region` (another mapping of the file).
+    fn placed(region: &Region, slot: u32) -> (u32, u32, u32) {
+        let base = region.geometry().slot_offset(slot);
+        let word = |off| {
+            region
+                .u32(base + off)
+                .load(std::sync::atomic::Ordering::SeqCst)
+        };
+        (
+            word(layout::S_REQ_FORMAT) >> 16,
+            word(layout::S_REQ_SPLIT),
+            word(layout::S_RESP_FORMAT) >> 8,
+        )
+    }
+
+    #[test]
+    fn cells_go_inline_only_where_the_shard_reads_them_and_are_answered_alike() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("r.0");
+        let pid = std::process::id();
+        let ident = Identity {
+            shard: 0,
+            pid,
+            boot: 1,
+        };
+        let region = Region::create(&path, Geometry::new(2), ident, Access::Owner).unwrap();
+        let mut srv = Server::new(region);
+        let seen = Region::open(&path).unwrap();
+        let mut att = Attachment::attach(&path, pid).unwrap();
+        let slot = (0..2)
+            .find(|&s| {
+                let base = seen.geometry().slot_offset(s);
+                seen.u32(base + layout::S_STATE)
+                    .load(std::sync::atomic::Ordering::SeqCst)
+                    == pid
+            })
+            .unwrap();
+        let mut c = ShardCore::new(ShardSetup::new(0, 1, 8888));
+        c.apply(route(&[1, 2, 3], 7), 0);
+        let ask = |att: &mut Attachment, c: &mut ShardCore, srv: &mut Server| {
+            let got = get_hosts(c, srv, std::slice::from_mut(att), 1);
+            got[0]
+        };
+        // This shard reads inline cells: the getHost and its answer go in
+        // the slot's first two lines.
+        assert_ne!(seen.features() & layout::FEAT_INLINE, 0);
+        let (host, hint) = ask(&mut att, &mut c, &mut srv);
+        assert_eq!(
+            placed(&seen, slot),
+            (
+                u32::from(layout::PLACE_INLINE),
+                0,
+                u32::from(layout::PLACE_INLINE)
+            )
+        );
+        // A report alone goes inline too; taken back in front of the next
+        // getHost, both travel in the inline cell.
+        let report = fixed::Request::Report(Report {
+            seq: 0,
+            module: M,
+            host,
+            retcode: 0,
+            tcost_ms: 1,
+            downstream_level: None,
+            consumed: 0,
+        });
+        post(&mut att, report, hint, false);
+        let _ = ask(&mut att, &mut c, &mut srv);
+        let (place, split, answered) = placed(&seen, slot);
+        assert_eq!(place, u32::from(layout::PLACE_INLINE));
+        assert_eq!(
+            split as usize,
+            fixed::REPORT_HINTED_LEN,
+            "the report went in front"
+        );
+        assert_eq!(answered, u32::from(layout::PLACE_INLINE));
+        // A report taken back in front of a request too long for the
+        // inline cell moves to the request area with it, and is counted.
+        post(&mut att, report, fixed::Hint::None, false);
+        let route_req = Encoder::new().get_route_req(9, M).to_vec();
+        assert!(fixed::REPORT_LEN + route_req.len() > layout::INLINE_CAP);
+        let mut due = Due::after(Duration::from_secs(30));
+        let seq = att
+            .post(
+                &route_req,
+                layout::FMT_FLATBUFFERS,
+                true,
+                &mut due,
+                &mut || {},
+            )
+            .unwrap();
+        let (place, split, _) = placed(&seen, slot);
+        assert_eq!(
+            (place, split as usize),
+            (u32::from(layout::PLACE_DATA), fixed::REPORT_LEN)
+        );
+        assert_eq!(sweep(&mut c, &mut srv, 2), 1);
+        let mut buf = Vec::new();
+        let (n, format) = att.wait(seq, &mut due, &mut buf, &mut || {}).unwrap();
+        assert_eq!(format, layout::FMT_FLATBUFFERS);
+        assert!(matches!(
+            decode(&buf[..n], &Limits::UDP),
+            Ok(Message::GetRouteResp(_))
+        ));
+        // Both reports counted, none garbage.
+        let Ok(Message::GetRouteResp(r)) = decode(&buf[..n], &Limits::UDP) else {
+            unreachable!()
+        };
+        let calls: u32 = r
+            .nodes()
+            .unwrap()
+            .iter()
+            .map(|n| n.rsucc() + n.rerr())
+            .sum();
+        assert_eq!(calls, 2, "the two reports of the inline and the moved cell");
+        assert_eq!(srv.counts.garbage, 0);
+        // A shard that does not read inline cells (an agent before them:
+        // the bit is 0) gets its cells in the request area, answered there.
+        seen.set_features(seen.features() & !layout::FEAT_INLINE);
+        let _ = ask(&mut att, &mut c, &mut srv);
+        assert_eq!(
+            placed(&seen, slot),
+            (
+                u32::from(layout::PLACE_DATA),
+                0,
+                u32::from(layout::PLACE_DATA)
+            )
+        );
+    }
+
+    #[test]
+    fn a_client_stamps_its_requests_only_for_a_shard_that_reads_the_stamps() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("r.0");
+        let pid = std::process::id();
+        let ident = Identity {
+            shard: 0,
+            pid,
+            boot: 1,
+        };
+        let region = Region::create(&path, Geometry::new(1), ident, Access::Owner).unwrap();
+        let mut srv = Server::new(region);
+        let seen = Region::open(&path).unwrap();
+        let stamp = seen.u64(seen.geometry().slot_offset(0) + layout::S_REQ_STAMP);
+        let mut att = Attachment::attach(&path, pid).unwrap();
+        let mut c = ShardCore::new(ShardSetup::new(0, 1, 8888));
+        c.apply(route(&[1], 7), 0);
+        // A shard that reads them (queuing times measured): stamped.
+        srv.reads_stamps(true);
+        assert_eq!(seen.features() & layout::FEAT_NO_STAMP, 0);
+        let _ = get_hosts(&mut c, &mut srv, std::slice::from_mut(&mut att), 1);
+        assert_ne!(stamp.load(std::sync::atomic::Ordering::SeqCst), 0);
+        // One that does not says so, and its clients read no clock for it.
+        srv.reads_stamps(false);
+        assert_ne!(seen.features() & layout::FEAT_NO_STAMP, 0);
+        stamp.store(0, std::sync::atomic::Ordering::SeqCst);
+        let _ = get_hosts(&mut c, &mut srv, std::slice::from_mut(&mut att), 2);
+        assert_eq!(stamp.load(std::sync::atomic::Ordering::SeqCst), 0);
     }
 }

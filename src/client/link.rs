@@ -61,7 +61,7 @@ use std::time::{Duration, Instant};
 use super::local::{LocalConn, RecvError};
 use super::locate::Endpoints;
 use lbagent_model::{ModuleId, NodeAddr};
-use lbagent_shm::attach::{Attachment, ShmFailure, REPORT_WAIT};
+use lbagent_shm::attach::{Attachment, Due, ShmFailure, REPORT_WAIT};
 use lbagent_shm::fixed::{self, HostAnswer};
 use lbagent_shm::layout::{FMT_FIXED, FMT_FLATBUFFERS};
 use lbagent_wire::{decode, Encoder, Limits, Message};
@@ -461,7 +461,7 @@ impl Link {
         shard: u32,
         record: Option<&fixed::Request>,
         answer: bool,
-        deadline: Instant,
+        mut due: Due,
     ) -> Result<Option<(usize, u8)>, ShmFailure> {
         // Once its UDP failed, a leased slot rings over its connection
         // until it is given back: no socket is tried per request.
@@ -505,7 +505,7 @@ impl Link {
             }
             None => (enc.finished(), FMT_FLATBUFFERS),
         };
-        let seq = match slot.post(req, format, answer, deadline, &mut ring) {
+        let seq = match slot.post(req, format, answer, &mut due, &mut ring) {
             Ok(seq) => seq,
             Err(ShmFailure::Closed) => return Ok(None),
             Err(e) => return Err(e),
@@ -513,7 +513,7 @@ impl Link {
         if !answer {
             return Ok(Some((0, format)));
         }
-        match slot.wait(seq, deadline, buf, &mut ring) {
+        match slot.wait(seq, &mut due, buf, &mut ring) {
             Ok(n) => Ok(Some(n)),
             Err(ShmFailure::Closed) => Ok(None),
             Err(e) => Err(e),
@@ -561,8 +561,7 @@ impl Link {
             if record.is_none() {
                 (build.take().expect("not built yet"))(&mut self.enc, seq);
             }
-            let deadline = Instant::now() + REPORT_WAIT;
-            match self.shm_exchange(shard, record.as_ref(), false, deadline) {
+            match self.shm_exchange(shard, record.as_ref(), false, Due::after(REPORT_WAIT)) {
                 Ok(Some(_)) => return Ok(()),
                 Ok(None) => self.detach(shard),
                 // The slot's previous request is not consumed yet: UDP.
@@ -626,7 +625,7 @@ impl Link {
             if record.is_none() {
                 (build.take().expect("not built yet"))(&mut self.enc, seq);
             }
-            match self.shm_exchange(shard, record.as_ref(), true, Instant::now() + timeout) {
+            match self.shm_exchange(shard, record.as_ref(), true, Due::after(timeout)) {
                 Ok(Some((n, FMT_FIXED))) => {
                     let (a, hint) = fixed::decode_answer_hinted(&self.buf[..n])
                         .map_err(|e| Failure::Garbage(format!("undecodable answer: {e}")))?;

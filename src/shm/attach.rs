@@ -30,6 +30,48 @@ pub const RING_AGAIN: Duration = Duration::from_millis(20);
 /// be consumed before it goes by UDP instead.
 pub const REPORT_WAIT: Duration = Duration::from_millis(50);
 
+/// A call's deadline, read from the clock only when a wait first needs it
+/// (past its first spins): a call answered within them reads no clock.
+/// Two clock reads a call (the deadline, and the start of the wait) were
+/// about a tenth of a busy client thread's core (perf, 30 threads on one
+/// core). The timeout therefore counts from the first moment the call
+/// waits, at most a few spins after it began.
+#[derive(Clone, Copy, Debug)]
+pub struct Due {
+    timeout: Duration,
+    at: Option<Instant>,
+}
+
+impl Due {
+    /// `timeout` from the first moment a wait of the call needs a clock.
+    pub fn after(timeout: Duration) -> Due {
+        Due { timeout, at: None }
+    }
+
+    /// At `deadline`, already known.
+    pub fn at(deadline: Instant) -> Due {
+        Due {
+            timeout: Duration::ZERO,
+            at: Some(deadline),
+        }
+    }
+
+    /// The deadline: `now` plus the timeout when it is asked first.
+    fn resolve(&mut self, now: Instant) -> Instant {
+        let timeout = self.timeout;
+        *self.at.get_or_insert_with(|| now + timeout)
+    }
+}
+
+/// The placement byte of a cell placed inline or not.
+fn place(inline: bool) -> u8 {
+    if inline {
+        layout::PLACE_INLINE
+    } else {
+        layout::PLACE_DATA
+    }
+}
+
 /// Why an exchange through the region failed.
 #[derive(Debug, PartialEq, Eq)]
 pub enum ShmFailure {
@@ -260,8 +302,8 @@ impl Attachment {
     /// Publishes `req` (an encoded request, FlatBuffers or a record of the
     /// fixed layout as `format` says); `answer` says whether one is
     /// expected. Rings `doorbell` if the shard is parked. Waits first, until
-    /// `deadline`, for the previous request to be consumed if it expected
-    /// no answer.
+    /// `due`, for the previous request to be consumed if it expected no
+    /// answer.
     ///
     /// # Errors
     /// [`ShmFailure::Closed`], [`ShmFailure::TimedOut`] (the previous request
@@ -271,7 +313,7 @@ impl Attachment {
         req: &[u8],
         format: u8,
         answer: bool,
-        deadline: Instant,
+        due: &mut Due,
         doorbell: &mut dyn FnMut(),
     ) -> Result<u32, ShmFailure> {
         if !self.usable() {
@@ -288,6 +330,10 @@ impl Attachment {
         // the shard to finish it (it is handling it now).
         let mut split = 0;
         let mut first_format = layout::FMT_FLATBUFFERS;
+        // A cell small enough goes in the slot's first two lines, in a
+        // region whose shard reads it there.
+        let inline_ok = self.region.features() & layout::FEAT_INLINE != 0;
+        let mut inline = inline_ok && req.len() <= layout::INLINE_CAP;
         if self.unacked {
             let resp = self.region.u32(base + layout::S_RESP_SEQ);
             let report_len = self
@@ -302,6 +348,12 @@ impl Attachment {
                 .load(Ordering::Relaxed)
                 == 0;
             let fits = alone && report_len + req.len() <= self.region.geometry().req_cap;
+            let report_format = self
+                .region
+                .u32(base + layout::S_REQ_FORMAT)
+                .load(Ordering::Relaxed);
+            // Where this client put it (it wrote the word itself).
+            let report_inline = report_format >> 16 & 0xff == u32::from(layout::PLACE_INLINE);
             if resp.load(Ordering::Acquire) != self.seq
                 && fits
                 && word
@@ -315,30 +367,43 @@ impl Attachment {
             {
                 split = report_len;
                 // The report's own format (this client wrote it, alone).
-                first_format = self
-                    .region
-                    .u32(base + layout::S_REQ_FORMAT)
-                    .load(Ordering::Relaxed) as u8;
+                first_format = report_format as u8;
+                inline = report_inline && split + req.len() <= layout::INLINE_CAP;
+                if report_inline && !inline {
+                    // Too long together for the inline bytes: the report
+                    // moves to the request area, where the request follows.
+                    let mut moved = [0u8; layout::INLINE_CAP];
+                    self.copy_out_inline(&mut moved[..split]);
+                    self.region.copy_in(base + layout::S_DATA, &moved[..split]);
+                }
             } else {
-                let took = self.wait_seq(self.seq, deadline, doorbell)?;
+                let took = self.wait_seq(self.seq, due, doorbell)?;
                 self.recent = wait::smooth(self.recent, took);
             }
             self.unacked = false;
         }
         self.seq = layout::next_seq(self.seq);
-        self.region.copy_in(base + layout::S_DATA + split, req);
+        if inline {
+            self.copy_in_inline(split, req);
+        } else {
+            self.region.copy_in(base + layout::S_DATA + split, req);
+        }
         self.region
             .u32(base + layout::S_REQ_LEN)
             .store((split + req.len()) as u32, Ordering::Relaxed);
         self.region
             .u32(base + layout::S_REQ_SPLIT)
             .store(split as u32, Ordering::Relaxed);
-        self.region
-            .u32(base + layout::S_REQ_FORMAT)
-            .store(layout::req_format(format, first_format), Ordering::Relaxed);
-        self.region
-            .u64(base + layout::S_REQ_STAMP)
-            .store(realtime_ns(), Ordering::Relaxed);
+        self.region.u32(base + layout::S_REQ_FORMAT).store(
+            layout::req_format(format, first_format, place(inline)),
+            Ordering::Relaxed,
+        );
+        // The stamp, only for a shard that reads it (queuing times).
+        if self.region.features() & layout::FEAT_NO_STAMP == 0 {
+            self.region
+                .u64(base + layout::S_REQ_STAMP)
+                .store(realtime_ns(), Ordering::Relaxed);
+        }
         word.store(self.seq, Ordering::SeqCst);
         // Then the slot's pending bit: a shard that takes the bit finds
         // the sequence (stored before it); one that parks meanwhile sees
@@ -353,6 +418,31 @@ impl Attachment {
         Ok(self.seq)
     }
 
+    /// Writes `src` at byte `at` of the slot's inline cell
+    /// ([`layout::inline_offset`]; `at + src.len()` at most
+    /// [`layout::INLINE_CAP`]).
+    fn copy_in_inline(&self, at: usize, src: &[u8]) {
+        let base = self.base();
+        let first = src.len().min(layout::INLINE_A.saturating_sub(at));
+        let (a, b) = src.split_at(first);
+        if !a.is_empty() {
+            self.region.copy_in(base + layout::inline_offset(at), a);
+        }
+        if !b.is_empty() {
+            self.region
+                .copy_in(base + layout::inline_offset(at + first), b);
+        }
+    }
+
+    /// Reads the first `dst.len()` bytes of the slot's inline cell.
+    fn copy_out_inline(&self, dst: &mut [u8]) {
+        let base = self.base();
+        let first = dst.len().min(layout::INLINE_A);
+        let (a, b) = dst.split_at_mut(first);
+        self.region.copy_out(base + layout::S_INLINE_A, a);
+        self.region.copy_out(base + layout::S_INLINE_B, b);
+    }
+
     /// Rings `doorbell` if the shard is parked; true if it did.
     fn ring_if_parked(&self, doorbell: &mut dyn FnMut()) -> bool {
         let parked = self.region.u32(layout::H_PARKED);
@@ -363,18 +453,19 @@ impl Attachment {
         ring
     }
 
-    /// Waits until the response sequence is `seq` or `deadline` passes;
+    /// Waits until the response sequence is `seq` or `due` passes;
     /// returns how long it waited (zero if answered within the first
-    /// spins, before any clock read).
+    /// spins, before any clock read: the wait is timed from the first
+    /// read, after them).
     fn wait_seq(
         &self,
         seq: u32,
-        deadline: Instant,
+        due: &mut Due,
         doorbell: &mut dyn FnMut(),
     ) -> Result<Duration, ShmFailure> {
         let base = self.base();
         let resp = self.region.u32(base + layout::S_RESP_SEQ);
-        let start = Instant::now();
+        let mut started: Option<Instant> = None;
         let plan = wait::plan(self.recent);
         let mut spins = 0u32;
         // When this client last rang whatever `parked` said.
@@ -383,11 +474,7 @@ impl Attachment {
             let seen = resp.load(Ordering::Acquire);
             if seen == seq {
                 // Answered within the first spins: no clock read.
-                return Ok(if spins >= 64 {
-                    start.elapsed()
-                } else {
-                    Duration::ZERO
-                });
+                return Ok(started.map_or(Duration::ZERO, |s| s.elapsed()));
             }
             spins += 1;
             if spins % 64 != 0 {
@@ -398,6 +485,8 @@ impl Attachment {
                 return Err(ShmFailure::Closed);
             }
             let now = Instant::now();
+            let start = *started.get_or_insert(now);
+            let deadline = due.resolve(now);
             if now >= deadline {
                 return Err(ShmFailure::TimedOut);
             }
@@ -439,7 +528,7 @@ impl Attachment {
         }
     }
 
-    /// Waits for the answer to request `seq` until `deadline` and copies
+    /// Waits for the answer to request `seq` until `due` and copies
     /// it into `buf` (resized); returns its length and its format
     /// ([`layout::FMT_FLATBUFFERS`] or [`layout::FMT_FIXED`]).
     ///
@@ -449,11 +538,11 @@ impl Attachment {
     pub fn wait(
         &mut self,
         seq: u32,
-        deadline: Instant,
+        due: &mut Due,
         buf: &mut Vec<u8>,
         doorbell: &mut dyn FnMut(),
     ) -> Result<(usize, u8), ShmFailure> {
-        let took = self.wait_seq(seq, deadline, doorbell)?;
+        let took = self.wait_seq(seq, due, doorbell)?;
         self.recent = wait::smooth(self.recent, took);
         let base = self.base();
         let raw = self
@@ -461,18 +550,16 @@ impl Attachment {
             .u32(base + layout::S_RESP_LEN)
             .load(Ordering::Relaxed);
         let cap = self.region.geometry().resp_cap;
-        let format = self
+        let word = self
             .region
             .u32(base + layout::S_RESP_FORMAT)
             .load(Ordering::Relaxed);
-        let format = match u8::try_from(format) {
-            Ok(f @ (layout::FMT_FLATBUFFERS | layout::FMT_FIXED)) => f,
-            _ => {
-                return Err(ShmFailure::Garbage(format!(
-                    "a response format of {format} (0 or 1)"
-                )))
-            }
+        let Some((format, inline)) = layout::resp_formats(word) else {
+            return Err(ShmFailure::Garbage(format!(
+                "a response format word of {word:#x} (0 or 1, or an inline record 0x101)"
+            )));
         };
+        let cap = if inline { layout::INLINE_B } else { cap };
         let len = match layout::response_len(raw, cap) {
             Some(Some(n)) => n,
             Some(None) => return Err(ShmFailure::Dropped),
@@ -485,10 +572,12 @@ impl Attachment {
         if buf.len() < len {
             buf.resize(len, 0);
         }
-        self.region.copy_out(
-            self.region.geometry().resp_offset(self.slot),
-            &mut buf[..len],
-        );
+        let at = if inline {
+            base + layout::S_INLINE_B
+        } else {
+            self.region.geometry().resp_offset(self.slot)
+        };
+        self.region.copy_out(at, &mut buf[..len]);
         fence(Ordering::Acquire);
         Ok((len, format))
     }

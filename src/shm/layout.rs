@@ -17,7 +17,7 @@
 //! | 28 | 4 | response capacity, bytes |
 //! | 32 | 8 | boot id: random per agent start |
 //! | 40 | 4 | closed: 1 once the agent stopped serving the region |
-//! | 44 | 4 | features: bit 0 [`FEAT_LEASE`] (slots are leased over the agent's local socket), bit 1 [`FEAT_NODE_HINT`] (the shard reads node hints in fixed records); 0 from an agent before them |
+//! | 44 | 4 | features: bit 0 [`FEAT_LEASE`] (slots are leased over the agent's local socket), bit 1 [`FEAT_NODE_HINT`] (the shard reads node hints in fixed records), bit 2 [`FEAT_NO_STAMP`] (the shard reads no request stamps), bit 3 [`FEAT_INLINE`] (the shard reads requests and writes fixed answers in the slot's first two cache lines); 0 from an agent before them |
 //! | 64 | 4 | parked: 1 while the shard sleeps (its own cache line) |
 //! | 128 | 8 × ⌈slots / 64⌉ | pending: bit `s % 64` of word `s / 64` set by slot `s`'s client after it publishes a request; the shard takes each word (swap to 0) and looks only at those slots |
 //!
@@ -30,14 +30,26 @@
 //! | 12 | 4 | sleeping: 1 while the client waits on a futex | client, shard |
 //! | 16 | 4 | request sequence (31 bits, +1 per request published) and [`TAKEN`] | client, shard (CAS) |
 //! | 20 | 4 | request length | client |
-//! | 24 | 8 | request stamp, `CLOCK_REALTIME` ns | client |
+//! | 24 | 8 | request stamp, `CLOCK_REALTIME` ns (not written while the header has [`FEAT_NO_STAMP`]) | client |
 //! | 32 | 4 | split: 0, or the length of a first datagram (a report) before the request | client |
-//! | 36 | 4 | request format: byte 0 the request's, byte 1 the first datagram's ([`FMT_FLATBUFFERS`] or [`FMT_FIXED`]); other bytes 0 | client |
+//! | 36 | 4 | request format: byte 0 the request's, byte 1 the first datagram's ([`FMT_FLATBUFFERS`] or [`FMT_FIXED`]), byte 2 where the cell's bytes are ([`PLACE_DATA`], or [`PLACE_INLINE`] in a region with [`FEAT_INLINE`]); byte 3 0 | client |
+//! | 40 | 24 | inline bytes 0–23 of a cell placed [`PLACE_INLINE`] | client |
 //! | 64 | 4 | response sequence: the request sequence answered | shard |
 //! | 68 | 4 | response length ([`NO_ANSWER`]: consumed, nothing to say) | shard |
-//! | 72 | 4 | response format ([`FMT_FLATBUFFERS`] or [`FMT_FIXED`]) | shard |
+//! | 72 | 4 | response format: byte 0 [`FMT_FLATBUFFERS`] or [`FMT_FIXED`], byte 1 where the answer is ([`PLACE_DATA`], or [`PLACE_INLINE`] for a fixed answer to a request placed so); other bytes 0 | shard |
+//! | 80 | 48 | inline bytes 24–71 of a cell placed [`PLACE_INLINE`]; then its answer, if placed so | client, then shard |
 //! | 128 | req cap | request bytes: a FlatBuffers datagram, as over UDP, or a getHost / report record of [`super::fixed`] | client |
 //! | 128 + req cap | resp cap | response bytes: FlatBuffers, or a getHost answer record | shard |
+//!
+//! **Inline cells** ([`FEAT_INLINE`]). A round trip through the slot moves
+//! cache lines between the client's core and the shard's: the slot's first
+//! line (the request's sequence and format; the shard's compare-and-swap),
+//! its second (the response's sequence), the pending word's, and the
+//! lines of the request and response areas. A cell of at most
+//! [`INLINE_CAP`] bytes (a getHost record, a report, or the two in one
+//! cell) may instead go in the unused bytes of the first two lines
+//! ([`S_INLINE_A`], then [`S_INLINE_B`]), and its fixed answer in the second
+//! line, which its client reads anyway: two lines fewer each way.
 //!
 //! Nothing read from a slot is trusted by the shard: lengths are bounded
 //! here ([`request_len`]), pids are checked ([`owner_pid`]), and the bytes
@@ -90,6 +102,20 @@ pub const FEAT_LEASE: u32 = 1;
 /// client that does not read the bit sends no hint, and an agent before it
 /// leaves the bit 0, so no client sends it a flag it would refuse.
 pub const FEAT_NODE_HINT: u32 = 2;
+/// The features word's bit that says the shard reads no request stamps
+/// (it measures no queuing times: neither `agent.queuing_time` nor
+/// shedding is on), so a client need not read the realtime clock for
+/// each request (a clock read was about 6% of a busy client thread's
+/// core, perf). A bit that says what the shard does *not* do: an agent
+/// before it leaves it 0, and its clients keep stamping.
+pub const FEAT_NO_STAMP: u32 = 4;
+/// The features word's bit that says the shard reads cells placed
+/// [`PLACE_INLINE`] and answers a fixed record to one in the slot's second
+/// line. A client places a cell inline only in a region with this bit (an
+/// agent before it refuses the placement byte as garbage), and only a
+/// request placed inline gets an inline answer (a client before it never
+/// sees one).
+pub const FEAT_INLINE: u32 = 8;
 /// See the table: the first pending word.
 pub const H_PENDING: usize = 128;
 
@@ -153,6 +179,41 @@ pub const S_RESP_LEN: usize = 68;
 pub const S_RESP_FORMAT: usize = 72;
 /// Where the request bytes start.
 pub const S_DATA: usize = 128;
+/// Where an inline cell's first [`INLINE_A`] bytes are (the rest of the
+/// slot's first cache line).
+pub const S_INLINE_A: usize = 40;
+/// How many bytes of an inline cell the first line holds.
+pub const INLINE_A: usize = 24;
+/// Where an inline cell's next [`INLINE_B`] bytes are, and an inline
+/// answer (the rest of the slot's second cache line).
+pub const S_INLINE_B: usize = 80;
+/// How many bytes of an inline cell, or of an inline answer, the second
+/// line holds.
+pub const INLINE_B: usize = 48;
+/// The most bytes an inline cell holds.
+pub const INLINE_CAP: usize = INLINE_A + INLINE_B;
+const _: () = assert!(S_INLINE_A >= S_REQ_FORMAT + 4 && S_INLINE_A + INLINE_A == S_RESP_SEQ);
+const _: () = assert!(S_INLINE_B >= S_RESP_FORMAT + 4 && S_INLINE_B + INLINE_B == S_DATA);
+// The longest hot cell, a hinted report and a getHost, goes inline, and
+// so does the longest fixed answer.
+const _: () = assert!(crate::fixed::REPORT_HINTED_LEN + crate::fixed::GET_HOST_LEN <= INLINE_CAP);
+const _: () = assert!(crate::fixed::ANSWER_MAX <= INLINE_B);
+
+/// A cell whose bytes are in the request area ([`S_DATA`]), or an answer
+/// in the response area.
+pub const PLACE_DATA: u8 = 0;
+/// A cell whose bytes are in the slot's first two lines ([`S_INLINE_A`],
+/// then [`S_INLINE_B`]), or an answer at [`S_INLINE_B`].
+pub const PLACE_INLINE: u8 = 1;
+
+/// Where byte `at` of an inline cell is, as an offset in its slot.
+pub fn inline_offset(at: usize) -> usize {
+    if at < INLINE_A {
+        S_INLINE_A + at
+    } else {
+        S_INLINE_B + at - INLINE_A
+    }
+}
 /// The 32-bit words of a slot's header (its first [`S_DATA`] bytes), as
 /// [`super::region::Region::slot_words`] hands them out: word `S_X / 4` is
 /// field `S_X`.
@@ -164,19 +225,54 @@ pub const FMT_FLATBUFFERS: u8 = 0;
 pub const FMT_FIXED: u8 = 1;
 
 /// The request format word for a request of format `request` behind a
-/// first datagram of format `first`.
-pub fn req_format(request: u8, first: u8) -> u32 {
-    u32::from(request) | u32::from(first) << 8
+/// first datagram of format `first`, its bytes placed `place`.
+pub fn req_format(request: u8, first: u8, place: u8) -> u32 {
+    u32::from_le_bytes([request, first, place, 0])
 }
 
-/// The formats a request format word names, `(request, first)`; `None`
-/// for garbage (an unknown format, a byte past the second not 0).
-pub fn formats(word: u32) -> Option<(u8, u8)> {
-    let [request, first, 0, 0] = word.to_le_bytes() else {
+/// What a request format word says: the formats of the request and of the
+/// first datagram, and whether the cell is placed inline.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CellFormat {
+    /// The request's format.
+    pub request: u8,
+    /// The first datagram's (a report in front of the request).
+    pub first: u8,
+    /// The cell's bytes are in the slot's first two lines.
+    pub inline: bool,
+}
+
+/// What a request format word names; `None` for garbage (an unknown
+/// format or placement, the last byte not 0).
+pub fn formats(word: u32) -> Option<CellFormat> {
+    let [request, first, place, 0] = word.to_le_bytes() else {
         return None;
     };
     let known = |f: u8| f == FMT_FLATBUFFERS || f == FMT_FIXED;
-    (known(request) && known(first)).then_some((request, first))
+    (known(request) && known(first) && (place == PLACE_DATA || place == PLACE_INLINE)).then_some(
+        CellFormat {
+            request,
+            first,
+            inline: place == PLACE_INLINE,
+        },
+    )
+}
+
+/// The response format word of an answer of format `format` placed
+/// `place`.
+pub fn resp_format(format: u8, place: u8) -> u32 {
+    u32::from_le_bytes([format, place, 0, 0])
+}
+
+/// What a response format word says, `(format, inline)`; `None` for
+/// garbage (an unknown format or placement, an inline answer that is no
+/// fixed record, a byte past the second not 0).
+pub fn resp_formats(word: u32) -> Option<(u8, bool)> {
+    match word.to_le_bytes() {
+        [f @ (FMT_FLATBUFFERS | FMT_FIXED), PLACE_DATA, 0, 0] => Some((f, false)),
+        [FMT_FIXED, PLACE_INLINE, 0, 0] => Some((FMT_FIXED, true)),
+        _ => None,
+    }
 }
 
 /// A slot no client holds.
@@ -452,16 +548,79 @@ mod tests {
     }
 
     #[test]
+    fn inline_cells_fill_the_first_two_lines_around_their_words() {
+        let offsets: Vec<usize> = (0..INLINE_CAP).map(inline_offset).collect();
+        assert_eq!(offsets[0], S_INLINE_A);
+        assert_eq!(offsets[INLINE_A - 1], S_RESP_SEQ - 1);
+        assert_eq!(offsets[INLINE_A], S_INLINE_B);
+        assert_eq!(offsets[INLINE_CAP - 1], S_DATA - 1);
+        // No word of the slot's header is under an inline byte.
+        for w in [
+            S_STATE,
+            S_SLEEPING,
+            S_REQ_SEQ,
+            S_REQ_LEN,
+            S_REQ_SPLIT,
+            S_REQ_FORMAT,
+            S_RESP_SEQ,
+            S_RESP_LEN,
+            S_RESP_FORMAT,
+        ] {
+            assert!(!offsets.iter().any(|&o| (w..w + 4).contains(&o)), "{w}");
+        }
+        assert!(!offsets
+            .iter()
+            .any(|&o| (S_REQ_STAMP..S_REQ_STAMP + 8).contains(&o)));
+        // Two lines: the first and the second of the slot.
+        assert!(offsets.iter().all(|&o| o < 2 * 64));
+    }
+
+    #[test]
+    fn response_format_words_name_inline_fixed_answers_only() {
+        assert_eq!(resp_formats(0), Some((FMT_FLATBUFFERS, false)));
+        assert_eq!(resp_formats(1), Some((FMT_FIXED, false)));
+        assert_eq!(
+            resp_formats(resp_format(FMT_FIXED, PLACE_INLINE)),
+            Some((FMT_FIXED, true))
+        );
+        assert_eq!(
+            resp_formats(resp_format(FMT_FLATBUFFERS, PLACE_INLINE)),
+            None
+        );
+        assert_eq!(resp_formats(resp_format(FMT_FIXED, 2)), None);
+        assert_eq!(resp_formats(2), None);
+        assert_eq!(resp_formats(1 << 16), None);
+        assert_eq!(resp_formats(u32::MAX), None);
+    }
+
+    #[test]
     fn format_words_name_known_formats_only() {
         for r in [FMT_FLATBUFFERS, FMT_FIXED] {
             for f in [FMT_FLATBUFFERS, FMT_FIXED] {
-                assert_eq!(formats(req_format(r, f)), Some((r, f)));
+                for (place, inline) in [(PLACE_DATA, false), (PLACE_INLINE, true)] {
+                    assert_eq!(
+                        formats(req_format(r, f, place)),
+                        Some(CellFormat {
+                            request: r,
+                            first: f,
+                            inline
+                        })
+                    );
+                }
             }
         }
-        assert_eq!(formats(0), Some((FMT_FLATBUFFERS, FMT_FLATBUFFERS)));
+        assert_eq!(
+            formats(0),
+            Some(CellFormat {
+                request: FMT_FLATBUFFERS,
+                first: FMT_FLATBUFFERS,
+                inline: false
+            })
+        );
         assert_eq!(formats(2), None);
         assert_eq!(formats(2 << 8), None);
-        assert_eq!(formats(1 << 16), None);
+        assert_eq!(formats(2 << 16), None);
+        assert_eq!(formats(1 << 24), None);
         assert_eq!(formats(u32::MAX), None);
     }
 

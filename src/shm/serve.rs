@@ -53,6 +53,9 @@ pub struct Taken {
     pub first_format: u8,
     /// How long it waited in the slot, µs (see [`layout::waited_us`]).
     pub waited_us: u64,
+    /// The cell was placed inline ([`layout::PLACE_INLINE`]): a fixed
+    /// answer goes there too.
+    pub inline: bool,
 }
 
 /// One shard's region and what the shard remembers about each slot.
@@ -95,9 +98,9 @@ impl Server {
                 region.path().display()
             );
         }
-        // This shard reads the node hints of fixed records: its clients
-        // may ask for them.
-        region.add_features(layout::FEAT_NODE_HINT);
+        // This shard reads the node hints of fixed records (its clients
+        // may ask for them) and cells placed inline.
+        region.add_features(layout::FEAT_NODE_HINT | layout::FEAT_INLINE);
         let slots = region.geometry().slots as usize;
         let req_cap = region.geometry().req_cap;
         Server {
@@ -115,6 +118,16 @@ impl Server {
 
     fn g(&self) -> &Geometry {
         self.region.geometry()
+    }
+
+    /// Says in the region's header whether this shard reads its clients'
+    /// request stamps (it measures queuing times): when it does not
+    /// ([`layout::FEAT_NO_STAMP`]), clients write none. Called once, before
+    /// the region is offered.
+    pub fn reads_stamps(&self, reads: bool) {
+        if !reads {
+            self.region.add_features(layout::FEAT_NO_STAMP);
+        }
     }
 
     /// Number of slots.
@@ -158,10 +171,13 @@ impl Server {
         let raw_split = w[layout::S_REQ_SPLIT / 4].load(Ordering::Relaxed);
         let raw_format = w[layout::S_REQ_FORMAT / 4].load(Ordering::Relaxed);
         let parts = layout::request_len(raw_len, self.g().req_cap).and_then(|len| {
-            let (format, first_format) = layout::formats(raw_format)?;
-            Some((len, layout::split_at(raw_split, len)?, format, first_format))
+            let f = layout::formats(raw_format)?;
+            if f.inline && len > layout::INLINE_CAP {
+                return None;
+            }
+            Some((len, layout::split_at(raw_split, len)?, f))
         });
-        let Some((len, split, format, first_format)) = parts else {
+        let Some((len, split, f)) = parts else {
             self.refuse_garbage(slot, seq);
             return None;
         };
@@ -179,7 +195,13 @@ impl Server {
         // fits in the cell's first SMALL bytes: copied as one block of a
         // fixed size (no call to memcpy); the bytes past `len` are never
         // read (every geometry's request area holds 64 bytes at least).
-        if len <= SMALL {
+        if f.inline {
+            // Both parts whole, whatever the length (fixed sizes: no call
+            // to memcpy); the bytes past `len` are never read.
+            let (a, b) = self.buf[..layout::INLINE_CAP].split_at_mut(layout::INLINE_A);
+            self.region.copy_out(base + layout::S_INLINE_A, a);
+            self.region.copy_out(base + layout::S_INLINE_B, b);
+        } else if len <= SMALL {
             self.region
                 .copy_out(base + layout::S_DATA, &mut self.buf[..SMALL]);
         } else {
@@ -193,9 +215,10 @@ impl Server {
             seq,
             len,
             split,
-            format,
-            first_format,
+            format: f.request,
+            first_format: f.first,
             waited_us,
+            inline: f.inline,
         })
     }
 
@@ -224,7 +247,12 @@ impl Server {
     /// than the slot's response area is counted as garbage and replaced by
     /// no answer.
     pub fn respond(&mut self, slot: u32, seq: u32, answer: Option<&[u8]>) {
-        self.respond_as(slot, seq, answer, layout::FMT_FLATBUFFERS);
+        self.respond_as(
+            slot,
+            seq,
+            answer,
+            layout::resp_format(layout::FMT_FLATBUFFERS, layout::PLACE_DATA),
+        );
     }
 
     /// Writes getHost answer `a` to request `seq` of `slot` as a record of
@@ -232,7 +260,12 @@ impl Server {
     pub fn respond_host(&mut self, slot: u32, seq: u32, a: &fixed::HostAnswer) {
         let mut rec = [0u8; fixed::HOST_ANSWER_LEN];
         fixed::encode_answer(a, &mut rec);
-        self.respond_as(slot, seq, Some(&rec), layout::FMT_FIXED);
+        self.respond_as(
+            slot,
+            seq,
+            Some(&rec),
+            layout::resp_format(layout::FMT_FIXED, layout::PLACE_DATA),
+        );
     }
 
     /// Writes the first `len` bytes of `record`, a getHost answer record
@@ -240,7 +273,8 @@ impl Server {
     /// the answer to request `seq` of `slot`, and wakes the client if it
     /// sleeps. The whole array is copied (a fixed size: no call to
     /// memcpy; every geometry's response area holds 64 bytes at least);
-    /// the client reads `len`.
+    /// the client reads `len`. With `inline` (the request was placed
+    /// inline) the record goes in the slot's second line.
     #[inline(always)]
     pub fn respond_record(
         &mut self,
@@ -248,20 +282,34 @@ impl Server {
         seq: u32,
         record: &[u8; fixed::ANSWER_MAX],
         len: usize,
+        inline: bool,
     ) {
         let g = *self.g();
-        self.region.copy_in(g.resp_offset(slot), record);
+        let (at, place) = if inline {
+            (
+                g.slot_offset(slot) + layout::S_INLINE_B,
+                layout::PLACE_INLINE,
+            )
+        } else {
+            (g.resp_offset(slot), layout::PLACE_DATA)
+        };
+        self.region.copy_in(at, record);
         let len = if (1..=fixed::ANSWER_MAX).contains(&len) {
             len as u32
         } else {
             self.counts.garbage += 1;
             layout::NO_ANSWER
         };
-        self.publish(slot, seq, len, layout::FMT_FIXED);
+        self.publish(
+            slot,
+            seq,
+            len,
+            layout::resp_format(layout::FMT_FIXED, place),
+        );
     }
 
     #[inline]
-    fn respond_as(&mut self, slot: u32, seq: u32, answer: Option<&[u8]>, format: u8) {
+    fn respond_as(&mut self, slot: u32, seq: u32, answer: Option<&[u8]>, format: u32) {
         let g = *self.g();
         let len = match answer {
             Some(a) if a.len() <= g.resp_cap && !a.is_empty() => {
@@ -277,15 +325,16 @@ impl Server {
         self.publish(slot, seq, len, format);
     }
 
-    /// Publishes the answer of `len` bytes (or [`layout::NO_ANSWER`]) in
-    /// `format` to request `seq` of `slot`, whose bytes are in place, and
-    /// wakes the client if it sleeps.
+    /// Publishes the answer of `len` bytes (or [`layout::NO_ANSWER`]) of
+    /// response format word `format` ([`layout::resp_format`]) to request
+    /// `seq` of `slot`, whose bytes are in place, and wakes the client if
+    /// it sleeps.
     #[inline(always)]
-    fn publish(&mut self, slot: u32, seq: u32, len: u32, format: u8) {
+    fn publish(&mut self, slot: u32, seq: u32, len: u32, format: u32) {
         let base = self.g().slot_offset(slot);
         let w = self.region.slot_words(base);
         w[layout::S_RESP_LEN / 4].store(len, Ordering::Relaxed);
-        w[layout::S_RESP_FORMAT / 4].store(u32::from(format), Ordering::Relaxed);
+        w[layout::S_RESP_FORMAT / 4].store(format, Ordering::Relaxed);
         w[layout::S_RESP_SEQ / 4].store(seq, Ordering::SeqCst);
         if w[layout::S_SLEEPING / 4].load(Ordering::SeqCst) != 0 {
             self.wake(base);
