@@ -504,6 +504,36 @@ impl Region {
         self.u32(off).load(Ordering::Relaxed)
     }
 
+    /// Copies the inline cell of the slot at `base` (its bytes at
+    /// [`layout::S_INLINE_A`] and [`layout::S_INLINE_B`]) into `dst`, with
+    /// one bounds check: the slot's first [`layout::S_DATA`] bytes must lie
+    /// inside the mapping. As [`Region::copy_out`], the bytes may be
+    /// changing under it.
+    ///
+    /// # Panics
+    /// When the slot's header is outside the mapping (a bug).
+    #[inline]
+    pub fn copy_out_inline(&self, base: usize, dst: &mut [u8; layout::INLINE_CAP]) {
+        assert!(base
+            .checked_add(layout::S_DATA)
+            .is_some_and(|e| e <= self.map.len()));
+        // SAFETY: both ranges are inside the slot's first S_DATA bytes,
+        // inside the live mapping (checked above); `dst` is ours.
+        unsafe {
+            let src = self.map.as_ptr().add(base);
+            std::ptr::copy_nonoverlapping(
+                src.add(layout::S_INLINE_A),
+                dst.as_mut_ptr(),
+                layout::INLINE_A,
+            );
+            std::ptr::copy_nonoverlapping(
+                src.add(layout::S_INLINE_B),
+                dst.as_mut_ptr().add(layout::INLINE_A),
+                layout::INLINE_B,
+            );
+        }
+    }
+
     /// Copies `dst.len()` bytes from offset `off` of the region.
     ///
     /// # Panics

@@ -107,7 +107,7 @@ impl Server {
             region,
             last: vec![0; slots],
             held: vec![None; slots],
-            buf: vec![0; req_cap],
+            buf: vec![0; req_cap.max(layout::INLINE_CAP)],
             visited_ns: 0,
             ready: Vec::with_capacity(slots),
             leases: Leases::new(slots as u32),
@@ -198,9 +198,10 @@ impl Server {
         if f.inline {
             // Both parts whole, whatever the length (fixed sizes: no call
             // to memcpy); the bytes past `len` are never read.
-            let (a, b) = self.buf[..layout::INLINE_CAP].split_at_mut(layout::INLINE_A);
-            self.region.copy_out(base + layout::S_INLINE_A, a);
-            self.region.copy_out(base + layout::S_INLINE_B, b);
+            let cell: &mut [u8; layout::INLINE_CAP] = (&mut self.buf[..layout::INLINE_CAP])
+                .try_into()
+                .expect("the buffer holds an inline cell");
+            self.region.copy_out_inline(base, cell);
         } else if len <= SMALL {
             self.region
                 .copy_out(base + layout::S_DATA, &mut self.buf[..SMALL]);
