@@ -854,8 +854,8 @@ pub fn shm_client_post(
         };
         (b, FMT_FLATBUFFERS)
     };
-    let mut due = Due::after(Duration::from_secs(10));
-    att.post(black_box(bytes), format, answer, &mut due, &mut || {})
+    let due = Due::after(Duration::from_secs(10));
+    att.post(black_box(bytes), format, answer, &due, &mut || {})
         .expect("the slot takes the request")
 }
 
@@ -867,8 +867,8 @@ pub fn shm_client_wait(
     seq: u32,
     buf: &mut Vec<u8>,
 ) -> Option<(NodeAddr, fixed::Hint)> {
-    let mut due = Due::after(Duration::from_secs(10));
-    let (n, format) = att.wait(seq, &mut due, buf, &mut || {}).ok()?;
+    let due = Due::after(Duration::from_secs(10));
+    let (n, format) = att.wait(seq, &due, buf, &mut || {}).ok()?;
     let (a, hint) = if format == FMT_FIXED {
         fixed::decode_answer_hinted(&buf[..n]).ok()?
     } else {

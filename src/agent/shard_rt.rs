@@ -812,8 +812,8 @@ mod sweep_tests {
     fn post(att: &mut Attachment, req: fixed::Request, hint: fixed::Hint, answer: bool) -> u32 {
         let mut rec = [0u8; fixed::MAX_LEN];
         let n = fixed::encode_request_hinted(&req, hint, &mut rec);
-        let mut due = Due::after(Duration::from_secs(30));
-        att.post(&rec[..n], FMT_FIXED, answer, &mut due, &mut || {})
+        let due = Due::after(Duration::from_secs(30));
+        att.post(&rec[..n], FMT_FIXED, answer, &due, &mut || {})
             .expect("the slot takes the request")
     }
 
@@ -852,8 +852,8 @@ mod sweep_tests {
         atts.iter_mut()
             .zip(seqs)
             .map(|(a, seq)| {
-                let mut due = Due::after(Duration::from_secs(30));
-                let (n, format) = a.wait(seq, &mut due, &mut buf, &mut || {}).unwrap();
+                let due = Due::after(Duration::from_secs(30));
+                let (n, format) = a.wait(seq, &due, &mut buf, &mut || {}).unwrap();
                 assert_eq!(format, FMT_FIXED);
                 let (ans, hint) = fixed::decode_answer_hinted(&buf[..n]).unwrap();
                 assert_eq!(ans.retcode, RetCode::Ok);
@@ -1016,15 +1016,9 @@ mod sweep_tests {
         post(&mut att, report, fixed::Hint::None, false);
         let route_req = Encoder::new().get_route_req(9, M).to_vec();
         assert!(fixed::REPORT_LEN + route_req.len() > layout::INLINE_CAP);
-        let mut due = Due::after(Duration::from_secs(30));
+        let due = Due::after(Duration::from_secs(30));
         let seq = att
-            .post(
-                &route_req,
-                layout::FMT_FLATBUFFERS,
-                true,
-                &mut due,
-                &mut || {},
-            )
+            .post(&route_req, layout::FMT_FLATBUFFERS, true, &due, &mut || {})
             .unwrap();
         let (place, split, _) = placed(&seen, slot);
         assert_eq!(
@@ -1033,7 +1027,7 @@ mod sweep_tests {
         );
         assert_eq!(sweep(&mut c, &mut srv, 2), 1);
         let mut buf = Vec::new();
-        let (n, format) = att.wait(seq, &mut due, &mut buf, &mut || {}).unwrap();
+        let (n, format) = att.wait(seq, &due, &mut buf, &mut || {}).unwrap();
         assert_eq!(format, layout::FMT_FLATBUFFERS);
         assert!(matches!(
             decode(&buf[..n], &Limits::UDP),

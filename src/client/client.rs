@@ -7,7 +7,7 @@
 //! and getRoute); `replies` says what each answer means. This file holds
 //! the handle, its options, and finding and asking the agent.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::cache::{Pick, Refreshed, RouteCache};
 use super::clock::Clock;
@@ -19,6 +19,7 @@ use lbagent_admission::holdback::HoldBack;
 use lbagent_admission::UserPriorities;
 use lbagent_host::heartbeat::AgentInfo;
 use lbagent_model::{ModuleId, NodeAddr, Policy, RouteNode};
+use lbagent_shm::attach::Due;
 use lbagent_shm::fixed::{self, HostAnswer};
 use lbagent_wire::{
     fb, AdmissionLevel, Encoder, Message, NodeStatus, Report, RetCode, MAX_REGISTER_TIMEOUT_MS,
@@ -299,7 +300,7 @@ impl Client {
     fn exchange<T>(
         &mut self,
         module: ModuleId,
-        deadline: Instant,
+        due: &Due,
         record: Option<fixed::Request>,
         build: impl Fn(&mut Encoder, u32),
         mut answer: impl FnMut(Answer<'_>) -> Reply<T>,
@@ -309,14 +310,13 @@ impl Client {
             attempt += 1;
             let shards = self.locator.endpoints().map_or(1, |e| e.shards);
             let shard = module.shard(shards);
-            let remaining = deadline.saturating_duration_since(Instant::now());
-            let (why, timed_out) = if remaining.is_zero() {
+            // The first attempt reads no clock (the call's start is read
+            // when a wait needs it); a second one, after a follow, checks
+            // what is left.
+            let (why, timed_out) = if attempt > 1 && due.remaining().is_zero() {
                 ("no time left".to_string(), true)
             } else {
-                match self
-                    .link
-                    .request(shard, remaining, record, &build, &mut answer)
-                {
+                match self.link.request(shard, due, record, &build, &mut answer) {
                     Ok(Reply::Done(r)) => return r.map_err(Trouble::Error),
                     Ok(Reply::WrongShard(msg)) => {
                         if attempt == 1 && self.follow() {
@@ -338,7 +338,7 @@ impl Client {
                     Err(Failure::Io(e)) => (format!("cannot talk to shard {shard}: {e}"), false),
                 }
             };
-            if attempt == 1 && !remaining.is_zero() && self.follow() {
+            if attempt == 1 && !due.remaining().is_zero() && self.follow() {
                 continue;
             }
             self.mark_suspect(shard);
@@ -347,14 +347,14 @@ impl Client {
     }
 
     /// The error for a call that has no static answer.
-    fn not_answered(&self, module: ModuleId, started: Instant, t: Trouble) -> ClientError {
+    fn not_answered(&self, module: ModuleId, due: &Due, t: Trouble) -> ClientError {
         match t {
             Trouble::Error(e) => e,
             Trouble::Unreachable {
                 timed_out: true, ..
             } => ClientError::Timeout {
                 module,
-                waited: started.elapsed(),
+                waited: due.elapsed(),
             },
             Trouble::Unreachable { why, .. } => ClientError::AgentDown(why),
         }

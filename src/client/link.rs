@@ -461,7 +461,7 @@ impl Link {
         shard: u32,
         record: Option<&fixed::Request>,
         answer: bool,
-        mut due: Due,
+        due: &Due,
     ) -> Result<Option<(usize, u8)>, ShmFailure> {
         // Once its UDP failed, a leased slot rings over its connection
         // until it is given back: no socket is tried per request.
@@ -505,7 +505,7 @@ impl Link {
             }
             None => (enc.finished(), FMT_FLATBUFFERS),
         };
-        let seq = match slot.post(req, format, answer, &mut due, &mut ring) {
+        let seq = match slot.post(req, format, answer, due, &mut ring) {
             Ok(seq) => seq,
             Err(ShmFailure::Closed) => return Ok(None),
             Err(e) => return Err(e),
@@ -513,7 +513,7 @@ impl Link {
         if !answer {
             return Ok(Some((0, format)));
         }
-        match slot.wait(seq, &mut due, buf, &mut ring) {
+        match slot.wait(seq, due, buf, &mut ring) {
             Ok(n) => Ok(Some(n)),
             Err(ShmFailure::Closed) => Ok(None),
             Err(e) => Err(e),
@@ -561,7 +561,7 @@ impl Link {
             if record.is_none() {
                 (build.take().expect("not built yet"))(&mut self.enc, seq);
             }
-            match self.shm_exchange(shard, record.as_ref(), false, Due::after(REPORT_WAIT)) {
+            match self.shm_exchange(shard, record.as_ref(), false, &Due::after(REPORT_WAIT)) {
                 Ok(Some(_)) => return Ok(()),
                 Ok(None) => self.detach(shard),
                 // The slot's previous request is not consumed yet: UDP.
@@ -605,7 +605,8 @@ impl Link {
 
     /// Sends the request `build` encodes (given a fresh sequence number) to
     /// `shard`, re-sending it until an answer with that number arrives or
-    /// `timeout` passes, and returns what `answer` makes of that answer.
+    /// the call's deadline (`due`) passes, and returns what `answer` makes
+    /// of that answer.
     ///
     /// # Errors
     /// [`Failure::Refused`], [`Failure::TimedOut`], [`Failure::Garbage`],
@@ -613,7 +614,7 @@ impl Link {
     pub fn request<T>(
         &mut self,
         shard: u32,
-        timeout: Duration,
+        due: &Due,
         record: Option<fixed::Request>,
         build: impl FnOnce(&mut Encoder, u32),
         mut answer: impl FnMut(Answer<'_>) -> T,
@@ -625,7 +626,7 @@ impl Link {
             if record.is_none() {
                 (build.take().expect("not built yet"))(&mut self.enc, seq);
             }
-            match self.shm_exchange(shard, record.as_ref(), true, Due::after(timeout)) {
+            match self.shm_exchange(shard, record.as_ref(), true, due) {
                 Ok(Some((n, FMT_FIXED))) => {
                     let (a, hint) = fixed::decode_answer_hinted(&self.buf[..n])
                         .map_err(|e| Failure::Garbage(format!("undecodable answer: {e}")))?;
@@ -660,7 +661,8 @@ impl Link {
         if let Some(build) = build {
             build(&mut self.enc, seq);
         }
-        let deadline = Instant::now() + timeout;
+        let deadline = due.deadline();
+        let timeout = due.remaining();
         let local = self.local(shard, deadline);
         if local && self.udp_down[shard as usize] {
             match self.local_exchange(shard, seq, deadline, &mut answer) {
@@ -913,7 +915,7 @@ mod tests {
         let got = link
             .request(
                 0,
-                Duration::from_secs(5),
+                &Due::after(Duration::from_secs(5)),
                 None,
                 |e, seq| {
                     e.get_host_req(seq, M, 0, 0);
@@ -947,7 +949,7 @@ mod tests {
         let t0 = Instant::now();
         let r = link.request(
             0,
-            Duration::from_secs(20),
+            &Due::after(Duration::from_secs(20)),
             None,
             |e, s| {
                 e.get_route_req(s, M);
@@ -975,7 +977,7 @@ mod tests {
         let t0 = Instant::now();
         let r = link.request(
             0,
-            timeout,
+            &Due::after(timeout),
             None,
             |e, s| {
                 e.get_route_req(s, M);

@@ -9,6 +9,7 @@
 //! ([`Attachment::leased`], see [`super::lease`]: the caller makes the
 //! connection, the attachment holds it as long as the slot).
 
+use std::cell::Cell;
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
@@ -30,36 +31,54 @@ pub const RING_AGAIN: Duration = Duration::from_millis(20);
 /// be consumed before it goes by UDP instead.
 pub const REPORT_WAIT: Duration = Duration::from_millis(50);
 
-/// A call's deadline, read from the clock only when a wait first needs it
-/// (past its first spins): a call answered within them reads no clock.
-/// Two clock reads a call (the deadline, and the start of the wait) were
-/// about a tenth of a busy client thread's core (perf, 30 threads on one
-/// core). The timeout therefore counts from the first moment the call
-/// waits, at most a few spins after it began.
-#[derive(Clone, Copy, Debug)]
+/// A call's timeout, and its start read from the clock only when it is
+/// first needed (by a wait past its first spins, an error's elapsed time,
+/// a retry, the UDP path): a call answered within its spins reads no
+/// clock. Two precise clock reads a call (its start, for the deadline, and
+/// the start of the wait) were about a tenth of a busy client thread's
+/// core (perf, 30 threads on one core). The timeout therefore counts from
+/// that first read, a few spins after the call began. One per call,
+/// shared by the steps of the call (`&Due`).
+#[derive(Debug)]
 pub struct Due {
     timeout: Duration,
-    at: Option<Instant>,
+    start: Cell<Option<Instant>>,
 }
 
 impl Due {
-    /// `timeout` from the first moment a wait of the call needs a clock.
+    /// A call of `timeout`, its start not read yet.
     pub fn after(timeout: Duration) -> Due {
-        Due { timeout, at: None }
-    }
-
-    /// At `deadline`, already known.
-    pub fn at(deadline: Instant) -> Due {
         Due {
-            timeout: Duration::ZERO,
-            at: Some(deadline),
+            timeout,
+            start: Cell::new(None),
         }
     }
 
-    /// The deadline: `now` plus the timeout when it is asked first.
-    fn resolve(&mut self, now: Instant) -> Instant {
-        let timeout = self.timeout;
-        *self.at.get_or_insert_with(|| now + timeout)
+    /// The call's start: now, the first time it is asked.
+    pub fn start(&self) -> Instant {
+        match self.start.get() {
+            Some(t) => t,
+            None => {
+                let now = Instant::now();
+                self.start.set(Some(now));
+                now
+            }
+        }
+    }
+
+    /// The call's deadline: its start plus its timeout.
+    pub fn deadline(&self) -> Instant {
+        self.start() + self.timeout
+    }
+
+    /// How long since the call's start.
+    pub fn elapsed(&self) -> Duration {
+        self.start().elapsed()
+    }
+
+    /// How long until the deadline (zero once past).
+    pub fn remaining(&self) -> Duration {
+        self.deadline().saturating_duration_since(Instant::now())
     }
 }
 
@@ -313,7 +332,7 @@ impl Attachment {
         req: &[u8],
         format: u8,
         answer: bool,
-        due: &mut Due,
+        due: &Due,
         doorbell: &mut dyn FnMut(),
     ) -> Result<u32, ShmFailure> {
         if !self.usable() {
@@ -460,7 +479,7 @@ impl Attachment {
     fn wait_seq(
         &self,
         seq: u32,
-        due: &mut Due,
+        due: &Due,
         doorbell: &mut dyn FnMut(),
     ) -> Result<Duration, ShmFailure> {
         let base = self.base();
@@ -486,7 +505,7 @@ impl Attachment {
             }
             let now = Instant::now();
             let start = *started.get_or_insert(now);
-            let deadline = due.resolve(now);
+            let deadline = due.deadline();
             if now >= deadline {
                 return Err(ShmFailure::TimedOut);
             }
@@ -538,7 +557,7 @@ impl Attachment {
     pub fn wait(
         &mut self,
         seq: u32,
-        due: &mut Due,
+        due: &Due,
         buf: &mut Vec<u8>,
         doorbell: &mut dyn FnMut(),
     ) -> Result<(usize, u8), ShmFailure> {

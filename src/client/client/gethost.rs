@@ -136,14 +136,13 @@ impl Client {
         let (b, u) = (self.opts.business_priority, self.opts.user_priority);
         let now = self.clock.now_ms();
         self.clock.keep_ticking(now);
-        let started = Instant::now();
+        let due = Due::after(timeout);
         if let Err(why) = self.locate_at(now) {
             return self.static_host(module, why);
         }
-        let deadline = started + timeout;
         let r = self.exchange(
             module,
-            deadline,
+            &due,
             None,
             |e, seq| {
                 e.get_host_req_full(seq, module, b, u, hash, selector);
@@ -161,7 +160,7 @@ impl Client {
                 addr,
                 source: HostSource::Agent,
             }),
-            Err(t) => self.get_host_unanswered(module, started, t),
+            Err(t) => self.get_host_unanswered(module, &due, t),
         }
     }
 
@@ -223,7 +222,7 @@ impl Client {
             .unwrap_or_else(|| Priority::new(self.opts.business_priority, self.opts.user_priority));
         let now = self.clock.now_ms();
         self.clock.keep_ticking(now);
-        let started = Instant::now();
+        let due = Due::after(timeout);
         let endpoints = match self.locate_at(now) {
             Ok(e) => e,
             Err(why) => return self.static_host(module, why),
@@ -237,14 +236,13 @@ impl Client {
             );
             return self.static_host(module, why);
         }
-        let deadline = started + timeout;
         if self.opts.cache {
-            return self.cached_get_host(module, prio, started, deadline, now);
+            return self.cached_get_host(module, prio, &due, now);
         }
         if self.holdback.hold(shard, prio.business, prio.user, now) {
             return Err(ClientError::Rejected { module });
         }
-        self.agent_get_host_learning(module, prio, started, deadline, now)
+        self.agent_get_host_learning(module, prio, &due, now)
     }
 
     /// [`Client::agent_get_host`] remembering the level the answer carried
@@ -253,12 +251,11 @@ impl Client {
         &mut self,
         module: ModuleId,
         prio: Priority,
-        started: Instant,
-        deadline: Instant,
+        due: &Due,
         now: u64,
     ) -> Result<Host, ClientError> {
         let mut level = None;
-        let r = self.agent_get_host_seeing(module, prio, started, deadline, &mut level);
+        let r = self.agent_get_host_seeing(module, prio, due, &mut level);
         if let Some(level) = level {
             // The shard that answered (a follow may have changed the count).
             let shard = module.shard(self.locator.endpoints().map_or(1, |e| e.shards));
@@ -271,10 +268,9 @@ impl Client {
         &mut self,
         module: ModuleId,
         prio: Priority,
-        started: Instant,
-        deadline: Instant,
+        due: &Due,
     ) -> Result<Host, ClientError> {
-        self.agent_get_host_seeing(module, prio, started, deadline, &mut None)
+        self.agent_get_host_seeing(module, prio, due, &mut None)
     }
 
     /// A getHost sent to the agent; `level` gets the admission level its
@@ -283,8 +279,7 @@ impl Client {
         &mut self,
         module: ModuleId,
         prio: Priority,
-        started: Instant,
-        deadline: Instant,
+        due: &Due,
         level: &mut Option<Option<AdmissionLevel>>,
     ) -> Result<Host, ClientError> {
         let (b, u) = (prio.business, prio.user);
@@ -296,7 +291,7 @@ impl Client {
         });
         let r = self.exchange(
             module,
-            deadline,
+            due,
             Some(record),
             |e, seq| {
                 e.get_host_req(seq, module, b, u);
@@ -314,7 +309,7 @@ impl Client {
                 addr,
                 source: HostSource::Agent,
             }),
-            Err(t) => self.get_host_unanswered(module, started, t),
+            Err(t) => self.get_host_unanswered(module, due, t),
         }
     }
 
@@ -323,7 +318,7 @@ impl Client {
     pub(super) fn get_host_unanswered(
         &mut self,
         module: ModuleId,
-        started: Instant,
+        due: &Due,
         t: Trouble,
     ) -> Result<Host, ClientError> {
         match t {
@@ -333,7 +328,7 @@ impl Client {
             } => {
                 let timeout = ClientError::Timeout {
                     module,
-                    waited: started.elapsed(),
+                    waited: due.elapsed(),
                 };
                 if !self.opts.static_fallback {
                     return Err(timeout);
@@ -374,8 +369,7 @@ impl Client {
         &mut self,
         module: ModuleId,
         prio: Priority,
-        started: Instant,
-        deadline: Instant,
+        due: &Due,
         now: u64,
     ) -> Result<Host, ClientError> {
         let cache = &mut self.cache;
@@ -386,7 +380,7 @@ impl Client {
                     source: HostSource::Cache,
                 })
             }
-            Pick::PassThrough => return self.agent_get_host(module, prio, started, deadline),
+            Pick::PassThrough => return self.agent_get_host(module, prio, due),
             Pick::Refresh { known_version } => known_version,
         };
         // Held successes go out before the refresh: the agent's view is
@@ -399,7 +393,7 @@ impl Client {
         let r = self
             .exchange_parts(
                 module,
-                deadline,
+                due,
                 |e, seq, part| {
                     e.cache_get_route_req_part(seq, module, known_version, part);
                 },
@@ -430,7 +424,7 @@ impl Client {
                         source: HostSource::Cache,
                     });
                 }
-                return self.get_host_unanswered(module, started, t);
+                return self.get_host_unanswered(module, due, t);
             }
         };
         let refreshed = Refreshed {
@@ -456,9 +450,7 @@ impl Client {
                 addr,
                 source: HostSource::Cache,
             }),
-            Pick::PassThrough | Pick::Refresh { .. } => {
-                self.agent_get_host(module, prio, started, deadline)
-            }
+            Pick::PassThrough | Pick::Refresh { .. } => self.agent_get_host(module, prio, due),
         }
     }
 }

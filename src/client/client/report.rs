@@ -172,10 +172,10 @@ impl Client {
     /// [`Client::report_consuming`]).
     #[cold]
     fn report_acked(&mut self, module: ModuleId, report: Report) -> Result<(), ClientError> {
-        let started = Instant::now();
+        let due = Due::after(CONSUME_WAIT);
         let got = self.exchange(
             module,
-            started + CONSUME_WAIT,
+            &due,
             None,
             |e, seq| {
                 e.report_req(&Report { seq, ..report });
@@ -196,7 +196,7 @@ impl Client {
                 ))),
             },
         );
-        got.map_err(|t| self.not_answered(module, started, t))
+        got.map_err(|t| self.not_answered(module, &due, t))
     }
 
     /// Sends the successes in `self.batch` as one batch report to `shard`.

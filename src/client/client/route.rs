@@ -24,14 +24,14 @@ impl Client {
     ) -> Result<u64, ClientError> {
         let module = ModuleId::new(modid, cmdid);
         check_timeout(timeout)?;
-        let started = Instant::now();
+        let due = Due::after(timeout);
         self.locate().map_err(ClientError::AgentDown)?;
         let agent_wait =
             (timeout.as_millis() * 9 / 10).clamp(1, u128::from(MAX_REGISTER_TIMEOUT_MS));
         let agent_wait = agent_wait as u32;
         let r = self.exchange(
             module,
-            started + timeout,
+            &due,
             None,
             |e, seq| {
                 e.register_req(seq, module, agent_wait);
@@ -45,7 +45,7 @@ impl Client {
                         RetCode::Ok => Reply::Done(Ok(r.version())),
                         RetCode::Timeout => Reply::Done(Err(ClientError::Timeout {
                             module,
-                            waited: started.elapsed(),
+                            waited: due.elapsed(),
                         })),
                         rc => retcode_reply(module, rc, ""),
                     }
@@ -53,7 +53,7 @@ impl Client {
                 other => other_reply(module, other, "RegisterReq"),
             }),
         );
-        r.map_err(|t| self.not_answered(module, started, t))
+        r.map_err(|t| self.not_answered(module, &due, t))
     }
 
     /// The agent's view of module `(modid, cmdid)`: its route version and
@@ -73,11 +73,11 @@ impl Client {
     ) -> Result<RouteView, ClientError> {
         let module = ModuleId::new(modid, cmdid);
         check_timeout(timeout)?;
-        let started = Instant::now();
+        let due = Due::after(timeout);
         self.locate().map_err(ClientError::AgentDown)?;
         let r = self.exchange_parts(
             module,
-            started + timeout,
+            &due,
             |e, seq, part| {
                 e.get_route_req_part(seq, module, part);
             },
@@ -113,13 +113,13 @@ impl Client {
                 policy: parts.first().map_or(Policy::L5, |p| p.0),
                 nodes: parts.into_iter().flat_map(|p| p.1).collect(),
             }),
-            Err(t) => Err(self.not_answered(module, started, t)),
+            Err(t) => Err(self.not_answered(module, &due, t)),
         }
     }
 
     /// Asks for every part of an answer the agent splits across datagrams
     /// (a module too large for one): part 0 says how many there are, then
-    /// each further part is its own exchange, all within `deadline`. Every
+    /// each further part is its own exchange, all within the call's deadline (`due`). Every
     /// part must carry part 0's version and part count; when the route
     /// changes between parts the whole answer is asked again (at most
     /// [`PART_RESTARTS`] times). Returns the version and the parts' bodies
@@ -127,19 +127,14 @@ impl Client {
     pub(super) fn exchange_parts<P>(
         &mut self,
         module: ModuleId,
-        deadline: Instant,
+        due: &Due,
         build: impl Fn(&mut Encoder, u32, u32),
         answer: impl Fn(Message<'_>) -> Reply<Part<P>>,
     ) -> Result<(u64, Vec<P>), Trouble> {
         let mut restarts = 0;
         'whole: loop {
-            let first = self.exchange(
-                module,
-                deadline,
-                None,
-                |e, seq| build(e, seq, 0),
-                flat(&answer),
-            )?;
+            let first =
+                self.exchange(module, due, None, |e, seq| build(e, seq, 0), flat(&answer))?;
             let (version, parts) = (first.version, first.parts);
             if parts > lbagent_wire::MAX_ROUTE_PARTS || first.part != 0 {
                 return Err(Trouble::Error(ClientError::BadResponse(format!(
@@ -153,7 +148,7 @@ impl Client {
             for k in 1..parts {
                 let next = match self.exchange(
                     module,
-                    deadline,
+                    due,
                     None,
                     |e, seq| build(e, seq, k),
                     flat(&answer),
