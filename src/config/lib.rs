@@ -303,8 +303,10 @@ pub struct AgentConfig {
     pub udp_rcvbuf_bytes: u32,
     /// Measure every datagram's queuing time (the `lbagent_queuing_seconds`
     /// and `lbagent_gethost_queuing_seconds` histograms): the kernel stamps
-    /// each datagram's arrival, a control message per datagram. Always on
-    /// with `admission.agent_shedding`, which needs it. Read at start.
+    /// each datagram's arrival, a control message per datagram, and over
+    /// shared memory each client stamps its requests (a clock read a
+    /// request, skipped while this and shedding are off). Always on with
+    /// `admission.agent_shedding`, which needs it. Read at start.
     pub queuing_time: bool,
     /// Serve the local socket: shard i listens on the Unix socket
     /// `<heartbeat_path>.sock.<i>`, which tells the agent who connects
