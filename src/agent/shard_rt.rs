@@ -863,18 +863,25 @@ mod sweep_tests {
             .collect()
     }
 
-    #[test]
-    fn a_sweep_serves_one_modules_clients_and_their_hinted_reports_across_a_route_update() {
+    /// A region of `slots` slots made by this process as shard 0's, in a
+    /// temporary directory (kept alive by the first value), and its
+    /// server.
+    fn shard_region(slots: u32) -> (tempfile::TempDir, std::path::PathBuf, Server) {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("r.0");
-        let pid = std::process::id();
         let ident = Identity {
             shard: 0,
-            pid,
+            pid: std::process::id(),
             boot: 1,
         };
-        let region = Region::create(&path, Geometry::new(4), ident, Access::Owner).unwrap();
-        let mut srv = Server::new(region);
+        let region = Region::create(&path, Geometry::new(slots), ident, Access::Owner).unwrap();
+        (dir, path, Server::new(region))
+    }
+
+    #[test]
+    fn a_sweep_serves_one_modules_clients_and_their_hinted_reports_across_a_route_update() {
+        let (_dir, path, mut srv) = shard_region(4);
+        let pid = std::process::id();
         let mut atts: Vec<Attachment> = (0..3)
             .map(|_| Attachment::attach(&path, pid).unwrap())
             .collect();
@@ -952,16 +959,8 @@ mod sweep_tests {
 
     #[test]
     fn cells_go_inline_only_where_the_shard_reads_them_and_are_answered_alike() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("r.0");
+        let (_dir, path, mut srv) = shard_region(2);
         let pid = std::process::id();
-        let ident = Identity {
-            shard: 0,
-            pid,
-            boot: 1,
-        };
-        let region = Region::create(&path, Geometry::new(2), ident, Access::Owner).unwrap();
-        let mut srv = Server::new(region);
         let seen = Region::open(&path).unwrap();
         let mut att = Attachment::attach(&path, pid).unwrap();
         let slot = (0..2)
@@ -1061,16 +1060,8 @@ mod sweep_tests {
 
     #[test]
     fn a_client_stamps_its_requests_only_for_a_shard_that_reads_the_stamps() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("r.0");
+        let (_dir, path, mut srv) = shard_region(1);
         let pid = std::process::id();
-        let ident = Identity {
-            shard: 0,
-            pid,
-            boot: 1,
-        };
-        let region = Region::create(&path, Geometry::new(1), ident, Access::Owner).unwrap();
-        let mut srv = Server::new(region);
         let seen = Region::open(&path).unwrap();
         let stamp = seen.u64(seen.geometry().slot_offset(0) + layout::S_REQ_STAMP);
         let mut att = Attachment::attach(&path, pid).unwrap();
