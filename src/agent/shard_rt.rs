@@ -940,9 +940,8 @@ mod sweep_tests {
         assert_eq!(srv.counts.garbage, 0);
     }
 
-    /// The placement byte and split of `att`'s slot's request format word
-    /// and the placement byte of its response format word, read from
-    /// `region` (another mapping of the file).
+    /// Slot `slot`'s request placement byte, its split, and its response
+    /// placement byte, read from `region` (another mapping of the file).
     fn placed(region: &Region, slot: u32) -> (u32, u32, u32) {
         let base = region.geometry().slot_offset(slot);
         let word = |off| {

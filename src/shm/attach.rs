@@ -351,8 +351,8 @@ impl Attachment {
         let mut first_format = layout::FMT_FLATBUFFERS;
         // A cell small enough goes in the slot's first two lines, in a
         // region whose shard reads it there.
-        let inline_ok = self.region.features() & layout::FEAT_INLINE != 0;
-        let mut inline = inline_ok && req.len() <= layout::INLINE_CAP;
+        let features = self.region.features();
+        let mut inline = features & layout::FEAT_INLINE != 0 && req.len() <= layout::INLINE_CAP;
         if self.unacked {
             let resp = self.region.u32(base + layout::S_RESP_SEQ);
             let report_len = self
@@ -392,7 +392,7 @@ impl Attachment {
                     // Too long together for the inline bytes: the report
                     // moves to the request area, where the request follows.
                     let mut moved = [0u8; layout::INLINE_CAP];
-                    self.copy_out_inline(&mut moved[..split]);
+                    self.region.copy_out_inline(base, &mut moved);
                     self.region.copy_in(base + layout::S_DATA, &moved[..split]);
                 }
             } else {
@@ -418,7 +418,7 @@ impl Attachment {
             Ordering::Relaxed,
         );
         // The stamp, only for a shard that reads it (queuing times).
-        if self.region.features() & layout::FEAT_NO_STAMP == 0 {
+        if features & layout::FEAT_NO_STAMP == 0 {
             self.region
                 .u64(base + layout::S_REQ_STAMP)
                 .store(realtime_ns(), Ordering::Relaxed);
@@ -451,15 +451,6 @@ impl Attachment {
             self.region
                 .copy_in(base + layout::inline_offset(at + first), b);
         }
-    }
-
-    /// Reads the first `dst.len()` bytes of the slot's inline cell.
-    fn copy_out_inline(&self, dst: &mut [u8]) {
-        let base = self.base();
-        let first = dst.len().min(layout::INLINE_A);
-        let (a, b) = dst.split_at_mut(first);
-        self.region.copy_out(base + layout::S_INLINE_A, a);
-        self.region.copy_out(base + layout::S_INLINE_B, b);
     }
 
     /// Rings `doorbell` if the shard is parked; true if it did.

@@ -119,11 +119,11 @@ impl Client {
 
     /// Asks for every part of an answer the agent splits across datagrams
     /// (a module too large for one): part 0 says how many there are, then
-    /// each further part is its own exchange, all within the call's deadline (`due`). Every
-    /// part must carry part 0's version and part count; when the route
-    /// changes between parts the whole answer is asked again (at most
-    /// [`PART_RESTARTS`] times). Returns the version and the parts' bodies
-    /// in order.
+    /// each further part is its own exchange, all within the call's
+    /// deadline (`due`). Every part must carry part 0's version and part
+    /// count; when the route changes between parts the whole answer is
+    /// asked again (at most [`PART_RESTARTS`] times). Returns the version
+    /// and the parts' bodies in order.
     pub(super) fn exchange_parts<P>(
         &mut self,
         module: ModuleId,
