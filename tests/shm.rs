@@ -405,6 +405,13 @@ fn garbage_in_a_slot_is_counted_and_harms_only_that_slot() {
                 region
                     .u32(base + layout::S_REQ_SEQ)
                     .store(seq, Ordering::SeqCst);
+                // And the header's features word, which every member can
+                // rewrite: the good client's cells move between the
+                // inline bytes and the request area, with stamps or not.
+                let flip = [0, layout::FEAT_INLINE, layout::FEAT_NO_STAMP][rng.usize(..3)];
+                region
+                    .u32(layout::H_FEATURES)
+                    .fetch_xor(flip, Ordering::SeqCst);
                 std::thread::sleep(Duration::from_micros(200));
             }
         })
