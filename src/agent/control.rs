@@ -49,6 +49,8 @@ pub struct ControlParts {
     pub to_shards: Vec<SharedSender<ToShard>>,
     /// Shard metrics rings, one per shard.
     pub metrics_in: Vec<SharedReceiver<Box<ShardMetrics>>>,
+    /// Each shard's doorbell, rung after a message is queued for it.
+    pub bells: Vec<super::bell::ShardBell>,
     /// The snapshot the agent started from (shared with the shards). Once
     /// the agent serves, the control core makes its routes its table and
     /// subscribes to their modules, in slices; then it lets go of it.
@@ -84,12 +86,23 @@ const BACKLOG_RETRY: Duration = Duration::from_millis(10);
 /// How long shutdown waits for the final snapshot to be written.
 const SNAPSHOT_FINAL_WAIT: Duration = Duration::from_secs(5);
 
-/// The control → shard rings over glommio's senders.
-struct Rings(Vec<ConnectedSender<ToShard>>);
+/// The control → shard rings over glommio's senders, each with its
+/// shard's doorbell (rung on `socket` after a message is queued).
+struct Rings {
+    senders: Vec<ConnectedSender<ToShard>>,
+    bells: Vec<super::bell::ShardBell>,
+    socket: Option<std::net::UdpSocket>,
+}
 
 impl ShardRings for Rings {
     fn try_send(&self, shard: usize, msg: ToShard) -> Result<(), Refused> {
-        self.0[shard].try_send(msg).map_err(|e| match e {
+        let sent = self.senders[shard].try_send(msg);
+        if sent.is_ok() {
+            if let (Some(bell), Some(socket)) = (self.bells.get(shard), &self.socket) {
+                bell.ring(socket);
+            }
+        }
+        sent.map_err(|e| match e {
             glommio::GlommioError::WouldBlock(glommio::ResourceType::Channel(msg)) => {
                 Refused::Full(msg)
             }
@@ -111,6 +124,7 @@ pub async fn run(parts: ControlParts) {
         from_shards,
         to_shards,
         metrics_in,
+        bells,
         snapshot,
         heartbeat,
         snapshot_path,
@@ -221,7 +235,18 @@ pub async fn run(parts: ControlParts) {
     for s in to_shards {
         senders.push(s.connect().await);
     }
-    let rings = Rc::new(Rings(senders));
+    // The doorbells go out from one unbound socket of the control core's
+    // own; without it (no socket to be had) a shard waiting on its socket
+    // takes its messages when the wait ends (park.rs's POLL_PARK).
+    let socket = std::net::UdpSocket::bind((std::net::Ipv4Addr::UNSPECIFIED, 0))
+        .and_then(|s| s.set_nonblocking(true).map(|()| s))
+        .map_err(|e| tracing::warn!("no doorbell socket for the shards ({e}): a route reaches a shard waiting on its socket within a few milliseconds"))
+        .ok();
+    let rings = Rc::new(Rings {
+        senders,
+        bells,
+        socket,
+    });
 
     // Routes from the route server go to their shards (and the table).
     tasks.push({

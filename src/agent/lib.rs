@@ -50,6 +50,7 @@
 //!   its callers' hold-back.
 #![warn(missing_docs)]
 
+pub mod bell;
 pub mod control;
 pub mod control_core;
 pub(crate) mod link_shell;

@@ -32,9 +32,10 @@
 //! executor's other tasks (the control core's ring, the timers, local
 //! connections) do not run while the thread waits in `poll(2)`: the loop
 //! hands them the executor at least every [`YIELD_EVERY`] while it parks
-//! on the socket ([`ParkPolicy::poll_parked`]), and parks on the socket
-//! only while the shard has no local connection (their requests come
-//! through the executor).
+//! on the socket ([`ParkPolicy::poll_parked`]), at once when the control
+//! core rings the socket after queuing a message for the shard
+//! ([`super::bell`]), and parks on the socket only while the shard has no
+//! local connection (their requests come through the executor).
 
 use std::time::{Duration, Instant};
 
@@ -82,8 +83,19 @@ pub const QUIET_READ: u32 = 256;
 /// How long a park waits on the socket alone (`poll(2)`) before it parks
 /// the executor: a shard under load is woken by its next datagram well
 /// within it; a shard whose traffic stopped pays one such wait, then
-/// parks the executor as before.
-pub const POLL_PARK: Duration = Duration::from_millis(1);
+/// parks the executor as before. Meanwhile the executor's timers (the
+/// register deadlines, the once-a-second metrics) are late by at most
+/// this much; the control core's messages are not (it rings,
+/// [`super::bell`]).
+///
+/// Longer than a kernel tick (4 ms at the common `CONFIG_HZ=250`; 1 ms at
+/// 1000). At 1 ms the wait's timer was the core's next event on every
+/// park, and the shard, pinned under 30 clients on the other core, slept
+/// a third as often as the floor and spent 0.90 of the floor's CPU per
+/// getHost + report; the floor's own loop run on the shard's thread with
+/// a 1 ms wait did the same, with 3 ms or more it matched the floor
+/// (perf/side_by_side.sh's shape, issue 29's closing note).
+pub const POLL_PARK: Duration = Duration::from_millis(5);
 
 /// While the loop parks on the socket alone, the longest it keeps the
 /// executor's other tasks waiting: a route from the control core, a timer

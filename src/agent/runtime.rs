@@ -154,6 +154,7 @@ impl Agent {
             from_shards: rings.from_shards,
             to_shards: rings.to_shards,
             metrics_in: rings.metrics_in,
+            bells: rings.bells,
             snapshot,
             heartbeat,
             snapshot_path: a.snapshot_path.clone(),
@@ -388,6 +389,7 @@ struct ShardRings {
     from_shards: Vec<shared_channel::SharedReceiver<super::messages::ToControl>>,
     to_shards: Vec<shared_channel::SharedSender<super::messages::ToShard>>,
     metrics_in: Vec<shared_channel::SharedReceiver<Box<super::metrics::ShardMetrics>>>,
+    bells: Vec<super::bell::ShardBell>,
     handles: Vec<ExecutorJoinHandle<()>>,
 }
 
@@ -412,6 +414,7 @@ fn spawn_shards(
         from_shards: Vec::new(),
         to_shards: Vec::new(),
         metrics_in: Vec::new(),
+        bells: Vec::new(),
         handles: Vec::new(),
     };
     for (i, socket) in sockets.into_iter().enumerate() {
@@ -421,6 +424,12 @@ fn spawn_shards(
         rings.from_shards.push(from_shard);
         rings.to_shards.push(to_shard);
         rings.metrics_in.push(metrics_rx);
+        let (bell, control_bell) = super::bell::ShardBell::new(
+            socket
+                .local_addr()
+                .context("cannot read a shard socket's address")?,
+        );
+        rings.bells.push(bell);
         let parts = ShardParts {
             setup: ShardSetup {
                 id: i as u32,
@@ -454,6 +463,7 @@ fn spawn_shards(
             local: inboxes.next().flatten(),
             idle_tick: common.idle_tick,
             queuing_time: a.queuing_time,
+            control_bell,
         };
         let core = i % ncpu.max(1);
         let h = LocalExecutorBuilder::new(Placement::Fixed(core))

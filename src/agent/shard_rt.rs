@@ -28,6 +28,7 @@ use glommio::channels::local_channel::{self, LocalSender};
 use glommio::channels::shared_channel::{ConnectedSender, SharedReceiver, SharedSender};
 use glommio::net::UdpSocket;
 
+use super::bell;
 use super::local_rt::{self, Conns};
 use super::local_socket::Inbox;
 use super::messages::{ToControl, ToShard};
@@ -96,6 +97,9 @@ pub struct ShardParts {
     /// Measure every datagram's queuing time (`agent.queuing_time`): the
     /// kernel stamps each datagram's arrival. Implied by `shedding`.
     pub queuing_time: bool,
+    /// The control core's doorbell ([`super::bell`]): set when it rang
+    /// after queuing a message for this shard.
+    pub control_bell: Arc<AtomicBool>,
 }
 
 /// Runs a shard until `stop` is set. Call inside its glommio executor.
@@ -115,6 +119,7 @@ pub async fn run(parts: ShardParts) {
         local,
         idle_tick,
         queuing_time,
+        control_bell,
     } = parts;
     let fd = socket.into_raw_fd();
     let stamps = Stamps::for_shard(fd, queuing_time, shedding.is_some());
@@ -347,12 +352,17 @@ pub async fn run(parts: ShardParts) {
                 policy.parking(Instant::now());
             }
             let woken = if conns.is_empty() && udp::wait_readable(socket.as_raw_fd(), POLL_PARK) {
-                if policy.poll_parked(Instant::now()) {
+                // The control core's doorbell: its message now, not at the
+                // next turn.
+                if bell::taken(&control_bell) || policy.poll_parked(Instant::now()) {
                     glommio::executor().yield_task_queue_now().await;
                     policy.executor_turn(Instant::now());
                 }
                 true
             } else {
+                // The executor runs its tasks: whatever the control core
+                // rang for is drained; the next message rings again.
+                bell::taken(&control_bell);
                 let woken =
                     glommio::timer::timeout(idle_tick, async { socket.peek_from(&mut peek).await })
                         .await
@@ -384,6 +394,12 @@ pub async fn run(parts: ShardParts) {
         };
         if let Some(s) = &shm {
             follow_holders(s, &mut policy, rang);
+        }
+        if rang && bell::taken(&control_bell) {
+            // The control core's doorbell came in this batch: its message
+            // now (the socket no longer wakes the next wait for it).
+            glommio::executor().yield_task_queue_now().await;
+            policy.executor_turn(Instant::now());
         }
         glommio::yield_if_needed().await;
     }
