@@ -13,26 +13,39 @@
 //! one datagram until the shard's next turn, not one each (the receive
 //! buffer holds client requests, not doorbells).
 //!
+//! The local socket's acceptor rings the same doorbell when it queues a new
+//! connection for the shard (its first request comes through the
+//! executor).
+//!
 //! Who can reach it: the shard's socket takes datagrams from anyone who can
 //! reach its port, and an empty datagram was a doorbell before this (a
 //! shared-memory client's); a stranger's empty datagram only gives the
-//! shard's executor an early turn.
+//! shard's executor an early turn. The ringers' own sockets are bound to
+//! the shard's address and never read.
 
-use std::net::{SocketAddr, UdpSocket};
+use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-/// The control core's side of one shard's doorbell.
-#[derive(Debug)]
+/// The ringing side of one shard's doorbell: the control core's, and the
+/// local socket's acceptor's (a new connection for the shard). Clones
+/// share the flag, so that all of them together send one doorbell until
+/// the shard takes it.
+#[derive(Clone, Debug)]
 pub struct ShardBell {
     at: SocketAddr,
     rung: Arc<AtomicBool>,
 }
 
 impl ShardBell {
-    /// A doorbell for the shard whose socket is at `at`; the flag is the
-    /// shard's side ([`taken`]).
-    pub fn new(at: SocketAddr) -> (ShardBell, Arc<AtomicBool>) {
+    /// A doorbell for the shard whose socket is at `at` (bound to every
+    /// address: rung on loopback); the flag is the shard's side
+    /// ([`taken`]).
+    pub fn new(mut at: SocketAddr) -> (ShardBell, Arc<AtomicBool>) {
+        if at.ip().is_unspecified() {
+            at.set_ip(Ipv4Addr::LOCALHOST.into());
+        }
         let rung = Arc::new(AtomicBool::new(false));
         (
             ShardBell {
@@ -41,6 +54,20 @@ impl ShardBell {
             },
             rung,
         )
+    }
+
+    /// A non-blocking socket of the ringer's own to ring from, bound to the
+    /// shard's address (a free port): reachable by no one who cannot reach
+    /// the shard already, and never read (what strangers send it is
+    /// dropped once its small buffer is full).
+    ///
+    /// # Errors
+    /// No socket can be made (the process is out of descriptors).
+    pub fn socket(&self) -> std::io::Result<UdpSocket> {
+        let s = UdpSocket::bind((self.at.ip(), 0))?;
+        s.set_nonblocking(true)?;
+        let _ = lbagent_host::udp::set_rcvbuf(s.as_raw_fd(), 1);
+        Ok(s)
     }
 
     /// Call after queuing a message for the shard: sends the doorbell on
@@ -72,8 +99,8 @@ mod tests {
         shard
             .set_read_timeout(Some(Duration::from_millis(200)))
             .unwrap();
-        let control = UdpSocket::bind("127.0.0.1:0").unwrap();
         let (bell, flag) = ShardBell::new(shard.local_addr().unwrap());
+        let control = bell.socket().unwrap();
         assert!(!taken(&flag));
         for _ in 0..100 {
             bell.ring(&control);
@@ -85,7 +112,23 @@ mod tests {
         assert!(taken(&flag));
         assert!(!taken(&flag), "taken once");
         shard.set_nonblocking(false).unwrap();
-        bell.ring(&control);
+        bell.clone().ring(&control);
         assert_eq!(shard.recv(&mut buf).unwrap(), 0, "rings again once taken");
+    }
+
+    #[test]
+    fn a_shard_bound_to_every_address_is_rung_on_loopback() {
+        let shard = UdpSocket::bind("0.0.0.0:0").unwrap();
+        shard
+            .set_read_timeout(Some(Duration::from_millis(200)))
+            .unwrap();
+        let (bell, flag) = ShardBell::new(shard.local_addr().unwrap());
+        let ringer = bell.socket().unwrap();
+        assert!(ringer.local_addr().unwrap().ip().is_loopback());
+        bell.ring(&ringer);
+        let mut buf = [0u8; 8];
+        let (n, from) = shard.recv_from(&mut buf).unwrap();
+        assert_eq!((n, from), (0, ringer.local_addr().unwrap()));
+        assert!(taken(&flag));
     }
 }

@@ -238,10 +238,13 @@ pub async fn run(parts: ControlParts) {
     // The doorbells go out from one unbound socket of the control core's
     // own; without it (no socket to be had) a shard waiting on its socket
     // takes its messages when the wait ends (park.rs's POLL_PARK).
-    let socket = std::net::UdpSocket::bind((std::net::Ipv4Addr::UNSPECIFIED, 0))
-        .and_then(|s| s.set_nonblocking(true).map(|()| s))
+    let socket = bells
+        .first()
+        .map(|b| b.socket())
+        .transpose()
         .map_err(|e| tracing::warn!("no doorbell socket for the shards ({e}): a route reaches a shard waiting on its socket within a few milliseconds"))
-        .ok();
+        .ok()
+        .flatten();
     let rings = Rc::new(Rings {
         senders,
         bells,

@@ -45,12 +45,13 @@
 //! and mode, and the fix.
 
 use std::collections::VecDeque;
+use std::net::UdpSocket;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
@@ -63,6 +64,7 @@ use nix::sys::socket::{
     accept4, getsockopt, sockopt, ControlMessageOwned, MsgFlags, SockFlag, SockaddrIn,
 };
 
+use super::bell::ShardBell;
 use super::shard::callers::LocalCaller;
 
 /// Connections accepted and not yet taken by their shard, per shard; past
@@ -170,6 +172,10 @@ pub struct Inbox {
     /// Connections closed at once (the queue was full, or the kernel gave
     /// no credentials), not yet counted by the shard.
     refused: AtomicU64,
+    /// The shard's UDP doorbell and a socket to ring it from
+    /// ([`super::bell`]): a shard that waits on its UDP socket alone takes
+    /// the connection at once, not when the wait ends.
+    udp_bell: OnceLock<(ShardBell, UdpSocket)>,
 }
 
 impl Inbox {
@@ -184,6 +190,19 @@ impl Inbox {
         self.refused.swap(0, Ordering::Relaxed)
     }
 
+    /// From now on a queued connection also rings the shard's UDP doorbell
+    /// (`bell`), from a socket of the inbox's own. Set once; later calls
+    /// are ignored.
+    ///
+    /// # Errors
+    /// No socket can be made: connections then reach a shard waiting on
+    /// its UDP socket when the wait ends (`park::POLL_PARK`).
+    pub fn ring_over_udp(&self, bell: ShardBell) -> std::io::Result<()> {
+        let socket = bell.socket()?;
+        let _ = self.udp_bell.set((bell, socket));
+        Ok(())
+    }
+
     fn push(&self, fd: OwnedFd, caller: LocalCaller, lease: bool) {
         {
             let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
@@ -194,6 +213,9 @@ impl Inbox {
             q.push_back(Accepted { fd, caller, lease });
         }
         self.bell.ring();
+        if let Some((bell, socket)) = self.udp_bell.get() {
+            bell.ring(socket);
+        }
     }
 }
 

@@ -88,13 +88,15 @@ pub const QUIET_READ: u32 = 256;
 /// this much; the control core's messages are not (it rings,
 /// [`super::bell`]).
 ///
-/// Longer than a kernel tick (4 ms at the common `CONFIG_HZ=250`; 1 ms at
-/// 1000). At 1 ms the wait's timer was the core's next event on every
-/// park, and the shard, pinned under 30 clients on the other core, slept
-/// a third as often as the floor and spent 0.90 of the floor's CPU per
-/// getHost + report; the floor's own loop run on the shard's thread with
-/// a 1 ms wait did the same, with 3 ms or more it matched the floor
-/// (perf/side_by_side.sh's shape, issue 29's closing note).
+/// Longer than a kernel tick (4 ms at the common `CONFIG_HZ=250`). With a
+/// 1 ms wait the shard, pinned under 30 clients on the other core, slept a
+/// third as often as the floor (whose wait is 50 ms) and did 0.90 of the
+/// floor's getHost + report per CPU-second; the floor's own loop run on the
+/// shard's thread with a 1 ms wait did the same, and with 3 ms or more it
+/// matched the floor (perf/side_by_side.sh's shape, issue 29's closing
+/// note). Why is not proven; the likely cause is that a wait shorter than
+/// the tick makes its timer the core's next event, so that every park
+/// reprograms the timer (a VM exit on a virtual machine).
 pub const POLL_PARK: Duration = Duration::from_millis(5);
 
 /// While the loop parks on the socket alone, the longest it keeps the

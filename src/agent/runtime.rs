@@ -429,6 +429,12 @@ fn spawn_shards(
                 .local_addr()
                 .context("cannot read a shard socket's address")?,
         );
+        let local = inboxes.next().flatten();
+        if let Some(inbox) = &local {
+            if let Err(e) = inbox.ring_over_udp(bell.clone()) {
+                tracing::warn!("shard {i}: no doorbell socket for the local socket's acceptor ({e}): a new local connection waits up to a few milliseconds");
+            }
+        }
         rings.bells.push(bell);
         let parts = ShardParts {
             setup: ShardSetup {
@@ -460,7 +466,7 @@ fn spawn_shards(
             ready: common.ready.clone(),
             shedding: config.admission.agent_params(),
             shm: regions.next(),
-            local: inboxes.next().flatten(),
+            local,
             idle_tick: common.idle_tick,
             queuing_time: a.queuing_time,
             control_bell,
