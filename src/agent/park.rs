@@ -328,6 +328,19 @@ impl ParkPolicy {
 mod tests {
     use super::*;
 
+    #[test]
+    fn the_wait_on_the_socket_outlasts_a_kernel_tick() {
+        // The tick is 4 ms at CONFIG_HZ=250. With a 1 ms wait the pinned
+        // shard did 0.90 of the floor's getHost + report per CPU-second
+        // (POLL_PARK's comment); what a client waits for rings the socket
+        // instead (bell.rs).
+        assert!(
+            POLL_PARK > Duration::from_millis(4),
+            "POLL_PARK must outlast a 250 Hz tick: see its comment before shortening it"
+        );
+        assert!(YIELD_EVERY <= POLL_PARK);
+    }
+
     /// Quiet turns until the policy parks, `step` of time per look.
     fn turns_to_park(p: &mut ParkPolicy, t0: Instant, step: Duration) -> (u32, u32) {
         let (mut turns, mut looks) = (0, 0);
