@@ -21,6 +21,8 @@
 //!   writer task per connection.
 //! - [`park`]: when the shard's request loop reads its socket, spins and
 //!   parks, given what each turn saw and the time.
+//! - [`bell`]: the control core's and the local acceptor's doorbell to a
+//!   shard waiting on its UDP socket alone.
 //! - [`control_core`]: the control core's decisions, sans-IO: shard
 //!   messages, client events, heartbeat, snapshot and reload turns.
 //! - [`control`]: the control core's glommio shell around them: the rings,
