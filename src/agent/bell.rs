@@ -81,9 +81,10 @@ impl ShardBell {
     }
 }
 
-/// The shard's side: true when the control core rang since the last call
-/// (and takes the ring); the shard then gives its executor a turn, which
-/// drains the ring of every message queued before the ring.
+/// The shard's side: true when the control core or the acceptor rang
+/// since the last call (and takes the ring); the shard then gives its
+/// executor a turn, which takes every message and connection queued
+/// before the ring.
 pub fn taken(rung: &AtomicBool) -> bool {
     rung.load(Ordering::Relaxed) && rung.swap(false, Ordering::AcqRel)
 }

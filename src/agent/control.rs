@@ -235,9 +235,10 @@ pub async fn run(parts: ControlParts) {
     for s in to_shards {
         senders.push(s.connect().await);
     }
-    // The doorbells go out from one unbound socket of the control core's
-    // own; without it (no socket to be had) a shard waiting on its socket
-    // takes its messages when the wait ends (park.rs's POLL_PARK).
+    // The doorbells go out from one socket of the control core's own,
+    // bound to the shards' address (ShardBell::socket); without it (no
+    // socket to be had) a shard waiting on its socket takes its messages
+    // when the wait ends (park.rs's POLL_PARK).
     let socket = bells
         .first()
         .map(|b| b.socket())

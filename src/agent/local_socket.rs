@@ -175,7 +175,7 @@ pub struct Inbox {
     /// The shard's UDP doorbell and a socket to ring it from
     /// ([`super::bell`]): a shard that waits on its UDP socket alone takes
     /// the connection at once, not when the wait ends.
-    udp_bell: OnceLock<(ShardBell, UdpSocket)>,
+    udp_bell: OnceLock<(ShardBell, Arc<UdpSocket>)>,
 }
 
 impl Inbox {
@@ -191,16 +191,12 @@ impl Inbox {
     }
 
     /// From now on a queued connection also rings the shard's UDP doorbell
-    /// (`bell`), from a socket of the inbox's own. Set once; later calls
-    /// are ignored.
-    ///
-    /// # Errors
-    /// No socket can be made: connections then reach a shard waiting on
-    /// its UDP socket when the wait ends (`park::POLL_PARK`).
-    pub fn ring_over_udp(&self, bell: ShardBell) -> std::io::Result<()> {
-        let socket = bell.socket()?;
+    /// (`bell`) from `socket` (one the acceptor's rings to every shard
+    /// share, [`ShardBell::socket`]). Without it, connections reach a
+    /// shard waiting on its UDP socket when the wait ends
+    /// (`park::POLL_PARK`). Set once; later calls are ignored.
+    pub fn ring_over_udp(&self, bell: ShardBell, socket: Arc<UdpSocket>) {
         let _ = self.udp_bell.set((bell, socket));
-        Ok(())
     }
 
     fn push(&self, fd: OwnedFd, caller: LocalCaller, lease: bool) {

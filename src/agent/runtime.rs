@@ -408,6 +408,26 @@ fn spawn_shards(
     let a = &config.agent;
     let shards = sockets.len() as u32;
     let io_memory = a.io_memory_kib as usize * 1024;
+    // Each shard's doorbell (agent/bell.rs); the local socket's acceptor
+    // rings them all from one socket of its own, as the control core does.
+    let mut bells = Vec::with_capacity(sockets.len());
+    for socket in &sockets {
+        let at = socket
+            .local_addr()
+            .context("cannot read a shard socket's address")?;
+        bells.push(super::bell::ShardBell::new(at));
+    }
+    let local_ringer = if inboxes.iter().any(Option::is_some) {
+        bells.first().and_then(|(bell, _)| {
+            bell.socket()
+                .map(Arc::new)
+                .map_err(|e| tracing::warn!("no doorbell socket for the local socket's acceptor ({e}): a new local connection reaches a shard waiting on its UDP socket within a few milliseconds"))
+                .ok()
+        })
+    } else {
+        None
+    };
+    let mut bells = bells.into_iter();
     let mut regions = regions.into_iter();
     let mut inboxes = inboxes.into_iter();
     let mut rings = ShardRings {
@@ -424,16 +444,10 @@ fn spawn_shards(
         rings.from_shards.push(from_shard);
         rings.to_shards.push(to_shard);
         rings.metrics_in.push(metrics_rx);
-        let (bell, control_bell) = super::bell::ShardBell::new(
-            socket
-                .local_addr()
-                .context("cannot read a shard socket's address")?,
-        );
+        let (bell, control_bell) = bells.next().expect("one doorbell per shard socket");
         let local = inboxes.next().flatten();
-        if let Some(inbox) = &local {
-            if let Err(e) = inbox.ring_over_udp(bell.clone()) {
-                tracing::warn!("shard {i}: no doorbell socket for the local socket's acceptor ({e}): a new local connection waits up to a few milliseconds");
-            }
+        if let (Some(inbox), Some(ringer)) = (&local, &local_ringer) {
+            inbox.ring_over_udp(bell.clone(), ringer.clone());
         }
         rings.bells.push(bell);
         let parts = ShardParts {

@@ -97,8 +97,9 @@ pub struct ShardParts {
     /// Measure every datagram's queuing time (`agent.queuing_time`): the
     /// kernel stamps each datagram's arrival. Implied by `shedding`.
     pub queuing_time: bool,
-    /// The control core's doorbell ([`super::bell`]): set when it rang
-    /// after queuing a message for this shard.
+    /// The shard's doorbell flag ([`super::bell`]): set when the control
+    /// core rang after queuing a message for this shard, or the local
+    /// socket's acceptor after queuing a connection.
     pub control_bell: Arc<AtomicBool>,
 }
 
