@@ -73,6 +73,53 @@ mod tests {
         assert_eq!(cur, vec![0, 0, 0], "a full period ends where it started");
     }
 
+    /// Runs one period of smooth WRR over weights `ws` and checks every
+    /// prefix against the bounds the algorithm guarantees. Each step, every
+    /// current weight grows by its weight and the chosen one loses the
+    /// sum T, so after s steps node k's current weight is
+    /// `s·w_k - T·got_k`: its lag behind the exact share, times T. The
+    /// chosen one holds the largest, at least T/n once the weights are
+    /// added (they sum to T), so it stays above -T: no node is ever a
+    /// whole pick ahead. The current weights sum to 0, so none exceeds
+    /// (n - 1)·T: no node is n - 1 picks behind. (Within one pick behind
+    /// does not hold: weights 1, 7, 7, 7, 1, 1, 1 leave the fourth node
+    /// 1.04 picks behind after 18 steps, in nginx's order as in ours.)
+    /// Returns the picks per node over the period.
+    fn prefix_bounds(ws: &[u32]) -> Result<Vec<u32>, String> {
+        let n = ws.len();
+        let mut cur = vec![0; n];
+        let total: u32 = ws.iter().sum();
+        let mut got = vec![0u32; n];
+        for step in 1..=total {
+            let i = swrr_pick(
+                &mut cur,
+                ws.iter()
+                    .enumerate()
+                    .map(|(i, &w)| (i as u32, scaled_weight(w))),
+            )
+            .ok_or("no pick")?;
+            got[i as usize] += 1;
+            for (k, &w) in ws.iter().enumerate() {
+                let exact = f64::from(step) * f64::from(w) / f64::from(total);
+                let ahead = f64::from(got[k]) - exact;
+                if ahead >= 1.0 - 1e-9 || -ahead >= (n - 1).max(1) as f64 - 1e-9 {
+                    return Err(format!(
+                        "node {k} picked {} times after {step} steps, share {exact}",
+                        got[k]
+                    ));
+                }
+            }
+        }
+        Ok(got)
+    }
+
+    #[test]
+    fn a_prefix_may_lag_more_than_one_pick_within_the_bound() {
+        // The case the property test once shrank to with a bound of one.
+        let ws = [1, 7, 7, 7, 1, 1, 1];
+        assert_eq!(prefix_bounds(&ws), Ok(ws.to_vec()));
+    }
+
     #[test]
     fn slow_start_follows_envoys_curve() {
         // Linear (aggression 1): half the window, half the weight.
@@ -103,23 +150,12 @@ mod tests {
         }
 
         /// Over one period (the sum of the weights), each node is chosen
-        /// exactly its weight's number of times, and never twice as often
-        /// as its share in any prefix (the smoothness bound: within one
-        /// of its exact share).
+        /// exactly its weight's number of times, and in every prefix no
+        /// node is a whole pick ahead of its exact share, nor n - 1 picks
+        /// behind it (n nodes; see [`prefix_bounds`]).
         #[test]
         fn shares_are_exact_over_a_period(ws in proptest::collection::vec(1u32..12, 1..8)) {
-            let mut cur = vec![0; ws.len()];
-            let total: u32 = ws.iter().sum();
-            let mut got = vec![0u32; ws.len()];
-            for step in 1..=total {
-                let i = swrr_pick(&mut cur, ws.iter().enumerate().map(|(i, &w)| (i as u32, scaled_weight(w)))).unwrap();
-                got[i as usize] += 1;
-                for (k, &w) in ws.iter().enumerate() {
-                    let exact = f64::from(step) * f64::from(w) / f64::from(total);
-                    prop_assert!((f64::from(got[k]) - exact).abs() < 1.0 + 1e-9,
-                        "node {} picked {} times after {} steps, share {}", k, got[k], step, exact);
-                }
-            }
+            let got = prefix_bounds(&ws).map_err(TestCaseError::fail)?;
             prop_assert_eq!(got, ws);
         }
 
