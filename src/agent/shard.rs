@@ -514,6 +514,21 @@ impl ShardCore {
         }
     }
 
+    /// [`ShardCore::serve_record`] for a report sent ahead of a request
+    /// in the same cell (it has no answer). Out of line: the sweep inlines
+    /// the request's own record, not this rarer one's.
+    #[inline(never)]
+    pub fn serve_report_first(
+        &mut self,
+        record: &[u8],
+        peer: SocketAddr,
+        now: Millis,
+        queued: Option<Queued>,
+    ) -> Served {
+        let mut out = [0u8; fixed::ANSWER_MAX];
+        self.serve_record(record, peer, now, queued, &mut out)
+    }
+
     /// A record [`ShardCore::serve_record`] could not take: out-of-range
     /// values answered BadRequest, garbage counted by the caller. Out of
     /// line: a valid record pays nothing for it.

@@ -11,7 +11,7 @@ mod meta_tests;
 use super::balance::NoChoice;
 use super::levels::Levels;
 use super::limits;
-use super::node::{Millis, Node, NodeState, Outcome, Transition};
+use super::node::{Millis, Node, NodeState, Outcome, Reason, Transition};
 use super::p2c::{less_loaded, two_of};
 use super::params::LbParams;
 use super::tuning::{self, Resolved, Tuned};
@@ -501,7 +501,7 @@ impl ModuleLb {
     /// # Errors
     /// [`UnknownNode`] when `addr` is not in the route; nothing changes.
     #[allow(clippy::too_many_arguments)]
-    #[inline]
+    #[inline(always)]
     pub fn report_call_hinted(
         &mut self,
         client: ClientKey,
@@ -1071,6 +1071,9 @@ impl ModuleLb {
         }
     }
 
+    /// Inlined, as [`ModuleLb::report_calls_at`]: a report's two calls'
+    /// frames were a third of its cost in the agent (callgrind).
+    #[inline]
     fn report_at(
         &mut self,
         i: usize,
@@ -1089,7 +1092,10 @@ impl ModuleLb {
 
     /// Applies `n` counts of one outcome to node `i` (a multi-count report
     /// when `multi`, see [`Node::report_calls`]) and moves it between the
-    /// lists when its state changes.
+    /// lists when its state changes ([`ModuleLb::moved`], out of line:
+    /// most reports change no state). A module with options takes
+    /// [`ModuleLb::report_calls_tuned`].
+    #[inline(always)]
     fn report_calls_at(
         &mut self,
         i: usize,
@@ -1099,11 +1105,47 @@ impl ModuleLb {
         now: Millis,
         p: &LbParams,
     ) -> Option<Transition> {
-        let held = match self.tuned {
-            None => None,
-            Some(_) => self.at_ejection_limit(i),
-        };
+        if self.tuned.is_some() {
+            return self.report_calls_tuned(i, success, n, multi, now, p);
+        }
         let (to, reason) = self.nodes[i].report_calls(success, n, multi, now, p)?;
+        self.moved(i, success, n, None, to, reason, now)
+    }
+
+    /// [`ModuleLb::report_calls_at`] in a module with options: a node
+    /// the report would overload stays idle at the ejection limit. Out of
+    /// line: the original's path pays one test for it.
+    #[inline(never)]
+    fn report_calls_tuned(
+        &mut self,
+        i: usize,
+        success: bool,
+        n: u32,
+        multi: bool,
+        now: Millis,
+        p: &LbParams,
+    ) -> Option<Transition> {
+        let held = self.at_ejection_limit(i);
+        let (to, reason) = self.nodes[i].report_calls(success, n, multi, now, p)?;
+        self.moved(i, success, n, held, to, reason, now)
+    }
+
+    /// Node `i` changed state to `to` on a report of `n` counts
+    /// ([`ModuleLb::report_calls_at`]): held idle at the ejection limit
+    /// (`held`: the node as it was), or moved between the lists.
+    #[allow(clippy::too_many_arguments)]
+    #[cold]
+    #[inline(never)]
+    fn moved(
+        &mut self,
+        i: usize,
+        success: bool,
+        n: u32,
+        held: Option<Node>,
+        to: NodeState,
+        reason: Reason,
+        now: Millis,
+    ) -> Option<Transition> {
         if let (Some(before), NodeState::Overloaded) = (held, to) {
             // The ejection limit: the node stays idle with its counts.
             self.nodes[i] = before;

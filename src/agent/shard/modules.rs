@@ -194,33 +194,49 @@ pub(super) fn touch<'m>(
     touch_entry(entry, outbox, setup, module, now)
 }
 
-/// [`ShardCore::ensure`] and [`touch`] in one hash lookup (none for the
-/// module looked up last: [`super::table`]), for the request
-/// path: the module's entry (made within the bounds when the shard does
-/// not hold it yet), touched; the refusal's message otherwise (counted).
-/// A free function over the fields it needs, so callers keep the others.
-#[inline(always)]
-pub(super) fn ensure_touched<'m>(
+/// `module`'s entry in the table (made within the bounds when the table
+/// does not hold it), remembered; the refusal's message otherwise
+/// (counted). One hash lookup. For the
+/// request path, which calls it only when the module is not the one
+/// looked up last
+/// ([`Modules::remembered_bucket`](super::table::Modules::remembered_bucket)):
+/// out of line, so that path builds none of its closure's captures. A
+/// free function over the fields it needs, so callers keep the others.
+#[inline(never)]
+pub(super) fn entry_of<'m>(
     fields: EnsureFields<'m, '_>,
     module: ModuleId,
     now: Millis,
 ) -> Result<&'m mut ModuleEntry, &'static str> {
     let EnsureFields {
         modules,
-        outbox,
         setup,
         timers,
         unknown,
         metrics,
     } = fields;
     let full = modules.len() >= setup.max_modules;
-    let entry = modules.get_or_make(module, || {
+    let i = modules.bucket_or_make(module, || {
         make_entry(full, setup, timers, unknown, metrics, module, now)
     })?;
-    Ok(touch_entry(entry, outbox, setup, module, now))
+    Ok(modules.at_mut(i))
 }
 
-/// A new entry for [`ensure_touched`] (the shard does not hold `module`),
+/// The fields of [`ShardCore`] that [`entry_of`] borrows.
+pub(super) struct EnsureFields<'m, 'o> {
+    /// The module table.
+    pub modules: &'m mut Modules,
+    /// The bounds and timeouts.
+    pub setup: &'o ShardSetup,
+    /// Where a new entry's expiry is armed.
+    pub timers: &'o mut Timers<(ModuleId, Due)>,
+    /// Entries without a route.
+    pub unknown: &'o mut usize,
+    /// Where a refusal is counted.
+    pub metrics: &'o mut ShardMetrics,
+}
+
+/// A new entry for [`entry_of`] (the shard does not hold `module`),
 /// within the bounds (`full`: the table holds `max_modules` already), its
 /// expiry armed; the refusal's message otherwise (counted). Out of line: a
 /// module held pays nothing for it.
@@ -251,25 +267,9 @@ fn make_entry(
     Ok(Box::new(entry))
 }
 
-/// The fields of [`ShardCore`] that [`ensure_touched`] borrows.
-pub(super) struct EnsureFields<'m, 'o> {
-    /// The module table.
-    pub modules: &'m mut Modules,
-    /// Where a pull request goes.
-    pub outbox: &'o mut Vec<ToControl>,
-    /// The bounds and timeouts.
-    pub setup: &'o ShardSetup,
-    /// Where a new entry's expiry is armed.
-    pub timers: &'o mut Timers<(ModuleId, Due)>,
-    /// Entries without a route.
-    pub unknown: &'o mut usize,
-    /// Where a refusal is counted.
-    pub metrics: &'o mut ShardMetrics,
-}
-
 /// [`touch`] on an entry already found.
 #[inline]
-fn touch_entry<'m>(
+pub(super) fn touch_entry<'m>(
     entry: &'m mut ModuleEntry,
     outbox: &mut Vec<ToControl>,
     setup: &ShardSetup,

@@ -74,9 +74,31 @@ impl Modules {
         })
     }
 
-    /// `module`'s entry, made by `make` when the table does not hold it
-    /// (its error returned as it is, nothing made); found or made, it is
-    /// remembered. One probe either way, as a map's entry.
+    /// The bucket of `module` if it is the one looked up last (no hash,
+    /// no probe); its entry is then [`Modules::at_mut`]'s.
+    #[inline(always)]
+    pub fn remembered_bucket(&self, module: ModuleId) -> Option<usize> {
+        self.remembered(module)
+    }
+
+    /// The entry in bucket `i`, as [`Modules::remembered_bucket`] or
+    /// [`Modules::bucket_or_make`] gave it (the table unchanged since).
+    ///
+    /// # Panics
+    /// When bucket `i` holds no entry (a bug: the table changed since).
+    #[inline(always)]
+    pub fn at_mut(&mut self, i: usize) -> &mut ModuleEntry {
+        &mut self
+            .table
+            .get_bucket_mut(i)
+            .expect("a bucket looked up since the table last changed")
+            .1
+    }
+
+    /// The bucket of `module`'s entry (read it with [`Modules::at_mut`]),
+    /// made by `make` when the table does not hold it (its error returned
+    /// as it is, nothing made); found or made, it is remembered. One probe
+    /// either way, as a map's entry.
     ///
     /// Inlined whole: a call's frame would cost more than the remembered
     /// bucket saves (callgrind: 41 instructions a getHost out of line).
@@ -84,13 +106,13 @@ impl Modules {
     /// # Errors
     /// `make`'s.
     #[inline(always)]
-    pub fn get_or_make<E>(
+    pub fn bucket_or_make<E>(
         &mut self,
         module: ModuleId,
         make: impl FnOnce() -> Result<Box<ModuleEntry>, E>,
-    ) -> Result<&mut ModuleEntry, E> {
+    ) -> Result<usize, E> {
         if let Some(i) = self.remembered(module) {
-            return Ok(&mut self.table.get_bucket_mut(i).expect("held just now").1);
+            return Ok(i);
         }
         let hasher = &self.hasher;
         let e = match self.table.entry(
@@ -102,7 +124,7 @@ impl Modules {
             Entry::Vacant(slot) => slot.insert((module, make()?)),
         };
         self.last = e.bucket_index();
-        Ok(&mut e.into_mut().1)
+        Ok(self.last)
     }
 
     /// `module`'s entry (not remembered: a reader, not a request).
