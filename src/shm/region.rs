@@ -490,6 +490,60 @@ impl Region {
         }
     }
 
+    /// Slot `slot`'s offset and the words of its header, with one check:
+    /// that the geometry has the slot. Every slot of the geometry lies
+    /// whole inside the mapping (it maps the geometry's whole file:
+    /// [`Geometry::file_len`](layout::Geometry::file_len), checked against
+    /// the file when a region is opened), and its offset is a multiple of
+    /// 64, so no bounds or alignment check is needed past that one (the
+    /// shard's request path reads a slot's header twice a request:
+    /// callgrind counted 4 instructions each for [`Region::slot_words`]'s
+    /// checks).
+    ///
+    /// # Panics
+    /// When `slot` is not one of the geometry's.
+    #[inline(always)]
+    pub fn slot(&self, slot: u32) -> (usize, &[AtomicU32; SLOT_WORDS]) {
+        assert!(slot < self.geometry.slots, "slot {slot}");
+        let base = self.geometry.slot_offset(slot);
+        debug_assert!(base % 64 == 0 && base + self.geometry.slot_size <= self.map.len());
+        // SAFETY: as in `slot_words`, and the slot lies inside the live
+        // mapping as argued above.
+        let words = unsafe {
+            &*self
+                .map
+                .as_ptr()
+                .add(base)
+                .cast::<[AtomicU32; SLOT_WORDS]>()
+        };
+        (base, words)
+    }
+
+    /// Copies the inline answer `record` into slot `slot`'s second line
+    /// ([`layout::S_INLINE_B`]), with [`Region::slot`]'s one check.
+    ///
+    /// # Panics
+    /// When `slot` is not one of the geometry's.
+    #[inline(always)]
+    pub fn copy_in_inline<const N: usize>(&self, slot: u32, record: &[u8; N]) {
+        const {
+            assert!(
+                N <= layout::INLINE_B && layout::S_INLINE_B + layout::INLINE_B <= layout::S_DATA
+            )
+        };
+        let (base, _) = self.slot(slot);
+        // SAFETY: the range lies inside the slot's first S_DATA bytes
+        // (S_INLINE_B + INLINE_B <= S_DATA), inside the mapping as
+        // `slot` argues; `record` is ours.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                record.as_ptr(),
+                self.map.as_mut_ptr().add(base + layout::S_INLINE_B),
+                N,
+            )
+        }
+    }
+
     /// The 64-bit word at byte `off`.
     ///
     /// # Panics
@@ -517,8 +571,31 @@ impl Region {
         assert!(base
             .checked_add(layout::S_DATA)
             .is_some_and(|e| e <= self.map.len()));
+        // SAFETY: checked above.
+        unsafe { self.copy_inline_unchecked(base, dst) }
+    }
+
+    /// [`Region::copy_out_inline`] of slot `slot`, with [`Region::slot`]'s
+    /// one check.
+    ///
+    /// # Panics
+    /// When `slot` is not one of the geometry's.
+    #[inline(always)]
+    pub fn copy_out_inline_of(&self, slot: u32, dst: &mut [u8; layout::INLINE_CAP]) {
+        let (base, _) = self.slot(slot);
+        // SAFETY: the slot lies whole inside the mapping (`slot`).
+        unsafe { self.copy_inline_unchecked(base, dst) }
+    }
+
+    /// The copy of [`Region::copy_out_inline`].
+    ///
+    /// # Safety
+    /// The slot's first [`layout::S_DATA`] bytes from `base` must lie
+    /// inside the mapping.
+    #[inline(always)]
+    unsafe fn copy_inline_unchecked(&self, base: usize, dst: &mut [u8; layout::INLINE_CAP]) {
         // SAFETY: both ranges are inside the slot's first S_DATA bytes,
-        // inside the live mapping (checked above); `dst` is ours.
+        // inside the live mapping (the caller's promise); `dst` is ours.
         unsafe {
             let src = self.map.as_ptr().add(base);
             std::ptr::copy_nonoverlapping(

@@ -56,9 +56,6 @@ pub struct Taken {
     /// The cell was placed inline ([`layout::PLACE_INLINE`]): a fixed
     /// answer goes there too.
     pub inline: bool,
-    /// The slot's offset in the region ([`Geometry::slot_offset`]), kept
-    /// so that the answer does not compute it again.
-    pub base: usize,
 }
 
 /// What the server remembers about one slot.
@@ -157,8 +154,7 @@ impl Server {
     /// is garbage is answered [`layout::NO_ANSWER`] and counted.
     #[inline(always)]
     pub fn take(&mut self, slot: u32, now_ns: u64, visited_ns: u64) -> Option<Taken> {
-        let base = self.g().slot_offset(slot);
-        let w = self.region.slot_words(base);
+        let (base, w) = self.region.slot(slot);
         let word = &w[layout::S_REQ_SEQ / 4];
         let seq = word.load(Ordering::Acquire);
         let memo = self.memo.get_mut(slot as usize)?;
@@ -214,7 +210,7 @@ impl Server {
             let cell: &mut [u8; layout::INLINE_CAP] = (&mut self.buf[..layout::INLINE_CAP])
                 .try_into()
                 .expect("the buffer holds an inline cell");
-            self.region.copy_out_inline(base, cell);
+            self.region.copy_out_inline_of(slot, cell);
         } else if len <= SMALL {
             self.region
                 .copy_out(base + layout::S_DATA, &mut self.buf[..SMALL]);
@@ -236,7 +232,6 @@ impl Server {
             first_format: f.first,
             waited_us,
             inline: f.inline,
-            base,
         })
     }
 
@@ -307,20 +302,21 @@ impl Server {
     /// the slot's second line.
     #[inline(always)]
     pub fn respond_record(&mut self, t: &Taken, record: &[u8; fixed::ANSWER_MAX], len: usize) {
-        let (at, place) = if t.inline {
-            (t.base + layout::S_INLINE_B, layout::PLACE_INLINE)
+        let place = if t.inline {
+            self.region.copy_in_inline(t.slot, record);
+            layout::PLACE_INLINE
         } else {
-            (self.g().resp_offset(t.slot), layout::PLACE_DATA)
+            self.region.copy_in(self.g().resp_offset(t.slot), record);
+            layout::PLACE_DATA
         };
-        self.region.copy_in(at, record);
         let len = if (1..=fixed::ANSWER_MAX).contains(&len) {
             len as u32
         } else {
             self.counts.garbage += 1;
             layout::NO_ANSWER
         };
-        self.publish_at(
-            t.base,
+        self.publish(
+            t.slot,
             t.seq,
             len,
             layout::resp_format(layout::FMT_FIXED, place),
@@ -350,13 +346,7 @@ impl Server {
     /// it sleeps.
     #[inline(always)]
     fn publish(&mut self, slot: u32, seq: u32, len: u32, format: u32) {
-        self.publish_at(self.g().slot_offset(slot), seq, len, format);
-    }
-
-    /// [`Server::publish`] for the slot at offset `base`.
-    #[inline(always)]
-    fn publish_at(&mut self, base: usize, seq: u32, len: u32, format: u32) {
-        let w = self.region.slot_words(base);
+        let (base, w) = self.region.slot(slot);
         w[layout::S_RESP_LEN / 4].store(len, Ordering::Relaxed);
         w[layout::S_RESP_FORMAT / 4].store(format, Ordering::Relaxed);
         w[layout::S_RESP_SEQ / 4].store(seq, Ordering::SeqCst);

@@ -4,7 +4,7 @@
 //! a shared-memory slot's answer record.
 
 use super::callers::client_key;
-use super::modules::{entry_of, touch_entry, EnsureFields};
+use super::modules::touch_entry;
 use super::ShardCore;
 use crate::metrics::{priority_class, Kind};
 use lbagent_admission::{AdmissionLevel, OPEN};
@@ -146,38 +146,27 @@ impl ShardCore {
             return Decided::Encoded;
         }
         // The module looked up last needs no lookup; any other is looked
-        // up (or made) out of line, so that this path keeps none of the
-        // fields that needs (their addresses, kept across a sweep's
-        // requests, cost a getHost 20 instructions, callgrind).
+        // up (or made) out of line, through the core, so that this path
+        // keeps no address of the fields that needs (the compiler keeps
+        // such addresses across a sweep's requests: 2 instructions each a
+        // sweep, callgrind).
+        let bucket = match self.modules.remembered_bucket(module) {
+            Some(i) => i,
+            None => match self.bucket_of(module, now) {
+                Ok(i) => i,
+                Err(why) => {
+                    self.refuse(Kind::GetHost, u64::from(seq), module, why);
+                    return Decided::Encoded;
+                }
+            },
+        };
         let Self {
             modules,
             outbox,
             setup,
-            timers,
-            unknown,
-            metrics,
             ..
         } = self;
-        let entry = match modules.remembered_bucket(module) {
-            Some(i) => Ok(modules.at_mut(i)),
-            None => {
-                let fields = EnsureFields {
-                    modules,
-                    setup,
-                    timers,
-                    unknown,
-                    metrics,
-                };
-                entry_of(fields, module, now)
-            }
-        };
-        let entry = match entry {
-            Ok(entry) => entry,
-            Err(why) => {
-                self.refuse(Kind::GetHost, u64::from(seq), module, why);
-                return Decided::Encoded;
-            }
-        };
+        let entry = modules.at_mut(bucket);
         let lb = &mut touch_entry(entry, outbox, setup, module, now).lb;
         let setup = &self.setup;
         // The client key only where it counts: a balance module's units,

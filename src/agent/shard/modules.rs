@@ -194,49 +194,38 @@ pub(super) fn touch<'m>(
     touch_entry(entry, outbox, setup, module, now)
 }
 
-/// `module`'s entry in the table (made within the bounds when the table
-/// does not hold it), remembered; the refusal's message otherwise
-/// (counted). One hash lookup. For the
-/// request path, which calls it only when the module is not the one
-/// looked up last
-/// ([`Modules::remembered_bucket`](super::table::Modules::remembered_bucket)):
-/// out of line, so that path builds none of its closure's captures. A
-/// free function over the fields it needs, so callers keep the others.
-#[inline(never)]
-pub(super) fn entry_of<'m>(
-    fields: EnsureFields<'m, '_>,
-    module: ModuleId,
-    now: Millis,
-) -> Result<&'m mut ModuleEntry, &'static str> {
-    let EnsureFields {
-        modules,
-        setup,
-        timers,
-        unknown,
-        metrics,
-    } = fields;
-    let full = modules.len() >= setup.max_modules;
-    let i = modules.bucket_or_make(module, || {
-        make_entry(full, setup, timers, unknown, metrics, module, now)
-    })?;
-    Ok(modules.at_mut(i))
+impl ShardCore {
+    /// The bucket of `module`'s entry in the table (made within the
+    /// bounds when the table does not hold it; read it with
+    /// [`Modules::at_mut`](super::table::Modules::at_mut)), remembered;
+    /// the refusal's message otherwise (counted). One hash lookup. For the
+    /// request path, which calls it only when the module is not the one
+    /// looked up last
+    /// ([`Modules::remembered_bucket`](super::table::Modules::remembered_bucket)):
+    /// out of line and through the core, so that path keeps no address of
+    /// the fields it needs.
+    #[inline(never)]
+    pub(super) fn bucket_of(
+        &mut self,
+        module: ModuleId,
+        now: Millis,
+    ) -> Result<usize, &'static str> {
+        let Self {
+            modules,
+            setup,
+            timers,
+            unknown,
+            metrics,
+            ..
+        } = self;
+        let full = modules.len() >= setup.max_modules;
+        modules.bucket_or_make(module, || {
+            make_entry(full, setup, timers, unknown, metrics, module, now)
+        })
+    }
 }
 
-/// The fields of [`ShardCore`] that [`entry_of`] borrows.
-pub(super) struct EnsureFields<'m, 'o> {
-    /// The module table.
-    pub modules: &'m mut Modules,
-    /// The bounds and timeouts.
-    pub setup: &'o ShardSetup,
-    /// Where a new entry's expiry is armed.
-    pub timers: &'o mut Timers<(ModuleId, Due)>,
-    /// Entries without a route.
-    pub unknown: &'o mut usize,
-    /// Where a refusal is counted.
-    pub metrics: &'o mut ShardMetrics,
-}
-
-/// A new entry for [`entry_of`] (the shard does not hold `module`),
+/// A new entry for [`ShardCore::bucket_of`] (the shard does not hold `module`),
 /// within the bounds (`full`: the table holds `max_modules` already), its
 /// expiry armed; the refusal's message otherwise (counted). Out of line: a
 /// module held pays nothing for it.

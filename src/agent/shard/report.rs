@@ -5,7 +5,7 @@
 use std::net::SocketAddr;
 
 use super::callers::client_key;
-use super::outbox::stats_due;
+use super::outbox::{stats_step, Stats};
 use super::{RouteState, ShardCore};
 use crate::metrics::{Kind, ShardMetrics};
 use lbagent_lb::{ClientKey, Millis, ModuleLb, NodeState, Outcome, ANY_CLIENT};
@@ -39,28 +39,22 @@ impl ShardCore {
         let (seq, module, host) = (rep.seq, rep.module, rep.host);
         let outcome = Outcome::from_retcode(rep.retcode, rep.tcost_ms);
         if !self.admit(Kind::Report, u64::from(seq), module, now) {
-            return Some(self.enc.finished());
+            return Some(self.encoded());
         }
         if rep.consumed > 0 && !self.trusts(peer) {
-            self.metrics.count_error(Kind::Report);
-            self.metrics.forbidden += 1;
-            return Some(self.enc.error_resp(
-                u64::from(seq),
-                module,
-                RetCode::Forbidden,
-                FORBIDDEN_CONSUME,
-            ));
+            return Some(self.forbidden(seq, module));
         }
         // Only the levels need to know whom to trust.
         let shared = rep.downstream_level.is_some() && self.trusts(peer);
         let p = &self.setup.params;
         let mut known = true;
+        let mut levelled = false;
         let Some(entry) = self
             .modules
             .get_mut(&module)
             .filter(|e| e.route == RouteState::Present)
         else {
-            return self.report_unknown_module(rep, ack);
+            return self.report_unknown_module(*rep, ack);
         };
         entry.last_used = now;
         let client = if entry.lb.units().is_some() || rep.downstream_level.is_some() {
@@ -78,12 +72,10 @@ impl ShardCore {
                 }
                 if rep.consumed > 0 || rep.downstream_level.is_some() {
                     // The node is in the route: report() just found it.
-                    let (metrics, levelled) = (&mut self.metrics, &mut self.levelled);
+                    let metrics = &mut self.metrics;
                     let expires = now + self.setup.level_timeout_ms;
-                    beyond_the_call(&mut entry.lb, rep, client, shared, expires, metrics);
-                    if rep.downstream_level.is_some() {
-                        levelled.insert(module);
-                    }
+                    beyond_the_call(&mut entry.lb, *rep, client, shared, expires, metrics);
+                    levelled = rep.downstream_level.is_some();
                 }
             }
             Err(_) => {
@@ -92,8 +84,15 @@ impl ShardCore {
                 known = false;
             }
         }
-        if stats_due(entry, &mut self.timers, &self.setup, module, now) {
-            self.send_stats(module, now);
+        // The rare ends through the core, after the entry's last use: the
+        // path keeps no address of the fields they need.
+        match stats_step(entry, &self.setup, now) {
+            Stats::Send => self.send_stats(module, now),
+            Stats::Arm(at) => self.arm_stats(module, at),
+            Stats::Wait => {}
+        }
+        if levelled {
+            self.note_levelled(module);
         }
         if ack && rep.consumed > 0 {
             return Some(self.consumed_ack(seq, module, known));
@@ -101,12 +100,34 @@ impl ShardCore {
         None
     }
 
+    /// The answer to a report that consumes from a caller not trusted
+    /// with it, counted. Out of line, as the other rare ends.
+    #[cold]
+    #[inline(never)]
+    fn forbidden(&mut self, seq: u32, module: lbagent_model::ModuleId) -> &[u8] {
+        self.metrics.count_error(Kind::Report);
+        self.metrics.forbidden += 1;
+        self.enc.error_resp(
+            u64::from(seq),
+            module,
+            RetCode::Forbidden,
+            FORBIDDEN_CONSUME,
+        )
+    }
+
+    /// `module` has a downstream level now (its expiry is watched).
+    #[cold]
+    #[inline(never)]
+    fn note_levelled(&mut self, module: lbagent_model::ModuleId) {
+        self.levelled.insert(module);
+    }
+
     /// A report of a module without a route here: counted; a consuming
     /// one that waits for its answer is told nothing was consumed. Out of
     /// line, as the other rare ends of [`ShardCore::report`].
     #[cold]
     #[inline(never)]
-    fn report_unknown_module(&mut self, rep: &wire::Report, ack: bool) -> Option<&[u8]> {
+    fn report_unknown_module(&mut self, rep: wire::Report, ack: bool) -> Option<&[u8]> {
         self.metrics.count_error(Kind::Report);
         self.metrics.unknown_module_reports += 1;
         (ack && rep.consumed > 0).then(|| {
@@ -181,12 +202,14 @@ impl ShardCore {
 /// What a report carries beyond the call's outcome, for its node (in the
 /// route): consumed units, and a downstream level, shared (`shared`: a
 /// caller the shard trusts) or `client`'s own until `expires`. Out of
-/// line: a plain report pays one test for both.
+/// line: a plain report pays one test for both. The report by value, as
+/// [`ShardCore::report_unknown_module`]'s: a reference to it would keep
+/// every report in memory (13 stores a report, callgrind).
 #[cold]
 #[inline(never)]
 fn beyond_the_call(
     lb: &mut ModuleLb,
-    rep: &wire::Report,
+    rep: wire::Report,
     client: ClientKey,
     shared: bool,
     expires: Millis,
