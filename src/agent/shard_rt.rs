@@ -657,12 +657,10 @@ pub fn serve_ready(
             let mut out = [0u8; fixed::ANSWER_MAX];
             match c.serve_record(srv.request(&t), slot_peer(slot), now, queued, &mut out) {
                 Served::Answer(n) => srv.respond_record(&t, &out, n),
-                Served::Encoded => srv.respond(slot, t.seq, Some(c.encoded())),
                 Served::Nothing => srv.respond(slot, t.seq, None),
-                Served::Garbage => {
-                    srv.counts.garbage += 1;
-                    srv.respond(slot, t.seq, None);
-                }
+                // Out of line: the compiler's jump table over all four
+                // cost a request 10 instructions (callgrind).
+                other => respond_other(c, srv, slot, t.seq, other),
             }
         } else {
             match c.handle_queued(srv.request(&t), slot_peer(slot), now, queued) {
@@ -681,6 +679,24 @@ pub fn serve_ready(
         }
     }
     served
+}
+
+/// The answer to request `seq` of `slot`, a record
+/// [`ShardCore::serve_record`] served as neither an answer record nor
+/// nothing: its FlatBuffers answer, or nothing for garbage (counted).
+#[cold]
+#[inline(never)]
+fn respond_other(c: &mut ShardCore, srv: &mut Server, slot: u32, seq: u32, served: Served) {
+    match served {
+        Served::Encoded => srv.respond(slot, seq, Some(c.encoded())),
+        Served::Garbage => {
+            srv.counts.garbage += 1;
+            srv.respond(slot, seq, None);
+        }
+        Served::Answer(_) | Served::Nothing => {
+            unreachable!("the sweep answers these itself")
+        }
+    }
 }
 
 /// Attaches the region to the loop (it sweeps and spins for it, see

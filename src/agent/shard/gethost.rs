@@ -185,13 +185,7 @@ impl ShardCore {
             match steered_pick(lb, setup, &mut self.metrics, steer, &g, now) {
                 Ok(p) => p,
                 Err(no_match) => {
-                    self.metrics.count_error(Kind::GetHost);
-                    self.enc.error_resp(
-                        u64::from(seq),
-                        module,
-                        RetCode::NoSuchModule,
-                        &no_match.to_string(),
-                    );
+                    self.no_match(seq, module, &no_match);
                     return Decided::Encoded;
                 }
             }
@@ -207,7 +201,45 @@ impl ShardCore {
         // The node's index for the report's hint: the original's path
         // keeps it (a steered pick gives none).
         let hint = if steered { NO_HINT } else { lb.picked() };
+        if lb.is_tuned() {
+            if let Some(began) = lb.take_panic_news() {
+                let idle = (lb.nodes().len() - lb.overloaded_count()) as u32;
+                let nodes = lb.nodes().len() as u32;
+                self.panic_news(module, began, idle, nodes);
+            }
+        }
+        // The rare ends through the core: the path keeps no address of
+        // what they touch (the compiler keeps such addresses across a
+        // sweep's requests, and a jump table for the match).
         let (retcode, host) = match pick {
+            Pick::Idle(a) => (RetCode::Ok, Some(a)),
+            other => self.other_pick(other, class),
+        };
+        if retcode != RetCode::Ok {
+            self.metrics.count_error(Kind::GetHost);
+        }
+        if retcode != RetCode::Rejected {
+            self.metrics.admitted[class] += 1;
+        }
+        // While the shard sheds, every answer carries its level, so that a
+        // caller can shed below it before sending (collaborative admission
+        // with the agent itself).
+        let level = self
+            .shedding
+            .as_ref()
+            .map(|a| a.level())
+            .filter(|&l| l != OPEN);
+        sink.answer(seq, module, retcode, host, hint, level);
+        Decided::Answered
+    }
+}
+
+impl ShardCore {
+    /// A pick other than an idle node's: its answer's code and node,
+    /// counted. Out of line: most getHosts name an idle node.
+    #[inline(never)]
+    fn other_pick(&mut self, pick: Pick, class: usize) -> (RetCode, Option<NodeAddr>) {
+        match pick {
             Pick::Idle(a) => (RetCode::Ok, Some(a)),
             Pick::Rejected => {
                 self.metrics.rejected += 1;
@@ -228,35 +260,34 @@ impl ShardCore {
                 self.metrics.panic_answers += 1;
                 (RetCode::Ok, Some(a))
             }
-        };
-        if lb.is_tuned() {
-            if let Some(began) = lb.take_panic_news() {
-                let idle = (lb.nodes().len() - lb.overloaded_count()) as u32;
-                let nodes = lb.nodes().len() as u32;
-                outbox.push(crate::messages::ToControl::Panic {
-                    module,
-                    began,
-                    idle,
-                    nodes,
-                });
-            }
         }
-        if retcode != RetCode::Ok {
-            self.metrics.count_error(Kind::GetHost);
-        }
-        if retcode != RetCode::Rejected {
-            self.metrics.admitted[class] += 1;
-        }
-        // While the shard sheds, every answer carries its level, so that a
-        // caller can shed below it before sending (collaborative admission
-        // with the agent itself).
-        let level = self
-            .shedding
-            .as_ref()
-            .map(|a| a.level())
-            .filter(|&l| l != OPEN);
-        sink.answer(seq, module, retcode, host, hint, level);
-        Decided::Answered
+    }
+
+    /// A module with options began or ended a panic: the control core
+    /// logs it.
+    #[cold]
+    #[inline(never)]
+    fn panic_news(&mut self, module: ModuleId, began: bool, idle: u32, nodes: u32) {
+        self.outbox.push(crate::messages::ToControl::Panic {
+            module,
+            began,
+            idle,
+            nodes,
+        });
+    }
+
+    /// No node of a steered getHost's module matches its labels, with
+    /// `label_fallback = "fail"`: NoSuchModule, counted.
+    #[cold]
+    #[inline(never)]
+    fn no_match(&mut self, seq: u32, module: ModuleId, no_match: &dyn std::fmt::Display) {
+        self.metrics.count_error(Kind::GetHost);
+        self.enc.error_resp(
+            u64::from(seq),
+            module,
+            RetCode::NoSuchModule,
+            &no_match.to_string(),
+        );
     }
 }
 

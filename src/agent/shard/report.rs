@@ -9,6 +9,7 @@ use super::outbox::{stats_step, Stats};
 use super::{RouteState, ShardCore};
 use crate::metrics::{Kind, ShardMetrics};
 use lbagent_lb::{ClientKey, Millis, ModuleLb, NodeState, Outcome, ANY_CLIENT};
+use lbagent_model::NodeAddr;
 use lbagent_wire::{self as wire, RetCode};
 
 /// The answer to a report that consumes, from a caller not trusted with it.
@@ -54,7 +55,7 @@ impl ShardCore {
             .get_mut(&module)
             .filter(|e| e.route == RouteState::Present)
         else {
-            return self.report_unknown_module(*rep, ack);
+            return self.report_unknown_module(seq, module, rep.consumed, ack);
         };
         entry.last_used = now;
         let client = if entry.lb.units().is_some() || rep.downstream_level.is_some() {
@@ -74,7 +75,12 @@ impl ShardCore {
                     // The node is in the route: report() just found it.
                     let metrics = &mut self.metrics;
                     let expires = now + self.setup.level_timeout_ms;
-                    beyond_the_call(&mut entry.lb, *rep, client, shared, expires, metrics);
+                    let beyond = Beyond {
+                        host,
+                        consumed: rep.consumed,
+                        level: rep.downstream_level,
+                    };
+                    beyond_the_call(&mut entry.lb, beyond, client, shared, expires, metrics);
                     levelled = rep.downstream_level.is_some();
                 }
             }
@@ -127,13 +133,19 @@ impl ShardCore {
     /// line, as the other rare ends of [`ShardCore::report`].
     #[cold]
     #[inline(never)]
-    fn report_unknown_module(&mut self, rep: wire::Report, ack: bool) -> Option<&[u8]> {
+    fn report_unknown_module(
+        &mut self,
+        seq: u32,
+        module: lbagent_model::ModuleId,
+        consumed: u32,
+        ack: bool,
+    ) -> Option<&[u8]> {
         self.metrics.count_error(Kind::Report);
         self.metrics.unknown_module_reports += 1;
-        (ack && rep.consumed > 0).then(|| {
+        (ack && consumed > 0).then(|| {
             self.enc.error_resp(
-                u64::from(rep.seq),
-                rep.module,
+                u64::from(seq),
+                module,
                 RetCode::NoSuchModule,
                 "no route for the module here: nothing consumed",
             )
@@ -199,17 +211,29 @@ impl ShardCore {
     }
 }
 
+/// What a report carries beyond its call's outcome ([`beyond_the_call`]).
+#[derive(Clone, Copy)]
+struct Beyond {
+    /// The node.
+    host: NodeAddr,
+    /// Units consumed.
+    consumed: u32,
+    /// The node's downstream admission level.
+    level: Option<wire::AdmissionLevel>,
+}
+
 /// What a report carries beyond the call's outcome, for its node (in the
 /// route): consumed units, and a downstream level, shared (`shared`: a
 /// caller the shard trusts) or `client`'s own until `expires`. Out of
-/// line: a plain report pays one test for both. The report by value, as
-/// [`ShardCore::report_unknown_module`]'s: a reference to it would keep
-/// every report in memory (13 stores a report, callgrind).
+/// line: a plain report pays one test for both. Given the fields it
+/// needs, as [`ShardCore::report_unknown_module`] is: the report itself
+/// (by reference or by value) would keep every report in memory (13
+/// stores a report, callgrind).
 #[cold]
 #[inline(never)]
 fn beyond_the_call(
     lb: &mut ModuleLb,
-    rep: wire::Report,
+    rep: Beyond,
     client: ClientKey,
     shared: bool,
     expires: Millis,
@@ -219,7 +243,7 @@ fn beyond_the_call(
     if rep.consumed > 0 && !lb.consume(host, rep.consumed).unwrap_or(false) {
         metrics.consumed_ignored += 1;
     }
-    if let Some(level) = rep.downstream_level {
+    if let Some(level) = rep.level {
         if shared {
             let _ = lb.set_level(host, Some(level), expires);
         } else {
