@@ -52,6 +52,12 @@ const LIMIT_PCT: f64 = 5.0;
 /// (issue 14's target), whatever the baseline says.
 const CLIENT_MAX_PER_PAIR: u64 = 80;
 
+/// The shard's ceiling in instructions per request over shared memory, a
+/// getHost or a report as fixed records, one request a sweep (issue 29's
+/// target: `shm_requests` counts the shard's sweeps of 2 x [`SHM_N`]
+/// requests), whatever the baseline says.
+const SHM_MAX_PER_REQUEST: u64 = 400;
+
 // [`N`] getHosts and [`N`] reports through `ShardCore::handle`.
 #[library_benchmark]
 #[bench::million(args = (), setup = workloads::shard_run, teardown = check_shard)]
@@ -141,6 +147,7 @@ fn check_udp((_, seen): (UdpRun, UdpSeen)) {
         Callgrind::default()
             .entry_point(EntryPoint::Custom("*::workloads::shm_shard_turn".to_owned()))
             .soft_limits([(EventKind::Ir, LIMIT_PCT)])
+            .hard_limits([(EventKind::Ir, SHM_MAX_PER_REQUEST * 2 * SHM_N)])
     )
 )]
 #[bench::fixed_200000(args = (), setup = shm_fixed_run, teardown = check_shm)]

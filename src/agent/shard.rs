@@ -638,6 +638,9 @@ impl ShardCore {
     }
 
     /// An error answer for a request the shard refuses (a bound was hit).
+    /// Out of line: the request path keeps no address of the encoder.
+    #[cold]
+    #[inline(never)]
     fn refuse(&mut self, kind: Kind, seq: u64, module: ModuleId, why: &str) -> &[u8] {
         self.metrics.count_error(kind);
         self.enc.error_resp(seq, module, RetCode::Unavailable, why)

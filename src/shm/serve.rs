@@ -435,15 +435,28 @@ impl Server {
         }
         self.ready.clear();
         let slots = self.slots();
-        for w in 0..layout::pending_words(slots) {
-            let word = self.region.u64(layout::H_PENDING + 8 * w);
-            if word.load(Ordering::Relaxed) == 0 {
-                continue;
+        if slots <= 64 {
+            // One pending word (the default geometry's): no loop over
+            // words (callgrind: 8 instructions a sweep).
+            self.take_pending(0, slots);
+        } else {
+            for w in 0..layout::pending_words(slots) {
+                self.take_pending(w, slots);
             }
-            let bits = word.swap(0, Ordering::AcqRel);
-            self.ready.extend(layout::pending_slots(w, bits, slots));
         }
         self.ready.len()
+    }
+
+    /// Takes pending word `w` (swapped to 0 if it is not 0 already) and
+    /// collects the slots its bits name.
+    #[inline(always)]
+    fn take_pending(&mut self, w: usize, slots: u32) {
+        let word = self.region.u64(layout::H_PENDING + 8 * w);
+        if word.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let bits = word.swap(0, Ordering::AcqRel);
+        self.ready.extend(layout::pending_slots(w, bits, slots));
     }
 
     /// [`Server::ready`] with `full`: every pending word cleared, every

@@ -4,7 +4,7 @@
 //! a shared-memory slot's answer record.
 
 use super::callers::client_key;
-use super::modules::touch_entry;
+use super::modules::touched;
 use super::ShardCore;
 use crate::metrics::{priority_class, Kind};
 use lbagent_admission::{AdmissionLevel, OPEN};
@@ -160,14 +160,9 @@ impl ShardCore {
                 }
             },
         };
-        let Self {
-            modules,
-            outbox,
-            setup,
-            ..
-        } = self;
-        let entry = modules.at_mut(bucket);
-        let lb = &mut touch_entry(entry, outbox, setup, module, now).lb;
+        let entry = self.modules.at_mut(bucket);
+        let pull = touched(entry, &self.setup, now);
+        let lb = &mut entry.lb;
         let setup = &self.setup;
         // The client key only where it counts: a balance module's units,
         // a module with levels (a caller's own filter); an l5 module
@@ -207,6 +202,9 @@ impl ShardCore {
                 let nodes = lb.nodes().len() as u32;
                 self.panic_news(module, began, idle, nodes);
             }
+        }
+        if pull {
+            self.ask_pull(module);
         }
         // The rare ends through the core: the path keeps no address of
         // what they touch (the compiler keeps such addresses across a

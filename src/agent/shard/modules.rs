@@ -33,6 +33,13 @@ impl ShardCore {
         Ok(())
     }
 
+    /// Asks the control core for `module`'s route ([`touched`] said so).
+    #[cold]
+    #[inline(never)]
+    pub(super) fn ask_pull(&mut self, module: ModuleId) {
+        self.outbox.push(ToControl::Pull(module));
+    }
+
     /// A new entry without a route, its expiry armed.
     pub(super) fn create(&mut self, module: ModuleId, now: Millis) {
         let mut entry = new_entry(now, &self.setup.params);
@@ -265,6 +272,18 @@ pub(super) fn touch_entry<'m>(
     module: ModuleId,
     now: Millis,
 ) -> &'m mut ModuleEntry {
+    if touched(entry, setup, now) {
+        outbox.push(ToControl::Pull(module));
+    }
+    entry
+}
+
+/// [`touch_entry`] but for the pull: true when one must be asked (the
+/// caller pushes it: [`ShardCore::ask_pull`]), the entry marked as having
+/// asked. For the request path, which asks through the core, so that it
+/// keeps no address of the outbox.
+#[inline(always)]
+pub(super) fn touched(entry: &mut ModuleEntry, setup: &ShardSetup, now: Millis) -> bool {
     entry.last_used = now;
     if entry.route == RouteState::Unknown {
         let outstanding = entry
@@ -272,10 +291,10 @@ pub(super) fn touch_entry<'m>(
             .is_some_and(|t| now.saturating_sub(t) < setup.update_timeout_ms);
         if !outstanding {
             entry.pull_sent = Some(now);
-            outbox.push(ToControl::Pull(module));
+            return true;
         }
     }
-    entry
+    false
 }
 
 /// When `entry` expires: unused for `module_idle_ms` with a route,

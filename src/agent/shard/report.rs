@@ -40,7 +40,7 @@ impl ShardCore {
         let (seq, module, host) = (rep.seq, rep.module, rep.host);
         let outcome = Outcome::from_retcode(rep.retcode, rep.tcost_ms);
         if !self.admit(Kind::Report, u64::from(seq), module, now) {
-            return Some(self.encoded());
+            return Some(self.refused_answer());
         }
         if rep.consumed > 0 && !self.trusts(peer) {
             return Some(self.forbidden(seq, module));
@@ -104,6 +104,14 @@ impl ShardCore {
             return Some(self.consumed_ack(seq, module, known));
         }
         None
+    }
+
+    /// The answer [`ShardCore::admit`] refused a report with (wrong
+    /// shard). Out of line: the path keeps no address of the encoder.
+    #[cold]
+    #[inline(never)]
+    fn refused_answer(&self) -> &[u8] {
+        self.enc.finished()
     }
 
     /// The answer to a report that consumes from a caller not trusted
