@@ -42,10 +42,8 @@ impl ShardBell {
     /// A doorbell for the shard whose socket is at `at` (bound to every
     /// address: rung on loopback); the flag is the shard's side
     /// ([`taken`]).
-    pub fn new(mut at: SocketAddr) -> (ShardBell, Arc<AtomicBool>) {
-        if at.ip().is_unspecified() {
-            at.set_ip(Ipv4Addr::LOCALHOST.into());
-        }
+    pub fn new(at: SocketAddr) -> (ShardBell, Arc<AtomicBool>) {
+        let at = doorbell_address(at);
         let rung = Arc::new(AtomicBool::new(false));
         (
             ShardBell {
@@ -64,10 +62,7 @@ impl ShardBell {
     /// # Errors
     /// No socket can be made (the process is out of descriptors).
     pub fn socket(&self) -> std::io::Result<UdpSocket> {
-        let s = UdpSocket::bind((self.at.ip(), 0))?;
-        s.set_nonblocking(true)?;
-        let _ = lbagent_host::udp::set_rcvbuf(s.as_raw_fd(), 1);
-        Ok(s)
+        ringer(self.at)
     }
 
     /// Call after queuing a message for the shard: sends the doorbell on
@@ -79,6 +74,29 @@ impl ShardBell {
             let _ = socket.send_to(&[], self.at);
         }
     }
+}
+
+/// Where a doorbell to a socket bound at `at` goes: `at`, on loopback when
+/// the socket is bound to every address.
+pub fn doorbell_address(mut at: SocketAddr) -> SocketAddr {
+    if at.ip().is_unspecified() {
+        at.set_ip(Ipv4Addr::LOCALHOST.into());
+    }
+    at
+}
+
+/// A non-blocking socket to ring a doorbell at `at` (a
+/// [`doorbell_address`]) from: bound to `at`'s address on a free port,
+/// never read, its receive buffer the smallest (what strangers send it is
+/// dropped once that is full).
+///
+/// # Errors
+/// No socket can be made (the process is out of descriptors).
+pub fn ringer(at: SocketAddr) -> std::io::Result<UdpSocket> {
+    let s = UdpSocket::bind((at.ip(), 0))?;
+    s.set_nonblocking(true)?;
+    let _ = lbagent_host::udp::set_rcvbuf(s.as_raw_fd(), 1);
+    Ok(s)
 }
 
 /// The shard's side: true when the control core or the acceptor rang

@@ -738,13 +738,9 @@ fn follow_holders(s: &RefCell<Server>, policy: &mut ParkPolicy, shown: bool) -> 
 /// A socket connected to the shard's own port `at` (127.0.0.1 when it is
 /// bound to every address): an empty datagram on it is a doorbell.
 fn own_bell(at: SocketAddr) -> Option<std::net::UdpSocket> {
-    let ip = match at.ip() {
-        ip if ip.is_unspecified() => std::net::IpAddr::from(std::net::Ipv4Addr::LOCALHOST),
-        ip => ip,
-    };
-    let s = std::net::UdpSocket::bind((ip, 0)).ok()?;
-    s.connect((ip, at.port())).ok()?;
-    s.set_nonblocking(true).ok()?;
+    let at = bell::doorbell_address(at);
+    let s = bell::ringer(at).ok()?;
+    s.connect(at).ok()?;
     Some(s)
 }
 

@@ -1114,7 +1114,9 @@ impl ModuleLb {
 
     /// [`ModuleLb::report_calls_at`] in a module with options: a node
     /// the report would overload stays idle at the ejection limit. Out of
-    /// line: the original's path pays one test for it.
+    /// line: the original's path pays one test for it (one body for both,
+    /// with the node kept as it was on the original's path too, cost a
+    /// shared-memory request 4 instructions, callgrind).
     #[inline(never)]
     fn report_calls_tuned(
         &mut self,

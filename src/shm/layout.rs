@@ -215,7 +215,7 @@ pub fn inline_offset(at: usize) -> usize {
     }
 }
 /// The 32-bit words of a slot's header (its first [`S_DATA`] bytes), as
-/// [`super::region::Region::slot_words`] hands them out: word `S_X / 4` is
+/// [`super::region::Region::slot`] hands them out: word `S_X / 4` is
 /// field `S_X`.
 pub const SLOT_WORDS: usize = S_DATA / 4;
 

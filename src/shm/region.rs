@@ -466,39 +466,15 @@ impl Region {
         unsafe { &*self.map.as_ptr().add(off).cast::<AtomicU32>() }
     }
 
-    /// The words of the slot header at byte `base` (the first
-    /// [`layout::S_DATA`] bytes of a slot), bounds-checked once: the request
-    /// path reads several of them per request, and a check per word was a
-    /// tenth of its cost.
-    ///
-    /// # Panics
-    /// When `base` is not 8-aligned or the header is outside the mapping.
-    #[inline]
-    pub fn slot_words(&self, base: usize) -> &[AtomicU32; SLOT_WORDS] {
-        assert!(
-            base % 8 == 0 && base + layout::S_DATA <= self.map.len(),
-            "slot at {base}"
-        );
-        // SAFETY: as in `u32`: page-aligned mapping, an 8-aligned offset,
-        // the whole array inside the live mapping, accessed only as atomics.
-        unsafe {
-            &*self
-                .map
-                .as_ptr()
-                .add(base)
-                .cast::<[AtomicU32; SLOT_WORDS]>()
-        }
-    }
-
     /// Slot `slot`'s offset and the words of its header, with one check:
     /// that the geometry has the slot. Every slot of the geometry lies
     /// whole inside the mapping (it maps the geometry's whole file:
     /// [`Geometry::file_len`](layout::Geometry::file_len), checked against
     /// the file when a region is opened), and its offset is a multiple of
     /// 64, so no bounds or alignment check is needed past that one (the
-    /// shard's request path reads a slot's header twice a request:
-    /// callgrind counted 4 instructions each for [`Region::slot_words`]'s
-    /// checks).
+    /// shard's request path reads a slot's header twice a request: a check
+    /// of the offset against the mapping cost 4 instructions each,
+    /// callgrind).
     ///
     /// # Panics
     /// When `slot` is not one of the geometry's.
@@ -507,8 +483,9 @@ impl Region {
         assert!(slot < self.geometry.slots, "slot {slot}");
         let base = self.geometry.slot_offset(slot);
         debug_assert!(base % 64 == 0 && base + self.geometry.slot_size <= self.map.len());
-        // SAFETY: as in `slot_words`, and the slot lies inside the live
-        // mapping as argued above.
+        // SAFETY: as in `u32`: page-aligned mapping, a 64-aligned offset,
+        // the whole array inside the live mapping (argued above), accessed
+        // only as atomics.
         let words = unsafe {
             &*self
                 .map

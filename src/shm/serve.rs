@@ -5,10 +5,10 @@
 //! waking the client only if it sleeps. It owns no socket and no clock:
 //! the runtime shell calls it in its request loop.
 
-use std::sync::atomic::{fence, Ordering};
+use std::sync::atomic::{fence, AtomicU32, Ordering};
 
 use super::fixed;
-use super::layout::{self, Geometry};
+use super::layout::{self, Geometry, SLOT_WORDS};
 use super::lease::Leases;
 use super::region::{process_gone, Region};
 use lbagent_wire::{decode, Limits, Message};
@@ -351,19 +351,8 @@ impl Server {
         w[layout::S_RESP_FORMAT / 4].store(format, Ordering::Relaxed);
         w[layout::S_RESP_SEQ / 4].store(seq, Ordering::SeqCst);
         if w[layout::S_SLEEPING / 4].load(Ordering::SeqCst) != 0 {
-            self.wake(base);
+            wake(&self.region, w, base, &mut self.counts);
         }
-    }
-
-    /// Wakes the client of the slot at `base`, which sleeps on its answer.
-    /// Out of line: a client that polls is answered without it.
-    #[cold]
-    #[inline(never)]
-    fn wake(&mut self, base: usize) {
-        let w = self.region.slot_words(base);
-        w[layout::S_SLEEPING / 4].store(0, Ordering::Relaxed);
-        self.region.futex_wake(base + layout::S_RESP_SEQ);
-        self.counts.wakes += 1;
     }
 
     /// The core answered request `t` with nothing for now: a register that
@@ -625,6 +614,17 @@ impl Server {
         }
         remove_if_ours(&self.region);
     }
+}
+
+/// Wakes the client of the slot at `base` (its header words `w`), which
+/// sleeps on its answer. Out of line: a client that polls is answered
+/// without it.
+#[cold]
+#[inline(never)]
+fn wake(region: &Region, w: &[AtomicU32; SLOT_WORDS], base: usize, counts: &mut ShmCounts) {
+    w[layout::S_SLEEPING / 4].store(0, Ordering::Relaxed);
+    region.futex_wake(base + layout::S_RESP_SEQ);
+    counts.wakes += 1;
 }
 
 fn remove_if_ours(region: &Region) {

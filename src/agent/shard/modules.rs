@@ -198,7 +198,10 @@ pub(super) fn touch<'m>(
     now: Millis,
 ) -> &'m mut ModuleEntry {
     let entry = modules.get_mut(&module).expect("held: ensure() ran first");
-    touch_entry(entry, outbox, setup, module, now)
+    if touched(entry, setup, now) {
+        outbox.push(ToControl::Pull(module));
+    }
+    entry
 }
 
 impl ShardCore {
@@ -263,25 +266,10 @@ fn make_entry(
     Ok(Box::new(entry))
 }
 
-/// [`touch`] on an entry already found.
-#[inline]
-pub(super) fn touch_entry<'m>(
-    entry: &'m mut ModuleEntry,
-    outbox: &mut Vec<ToControl>,
-    setup: &ShardSetup,
-    module: ModuleId,
-    now: Millis,
-) -> &'m mut ModuleEntry {
-    if touched(entry, setup, now) {
-        outbox.push(ToControl::Pull(module));
-    }
-    entry
-}
-
-/// [`touch_entry`] but for the pull: true when one must be asked (the
-/// caller pushes it: [`ShardCore::ask_pull`]), the entry marked as having
-/// asked. For the request path, which asks through the core, so that it
-/// keeps no address of the outbox.
+/// [`touch`] on an entry already found, but for the pull: true when one
+/// must be asked (the caller pushes it: [`ShardCore::ask_pull`] on the
+/// request path, which asks through the core so that it keeps no address
+/// of the outbox), the entry marked as having asked.
 #[inline(always)]
 pub(super) fn touched(entry: &mut ModuleEntry, setup: &ShardSetup, now: Millis) -> bool {
     entry.last_used = now;

@@ -5,7 +5,6 @@
 
 use super::{Due, ModuleEntry, ShardCore, ShardSetup, NONE, STATS_RETRY_MS};
 use crate::messages::ToControl;
-use crate::timers::Timers;
 use lbagent_lb::{Millis, NodeCallStats};
 use lbagent_model::ModuleId;
 
@@ -19,8 +18,19 @@ impl ShardCore {
         let Some(entry) = self.modules.get_mut(&module) else {
             return;
         };
-        if stats_due(entry, &mut self.timers, &self.setup, module, now) {
-            self.send_stats(module, now);
+        let step = stats_step(entry, &self.setup, now);
+        self.follow_stats(module, step, now);
+    }
+
+    /// Does what [`stats_step`] said for `module`'s statistics: sends
+    /// them, or arms their timer. The report's path calls it after the
+    /// entry's last use, so that it keeps no address of the timers.
+    #[inline(always)]
+    pub(super) fn follow_stats(&mut self, module: ModuleId, step: Stats, now: Millis) {
+        match step {
+            Stats::Send => self.send_stats(module, now),
+            Stats::Arm(at) => self.arm_stats(module, at),
+            Stats::Wait => {}
         }
     }
 
@@ -127,28 +137,6 @@ fn merge_stats(into: &mut Vec<NodeCallStats>, more: Vec<NodeCallStats>) {
     }
 }
 
-/// [`ShardCore::maybe_stats`] on an entry already found (no second
-/// lookup on the report path): true when the module's statistics are due
-/// now (the caller sends them); else arms the timer that sends them at the
-/// latest two report timeouts after the last, if none is armed.
-#[inline]
-pub(super) fn stats_due(
-    entry: &mut ModuleEntry,
-    timers: &mut Timers<(ModuleId, Due)>,
-    setup: &ShardSetup,
-    module: ModuleId,
-    now: Millis,
-) -> bool {
-    match stats_step(entry, setup, now) {
-        Stats::Send => true,
-        Stats::Arm(at) => {
-            timers.schedule(at, (module, Due::Stats));
-            false
-        }
-        Stats::Wait => false,
-    }
-}
-
 /// What a report's module's statistics need ([`stats_step`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Stats {
@@ -161,12 +149,13 @@ pub(super) enum Stats {
     Wait,
 }
 
-/// [`stats_due`] without the timers: what to do for `entry`'s
-/// statistics, the entry marked armed when the answer is [`Stats::Arm`]
-/// (its caller arms it: [`ShardCore::arm_stats`]). For the report's path,
-/// which arms through the core after the entry's last use, so that it
-/// keeps no address of the timers (callgrind: a sweep paid 2 instructions
-/// for each field address kept).
+/// What `entry`'s statistics need ([`ShardCore::maybe_stats`] on an entry
+/// already found: no second lookup on the report's path): sent now when
+/// due, else a timer armed at two report timeouts after the last send if
+/// none is (the entry is marked armed; [`ShardCore::follow_stats`] arms
+/// it, through the core after the entry's last use, so that the report's
+/// path keeps no address of the timers: callgrind counted 2 instructions
+/// a sweep for each field address kept).
 #[inline(always)]
 pub(super) fn stats_step(entry: &mut ModuleEntry, setup: &ShardSetup, now: Millis) -> Stats {
     let timeout = setup.report_timeout_ms;

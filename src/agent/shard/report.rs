@@ -5,7 +5,7 @@
 use std::net::SocketAddr;
 
 use super::callers::client_key;
-use super::outbox::{stats_step, Stats};
+use super::outbox::stats_step;
 use super::{RouteState, ShardCore};
 use crate::metrics::{Kind, ShardMetrics};
 use lbagent_lb::{ClientKey, Millis, ModuleLb, NodeState, Outcome, ANY_CLIENT};
@@ -40,7 +40,7 @@ impl ShardCore {
         let (seq, module, host) = (rep.seq, rep.module, rep.host);
         let outcome = Outcome::from_retcode(rep.retcode, rep.tcost_ms);
         if !self.admit(Kind::Report, u64::from(seq), module, now) {
-            return Some(self.refused_answer());
+            return Some(self.encoded());
         }
         if rep.consumed > 0 && !self.trusts(peer) {
             return Some(self.forbidden(seq, module));
@@ -92,11 +92,8 @@ impl ShardCore {
         }
         // The rare ends through the core, after the entry's last use: the
         // path keeps no address of the fields they need.
-        match stats_step(entry, &self.setup, now) {
-            Stats::Send => self.send_stats(module, now),
-            Stats::Arm(at) => self.arm_stats(module, at),
-            Stats::Wait => {}
-        }
+        let step = stats_step(entry, &self.setup, now);
+        self.follow_stats(module, step, now);
         if levelled {
             self.note_levelled(module);
         }
@@ -104,14 +101,6 @@ impl ShardCore {
             return Some(self.consumed_ack(seq, module, known));
         }
         None
-    }
-
-    /// The answer [`ShardCore::admit`] refused a report with (wrong
-    /// shard). Out of line: the path keeps no address of the encoder.
-    #[cold]
-    #[inline(never)]
-    fn refused_answer(&self) -> &[u8] {
-        self.enc.finished()
     }
 
     /// The answer to a report that consumes from a caller not trusted

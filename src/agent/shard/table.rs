@@ -54,9 +54,10 @@ impl Modules {
     }
 
     /// The bucket remembered, if it holds `module` (a bucket holds one
-    /// entry: its key is the whole check).
+    /// entry: its key is the whole check): the module looked up last, no
+    /// hash, no probe; its entry is then [`Modules::at_mut`]'s.
     #[inline(always)]
-    fn remembered(&self, module: ModuleId) -> Option<usize> {
+    pub fn remembered_bucket(&self, module: ModuleId) -> Option<usize> {
         let i = self.last;
         self.table
             .get_bucket(i)
@@ -68,17 +69,10 @@ impl Modules {
     /// remembered when it still holds `module`, else found by hash.
     #[inline]
     fn lookup(&self, module: ModuleId) -> Option<usize> {
-        self.remembered(module).or_else(|| {
+        self.remembered_bucket(module).or_else(|| {
             self.table
                 .find_bucket_index(self.hash(module), |e| e.0 == module)
         })
-    }
-
-    /// The bucket of `module` if it is the one looked up last (no hash,
-    /// no probe); its entry is then [`Modules::at_mut`]'s.
-    #[inline(always)]
-    pub fn remembered_bucket(&self, module: ModuleId) -> Option<usize> {
-        self.remembered(module)
     }
 
     /// The entry in bucket `i`, as [`Modules::remembered_bucket`] or
@@ -111,7 +105,7 @@ impl Modules {
         module: ModuleId,
         make: impl FnOnce() -> Result<Box<ModuleEntry>, E>,
     ) -> Result<usize, E> {
-        if let Some(i) = self.remembered(module) {
+        if let Some(i) = self.remembered_bucket(module) {
             return Ok(i);
         }
         let hasher = &self.hasher;
@@ -138,7 +132,7 @@ impl Modules {
     #[inline]
     pub fn get_mut(&mut self, module: &ModuleId) -> Option<&mut ModuleEntry> {
         let module = *module;
-        if let Some(i) = self.remembered(module) {
+        if let Some(i) = self.remembered_bucket(module) {
             return self.table.get_bucket_mut(i).map(|e| &mut *e.1);
         }
         let hash = self.hash(module);
